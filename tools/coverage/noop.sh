@@ -1,0 +1,3 @@
+#!/bin/sh
+# Coverage is unsupported offline (see tools/coverage/BUILD).
+exit 0
