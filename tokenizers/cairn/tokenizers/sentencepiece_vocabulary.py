@@ -176,7 +176,8 @@ class SentencePieceVocabulary(Vocabulary):
         return values, lengths
 
     def _np_decode_rows(self, rows: np.ndarray) -> np.ndarray:
-        out = [self._decode(r.tolist()).encode("utf-8") for r in rows]
+        flat = rows.reshape(-1, rows.shape[-1])
+        out = [self._decode(r.tolist()).encode("utf-8") for r in flat]
         return np.asarray(out, dtype=object).reshape(rows.shape[:-1])
 
     def _encode_tf(self, s):
@@ -189,7 +190,7 @@ class SentencePieceVocabulary(Vocabulary):
             ids = tf.numpy_function(self._np_encode_one, [s], tf.int32, stateful=False)
             ids.set_shape([None])
             return ids
-        outer = tf.shape(s)
+        outer = tf.shape(s, out_type=tf.int64)
         values, lengths = tf.numpy_function(
             self._np_encode_many, [tf.reshape(s, [-1])], [tf.int32, tf.int64], stateful=False)
         values.set_shape([None])

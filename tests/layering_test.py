@@ -1,0 +1,105 @@
+"""The import ladder of DESIGN §1, checked on the source text, the BUILD files and at run time."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+# Cairn libraries each library may import (DESIGN §1).
+LIBRARIES = ("tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
+ALLOWED_CAIRN = {
+    "tokenizers": set(),
+    "datatasks": {"tokenizers"},
+    "partitioning": set(),
+    "models": {"partitioning"},
+    "evaluation": {"datatasks", "tokenizers"},
+    "trainer": {"models", "partitioning", "evaluation", "datatasks", "tokenizers"},
+    "launchers": set(LIBRARIES) - {"launchers"},
+}
+# Third-party packages each library may import when it is imported ...
+ALLOWED_AT_IMPORT = {
+    "tokenizers": {"numpy", "sentencepiece"},
+    "datatasks": {"numpy", "tensorflow"},
+    "partitioning": {"jax", "numpy"},
+    "models": {"jax", "flax", "numpy"},
+    "evaluation": {"numpy"},
+    "trainer": {"jax", "flax", "optax", "orbax", "numpy"},
+    "launchers": {"absl", "ml_collections", "numpy", "jax"},
+}
+# ... and those it may import only inside a function (lazily, when a feature is used).
+ALLOWED_LAZY = {
+    "tokenizers": {"tensorflow"},
+    "datatasks": {"apache_beam", "array_record"},
+    "partitioning": set(),
+    "models": {"safetensors"},
+    "evaluation": {"sacrebleu", "rouge_score", "tensorflow", "scipy"},
+    "trainer": {"tensorflow"},
+    "launchers": {"tensorflow", "matplotlib"},
+}
+# Heavy modules that importing a library must not load (checked in a fresh interpreter).
+MUST_NOT_LOAD = {
+    "tokenizers": {"tensorflow", "jax"},
+    "datatasks": {"jax", "flax"},
+    "partitioning": {"tensorflow", "flax"},
+    "models": {"tensorflow"},
+    "evaluation": {"jax"},
+}
+
+
+def _import_violations(imports, root, lib):
+    bad = []
+    for path in imports.library_sources(root, lib):
+        for top, name, line, lazy in imports.scan_imports(path):
+            where = f"{path.relative_to(root)}:{line}"
+            if top == "cairn":
+                target = name.split(".")[1] if "." in name else None
+                if target and target != lib and target not in ALLOWED_CAIRN[lib]:
+                    bad.append(f"{where}: {lib} may not import cairn.{target}")
+            elif imports.third_party(top):
+                ok = ALLOWED_AT_IMPORT[lib] | (ALLOWED_LAZY[lib] if lazy else set())
+                if top not in ok:
+                    how = "inside a function" if lazy else "at import time"
+                    bad.append(f"{where}: {lib} may not import {top} {how}")
+    return bad
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_source_imports_follow_the_ladder(imports, repo_root, lib):
+    assert imports.library_sources(repo_root, lib), f"{lib} has no sources"
+    assert _import_violations(imports, repo_root, lib) == []
+
+
+def test_the_checker_catches_violations(imports, tmp_path):
+    lib = tmp_path / "partitioning" / "cairn" / "partitioning"
+    lib.mkdir(parents=True)
+    (lib / "bad.py").write_text(
+        "import tensorflow\nfrom cairn.models import t5\n\ndef f():\n    import optax\n")
+    bad = _import_violations(imports, tmp_path, "partitioning")
+    assert len(bad) == 3
+    assert "may not import tensorflow at import time" in bad[0]
+    assert "may not import cairn.models" in bad[1]
+    assert "may not import optax inside a function" in bad[2]
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_bazel_deps_follow_the_ladder(repo_root, lib):
+    build = (repo_root / lib / "BUILD").read_text()
+    match = re.search(r'py_library\(\s*name = "%s",.*?deps = \[(.*?)\]' % lib, build, re.S)
+    assert match, f"{lib}/BUILD has no py_library named {lib}"
+    deps = set(re.findall(r'"//(\w+)(?::\w+)?"', match.group(1)))
+    assert deps <= ALLOWED_CAIRN[lib], f"{lib}/BUILD depends on {deps - ALLOWED_CAIRN[lib]}"
+    assert not (repo_root / lib / "cairn" / "__init__.py").exists(), "PEP 420: no cairn/__init__.py"
+
+
+@pytest.mark.parametrize("lib", sorted(MUST_NOT_LOAD))
+def test_importing_a_library_loads_no_forbidden_module(lib):
+    code = f"import json, sys; import cairn.{lib}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=120, check=True).stdout
+    loaded = {m.split(".")[0] for m in json.loads(out.strip().splitlines()[-1])}
+    assert f"cairn.{lib}" in json.loads(out.strip().splitlines()[-1])
+    assert loaded & MUST_NOT_LOAD[lib] == set()
