@@ -1,3 +1,13 @@
-"""cairn.evaluation: Evaluators, metric functions and metric loggers."""
+"""cairn.evaluation: evaluators, metric functions and metric loggers.
+
+Importing it loads no JAX (it evaluates any model function, ours or not) and no
+TensorFlow until a dataset or the TensorBoard logger is used.
+"""
+
+from cairn.evaluation import metrics
+from cairn.evaluation.loggers import JsonLinesLogger, MetricLogger, TensorBoardLogger
+from cairn.evaluation.metrics._checks import MetricInputError
 
 __version__ = "0.1.0"
+
+__all__ = ["JsonLinesLogger", "MetricInputError", "MetricLogger", "TensorBoardLogger", "metrics"]
