@@ -10,4 +10,16 @@ from cairn.evaluation.metrics._checks import MetricInputError
 
 __version__ = "0.1.0"
 
-__all__ = ["JsonLinesLogger", "MetricInputError", "MetricLogger", "TensorBoardLogger", "metrics"]
+__all__ = ["EvaluationError", "EvaluationResult", "Evaluator", "JsonLinesLogger",
+           "MetricInputError", "MetricLogger", "TensorBoardLogger", "metrics"]
+
+_LAZY = ("Evaluator", "EvaluationError", "EvaluationResult")
+
+
+def __getattr__(name: str):
+    # The Evaluator reads datasets with TensorFlow; import it (and TF) only when used.
+    if name in _LAZY:
+        from cairn.evaluation import evaluator
+
+        return getattr(evaluator, name)
+    raise AttributeError(f"module 'cairn.evaluation' has no attribute {name!r}")
