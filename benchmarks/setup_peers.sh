@@ -19,16 +19,19 @@ VENV="${PEER_VENV:-$REPO_ROOT/.peer-venv}"
 PYTHON="${PEER_PYTHON:-python3.11}"
 STAMP="$VENV/.cairn-peers.stamp"
 
-# Pinned peers. seqio 0.0.20 pulls jax, clu, pyglove and tensorflow-datasets; those and
-# protobuf are pinned to the versions .venv uses so both venvs agree (TensorFlow 2.21
-# accepts protobuf 6.x and 7.x; tensorflow-metadata and googleapis-common-protos need >= 6.33.5).
+# Pinned peers. seqio 0.0.20 pulls jax, clu, pyglove and tensorflow-datasets; shared
+# packages are pinned to the versions .venv uses where they work. protobuf is the exception:
+# seqio imports sentencepiece_model_pb2, which sentencepiece 0.2.3 generated with protobuf
+# 7.36.1, so the runtime must be >= 7.36.1 here (.venv keeps 6.33.6; cairn.tokenizers does
+# not import that module). TensorFlow 2.21 accepts protobuf < 8, and
+# googleapis-common-protos / tensorflow-metadata accept 7.x.
 read -r -d '' PINS <<'EOF' || true
 seqio==0.0.20
 tensorflow==2.21.0
 tensorflow-text==2.21.1
 tensorflow-datasets==4.9.10
 tensorflow-metadata==1.21.0
-protobuf==6.33.6
+protobuf==7.36.2
 googleapis-common-protos==1.76.0
 numpy==2.4.6
 jax==0.10.2
@@ -59,8 +62,8 @@ if [[ "${PEER_FORCE:-0}" != 1 && -x "$VENV/bin/python" && -f "$STAMP" \
 fi
 
 # One installer at a time (two engineers running benchmarks at once).
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
+mkdir -p "$VENV"
+exec 9>"$VENV/.setup.lock"
 if command -v flock >/dev/null 2>&1; then
   flock 9
   # Someone else may have finished the job while we waited.
@@ -75,7 +78,7 @@ start=$SECONDS
 if [[ -x "$VENV/bin/python" ]] \
    && [[ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$PY_VERSION" ]]; then
   echo "setup_peers: $VENV is not Python $PY_VERSION; recreating it"
-  rm -rf "$VENV"
+  "$PYTHON" -m venv --clear "$VENV"
 fi
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "setup_peers: creating $VENV with $("$PYTHON" --version)"

@@ -8,6 +8,7 @@ in T5 and seqio, and the sentinel text encodes to its id. `vocab_size` counts th
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
 from collections.abc import Mapping
@@ -170,9 +171,11 @@ class SentencePieceVocabulary(Vocabulary):
         return np.asarray(self._sp.EncodeAsIds(text), dtype=np.int32)
 
     def _np_encode_many(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows = self.encode_batch(list(flat))
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        values = np.fromiter((i for r in rows for i in r), dtype=np.int32, count=int(lengths.sum()))
+        # SentencePiece sets up a thread pool per threaded call: only worth it for big batches.
+        rows = self.encode_batch(list(flat), num_threads=-1 if len(flat) >= 1024 else 1)
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32,
+                             count=int(lengths.sum()))
         return values, lengths
 
     def _np_decode_rows(self, rows: np.ndarray) -> np.ndarray:
