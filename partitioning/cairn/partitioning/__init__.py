@@ -1,3 +1,30 @@
-"""cairn.partitioning: Device meshes and logical-axis sharding for data, FSDP and model parallelism."""
+"""cairn.partitioning: Device meshes and logical-axis sharding for data, FSDP and model parallelism.
+
+Imports only JAX and NumPy.
+"""
 
 __version__ = "0.1.0"
+
+from cairn.partitioning.data_layout import DataLayout, data_layout
+from cairn.partitioning.distributed import DistributedConfig, initialize_distributed, resolve_distributed
+from cairn.partitioning.memory import MemoryEstimate, estimate_memory, transformer_activations
+from cairn.partitioning.mesh import DATA, DEFAULT_AXES, FSDP, MODEL, MeshShapeError, create_mesh
+from cairn.partitioning.opt_state import opt_state_logical_specs
+from cairn.partitioning.partitioner import Partitioner
+from cairn.partitioning.rules import (
+    IndivisibleDimensionError,
+    IndivisibleDimensionWarning,
+    LogicalAxisRules,
+    UnknownLogicalAxisError,
+    logical_to_mesh_spec,
+    standard_logical_axis_rules,
+)
+
+__all__ = [
+    "DATA", "DEFAULT_AXES", "FSDP", "MODEL",
+    "DataLayout", "DistributedConfig", "IndivisibleDimensionError", "IndivisibleDimensionWarning",
+    "LogicalAxisRules", "MemoryEstimate", "MeshShapeError", "Partitioner", "UnknownLogicalAxisError",
+    "create_mesh", "data_layout", "estimate_memory", "initialize_distributed", "logical_to_mesh_spec",
+    "opt_state_logical_specs", "resolve_distributed",
+    "standard_logical_axis_rules", "transformer_activations",
+]

@@ -1,0 +1,127 @@
+"""The Partitioner: a mesh plus logical axis rules, turned into shardings and jitted functions."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from cairn.partitioning.data_layout import DataLayout, data_layout
+from cairn.partitioning.opt_state import opt_state_logical_specs
+from cairn.partitioning.rules import LogicalAxisRules, LogicalSpec, logical_to_mesh_spec
+from cairn.partitioning.tree import map_specs
+
+
+class Partitioner:
+    """Maps logical specs to `NamedSharding`s on `mesh` with `rules`, and jits with them.
+
+    Args:
+      mesh: from `create_mesh`.
+      rules: e.g. `standard_logical_axis_rules()`.
+      on_indivisible: 'replicate' (default: an indivisible dimension falls to the next rule,
+        or is replicated with an `IndivisibleDimensionWarning` naming the parameter) or
+        'error' (raise `IndivisibleDimensionError`).
+      batch_spec: the logical names of a batch array's leading dimensions.
+    """
+
+    def __init__(self, mesh: Mesh, rules: LogicalAxisRules, on_indivisible: str = "replicate",
+                 batch_spec: Sequence[Optional[str]] = ("batch",)):
+        self.mesh = mesh
+        self.rules = tuple((name, axes) for name, axes in rules)
+        self.on_indivisible = on_indivisible
+        self.batch_spec = tuple(batch_spec)
+
+    def __repr__(self) -> str:
+        return f"Partitioner(mesh={dict(self.mesh.shape)}, rules={list(self.rules)})"
+
+    # -- specs and shardings -------------------------------------------------------------
+    def mesh_spec(self, spec: LogicalSpec, shape: Optional[Sequence[int]] = None,
+                  path: str = "<array>") -> PartitionSpec:
+        """The mesh `PartitionSpec` of one logical spec (divisibility checked if `shape`)."""
+        return logical_to_mesh_spec(spec, self.rules, self.mesh.shape, shape, path, self.on_indivisible)
+
+    def sharding(self, spec: LogicalSpec, shape: Optional[Sequence[int]] = None,
+                 path: str = "<array>") -> NamedSharding:
+        """The `NamedSharding` of one logical spec."""
+        return NamedSharding(self.mesh, self.mesh_spec(spec, shape, path))
+
+    def shardings_for(self, specs: Any, shapes: Any = None) -> Any:
+        """`NamedSharding`s for a pytree of logical specs (tuples of names or PartitionSpecs).
+
+        `shapes`, a parallel tree of arrays or `jax.ShapeDtypeStruct`s, enables the
+        divisibility check; errors and warnings name each array by its tree path.
+        """
+        if shapes is None:
+            return map_specs(lambda path, s: self.sharding(s, None, path), specs)
+        return map_specs(lambda path, s, x: self.sharding(s, np.shape(x), path), specs, shapes)
+
+    def opt_state_shardings(self, params: Any, param_specs: Any, opt_state: Any) -> Any:
+        """Shardings for an optimizer state (see `opt_state_logical_specs`)."""
+        return self.shardings_for(opt_state_logical_specs(params, param_specs, opt_state), opt_state)
+
+    # -- functions -----------------------------------------------------------------------
+    def _to_sharding(self, tree: Any) -> Any:
+        def convert(x):
+            if isinstance(x, PartitionSpec):
+                return NamedSharding(self.mesh, x)
+            return x
+        return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+    def partition(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None,
+                  donate_argnums: Sequence[int] = (), static_argnums: Sequence[int] = ()) -> Callable:
+        """`jax.jit(fn)` with these shardings (trees of `NamedSharding`, mesh `PartitionSpec`s,
+        or None to let GSPMD choose). Calls and `.lower` run with this mesh set."""
+        kwargs = {"donate_argnums": tuple(donate_argnums), "static_argnums": tuple(static_argnums)}
+        if in_shardings is not None:
+            kwargs["in_shardings"] = self._to_sharding(in_shardings)
+        if out_shardings is not None:
+            kwargs["out_shardings"] = self._to_sharding(out_shardings)
+        jitted = jax.jit(fn, **kwargs)
+
+        @functools.wraps(fn)
+        def call(*args, **kw):
+            with jax.set_mesh(self.mesh):
+                return jitted(*args, **kw)
+
+        def lower(*args, **kw):
+            with jax.set_mesh(self.mesh):
+                return jitted.lower(*args, **kw)
+
+        call.lower = lower
+        call.jitted = jitted
+        return call
+
+    def with_sharding_constraint(self, x: Any, spec: LogicalSpec) -> Any:
+        """`jax.lax.with_sharding_constraint` by logical names, inside a jitted function."""
+        return jax.lax.with_sharding_constraint(x, self.sharding(spec, np.shape(x)))
+
+    # -- data ----------------------------------------------------------------------------
+    def _batch_mesh_axes(self):
+        first = self.mesh_spec(self.batch_spec[:1])
+        return first[0] if len(first) else None
+
+    def data_layout(self, process_index: Optional[int] = None) -> DataLayout:
+        """Which shard of the global batch this host (or `process_index`) reads."""
+        return data_layout(self.mesh, self._batch_mesh_axes(), process_index)
+
+    def shard_batch(self, host_local_batch: Any, spec: Optional[Sequence[Optional[str]]] = None) -> Any:
+        """Global `jax.Array`s from this host's rows (a pytree of numpy arrays).
+
+        Each host passes the rows of its `data_layout()` shard; hosts of the same replica
+        pass the same rows. The global batch is `num_shards` times the host batch.
+        """
+        spec = tuple(self.batch_spec if spec is None else spec)
+        layout = self.data_layout()
+
+        def one(x):
+            x = np.asarray(x)
+            names = spec[:x.ndim] + (None,) * max(0, x.ndim - len(spec))
+            global_shape = (x.shape[0] * layout.num_shards,) + x.shape[1:]
+            sharding = self.sharding(names, global_shape, "batch")
+            return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+        return jax.tree.map(one, host_local_batch)
+
