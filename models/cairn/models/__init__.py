@@ -1,3 +1,38 @@
-"""cairn.models: The model zoo: T5-family encoder-decoders and GPT-style decoders, losses, decoding, checkpoint interchange."""
+"""cairn.models: T5-family encoder-decoders and GPT-style decoders, losses, decoding, checkpoint interchange.
+
+Imports only JAX, Flax and NumPy (safetensors lazily, for Hugging Face interchange).
+"""
 
 __version__ = "0.1.0"
+
+from cairn.models import decoder_only, decoding, losses, t5
+from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.decoder_only_model import DecoderOnlyModel
+from cairn.models.encoder_decoder_model import EncoderDecoderModel
+from cairn.models.flops import flops_per_token, training_flops_per_step
+from cairn.models.model_base import DecodeOptions
+from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
+from cairn.models.params import count_params, logical_axes
+from cairn.models.presets import PRESETS, get_preset
+from cairn.models.t5.config import T5Config
+
+__all__ = [
+    "DecodeOptions",
+    "DecoderOnlyConfig",
+    "DecoderOnlyModel",
+    "EncoderDecoderModel",
+    "HFInterchangeError",
+    "PRESETS",
+    "T5Config",
+    "count_params",
+    "decoder_only",
+    "decoding",
+    "export_hf",
+    "flops_per_token",
+    "get_preset",
+    "import_hf",
+    "logical_axes",
+    "losses",
+    "t5",
+    "training_flops_per_step",
+]

@@ -1,0 +1,182 @@
+"""Training-step time, tokens/s and MFU of cairn's T5.1.1-small, beside transformers' PyTorch T5;
+greedy decoding tokens/s beside transformers' `generate`.
+
+  .venv/bin/python benchmarks/models_bench.py [--steps 5] [--decode-steps 3] [--skip-torch]
+
+Config (issue 6): T5.1.1-small (emb 512, 6 heads x 64, MLP 1024 gated-GELU, 8+8 layers,
+vocab 32,128, no dropout), batch 8, inputs 128, targets 32, float32, Adafactor (optax for
+cairn, torch.optim.Adafactor for transformers). Model FLOPs per step come from
+`cairn.models.flops.training_flops_per_step` (about 200.7 GFLOP); the peak is a jitted
+float32 2048x2048 matmul, median of repeats, measured in the same run. MFU = model FLOPs
+per step / step time / peak. Every time is the median over the steps after a warm-up (and
+after compilation). Both sides use the same random inputs; torch uses all cores.
+Numbers need a quiet machine: other processes on the 2 cores lower every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [os.path.join(REPO, "models"), os.path.join(REPO, "partitioning")]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from cairn.models import DecodeOptions, EncoderDecoderModel, get_preset, training_flops_per_step  # noqa: E402
+
+BATCH, INPUTS, TARGETS = 8, 128, 32
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def matmul_peak(repeats: int = 10, n: int = 2048) -> float:
+    """FLOP/s of a jitted float32 n x n matmul (median)."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+    f = jax.jit(jnp.matmul)
+    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), repeats, warmup=2)
+
+
+def make_batch():
+    rng = np.random.default_rng(0)
+    vocab = get_preset("t5_1_1_small").vocab_size
+    tgt = rng.integers(2, vocab, (BATCH, TARGETS)).astype(np.int32)
+    return {"encoder_input_tokens": rng.integers(2, vocab, (BATCH, INPUTS)).astype(np.int32),
+            "decoder_target_tokens": tgt,
+            "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+            "decoder_loss_weights": np.ones_like(tgt, np.float32)}
+
+
+def cairn_train_step(config, batch, steps: int):
+    import optax
+
+    model = EncoderDecoderModel(config, z_loss=0.0)
+    params = model.init(jax.random.PRNGKey(0))
+    opt = optax.adafactor(learning_rate=1e-3)
+    state = (params, opt.init(params))
+
+    @functools.partial(jax.jit, donate_argnums=(0,))  # params and optimizer state updated in place
+    def step(state, batch):
+        params, opt_state = state
+        (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    batch = jax.device_put(batch)
+    holder = [state]
+
+    def run():
+        holder[0], loss = step(holder[0], batch)
+        loss.block_until_ready()
+
+    t = time.perf_counter()
+    run()
+    compile_s = time.perf_counter() - t
+    return median_time(run, steps), compile_s, model, holder[0][0]
+
+
+def cairn_greedy(model, params, batch, repeats: int) -> float:
+    options = DecodeOptions(max_decode_length=TARGETS, eos_id=-1)  # no early stop: always TARGETS tokens
+    f = jax.jit(lambda p, b: model.predict_batch(p, b, options)[0])
+    enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
+    return median_time(lambda: f(params, enc).block_until_ready(), repeats)
+
+
+def torch_model(config, params):
+    import tempfile
+
+    import transformers
+
+    from cairn.models import export_hf
+
+    with tempfile.TemporaryDirectory() as d:
+        export_hf(params, config, d)
+        return transformers.T5ForConditionalGeneration.from_pretrained(d)
+
+
+def torch_train_step(model, batch, steps: int) -> float:
+    import torch
+
+    model.train()
+    opt = torch.optim.Adafactor(model.parameters(), lr=1e-3)
+    ids = torch.tensor(batch["encoder_input_tokens"], dtype=torch.long)
+    dec = torch.tensor(batch["decoder_input_tokens"], dtype=torch.long)
+    labels = torch.tensor(batch["decoder_target_tokens"], dtype=torch.long)
+
+    def run():
+        opt.zero_grad()
+        loss = model(input_ids=ids, decoder_input_ids=dec, labels=labels).loss
+        loss.backward()
+        opt.step()
+
+    return median_time(run, steps)
+
+
+def torch_greedy(model, batch, repeats: int) -> float:
+    import torch
+
+    model.eval()
+    ids = torch.tensor(batch["encoder_input_tokens"], dtype=torch.long)
+
+    def run():
+        with torch.no_grad():
+            model.generate(input_ids=ids, max_new_tokens=TARGETS, min_new_tokens=TARGETS, do_sample=False,
+                           num_beams=1)
+
+    return median_time(run, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed training steps (after one warm-up)")
+    parser.add_argument("--decode-steps", type=int, default=3, help="timed greedy decodes (after one warm-up)")
+    parser.add_argument("--skip-torch", action="store_true", help="only cairn's column")
+    args = parser.parse_args()
+
+    config = get_preset("t5_1_1_small")
+    batch = make_batch()
+    flops = training_flops_per_step(config, BATCH, {"inputs": INPUTS, "targets": TARGETS})
+    peak = matmul_peak()
+    step_s, compile_s, model, params = cairn_train_step(config, batch, args.steps)
+    decode_s = cairn_greedy(model, params, batch, args.decode_steps)
+    tokens = BATCH * (INPUTS + TARGETS)
+    rows = [("cairn (jax)", step_s, decode_s)]
+    if not args.skip_torch:
+        try:
+            tm = torch_model(config, params)
+            rows.append(("transformers (torch)", torch_train_step(tm, batch, args.steps),
+                         torch_greedy(tm, batch, args.decode_steps)))
+        except ImportError as e:  # torch/transformers are test-only dependencies
+            print(f"transformers column skipped: {e}")
+
+    print(f"T5.1.1-small, batch {BATCH}, inputs {INPUTS}, targets {TARGETS}, float32, Adafactor; "
+          f"{jax.device_count()} {jax.default_backend()} device(s), {os.cpu_count()} cores")
+    print(f"model FLOPs/step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s; "
+          f"cairn compile {compile_s:.1f} s")
+    print(f"{'':24}{'step s':>8}{'tokens/s':>10}{'MFU':>7}{'greedy tok/s':>14}")
+    for name, s, d in rows:
+        print(f"{name:24}{s:8.2f}{tokens / s:10.0f}{flops / s / peak:7.1%}{BATCH * TARGETS / d:14.0f}")
+    if len(rows) == 2:
+        (_, s0, d0), (_, s1, d1) = rows
+        print(f"{'cairn / transformers':24}{'':8}{s1 / s0:9.2f}x{'':7}{d1 / d0:13.2f}x  (speed ratios)")
+
+
+if __name__ == "__main__":
+    main()

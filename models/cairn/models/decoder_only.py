@@ -1,0 +1,96 @@
+"""`decoder_only.Decoder`: a GPT-style decoder (T5 layers without cross-attention), with
+optional prefix-LM attention (bidirectional over the inputs, causal over the targets)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from cairn.models.attention import mask_to_bias, segment_mask
+from cairn.models.layers import Embed, RMSNorm, constrain, kernel
+from cairn.models.relative_position import RelativePositionBias
+from cairn.models.stacking import apply_layers
+from cairn.models.t5.config import ACTIVATIONS, REMAT_POLICIES
+from cairn.models.t5.network import ACT, DecoderLayer, decoder_positions_and_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyConfig:
+    """Hyperparameters of `decoder_only.Decoder` (field names as in `T5Config`)."""
+
+    vocab_size: int = 32128
+    emb_dim: int = 768
+    num_heads: int = 12
+    head_dim: int = 64
+    mlp_dim: int = 2048
+    num_layers: int = 12
+    mlp_activations: Tuple[str, ...] = ("gelu", "linear")
+    logits_via_embedding: bool = False
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dropout_rate: float = 0.0
+    layer_norm_epsilon: float = 1e-6
+    dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"DecoderOnlyConfig.{name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        if len(self.mlp_activations) not in (1, 2) or any(a not in ACTIVATIONS for a in self.mlp_activations):
+            raise ValueError(f"DecoderOnlyConfig.mlp_activations must be 1 or 2 of {ACTIVATIONS}, "
+                             f"got {self.mlp_activations!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"DecoderOnlyConfig.remat_policy must be one of {REMAT_POLICIES}, "
+                             f"got {self.remat_policy!r}")
+
+    def replace(self, **changes) -> "DecoderOnlyConfig":
+        return dataclasses.replace(self, **changes)
+
+
+class Decoder(nn.Module):
+    """Returns float32 logits `[batch, length, vocab]` for `decoder_input_tokens`.
+
+    `decoder_causal_attention` (1 on input positions) makes attention among the inputs
+    bidirectional (prefix LM); `decoder_segment_ids` separates packed sequences.
+    """
+
+    config: DecoderOnlyConfig
+
+    @nn.compact
+    def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_causal_attention=None,
+                 deterministic: bool = True, decode: bool = False):
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        embed = Embed(cfg.vocab_size, cfg.emb_dim, dt, name="token_embedder")
+        tokens = decoder_input_tokens.astype(jnp.int32)
+        x = embed(tokens)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+        x = constrain(x, ACT)
+        q_pos, k_pos, mask = decoder_positions_and_mask(self, tokens.shape[1], decode)
+        bias = RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
+                                    cfg.relative_attention_max_distance, False, dt,
+                                    nn.initializers.normal(cfg.emb_dim ** -0.5), name="relpos_bias")(q_pos, k_pos)
+        if decoder_causal_attention is not None and not decode:
+            prefix = decoder_causal_attention > 0
+            mask = mask | (prefix[:, :, None] & prefix[:, None, :])[:, None]
+        if decoder_segment_ids is not None and not decode:
+            mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
+        bias = bias + mask_to_bias(mask, dt)
+        x = apply_layers(DecoderLayer, cfg.num_layers, cfg.scan_layers, cfg.remat_policy,
+                         dict(config=cfg, deterministic=deterministic, decode=decode, cross=False),
+                         x, None, bias, None)
+        x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+        if cfg.logits_via_embedding:
+            logits = embed.attend(x * (cfg.emb_dim ** -0.5))
+        else:
+            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim ** -0.5, dt)
+            logits = jnp.einsum("ble,ev->blv", x, w)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -1,0 +1,92 @@
+"""`DecoderOnlyModel`: a GPT-style decoder with its loss, scoring and decoding."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
+from cairn.models.losses import LossNormalizingFactor
+from cairn.models.model_base import (Batch, DecodeOptions, check_predict_args, loss_and_metrics,
+                                     run_decoding, sequence_log_likelihood)
+
+Params = Any
+
+
+class DecoderOnlyModel:
+    """Wraps `decoder_only.Decoder`. Batches: `decoder_input_tokens`, `decoder_target_tokens`,
+    `decoder_loss_weights`, optional `decoder_segment_ids` (packing) and
+    `decoder_causal_attention` (prefix LM: 1 on input positions)."""
+
+    def __init__(self, config: DecoderOnlyConfig, label_smoothing: float = 0.0, z_loss: float = 1e-4,
+                 loss_normalizing_factor: LossNormalizingFactor = None):
+        self.config = config
+        self.module = Decoder(config)
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.loss_normalizing_factor = loss_normalizing_factor
+
+    def init_boxed(self, rng: jax.Array, length: int = 8) -> Any:
+        return jax.jit(self.module.init)(rng, jnp.ones((1, length), jnp.int32))["params"]
+
+    def init(self, rng: jax.Array, length: int = 8) -> Params:
+        """Random parameters (deterministic given `rng`)."""
+        return nn.meta.unbox(self.init_boxed(rng, length))
+
+    def logical_axes(self) -> Any:
+        return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
+
+    def apply(self, params: Params, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
+        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+        return self.module.apply({"params": params}, batch["decoder_input_tokens"],
+                                 batch.get("decoder_segment_ids"), batch.get("decoder_causal_attention"),
+                                 deterministic=dropout_rng is None, rngs=rngs)
+
+    def loss_fn(self, params: Params, batch: Batch,
+                dropout_rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+        logits = self.apply(params, batch, dropout_rng)
+        return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+
+    def score_batch(self, params: Params, batch: Batch) -> jnp.ndarray:
+        return sequence_log_likelihood(self.apply(params, batch), batch["decoder_target_tokens"],
+                                       batch.get("decoder_loss_weights"))
+
+    def predict_batch(self, params: Params, prompts: jnp.ndarray, options: DecodeOptions = DecodeOptions(),
+                      rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+        """Continues each row of `prompts` `[b, p]` (right-padded with 0; may be all 0).
+
+        Returns `(tokens [b, max_decode_length], scores [b])`; each row starts with its prompt
+        (forced, attended causally even for prefix-LM configs) followed by the generated tokens.
+        Beam search takes no prompt (`prompts` of shape `[b, 0]`).
+        """
+        check_predict_args(options, rng)
+        prompts = jnp.asarray(prompts, jnp.int32)
+        rows, length = prompts.shape[0], options.max_decode_length
+        prompt = prompts
+        if options.method == "beam":
+            if prompts.shape[1]:
+                raise NotImplementedError("beam search with a prompt is not supported: pass prompts of shape [b, 0]")
+            prompt, rows = None, rows * options.num_beams
+        variables = {"params": params}
+        if options.use_cache:
+            def make_cache():
+                _, mutated = self.module.apply(variables, jnp.zeros((rows, length), jnp.int32),
+                                               decode=True, mutable=["cache"])
+                return mutated["cache"]
+            cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
+
+            def tokens_to_logits(tokens, cache, step):
+                logits, mutated = self.module.apply({"params": params, "cache": cache}, tokens[:, None],
+                                                    decode=True, mutable=["cache"])
+                return logits[:, 0], mutated["cache"]
+        else:
+            cache = jnp.zeros((rows, length), jnp.int32)
+
+            def tokens_to_logits(tokens, buffer, step):
+                buffer = buffer.at[:, step].set(tokens)
+                return jnp.take(self.module.apply(variables, buffer), step, axis=1), buffer
+
+        return run_decoding(options, tokens_to_logits, cache, prompts.shape[0], rng, prompt)

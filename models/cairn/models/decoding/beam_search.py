@@ -1,0 +1,106 @@
+"""Beam search with a length penalty `((5 + length) / 6) ** alpha` (Wu et al. 2016, as in t5x).
+
+Beams are flattened into the batch (`b * beams`) for the model; the cache is reordered
+when beams are reselected (`gather_beams`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from cairn.models.decoding.loop import TokensToLogits
+
+NEG_INF = -1.0e7
+
+
+def length_penalty(length, alpha: float):
+    return jnp.power((5.0 + length) / 6.0, alpha)
+
+
+def _batch_axis(path, leaf) -> int:
+    """Axis of the flattened batch in a cache leaf: 1 under a scanned `layers` stack, else 0;
+    -1 for leaves without one (indices, length markers)."""
+    scanned = any(getattr(k, "key", None) == "layers" for k in path)
+    min_ndim = 3 if scanned else 2
+    return (1 if scanned else 0) if leaf.ndim >= min_ndim else -1
+
+
+def gather_beams(cache: Any, flat_indices: jnp.ndarray) -> Any:
+    """Reorders every batch-carrying leaf of `cache` by `flat_indices` (into `b * beams`)."""
+    def gather(path, leaf):
+        axis = _batch_axis(path, leaf)
+        return leaf if axis < 0 else jnp.take(leaf, flat_indices, axis=axis)
+    return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def beam_search(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, num_beams: int,
+                max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
+                bos_id: int = 0) -> Tuple[jnp.ndarray, jnp.ndarray]:
+    """`(sequences [b, beams, len], scores [b, beams])`, best first.
+
+    `cache` must already hold `b * num_beams` rows (each example repeated `num_beams` times).
+    A sequence's score is its log-probability divided by the length penalty of its length
+    (EOS included); an EOS candidate finishes a hypothesis only if it ranks among the top
+    `num_beams` candidates of its step (as in transformers), so one beam is greedy decoding.
+    Stops once no live beam can beat the finished ones.
+    """
+    b, k, L = batch_size, num_beams, max_decode_len
+    if k < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    offsets = (jnp.arange(b) * k)[:, None]
+
+    def cond(state):
+        step, _, live_logp, _, fin_scores, fin_flags, _ = state
+        best_live = live_logp[:, 0] / length_penalty(float(L), alpha) if alpha >= 0 else live_logp[:, 0]
+        worst_fin = jnp.min(jnp.where(fin_flags, fin_scores, NEG_INF), axis=1)
+        all_fin = jnp.all(fin_flags, axis=1)
+        can_improve = ~all_fin | (best_live > worst_fin)
+        return (step < L) & jnp.any(can_improve)
+
+    def body(state):
+        step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, cache = state
+        tokens = state_tokens(live_seqs, step)
+        logits, cache = tokens_to_logits(tokens.reshape(b * k), cache, step)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+        vocab = logp.shape[-1]
+        cand = (live_logp[:, :, None] + logp).reshape(b, k * vocab)
+        vals, idx = jax.lax.top_k(cand, 2 * k)
+        beam, tok = idx // vocab, (idx % vocab).astype(jnp.int32)
+        seqs = jnp.take_along_axis(live_seqs, beam[:, :, None], axis=1)
+        seqs = seqs.at[:, :, step].set(tok)
+        is_eos = tok == eos_id
+        # An ending counts only if it ranks among the top k candidates (so 1 beam is greedy).
+        ends = is_eos & (jnp.arange(2 * k)[None, :] < k)
+        # Live: the best k candidates that did not end.
+        live_vals, live_sel = jax.lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
+        new_live = jnp.take_along_axis(seqs, live_sel[:, :, None], axis=1)
+        src_beam = jnp.take_along_axis(beam, live_sel, axis=1)
+        cache = gather_beams(cache, (offsets + src_beam).reshape(b * k))
+        # Finished: merge the candidates that ended with those already finished.
+        new_scores = jnp.where(ends, vals / length_penalty(step + 1.0, alpha), NEG_INF)
+        all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
+        all_flags = jnp.concatenate([fin_flags, ends], axis=1)
+        all_seqs = jnp.concatenate([fin_seqs, seqs], axis=1)
+        fin_scores, fin_sel = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
+        fin_flags = jnp.take_along_axis(all_flags, fin_sel, axis=1)
+        fin_seqs = jnp.take_along_axis(all_seqs, fin_sel[:, :, None], axis=1)
+        return step + 1, new_live, live_vals, fin_seqs, fin_scores, fin_flags, cache
+
+    def state_tokens(live_seqs, step):
+        prev = jnp.take(live_seqs, jnp.maximum(step - 1, 0), axis=2)
+        return jnp.where(step == 0, bos_id, prev)
+
+    live_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))
+    state = (jnp.array(0, jnp.int32), jnp.zeros((b, k, L), jnp.int32), live_logp,
+             jnp.zeros((b, k, L), jnp.int32), jnp.full((b, k), NEG_INF, jnp.float32),
+             jnp.zeros((b, k), bool), cache)
+    step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, _ = jax.lax.while_loop(cond, body, state)
+    # Rows where nothing finished return their live beams.
+    none_finished = ~jnp.any(fin_flags, axis=1)
+    live_scores = live_logp / length_penalty(step.astype(jnp.float32), alpha)
+    seqs = jnp.where(none_finished[:, None, None], live_seqs, fin_seqs)
+    scores = jnp.where(none_finished[:, None], live_scores, fin_scores)
+    return seqs, scores

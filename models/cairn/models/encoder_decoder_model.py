@@ -1,0 +1,99 @@
+"""`EncoderDecoderModel`: a T5 network with its loss, scoring and decoding (t5x's model API)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cairn.models.losses import LossNormalizingFactor
+from cairn.models.model_base import (Batch, DecodeOptions, check_predict_args, loss_and_metrics,
+                                     run_decoding, sequence_log_likelihood)
+from cairn.models.t5.config import T5Config
+from cairn.models.t5.network import EncoderDecoder
+
+Params = Any
+
+
+class EncoderDecoderModel:
+    """Wraps `t5.EncoderDecoder`. Batches use t5x's feature names: `encoder_input_tokens`,
+    `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`, and when packed
+    `encoder_segment_ids` / `decoder_segment_ids`. `params` is the unboxed parameter tree."""
+
+    def __init__(self, config: T5Config, label_smoothing: float = 0.0, z_loss: float = 1e-4,
+                 loss_normalizing_factor: LossNormalizingFactor = None):
+        self.config = config
+        self.module = EncoderDecoder(config)
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.loss_normalizing_factor = loss_normalizing_factor
+
+    def init_boxed(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Any:
+        """Variables with logical axis metadata (`nn.LogicallyPartitioned` boxes)."""
+        enc = jnp.ones((1, input_length), jnp.int32)
+        dec = jnp.ones((1, target_length), jnp.int32)
+        return jax.jit(self.module.init)(rng, enc, dec)["params"]
+
+    def init(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Params:
+        """Random parameters (deterministic given `rng`)."""
+        return nn.meta.unbox(self.init_boxed(rng, input_length, target_length))
+
+    def logical_axes(self) -> Any:
+        """PartitionSpecs of logical axis names, shaped like the params."""
+        return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
+
+    def apply(self, params: Params, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
+        """Logits `[b, target_len, vocab]` (teacher forcing)."""
+        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+        return self.module.apply(
+            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
+            deterministic=dropout_rng is None, rngs=rngs)
+
+    def loss_fn(self, params: Params, batch: Batch,
+                dropout_rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured."""
+        logits = self.apply(params, batch, dropout_rng)
+        return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+
+    def score_batch(self, params: Params, batch: Batch) -> jnp.ndarray:
+        """`[b]`: log-likelihood of each row's targets (weighted by `decoder_loss_weights` if given)."""
+        return sequence_log_likelihood(self.apply(params, batch), batch["decoder_target_tokens"],
+                                       batch.get("decoder_loss_weights"))
+
+    def predict_batch(self, params: Params, batch: Batch, options: DecodeOptions = DecodeOptions(),
+                      rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+        """`(tokens [b, max_decode_length], scores [b])` decoded from `encoder_input_tokens`.
+
+        Tokens after EOS are 0. Scores: log-probabilities (beam: divided by the length penalty).
+        """
+        check_predict_args(options, rng)
+        enc_tokens = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        repeat = options.num_beams if options.method == "beam" else 1
+        enc_tokens = jnp.repeat(enc_tokens, repeat, axis=0)
+        rows, length = enc_tokens.shape[0], options.max_decode_length
+        variables = {"params": params}
+        encoded = self.module.apply(variables, enc_tokens, method=EncoderDecoder.encode)
+        decode = EncoderDecoder.decode
+        if options.use_cache:
+            def make_cache():
+                _, mutated = self.module.apply(variables, encoded, enc_tokens, jnp.zeros((rows, length), jnp.int32),
+                                               decode=True, mutable=["cache"], method=decode)
+                return mutated["cache"]
+            cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
+
+            def tokens_to_logits(tokens, cache, step):
+                logits, mutated = self.module.apply({"params": params, "cache": cache}, encoded, enc_tokens,
+                                                    tokens[:, None], decode=True, mutable=["cache"], method=decode)
+                return logits[:, 0], mutated["cache"]
+        else:
+            cache = jnp.zeros((rows, length), jnp.int32)  # the decoder inputs so far
+
+            def tokens_to_logits(tokens, buffer, step):
+                buffer = buffer.at[:, step].set(tokens)
+                logits = self.module.apply(variables, encoded, enc_tokens, buffer, method=decode)
+                return jnp.take(logits, step, axis=1), buffer
+
+        return run_decoding(options, tokens_to_logits, cache, batch["encoder_input_tokens"].shape[0], rng)

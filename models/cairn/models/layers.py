@@ -1,0 +1,111 @@
+"""Building blocks shared by the networks: RMS norm, token embedding, MLP, dense kernels.
+
+Every parameter carries logical axis names (`embed`, `vocab`, `heads`, `kv`, `mlp`) through
+`flax.linen.with_logical_partitioning`; activations are constrained with
+`flax.linen.with_logical_constraint`, a no-op outside a mesh and rules context.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+ACTIVATION_FNS = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=True),  # transformers' gelu_new
+    "silu": jax.nn.silu,
+    "linear": lambda x: x,
+}
+
+
+def normal(stddev: float) -> nn.initializers.Initializer:
+    """A zero-mean normal initializer (deterministic given the key)."""
+    return nn.initializers.normal(stddev)
+
+
+def constrain(x, axes: Tuple[str, ...]):
+    """Annotates an activation with logical axis names."""
+    return nn.with_logical_constraint(x, axes)
+
+
+class RMSNorm(nn.Module):
+    """T5's layer norm: scale only, no mean subtraction, no bias; computed in float32."""
+
+    epsilon: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                           (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        y = x32 * jax.lax.rsqrt(var + self.epsilon)
+        return (y * scale).astype(self.dtype)
+
+
+class Embed(nn.Module):
+    """A token embedding table `[vocab, embed]` that can also produce logits (`attend`)."""
+
+    num_embeddings: int
+    features: int
+    dtype: jnp.dtype = jnp.float32
+    embedding_init: nn.initializers.Initializer = normal(1.0)
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
+            (self.num_embeddings, self.features), jnp.float32)
+
+    def __call__(self, ids):
+        return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
+
+    def attend(self, x):
+        """`x @ embedding.T`: logits over the vocabulary."""
+        return jnp.einsum("...e,ve->...v", x, jnp.asarray(self.embedding, self.dtype))
+
+
+def kernel(module: nn.Module, name: str, shape: Sequence[int], axes: Tuple[str, ...],
+           stddev: float, dtype) -> jnp.ndarray:
+    """Declares a bias-free kernel with logical axes and returns it cast to `dtype`."""
+    value = module.param(name, nn.with_logical_partitioning(normal(stddev), axes), tuple(shape), jnp.float32)
+    return jnp.asarray(value, dtype)
+
+
+class MlpBlock(nn.Module):
+    """The position-wise MLP: `act(x Wi) Wo`, or gated `act0(x Wi0) * act1(x Wi1) Wo`."""
+
+    mlp_dim: int
+    activations: Tuple[str, ...] = ("relu",)
+    dropout_rate: float = 0.0
+    dtype: jnp.dtype = jnp.float32
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        emb = x.shape[-1]
+        if len(self.activations) == 1:
+            names = ["wi"]
+        else:
+            names = [f"wi_{i}" for i in range(len(self.activations))]
+        h = None
+        for name, act in zip(names, self.activations):
+            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb ** -0.5, self.dtype)
+            y = ACTIVATION_FNS[act](jnp.einsum("...e,em->...m", x, w))
+            h = y if h is None else h * y
+        h = constrain(h, ("batch", "length", "mlp"))
+        h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
+        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim ** -0.5, self.dtype)
+        return jnp.einsum("...m,me->...e", h, wo)
+
+
+def remat_policy(name: str):
+    """The `jax.checkpoint` policy for a config's `remat_policy` (`full` saves nothing)."""
+    if name == "full":
+        return None
+    if name == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    raise ValueError(f"no checkpoint policy for remat_policy={name!r}")

@@ -1,0 +1,88 @@
+"""What `EncoderDecoderModel` and `DecoderOnlyModel` share: loss options, metrics, decoding dispatch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from cairn.models import decoding
+from cairn.models.losses import LossNormalizingFactor, weighted_cross_entropy
+
+Batch = Mapping[str, jnp.ndarray]
+DECODE_METHODS = ("greedy", "sample", "beam")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How `predict_batch` decodes. `method`: greedy, sample (temperature, top_k, top_p, from
+    the stateless `rng` given to `predict_batch`) or beam (`num_beams`, length penalty `alpha`)."""
+
+    method: str = "greedy"
+    max_decode_length: int = 32
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    num_beams: int = 4
+    alpha: float = 0.6
+    eos_id: int = 1
+    use_cache: bool = True
+
+    def __post_init__(self):
+        if self.method not in DECODE_METHODS:
+            raise ValueError(f"DecodeOptions.method must be one of {DECODE_METHODS}, got {self.method!r}")
+        if self.max_decode_length < 1:
+            raise ValueError(f"DecodeOptions.max_decode_length must be >= 1, got {self.max_decode_length}")
+
+
+def loss_and_metrics(logits, batch: Batch, label_smoothing: float, z_loss: float,
+                     loss_normalizing_factor: LossNormalizingFactor) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+    """The training loss of `logits` against `decoder_target_tokens`, and t5x-style metrics."""
+    targets = batch["decoder_target_tokens"]
+    weights = batch.get("decoder_loss_weights")
+    if weights is None:
+        weights = (targets > 0).astype(jnp.float32)
+    loss, z, weight_sum = weighted_cross_entropy(
+        logits, targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor, segment_ids=batch.get("decoder_segment_ids"))
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * (weights > 0)
+    metrics = {"loss": loss, "z_loss": z, "cross_ent_loss": loss - z, "weight_sum": weight_sum,
+               "accuracy": jnp.sum(correct) / jnp.maximum(jnp.sum(weights > 0), 1)}
+    return loss, metrics
+
+
+def sequence_log_likelihood(logits, targets, weights=None) -> jnp.ndarray:
+    """`[b]`: the summed log-probability of each row's target tokens (weights default to targets > 0)."""
+    if weights is None:
+        weights = (targets > 0).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    token = jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.sum(token * weights, axis=-1)
+
+
+def check_predict_args(options: DecodeOptions, rng: Optional[jax.Array]) -> None:
+    """Fails before any computation when `predict_batch`'s arguments cannot work."""
+    if not isinstance(options, DecodeOptions):
+        raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
+    if options.method == "sample" and rng is None:
+        raise ValueError("predict_batch(method='sample') needs rng (a jax.random key)")
+
+
+def run_decoding(options: DecodeOptions, tokens_to_logits, cache: Any, batch_size: int,
+                 rng: Optional[jax.Array], prompt=None):
+    """Dispatches to the decoding algorithm; returns `(tokens [b, len], scores [b])`."""
+    if options.method == "greedy":
+        return decoding.greedy_decode(tokens_to_logits, cache, batch_size, options.max_decode_length,
+                                      options.eos_id, prompt)
+    if options.method == "sample":
+        if rng is None:
+            raise ValueError("predict_batch(method='sample') needs rng (a jax.random key)")
+        return decoding.sample_decode(tokens_to_logits, cache, batch_size, options.max_decode_length, rng,
+                                      options.temperature, options.top_k, options.top_p, options.eos_id, prompt)
+    if prompt is not None:
+        raise NotImplementedError("beam search with a forced prompt is not supported (decoder-only prompts)")
+    seqs, scores = decoding.beam_search(tokens_to_logits, cache, batch_size, options.num_beams,
+                                        options.max_decode_length, options.alpha, options.eos_id)
+    return seqs[:, 0], scores[:, 0]

@@ -1,0 +1,80 @@
+"""Named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2 and decoder-only sizes.
+
+`get_preset("t5_1_1_base")` returns the config; `PRESETS` maps every name to its config.
+Sizes follow the published checkpoints' `config.json` / gin files.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Union
+
+from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.t5.config import T5Config
+
+T5_VOCAB = 32128
+MT5_VOCAB = 250112
+BYT5_VOCAB = 384
+GATED_GELU = ("gelu", "linear")
+
+
+def _t5_1_1(emb, heads, mlp, layers, vocab=T5_VOCAB, head_dim=64, dec_layers=None) -> T5Config:
+    return T5Config(vocab_size=vocab, emb_dim=emb, num_heads=heads, head_dim=head_dim, mlp_dim=mlp,
+                    num_encoder_layers=layers, num_decoder_layers=dec_layers or layers,
+                    mlp_activations=GATED_GELU, logits_via_embedding=False)
+
+
+def _t5_1_0(emb, heads, mlp, layers, head_dim=64) -> T5Config:
+    return T5Config(vocab_size=T5_VOCAB, emb_dim=emb, num_heads=heads, head_dim=head_dim, mlp_dim=mlp,
+                    num_encoder_layers=layers, num_decoder_layers=layers,
+                    mlp_activations=("relu",), logits_via_embedding=True)
+
+
+def _decoder_only(emb, heads, head_dim, mlp, layers, vocab=T5_VOCAB) -> DecoderOnlyConfig:
+    return DecoderOnlyConfig(vocab_size=vocab, emb_dim=emb, num_heads=heads, head_dim=head_dim,
+                             mlp_dim=mlp, num_layers=layers, mlp_activations=GATED_GELU)
+
+
+PRESETS: Dict[str, Union[T5Config, DecoderOnlyConfig]] = {
+    # T5.1.1 (gated GELU, untied logits).
+    "t5_1_1_tiny": _t5_1_1(128, 4, 256, 2, head_dim=32),
+    "t5_1_1_small": _t5_1_1(512, 6, 1024, 8),
+    "t5_1_1_base": _t5_1_1(768, 12, 2048, 12),
+    "t5_1_1_large": _t5_1_1(1024, 16, 2816, 24),
+    "t5_1_1_xl": _t5_1_1(2048, 32, 5120, 24),
+    "t5_1_1_xxl": _t5_1_1(4096, 64, 10240, 24),
+    # T5.1.0 (ReLU, logits tied to the embedding).
+    "t5_1_0_small": _t5_1_0(512, 8, 2048, 6),
+    "t5_1_0_base": _t5_1_0(768, 12, 3072, 12),
+    "t5_1_0_large": _t5_1_0(1024, 16, 4096, 24),
+    "t5_1_0_3b": _t5_1_0(1024, 32, 16384, 24, head_dim=128),
+    "t5_1_0_11b": _t5_1_0(1024, 128, 65536, 24, head_dim=128),
+    # mT5: T5.1.1 shapes with a 250k vocabulary.
+    "mt5_small": _t5_1_1(512, 6, 1024, 8, MT5_VOCAB),
+    "mt5_base": _t5_1_1(768, 12, 2048, 12, MT5_VOCAB),
+    "mt5_large": _t5_1_1(1024, 16, 2816, 24, MT5_VOCAB),
+    "mt5_xl": _t5_1_1(2048, 32, 5120, 24, MT5_VOCAB),
+    "mt5_xxl": _t5_1_1(4096, 64, 10240, 24, MT5_VOCAB),
+    # ByT5: bytes, encoder three times deeper than the decoder.
+    "byt5_small": _t5_1_1(1472, 6, 3584, 12, BYT5_VOCAB, dec_layers=4),
+    "byt5_base": _t5_1_1(1536, 12, 3968, 18, BYT5_VOCAB, dec_layers=6),
+    "byt5_large": _t5_1_1(1536, 16, 3840, 36, BYT5_VOCAB, dec_layers=12),
+    "byt5_xl": _t5_1_1(2560, 32, 6720, 36, BYT5_VOCAB, dec_layers=12),
+    "byt5_xxl": _t5_1_1(4672, 64, 12352, 36, BYT5_VOCAB, dec_layers=12),
+    # UL2 20B (gated SiLU).
+    "ul2_20b": T5Config(vocab_size=T5_VOCAB, emb_dim=4096, num_heads=16, head_dim=256, mlp_dim=16384,
+                        num_encoder_layers=32, num_decoder_layers=32, mlp_activations=("silu", "linear")),
+    # Decoder-only (GPT-style, gated GELU, T5 relative positions).
+    "decoder_only_tiny": _decoder_only(128, 4, 32, 256, 2),
+    "decoder_only_125m": _decoder_only(768, 12, 64, 2048, 12),
+    "decoder_only_350m": _decoder_only(1024, 16, 64, 2816, 24),
+    "decoder_only_1b": _decoder_only(2048, 16, 128, 5120, 20),
+    "decoder_only_3b": _decoder_only(2560, 32, 80, 6912, 32),
+    "decoder_only_8b": _decoder_only(4096, 32, 128, 14336, 32),
+}
+
+
+def get_preset(name: str, **overrides) -> Union[T5Config, DecoderOnlyConfig]:
+    """The preset `name`, with `overrides` (e.g. `scan_layers=True`) applied."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

@@ -1,0 +1,56 @@
+"""Applying a stack of identical layers: unrolled (`layers_0`, `layers_1`, ...) or scanned
+(`layers`, parameters stacked on a leading `layers` axis), optionally rematerialised."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cairn.models.layers import remat_policy as _policy
+
+
+def apply_layers(layer_cls, num_layers: int, scan: bool, remat: str, layer_kwargs: Dict[str, Any], x, *args):
+    """Runs `num_layers` layers on the carry `x`; `args` are the same for every layer.
+
+    Must be called inside a compact method (the layers become its submodules).
+    """
+    if remat != "none":
+        layer_cls = nn.remat(layer_cls, policy=_policy(remat), prevent_cse=not scan)
+    if scan:
+        stack = nn.scan(
+            layer_cls,
+            variable_axes={"params": 0, "cache": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,) * len(args),
+            length=num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = stack(scanned=True, name="layers", **layer_kwargs)(x, *args)
+        return x
+    for i in range(num_layers):
+        x = layer_cls(name=f"layers_{i}", **layer_kwargs)(x, *args)
+    return x
+
+
+def unstack_layers(tree: Dict[str, Any], num_layers: int) -> Dict[str, Any]:
+    """Turns a scanned `{'layers': stacked}` subtree into `{'layers_i': ...}` (other keys kept)."""
+    out = {k: v for k, v in tree.items() if k != "layers"}
+    if "layers" in tree:
+        for i in range(num_layers):
+            out[f"layers_{i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], tree["layers"])
+    return out
+
+
+def stack_layers(tree: Dict[str, Any], num_layers: int) -> Dict[str, Any]:
+    """The inverse of `unstack_layers`."""
+    names = [f"layers_{i}" for i in range(num_layers)]
+    missing = [n for n in names if n not in tree]
+    if missing:
+        raise KeyError(f"stack_layers: missing {missing} in {sorted(tree)}")
+    out = {k: v for k, v in tree.items() if k not in names}
+    layers: List[Any] = [tree[n] for n in names]
+    out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)
+    return out
