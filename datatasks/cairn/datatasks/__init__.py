@@ -1,3 +1,35 @@
-"""cairn.datatasks: Task-based data pipelines: sources, preprocessors, feature converters, packing, deterministic pipelines."""
+"""cairn.datatasks: tasks, mixtures, preprocessors, feature converters and packing (seqio's API).
+
+    import cairn.datatasks as dt
+    task = dt.TaskRegistry.add("my_task", dt.TextLineDataSource({"train": "data/*.txt"}), ...)
+    ds = dt.get_dataset("my_task", {"inputs": 512, "targets": 128},
+                        dt.EncDecFeatureConverter(pack=True), seed=0, batch_size=32)
+"""
 
 __version__ = "0.1.0"
+
+from cairn.datatasks import preprocessors  # noqa: E402
+from cairn.datatasks.dataset import get_dataset  # noqa: E402
+from cairn.datatasks.errors import DataTasksError, UnknownNameError  # noqa: E402
+from cairn.datatasks.feature import Feature  # noqa: E402
+from cairn.datatasks.feature_converters import (  # noqa: E402
+    EncDecFeatureConverter, FeatureConverter, LMFeatureConverter, PrefixLMFeatureConverter)
+from cairn.datatasks.mixture import Mixture  # noqa: E402
+from cairn.datatasks.preprocessors import map_over_dataset  # noqa: E402
+from cairn.datatasks.registry import (  # noqa: E402
+    DEFAULT_REGISTRY, MixtureRegistry, Registry, TaskRegistry, get_mixture_or_task)
+from cairn.datatasks.sources import (  # noqa: E402
+    DataSource, FunctionDataSource, JsonLinesDataSource, ShardInfo, TextLineDataSource,
+    TFExampleDataSource)
+from cairn.datatasks.stats import BadDataPolicy, DataStats  # noqa: E402
+from cairn.datatasks.task import Task  # noqa: E402
+from cairn.datatasks.tfds_source import TfdsDataSource  # noqa: E402
+
+__all__ = [
+    "BadDataPolicy", "DEFAULT_REGISTRY", "DataSource", "DataStats", "DataTasksError",
+    "EncDecFeatureConverter", "Feature", "FeatureConverter", "FunctionDataSource",
+    "JsonLinesDataSource", "LMFeatureConverter", "Mixture", "MixtureRegistry",
+    "PrefixLMFeatureConverter", "Registry", "ShardInfo", "TFExampleDataSource", "Task",
+    "TaskRegistry", "TextLineDataSource", "TfdsDataSource", "UnknownNameError",
+    "get_dataset", "get_mixture_or_task", "map_over_dataset", "preprocessors",
+]

@@ -1,0 +1,195 @@
+"""Deterministic pipelines of cairn.datatasks: cache job, resume cost and throughput.
+
+  .venv/bin/python benchmarks/deterministic_bench.py [--lines N] [--files F] [--batches N]
+
+The task is datatasks_bench.py's: the `shakespeare` package's non-empty lines (the first
+`--lines`, split into `--files` text files), `inputs` / `targets` = the two halves of each
+line's words, the shared 8,000-piece SentencePiece vocabulary (+100 sentinels),
+`tokenize` (cached) and `append_eos_after_trim` (after the cache), EncDecFeatureConverter
+with lengths inputs 512 / targets 128, global batch 32. It reports:
+
+  * the cache job (`cache_tasks` on Apache Beam, DirectRunner, 2 worker processes): records/s;
+  * time to the first batch of a fresh reader (no prefetch, one step per call) at step 0
+    and at step 1,000,000, the latter reached with `set_state` (no iteration), packed and
+    unpacked, and their ratio (median of 3 fresh readers each, after one warm-up round);
+  * steady-state batches/s of the deterministic reader (default prefetch), of the streaming
+    `cairn.datatasks.get_dataset` (shuffle buffer, seeded) and of seqio 0.0.20's streaming
+    `get_dataset` (run in `.peer-venv` by this same file with `--peer`), as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PEER_PYTHON = os.path.join(REPO, ".peer-venv", "bin", "python")
+LENGTHS = {"inputs": 512, "targets": 128}
+BATCH = 32
+FAR_STEP = 1_000_000
+TASKS_MODULE = '''
+import os, sys
+sys.path[:0] = {paths!r}
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
+from cairn.tokenizers import SentencePieceVocabulary
+from datatasks_bench import halves
+vocab = SentencePieceVocabulary({model!r}, extra_ids=100)
+feats = {{"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}}
+if "det_bench" not in dt.DEFAULT_REGISTRY:
+    dt.TaskRegistry.add("det_bench", dt.TextLineDataSource({{"train": {data!r}}}), feats,
+                        [halves, pp.tokenize, pp.append_eos_after_trim])
+'''
+
+
+def peer_rates(model: str, data: str, batches: int, warmup: int) -> dict:
+    """seqio's streaming pipeline (run in the peer venv)."""
+    import seqio
+
+    sys.path.insert(0, HERE)
+    from datatasks_bench import halves
+
+    vocab = seqio.SentencePieceVocabulary(model, extra_ids=100)
+    out = {}
+    for pack in (True, False):
+        name = f"det_bench_{int(pack)}"
+        seqio.TaskRegistry.add(
+            name, source=seqio.TextLineDataSource({"train": data}),
+            preprocessors=[halves, seqio.preprocessors.tokenize,
+                           seqio.preprocessors.append_eos_after_trim],
+            output_features={"inputs": seqio.Feature(vocab), "targets": seqio.Feature(vocab)})
+        ds = seqio.get_dataset(name, LENGTHS, seqio.EncDecFeatureConverter(pack=pack),
+                               dataset_split="train", shuffle=True, num_epochs=None,
+                               batch_size=BATCH, seed=0)
+        out["packed" if pack else "unpacked"] = rate(ds.as_numpy_iterator(), batches, warmup)
+    return out
+
+
+def rate(it, batches: int, warmup: int) -> float:
+    for _ in range(warmup):
+        next(it)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches / (time.perf_counter() - start)
+
+
+def cache_job(root: str, model: str, lines: list, files: int) -> tuple[float, int]:
+    """Runs `cache_tasks` on Beam (2 workers); returns (seconds, records)."""
+    from cairn.datatasks.deterministic import cache_tasks
+
+    data_dir = os.path.join(root, "data")
+    os.makedirs(data_dir)
+    for i in range(files):
+        with open(os.path.join(data_dir, f"part-{i:03d}.txt"), "w", encoding="utf-8") as f:
+            f.write("".join(line.replace("\r", " ") + "\n" for line in lines[i::files]))
+    paths = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks"), HERE]
+    with open(os.path.join(root, "det_bench_tasks.py"), "w", encoding="utf-8") as f:
+        f.write(TASKS_MODULE.format(paths=paths, model=model,
+                                    data=os.path.join(data_dir, "*.txt")))
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root] + paths + [os.environ.get("PYTHONPATH", "")])
+    start = time.perf_counter()
+    cache_tasks("det_bench", os.path.join(root, "cache"), module_import=["det_bench_tasks"])
+    seconds = time.perf_counter() - start
+    from cairn.datatasks.deterministic import CachedTask, task_dir
+
+    n = CachedTask(task_dir(os.path.join(root, "cache"), "det_bench", "train")).num_records
+    return seconds, n
+
+
+def reader_figures(root: str, batches: int, warmup: int) -> dict:
+    import cairn.datatasks as dt
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    out = {}
+    for pack in (True, False):
+        def make(**kwargs):
+            start = time.perf_counter()
+            r = DeterministicReader("det_bench", os.path.join(root, "cache"), seed=0,
+                                    global_batch_size=BATCH, sequence_length=LENGTHS,
+                                    feature_converter=dt.EncDecFeatureConverter(pack=pack),
+                                    **kwargs)
+            return r, time.perf_counter() - start
+
+        firsts: dict = {0: [], FAR_STEP: []}
+        for step in (0, FAR_STEP) * 4:  # the first round is dropped: one-off warm-up
+            reader, build = make(prefetch=0, steps_per_call=1)
+            start = time.perf_counter()
+            reader.set_state({"step": step})
+            next(reader)
+            firsts[step].append(time.perf_counter() - start)
+        firsts = {k: statistics.median(v[1:]) for k, v in firsts.items()}
+        reader, _ = make()
+        det = rate(reader, batches, warmup)
+        ds = dt.get_dataset("det_bench", LENGTHS, dt.EncDecFeatureConverter(pack=pack),
+                            shuffle=True, num_epochs=None, seed=0, batch_size=BATCH)
+        stream = rate(ds.as_numpy_iterator(), batches, warmup)
+        out["packed" if pack else "unpacked"] = {
+            "build_s": build, "first_0_s": firsts[0], "first_far_s": firsts[FAR_STEP],
+            "deterministic": det, "streaming": stream}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lines", type=int, default=100_000)
+    p.add_argument("--files", type=int, default=8)
+    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--peer", action="store_true", help="internal: run seqio's side")
+    p.add_argument("--model")
+    p.add_argument("--data")
+    p.add_argument("--cache-dir", default=os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"))
+    args = p.parse_args()
+    if args.peer:
+        json.dump(peer_rates(args.model, args.data, args.batches, args.warmup), sys.stdout)
+        return
+    sys.path[:0] = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks"), HERE]
+    from tokenizers_bench import shakespeare_lines, trained_model
+
+    lines = shakespeare_lines()[:args.lines]
+    model, _ = trained_model(shakespeare_lines(), args.cache_dir, False)
+    with tempfile.TemporaryDirectory() as root:
+        seconds, records = cache_job(root, model, lines, args.files)
+        print(f"{len(lines):,} lines in {args.files} files; vocab 8000 + 100; lengths {LENGTHS}; "
+              f"global batch {BATCH}")
+        print(f"cache job (Beam DirectRunner, 2 workers): {records:,} records in "
+              f"{seconds:.1f} s = {records / seconds:,.0f} records/s (incl. start-up)")
+        figures = reader_figures(root, args.batches, args.warmup)
+        peer = "no .peer-venv (bash benchmarks/setup_peers.sh)"
+        if os.path.exists(PEER_PYTHON):
+            proc = subprocess.run([PEER_PYTHON, os.path.abspath(__file__), "--peer", "--model",
+                                   model, "--data", os.path.join(root, "data", "*.txt"),
+                                   "--batches", str(args.batches), "--warmup",
+                                   str(args.warmup)], capture_output=True, text=True)
+            peer = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
+                    else "seqio failed: " + proc.stderr[-500:])
+    print(f"{'mode':10s}{'metric':34s}{'value':>12s}")
+    for mode, f in figures.items():
+        print(f"{mode:10s}{'reader build (plan) s':34s}{f['build_s']:12.3f}")
+        print(f"{mode:10s}{'first batch at step 0 s':34s}{f['first_0_s']:12.3f}")
+        print(f"{mode:10s}{f'first batch at step {FAR_STEP:,} s':34s}{f['first_far_s']:12.3f}")
+        print(f"{mode:10s}{'  ratio far/0 (<= 1.5)':34s}{f['first_far_s'] / f['first_0_s']:12.2f}")
+        print(f"{mode:10s}{'deterministic batches/s':34s}{f['deterministic']:12.1f}")
+        print(f"{mode:10s}{'streaming get_dataset batches/s':34s}{f['streaming']:12.1f}")
+        print(f"{mode:10s}{'  ratio det/streaming (>= 0.8)':34s}"
+              f"{f['deterministic'] / f['streaming']:12.2f}")
+        if isinstance(peer, dict):
+            print(f"{mode:10s}{'seqio 0.0.20 streaming batches/s':34s}{peer[mode]:12.1f}")
+            print(f"{mode:10s}{'  ratio det/seqio':34s}{f['deterministic'] / peer[mode]:12.2f}")
+    if not isinstance(peer, dict):
+        print(f"seqio: {peer}")
+
+
+if __name__ == "__main__":
+    main()

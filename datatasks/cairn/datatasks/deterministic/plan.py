@@ -1,0 +1,131 @@
+"""Packing plans built from the cached lengths: which records share a row.
+
+A plan splits a seeded base order of a task's records into consecutive *bins*, greedily:
+a bin is closed when the next record does not fit in every packed feature, or when it
+holds `max(capacity)` records (the feature converter packs groups of that many). Each
+epoch then visits the bins in a seeded order (`Permutation` over bins), so the rows of a
+task per epoch are a constant, and the row at any position is found in O(1).
+
+Lengths after the cache: a post-cache preprocessor changes lengths the plan must know.
+`output_lengths(fn)` gives its length function, `fn.deterministic_lengths` if set, else
+one of the known ones (`append_eos`, `append_eos_after_trim`, `trim`); a packed reader
+refuses a post-cache preprocessor without one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from cairn.datatasks import preprocessors as pp
+from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.feature_converters import (
+    EncDecFeatureConverter, FeatureConverter, LMFeatureConverter, PrefixLMFeatureConverter)
+
+Lengths = dict  # {feature: int array [N]}
+
+
+def _eos_after_trim(lengths: Lengths, sequence_length: Mapping[str, int],
+                    output_features: Mapping[str, Any]) -> Lengths:
+    out = dict(lengths)
+    for k, f in output_features.items():
+        if k in out and f.add_eos and f.vocabulary.eos_id is not None:
+            n = sequence_length.get(k)
+            out[k] = (np.minimum(out[k], n - 1) if n is not None else out[k]) + 1
+    return out
+
+
+def _eos(lengths, sequence_length, output_features):
+    return _eos_after_trim(lengths, {}, output_features)
+
+
+def _trim(lengths, sequence_length, output_features):
+    return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v)
+            for k, v in lengths.items()}
+
+
+_KNOWN: dict = {pp.append_eos_after_trim: _eos_after_trim, pp.append_eos: _eos, pp.trim: _trim}
+
+
+def output_lengths(fn: Callable) -> Callable | None:
+    """`f(lengths, sequence_length, output_features) -> lengths` for a preprocessor."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(target, "deterministic_lengths", None) or _KNOWN.get(target)
+
+
+def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str, int]
+                       ) -> Lengths:
+    """The lengths after the post-cache preprocessors and the final trim."""
+    for fn in task.preprocessors[len(task.cacheable_preprocessors):]:
+        length_fn = output_lengths(fn)
+        if length_fn is None:
+            raise DataTasksError(
+                f"task {task.name!r}: post-cache preprocessor {getattr(fn, '__name__', fn)!r} "
+                f"has no length function, so packing cannot be planned from the cached "
+                f"lengths; set `fn.deterministic_lengths = f(lengths, sequence_length, "
+                f"output_features) -> lengths`, or read with pack=False")
+        lengths = dict(length_fn(lengths, sequence_length, task.output_features))
+    return _trim(lengths, sequence_length, task.output_features)
+
+
+def packing_lengths(converter: FeatureConverter, lengths: Lengths,
+                    sequence_length: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """`([N, K] lengths, [K] capacities)` in the units the converter packs."""
+    def get(k):
+        if k not in lengths:
+            raise DataTasksError(f"{type(converter).__name__} packs feature {k!r}, which the "
+                                 f"task does not produce; it has {sorted(lengths)}")
+        return np.minimum(np.asarray(lengths[k], np.int64), sequence_length[k])
+
+    if isinstance(converter, PrefixLMFeatureConverter):
+        total = sequence_length["inputs"] + sequence_length["targets"]
+        return (get("inputs") + np.maximum(get("targets"), 1))[:, None], np.array([total])
+    if isinstance(converter, EncDecFeatureConverter):
+        return (np.stack([get("inputs"), get("targets")], 1),
+                np.array([sequence_length["inputs"], sequence_length["targets"]]))
+    if isinstance(converter, LMFeatureConverter):
+        return get("targets")[:, None], np.array([sequence_length["targets"]])
+    raise DataTasksError(f"packing is planned for EncDec, LM and PrefixLM converters; got "
+                         f"{type(converter).__name__} (read it with pack=False)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Bins over a base order: bin `b` holds base positions `starts[b]:starts[b+1]`;
+    `starts=None` means one record per bin (unpacked; O(1) memory)."""
+
+    num_bins: int
+    starts: np.ndarray | None = None
+
+    def bins(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.starts is None:
+            return b, b + 1
+        return self.starts[b], self.starts[b + 1]
+
+
+def greedy_bins(lengths: np.ndarray, capacity: np.ndarray) -> Plan:
+    """Greedy bins over `lengths` [N, K] (in order) with per-feature `capacity` [K].
+
+    `end[i]`, where a bin starting at record `i` would end, comes from one vectorised
+    `searchsorted` per feature over the running sums; the bins are then the chain
+    0 -> end[0] -> ... (one cheap step per bin). O(N log N) time, O(N) memory while
+    building, O(bins) after.
+    """
+    n = lengths.shape[0]
+    index = np.arange(n, dtype=np.int64)
+    end = np.minimum(index + int(capacity.max()), n)
+    for j in range(lengths.shape[1]):
+        cum = np.concatenate([[0], np.cumsum(lengths[:, j], dtype=np.int64)])
+        fit = np.searchsorted(cum, cum[:-1] + int(capacity[j]), side="right") - 1
+        np.minimum(end, fit, out=end)
+    np.maximum(end, index + 1, out=end)
+    starts = [0]
+    at = 0
+    while at < n:
+        at = end.item(at)
+        starts.append(at)
+    return Plan(len(starts) - 1, np.asarray(starts, np.int64))

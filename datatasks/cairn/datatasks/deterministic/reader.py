@@ -1,0 +1,259 @@
+"""`DeterministicReader`: global batches of a cached task or mixture, a pure function of
+(seed, step).
+
+Global row `r` of step `s` is `s * global_batch_size + j`. For a mixture, `r` picks its
+task and the cursor `q` in that task's stream statelessly (`mixing`); a task's stream
+is epoch `q // bins` and bin `perm_epoch(q % bins)` of its packing plan (`plan`); a bin
+is a run of records in the task's seeded base order. Host `h` of `H` owns rows
+`j in [h * B / H, (h + 1) * B / H)` and reads only their records. The state is the step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.mixing import MixtureSchedule
+from cairn.datatasks.deterministic.permutation import Permutation
+from cairn.datatasks.deterministic.seeds import derive, record_key
+from cairn.datatasks.deterministic.convert import ConvertStage
+from cairn.datatasks.deterministic.stages import RecordStage
+from cairn.datatasks.deterministic.store import CachedTask, task_dir
+from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.feature_converters import FeatureConverter
+from cairn.datatasks.registry import Registry, get_mixture_or_task
+from cairn.datatasks.task import Task
+
+
+class _TaskStream:
+    """One task's cache, plan and stages."""
+
+    def __init__(self, task: Task, cache: CachedTask, seed: int, converter: FeatureConverter,
+                 lengths: Mapping[str, int], keys: list[str]):
+        self.task, self.cache, self.seed = task, cache, seed
+        n = cache.num_records
+        self.base = Permutation(n, derive(seed, task.name, "base"))
+        stored = {k: cache.lengths[:, j] for j, k in enumerate(cache.length_features)}
+        self.expected = None
+        if converter.pack:
+            self.expected = plan_lib.post_cache_lengths(task, stored, lengths)
+            units, capacity = plan_lib.packing_lengths(converter, self.expected, lengths)
+            self.plan = plan_lib.greedy_bins(units[self.base(np.arange(n))], capacity)
+        else:
+            self.plan = plan_lib.Plan(n)
+        self._perms: dict[int, Permutation] = {}
+        self._lock = threading.Lock()
+        self.stage = RecordStage(task, cache.specs, len(task.cacheable_preprocessors),
+                                 lengths, keys, converter)
+
+    def _epoch_perm(self, epoch: int) -> Permutation:
+        with self._lock:
+            if epoch not in self._perms:
+                if len(self._perms) > 8:
+                    self._perms.clear()
+                self._perms[epoch] = Permutation(
+                    self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
+            return self._perms[epoch]
+
+    def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """`(epoch, record ids)` of the task's rows at stream positions `cursors`."""
+        bins_n = self.plan.num_bins
+        epochs, ks = cursors // bins_n, cursors % bins_n
+        starts = np.empty_like(cursors)
+        ends = np.empty_like(cursors)
+        for e in np.unique(epochs):
+            where = np.nonzero(epochs == e)[0]
+            starts[where], ends[where] = self.plan.bins(self._epoch_perm(int(e))(ks[where]))
+        sizes = ends - starts
+        offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
+        records = self.base(np.arange(int(sizes.sum()), dtype=np.int64) + offsets)
+        split = np.split(records, np.cumsum(sizes)[:-1])
+        return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
+
+    def examples(self, rows: list[tuple[int, np.ndarray]]) -> dict[str, Any]:
+        """The post-processed, trimmed examples of `rows`, flattened in row order (already
+        converted, `{model feature: [rows, L]}`, when the stage is fused)."""
+        ids = np.concatenate([r for _, r in rows])
+        epoch_keys = {e: record_key(self.seed, self.task.name, e, 0)[0] for e, _ in rows}
+        keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64)
+                                         for e, r in rows]), ids], 1)
+        out = self.stage(self.cache.read(ids), keys)
+        if self.expected is not None:
+            for k, vals in out.items():
+                if k in self.expected:
+                    got = np.array([len(v) for v in vals])
+                    want = np.asarray(self.expected[k])[ids]
+                    if not np.array_equal(got, want):
+                        raise DataTasksError(
+                            f"task {self.task.name!r}: feature {k!r} has lengths {got[:8]} "
+                            f"after the post-cache preprocessors, but their length functions "
+                            f"planned {want[:8]}; fix the `deterministic_lengths` function")
+        return out
+
+
+class DeterministicReader:
+    """Iterator over this host's rows of the global batches of a cached task or mixture.
+
+    Args:
+      mixture_or_task: a `Task`, a `Mixture`, or a registered name.
+      cache_dir: the `output_dir` that `cache_tasks` wrote.
+      seed: the seed of the order, the packing plan, the mixture and the post-cache noise.
+      global_batch_size: rows per step over all hosts (a multiple of `host_count`).
+      sequence_length: the task feature lengths, e.g. `{"inputs": 512, "targets": 128}`.
+      feature_converter: converts (and with `pack=True`, packs) each row.
+      host_index, host_count: this host's share of every global batch.
+      check_source_files: hash the source files to check the cache's fingerprint.
+      prefetch: chunks computed ahead in background threads (0: none).
+      steps_per_call: steps computed together in one pass (amortises the fixed cost of a
+        pass). Neither changes the batches or the state.
+    """
+
+    def __init__(self, mixture_or_task: Any, cache_dir: str, seed: int, global_batch_size: int,
+                 sequence_length: Mapping[str, int], feature_converter: FeatureConverter,
+                 host_index: int = 0, host_count: int = 1, split: str = "train",
+                 registry: Registry | None = None, check_source_files: bool = True,
+                 prefetch: int = 2, steps_per_call: int = 8):
+        if not (isinstance(host_count, int) and host_count >= 1 and 0 <= host_index < host_count):
+            raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} "
+                                 f"of {host_count}")
+        if global_batch_size < 1 or global_batch_size % host_count:
+            raise DataTasksError(f"global_batch_size {global_batch_size} must be a positive "
+                                 f"multiple of host_count {host_count}")
+        obj = (get_mixture_or_task(mixture_or_task, registry)
+               if isinstance(mixture_or_task, str) else mixture_or_task)
+        if isinstance(obj, Task):
+            tasks, rates = [obj], [1.0]
+        else:
+            names = sorted(obj.tasks)
+            tasks, rates = [obj.tasks[n] for n in names], [obj.rates[n] for n in names]
+        self.seed, self.batch = int(seed), int(global_batch_size)
+        self.per_host = self.batch // host_count
+        self.first_row = host_index * self.per_host
+        self.lengths = dict(sequence_length)
+        self.converter = feature_converter
+        keys = list(feature_converter.TASK_FEATURES)
+        self.streams = [_TaskStream(t, CachedTask(task_dir(cache_dir, t.name, split), t, split,
+                                                  check_source_files),
+                                    self.seed, feature_converter, self.lengths, keys)
+                        for t in tasks]
+        self.schedule = MixtureSchedule([t.name for t in tasks], rates, self.seed)
+        self.convert = ConvertStage(feature_converter, self.lengths, keys)
+        self._keys = keys
+        self._step = 0
+        self._prefetch = max(0, int(prefetch))
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future] = {}
+        self._chunk_steps = max(1, int(steps_per_call))
+        self._last: tuple[int, list] | None = None
+
+    # -- state ---------------------------------------------------------------------
+    def get_state(self) -> dict[str, int]:
+        return {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
+
+    def set_state(self, state: Mapping[str, int]) -> None:
+        for k in ("seed", "global_batch_size"):
+            if k in state and int(state[k]) != getattr(self, "seed" if k == "seed" else "batch"):
+                raise DataTasksError(f"state has {k}={state[k]}, this reader was built with "
+                                     f"{self.seed if k == 'seed' else self.batch}")
+        step = int(state["step"])
+        if step < 0:
+            raise DataTasksError(f"state step must be >= 0, got {step}")
+        self._step = step
+        self._ahead.clear()  # running ones finish in the background; their results are dropped
+        self._last = None
+
+    # -- rows ----------------------------------------------------------------------
+    def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
+        """`(task name, epoch, record ids)` of each of this host's rows at steps
+        `step .. step + count - 1`, step by step."""
+        rows = ((step + np.arange(count, dtype=np.int64))[:, None] * self.batch + self.first_row
+                + np.arange(self.per_host, dtype=np.int64)[None, :]).reshape(-1)
+        tasks, cursors = self.schedule.assign(rows)
+        out: list = [None] * len(rows)
+        for t in np.unique(tasks):
+            where = np.nonzero(tasks == t)[0]
+            stream = self.streams[int(t)]
+            for w, (e, ids) in zip(where.tolist(), stream.rows(cursors[where])):
+                out[w] = (stream.task.name, e, ids)
+        return out
+
+    def batches_at(self, step: int, count: int) -> list[dict[str, np.ndarray]]:
+        """This host's rows of the global batches at `step .. step + count - 1`, computed
+        together (one pass through the TensorFlow stages); does not move the state."""
+        rows = self.row_records(step, count)
+        tasks = [name for name, _, _ in rows]
+        per_row: dict[str, list] = {k: [None] * len(rows) for k in self._keys}
+        parts: list[tuple[list[int], dict[str, np.ndarray]]] = []
+        unfused: list[int] = []
+        for stream in self.streams:
+            mine = [i for i, n in enumerate(tasks) if n == stream.task.name]
+            if not mine:
+                continue
+            ex = stream.examples([rows[i][1:] for i in mine])
+            if stream.stage.fused:
+                parts.append((mine, ex))
+                continue
+            unfused += mine
+            at = 0
+            for i in mine:
+                n = len(rows[i][2])
+                for k in self._keys:
+                    per_row[k][i] = ex[k][at:at + n]
+                at += n
+        if unfused:
+            unfused.sort()
+            parts.append((unfused, self.convert({k: [per_row[k][i] for i in unfused]
+                                                 for k in self._keys})))
+        out = {k: np.empty((len(rows),) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
+        for where, arrays in parts:
+            for k in out:
+                out[k][where] = arrays[k]
+        got = next(iter(out.values())).shape[0]
+        if got != len(rows):
+            raise DataTasksError(f"the feature converter made {got} rows from {len(rows)} "
+                                 f"planned rows at steps {step}..{step + count - 1}")
+        return [{k: v[i * self.per_host:(i + 1) * self.per_host] for k, v in out.items()}
+                for i in range(count)]
+
+    def batch_at(self, step: int) -> dict[str, np.ndarray]:
+        """This host's rows of the global batch at `step` (does not move the state)."""
+        return self.batches_at(step, 1)[0]
+
+    def __iter__(self) -> "DeterministicReader":
+        return self
+
+    def _chunk(self, c: int) -> list[dict[str, np.ndarray]]:
+        return self.batches_at(c * self._chunk_steps, self._chunk_steps)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        step = self._step
+        c, i = divmod(step, self._chunk_steps)
+        if self._prefetch:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._prefetch, "cairn-det-reader")
+            for ahead in range(c, c + self._prefetch + 1):
+                if ahead not in self._ahead:
+                    self._ahead[ahead] = self._pool.submit(self._chunk, ahead)
+            for old in [k for k in self._ahead if k < c]:
+                del self._ahead[old]
+            out = self._ahead[c].result()[i]
+        else:
+            if self._last is None or self._last[0] != c:
+                self._last = (c, self._chunk(c))
+            out = self._last[1][i]
+        self._step = step + 1
+        return out
+
+    def close(self) -> None:
+        """Stops the prefetch threads and closes the cache files."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._ahead.clear()
+        for stream in self.streams:
+            stream.cache.close()

@@ -1,0 +1,138 @@
+"""The TensorFlow stages of the deterministic reader, each one `tf.function` traced once:
+
+* `RecordStage`: serialized records -> parsed -> the task's post-cache preprocessors, each
+  record seeded by its own key (from (seed, epoch, record index)) -> trimmed features;
+(`convert.ConvertStage` turns the rows into model features.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from cairn.datatasks.deterministic.records import FeatureSpec
+from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.feature_converters import FeatureConverter
+from cairn.datatasks.preprocessors import is_deterministic
+
+
+def _description(specs: Mapping[str, FeatureSpec]) -> dict:
+    desc = {}
+    for k, s in specs.items():
+        dt = {"bytes": tf.string, "float": tf.float32, "int64": tf.int64}[s.kind]
+        desc[k] = tf.io.FixedLenFeature([], dt) if s.rank == 0 else tf.io.RaggedFeature(dt)
+    return desc
+
+
+def _parse_fn(specs: Mapping[str, FeatureSpec]):
+    desc = _description(specs)
+
+    def parse(serialized):
+        x = tf.io.parse_single_example(serialized, desc)
+        return {k: tf.cast(v, specs[k].dtype) if specs[k].kind != "bytes" else v
+                for k, v in x.items()}
+
+    return parse
+
+
+class RecordStage:
+    """Parses and post-processes one task's records; returns `{feature: [arrays]}`.
+
+    When every post-cache preprocessor is deterministic, they run once over the whole batch
+    of records (fast), and with an unpacked `converter` the conversion runs in the same
+    pass; otherwise each record runs alone, seeded by its own key.
+    """
+
+    def __init__(self, task: Any, specs: Mapping[str, FeatureSpec], start: int,
+                 sequence_length: Mapping[str, int], keys: Sequence[str],
+                 converter: FeatureConverter | None = None):
+        self.task_name = task.name
+        self.keys = list(keys)
+        parse = _parse_fn(specs)
+        lengths = dict(sequence_length)
+        post = task.preprocessors[start:]
+        self.per_record = not all(is_deterministic(p) for p in post)
+        # Unpacked and batch-wide: the converter runs in the same pass (model features out).
+        self.fused = converter is not None and not converter.pack and not self.per_record
+
+        def select(x):
+            missing = [k for k in self.keys if k not in x]
+            if missing:
+                raise DataTasksError(f"task {task.name!r}: no feature {missing} after the "
+                                     f"post-cache preprocessors; they give {sorted(x)}")
+            return {k: tf.cast(x[k], tf.int32)[:lengths[k]] if k in lengths
+                    else tf.cast(x[k], tf.int32) for k in self.keys}
+
+        def one(i, serialized, key):
+            ds = tf.data.Dataset.from_tensors(parse(serialized))
+            ds = task.preprocess(ds, lengths, seed=key, start=start)
+            return ds.map(lambda x: (i, select(x)))
+
+        def ragged(x):
+            return {k: (v.values, v.row_lengths()) for k, v in x.items()}
+
+        desc = _description(specs)
+        post_keys = None if post else set(self.keys)
+
+        def parse_all(serialized):
+            x = tf.io.parse_example(serialized, {k: v for k, v in desc.items()
+                                                 if post_keys is None or k in post_keys})
+            return {k: tf.cast(v, specs[k].dtype) if specs[k].kind != "bytes" else v
+                    for k, v in x.items()}
+
+        def dense(e):  # ragged_rank-0 slices -> plain tensors
+            return dict(e)
+
+        @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
+                                                       tf.TensorSpec([None, 2], tf.int64)])
+        def run(serialized, keys):
+            n = tf.shape(serialized)[0]
+            n64 = tf.cast(n, tf.int64)
+            if self.per_record:
+                ds = tf.data.Dataset.from_tensor_slices(
+                    (tf.range(n64), serialized, keys)).flat_map(one)
+                idx, x = ds.ragged_batch(n64).get_single_element()
+                return idx, ragged(x)
+            x = parse_all(serialized)
+            if not post:  # nothing after the cache: no per-example work at all
+                missing = [k for k in self.keys if k not in x]
+                if missing:
+                    raise DataTasksError(f"task {task.name!r}: the cache has no feature "
+                                         f"{missing}; it has {sorted(specs)}")
+                out = {k: tf.cast(x[k], tf.int32) for k in self.keys}
+                out = {k: (v[:, :lengths[k]] if k in lengths else v) for k, v in out.items()}
+                if not self.fused:
+                    return tf.range(n64), ragged(out)
+                ds = tf.data.Dataset.from_tensor_slices(out).map(dense)
+            else:
+                ds = tf.data.Dataset.from_tensor_slices(x).map(dense)
+                ds = task.preprocess(ds, lengths, seed=None, start=start).map(select)
+            if self.fused:
+                out = converter(ds, lengths).batch(n64).get_single_element()
+                return tf.range(tf.shape(next(iter(out.values())), tf.int64)[0]), out
+            x = ds.ragged_batch(n64).get_single_element()
+            return tf.range(tf.shape(x[self.keys[0]].row_lengths(), tf.int64)[0]), ragged(x)
+
+        self._run = run
+
+    def __call__(self, serialized: list[bytes], keys: np.ndarray) -> dict[str, Any]:
+        """`{feature: [one array per record]}`, or `{model feature: [records, L]}` if fused."""
+        try:
+            idx, out = self._run(tf.constant(serialized, tf.string),
+                                 tf.constant(keys, tf.int64))
+        except (tf.errors.InvalidArgumentError, KeyError) as e:
+            raise DataTasksError(f"task {self.task_name!r}: reading cached records failed "
+                                 f"(a post-cache preprocessor must keep the features "
+                                 f"{self.keys}): {e}") from e
+        if not np.array_equal(idx.numpy(), np.arange(len(serialized))):
+            raise DataTasksError(f"task {self.task_name!r}: the post-cache preprocessors must "
+                                 f"map every record to exactly one example")
+        if self.fused:
+            return {k: v.numpy() for k, v in out.items()}
+        result = {}
+        for k, (values, lengths) in out.items():
+            result[k] = np.split(values.numpy(), np.cumsum(lengths.numpy())[:-1])
+        return result

@@ -1,0 +1,111 @@
+"""Decoder-only converters: `LMFeatureConverter` and `PrefixLMFeatureConverter` (seqio's)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import tensorflow as tf
+
+from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding
+from cairn.datatasks.packing import make_autoregressive_inputs
+
+
+class LMFeatureConverter(FeatureConverter):
+    """targets -> `decoder_target_tokens`, `decoder_input_tokens`, `decoder_loss_weights`
+    (+ `decoder_segment_ids`, `decoder_positions` when packed)."""
+
+    TASK_FEATURES = ("targets",)
+    MODEL_FEATURES = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights")
+    PACKING_FEATURES = ("decoder_segment_ids", "decoder_positions")
+
+    def _lm_features(self, x):
+        targets = x["targets"]
+        d = {"decoder_target_tokens": targets,
+             "decoder_input_tokens": make_autoregressive_inputs(
+                 targets, x.get("targets_segment_ids"), self._bos_id),
+             "decoder_loss_weights": non_padding(targets)}
+        if self._pack:
+            d["decoder_segment_ids"] = x["targets_segment_ids"]
+            d["decoder_positions"] = x["targets_positions"]
+        return d
+
+    def _convert_features(self, ds, lengths):
+        ds = self._pack_or_pad(ds, lengths)
+        passthrough = self._passthrough
+
+        def convert(x):
+            d = self._lm_features(x)
+            d.update({k: x[k] for k in passthrough if k in x})
+            return d
+
+        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+        n = task_feature_lengths["targets"]
+        keys = list(self.MODEL_FEATURES) + (list(self.PACKING_FEATURES) if self._pack else [])
+        return {k: n for k in keys}
+
+
+class PrefixLMFeatureConverter(LMFeatureConverter):
+    """inputs + targets concatenated into one decoder sequence.
+
+    Adds `decoder_causal_attention` (1 on the inputs and one position more); with
+    `loss_on_targets_only` (default) the loss weights are 1 on the targets only.
+    The decoder length is `inputs + targets` lengths.
+    """
+
+    TASK_FEATURES = ("inputs", "targets")
+    MODEL_FEATURES = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
+                      "decoder_causal_attention")
+
+    def __init__(self, loss_on_targets_only: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self._loss_on_targets_only = loss_on_targets_only
+
+    @property
+    def loss_on_targets_only(self) -> bool:
+        return self._loss_on_targets_only
+
+    def _convert_features(self, ds, lengths):
+        total = lengths["inputs"] + lengths["targets"]
+        passthrough = self._passthrough
+
+        def concat(x):
+            inputs, targets = x["inputs"], x["targets"]
+            targets = tf.cond(tf.size(targets) > 0, lambda: targets,
+                              lambda: tf.zeros([1], tf.int32))
+            size = tf.size(inputs) + tf.size(targets)
+            width = tf.size(inputs)
+            d = {"targets": tf.concat([inputs, targets], axis=0),
+                 # 0 widths become -1 so that packing does not cut them as padding.
+                 "inputs_width": tf.fill([size], tf.where(width == 0, -1, width)),
+                 "inputs_width_add_pos": tf.fill([size], width + 1)}
+            d.update({k: x[k] for k in passthrough})
+            return d
+
+        ds = ds.map(concat, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        pack_lengths = {"targets": total, "inputs_width": total, "inputs_width_add_pos": total}
+        pack_lengths.update({k: lengths[k] for k in passthrough if k in lengths})
+        ds = self._pack_or_pad(ds, pack_lengths)
+
+        def convert(x):
+            x = dict(x)
+            x["inputs_width"] = tf.where(x["inputs_width"] == -1, 0, x["inputs_width"])
+            d = self._lm_features(x)
+            positions = (x["targets_positions"] if self._pack
+                         else tf.range(tf.size(x["targets"])))
+            d["decoder_causal_attention"] = tf.cast(positions < x["inputs_width_add_pos"],
+                                                    tf.int32)
+            if self._loss_on_targets_only:
+                is_input = positions < x["inputs_width"]
+                d["decoder_loss_weights"] = tf.cast(tf.math.logical_xor(
+                    is_input, tf.cast(d["decoder_loss_weights"], tf.bool)), tf.int32)
+            d.update({k: x[k] for k in passthrough if k in x})
+            return d
+
+        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+        n = task_feature_lengths["inputs"] + task_feature_lengths["targets"]
+        keys = list(self.MODEL_FEATURES) + (list(self.PACKING_FEATURES) if self._pack else [])
+        return {k: n for k in keys}

@@ -1,0 +1,197 @@
+"""The everyday preprocessors: `rekey`, `tokenize`, `append_eos`, `append_eos_after_trim`, `trim`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from cairn.datatasks.preprocessors.base import preprocessor
+from cairn.tokenizers import SentencePieceVocabulary
+from cairn.datatasks.stats import BadDataPolicy, DataStats
+
+_TOKENIZE_BATCH = 256
+
+
+@preprocessor(deterministic=True)
+def rekey(dataset: tf.data.Dataset, key_map: Mapping[str, str | None] | None = None
+          ) -> tf.data.Dataset:
+    """Renames features: `{new: old}`; only the mapped features are kept (as in seqio).
+
+    An empty or None `old` gives the empty string.
+    """
+    if not key_map:
+        return dataset
+
+    def fn(x):
+        return {new: (x[old] if old else tf.constant("")) for new, old in key_map.items()}
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _decode_all(flat: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """UTF-8 texts of `flat`; invalid bytes become U+FFFD and are flagged."""
+    bad = np.zeros(len(flat), dtype=bool)
+    try:
+        return [raw.decode("utf-8") for raw in flat.tolist()], bad
+    except UnicodeDecodeError:
+        pass
+    texts = []
+    for j, raw in enumerate(flat.tolist()):
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(raw.decode("utf-8", errors="replace"))
+            bad[j] = True
+    return texts, bad
+
+
+def _encode_texts(vocab, flat: np.ndarray, stats: DataStats | None, feature: str,
+                  policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    texts, bad = _decode_all(flat)
+    if isinstance(vocab, SentencePieceVocabulary):  # straight to the (sentinel-aware) model
+        rows = vocab.tokenizer.encode(texts, out_type=int, num_threads=1)
+    elif hasattr(vocab, "encode_batch"):
+        rows = vocab.encode_batch(texts, num_threads=1)
+    else:
+        rows = [vocab.encode(t) for t in texts]
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32,
+                         count=int(lengths.sum()))
+    if stats is not None and bad.any():
+        reason = "undecodable_skipped" if policy.undecodable == "skip" else "undecodable_replaced"
+        stats.add(reason, feature, int(bad.sum()))
+    return values, lengths, bad
+
+
+def _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, batched):
+    def encode(x):
+        out = dict(x)
+        bad_any = None
+        for k in keys:
+            vocab = output_features[k].vocabulary
+            v = x[k]
+            flat = tf.reshape(v, [-1])
+
+            def np_fn(f, vocab=vocab, k=k):
+                return _encode_texts(vocab, f, stats, k, policy)
+
+            values, lengths, bad = tf.numpy_function(
+                np_fn, [flat], [tf.int32, tf.int64, tf.bool], stateful=False)
+            values.set_shape([None])
+            lengths.set_shape([None])
+            bad.set_shape([None])
+            ids = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+            if with_eos and output_features[k].add_eos and vocab.eos_id is not None:
+                eos = tf.fill([tf.shape(lengths)[0], 1], tf.constant(vocab.eos_id, tf.int32))
+                ids = tf.concat([ids, eos], axis=1)
+            if copy_pretokenized:
+                out[f"{k}_pretokenized"] = v
+            if batched:  # dense + lengths: unbatching RaggedTensors is slow in tf.data
+                out[k] = ids.to_tensor()
+                out[f"__len_{k}"] = ids.row_lengths()
+            else:
+                out[k] = ids.values
+            bad = bad if batched else tf.reduce_any(bad)
+            bad_any = bad if bad_any is None else tf.logical_or(bad_any, bad)
+        if policy.undecodable == "skip":
+            out["__undecodable__"] = bad_any
+        return out
+
+    return encode
+
+
+@preprocessor(deterministic=True)
+def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
+             copy_pretokenized: bool = True, with_eos: bool = False,
+             bad_data_policy: BadDataPolicy | None = None,
+             stats: DataStats | None = None) -> tf.data.Dataset:
+    """Encodes the string features named in `output_features` with their vocabularies.
+
+    Keeps the text as `<name>_pretokenized` when `copy_pretokenized`. Invalid UTF-8 follows
+    `bad_data_policy.undecodable` (replace with U+FFFD, or skip) and is counted in `stats`.
+    When every feature is a scalar, examples are encoded in batches of 256 (same result,
+    fewer Python calls).
+    """
+    policy = bad_data_policy or BadDataPolicy()
+    spec = dataset.element_spec
+    keys = [k for k in output_features if k in spec and spec[k].dtype == tf.string]
+    if not keys:
+        return dataset
+    scalar = all(isinstance(s, tf.TensorSpec) and s.shape.rank == 0 for s in spec.values())
+    if scalar:
+        fn = _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, True)
+        ds = dataset.batch(_TOKENIZE_BATCH).map(
+            fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+
+        def cut(x):
+            out = {k: v for k, v in x.items() if not k.startswith("__len_")}
+            for k in keys:
+                out[k] = x[k][:x[f"__len_{k}"]]
+            return out
+
+        ds = ds.map(cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        for k in keys:
+            if spec[k].shape.rank != 0:
+                raise ValueError(f"tokenize: feature {k!r} must be a scalar string, "
+                                 f"got shape {spec[k].shape}")
+        fn = _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, False)
+        ds = dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if policy.undecodable == "skip":
+        ds = ds.filter(lambda x: tf.logical_not(x["__undecodable__"]))
+        ds = ds.map(lambda x: {k: v for k, v in x.items() if k != "__undecodable__"})
+    return ds
+
+
+def _eos_keys(dataset, output_features):
+    return [k for k, f in output_features.items()
+            if k in dataset.element_spec and f.add_eos and f.vocabulary.eos_id is not None]
+
+
+@preprocessor(deterministic=True)
+def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> tf.data.Dataset:
+    """Appends EOS to every feature whose `Feature.add_eos` is set."""
+    keys = _eos_keys(dataset, output_features)
+
+    def fn(x):
+        x = dict(x)
+        for k in keys:
+            eos = tf.constant([output_features[k].vocabulary.eos_id], x[k].dtype)
+            x[k] = tf.concat([x[k], eos], axis=-1)
+        return x
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+@preprocessor(deterministic=True)
+def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
+                          sequence_length: Mapping[str, int] | None = None
+                          ) -> tf.data.Dataset:
+    """Trims to `sequence_length - 1` and appends EOS, so the EOS survives the final trim."""
+    keys = _eos_keys(dataset, output_features)
+
+    def fn(x):
+        x = dict(x)
+        for k in keys:
+            eos = tf.constant([output_features[k].vocabulary.eos_id], x[k].dtype)
+            v = x[k]
+            if sequence_length is not None and sequence_length.get(k) is not None:
+                v = v[..., :sequence_length[k] - 1]
+            x[k] = tf.concat([v, eos], axis=-1)
+        return x
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+@preprocessor(deterministic=True)
+def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+    """Trims each feature named in `sequence_length` to that length (first axis)."""
+    def fn(x):
+        return {k: (v[:sequence_length[k]] if sequence_length.get(k) is not None
+                    and v.shape.rank else v) for k, v in x.items()}
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -1,0 +1,295 @@
+"""Data sources: where a task's raw examples come from, split by split.
+
+Every source maps split names to data, lists its shards (`list_shards`), knows
+`num_input_examples` when it was told, and reads a split as a `tf.data.Dataset` for
+one `ShardInfo`: whole files per shard when there are at least as many files as
+shards, every `num_shards`-th example otherwise. File order is shuffled with a
+seeded permutation when `shuffle=True`; nothing here uses an unseeded RNG.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from cairn.datatasks.errors import DataTasksError, unknown
+from cairn.datatasks.stats import DataStats, counted_filter
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """This reader's shard: `index` of `num_shards`."""
+
+    index: int
+    num_shards: int
+
+    def __post_init__(self):
+        if not (isinstance(self.num_shards, int) and self.num_shards >= 1):
+            raise DataTasksError(f"ShardInfo.num_shards must be an int >= 1, got {self.num_shards!r}")
+        if not (isinstance(self.index, int) and 0 <= self.index < self.num_shards):
+            raise DataTasksError(
+                f"ShardInfo.index must be in [0, {self.num_shards}), got {self.index!r}")
+
+
+class DataSource(metaclass=abc.ABCMeta):
+    """Base class: splits, shards and a `get_dataset` per split."""
+
+    def __init__(self, splits: Sequence[str],
+                 num_input_examples: Mapping[str, int] | None = None):
+        self._splits = tuple(splits)
+        self._num_input_examples = dict(num_input_examples or {})
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return self._splits
+
+    def _check_split(self, split: str) -> None:
+        if split not in self._splits:
+            raise unknown("split", split, self._splits)
+
+    def num_input_examples(self, split: str) -> int | None:
+        """The number of raw examples in `split`, when known."""
+        self._check_split(split)
+        return self._num_input_examples.get(split)
+
+    def list_shards(self, split: str) -> list[str]:
+        """The shards (files) of `split`; a single pseudo-shard for non-file sources."""
+        self._check_split(split)
+        return [split]
+
+    @abc.abstractmethod
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: ShardInfo | None = None,
+                    stats: DataStats | None = None) -> tf.data.Dataset:
+        """The raw examples of `split` for this shard."""
+
+
+def _seeded_order(n: int, seed: int | None) -> np.ndarray:
+    return np.random.default_rng(0 if seed is None else seed).permutation(n)
+
+
+class FileDataSource(DataSource):
+    """A source reading files matched by a glob pattern (or a list of them) per split."""
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
+                 num_input_examples: Mapping[str, int] | None = None,
+                 cycle_length: int = 16):
+        super().__init__(list(split_to_filepattern), num_input_examples)
+        self._patterns = {k: ([v] if isinstance(v, str) else list(v))
+                          for k, v in split_to_filepattern.items()}
+        self._cycle_length = cycle_length
+
+    def list_shards(self, split: str) -> list[str]:
+        self._check_split(split)
+        files: list[str] = []
+        for pattern in self._patterns[split]:
+            matched = sorted(tf.io.gfile.glob(pattern))
+            if not matched:
+                raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
+            files += matched
+        return files
+
+    @abc.abstractmethod
+    def _read_file(self, path: tf.Tensor) -> tf.data.Dataset: ...
+
+    def _postprocess(self, ds: tf.data.Dataset, stats: DataStats | None) -> tf.data.Dataset:
+        return ds
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: ShardInfo | None = None,
+                    stats: DataStats | None = None) -> tf.data.Dataset:
+        files = self.list_shards(split)
+        example_level = False
+        if shard_info is not None and shard_info.num_shards > 1:
+            if len(files) >= shard_info.num_shards:
+                files = files[shard_info.index::shard_info.num_shards]
+            else:
+                example_level = True
+        if shuffle:
+            files = [files[i] for i in _seeded_order(len(files), seed)]
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        if len(files) == 1 or not shuffle:
+            ds = ds.flat_map(self._read_file)
+        else:
+            ds = ds.interleave(self._read_file, cycle_length=min(self._cycle_length, len(files)),
+                               block_length=1, deterministic=True)
+        if example_level:
+            ds = ds.shard(shard_info.num_shards, shard_info.index)
+        return self._postprocess(ds, stats)
+
+
+class TextLineDataSource(FileDataSource):
+    """Text files, one example (a scalar string) per line, as in seqio.
+
+    Empty (or all-whitespace) lines are skipped and counted as `empty_line`.
+    """
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
+                 skip_header_lines: int = 0, num_input_examples: Mapping[str, int] | None = None,
+                 skip_empty_lines: bool = True):
+        super().__init__(split_to_filepattern, num_input_examples)
+        self._skip_header_lines = skip_header_lines
+        self._skip_empty = skip_empty_lines
+
+    def _read_file(self, path):
+        return tf.data.TextLineDataset(path).skip(self._skip_header_lines)
+
+    def _postprocess(self, ds, stats):
+        if not self._skip_empty:
+            return ds
+        return drop_empty_lines(ds, stats)
+
+
+def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None,
+                     batch: int = 512) -> tf.data.Dataset:
+    """Drops empty or all-whitespace lines, counting them as `empty_line`.
+
+    Works on batches of lines (a per-line `filter` costs a function call per line).
+    """
+    def record(lengths: np.ndarray) -> np.ndarray:
+        mask = lengths > 0
+        if not mask.all():
+            stats.add("empty_line", "", int((~mask).sum()))
+        return mask
+
+    def keep(lines):
+        lengths = tf.strings.length(tf.strings.strip(lines))
+        if stats is None:
+            mask = lengths > 0
+        else:  # the mask comes out of `record`, so the count cannot be pruned away
+            mask = tf.numpy_function(record, [lengths], tf.bool, stateful=False)
+            mask.set_shape([None])
+        return tf.boolean_mask(lines, mask)
+
+    return ds.batch(batch).map(keep, num_parallel_calls=tf.data.AUTOTUNE,
+                               deterministic=True).unbatch()
+
+
+class TFExampleDataSource(FileDataSource):
+    """TFRecord files of serialized `tf.train.Example`s, parsed with `feature_description`."""
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
+                 feature_description: Mapping[str, Any],
+                 num_input_examples: Mapping[str, int] | None = None,
+                 reader_cls: Callable[..., tf.data.Dataset] = tf.data.TFRecordDataset):
+        super().__init__(split_to_filepattern, num_input_examples)
+        self._description = dict(feature_description)
+        self._reader = reader_cls
+
+    def _read_file(self, path):
+        return self._reader(path)
+
+    def _postprocess(self, ds, stats):
+        return ds.map(lambda r: tf.io.parse_single_example(r, self._description),
+                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _json_spec(value: Any) -> tf.TensorSpec:
+    if isinstance(value, bool) or isinstance(value, int):
+        return tf.TensorSpec([], tf.int64)
+    if isinstance(value, float):
+        return tf.TensorSpec([], tf.float32)
+    if isinstance(value, str):
+        return tf.TensorSpec([], tf.string)
+    if isinstance(value, list):
+        inner = _json_spec(value[0]) if value else tf.TensorSpec([], tf.int64)
+        return tf.TensorSpec([None], inner.dtype)
+    raise DataTasksError(f"JSON value {value!r} has no tensor type; give feature_spec")
+
+
+class JsonLinesDataSource(FileDataSource):
+    """JSON Lines files: one object per line, its fields become features.
+
+    `feature_spec` maps field -> `tf.TensorSpec` (or a dtype for a scalar); without it,
+    the types are inferred from the first line of the first file. Lines that are not
+    valid JSON objects with those fields are skipped and counted as `unparsable`.
+    """
+
+    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
+                 feature_spec: Mapping[str, Any] | None = None,
+                 num_input_examples: Mapping[str, int] | None = None):
+        super().__init__(split_to_filepattern, num_input_examples)
+        self._spec = None if feature_spec is None else {
+            k: v if isinstance(v, tf.TensorSpec) else tf.TensorSpec([], tf.dtypes.as_dtype(v))
+            for k, v in feature_spec.items()}
+
+    def _feature_spec(self, split: str) -> dict[str, tf.TensorSpec]:
+        if self._spec is None:
+            with tf.io.gfile.GFile(self.list_shards(split)[0], "rb") as f:
+                for line in f:
+                    if line.strip():
+                        self._spec = {k: _json_spec(v) for k, v in json.loads(line).items()}
+                        break
+            if not self._spec:
+                raise DataTasksError(f"split {split!r}: empty JSON lines file, give feature_spec")
+        return self._spec
+
+    def _read_file(self, path):
+        return tf.data.TextLineDataset(path)
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: ShardInfo | None = None,
+                    stats: DataStats | None = None) -> tf.data.Dataset:
+        self._split_spec = self._feature_spec(split)
+        return super().get_dataset(split, shuffle, seed, shard_info, stats)
+
+    def _postprocess(self, ds, stats):
+        spec = self._split_spec
+        keys = list(spec)
+        empty = [np.full([0] * len(spec[k].shape), b"" if spec[k].dtype == tf.string else 0,
+                         dtype=spec[k].dtype.as_numpy_dtype) for k in keys]
+
+        def parse(line: bytes):
+            try:
+                obj = json.loads(line)
+                out = [np.asarray(obj[k] if spec[k].dtype != tf.string else
+                                  (obj[k].encode("utf-8") if isinstance(obj[k], str) else obj[k]),
+                                  dtype=spec[k].dtype.as_numpy_dtype).reshape(
+                                      [-1] * len(spec[k].shape)) for k in keys]
+                return [np.bool_(True)] + out
+            except Exception:  # noqa: BLE001 — any bad line is skipped and counted
+                return [np.bool_(False)] + empty
+
+        def to_features(line):
+            ok, *values = tf.numpy_function(parse, [line], [tf.bool] + [spec[k].dtype for k in keys],
+                                            stateful=False)
+            ok.set_shape([])
+            out = {}
+            for k, v in zip(keys, values):
+                v.set_shape(spec[k].shape)
+                out[k] = v
+            return ok, out
+
+        ds = ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = counted_filter(ds, lambda ok, _: ok, stats, "unparsable")
+        return ds.map(lambda _, x: x)
+
+
+class FunctionDataSource(DataSource):
+    """A source from a function `dataset_fn(split, shuffle_files[, seed]) -> tf.data.Dataset`.
+
+    Sharding is example-level (every `num_shards`-th example).
+    """
+
+    def __init__(self, dataset_fn: Callable[..., tf.data.Dataset], splits: Sequence[str],
+                 num_input_examples: Mapping[str, int] | None = None):
+        super().__init__(splits, num_input_examples)
+        self._fn = dataset_fn
+        self._takes_seed = "seed" in inspect.signature(dataset_fn).parameters
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: ShardInfo | None = None,
+                    stats: DataStats | None = None) -> tf.data.Dataset:
+        self._check_split(split)
+        kwargs = {"seed": seed} if self._takes_seed else {}
+        ds = self._fn(split=split, shuffle_files=shuffle, **kwargs)
+        if shard_info is not None and shard_info.num_shards > 1:
+            ds = ds.shard(shard_info.num_shards, shard_info.index)
+        return ds

@@ -1,0 +1,11 @@
+"""Entry point of `bazel run //datatasks:inspect` (see cairn.datatasks.inspect)."""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from cairn.datatasks.inspect import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

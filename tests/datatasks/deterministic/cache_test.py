@@ -1,0 +1,124 @@
+"""The cache layout, its idempotence, fingerprints and the reader's refusals (in-process)."""
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+import cairn.datatasks as dt
+import det_tasks
+from cairn.datatasks.deterministic import (
+    CachedTask, DeterministicReader, cache_task_in_process, task_dir, task_fingerprint)
+from cairn.datatasks.deterministic import records
+from cairn.datatasks.errors import DataTasksError
+
+
+def test_layout_info_and_stats(det_env):
+    _, cache_dir, registry = det_env
+    path = task_dir(cache_dir, "det_a", "train")
+    names = sorted(os.listdir(path))
+    assert names[0] == "COMPLETED" and "info.json" in names and "stats.json" in names
+    assert "shard-00000-of-00002.array_record" in names
+    assert "shard-00001-of-00002.array_record" in names
+    info = json.loads(pathlib.Path(path, "info.json").read_text())
+    assert info["num_records"] == 280 and info["task"] == "det_a"
+    assert [s["num_records"] for s in info["shards"]] == [150, 130]
+    assert info["length_features"] == ["inputs", "targets"]
+    assert info["features"]["inputs_pretokenized"] == {"dtype": "string", "rank": 0}
+    assert set(info["fingerprint"]) == {"preprocessors", "features", "vocabulary", "source",
+                                        "total"}
+    lengths = np.load(os.path.join(path, "lengths.npy"))
+    assert lengths.shape == (280, 2) and lengths.dtype == np.int32
+    stats = json.loads(pathlib.Path(path, "stats.json").read_text())
+    assert stats["tokens"]["inputs"] == int(lengths[:, 0].sum())
+    cache = CachedTask(path, registry.get_task("det_a"))
+    ex = records.parse(cache.read([151])[0], cache.specs)
+    words = pathlib.Path(det_env[0], "a1.txt").read_text().splitlines()[1].split()
+    assert ex["inputs_pretokenized"] == " ".join(words[:len(words) // 2]).encode()
+    assert len(ex["inputs"]) == lengths[151, 0]
+
+
+def test_records_are_the_same_bytes_on_every_run(det_env, tmp_path):
+    data_dir, cache_dir, registry = det_env
+    task = registry.get_task("det_b")
+    other = task_dir(str(tmp_path), "det_b", "train")
+    assert cache_task_in_process(task, "train", other)
+    first = CachedTask(task_dir(cache_dir, "det_b", "train"), task)
+    second = CachedTask(other, task)
+    ids = list(range(first.num_records))
+    assert first.read(ids) == second.read(ids)
+    assert first.read([5, 3]) == [first.read([5])[0], first.read([3])[0]]
+
+
+def test_rerun_is_a_no_op_unless_overwrite(det_env, tmp_path):
+    _, _, registry = det_env
+    task = registry.get_task("det_b")
+    path = task_dir(str(tmp_path), "det_b", "train")
+    assert cache_task_in_process(task, "train", path)
+    stamp = os.stat(os.path.join(path, "COMPLETED")).st_mtime_ns
+    assert not cache_task_in_process(task, "train", path)
+    assert os.stat(os.path.join(path, "COMPLETED")).st_mtime_ns == stamp
+    assert cache_task_in_process(task, "train", path, overwrite=True)
+
+
+def test_incomplete_cache_is_refused_with_how_to_clear_it(det_env, tmp_path):
+    _, _, registry = det_env
+    task = registry.get_task("det_b")
+    path = task_dir(str(tmp_path), "det_b", "train")
+    cache_task_in_process(task, "train", path)
+    os.remove(os.path.join(path, "COMPLETED"))
+    with pytest.raises(DataTasksError, match=r"incomplete.*rm -r .*--overwrite"):
+        cache_task_in_process(task, "train", path)
+    with pytest.raises(DataTasksError, match=r"task 'det_b' lacks COMPLETED"):
+        CachedTask(path, task)
+    with pytest.raises(DataTasksError, match="lacks COMPLETED"):
+        DeterministicReader(task, str(tmp_path), 0, 2, det_tasks.LENGTHS,
+                            dt.EncDecFeatureConverter())
+
+
+def _fingerprints(data_dir, **kwargs):
+    registry = dt.Registry()
+    task = det_tasks.make(data_dir, registry, **kwargs)[1]
+    return task, task_fingerprint(task, "train")
+
+
+def test_fingerprint_changes_with_preprocessor_vocabulary_and_source(det_env, tmp_path):
+    data_dir, cache_dir, _ = det_env
+    base_task, base = _fingerprints(data_dir)
+    assert _fingerprints(data_dir)[1] == base
+    # A post-cache preprocessor is not part of the cache: same fingerprint.
+    assert _fingerprints(data_dir, noisy=False)[1] == base
+    assert _fingerprints(data_dir, extra_ids=10)[1]["vocabulary"] != base["vocabulary"]
+    # A changed cacheable preprocessor (its arguments).
+    registry = dt.Registry()
+    changed = dt.Task("det_b", base_task.source, base_task.output_features,
+                      [det_tasks.halves, dt.preprocessors.rekey,
+                       *base_task.preprocessors[1:]])
+    assert task_fingerprint(changed, "train")["preprocessors"] != base["preprocessors"]
+    # A changed source file.
+    copy = tmp_path / "data"
+    copy.mkdir()
+    for p in pathlib.Path(data_dir).iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    task2, same = _fingerprints(str(copy))
+    assert same["preprocessors"] == base["preprocessors"]
+    with open(copy / "b0.txt", "a", encoding="utf-8") as f:
+        f.write("one more line\n")
+    _, moved = _fingerprints(str(copy))
+    assert moved["source"] != same["source"] and moved["total"] != same["total"]
+    del registry
+
+
+def test_reader_refuses_a_cache_of_another_definition(det_env):
+    data_dir, cache_dir, _ = det_env
+    registry = dt.Registry()
+    task = det_tasks.make(data_dir, registry, extra_ids=10)[1]
+    with pytest.raises(DataTasksError,
+                       match=r"does not match task 'det_b'.*vocabulary changed.*cache [0-9a-f]+ "
+                             r"vs task [0-9a-f]+"):
+        DeterministicReader(task, cache_dir, 0, 2, det_tasks.LENGTHS,
+                            dt.EncDecFeatureConverter())
+    with pytest.raises(DataTasksError, match="holds task 'det_a'"):
+        CachedTask(task_dir(cache_dir, "det_a", "train"), task)

@@ -1,0 +1,47 @@
+"""Runs a deterministic reader and prints per-step SHA-256 digests as JSON (for tests).
+
+  python det_run.py DATA_DIR CACHE_DIR NAME PACK STEPS [HOST_INDEX HOST_COUNT]
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cairn.datatasks as dt  # noqa: E402
+import det_tasks  # noqa: E402
+from cairn.datatasks.deterministic import DeterministicReader  # noqa: E402
+
+
+def digest(batch) -> str:
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        h.update(k.encode())
+        h.update(str(batch[k].dtype).encode() + str(batch[k].shape).encode())
+        h.update(batch[k].tobytes())
+    return h.hexdigest()
+
+
+def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4):
+    registry = dt.Registry()
+    det_tasks.make(data_dir, registry)
+    return DeterministicReader(name, cache_dir, seed=7, global_batch_size=batch,
+                               sequence_length=det_tasks.LENGTHS,
+                               feature_converter=dt.EncDecFeatureConverter(pack=pack),
+                               host_index=host_index, host_count=host_count, registry=registry)
+
+
+def main(argv):
+    data_dir, cache_dir, name, pack, steps = argv[:5]
+    r = reader(data_dir, cache_dir, name, pack == "1")
+    out = []
+    for _ in range(int(steps)):
+        state = r.get_state()
+        out.append({"state": state, "digest": digest(next(r))})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,93 @@
+"""Packing plans, post-cache length functions and the mixture schedule."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cairn.datatasks as dt
+from cairn.datatasks import packing
+from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.mixing import MixtureSchedule, block_counts
+from cairn.datatasks.errors import DataTasksError
+from cairn.tokenizers import ByteVocabulary
+
+
+def test_greedy_bins_match_the_converters_greedy_packing():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 12, size=(200, 2))
+    capacity = np.array([20, 16])
+    plan = plan_lib.greedy_bins(lengths, capacity)
+    assert plan.starts[0] == 0 and plan.starts[-1] == 200
+    for s0, s1 in zip(plan.starts[:-1], plan.starts[1:]):
+        assert s1 > s0 and s1 - s0 <= 20
+        assert (lengths[s0:s1].sum(0) <= capacity).all()
+        if s1 < 200 and s1 - s0 < 20:
+            assert (lengths[s0:s1 + 1].sum(0) > capacity).any()  # greedy: next one does not fit
+    # Same rows as packing.pack_group over the whole stream (one group).
+    padded = {k: np.zeros((200, 12), np.int32) for k in ("inputs", "targets")}
+    for i, (a, b) in enumerate(lengths):
+        padded["inputs"][i, :a] = 5
+        padded["targets"][i, :b] = 6
+    small = {k: v[:20] for k, v in padded.items()}
+    rows = packing.pack_group(small, {"inputs": 20, "targets": 16})
+    first = plan_lib.greedy_bins(lengths[:20], capacity).starts
+    assert rows["inputs"].shape[0] == len(first) - 1
+
+
+def test_packing_lengths_per_converter():
+    lengths = {"inputs": np.array([3, 60, 0]), "targets": np.array([2, 0, 40])}
+    seq = {"inputs": 50, "targets": 30}
+    u, cap = plan_lib.packing_lengths(dt.EncDecFeatureConverter(), lengths, seq)
+    np.testing.assert_array_equal(u, [[3, 2], [50, 0], [0, 30]])
+    np.testing.assert_array_equal(cap, [50, 30])
+    u, cap = plan_lib.packing_lengths(dt.PrefixLMFeatureConverter(), lengths, seq)
+    np.testing.assert_array_equal(u[:, 0], [5, 51, 30])
+    assert cap.tolist() == [80]
+    u, cap = plan_lib.packing_lengths(dt.LMFeatureConverter(), lengths, seq)
+    np.testing.assert_array_equal(u[:, 0], [2, 0, 30])
+    with pytest.raises(DataTasksError, match="'inputs'"):
+        plan_lib.packing_lengths(dt.EncDecFeatureConverter(), {"targets": lengths["targets"]},
+                                 seq)
+
+
+def test_post_cache_lengths_known_and_unknown():
+    vocab = ByteVocabulary()
+    feats = {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab, add_eos=False)}
+    src = dt.FunctionDataSource(lambda split, shuffle_files: tf.data.Dataset.range(1), ["train"])
+    task = dt.Task("t", src, feats, [dt.preprocessors.append_eos_after_trim])
+    out = plan_lib.post_cache_lengths(task, {"inputs": np.array([3, 10]),
+                                             "targets": np.array([3, 10])},
+                                      {"inputs": 8, "targets": 8})
+    np.testing.assert_array_equal(out["inputs"], [4, 8])
+    np.testing.assert_array_equal(out["targets"], [3, 8])
+
+    @dt.map_over_dataset(num_seeds=1)
+    def shuffle_ids(x, seed):
+        return x
+
+    task = dt.Task("u", src, feats, [shuffle_ids])
+    with pytest.raises(DataTasksError, match="shuffle_ids.*no length function"):
+        plan_lib.post_cache_lengths(task, {"inputs": np.array([3])}, {"inputs": 8})
+
+
+def test_block_counts_follow_rates():
+    c = block_counts(np.array([2.0, 1.0, 1.0]), 1000)
+    assert c.sum() == 1000 and c.tolist() == [500, 250, 250]
+    c = block_counts(np.array([1.0, 1.0, 1.0]), 1000)
+    assert c.sum() == 1000 and sorted(c.tolist()) == [333, 333, 334]
+
+
+def test_schedule_cursors_count_earlier_rows_of_the_task():
+    s = MixtureSchedule(["a", "b", "c"], [0.5, 0.3, 0.2], seed=3, block=64)
+    rows = np.arange(300)
+    tasks, cursors = s.assign(rows)
+    for t in range(3):
+        np.testing.assert_array_equal(cursors[tasks == t], np.arange((tasks == t).sum()))
+    # Stateless: any subset of rows gets the same answer.
+    some = np.array([299, 5, 130, 64])
+    t2, c2 = s.assign(some)
+    np.testing.assert_array_equal(t2, tasks[some])
+    np.testing.assert_array_equal(c2, cursors[some])
+    assert np.bincount(tasks[:64], minlength=3).tolist() == [32, 19, 13]
+    with pytest.raises(DataTasksError, match="below 1/64"):
+        MixtureSchedule(["a", "b"], [1.0, 1e-5], seed=0, block=64)

@@ -1,0 +1,132 @@
+"""rekey, tokenize, append_eos(_after_trim), trim, prefix_lm, map_over_dataset, determinism flags."""
+
+import functools
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cairn.datatasks as dt  # noqa: E402
+from cairn.datatasks import preprocessors as pp  # noqa: E402
+from conftest import as_lists, ids_dataset, ids_vocab  # noqa: E402
+
+
+def strings(**cols):
+    return tf.data.Dataset.from_tensor_slices(cols)
+
+
+def test_rekey_keeps_only_mapped_features():
+    ds = pp.rekey(strings(text=["a", "b"], other=["x", "y"]), {"targets": "text", "inputs": None})
+    assert as_lists(ds) == [{"targets": b"a", "inputs": b""}, {"targets": b"b", "inputs": b""}]
+
+
+def test_tokenize_matches_the_vocabulary_and_keeps_text(sp_vocab):
+    texts = ["To be, or not to be", "that is the question", ""]
+    ds = pp.tokenize(strings(targets=texts, id=["1", "2", "3"]), {"targets": dt.Feature(sp_vocab)})
+    out = as_lists(ds)
+    assert [o["targets"] for o in out] == [sp_vocab.encode(t) for t in texts]
+    assert [o["targets_pretokenized"] for o in out] == [t.encode() for t in texts]
+    assert out[0]["id"] == b"1"
+    assert ds.element_spec["targets"] == tf.TensorSpec([None], tf.int32)
+
+
+def test_tokenize_of_a_long_stream_keeps_order(sp_vocab, lines):
+    ds = pp.tokenize(strings(targets=lines[:700]), {"targets": dt.Feature(sp_vocab)},
+                     copy_pretokenized=False)
+    assert [o["targets"] for o in as_lists(ds)] == [sp_vocab.encode(t) for t in lines[:700]]
+
+
+def test_tokenize_with_eos(sp_vocab):
+    out = as_lists(pp.tokenize(strings(targets=["hello"]), {"targets": dt.Feature(sp_vocab)},
+                               with_eos=True))
+    assert out[0]["targets"] == sp_vocab.encode("hello") + [sp_vocab.eos_id]
+
+
+def test_tokenize_non_scalar_features_path(sp_vocab):
+    ds = tf.data.Dataset.from_tensor_slices({"targets": ["a b", "c"]}).map(
+        lambda x: {"targets": x["targets"], "ids": tf.range(3)})
+    out = as_lists(pp.tokenize(ds, {"targets": dt.Feature(sp_vocab)}))
+    assert [o["targets"] for o in out] == [sp_vocab.encode("a b"), sp_vocab.encode("c")]
+
+
+def test_undecodable_bytes_replace_or_skip_and_are_counted(sp_vocab):
+    data = [b"good line", b"bad \xff\xfe line", b"fine"]
+    feats = {"targets": dt.Feature(sp_vocab)}
+    stats = dt.DataStats()
+    out = as_lists(pp.tokenize(strings(targets=data), feats, stats=stats))
+    assert len(out) == 3 and out[1]["targets"] == sp_vocab.encode("bad \ufffd\ufffd line")
+    assert stats.as_dict() == {"undecodable_replaced/targets": 1}
+    stats = dt.DataStats()
+    out = as_lists(pp.tokenize(strings(targets=data), feats, stats=stats,
+                               bad_data_policy=dt.BadDataPolicy(undecodable="skip")))
+    assert [o["targets_pretokenized"] for o in out] == [b"good line", b"fine"]
+    assert stats.as_dict() == {"undecodable_skipped/targets": 1}
+    with pytest.raises(ValueError, match="undecodable"):
+        dt.BadDataPolicy(undecodable="ignore")
+
+
+def test_append_eos_and_after_trim():
+    feats = {"inputs": dt.Feature(ids_vocab(), add_eos=False), "targets": dt.Feature(ids_vocab())}
+    ds = ids_dataset([{"inputs": [5, 6, 7, 8], "targets": [5, 6, 7, 8]}])
+    assert as_lists(pp.append_eos(ds, feats)) == [{"inputs": [5, 6, 7, 8],
+                                                   "targets": [5, 6, 7, 8, 1]}]
+    out = as_lists(pp.append_eos_after_trim(ds, feats, {"inputs": 3, "targets": 3}))
+    assert out == [{"inputs": [5, 6, 7, 8], "targets": [5, 6, 1]}]
+    assert as_lists(pp.append_eos_after_trim(ds, feats))[0]["targets"] == [5, 6, 7, 8, 1]
+
+
+def test_trim():
+    ds = ids_dataset([{"inputs": [5, 6, 7, 8], "targets": [5, 6]}])
+    assert as_lists(pp.trim(ds, {"inputs": 2, "targets": 9})) == [
+        {"inputs": [5, 6], "targets": [5, 6]}]
+
+
+def test_map_over_dataset_seeds_come_from_seed_and_index():
+    @pp.map_over_dataset(num_seeds=2)
+    def draw(x, seeds):
+        return {"r": tf.random.stateless_uniform([], seeds[0], maxval=10**9, dtype=tf.int32),
+                "x": x}
+
+    ds = tf.data.Dataset.range(6)
+    a = [o["r"] for o in as_lists(draw(ds, seed=5))]
+    assert a == [o["r"] for o in as_lists(draw(ds, seed=5))]
+    assert a != [o["r"] for o in as_lists(draw(ds, seed=6))]
+    assert len(set(a)) == 6
+    # Example i's seed depends on i only, not on what was read before.
+    assert [o["r"] for o in as_lists(draw(ds, seed=5))][3] == a[3]
+    assert draw.deterministic is False
+
+
+def test_map_over_dataset_without_seeds():
+    @pp.map_over_dataset
+    def double(x):
+        return x * 2
+
+    assert list(double(tf.data.Dataset.range(3)).as_numpy_iterator()) == [0, 2, 4]
+    assert double.deterministic is True
+
+
+def test_determinism_flags_and_cacheable_prefix():
+    assert pp.is_deterministic(pp.tokenize) and pp.is_deterministic(pp.rekey)
+    assert not pp.is_deterministic(pp.span_corruption)
+    assert pp.is_deterministic(functools.partial(pp.rekey, key_map={"a": "b"}))
+    assert not pp.is_deterministic(lambda ds, seed: ds)
+    chain = [pp.rekey, pp.tokenize, pp.append_eos_after_trim, pp.span_corruption]
+    assert pp.cacheable_prefix(chain) == 2
+    assert pp.cacheable_prefix([pp.rekey, pp.span_corruption, pp.tokenize]) == 1
+
+
+def test_prefix_lm_splits_a_stream_into_prefix_and_suffix():
+    feats = {"inputs": dt.Feature(ids_vocab(1000)), "targets": dt.Feature(ids_vocab(1000))}
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(3, 900, size=40).tolist() for _ in range(20)]
+    ds = pp.prefix_lm(ids_dataset([{"targets": d} for d in docs]), {"inputs": 11, "targets": 11},
+                      feats, seed=1)
+    out = as_lists(ds)
+    assert len(out) == 20 * 4  # 40 tokens -> 4 segments of 10 (inputs length - EOS)
+    for o, seg in zip(out, [d[i:i + 10] for d in docs for i in range(0, 40, 10)]):
+        assert o["inputs"] + o["targets"] == seg
+        assert 1 <= len(o["inputs"]) <= 9
