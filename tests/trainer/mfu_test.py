@@ -1,0 +1,43 @@
+"""MFU: the published peak table and the CPU matmul probe."""
+
+import io
+
+import jax
+import pytest
+
+from cairn.trainer import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
+from cairn.trainer.summaries import ProgressLine
+
+
+@pytest.mark.parametrize("kind,tflops", [("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5e", 197), ("TPU v5p", 459),
+                                         ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA H100 80GB HBM3", 989),
+                                         ("NVIDIA H200", 989)])
+def test_published_peaks(kind, tflops):
+    assert published_peak_flops(kind) == tflops * 1e12
+
+
+def test_unknown_device_kind_is_none():
+    assert published_peak_flops("Quantum Abacus") is None
+    assert {name for name, _ in PEAK_BF16_TFLOPS} >= {"TPU v4", "TPU v5e", "TPU v5p", "A100", "H100", "H200"}
+
+
+def test_cpu_probe_runs_once_and_is_plausible():
+    first = cpu_matmul_peak_flops()
+    assert 1e8 < first < 1e13
+    assert cpu_matmul_peak_flops() is first  # cached: the probe runs once per process
+    assert peak_flops(jax.devices()) == first  # 8 virtual devices share the host: counted once
+
+
+def test_mfu_formula():
+    assert mfu(flops_per_token=6e9, tokens_per_second=1e4, peak=1.2e14) == pytest.approx(0.5)
+
+
+def test_progress_line_only_on_terminals():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    tty, pipe = Tty(), io.StringIO()
+    ProgressLine(100, tty).update(25, 5.0, "loss 1.0")
+    ProgressLine(100, pipe).update(25, 5.0)
+    assert tty.getvalue().startswith("\rstep 25/100  5.00 steps/s  ETA 0m15s")
+    assert pipe.getvalue() == ""

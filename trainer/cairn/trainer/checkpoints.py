@@ -1,0 +1,256 @@
+"""Checkpoints with orbax: train state, data-iterator state and config; async saves, keep the
+last K (and optionally the best by a metric), verified restores that skip corrupt checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping, Optional, Tuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+MANIFEST_DIR = "manifests"
+CORRUPT_DIR = "corrupt_checkpoints"
+
+
+class NoCheckpointError(FileNotFoundError):
+    """No usable checkpoint in model_dir."""
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint's files do not match its manifest, or orbax cannot read it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpointing options.
+
+    keep: how many of the latest checkpoints to keep (None: all).
+    best_metric / best_mode: also keep the checkpoint with the best value of this metric
+      (given to `save(metrics=...)`), 'min' or 'max'.
+    asynchronous: save in a background thread (orbax's save call, which copies the arrays to the
+      host, and its write); the caller blocks only while a previous save is still running.
+      The arrays saved must not be donated or deleted until the save is done.
+    save_dtype: cast floating params to this dtype when saving (e.g. 'bfloat16'); None keeps them.
+    """
+
+    keep: Optional[int] = 3
+    best_metric: Optional[str] = None
+    best_mode: str = "min"
+    asynchronous: bool = True
+    save_dtype: Optional[str] = None
+
+    def __post_init__(self):
+        if self.keep is not None and self.keep < 1:
+            raise ValueError(f"CheckpointConfig.keep must be >= 1 or None, got {self.keep}")
+        if self.best_mode not in ("min", "max"):
+            raise ValueError(f"CheckpointConfig.best_mode must be 'min' or 'max', got {self.best_mode!r}")
+
+
+def _state_dict(state: Any) -> dict:
+    return {"params": state.params, "opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+
+
+def _cast(tree: Any, dtype: Optional[str]) -> Any:
+    if dtype is None:
+        return tree
+    return jax.tree.map(lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, tree)
+
+
+def _file_sizes(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _write_json_atomic(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Checkpointer:
+    """Saves and restores checkpoints under `<model_dir>/checkpoints/<step>/` (orbax items
+    `state`, `data`, `config`), with a size manifest per finished checkpoint in
+    `<model_dir>/manifests/<step>.json`. Only process 0 writes manifests and moves corrupt
+    checkpoints aside (to `<model_dir>/corrupt_checkpoints/`)."""
+
+    def __init__(self, model_dir: str | os.PathLike, config: CheckpointConfig = CheckpointConfig()):
+        self.model_dir = Path(model_dir)
+        self.config = config
+        self.directory = self.model_dir / CHECKPOINT_DIR
+        self._pending: list[int] = []
+        self._manager = self._make_manager()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cairn-checkpoint")
+        self._future: Optional[Future] = None
+
+    def _make_manager(self) -> ocp.CheckpointManager:
+        pp = ocp.checkpoint_managers.preservation_policy
+        policies = [pp.LatestN(self.config.keep) if self.config.keep else pp.PreserveAll()]
+        if self.config.best_metric:
+            name = self.config.best_metric
+            policies.append(pp.BestN(get_metric_fn=lambda m: float(m[name]), reverse=self.config.best_mode == "min",
+                                     n=1, keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=pp.AnyPreservationPolicy(policies), create=True, cleanup_tmp_directories=True,
+            enable_async_checkpointing=self.config.asynchronous)
+        return ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "config"))
+
+    # -- saving ----------------------------------------------------------------------------
+    def save(self, step: int, state: Any, data_state: Optional[Mapping[str, Any]] = None,
+             config: Optional[Mapping[str, Any]] = None, metrics: Optional[Mapping[str, float]] = None) -> float:
+        """Starts saving `state` (a TrainState) at `step`; returns the seconds the caller was blocked
+        (waiting for the previous save, if it is still running)."""
+        start = time.perf_counter()
+        self._wait_future()
+        if self.config.asynchronous:
+            self._future = self._executor.submit(self._save, step, state, data_state, config, metrics)
+        else:
+            self._save(step, state, data_state, config, metrics)
+        return time.perf_counter() - start
+
+    def _wait_future(self) -> None:
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()  # re-raises a failed background save
+
+    def _save(self, step, state, data_state, config, metrics) -> None:
+        self._finish_pending()
+        state_tree = _state_dict(state)
+        state_tree["params"] = _cast(state_tree["params"], self.config.save_dtype)
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state_tree),
+                                  data=ocp.args.JsonSave(dict(data_state or {})),
+                                  config=ocp.args.JsonSave(dict(config or {})))
+        metrics = {k: float(v) for k, v in (metrics or {}).items()} or None
+        self._manager.save(int(step), args=args, metrics=metrics, force=True)
+        self._pending.append(int(step))
+        if not self.config.asynchronous:
+            self._finish_pending()
+
+    def wait(self) -> None:
+        """Blocks until every started save is on disk (and has its manifest)."""
+        self._wait_future()
+        self._manager.wait_until_finished()
+        self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        if not self._pending:
+            return
+        self._manager.wait_until_finished()
+        if jax.process_index() == 0:
+            kept = set(self._manager.all_steps())
+            for step in self._pending:
+                if step in kept:
+                    _write_json_atomic(self._manifest(step), _file_sizes(self.directory / str(step)))
+            for path in (self.model_dir / MANIFEST_DIR).glob("*.json"):
+                if path.stem.isdigit() and int(path.stem) not in kept:
+                    path.unlink(missing_ok=True)
+        self._pending.clear()
+
+    def _manifest(self, step: int) -> Path:
+        return self.model_dir / MANIFEST_DIR / f"{step}.json"
+
+    # -- restoring -------------------------------------------------------------------------
+    def all_steps(self) -> list:
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> Optional[int]:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def verify(self, step: int) -> None:
+        """Raises `CorruptCheckpointError` when the checkpoint's files differ from its manifest
+        (missing, truncated or grown); a checkpoint without a manifest passes."""
+        path = self._manifest(step)
+        if not path.exists():
+            return
+        expected = json.loads(path.read_text())
+        actual = _file_sizes(self.directory / str(step))
+        bad = sorted(name for name in expected if actual.get(name) != expected[name])
+        if bad:
+            detail = ", ".join(f"{n} ({actual.get(n, 'missing')} bytes, expected {expected[n]})" for n in bad[:3])
+            raise CorruptCheckpointError(f"checkpoint {self.directory / str(step)} is corrupt: {detail}")
+
+    def _quarantine(self, step: int, error: Exception) -> None:
+        log.error("checkpoint at step %d is unusable (%s); moving it to %s and using the previous one",
+                  step, error, self.model_dir / CORRUPT_DIR)
+        if jax.process_index() == 0:
+            target = self.model_dir / CORRUPT_DIR / str(step)
+            if target.exists():
+                shutil.rmtree(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(self.directory / str(step)), str(target))
+            self._manifest(step).unlink(missing_ok=True)
+        self._manager.close()
+        self._manager = self._make_manager()
+
+    def restore(self, abstract_state: Any, step: Optional[int] = None) -> Tuple[int, Any, dict, dict]:
+        """`(step, state, data_state, config)` from the latest usable checkpoint (or `step`).
+
+        `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s with the target shardings, so
+        a checkpoint restores onto any mesh. A corrupt latest checkpoint is reported, moved aside
+        and the previous one used. Raises `NoCheckpointError` when none is usable."""
+        target = _state_dict(abstract_state)
+        candidates = [step] if step is not None else list(reversed(self.all_steps()))
+        for s in candidates:
+            try:
+                self.verify(s)
+                out = self._manager.restore(s, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(),
+                    config=ocp.args.JsonRestore()))
+            except Exception as e:  # noqa: BLE001 - any read failure means this checkpoint is unusable
+                if step is not None:
+                    raise CorruptCheckpointError(f"cannot restore step {s} from {self.directory}: {e}") from e
+                self._quarantine(s, e)
+                continue
+            tree = out["state"]
+            state = type(abstract_state)(params=tree["params"], opt_state=tree["opt_state"],
+                                         step=tree["step"], rng=tree["rng"])
+            return s, state, dict(out["data"] or {}), dict(out["config"] or {})
+        raise NoCheckpointError(f"no usable checkpoint in {self.directory}")
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax's threads."""
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+            self._manager.close()
+
+
+def restore_params(path: str | os.PathLike, abstract_params: Any, step: Optional[int] = None) -> Any:
+    """Only the params of a checkpoint (a model_dir, its `checkpoints` folder, or one step's
+    folder), cast and sharded as `abstract_params` (ShapeDtypeStructs with shardings) says.
+    For fine-tuning from a pretrained run."""
+    path = Path(path)
+    if (path / CHECKPOINT_DIR).is_dir():
+        path = path / CHECKPOINT_DIR
+    if not (path / "state").is_dir():
+        steps = sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.is_dir() else []
+        if step is None and not steps:
+            raise NoCheckpointError(f"no checkpoint in {path}")
+        path = path / str(step if step is not None else steps[-1])
+    item = {"params": abstract_params}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        out = ckptr.restore(path / "state", args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                                                        partial_restore=True))
+    return out["params"]
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s of `tree` carrying `shardings`."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings)

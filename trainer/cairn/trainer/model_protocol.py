@@ -1,0 +1,98 @@
+"""What the trainer needs of a model, and how it gets parameters and their logical specs."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping, Optional, Protocol, Tuple, runtime_checkable
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+
+@runtime_checkable
+class TrainableModel(Protocol):
+    """A model the trainer can train.
+
+    `init(rng, batch)` returns one of: a params tree whose leaves carry logical axis metadata
+    (`nn.LogicallyPartitioned` boxes); or a pair `(params, logical_specs)`. A model that instead
+    has `init_boxed(rng, input_length, target_length)` (cairn.models) is called with the batch's
+    lengths. `loss_fn(params, batch, dropout_rng)` returns `(scalar loss, dict of scalar metrics)`.
+    Optional: `flops_per_token` (a number, or a callable taking no arguments) - training FLOPs
+    (forward + backward) per target token.
+    """
+
+    def loss_fn(self, params: Any, batch: Mapping[str, Any], dropout_rng: Any) -> Tuple[Any, Mapping[str, Any]]:
+        ...
+
+
+def _is_box(x: Any) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _call_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Any:
+    if hasattr(model, "init_boxed"):  # cairn.models.EncoderDecoderModel / DecoderOnlyModel
+        if "encoder_input_tokens" in batch:
+            return model.init_boxed(rng, np.shape(batch["encoder_input_tokens"])[1],
+                                    np.shape(batch["decoder_target_tokens"])[1])
+        key = "decoder_target_tokens" if "decoder_target_tokens" in batch else next(iter(batch))
+        return model.init_boxed(rng, np.shape(batch[key])[1])
+    return model.init(rng, batch)
+
+
+def init_params(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple[Any, Any]:
+    """`(params, logical_specs)` from the model's init (see `TrainableModel`). Params without
+    any axis metadata are replicated, with a warning."""
+    out = _call_init(model, rng, batch)
+    if isinstance(out, tuple) and len(out) == 2 and not _is_box(out[0]):
+        return out
+    specs = nn.get_partition_spec(out)
+    params = nn.meta.unbox(out)
+    if not any(_is_box(x) for x in jax.tree.leaves(out, is_leaf=_is_box)):
+        if hasattr(model, "logical_axes"):
+            return params, model.logical_axes()
+        warnings.warn("the model's params carry no logical axis metadata: every parameter is replicated")
+        specs = jax.tree.map(lambda _: PartitionSpec(), params)
+    return params, specs
+
+
+def model_flops_per_token(model: Any, override: Optional[float] = None) -> Optional[float]:
+    """Training FLOPs per token: `override`, else the model's `flops_per_token`, else None."""
+    if override is not None:
+        return float(override)
+    value = getattr(model, "flops_per_token", None)
+    if value is None:
+        return None
+    return float(value() if callable(value) else value)
+
+
+TOKEN_KEYS = ("decoder_target_tokens", "targets", "target_tokens", "inputs")
+
+
+def tokens_in_batch(batch: Mapping[str, Any]) -> int:
+    """The tokens a step trains on: the size of the batch's target array (t5x feature names
+    first), else of its first array's two leading dimensions."""
+    for key in TOKEN_KEYS:
+        if key in batch:
+            return int(np.prod(np.shape(batch[key])))
+    first = np.shape(next(iter(batch.values())))
+    return int(np.prod(first[:2]))
+
+
+def sequences_in_batch(batch: Mapping[str, Any]) -> int:
+    """Rows in the batch."""
+    return int(np.shape(next(iter(batch.values())))[0])
+
+
+def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple[Any, Any]:
+    """`(param ShapeDtypeStructs, logical_specs)` without allocating the params."""
+    captured = {}
+
+    def init(r):
+        params, specs = init_params(model, r, batch)
+        captured["specs"] = specs
+        return params
+
+    shapes = jax.eval_shape(init, rng)
+    return shapes, captured["specs"]

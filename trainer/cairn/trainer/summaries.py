@@ -1,0 +1,87 @@
+"""Train summaries: the log, JSON lines, TensorBoard event files (TensorFlow imported lazily),
+and a progress line on interactive terminals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Optional, TextIO
+
+from cairn.evaluation import JsonLinesLogger
+
+log = logging.getLogger("cairn.trainer")
+
+
+class SummaryWriter:
+    """Writes scalars to `<model_dir>/summaries/metrics.jsonl` (rows `{task, step, metric, value}`)
+    and, when `tensorboard`, event files under `<model_dir>/tensorboard/<task>/` as `<task>/<name>`."""
+
+    def __init__(self, model_dir: str | os.PathLike, tensorboard: bool = True):
+        self.dir = Path(model_dir)
+        self.jsonl = JsonLinesLogger(self.dir / "summaries")
+        self.tensorboard = tensorboard
+        self._writers: dict = {}
+
+    def _tb(self, task: str):
+        if task not in self._writers:
+            import tensorflow as tf  # lazy: only when TensorBoard files are wanted
+
+            self._writers[task] = tf.summary.create_file_writer(str(self.dir / "tensorboard" / task))
+        return self._writers[task]
+
+    def scalars(self, task: str, step: int, values: Mapping[str, float], quiet: bool = False) -> None:
+        """Writes `values`; `quiet` writes the JSON lines only (per-step rows between log steps)."""
+        self.jsonl.log_metrics(task, step, values)
+        if quiet:
+            return
+        if self.tensorboard:
+            import tensorflow as tf
+
+            writer = self._tb(task)
+            with writer.as_default():
+                for name in sorted(values):
+                    tf.summary.scalar(f"{task}/{name}", float(values[name]), step=int(step))
+            writer.flush()
+        text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(values.items()))
+        log.info("%s step %d: %s", task, step, text)
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class ProgressLine:
+    """`step 120/1000  3.2 steps/s  ETA 4m35s` rewritten in place, only on a terminal."""
+
+    def __init__(self, total: int, stream: Optional[TextIO] = None):
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def update(self, step: int, steps_per_second: float, extra: str = "") -> None:
+        if not self.enabled:
+            return
+        eta = (self.total - step) / steps_per_second if steps_per_second > 0 else float("inf")
+        self.stream.write(f"\rstep {step}/{self.total}  {steps_per_second:.2f} steps/s  ETA {_duration(eta)}  {extra}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+

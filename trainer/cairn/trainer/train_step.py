@@ -1,0 +1,142 @@
+"""The train step (with gradient accumulation) and its partitioning."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from cairn.partitioning import Partitioner
+from cairn.trainer.train_state import TrainState
+
+Batch = Mapping[str, Any]
+LossFn = Callable[[Any, Batch, jax.Array], Tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+def dropout_key(rng: jax.Array, step: jax.Array) -> jax.Array:
+    """The dropout key of a step: `fold_in(seed key, step)`."""
+    return jax.random.fold_in(rng, step)
+
+
+def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
+    """`[B, ...]` -> `[num_microbatches, B / num_microbatches, ...]`; microbatch i holds rows
+    i, i + n, i + 2n, ..., so every data shard contributes to every microbatch."""
+    def one(x):
+        b = x.shape[0]
+        if b % num_microbatches:
+            raise ValueError(f"batch size {b} is not divisible by num_microbatches={num_microbatches}")
+        x = x.reshape((b // num_microbatches, num_microbatches) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+    return jax.tree.map(one, batch)
+
+
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                    learning_rate_fn: Callable, num_microbatches: int = 1, reduction: str = "mean") -> Callable:
+    """`step(state, batch) -> (state, metrics)`, unjitted.
+
+    With `num_microbatches > 1` gradients are accumulated in float32 with a scan and combined
+    by `reduction`: 'mean' (a loss that is a mean over its microbatch) or 'sum' (a loss that is
+    a sum, or divided by a constant); either equals one full-batch step up to float32 rounding.
+    The loss follows the same reduction; other metrics are averaged. Microbatch i draws dropout
+    from `fold_in(fold_in(seed, step), i)`. Metrics: the model's, plus `loss`, `grad_norm`
+    (before clipping) and `learning_rate` (the rate this update used).
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(state: TrainState, batch: Batch) -> Tuple[TrainState, Dict[str, jax.Array]]:
+        key = dropout_key(state.rng, state.step)
+        if num_microbatches == 1:
+            (loss, aux), grads = grad_fn(state.params, batch, key)
+        else:
+            micro = _split_microbatches(batch, num_microbatches)
+
+            def body(carry, xs):
+                i, mb = xs
+                (l, a), g = grad_fn(state.params, mb, jax.random.fold_in(key, i))
+                acc = jax.tree.map(lambda c, v: c + v.astype(jnp.float32), carry, (l, dict(a), g))
+                return acc, None
+
+            zeros_aux = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), key)[0][1])
+            init = (jnp.zeros((), jnp.float32), jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), dict(zeros_aux)),
+                    jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params))
+            (loss, aux, grads), _ = jax.lax.scan(body, init, (jnp.arange(num_microbatches), micro))
+            scale = 1.0 / num_microbatches if reduction == "mean" else 1.0
+            loss, aux = loss * scale, jax.tree.map(lambda v: v / num_microbatches, aux)
+            grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
+        metrics.update(loss=jnp.asarray(loss, jnp.float32), grad_norm=grad_norm,
+                       learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32))
+        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        return new_state, metrics
+
+    return step
+
+
+# -- partitioning -----------------------------------------------------------------------------
+def opt_state_specs(optimizer: optax.GradientTransformation, opt_state: Any, params: Any, param_specs: Any) -> Any:
+    """Logical specs of the optimizer state: a state leaf shaped like its param gets the param's
+    spec; one of another shape (Adafactor's factored rows and columns) is replicated, and so is
+    every non-param leaf (counts). Derived with `optax.tree_utils.tree_map_params`."""
+    spec_list = [PartitionSpec(*s) for s in jax.tree.leaves(param_specs, is_leaf=_is_spec)]
+    shape_list = [tuple(np.shape(p)) for p in jax.tree.leaves(params)]
+    # One opaque (spec, shape) leaf per param, shaped like `params`, for tree_map_params.
+    boxed = jax.tree.unflatten(jax.tree.structure(params), [_Leaf(v) for v in zip(spec_list, shape_list)])
+
+    def per_param(leaf, info):
+        spec, shape = info.value
+        return spec if tuple(np.shape(leaf)) == shape else PartitionSpec()
+
+    return optax.tree_utils.tree_map_params(
+        optimizer, per_param, opt_state, boxed,
+        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, _Leaf))
+
+
+class _Leaf:
+    """An opaque pytree leaf wrapping a value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, PartitionSpec) or (type(x) is tuple and all(e is None or isinstance(e, str) for e in x))
+
+
+def state_shardings(partitioner: Partitioner, state_shapes: TrainState, param_specs: Any,
+                    optimizer: optax.GradientTransformation) -> TrainState:
+    """`NamedSharding`s for every leaf of the train state (shapes from `jax.eval_shape`)."""
+    param_shardings = partitioner.shardings_for(param_specs, state_shapes.params)
+    ospecs = opt_state_specs(optimizer, state_shapes.opt_state, state_shapes.params, param_specs)
+    opt_shardings = partitioner.shardings_for(ospecs, state_shapes.opt_state)
+    replicated = NamedSharding(partitioner.mesh, PartitionSpec())
+    return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)
+
+
+def batch_shardings(partitioner: Partitioner, batch: Batch) -> Any:
+    """`NamedSharding`s for a global batch: rows over the batch axes, the rest replicated."""
+    def one(x):
+        ndim = np.ndim(x)
+        names = tuple(partitioner.batch_spec[:ndim]) + (None,) * max(0, ndim - len(partitioner.batch_spec))
+        return partitioner.sharding(names, np.shape(x), "batch")
+    return jax.tree.map(one, batch)
+
+
+def partitioned_train_step(step_fn: Callable, partitioner: Partitioner, state_sh: TrainState, batch_sh: Any,
+                           donate: bool = False) -> Callable:
+    """The step jitted with the state's and batch's shardings (metrics replicated)."""
+    replicated = NamedSharding(partitioner.mesh, PartitionSpec())
+    return partitioner.partition(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
+                                 donate_argnums=(0,) if donate else ())
