@@ -2,57 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
 from cairn.models.losses import LossNormalizingFactor
-from cairn.models.model_base import (Batch, DecodeOptions, check_predict_args, loss_and_metrics,
-                                     run_decoding, sequence_log_likelihood)
+from cairn.models.model_base import Batch, DecodeOptions, ModelBase, check_predict_args, run_decoding
 
 Params = Any
 
 
-class DecoderOnlyModel:
+class DecoderOnlyModel(ModelBase):
     """Wraps `decoder_only.Decoder`. Batches: `decoder_input_tokens`, `decoder_target_tokens`,
     `decoder_loss_weights`, optional `decoder_segment_ids` (packing) and
     `decoder_causal_attention` (prefix LM: 1 on input positions)."""
 
     def __init__(self, config: DecoderOnlyConfig, label_smoothing: float = 0.0, z_loss: float = 1e-4,
                  loss_normalizing_factor: LossNormalizingFactor = None):
-        self.config = config
-        self.module = Decoder(config)
-        self.label_smoothing = label_smoothing
-        self.z_loss = z_loss
-        self.loss_normalizing_factor = loss_normalizing_factor
+        super().__init__(config, Decoder(config), label_smoothing, z_loss, loss_normalizing_factor)
 
     def init_boxed(self, rng: jax.Array, length: int = 8) -> Any:
         return jax.jit(self.module.init)(rng, jnp.ones((1, length), jnp.int32))["params"]
 
     def init(self, rng: jax.Array, length: int = 8) -> Params:
         """Random parameters (deterministic given `rng`)."""
-        return nn.meta.unbox(self.init_boxed(rng, length))
-
-    def logical_axes(self) -> Any:
-        return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
+        return super().init(rng, length)
 
     def apply(self, params: Params, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         return self.module.apply({"params": params}, batch["decoder_input_tokens"],
                                  batch.get("decoder_segment_ids"), batch.get("decoder_causal_attention"),
                                  deterministic=dropout_rng is None, rngs=rngs)
-
-    def loss_fn(self, params: Params, batch: Batch,
-                dropout_rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
-        logits = self.apply(params, batch, dropout_rng)
-        return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
-
-    def score_batch(self, params: Params, batch: Batch) -> jnp.ndarray:
-        return sequence_log_likelihood(self.apply(params, batch), batch["decoder_target_tokens"],
-                                       batch.get("decoder_loss_weights"))
 
     def predict_batch(self, params: Params, prompts: jnp.ndarray, options: DecodeOptions = DecodeOptions(),
                       rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:

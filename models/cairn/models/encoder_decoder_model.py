@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from cairn.models.losses import LossNormalizingFactor
-from cairn.models.model_base import (Batch, DecodeOptions, check_predict_args, loss_and_metrics,
-                                     run_decoding, sequence_log_likelihood)
+from cairn.models.model_base import Batch, DecodeOptions, ModelBase, check_predict_args, run_decoding
 from cairn.models.t5.config import T5Config
 from cairn.models.t5.network import EncoderDecoder
 
 Params = Any
 
 
-class EncoderDecoderModel:
+class EncoderDecoderModel(ModelBase):
     """Wraps `t5.EncoderDecoder`. Batches use t5x's feature names: `encoder_input_tokens`,
     `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`, and when packed
     `encoder_segment_ids` / `decoder_segment_ids`. `params` is the unboxed parameter tree."""
 
     def __init__(self, config: T5Config, label_smoothing: float = 0.0, z_loss: float = 1e-4,
                  loss_normalizing_factor: LossNormalizingFactor = None):
-        self.config = config
-        self.module = EncoderDecoder(config)
-        self.label_smoothing = label_smoothing
-        self.z_loss = z_loss
-        self.loss_normalizing_factor = loss_normalizing_factor
+        super().__init__(config, EncoderDecoder(config), label_smoothing, z_loss, loss_normalizing_factor)
 
     def init_boxed(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Any:
         """Variables with logical axis metadata (`nn.LogicallyPartitioned` boxes)."""
@@ -38,11 +32,7 @@ class EncoderDecoderModel:
 
     def init(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Params:
         """Random parameters (deterministic given `rng`)."""
-        return nn.meta.unbox(self.init_boxed(rng, input_length, target_length))
-
-    def logical_axes(self) -> Any:
-        """PartitionSpecs of logical axis names, shaped like the params."""
-        return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
+        return super().init(rng, input_length, target_length)
 
     def apply(self, params: Params, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
         """Logits `[b, target_len, vocab]` (teacher forcing)."""
@@ -51,17 +41,6 @@ class EncoderDecoderModel:
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
             batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
             deterministic=dropout_rng is None, rngs=rngs)
-
-    def loss_fn(self, params: Params, batch: Batch,
-                dropout_rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
-        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured."""
-        logits = self.apply(params, batch, dropout_rng)
-        return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
-
-    def score_batch(self, params: Params, batch: Batch) -> jnp.ndarray:
-        """`[b]`: log-likelihood of each row's targets (weighted by `decoder_loss_weights` if given)."""
-        return sequence_log_likelihood(self.apply(params, batch), batch["decoder_target_tokens"],
-                                       batch.get("decoder_loss_weights"))
 
     def predict_batch(self, params: Params, batch: Batch, options: DecodeOptions = DecodeOptions(),
                       rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:

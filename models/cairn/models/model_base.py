@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -86,3 +87,45 @@ def run_decoding(options: DecodeOptions, tokens_to_logits, cache: Any, batch_siz
     seqs, scores = decoding.beam_search(tokens_to_logits, cache, batch_size, options.num_beams,
                                         options.max_decode_length, options.alpha, options.eos_id)
     return seqs[:, 0], scores[:, 0]
+
+
+class ModelBase:
+    """The parts of a model wrapper that depend only on `apply` and the loss options.
+
+    Subclasses set `config` and `module` and define `init_boxed` and `apply`.
+    """
+
+    module: nn.Module
+
+    def __init__(self, config: Any, module: nn.Module, label_smoothing: float = 0.0,
+                 z_loss: float = 1e-4, loss_normalizing_factor: LossNormalizingFactor = None):
+        self.config = config
+        self.module = module
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.loss_normalizing_factor = loss_normalizing_factor
+
+    def init_boxed(self, rng: jax.Array, *lengths: int) -> Any:
+        raise NotImplementedError
+
+    def apply(self, params: Any, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
+        raise NotImplementedError
+
+    def init(self, rng: jax.Array, *lengths: int) -> Any:
+        """Random parameters (deterministic given `rng`)."""
+        return nn.meta.unbox(self.init_boxed(rng, *lengths))
+
+    def logical_axes(self) -> Any:
+        """PartitionSpecs of logical axis names, shaped like the params."""
+        return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
+
+    def loss_fn(self, params: Any, batch: Batch,
+                dropout_rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured."""
+        logits = self.apply(params, batch, dropout_rng)
+        return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+
+    def score_batch(self, params: Any, batch: Batch) -> jnp.ndarray:
+        """`[b]`: log-likelihood of each row's targets (weighted by `decoder_loss_weights` if given)."""
+        return sequence_log_likelihood(self.apply(params, batch), batch["decoder_target_tokens"],
+                                       batch.get("decoder_loss_weights"))
