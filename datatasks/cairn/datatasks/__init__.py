@@ -8,7 +8,7 @@
 
 __version__ = "0.1.0"
 
-from cairn.datatasks import preprocessors  # noqa: E402
+from cairn.datatasks import deterministic, preprocessors  # noqa: E402
 from cairn.datatasks.dataset import get_dataset  # noqa: E402
 from cairn.datatasks.errors import DataTasksError, UnknownNameError  # noqa: E402
 from cairn.datatasks.feature import Feature  # noqa: E402
@@ -31,5 +31,5 @@ __all__ = [
     "JsonLinesDataSource", "LMFeatureConverter", "Mixture", "MixtureRegistry",
     "PrefixLMFeatureConverter", "Registry", "ShardInfo", "TFExampleDataSource", "Task",
     "TaskRegistry", "TextLineDataSource", "TfdsDataSource", "UnknownNameError",
-    "get_dataset", "get_mixture_or_task", "map_over_dataset", "preprocessors",
+    "deterministic", "get_dataset", "get_mixture_or_task", "map_over_dataset", "preprocessors",
 ]
