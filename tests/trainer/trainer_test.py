@@ -111,3 +111,33 @@ def test_pair_init_protocol(tmp_path):
     t.setup(make_batch(0, 0))
     state = t.initial_state()
     assert state.params["wi"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+
+
+def test_step_hooks_see_every_step_after_eval(tmp_path):
+    events = []
+
+    def eval_fn(params, step):
+        events.append(("eval", step))
+        return {"toy": {"accuracy": 0.0}}
+
+    def hook(step, state):
+        assert int(state.step) == step  # the state after this step
+        events.append(("hook", step, float(np.asarray(state.params["scale"]).sum())))
+
+    def second(step, state):
+        events.append(("second", step))
+
+    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=4, eval_every=2, log_every=2, tensorboard=False)
+    result = Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg, eval_fn=eval_fn,
+                     step_hooks=[hook, second]).train(CountingIterator())
+    assert result.step == 4
+    assert [e[:2] for e in events] == [("hook", 1), ("second", 1), ("eval", 2), ("hook", 2), ("second", 2),
+                                      ("hook", 3), ("second", 3), ("eval", 4), ("hook", 4), ("second", 4)]
+    hooked = [e[2] for e in events if e[0] == "hook"]
+    assert hooked[-1] == pytest.approx(float(np.asarray(result.state.params["scale"]).sum()))
+
+
+def test_step_hooks_must_be_callable(tmp_path):
+    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=1, tensorboard=False)
+    with pytest.raises(TypeError, match="step_hooks"):
+        Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg, step_hooks=[42])

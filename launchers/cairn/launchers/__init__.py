@@ -1,3 +1,17 @@
-"""cairn.launchers: Entry points (train, eval, infer, cache_tasks) and one ml-collections config per experiment."""
+"""cairn.launchers: Entry points (train, eval, infer, cache_tasks) and one ml-collections config per experiment.
+
+Modules (imported on use, so `import cairn.launchers` stays light):
+
+* `config_base` - `base_config()`, the schema every experiment starts from, and shared helpers;
+* `config_io` - loading experiment files, path resolution (`$BUILD_WORKING_DIRECTORY`), config.json;
+* `validation` - `ConfigError` and the checks run before anything is compiled or written;
+* `builder` - `load_model`, `make_partitioner`, `make_train_data`, `make_evaluator`, `make_trainer`, ...;
+* `data` - vocabulary, task registration, the deterministic cache and reader, the data fingerprint;
+* `multihost` - `initialize(config)` (config keys, `$CAIRN_*`, SLURM, TPU pods);
+* `post_training` - final evaluation, denoising samples, generated text;
+* `train_main`, `cache_main` - the `//launchers:train` and `//launchers:cache_tasks` entry points;
+* `fingerprint`, `verify`, `plot_loss` - run fingerprints and their comparison, loss curves;
+* `tasks.shakespeare` - the Shakespeare tasks of the example experiments.
+"""
 
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ import itertools
 import logging
 import math
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -29,6 +29,7 @@ from cairn.trainer.train_step import (batch_shardings, make_train_step, opt_stat
 
 log = logging.getLogger("cairn.trainer")
 EvalFn = Callable[[Any, int], Mapping[str, Any]]
+StepHook = Callable[[int, TrainState], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +98,16 @@ class Trainer:
       eval_fn: `eval_fn(params, step) -> {name: value}` (or `{task: {metric: value}}`), called
         every `eval_every` steps; see `evaluator_callback`.
       experiment_config: a JSON-able dict stored in every checkpoint.
+      step_hooks: functions `hook(step, state)` called in order after every train step (after
+        evaluation, before SIGTERM and checkpoint handling), on every process; `state` is the
+        `TrainState` after the step. A hook that runs a collective (e.g. all-gathers params)
+        is called at the same step on every process.
     """
 
     def __init__(self, model: Any, optimizer: Union[OptimizerConfig, optax.GradientTransformation],
                  learning_rate: Union[float, Callable], partitioner: Partitioner, config: TrainerConfig,
-                 eval_fn: Optional[EvalFn] = None, experiment_config: Optional[Mapping[str, Any]] = None):
+                 eval_fn: Optional[EvalFn] = None, experiment_config: Optional[Mapping[str, Any]] = None,
+                 *, step_hooks: Sequence[StepHook] = ()):
         self.model = model
         self.schedule = as_schedule(learning_rate)
         self.optimizer = make_optimizer(optimizer, learning_rate) if isinstance(optimizer, OptimizerConfig) else optimizer
@@ -109,6 +115,10 @@ class Trainer:
         self.config = config
         self.eval_fn = eval_fn
         self.experiment_config = dict(experiment_config or {})
+        self.step_hooks = tuple(step_hooks)
+        for hook in self.step_hooks:
+            if not callable(hook):
+                raise TypeError(f"Trainer step_hooks must be callables hook(step, state), got {hook!r}")
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
@@ -291,6 +301,11 @@ class Trainer:
                 eval_metrics = {f"eval/{k}": v for k, v in _flatten(self.eval_fn(state.params, step)).items()}
                 summaries.scalars("eval", step, {k[5:]: v for k, v in eval_metrics.items()})
                 interval_start += time.perf_counter() - eval_start  # evaluation is not train time
+            if self.step_hooks:
+                hook_start = time.perf_counter()
+                for hook in self.step_hooks:
+                    hook(step, state)
+                interval_start += time.perf_counter() - hook_start  # hooks are not train time
             if self._stop_requested(sigterm, step):
                 log.warning("SIGTERM: saving step %d and stopping", step)
                 save(step, state)

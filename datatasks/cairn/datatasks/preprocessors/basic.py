@@ -195,3 +195,40 @@ def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.dat
                     and v.shape.rank else v) for k, v in x.items()}
 
     return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+@preprocessor(deterministic=False)
+def random_crop(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                output_features: Mapping[str, Any], feature_key: str = "targets",
+                seed: Any = None) -> tf.data.Dataset:
+    """One-to-one: a seeded random window of `feature_key` that fits its sequence length
+    (minus one for EOS when the feature adds one). Shorter examples pass unchanged. Usable
+    after a deterministic cache of long fixed-length chunks (a language-model stream)."""
+    from cairn.datatasks.preprocessors.base import map_over_dataset
+
+    feature = output_features.get(feature_key)
+    eos = 1 if feature is not None and feature.add_eos else 0
+    keep = int(sequence_length[feature_key]) - eos
+
+    @map_over_dataset(num_seeds=1)
+    def crop(x, seed):
+        tokens = x[feature_key]
+        room = tf.maximum(tf.shape(tokens)[0] - keep, 0)
+        start = tf.random.stateless_uniform([], seed, maxval=room + 1, dtype=tf.int32)
+        out = dict(x)
+        out[feature_key] = tokens[start:start + keep]
+        return out
+
+    return crop(dataset, seed=seed)
+
+
+def _random_crop_lengths(lengths, sequence_length, output_features, feature_key="targets"):
+    feature = output_features.get(feature_key)
+    eos = 1 if feature is not None and feature.add_eos else 0
+    out = dict(lengths)
+    out[feature_key] = np.minimum(np.asarray(lengths[feature_key]),
+                                  int(sequence_length[feature_key]) - eos).astype(np.int32)
+    return out
+
+
+random_crop.deterministic_lengths = _random_crop_lengths

@@ -219,3 +219,106 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
                    inputs_fn=noise_span_to_unique_sentinel,
                    targets_fn=nonnoise_span_to_unique_sentinel,
                    input_feature_key=input_feature_key, seed=denoise_seed)
+
+
+# -- one-to-one variants for deterministic pipelines (post-cache) ---------------------------
+def _span_counts(length, noise_density: float, mean_noise_span_length: float):
+    """(num_noise, num_spans) of `random_spans_noise_mask` for lengths >= 2 (NumPy, float32
+    rounding as in the TF op)."""
+    import numpy as np
+
+    length = np.maximum(np.asarray(length, np.int64), 2)
+    num_noise = np.round(length.astype(np.float32) * np.float32(noise_density)).astype(np.int64)
+    num_noise = np.minimum(np.maximum(num_noise, 1), length - 1)
+    num_spans = np.round(num_noise.astype(np.float32) / np.float32(mean_noise_span_length))
+    return num_noise, np.maximum(num_spans.astype(np.int64), 1)
+
+
+def span_corruption_lengths(tokens_length, noise_density: float = 0.15,
+                            mean_noise_span_length: float = 3.0):
+    """`(inputs, targets)` lengths (no EOS) that span corruption makes of `tokens_length` tokens."""
+    import numpy as np
+
+    n = np.asarray(tokens_length, np.int64)
+    num_noise, num_spans = _span_counts(n, noise_density, mean_noise_span_length)
+    inputs = np.where(n >= 2, n - num_noise + num_spans, n)
+    targets = np.where(n >= 2, num_noise + num_spans, np.minimum(n, 1))
+    return inputs, targets
+
+
+@preprocessor(deterministic=False)
+def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
+                               output_features: Mapping[str, Any], noise_density: float = 0.15,
+                               mean_noise_span_length: float = 3.0,
+                               input_feature_key: str = "inputs", seed: Any = None
+                               ) -> tf.data.Dataset:
+    """T5's span corruption, one example in, one out (usable after a deterministic cache).
+
+    Each example's `targets` tokens (e.g. fixed-length chunks cached by `reduce_concat_tokens`
+    + `split_tokens`) are cropped at a seeded random offset to the number of tokens that
+    fill `sequence_length[input_feature_key]` (`random_spans_helper`, EOS included), then
+    noised as `span_corruption` does (noise density 0.15, mean span 3, sentinels from the
+    vocabulary's top). Shorter examples are used whole. Follow it with
+    `append_eos_after_trim`. Lengths are a function of the input length only, so packing
+    can be planned (`span_corruption_one_to_one.deterministic_lengths`).
+    """
+    tokens_length, targets_length = random_spans_helper(
+        sequence_length[input_feature_key], noise_density, mean_noise_span_length)
+    if sequence_length.get("targets") is not None and sequence_length["targets"] < targets_length:
+        raise ValueError(f"span_corruption_one_to_one: sequence_length['targets'] is "
+                         f"{sequence_length['targets']}, it must be >= {targets_length} for "
+                         f"inputs length {sequence_length[input_feature_key]}")
+
+    def mask_fn(length, density, seeds):
+        return random_spans_noise_mask(length, density, seeds, mean_noise_span_length)
+
+    @map_over_dataset(num_seeds=1)
+    def crop(x, seed):
+        tokens = x["targets"]
+        n = tf.shape(tokens)[0]
+        room = tf.maximum(n - tokens_length, 0)
+        start = tf.random.stateless_uniform([], seed, maxval=room + 1, dtype=tf.int32)
+        out = dict(x)
+        out["targets"] = tokens[start:start + tokens_length]
+        return out
+
+    crop_seed, denoise_seed = _split_seed(seed, 2)
+    ds = crop(dataset, seed=crop_seed)
+    return denoise(ds, output_features, noise_density, mask_fn,
+                   inputs_fn=noise_span_to_unique_sentinel,
+                   targets_fn=nonnoise_span_to_unique_sentinel,
+                   input_feature_key=input_feature_key, seed=denoise_seed)
+
+
+def _span_corruption_one_to_one_lengths(lengths, sequence_length, output_features,
+                                        noise_density: float = 0.15,
+                                        mean_noise_span_length: float = 3.0,
+                                        input_feature_key: str = "inputs"):
+    import numpy as np
+
+    tokens_length, _ = random_spans_helper(sequence_length[input_feature_key], noise_density,
+                                           mean_noise_span_length)
+    n = np.minimum(np.asarray(lengths["targets"]), tokens_length)
+    inputs, targets = span_corruption_lengths(n, noise_density, mean_noise_span_length)
+    out = dict(lengths)
+    out.update({input_feature_key: inputs.astype(np.int32), "targets": targets.astype(np.int32)})
+    return out
+
+
+def _check_one_to_one_lengths(sequence_length: Mapping[str, int], noise_density: float = 0.15,
+                              mean_noise_span_length: float = 3.0,
+                              input_feature_key: str = "inputs") -> str | None:
+    """A message when `sequence_length` cannot work for span corruption, else None."""
+    inputs = sequence_length.get(input_feature_key)
+    if inputs is None or inputs < 3:
+        return (f"sequence_length[{input_feature_key!r}] is {inputs}: span corruption needs at "
+                f"least 3 (a token, a sentinel and EOS)")
+    _, targets_length = random_spans_helper(inputs, noise_density, mean_noise_span_length)
+    if sequence_length.get("targets") is not None and sequence_length["targets"] < targets_length:
+        return (f"sequence_length['targets'] is {sequence_length['targets']}: span corruption of "
+                f"inputs length {inputs} needs targets >= {targets_length}")
+    return None
+
+
+span_corruption_one_to_one.deterministic_lengths = _span_corruption_one_to_one_lengths
+span_corruption_one_to_one.check_sequence_length = _check_one_to_one_lengths

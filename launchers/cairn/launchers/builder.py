@@ -1,0 +1,228 @@
+"""From a validated config to the objects of a run: model, partitioner, data, optimizer,
+evaluator, trainer. The train, eval and infer entry points share these functions."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from cairn.launchers import data as data_lib
+from cairn.launchers.config_io import to_plain
+from cairn.launchers.validation import ConfigError, check_model, resolve_mesh
+
+log = logging.getLogger(__name__)
+
+# Re-exported: the data side of a run.
+make_vocabulary = data_lib.make_vocabulary
+make_train_data = data_lib.make_train_data
+
+
+def round_up(n: int, multiple: int = 128) -> int:
+    return -(-int(n) // multiple) * multiple
+
+
+def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None) -> Any:
+    """The network config: the preset (or the Hugging Face checkpoint's config) with
+    `model.overrides`, its vocab size `model.vocab_size` or the vocabulary's rounded up to 128."""
+    if config.init.hf_checkpoint:
+        net = hf_model_config(config.init.hf_checkpoint, to_plain(config.model.overrides))
+        vocab_size = net.vocab_size
+    else:
+        net = check_model(config)
+        vocabulary = vocabulary if vocabulary is not None else make_vocabulary(config)
+        vocab_size = config.model.vocab_size or round_up(vocabulary.vocab_size)
+    if vocabulary is not None and vocab_size < vocabulary.vocab_size:
+        raise ConfigError("model.vocab_size", f"{vocab_size} is smaller than the vocabulary's "
+                                              f"{vocabulary.vocab_size} ids")
+    return dataclasses.replace(net, vocab_size=vocab_size)
+
+
+def hf_model_config(directory: str, overrides: dict) -> Any:
+    """The `T5Config` of a Hugging Face T5 directory (its config.json only), with overrides."""
+    import json
+    import os
+
+    from cairn.models.hf_interchange import config_from_hf
+
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        return config_from_hf(json.load(f), **overrides)
+
+
+def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
+    value = config.model.loss_normalizing_factor
+    return None if value == "none" else value
+
+
+def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None) -> Any:
+    """`EncoderDecoderModel` or `DecoderOnlyModel` of the config (no parameters yet)."""
+    from cairn.models import DecoderOnlyModel, EncoderDecoderModel, flops_per_token
+
+    net = model_config(config, vocabulary)
+    cls = EncoderDecoderModel if config.model.kind == "encoder_decoder" else DecoderOnlyModel
+    model = cls(net, label_smoothing=config.model.label_smoothing, z_loss=config.model.z_loss,
+                loss_normalizing_factor=loss_normalizing_factor(config))
+    try:
+        model.flops_per_token = flops_per_token(net, data_lib.sequence_length(config))
+    except Exception:  # FLOPs are for MFU only
+        pass
+    return model
+
+
+def make_partitioner(config: ml_collections.ConfigDict) -> Any:
+    """The `Partitioner` over all devices with the config's mesh (checked to fit)."""
+    from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
+
+    mesh = resolve_mesh(to_plain(config.partitioning.mesh), jax.device_count())
+    return Partitioner(create_mesh(mesh), standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> Callable:
+    """The learning-rate schedule (`ConfigError` naming `optimizer` when it cannot be built)."""
+    from cairn.trainer import cosine_schedule, factor_schedule, linear_schedule
+
+    opt = config.optimizer
+    if opt.schedule in ("cosine", "linear") and config.num_train_steps <= opt.warmup_steps:
+        raise ConfigError("optimizer.warmup_steps", f"{opt.warmup_steps} must be below num_train_steps "
+                                                    f"({config.num_train_steps}) for a {opt.schedule} schedule")
+    try:
+        if opt.schedule == "factor":
+            return factor_schedule(opt.factors, base_learning_rate=opt.learning_rate, warmup_steps=opt.warmup_steps)
+        if opt.schedule == "constant":
+            factors = "constant * linear_warmup" if opt.warmup_steps else "constant"
+            return factor_schedule(factors, base_learning_rate=opt.learning_rate, warmup_steps=opt.warmup_steps)
+        fn = cosine_schedule if opt.schedule == "cosine" else linear_schedule
+        return fn(opt.learning_rate, config.num_train_steps, opt.warmup_steps, opt.final_learning_rate)
+    except ValueError as e:
+        raise ConfigError(f"optimizer.{'factors' if opt.schedule == 'factor' else 'schedule'}", str(e)) from None
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> Any:
+    from cairn.trainer import OptimizerConfig
+
+    opt = config.optimizer
+    return OptimizerConfig(name=opt.name, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay,
+                           clip_grad_norm=opt.clip_grad_norm)
+
+
+def predict_fn_factory(config: ml_collections.ConfigDict, model: Any, batch_size: int,
+                       max_decode_length: Optional[int] = None) -> Callable:
+    """`make_predict_fn(params)` for `Evaluator.evaluate`: greedy (or the configured) decoding."""
+    from cairn.models import DecodeOptions
+
+    lengths = data_lib.sequence_length(config)
+    options = DecodeOptions(method=config.post_training.decode_method,
+                            max_decode_length=max_decode_length or config.post_training.max_decode_length
+                            or lengths["targets"], temperature=config.post_training.temperature,
+                            top_k=config.post_training.top_k)
+
+    def make(params):
+        @jax.jit
+        def decode(p, enc, rng):
+            return model.predict_batch(p, {"encoder_input_tokens": enc}, options, rng=rng)[0]
+
+        def predict(ds):
+            out = []
+            for idx, enc in _batches(ds, "encoder_input_tokens", batch_size):
+                tokens = np.asarray(decode(params, enc, jax.random.PRNGKey(config.seed)))
+                out += [(int(i), t.tolist()) for i, t in zip(idx, tokens)]
+            return out
+        return predict
+    return make
+
+
+def score_fn_factory(model: Any, batch_size: int) -> Callable:
+    """`make_score_fn(params)` for `Evaluator.evaluate`: each example's target log-likelihood."""
+    def make(params):
+        score = jax.jit(model.score_batch)
+
+        def fn(ds):
+            out = []
+            for idx, batch in _batches(ds, None, batch_size):
+                out += list(zip(idx.tolist(), np.asarray(score(params, batch)).tolist()))
+            return out
+        return fn
+    return make
+
+
+def _batches(ds: Any, key: Optional[str], batch_size: int):
+    """`(indices, batch)` numpy batches of an `(index, features)` dataset, the last padded
+    to `batch_size` rows (so one compiled shape serves every batch)."""
+    rows = list(ds.as_numpy_iterator())
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        idx = np.array([int(i) for i, _ in chunk])
+        feats = {k: np.stack([f[k] for _, f in chunk]) for k in chunk[0][1]}
+        pad = batch_size - len(chunk)
+        if pad:
+            feats = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in feats.items()}
+        yield idx, (feats[key] if key is not None else feats)
+
+
+def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = ()) -> Any:
+    """A `cairn.evaluation.Evaluator` over `eval.task` (default `data.task`), `eval.split`."""
+    from cairn.evaluation import Evaluator
+
+    name = config.eval.task or config.data.task
+    return Evaluator(name, data_lib.feature_converter(config, pack=False), split=config.eval.split,
+                     num_examples=config.eval.num_examples or None, seed=config.seed,
+                     sequence_length=data_lib.sequence_length(config), loggers=loggers)
+
+
+def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any) -> Callable:
+    """The trainer's `eval_fn`: the Evaluator's score metrics (no decoding during training)."""
+    from cairn.trainer import evaluator_callback
+
+    return evaluator_callback(evaluator, make_score_fn=score_fn_factory(model, config.eval.batch_size))
+
+
+def trainer_config(config: ml_collections.ConfigDict) -> Any:
+    from cairn.trainer import CheckpointConfig, TrainerConfig
+
+    t = config.trainer
+    return TrainerConfig(model_dir=config.model_dir, num_train_steps=config.num_train_steps, seed=config.seed,
+                         num_microbatches=t.num_microbatches,
+                         microbatch_reduction="sum" if loss_normalizing_factor(config) is None else "mean",
+                         checkpoint_every=t.checkpoint_every, eval_every=t.eval_every, log_every=t.log_every,
+                         checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None,
+                                                     # Several processes: save in the loop's thread. A
+                                                     # background save's barriers can interleave with the
+                                                     # loop's per-step all-gathers (seen: "sync_global_devices
+                                                     # name mismatch").
+                                                     asynchronous=jax.process_count() == 1),
+                         tensorboard=t.tensorboard)
+
+
+def make_trainer(config: ml_collections.ConfigDict, model: Any, partitioner: Any, eval_fn: Optional[Callable] = None,
+                 step_hooks: Sequence[Callable] = ()) -> Any:
+    """The `Trainer` (the resolved config is its `experiment_config`, stored in checkpoints);
+    `step_hooks` run after every step (e.g. the run fingerprint's)."""
+    from cairn.trainer import Trainer
+
+    return Trainer(model, make_optimizer(config), make_schedule(config), partitioner, trainer_config(config),
+                   eval_fn=eval_fn, experiment_config=to_plain(config), step_hooks=list(step_hooks))
+
+
+def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
+    """Params to start from (`init.checkpoint` via `restore_params`, or `init.hf_checkpoint`
+    via `import_hf`), sharded as the trainer wants; None without either."""
+    if not (config.init.checkpoint or config.init.hf_checkpoint):
+        return None
+    abstract = trainer.setup(first_batch).params
+    if config.init.checkpoint:
+        from cairn.trainer import restore_params
+
+        return restore_params(config.init.checkpoint, abstract, step=config.init.checkpoint_step)
+    from cairn.models import import_hf
+
+    _, params = import_hf(config.init.hf_checkpoint, **to_plain(config.model.overrides))
+    shapes = jax.tree.map(np.shape, params)
+    want = jax.tree.map(lambda a: a.shape, abstract)
+    if shapes != want:
+        raise ConfigError("init.hf_checkpoint", "the checkpoint's parameter shapes differ from the model's "
+                                                "(vocabulary or model.overrides?)")
+    return jax.tree.map(lambda p, a: jax.device_put(np.asarray(p, a.dtype), a.sharding), params, abstract)

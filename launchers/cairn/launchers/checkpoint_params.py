@@ -1,0 +1,72 @@
+"""Params of a run's checkpoints for the eval and infer entry points: which steps are
+complete, and the params of one, sharded for this process's mesh."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import ml_collections
+import numpy as np
+
+from cairn.launchers import builder
+from cairn.launchers import data as data_lib
+from cairn.launchers.validation import ConfigError
+
+
+def checkpoint_root(path: str) -> str:
+    """The `checkpoints/` folder of a model_dir (or `path` itself if it is one)."""
+    inner = os.path.join(path, "checkpoints")
+    return inner if os.path.isdir(inner) else path
+
+
+def complete_steps(path: str) -> list[int]:
+    """Steps of finished checkpoints under a model_dir, ascending: a step folder whose manifest
+    (`manifests/<step>.json`, written after the checkpoint completes) exists. A folder without
+    a `manifests/` sibling (a copied checkpoints folder) counts every step folder with `state/`."""
+    root = checkpoint_root(path)
+    if not os.path.isdir(root):
+        return []
+    steps = sorted(int(p) for p in os.listdir(root)
+                   if p.isdigit() and os.path.isdir(os.path.join(root, p, "state")))
+    manifests = os.path.join(os.path.dirname(root), "manifests")
+    if os.path.isdir(manifests):
+        steps = [s for s in steps if os.path.exists(os.path.join(manifests, f"{s}.json"))]
+    return steps
+
+
+def zero_batch(config: ml_collections.ConfigDict, rows: int) -> dict[str, np.ndarray]:
+    """A host batch of zeros with the model features and lengths of the config's converter."""
+    converter = data_lib.feature_converter(config)
+    lengths = converter.get_model_feature_lengths(data_lib.sequence_length(config))
+    return {k: np.zeros((rows, n), np.float32 if k.endswith("loss_weights") else np.int32)
+            for k, n in lengths.items()}
+
+
+def abstract_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) of the model's params, as the trainer lays them out."""
+    trainer = builder.make_trainer(config, model, partitioner)
+    shards = partitioner.data_layout().num_shards
+    rows = max(1, config.data.batch_size // max(1, shards))
+    return trainer.setup(zero_batch(config, rows)).params
+
+
+def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any, path: str,
+                step: Optional[int] = None, abstract: Any = None) -> tuple[int, Any]:
+    """`(step, params)` of the checkpoint at `path` (a model_dir, its checkpoints folder, or one
+    step's folder); the latest complete step unless `step` is given."""
+    from cairn.trainer import restore_params
+
+    if os.path.isdir(os.path.join(path, "state")):
+        chosen = int(os.path.basename(os.path.normpath(path))) if step is None else step
+        target = path
+    else:
+        steps = complete_steps(path)
+        if not steps:
+            raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
+        if step is not None and step not in steps:
+            raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
+        chosen = steps[-1] if step is None else step
+        target = os.path.join(checkpoint_root(path), str(chosen))
+    abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
+    return chosen, restore_params(target, abstract)

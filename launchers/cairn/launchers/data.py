@@ -1,0 +1,130 @@
+"""The data side of an experiment: vocabulary, task registration, the deterministic cache
+and reader, and the data fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+from typing import Any, Mapping
+
+import ml_collections
+
+from cairn.launchers.config_io import to_plain
+from cairn.launchers.validation import ConfigError, close_names
+
+log = logging.getLogger(__name__)
+
+
+def make_vocabulary(config: ml_collections.ConfigDict) -> Any:
+    """The config's `cairn.tokenizers` vocabulary."""
+    from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary
+
+    if config.vocabulary.kind == "byte":
+        return ByteVocabulary(extra_ids=config.vocabulary.extra_ids)
+    return SentencePieceVocabulary(config.vocabulary.path, extra_ids=config.vocabulary.extra_ids)
+
+
+def register_tasks(config: ml_collections.ConfigDict, vocabulary: Any = None) -> None:
+    """Imports `data.task_modules`; calls `register_tasks(vocabulary)` where a module has it."""
+    for name in config.data.task_modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError("data.task_modules", f"cannot import {name!r}: {e}") from None
+        register = getattr(module, "register_tasks", None)
+        if callable(register):
+            register(vocabulary if vocabulary is not None else make_vocabulary(config))
+
+
+def get_tasks(config: ml_collections.ConfigDict, key: str = "data.task") -> dict[str, Any]:
+    """`{name: Task}` of the task or mixture named at `key` (`ConfigError` listing close names)."""
+    from cairn.datatasks import DEFAULT_REGISTRY, Mixture
+
+    name = config.eval.task or config.data.task if key == "eval.task" else config.data.task
+    if name not in DEFAULT_REGISTRY:
+        known = DEFAULT_REGISTRY.task_names() + DEFAULT_REGISTRY.mixture_names()
+        close = close_names(name, known)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        listing = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
+        raise ConfigError(key, f"unknown task or mixture {name!r}; {hint}registered: {listing or 'none'} "
+                               f"(modules in data.task_modules register tasks: {list(config.data.task_modules)})")
+    obj = DEFAULT_REGISTRY.get(name)
+    return dict(obj.tasks) if isinstance(obj, Mixture) else {obj.name: obj}
+
+
+def feature_converter(config: ml_collections.ConfigDict, pack: bool | None = None) -> Any:
+    import cairn.datatasks as dt
+
+    pack = config.data.pack if pack is None else pack
+    if config.model.kind == "encoder_decoder":
+        return dt.EncDecFeatureConverter(pack=pack)
+    return dt.LMFeatureConverter(pack=pack)
+
+
+def sequence_length(config: ml_collections.ConfigDict) -> dict[str, int]:
+    keys = ("inputs", "targets") if config.model.kind == "encoder_decoder" else ("targets",)
+    lengths = to_plain(config.data.sequence_length)
+    return {k: int(lengths[k]) for k in keys}
+
+
+def cache_missing(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:
+    """Tasks whose cache under `data.cache_dir` is missing or incomplete."""
+    from cairn.datatasks.deterministic import task_dir
+    from cairn.datatasks.deterministic.store import is_completed
+
+    return [n for n in sorted(tasks) if not is_completed(task_dir(config.data.cache_dir, n, config.data.split))]
+
+
+def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:
+    """Caches (in this process) every task whose cache is missing or incomplete; on several
+    processes, process 0 writes and the others wait. Returns the tasks cached now."""
+    import jax
+
+    from cairn.datatasks.deterministic import cache_task_in_process, task_dir
+
+    todo = cache_missing(config, tasks)
+    if todo and jax.process_index() == 0:
+        for name in todo:
+            path = task_dir(config.data.cache_dir, name, config.data.split)
+            print(f"caching task {name} ({config.data.split}) in {path}", flush=True)
+            cache_task_in_process(tasks[name], config.data.split, path, overwrite=True)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("cairn_launchers_cache")
+    return todo
+
+
+def make_train_data(config: ml_collections.ConfigDict, tasks: Mapping[str, Any] | None = None) -> Any:
+    """The `DeterministicReader` of this host's rows (caching the tasks first if needed)."""
+    import jax
+
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    tasks = tasks if tasks is not None else get_tasks(config)
+    ensure_cached(config, tasks)
+    return DeterministicReader(config.data.task, config.data.cache_dir, seed=config.seed,
+                               global_batch_size=config.data.batch_size,
+                               sequence_length=sequence_length(config),
+                               feature_converter=feature_converter(config), host_index=jax.process_index(),
+                               host_count=jax.process_count(), split=config.data.split,
+                               check_source_files=config.data.check_source_files)
+
+
+def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> str:
+    """SHA-256 of the cached tasks' fingerprints (`info.json`) with the seed, the global batch
+    size, the sequence lengths, the split and packing: equal fingerprints, equal batches."""
+    from cairn.datatasks.deterministic import task_dir
+    from cairn.datatasks.deterministic.store import INFO, read_json
+
+    parts = {}
+    for name in sorted(tasks):
+        info = read_json(os.path.join(task_dir(config.data.cache_dir, name, config.data.split), INFO))
+        parts[name] = {"fingerprint": info.get("fingerprint"), "num_records": info.get("num_records")}
+    payload = {"tasks": parts, "mixture": config.data.task, "seed": int(config.seed),
+               "global_batch_size": int(config.data.batch_size), "sequence_length": sequence_length(config),
+               "split": config.data.split, "pack": bool(config.data.pack)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

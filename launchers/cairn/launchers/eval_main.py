@@ -1,0 +1,141 @@
+"""`//launchers:eval`: evaluate one checkpoint, or every new checkpoint of a run as it appears.
+
+    bazel run //launchers:eval -- --config=launchers/configs/shakespeare_t5_tiny.py \
+        [--checkpoint=DIR] [--step=N] [--watch] [--decode]
+
+`--checkpoint` is a model_dir, its `checkpoints/` folder or one step's folder (default: the
+config's `model_dir`). Without `--watch` the latest complete checkpoint (or `--step`) is
+evaluated once. With `--watch` every complete checkpoint is evaluated in step order, then the
+directory is polled every `--poll_seconds` for new ones; steps already evaluated (recorded in
+`<eval_dir>/evaluated.jsonl`) are skipped, so a restarted watcher resumes where it stopped. It
+stops after evaluating step `num_train_steps`, or after `--idle_timeout_seconds` without a
+new checkpoint. Results: `<model_dir>/eval/<split>/` (`evaluated.jsonl`, the Evaluator's
+`metrics.jsonl` and example files, TensorBoard event files). Score metrics always run;
+`--decode` also decodes predictions for prediction metrics. Exit status 2 on a bad config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Optional
+
+import ml_collections
+from absl import flags
+
+from cairn.launchers import builder, checkpoint_params, cli, config_io
+from cairn.launchers.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = flags.DEFINE_string("checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)")
+STEP = flags.DEFINE_integer("step", None, "evaluate this step (default: the latest complete one)")
+WATCH = flags.DEFINE_bool("watch", False, "evaluate every new checkpoint as it appears")
+DECODE = flags.DEFINE_bool("decode", False, "also decode predictions (prediction metrics)")
+POLL = flags.DEFINE_float("poll_seconds", 10.0, "--watch: seconds between looks for new checkpoints")
+IDLE = flags.DEFINE_float("idle_timeout_seconds", 3600.0, "--watch: stop after this long without a new checkpoint")
+EVAL_DIR = flags.DEFINE_string("eval_dir", "", "where results go (default: <model_dir>/eval/<split>)")
+
+
+class EvaluatedLog:
+    """`evaluated.jsonl`: one row `{step, metrics}` per evaluated checkpoint (appended, fsynced)."""
+
+    def __init__(self, eval_dir: str):
+        self.path = os.path.join(eval_dir, "evaluated.jsonl")
+        os.makedirs(eval_dir, exist_ok=True)
+
+    def steps(self) -> set[int]:
+        done = set()
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        done.add(int(json.loads(line)["step"]))
+                    except (ValueError, KeyError):  # a truncated last line
+                        continue
+        return done
+
+    def add(self, step: int, metrics: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "metrics": metrics}, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool) -> Callable[[str, Optional[int]], tuple]:
+    """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them."""
+    from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
+    from cairn.launchers import train_main
+
+    ready = train_main.prepare(config)
+    model = builder.load_model(config, ready["vocabulary"])
+    partitioner = builder.make_partitioner(config)
+    loggers = (JsonLinesLogger(eval_dir), TensorBoardLogger(os.path.join(eval_dir, "tensorboard")))
+    evaluator = builder.make_evaluator(config, loggers=loggers)
+    abstract = checkpoint_params.abstract_params(config, model, partitioner)
+    score = builder.score_fn_factory(model, config.eval.batch_size)
+    predict = builder.predict_fn_factory(config, model, config.eval.batch_size) if decode else None
+
+    def run(path: str, step: Optional[int]) -> tuple:
+        step, params = checkpoint_params.load_params(config, model, partitioner, path, step, abstract)
+        result = evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None,
+                                    step=step)
+        for task, errors in result.errors.items():
+            print(f"step {step}: {task}: {'; '.join(errors)}", flush=True)
+        return step, {t: {k: float(v) for k, v in m.items()} for t, m in result.metrics.items()}
+    return run
+
+
+def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] = None, watch: bool = False,
+             decode: bool = False, eval_dir: str = "", poll_seconds: float = 10.0,
+             idle_timeout_seconds: float = 3600.0, out: Callable[[str], None] = print) -> dict[int, dict]:
+    """Evaluates checkpoints under `path`; returns `{step: {task: {metric: value}}}` of this call."""
+    eval_dir = eval_dir or os.path.join(config.model_dir, "eval", config.eval.split)
+    if not watch and not checkpoint_params.complete_steps(path) and not os.path.isdir(os.path.join(path, "state")):
+        raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
+    done_log = EvaluatedLog(eval_dir)
+    run = make_runner(config, eval_dir, decode)
+    results: dict[int, dict] = {}
+
+    def one(p: str, s: Optional[int]) -> int:
+        s, metrics = run(p, s)
+        done_log.add(s, metrics)
+        results[s] = metrics
+        shown = "; ".join(f"{t}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(m.items()))
+                          for t, m in sorted(metrics.items()))
+        out(f"step {s}: {shown}")
+        return s
+
+    if not watch:
+        one(path, step)
+        return results
+    idle_since = time.monotonic()
+    while True:
+        done = done_log.steps()
+        new = [s for s in checkpoint_params.complete_steps(path) if s not in done]
+        for s in new:
+            if one(path, s) >= config.num_train_steps:
+                out(f"evaluated the final step {s}; stopping")
+                return results
+        if new:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > idle_timeout_seconds:
+            out(f"no new checkpoint for {idle_timeout_seconds:.0f}s; stopping")
+            return results
+        time.sleep(poll_seconds)
+
+
+def _main(config: ml_collections.ConfigDict) -> None:
+    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
+    evaluate(config, path, STEP.value, WATCH.value, DECODE.value, config_io.resolve_path(EVAL_DIR.value),
+             POLL.value, IDLE.value, out=lambda s: print(s, flush=True))
+
+
+def run() -> None:
+    cli.run_entry_point(_main)
+
+
+if __name__ == "__main__":
+    run()

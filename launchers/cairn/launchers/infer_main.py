@@ -1,0 +1,182 @@
+"""`//launchers:infer`: predictions of a checkpoint as JSON lines, written in chunks, resumable.
+
+    bazel run //launchers:infer -- --config=launchers/configs/shakespeare_t5_tiny.py \
+        --output=preds.jsonl [--checkpoint=DIR] [--step=N] [--chunk_size=64] \
+        [--num_examples=N] [--input_file=prompts.txt]
+
+Encoder-decoder models predict the targets of the config's evaluation task (`eval.task`,
+default `data.task`; split `eval.split`; `--num_examples`, default `eval.num_examples`, 0 for
+all). Decoder-only models continue prompts: the lines of `--input_file`, or else the first half
+of each evaluation example's tokens. Decoding follows `post_training.decode_method` etc.
+
+Chunk `k` (examples `[k * chunk_size, (k + 1) * chunk_size)`) is written atomically to
+`<output>.parts/part-<k>.jsonl`; a rerun skips the chunks on disk, so an interrupted job
+resumes. `<output>.parts/meta.json` records what the parts are predictions of (checkpoint
+step, examples, chunk size, config hash); a rerun that differs is refused rather than mixed
+(`--overwrite` starts again). When every chunk exists they are joined into `<output>`.
+Rows: `{"index", "input", "target", "prediction", "prediction_ids"}` (decoded with the
+config's vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from typing import Any, Callable, Optional
+
+import jax
+import ml_collections
+import numpy as np
+from absl import flags
+
+from cairn.launchers import builder, checkpoint_params, cli, config_io
+from cairn.launchers.post_training import pad_rows
+from cairn.launchers.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+OUTPUT = flags.DEFINE_string("output", "", "the JSON-lines file to write (required)")
+CHECKPOINT = flags.DEFINE_string("checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)")
+STEP = flags.DEFINE_integer("step", None, "this step's checkpoint (default: the latest complete one)")
+CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
+NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
+INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one per line")
+OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and start again")
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+
+def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Optional[int],
+           input_file: str) -> list[dict]:
+    """`[{"ids", "input", "target"}]`: what each prediction starts from, in order."""
+    if config.model.kind == "decoder_only" and input_file:
+        with open(input_file, encoding="utf-8") as f:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
+        return [{"ids": vocabulary.encode(p), "input": p, "target": ""} for p in prompts]
+    n = config.eval.num_examples if num_examples is None else num_examples
+    cfg = ml_collections.ConfigDict(config.to_dict())
+    cfg.eval.num_examples = n
+    evaluator = builder.make_evaluator(cfg)
+    task = sorted(evaluator.task_names)[0]
+    rows = []
+    for ex in evaluator.examples(task):
+        if config.model.kind == "decoder_only":
+            ids = [int(t) for t in ex["targets"]]
+            ids, rest = ids[:len(ids) // 2], ids[len(ids) // 2:]
+            rows.append({"ids": ids, "input": vocabulary.decode(ids), "target": vocabulary.decode(rest)})
+        else:
+            rows.append({"ids": [int(t) for t in ex["inputs"]], "input": vocabulary.decode([int(t) for t in ex["inputs"]]),
+                         "target": vocabulary.decode([int(t) for t in ex["targets"]])})
+    return rows
+
+
+def make_decoder(config: ml_collections.ConfigDict, model: Any, params: Any, prompt_length: int) -> Callable:
+    """`decode(ids [B, prompt_length]) -> tokens` with the config's decoding options."""
+    from cairn.launchers import data as data_lib
+    from cairn.models import DecodeOptions
+
+    pt = config.post_training
+    new = pt.max_decode_length or data_lib.sequence_length(config)["targets"]
+    length = new + (prompt_length if config.model.kind == "decoder_only" else 0)
+    options = DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature,
+                            top_k=pt.top_k)
+    rng = jax.random.PRNGKey(config.seed)
+    if config.model.kind == "decoder_only":
+        fn = jax.jit(lambda p, x: model.predict_batch(p, x, options, rng=rng)[0])
+    else:
+        fn = jax.jit(lambda p, x: model.predict_batch(p, {"encoder_input_tokens": x}, options, rng=rng)[0])
+    return lambda ids: np.asarray(fn(params, ids))
+
+
+def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optional[int] = None,
+          chunk_size: int = 64, num_examples: Optional[int] = None, input_file: str = "",
+          overwrite: bool = False, out: Callable[[str], None] = print) -> str:
+    """Writes the predictions to `output` (resuming from its parts); returns the path."""
+    from cairn.launchers import data as data_lib
+    from cairn.launchers import train_main
+    from cairn.launchers.fingerprint import config_hash
+
+    if not output:
+        raise ConfigError("output", "--output=path/to/predictions.jsonl is required")
+    if chunk_size < 1:
+        raise ConfigError("chunk_size", f"must be >= 1, got {chunk_size}")
+    ready = train_main.prepare(config)
+    vocabulary = ready["vocabulary"]
+    model = builder.load_model(config, vocabulary)
+    partitioner = builder.make_partitioner(config)
+    step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
+    rows = inputs(config, vocabulary, num_examples, input_file)
+    parts = output + ".parts"
+    meta = {"checkpoint": os.path.abspath(path), "step": step, "num_examples": len(rows),
+            "chunk_size": chunk_size, "config_hash": config_hash(config_io.hashable_config(config)),
+            "input_file": os.path.abspath(input_file) if input_file else ""}
+    meta_path = os.path.join(parts, "meta.json")
+    if overwrite and os.path.isdir(parts):
+        shutil.rmtree(parts)
+    if os.path.exists(meta_path):
+        with open(meta_path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old != meta:
+            diff = sorted(k for k in meta if old.get(k) != meta[k])
+            raise ConfigError("output", f"{parts} holds parts of other predictions (differs in {diff}); "
+                                        f"use another --output or --overwrite")
+    os.makedirs(parts, exist_ok=True)
+    _atomic_write(meta_path, json.dumps(meta, sort_keys=True))
+    lengths = data_lib.sequence_length(config)
+    prompt_length = (max([len(r["ids"]) for r in rows] + [1]) if config.model.kind == "decoder_only"
+                     else lengths["inputs"])
+    decode = make_decoder(config, model, params, prompt_length)
+    chunks = range(0, len(rows), chunk_size)
+    written = 0
+    for k, start in enumerate(chunks):
+        part = os.path.join(parts, f"part-{k:05d}.jsonl")
+        if os.path.exists(part):
+            continue
+        chunk = rows[start:start + chunk_size]
+        ids = pad_rows([r["ids"] for r in chunk] + [[]] * (chunk_size - len(chunk)), prompt_length)
+        tokens = decode(ids)[:len(chunk)]
+        lines = []
+        for i, (r, t) in enumerate(zip(chunk, tokens)):
+            pred = [int(x) for x in t]
+            if config.model.kind == "decoder_only":
+                pred = pred[len(r["ids"]):]
+            end = pred.index(0) if 0 in pred else len(pred)
+            lines.append(json.dumps({"index": start + i, "input": r["input"], "target": r["target"],
+                                     "prediction": vocabulary.decode(pred[:end]),
+                                     "prediction_ids": pred[:end]}, ensure_ascii=False))
+        _atomic_write(part, "".join(line + "\n" for line in lines))
+        written += 1
+        out(f"chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
+    text = ""
+    for k in range(len(chunks)):
+        with open(os.path.join(parts, f"part-{k:05d}.jsonl"), encoding="utf-8") as f:
+            text += f.read()
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    _atomic_write(output, text)
+    out(f"{len(rows)} predictions of step {step} in {output} ({written} chunks computed, "
+        f"{len(chunks) - written} resumed)")
+    return output
+
+
+def _main(config: ml_collections.ConfigDict) -> None:
+    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
+    infer(config, config_io.resolve_path(OUTPUT.value), path, STEP.value, CHUNK.value, NUM.value,
+          config_io.resolve_path(INPUT_FILE.value), OVERWRITE.value, out=lambda s: print(s, flush=True))
+
+
+def run() -> None:
+    cli.run_entry_point(_main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,108 @@
+"""What a run does after training: the final evaluation and sample outputs, printed.
+
+* encoder-decoder: `post_training.num_samples` evaluation examples, each printed as the
+  input (with its sentinels), the target and the model's prediction, decoded;
+* decoder-only: each of `post_training.prompts` continued by the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from cairn.launchers import builder
+from cairn.launchers import data as data_lib
+
+log = logging.getLogger(__name__)
+Printer = Callable[[str], None]
+
+
+def _decode_options(config: ml_collections.ConfigDict, length: int) -> Any:
+    from cairn.models import DecodeOptions
+
+    pt = config.post_training
+    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature,
+                         top_k=pt.top_k)
+
+
+def pad_rows(rows: list, length: int) -> np.ndarray:
+    """Token rows as a zero-padded `[len(rows), length]` int32 array (each row cut to `length`)."""
+    out = np.zeros((len(rows), length), np.int32)
+    for i, r in enumerate(rows):
+        r = list(r)[:length]
+        out[i, :len(r)] = r
+    return out
+
+
+def final_evaluation(config: ml_collections.ConfigDict, model: Any, params: Any, evaluator: Any, step: int,
+                     out: Printer = print) -> dict:
+    """Score metrics (e.g. perplexity) of the evaluation task at the end of training."""
+    result = evaluator.evaluate(score_fn=builder.score_fn_factory(model, config.eval.batch_size)(params), step=step)
+    for task, metrics in sorted(result.metrics.items()):
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
+        out(f"final evaluation at step {step}: {task} ({config.eval.split}): {shown}")
+    for task, errors in result.errors.items():
+        out(f"final evaluation of {task}: {'; '.join(errors)}")
+    return result.metrics
+
+
+def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any, evaluator: Any,
+                      vocabulary: Any, out: Printer = print) -> list[dict]:
+    """Prints `num_samples` evaluation examples with the model's decoded prediction."""
+    n = config.post_training.num_samples
+    if not n:
+        return []
+    lengths = data_lib.sequence_length(config)
+    task = evaluator.task_names[0]  # the first task of a mixture
+    examples = evaluator.examples(task)[:n]
+    enc = pad_rows([ex["inputs"] for ex in examples], lengths["inputs"])
+    length = config.post_training.max_decode_length or lengths["targets"]
+    options = _decode_options(config, length)
+    tokens, _ = jax.jit(lambda p, e: model.predict_batch(p, {"encoder_input_tokens": e}, options,
+                                                         rng=jax.random.PRNGKey(config.seed)))(params, enc)
+    samples = []
+    for i, (ex, pred) in enumerate(zip(examples, np.asarray(tokens))):
+        sample = {"input": vocabulary.decode(list(map(int, ex["inputs"]))),
+                  "target": vocabulary.decode(list(map(int, ex["targets"]))),
+                  "prediction": vocabulary.decode([int(t) for t in pred])}
+        samples.append(sample)
+        out(f"sample {i}:\n  input:      {sample['input']}\n  target:     {sample['target']}\n"
+            f"  prediction: {sample['prediction']}")
+    return samples
+
+
+def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: Any,
+                  out: Printer = print, prompts: Optional[list[str]] = None) -> list[str]:
+    """Continues each prompt (decoder-only models); prints and returns prompt + continuation."""
+    prompts = list(prompts if prompts is not None else config.post_training.prompts)
+    if not prompts:
+        return []
+    encoded = [vocabulary.encode(p) for p in prompts]
+    longest = max(len(e) for e in encoded)
+    new = config.post_training.max_decode_length or data_lib.sequence_length(config)["targets"]
+    options = _decode_options(config, longest + new)
+    tokens, _ = jax.jit(lambda p, x: model.predict_batch(p, x, options, rng=jax.random.PRNGKey(config.seed)))(
+        params, pad_rows(encoded, max(longest, 1)))
+    texts = []
+    for i, (prompt, row) in enumerate(zip(prompts, np.asarray(tokens))):
+        text = vocabulary.decode([int(t) for t in row])
+        texts.append(text)
+        out(f"generated {i}: {text}")
+    return texts
+
+
+def run(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: Any, evaluator: Any,
+        step: int, out: Printer = print) -> dict:
+    """The config's post-training actions; returns what they produced."""
+    result: dict = {}
+    if config.post_training.final_eval and evaluator is not None:
+        result["metrics"] = final_evaluation(config, model, params, evaluator, step, out)
+    if config.model.kind == "encoder_decoder" and evaluator is not None:
+        result["samples"] = denoising_samples(config, model, params, evaluator, vocabulary, out)
+    if config.model.kind == "decoder_only":
+        result["generated"] = generate_text(config, model, params, vocabulary, out)
+    return result

@@ -1,0 +1,1 @@
+"""Tasks that the launchers' example configs train on (Shakespeare, offline)."""

@@ -1,0 +1,141 @@
+"""`//launchers:train`: train the experiment `--config=launchers/configs/<exp>.py[:arg]`.
+
+    bazel run //launchers:train -- --config=launchers/configs/shakespeare_t5_tiny.py \
+        [--config.num_train_steps=200] [--config.model_dir=/tmp/run]
+
+Order: flags -> multi-host start-up -> validation (no compilation, nothing written) ->
+`<model_dir>/config.json` -> data (cached in-process if missing) -> model, partitioner,
+trainer (resuming from model_dir's checkpoints) -> post-training actions. Exit status 0 on
+success and on SIGTERM (the checkpoint is saved); 2 on a bad config.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import ml_collections
+
+from cairn.launchers import builder, cli, config_io, multihost, post_training, validation
+from cairn.launchers import data as data_lib
+from cairn.launchers.validation import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def prepare(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Joins the job and validates everything before anything is compiled or written.
+    Returns `{"vocabulary", "tasks", "eval_tasks", "mesh"}`."""
+    import jax
+
+    validation.check_static(config)
+    multihost.initialize(config)
+    vocabulary = data_lib.make_vocabulary(config)
+    data_lib.register_tasks(config, vocabulary)
+    tasks = data_lib.get_tasks(config, "data.task")
+    eval_tasks = data_lib.get_tasks(config, "eval.task") if (config.post_training.final_eval or
+                                                              config.trainer.eval_every) else {}
+    validation.check_data(config, {**tasks, **eval_tasks})
+    builder.model_config(config, vocabulary)  # vocab size against the vocabulary
+    mesh = validation.check_mesh(config, jax.device_count(), jax.process_count())
+    builder.make_schedule(config)  # schedule arguments
+    return {"vocabulary": vocabulary, "tasks": tasks, "eval_tasks": eval_tasks, "mesh": mesh}
+
+
+def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Optional[Callable]:
+    """Writes the run fingerprint's header; returns its step hook (None when off)."""
+    if not config.fingerprint_every:
+        return None
+    import jax
+
+    from cairn.launchers.fingerprint import RunFingerprint, config_hash
+
+    fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every)
+    fp.write_header(config_hash=config_hash(config_io.hashable_config(config)),
+                    data_fingerprint=data_lib.data_fingerprint(config, tasks), seed=int(config.seed),
+                    process_count=jax.process_count(), device_count=jax.device_count(), mesh=dict(mesh))
+    return fp.step_hook
+
+
+def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print) -> dict[str, Any]:
+    """Runs the experiment (validated first). Returns `{"result", "post"}`; raises `ConfigError`."""
+    import jax
+
+    start = time.perf_counter()
+    ready = prepare(config)
+    vocabulary, tasks = ready["vocabulary"], ready["tasks"]
+    if jax.process_index() == 0:
+        config_io.write_config_json(config)
+    out(f"model_dir: {config.model_dir}")
+    reader = data_lib.make_train_data(config, tasks)
+    model = builder.load_model(config, vocabulary)
+    partitioner = builder.make_partitioner(config)
+    evaluator = builder.make_evaluator(config) if ready["eval_tasks"] else None
+    eval_fn = builder.make_eval_fn(config, model, evaluator) if (evaluator and config.trainer.eval_every) else None
+    hook = _fingerprint(config, tasks, ready["mesh"])
+    trainer = builder.make_trainer(config, model, partitioner, eval_fn, step_hooks=(hook,) if hook else ())
+    init = None
+    if config.init.checkpoint or config.init.hf_checkpoint:
+        state = reader.get_state()
+        first = next(reader)
+        reader.set_state(state)
+        init = builder.pretrained_params(config, trainer, first)
+        source = config.init.checkpoint or config.init.hf_checkpoint
+        out(f"initial params from {source} (used unless model_dir has a checkpoint)")
+    result = trainer.train(reader, init_params=init)
+    out(f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
+        f"{' (preempted: checkpoint saved)' if result.preempted else ''}; "
+        f"loss {result.metrics.get('loss', float('nan')):.4f}")
+    post = {}
+    if not result.preempted:
+        post = post_training.run(config, model, result.state.params, vocabulary, evaluator, result.step, out)
+    out(f"model_dir: {config.model_dir}")
+    return {"result": result, "post": post}
+
+
+def print_on_process_0(text: str) -> None:
+    """Prints on process 0 only (every process computes the same evaluation and samples).
+    Called only after the multi-host start-up."""
+    import jax
+
+    if jax.process_index() == 0:
+        print(text, flush=True)
+
+
+def quiet_logs() -> None:
+    """cairn's own INFO logs (progress, metrics, checkpoints); only warnings from the rest
+    (orbax logs every file it writes at INFO)."""
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger("cairn").setLevel(logging.INFO)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        cli.fail(ConfigError("config", f"unexpected arguments {argv[1:]}"))
+    quiet_logs()
+    try:
+        config = cli.loaded_config()
+        train(config, out=print_on_process_0)
+    except ConfigError as e:
+        cli.fail(e)
+    except Exception as e:
+        from cairn.datatasks import DataTasksError
+
+        if isinstance(e, DataTasksError):
+            cli.fail(e)
+        raise
+    sys.exit(0)
+
+
+def run() -> None:
+    from absl import app
+
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,273 @@
+"""Config checks that run before anything is compiled or written (DESIGN §6).
+
+Each failure is a `ConfigError` naming the key, what was found and what is allowed; the
+entry points print it and exit with status 2, leaving `model_dir` untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import ml_collections
+
+from cairn.launchers import config_base
+from cairn.launchers.config_io import to_plain
+
+EXIT_CODE = 2
+# Keys whose default is None: their type.
+PLACEHOLDER_TYPES = {"optimizer.clip_grad_norm": float, "init.checkpoint_step": int,
+                     "multihost.num_processes": int, "multihost.process_id": int}
+CHOICES = {
+    "model.kind": config_base.MODEL_KINDS,
+    "vocabulary.kind": config_base.VOCABULARY_KINDS,
+    "optimizer.name": config_base.OPTIMIZERS,
+    "optimizer.schedule": config_base.SCHEDULES,
+    "model.loss_normalizing_factor": config_base.LOSS_NORMALIZING_FACTORS,
+    "post_training.decode_method": config_base.DECODE_METHODS,
+}
+POSITIVE = ("num_train_steps", "data.batch_size", "trainer.num_microbatches", "eval.batch_size")
+NON_NEGATIVE = ("fingerprint_every", "trainer.checkpoint_every", "trainer.keep_checkpoints",
+                "trainer.eval_every", "trainer.log_every", "eval.num_examples", "post_training.num_samples",
+                "post_training.max_decode_length", "optimizer.warmup_steps", "vocabulary.extra_ids",
+                "model.vocab_size")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work: `key` is the dotted config key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"config key {key!r}: {message}")
+        self.key = key
+
+
+def close_names(name: str, names: Sequence[str], n: int = 3) -> list[str]:
+    return difflib.get_close_matches(name, list(names), n=n, cutoff=0.5)
+
+
+def _suggest(name: str, names: Sequence[str]) -> str:
+    close = close_names(name, names)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    return f"{hint}allowed: {', '.join(sorted(names))}"
+
+
+def _type_name(t: type) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "str", tuple: "tuple", dict: "mapping"}.get(t, t.__name__)
+
+
+def _check_type(key: str, value: Any, default: Any) -> None:
+    if key in PLACEHOLDER_TYPES:
+        want = PLACEHOLDER_TYPES[key]
+        if value is None:
+            return
+    elif default is None:
+        return
+    else:
+        want = type(default)
+    if want is list:
+        want = tuple
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str),
+          tuple: lambda v: isinstance(v, (list, tuple)),
+          dict: lambda v: isinstance(v, dict)}.get(want, lambda v: isinstance(v, want))
+    if not ok(value):
+        raise ConfigError(key, f"must be {_type_name(want)}, got {type(value).__name__} {value!r}")
+
+
+def check_schema(config: Any, schema: Optional[Any] = None) -> None:
+    """Unknown keys (with the closest known ones), wrong types, values outside their choices."""
+    plain = to_plain(config)
+    schema_plain = to_plain(schema if schema is not None else config_base.base_config())
+
+    def walk(node: Mapping, ref: Mapping, prefix: str) -> None:
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if k not in ref:
+                siblings = [f"{prefix}{s}" for s in ref]
+                where = f"section {prefix[:-1]!r}" if prefix else "the config"
+                raise ConfigError(key, f"unknown key in {where}; {_suggest(key, siblings)}")
+            if key in config_base.FREE_FORM:
+                if not isinstance(v, dict):
+                    raise ConfigError(key, f"must be a mapping, got {type(v).__name__} {v!r}")
+                continue
+            if isinstance(ref[k], dict):
+                if not isinstance(v, dict):
+                    raise ConfigError(key, f"must be a section (keys {', '.join(sorted(ref[k]))}), got {v!r}")
+                walk(v, ref[k], key + ".")
+            else:
+                _check_type(key, v, ref[k])
+
+    walk(plain, schema_plain, "")
+    for key, allowed in CHOICES.items():
+        value = _get(plain, key)
+        if value not in allowed:
+            raise ConfigError(key, f"unknown value {value!r}; {_suggest(str(value), allowed)}")
+    for key in POSITIVE:
+        if _get(plain, key) < 1:
+            raise ConfigError(key, f"must be >= 1, got {_get(plain, key)}")
+    for key in NON_NEGATIVE:
+        if _get(plain, key) < 0:
+            raise ConfigError(key, f"must be >= 0, got {_get(plain, key)}")
+    for name, length in plain["data"]["sequence_length"].items():
+        if not isinstance(length, int) or isinstance(length, bool):
+            raise ConfigError(f"data.sequence_length.{name}", f"must be int, got {length!r}")
+    for axis, size in plain["partitioning"]["mesh"].items():
+        if axis not in config_base.MESH_AXES:
+            raise ConfigError(f"partitioning.mesh.{axis}", f"unknown mesh axis; {_suggest(axis, config_base.MESH_AXES)}")
+        if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+            raise ConfigError(f"partitioning.mesh.{axis}", f"must be a positive int or -1, got {size!r}")
+
+
+def _get(plain: Mapping, key: str) -> Any:
+    node: Any = plain
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def check_model(config: Any) -> Any:
+    """The preset exists, fits `model.kind`, and `model.overrides` names its fields. Returns
+    the preset's config with the overrides applied (vocab size not yet set)."""
+    from cairn.models import DecoderOnlyConfig, PRESETS, T5Config
+
+    preset = config.model.preset
+    if preset not in PRESETS:
+        raise ConfigError("model.preset", f"unknown preset {preset!r}; {_suggest(preset, list(PRESETS))}")
+    base = PRESETS[preset]
+    want = T5Config if config.model.kind == "encoder_decoder" else DecoderOnlyConfig
+    if not isinstance(base, want):
+        fitting = [n for n, p in PRESETS.items() if isinstance(p, want)]
+        raise ConfigError("model.preset", f"{preset!r} is not a {config.model.kind} preset; "
+                                          f"{config.model.kind} presets: {', '.join(fitting)}")
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    overrides = to_plain(config.model.overrides)
+    for name, value in overrides.items():
+        key = f"model.overrides.{name}"
+        if name not in fields:
+            raise ConfigError(key, f"{type(base).__name__} has no field {name!r}; {_suggest(name, list(fields))}")
+        _check_type(key, tuple(value) if isinstance(value, list) else value, getattr(base, name))
+    try:
+        return dataclasses.replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+    except (ValueError, TypeError) as e:
+        raise ConfigError("model.overrides", str(e)) from None
+
+
+def check_paths(config: Any) -> None:
+    if config.vocabulary.kind == "sentencepiece":
+        if not config.vocabulary.path:
+            raise ConfigError("vocabulary.path", "a SentencePiece vocabulary needs a .model path")
+        if not os.path.exists(config.vocabulary.path):
+            raise ConfigError("vocabulary.path", f"no such file {config.vocabulary.path!r}")
+    for key in ("init.checkpoint", "init.hf_checkpoint"):
+        path = config.init[key.split(".")[1]]
+        if path and "://" not in path and not os.path.exists(path):
+            raise ConfigError(key, f"no such path {path!r}")
+    if config.init.checkpoint and config.init.hf_checkpoint:
+        raise ConfigError("init.hf_checkpoint", "set init.checkpoint or init.hf_checkpoint, not both")
+    if config.init.hf_checkpoint and config.model.kind != "encoder_decoder":
+        raise ConfigError("init.hf_checkpoint", "Hugging Face import covers T5 (encoder_decoder) models only")
+
+
+def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
+    """Sequence lengths against every task's output features and preprocessors.
+
+    `tasks`: name -> Task of the data task (or mixture) and of the evaluation task."""
+    lengths = to_plain(config.data.sequence_length)
+    needed = ("inputs", "targets") if config.model.kind == "encoder_decoder" else ("targets",)
+    for name in needed:
+        if name not in lengths:
+            raise ConfigError(f"data.sequence_length.{name}",
+                              f"missing: a {config.model.kind} model needs lengths for {', '.join(needed)}; "
+                              f"given: {', '.join(sorted(lengths)) or 'none'}")
+    for task in tasks.values():
+        for feature_name, feature in task.output_features.items():
+            if feature_name not in needed:
+                continue
+            length = lengths[feature_name]
+            least = 2 if feature.add_eos else 1
+            if length < least:
+                raise ConfigError(f"data.sequence_length.{feature_name}",
+                                  f"{length} cannot hold one token{' and EOS' if feature.add_eos else ''} "
+                                  f"of task {task.name!r}; it must be >= {least}")
+        for fn in task.preprocessors:
+            target = getattr(fn, "func", fn)
+            check = getattr(target, "check_sequence_length", None)
+            if check is not None:
+                accepted = inspect.signature(check).parameters
+                bound = {k: v for k, v in getattr(fn, "keywords", {}).items() if k in accepted}
+                problem = check(lengths, **bound)
+                if problem:
+                    raise ConfigError("data.sequence_length", f"task {task.name!r}: {problem}")
+            elif getattr(target, "__name__", "") == "span_corruption":
+                from cairn.datatasks.preprocessors import random_spans_helper
+
+                _, targets_length = random_spans_helper(lengths["inputs"])
+                if lengths["targets"] < targets_length:
+                    raise ConfigError("data.sequence_length.targets",
+                                      f"{lengths['targets']} is too short for span corruption of inputs "
+                                      f"length {lengths['inputs']} in task {task.name!r}: it must be >= {targets_length}")
+
+
+def mesh_shapes(device_count: int) -> list[dict[str, int]]:
+    """Every (data, fsdp, model) shape whose product is `device_count`."""
+    divisors = [d for d in range(1, device_count + 1) if device_count % d == 0]
+    shapes = [{"data": d, "fsdp": f, "model": device_count // (d * f)}
+              for d, f in itertools.product(divisors, divisors) if device_count % (d * f) == 0]
+    return sorted(shapes, key=lambda s: (-s["data"], -s["fsdp"]))
+
+
+def resolve_mesh(mesh: Mapping[str, int], device_count: int) -> dict[str, int]:
+    """The mesh with its -1 axis filled in; `ConfigError` when it does not fit the devices."""
+    mesh = {a: int(mesh.get(a, 1)) for a in config_base.MESH_AXES}
+    free = [a for a, s in mesh.items() if s == -1]
+    shapes = mesh_shapes(device_count)
+    examples = ", ".join(str(s) for s in shapes[:12]) + (" ..." if len(shapes) > 12 else "")
+    if len(free) > 1:
+        raise ConfigError("partitioning.mesh", f"at most one axis may be -1, got {mesh}; shapes for "
+                                               f"{device_count} devices include {examples}")
+    fixed = 1
+    for a, s in mesh.items():
+        if s != -1:
+            fixed *= s
+    if free:
+        if device_count % fixed:
+            raise ConfigError("partitioning.mesh", f"{mesh}: the fixed axes ({fixed} devices) do not divide the "
+                                                   f"{device_count} devices; shapes that fit: {examples}")
+        mesh[free[0]] = device_count // fixed
+    elif fixed != device_count:
+        raise ConfigError("partitioning.mesh", f"{mesh} needs {fixed} devices, but there are {device_count}; "
+                                               f"the product of the axes must be {device_count}; allowed shapes: {examples}")
+    return mesh
+
+
+def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[str, int]:
+    """The mesh fits the devices and the batch splits over data parallelism and hosts."""
+    mesh = resolve_mesh(to_plain(config.partitioning.mesh), device_count)
+    batch = config.data.batch_size
+    shards = mesh["data"] * mesh["fsdp"]
+    if batch % shards:
+        raise ConfigError("data.batch_size", f"{batch} does not divide over the {shards} data-parallel shards "
+                                             f"of mesh {mesh}; use a multiple of {shards}")
+    if batch % process_count:
+        raise ConfigError("data.batch_size", f"{batch} does not divide over {process_count} processes")
+    if batch % (shards * config.trainer.num_microbatches):
+        raise ConfigError("trainer.num_microbatches",
+                          f"{config.trainer.num_microbatches} microbatches of a {batch}-row batch over "
+                          f"{shards} shards do not divide evenly")
+    return mesh
+
+
+def check_static(config: ml_collections.ConfigDict) -> Any:
+    """Everything that needs neither devices nor data: schema, model, paths. Returns the
+    model config (see `check_model`)."""
+    check_schema(config)
+    model_config = check_model(config)
+    check_paths(config)
+    return model_config

@@ -1,0 +1,36 @@
+"""`//launchers:cache_tasks`: the config's training tasks cached in-process and with Apache
+Beam give the same records; a complete cache is left alone; the entry point exits 0."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+
+
+def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch):
+    from cairn.datatasks.deterministic import task_dir
+    from cairn.datatasks.deterministic.store import CachedTask
+    from cairn.launchers import cache_main, config_io
+
+    monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", launch_util.small_texts(tmp_path))
+    config = config_io.resolve_paths(config_io.load_config_file(launch_util.LM_CONFIG))
+    config.data.cache_dir = str(tmp_path / "a")
+    assert cache_main.cache(config) == {"shakespeare_lm": "cached"}
+    assert cache_main.cache(config) == {"shakespeare_lm": "already cached"}
+    a = CachedTask(task_dir(str(tmp_path / "a"), "shakespeare_lm", "train"))
+    config.data.cache_dir = str(tmp_path / "b")
+    assert cache_main.cache(config, beam=True) == {"shakespeare_lm": "cached"}
+    b = CachedTask(task_dir(str(tmp_path / "b"), "shakespeare_lm", "train"))
+    assert a.num_records == b.num_records > 10
+    assert a.info["fingerprint"] == b.info["fingerprint"]
+    assert a.read(range(a.num_records)) == b.read(range(b.num_records))
+
+
+def test_entry_point(tmp_path):
+    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
+    proc = launch_util.run("cairn.launchers.cache_main", [f"--config={launch_util.T5_CONFIG}",
+                                                          f"--config.data.cache_dir={tmp_path / 'c'}"], env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"shakespeare_span_corruption: cached in {tmp_path / 'c'}" in proc.stdout
+    assert os.path.exists(tmp_path / "c" / "shakespeare_span_corruption" / "train" / "COMPLETED")

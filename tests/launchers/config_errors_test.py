@@ -1,0 +1,89 @@
+"""Bad configs fail before anything is compiled or written: exit status 2, a message naming
+the key and the allowed values, and a file already in model_dir left as it was (DESIGN §6)."""
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+
+SENTINEL = '{"written": "before the run"}\n'
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.json").write_text(SENTINEL)
+    return d
+
+
+def fails(model_dir: pathlib.Path, tmp_path, *overrides, config=launch_util.T5_CONFIG, env=None):
+    proc = launch_util.train([f"--config={config}", f"--config.model_dir={model_dir}",
+                              f"--config.data.cache_dir={tmp_path / 'cache'}", *overrides], env=env, timeout=180)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert (model_dir / "config.json").read_text() == SENTINEL, "model_dir was written"
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]
+    assert "Traceback" not in proc.stderr, launch_util.tail(proc)
+    assert not (tmp_path / "cache").exists(), "data was cached before validation"
+    return proc.stderr
+
+
+def test_unknown_key_in_an_override(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.trainer.log_evry=3")
+    assert "'trainer.log_evry'" in err and "unknown key" in err
+    assert "did you mean 'trainer.log_every'" in err
+    assert "trainer.checkpoint_every" in err  # the allowed keys of the section
+
+
+def test_unknown_key_in_a_config_file(model_dir, tmp_path):
+    cfg = tmp_path / "exp.py"
+    cfg.write_text("from cairn.launchers import config_base\n"
+                   f"import importlib.util as u\n"
+                   f"s = u.spec_from_file_location('base_exp', {launch_util.T5_CONFIG!r}); m = u.module_from_spec(s)\n"
+                   "s.loader.exec_module(m)\n"
+                   "def get_config():\n"
+                   "    c = m.get_config()\n"
+                   "    c.optimizer.learning_rat = 0.1\n"
+                   "    return c\n")
+    err = fails(model_dir, tmp_path, config=str(cfg))
+    assert "'optimizer.learning_rat'" in err and "unknown key in section 'optimizer'" in err
+    assert "did you mean 'optimizer.learning_rate'" in err
+
+
+def test_wrong_type(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.num_train_steps=ten")
+    assert "'num_train_steps'" in err and "int" in err and "'ten'" in err
+
+
+def test_unknown_task(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.data.task=shakespeare_span_corruptoin")
+    assert "'data.task'" in err and "unknown task or mixture 'shakespeare_span_corruptoin'" in err
+    assert "did you mean 'shakespeare_span_corruption'" in err
+
+
+def test_targets_too_short_for_span_corruption(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.data.sequence_length.targets=8")
+    assert "data.sequence_length" in err and "targets >= 14" in err and "inputs length 64" in err
+
+
+def test_length_that_cannot_hold_a_token(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.data.sequence_length.inputs=1")
+    assert "'data.sequence_length.inputs'" in err and "1 cannot hold one token and EOS" in err
+    assert "must be >= 2" in err
+
+
+def test_unknown_preset(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.model.preset=t5_1_1_tinny")
+    assert "'model.preset'" in err and "unknown preset 't5_1_1_tinny'" in err
+    assert "did you mean 't5_1_1_tiny'" in err
+
+
+def test_mesh_that_does_not_fit_the_devices(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.partitioning.mesh.data=3", "--config.partitioning.mesh.model=2")
+    assert "'partitioning.mesh'" in err and "needs 6 devices, but there are 8" in err
+    assert "'data': 8, 'fsdp': 1, 'model': 1" in err  # an allowed shape
+

@@ -1,0 +1,172 @@
+"""Experiment files load and validate; overrides, path resolution, config.json, the hash input."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+from cairn.launchers import config_base, config_io, train_main, validation  # noqa: E402
+from cairn.launchers.validation import ConfigError  # noqa: E402
+
+SIZED = {"t5_1_1_pretrain.py": ("tiny", "small", "base", "large", "xl", "xxl"),
+         "t5_1_1_finetune.py": ("tiny", "small", "base", "large", "xl", "xxl"),
+         "mt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
+         "byt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
+         "lm_pretrain.py": ("125m", "350m", "1b", "3b", "8b")}
+SHAKESPEARE_SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
+
+
+def load(name, arg=None):
+    spec = str(launch_util.CONFIGS / name) + (f":{arg}" if arg else "")
+    return config_io.resolve_paths(config_io.load_config_file(spec))
+
+
+def test_every_experiment_file_is_listed_here():
+    files = {p.name for p in launch_util.CONFIGS.glob("*.py")}
+    assert files == set(SIZED) | {"shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py"}
+
+
+@pytest.mark.parametrize("name,size", [(n, s) for n, sizes in SIZED.items() for s in sizes])
+def test_sized_configs_validate(name, size):
+    from cairn.models import count_params
+
+    config = load(name, size)
+    if config.vocabulary.kind == "sentencepiece":  # the user gives the real one
+        config.vocabulary.path = SHAKESPEARE_SPM
+    net = validation.check_static(config)
+    assert config.model.preset.endswith(size)
+    mesh = validation.check_mesh(config, device_count=64)
+    assert mesh["data"] * mesh["fsdp"] * mesh["model"] == 64
+    if size in ("tiny", "small", "125m"):
+        n = count_params(net)
+        assert n > 1_000_000, n
+
+
+def test_published_sizes_are_what_the_configs_build():
+    from cairn.models import count_params
+
+    config = load("t5_1_1_pretrain.py", "small")
+    config.vocabulary.path = SHAKESPEARE_SPM
+    config.model.vocab_size = 32128
+    from cairn.launchers import builder
+
+    assert abs(count_params(builder.model_config(config)) - 77.0e6) / 77.0e6 < 0.01
+
+
+def test_a_size_that_does_not_exist_is_named():
+    with pytest.raises(ValueError, match="tiny, small, base, large, xl, xxl"):
+        load("t5_1_1_pretrain.py", "huge")
+
+
+@pytest.mark.parametrize("name", ["shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py"])
+def test_shakespeare_configs_validate_fully(name, tmp_path):
+    config = load(name)
+    config.model_dir = str(tmp_path / "run")
+    ready = train_main.prepare(config)
+    assert ready["vocabulary"].vocab_size == 2100
+    assert ready["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
+    from cairn.launchers import builder
+
+    assert builder.model_config(config, ready["vocabulary"]).vocab_size == 2176  # 2100 rounded up to 128
+    assert not (tmp_path / "run").exists()
+
+
+def test_relative_paths_resolve_against_build_working_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
+    (tmp_path / "exp.py").write_text("from cairn.launchers import config_base\n"
+                                     "def get_config():\n    return config_base.base_config()\n")
+    assert config_io.resolve_argv(["prog", "--config=exp.py:x", "--config.model_dir=runs/a"]) == [
+        "prog", f"--config={tmp_path / 'exp.py'}:x", "--config.model_dir=runs/a"]
+    assert config_io.resolve_argv(["prog", "--config", "missing.py"]) == ["prog", "--config", "missing.py"]
+    config = config_base.base_config()
+    config.model_dir = "runs/a"
+    config.vocabulary.path = "~/spm.model"
+    config.data.cache_dir = "gs://bucket/cache"
+    resolved = config_io.resolve_paths(config)
+    assert resolved.model_dir == str(tmp_path / "runs" / "a")
+    assert resolved.vocabulary.path == os.path.expanduser("~/spm.model")
+    assert resolved.data.cache_dir == "gs://bucket/cache"
+    monkeypatch.delenv("BUILD_WORKING_DIRECTORY")
+    assert config_io.resolve_path("x") == os.path.join(os.getcwd(), "x")
+
+
+def test_defaults_fill_model_dir_and_cache_dir_outside_the_source_tree():
+    config = config_base.base_config()
+    config.experiment = "exp1"
+    resolved = config_io.resolve_paths(config)
+    assert resolved.model_dir == os.path.expanduser("~/.cache/cairn/runs/exp1")
+    assert resolved.data.cache_dir == os.path.expanduser("~/.cache/cairn/tasks")
+
+
+def test_overrides_follow_field_references():
+    """`--config.num_train_steps=N` sets the field; warmup and checkpoint interval follow it
+    (the command-line overrides themselves are exercised by train_test's runs)."""
+    config = config_io.load_config_file(launch_util.T5_CONFIG)
+    config.num_train_steps = 40
+    resolved = config_io.resolve_paths(config)
+    assert resolved.optimizer.warmup_steps == 2 and resolved.trainer.checkpoint_every == 21
+
+
+def test_config_json_and_the_hash_input(tmp_path):
+    config = load("shakespeare_t5_tiny.py")
+    config.model_dir = str(tmp_path / "run")
+    config.multihost.coordinator_address = "127.0.0.1:1234"
+    path = config_io.write_config_json(config)
+    written = json.loads(open(path).read())
+    assert written["model_dir"] == config.model_dir
+    assert written["data"]["sequence_length"] == {"inputs": 64, "targets": 16}
+    assert written["optimizer"]["warmup_steps"] == 30
+    hashed = config_io.hashable_config(config)
+    assert "model_dir" not in hashed and "multihost" not in hashed
+    other = load("shakespeare_t5_tiny.py")
+    other.model_dir = "/elsewhere"
+    assert config_io.hashable_config(other) == hashed
+
+
+def test_schema_checks_in_process():
+    config = config_io.to_plain(config_base.base_config())  # a ConfigDict itself refuses a str here
+    config["trainer"]["log_every"] = "5"
+    with pytest.raises(ConfigError, match=r"'trainer.log_every': must be int, got str '5'"):
+        validation.check_schema(config)
+    config = config_base.base_config()
+    config.model.overrides = {"emb_dimm": 64}
+    with pytest.raises(ConfigError, match=r"model.overrides.emb_dimm.*did you mean 'emb_dim'"):
+        validation.check_model(config)
+    config = config_base.base_config()
+    config.optimizer.name = "adam"
+    with pytest.raises(ConfigError, match=r"'optimizer.name': unknown value 'adam'.*adafactor, adamw"):
+        validation.check_schema(config)
+    config = config_base.base_config()
+    config.model.preset = "decoder_only_125m"
+    with pytest.raises(ConfigError, match="not a encoder_decoder preset"):
+        validation.check_model(config)
+
+
+def test_mesh_shapes():
+    assert validation.resolve_mesh({"data": -1, "model": 2}, 8) == {"data": 4, "fsdp": 1, "model": 2}
+    with pytest.raises(ConfigError, match="do not divide the 8 devices"):
+        validation.resolve_mesh({"data": -1, "model": 3}, 8)
+    with pytest.raises(ConfigError, match="at most one axis may be -1"):
+        validation.resolve_mesh({"data": -1, "model": -1}, 8)
+
+
+def test_multihost_from_config_and_environment(monkeypatch):
+    from cairn.launchers import multihost
+
+    config = config_base.base_config()
+    env = {"CAIRN_COORDINATOR_ADDRESS": "127.0.0.1:4321", "CAIRN_NUM_PROCESSES": "2", "CAIRN_PROCESS_ID": "1"}
+    assert multihost.multihost_args(config, env) == {
+        "coordinator_address": "127.0.0.1:4321", "coordinator_bind_address": "127.0.0.1:4321",
+        "num_processes": 2, "process_id": 1}
+    config.multihost.process_id = 0
+    config.multihost.coordinator_address = "10.0.0.1:99"
+    args = multihost.multihost_args(config, env)
+    assert args["process_id"] == 0 and args["coordinator_address"] == "10.0.0.1:99"
+    assert args["coordinator_bind_address"] is None
+    with pytest.raises(ConfigError, match="multihost.num_processes"):
+        multihost.multihost_args(config_base.base_config(), {"CAIRN_NUM_PROCESSES": "two"})
+    assert multihost.multihost_args(config_base.base_config(), {}) == {
+        "coordinator_address": None, "coordinator_bind_address": None, "num_processes": None, "process_id": None}

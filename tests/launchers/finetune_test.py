@@ -1,0 +1,59 @@
+"""Fine-tuning through the train entry point: from a Hugging Face T5 directory
+(`init.hf_checkpoint`, via `import_hf`), then from that run's cairn checkpoint
+(`init.checkpoint`, via `restore_params`)."""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+
+FINETUNE = str(launch_util.CONFIGS / "t5_1_1_finetune.py") + ":tiny"
+SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
+
+
+def first_loss(model_dir):
+    rows = [json.loads(line) for line in open(os.path.join(model_dir, "summaries", "metrics.jsonl"))]
+    return next(r["value"] for r in rows if r["metric"] == "loss" and r["step"] == 1)
+
+
+def args(model_dir, cache_dir, *extra):
+    return [f"--config={FINETUNE}", f"--config.model_dir={model_dir}", f"--config.data.cache_dir={cache_dir}",
+            f"--config.vocabulary.path={SPM}", "--config.data.task_modules=('cairn.launchers.tasks.shakespeare',)",
+            "--config.data.task=shakespeare_span_corruption", "--config.data.sequence_length.inputs=64",
+            "--config.data.sequence_length.targets=16", "--config.data.batch_size=8", "--config.num_train_steps=2",
+            "--config.trainer.eval_every=0", "--config.post_training.final_eval=false",
+            "--config.post_training.num_samples=0", *extra]
+
+
+def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
+    import jax
+
+    from cairn.models import EncoderDecoderModel, export_hf, get_preset, import_hf
+
+    config = get_preset("t5_1_1_tiny", vocab_size=2176)  # the Shakespeare vocabulary, rounded up
+    params = EncoderDecoderModel(config).init(jax.random.PRNGKey(7))
+    # Zero output kernel: uniform logits, so the first loss is known exactly if the import is used.
+    params["decoder"]["logits"] = np.zeros_like(params["decoder"]["logits"])
+    hf_dir = tmp_path / "hf"
+    export_hf(params, config, str(hf_dir))
+    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
+    cache = tmp_path / "cache"
+    uniform = np.log(2176) + 1e-4 * np.log(2176) ** 2  # cross-entropy + z-loss of uniform logits
+
+    a, c = tmp_path / "a", tmp_path / "c"
+    proc = launch_util.train(args(a, cache, f"--config.init.hf_checkpoint={hf_dir}"), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"initial params from {hf_dir}" in proc.stdout and "trained to step 2" in proc.stdout
+    assert abs(first_loss(a) - uniform) < 1e-3, first_loss(a)
+
+    proc = launch_util.train(args(c, cache, f"--config.init.checkpoint={a}", "--config.init.checkpoint_step=2"),
+                             env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"initial params from {a}" in proc.stdout
+    assert first_loss(c) < first_loss(a)  # two steps of training (on these batches) already in the params
+    _, reloaded = import_hf(str(hf_dir))
+    assert np.array_equal(reloaded["decoder"]["logits"], params["decoder"]["logits"])

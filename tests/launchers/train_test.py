@@ -1,0 +1,119 @@
+"""The train entry point end to end, in child processes, on two short plays: the default
+experiment shrunk by overrides (checkpoints, TensorBoard, metrics, config.json, fingerprint,
+printed model_dir and denoising samples), resuming, SIGTERM, and the LM twin generating text."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    return launch_util.small_texts(tmp_path_factory.mktemp("shakespeare"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def small(config, model_dir, cache_dir, steps, *extra):
+    return [f"--config={config}", f"--config.model_dir={model_dir}", f"--config.data.cache_dir={cache_dir}",
+            f"--config.num_train_steps={steps}", "--config.data.batch_size=8", "--config.eval.num_examples=8",
+            "--config.trainer.log_every=2", "--config.fingerprint_every=2", *extra]
+
+
+def losses(model_dir):
+    rows = [json.loads(line) for line in open(os.path.join(model_dir, "summaries", "metrics.jsonl"))]
+    return {r["step"]: r["value"] for r in rows if r["task"] == "train" and r["metric"] == "loss"}
+
+
+def test_default_experiment_trains_evaluates_samples_and_resumes(tmp_path, texts, cache_dir):
+    model_dir = tmp_path / "run"
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    proc = launch_util.train(small(launch_util.T5_CONFIG, model_dir, cache_dir, 6,
+                                   "--config.post_training.num_samples=2"), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    out = proc.stdout
+    assert f"model_dir: {model_dir}" in out
+    assert "caching task shakespeare_span_corruption" in out
+    assert "final evaluation at step 6: shakespeare_span_corruption (validation): " in out and "perplexity" in out
+    for i in range(2):
+        assert f"sample {i}:" in out
+    sample = out[out.index("sample 0:"):]
+    assert "input:" in sample and "target:" in sample and "prediction:" in sample
+    assert "<extra_id_0>" in sample.split("target:")[0]  # the input has its sentinels
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["4", "6"]  # checkpoint_every = 6 // 2 + 1
+    assert any(f.startswith("events.") for f in os.listdir(model_dir / "tensorboard" / "train"))
+    assert sorted(losses(model_dir)) == [1, 2, 3, 4, 5, 6]
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["num_train_steps"] == 6 and config["data"]["batch_size"] == 8
+    assert config["model_dir"] == str(model_dir)
+    header = json.loads((model_dir / "fingerprint" / "header.json").read_text())
+    assert header["seed"] == 0 and header["device_count"] == 8 and len(header["data_fingerprint"]) == 64
+
+    # Resume: the same experiment to step 9 continues from checkpoint 6 (the cache is reused).
+    before = losses(model_dir)
+    proc = launch_util.train(small(launch_util.T5_CONFIG, model_dir, cache_dir, 9,
+                                   "--config.post_training.num_samples=0"), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "restored step 6" in proc.stderr and "caching task" not in proc.stdout
+    assert "trained to step 9" in proc.stdout
+    after = losses(model_dir)
+    assert sorted(after) == list(range(1, 10)) and all(after[s] == before[s] for s in range(1, 7))
+    assert "9" in os.listdir(model_dir / "checkpoints")
+
+
+def test_sigterm_saves_and_exits_0_then_the_run_resumes(tmp_path, texts, cache_dir):
+    model_dir = tmp_path / "run"
+    args = small(launch_util.T5_CONFIG, model_dir, cache_dir, 100000, "--config.post_training.num_samples=0",
+                 "--config.trainer.log_every=1")
+    env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts)
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    proc = subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main"] + args, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(launch_util.REPO))
+    try:
+        metrics = model_dir / "summaries" / "metrics.jsonl"
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(losses(model_dir)) >= 3:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended before SIGTERM"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert "preempted: checkpoint saved" in out
+    (step,) = [int(s) for s in os.listdir(model_dir / "checkpoints")]
+    assert step >= 3
+    proc = launch_util.train(small(launch_util.T5_CONFIG, model_dir, cache_dir, step + 2,
+                                   "--config.post_training.num_samples=0", "--config.post_training.final_eval=false"),
+                             env={"CAIRN_SHAKESPEARE_DIR": texts})
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"restored step {step}" in proc.stderr and f"trained to step {step + 2}" in proc.stdout
+
+
+def test_lm_twin_generates_text(tmp_path, texts, cache_dir):
+    model_dir = tmp_path / "lm"
+    proc = launch_util.train(small(launch_util.LM_CONFIG, model_dir, cache_dir, 4,
+                                   "--config.post_training.max_decode_length=8"),
+                             env={"CAIRN_SHAKESPEARE_DIR": texts})
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "generated 0: ROMEO. O, she doth teach" in proc.stdout
+    assert "generated 1: To be, or not to be" in proc.stdout
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("generated 0:"))
+    assert len(line) > len("generated 0: ROMEO. O, she doth teach") + 3  # something was generated
+    assert "final evaluation at step 4: shakespeare_lm (validation)" in proc.stdout
+    assert sorted(losses(model_dir)) == [1, 2, 3, 4]
