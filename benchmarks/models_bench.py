@@ -1,16 +1,26 @@
 """Training-step time, tokens/s and MFU of cairn's T5.1.1-small, beside transformers' PyTorch T5;
 greedy decoding tokens/s beside transformers' `generate`.
 
-  .venv/bin/python benchmarks/models_bench.py [--steps 5] [--decode-steps 3] [--skip-torch]
+  .venv/bin/python benchmarks/models_bench.py [--steps 5] [--decode-steps 3] [--skip-torch] [--no-malloc-tuning]
 
 Config (issue 6): T5.1.1-small (emb 512, 6 heads x 64, MLP 1024 gated-GELU, 8+8 layers,
-vocab 32,128, no dropout), batch 8, inputs 128, targets 32, float32, Adafactor (optax for
-cairn, torch.optim.Adafactor for transformers). Model FLOPs per step come from
+vocab 32,128, no dropout), batch 8, inputs 128, targets 32, float32, Adafactor
+(`cairn.trainer.adafactor_t5`, optax's Adafactor chain with T5's settings, for cairn;
+torch.optim.Adafactor for transformers). Model FLOPs per step come from
 `cairn.models.flops.training_flops_per_step` (about 200.7 GFLOP); the peak is a jitted
 float32 2048x2048 matmul, median of repeats, measured in the same run. MFU = model FLOPs
 per step / step time / peak. Every time is the median over the steps after a warm-up (and
 after compilation). Both sides use the same random inputs; torch uses all cores.
 Numbers need a quiet machine: other processes on the 2 cores lower every figure.
+
+Allocator: XLA:CPU allocates each step's temporaries (~0.9 GB here) afresh; glibc serves
+blocks that large with mmap and returns them with munmap, so every step page-faults them
+in again (~225k faults, ~0.5 s of system time per step, and ~4k faults per peak matmul).
+The script therefore re-executes itself once with
+`GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=...`
+(one heap, no mmap, no trimming: freed memory is reused, faults drop to ~0 after warm-up),
+for both columns and the peak alike; `--no-malloc-tuning` (or GLIBC_TUNABLES already set)
+keeps the environment as it is.
 """
 
 from __future__ import annotations
@@ -24,7 +34,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path[:0] = [os.path.join(REPO, "models"), os.path.join(REPO, "partitioning")]
+sys.path[:0] = [os.path.join(REPO, d) for d in ("models", "partitioning", "trainer", "evaluation", "datatasks",
+                                                 "tokenizers")]
+
+MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+if __name__ == "__main__" and "--no-malloc-tuning" not in sys.argv and "GLIBC_TUNABLES" not in os.environ \
+        and sys.platform.startswith("linux"):
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES})
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -67,9 +83,11 @@ def make_batch():
 def cairn_train_step(config, batch, steps: int):
     import optax
 
+    from cairn.trainer.optimizers import adafactor_t5
+
     model = EncoderDecoderModel(config, z_loss=0.0)
     params = model.init(jax.random.PRNGKey(0))
-    opt = optax.adafactor(learning_rate=1e-3)
+    opt = adafactor_t5(1e-3)
     state = (params, opt.init(params))
 
     @functools.partial(jax.jit, donate_argnums=(0,))  # params and optimizer state updated in place
@@ -148,6 +166,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed training steps (after one warm-up)")
     parser.add_argument("--decode-steps", type=int, default=3, help="timed greedy decodes (after one warm-up)")
     parser.add_argument("--skip-torch", action="store_true", help="only cairn's column")
+    parser.add_argument("--no-malloc-tuning", action="store_true",
+                        help="keep glibc's default allocator settings (see the docstring)")
     args = parser.parse_args()
 
     config = get_preset("t5_1_1_small")
@@ -169,7 +189,7 @@ def main() -> None:
     print(f"T5.1.1-small, batch {BATCH}, inputs {INPUTS}, targets {TARGETS}, float32, Adafactor; "
           f"{jax.device_count()} {jax.default_backend()} device(s), {os.cpu_count()} cores")
     print(f"model FLOPs/step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s; "
-          f"cairn compile {compile_s:.1f} s")
+          f"cairn compile {compile_s:.1f} s; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     print(f"{'':24}{'step s':>8}{'tokens/s':>10}{'MFU':>7}{'greedy tok/s':>14}")
     for name, s, d in rows:
         print(f"{name:24}{s:8.2f}{tokens / s:10.0f}{flops / s / peak:7.1%}{BATCH * TARGETS / d:14.0f}")

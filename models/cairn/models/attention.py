@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models.layers import constrain, kernel
+from cairn.models.layers import constrain, dense, kernel
 
 NEG_INF = -1e10
 
@@ -58,10 +58,10 @@ class MultiHeadAttention(nn.Module):
         wk = kernel(self, "key", (emb, h, d), qk_axes, emb ** -0.5, self.dtype)
         wv = kernel(self, "value", (emb, h, d), qk_axes, emb ** -0.5, self.dtype)
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
-        q = jnp.einsum("bqe,ehd->bqhd", x_q, wq)
+        q = dense(x_q, wq)
 
         def project_kv():
-            return jnp.einsum("bke,ehd->bkhd", x_kv, wk), jnp.einsum("bke,ehd->bkhd", x_kv, wv)
+            return dense(x_kv, wk), dense(x_kv, wv)
 
         if self.decode:
             k, v = self._cached_kv(project_kv)
@@ -78,7 +78,7 @@ class MultiHeadAttention(nn.Module):
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         out = constrain(out, ("batch", "length", "heads", "kv"))
-        return jnp.einsum("bqhd,hde->bqe", out, wo)
+        return dense(out, wo, 2)
 
     def _cached_kv(self, project_kv):
         initialized = self.has_variable("cache", "cached_key")

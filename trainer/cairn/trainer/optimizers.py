@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Union
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from cairn.trainer.schedules import Schedule
@@ -43,15 +46,102 @@ class OptimizerConfig:
             raise ValueError(f"OptimizerConfig.clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
 
 
+def _factored_dims(shape, factored: bool, min_dim_size_to_factor: int):
+    """optax's rule: the two largest axes `(d1, d0)` (d0 the largest), if both are large enough."""
+    if not factored or len(shape) < 2:
+        return None
+    order = np.argsort(shape)
+    if shape[order[-2]] < min_dim_size_to_factor:
+        return None
+    return int(order[-2]), int(order[-1])
+
+
+def _mean(x, axis: int):
+    """`jnp.mean(x, axis)`; over the rows of a wide matrix, as a vector-matrix product.
+
+    XLA:CPU reduces a `[512, 32128]` matrix over its rows (the T5 logits kernel's column
+    statistics) about 3x slower than it multiplies it by a vector of ones (jax 0.10.2).
+    """
+    if x.ndim == 2 and axis == 0 and x.shape[1] > x.shape[0]:
+        return jnp.dot(jnp.ones((x.shape[0],), x.dtype), x) / x.shape[0]
+    return jnp.mean(x, axis=axis)
+
+
+def scale_by_factored_rms(factored: bool = True, decay_rate: float = 0.8, step_offset: int = 0,
+                          min_dim_size_to_factor: int = 128, epsilon: float = 1e-30) -> optax.GradientTransformation:
+    """`optax.scale_by_factored_rms` (same state, same formulas), faster on CPU.
+
+    Differences, all at float32 rounding level: `lax.rsqrt` instead of `x ** -0.5` (XLA:CPU
+    evaluates the power elementwise through exp/log), and `_mean` for row means of wide
+    matrices. State: optax's `FactoredState`, so checkpoints and sharding rules are unchanged.
+    """
+    reference = optax.scale_by_factored_rms(factored, decay_rate, step_offset, min_dim_size_to_factor, epsilon)
+
+    def update_fn(grads, state, params):
+        if params is None:
+            raise ValueError("scale_by_factored_rms needs params")
+        t = jnp.array(state.count - step_offset + 1, jnp.float32)
+        beta2 = 1.0 - t ** (-decay_rate)
+
+        def one(grad, v_row, v_col, v, param):
+            dtype = param.dtype
+            dims = _factored_dims(param.shape, factored, min_dim_size_to_factor)
+            grad_sqr = jnp.square(grad) + epsilon
+            if dims is None:
+                new_v = (beta2 * v + (1.0 - beta2) * grad_sqr).astype(dtype)
+                return grad * jax.lax.rsqrt(new_v), jnp.zeros((1,), dtype), jnp.zeros((1,), dtype), new_v
+            d1, d0 = dims
+            new_v_row = (beta2 * v_row + (1.0 - beta2) * _mean(grad_sqr, d0)).astype(dtype)
+            new_v_col = (beta2 * v_col + (1.0 - beta2) * _mean(grad_sqr, d1)).astype(dtype)
+            reduced_d1 = d1 - 1 if d1 > d0 else d1
+            row_col_mean = jnp.mean(new_v_row, axis=reduced_d1, keepdims=True)
+            row_factor = jax.lax.rsqrt(new_v_row / row_col_mean)
+            col_factor = jax.lax.rsqrt(new_v_col)
+            update = grad * jnp.expand_dims(row_factor, axis=d0) * jnp.expand_dims(col_factor, axis=d1)
+            return update, new_v_row, new_v_col, jnp.zeros((1,), dtype)
+
+        out = jax.tree.map(one, grads, state.v_row, state.v_col, state.v, params)
+        treedef = jax.tree.structure(grads)
+        parts = [treedef.unflatten(x) for x in zip(*treedef.flatten_up_to(out))] if treedef.num_leaves else [grads] * 4
+        return parts[0], optax.FactoredState(count=optax.safe_increment(state.count), v_row=parts[1],
+                                             v_col=parts[2], v=parts[3])
+
+    return optax.GradientTransformation(reference.init, update_fn)
+
+
+def adafactor(learning_rate, min_dim_size_to_factor: int = 128, decay_rate: float = 0.8, decay_offset: int = 0,
+              multiply_by_parameter_scale: bool = True, clipping_threshold: Optional[float] = 1.0,
+              momentum: Optional[float] = None, dtype_momentum=jnp.float32, weight_decay_rate: Optional[float] = None,
+              eps: float = 1e-30, factored: bool = True, weight_decay_mask=None) -> optax.GradientTransformation:
+    """`optax.adafactor`, the same chain and state, with our `scale_by_factored_rms`."""
+    tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps)]
+    if clipping_threshold is not None:
+        tx.append(optax.clip_by_block_rms(clipping_threshold))
+    if learning_rate is not None:
+        tx.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
+    if multiply_by_parameter_scale:
+        tx.append(optax.scale_by_param_block_rms())
+    if momentum is not None:
+        tx.append(optax.ema(momentum, debias=False, accumulator_dtype=dtype_momentum))
+    if weight_decay_rate is not None:
+        tx.append(optax.add_decayed_weights(weight_decay_rate, mask=weight_decay_mask))
+    tx.append(optax.scale(-1))
+    return optax.chain(*tx)
+
+
 def adafactor_t5(learning_rate: Union[float, Schedule], **overrides) -> optax.GradientTransformation:
-    """optax's Adafactor with T5's settings (t5x `adafactor.Adafactor` defaults): factored
+    """Adafactor with T5's settings (t5x `adafactor.Adafactor` defaults): factored
     second moments for dims >= 128, decay rate 0.8, update clipping at RMS 1.0, no momentum,
-    updates scaled by the parameter's RMS (floored at 1e-3), epsilon 1e-30."""
+    updates scaled by the parameter's RMS (floored at 1e-3), epsilon 1e-30.
+
+    optax's `adafactor` chain and state, with `scale_by_factored_rms` above (equal up to
+    float32 rounding, ~1.5x faster on CPU for T5.1.1-small).
+    """
     kwargs = dict(min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
                   multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None,
                   eps=1e-30, factored=True)
     kwargs.update(overrides)
-    return optax.adafactor(learning_rate, **kwargs)
+    return adafactor(learning_rate, **kwargs)
 
 
 def make_optimizer(config: OptimizerConfig, schedule: Union[float, Schedule]) -> optax.GradientTransformation:

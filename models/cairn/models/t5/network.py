@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from cairn.models.attention import MultiHeadAttention, causal_mask, mask_to_bias, segment_mask
-from cairn.models.layers import Embed, MlpBlock, RMSNorm, constrain, kernel
+from cairn.models.layers import Embed, MlpBlock, RMSNorm, constrain, dense, kernel
 from cairn.models.relative_position import RelativePositionBias
 from cairn.models.stacking import apply_layers
 from cairn.models.t5.config import T5Config
@@ -141,7 +141,7 @@ class Decoder(nn.Module):
         else:
             w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"),
                        cfg.emb_dim ** -0.5, dt)
-            logits = jnp.einsum("ble,ev->blv", x, w)
+            logits = dense(x, w)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
