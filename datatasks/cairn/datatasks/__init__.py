@@ -14,6 +14,7 @@ from cairn.datatasks.errors import DataTasksError, UnknownNameError  # noqa: E40
 from cairn.datatasks.feature import Feature  # noqa: E402
 from cairn.datatasks.feature_converters import (  # noqa: E402
     EncDecFeatureConverter, FeatureConverter, LMFeatureConverter, PrefixLMFeatureConverter)
+from cairn.datatasks.inline import map_inline, pipeline_options  # noqa: E402
 from cairn.datatasks.mixture import Mixture  # noqa: E402
 from cairn.datatasks.preprocessors import map_over_dataset  # noqa: E402
 from cairn.datatasks.registry import (  # noqa: E402
@@ -31,5 +32,6 @@ __all__ = [
     "JsonLinesDataSource", "LMFeatureConverter", "Mixture", "MixtureRegistry",
     "PrefixLMFeatureConverter", "Registry", "ShardInfo", "TFExampleDataSource", "Task",
     "TaskRegistry", "TextLineDataSource", "TfdsDataSource", "UnknownNameError",
-    "deterministic", "get_dataset", "get_mixture_or_task", "map_over_dataset", "preprocessors",
+    "deterministic", "get_dataset", "get_mixture_or_task", "map_inline", "map_over_dataset",
+    "pipeline_options", "preprocessors",
 ]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import EncDecFeatureConverter, FeatureConverter
+from cairn.datatasks.inline import pipeline_options
 from cairn.datatasks.mixture import Mixture
 from cairn.datatasks.registry import Registry, get_mixture_or_task
 from cairn.datatasks.sources import ShardInfo
@@ -62,14 +63,3 @@ def get_dataset(mixture_or_task_name: str | Task | Mixture,
         ds = ds.batch(batch_size, drop_remainder=True)
     return ds.with_options(pipeline_options())
 
-
-def pipeline_options() -> tf.data.Options:
-    """Fuses consecutive maps and filters (fewer per-example calls; same elements, same order)."""
-    options = tf.data.Options()
-    opt = options.experimental_optimization
-    opt.map_fusion = True
-    opt.filter_fusion = True
-    opt.map_and_filter_fusion = True
-    opt.parallel_batch = True
-    options.deterministic = True
-    return options

@@ -8,6 +8,7 @@ from typing import Any, Union
 import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
@@ -100,9 +101,9 @@ class Mixture:
             ds = self._tasks[n].get_dataset(sequence_length, split, shuffle=shuffle,
                                             seed=_derive(seed, i), shard_info=shard_info,
                                             num_epochs=num_epochs, stats=stats, **kwargs)
-            datasets.append(ds.map(lambda x: {k: x[k] for k in sorted(keys) if k in x}))
+            datasets.append(map_inline(ds, lambda x: {k: x[k] for k in sorted(keys) if k in x}))
         if len(datasets) == 1:
-            return datasets[0]
+            return datasets[0].with_options(pipeline_options())
         return tf.data.Dataset.sample_from_datasets(
             datasets, weights=[self._rates[n] for n in names], seed=seed,
-            stop_on_empty_dataset=False)
+            stop_on_empty_dataset=False).with_options(pipeline_options())

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
+from cairn.datatasks.inline import map_inline
+
 
 _PAD_BATCH = 256
 
@@ -31,8 +33,7 @@ def trim_and_pad_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]
     spec = ds.element_spec
     if any(spec[k].shape.rank != 1 for k in keys) or any(
             s.shape.rank is None or s.shape.rank > 1 for k, s in spec.items() if k not in keys):
-        return ds.map(lambda x: _pad_one(x, feature_lengths),
-                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return map_inline(ds, lambda x: _pad_one(x, feature_lengths))
 
     def fn(batch):
         out = dict(batch)
@@ -44,8 +45,7 @@ def trim_and_pad_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]
             out[k] = v
         return out
 
-    ds = ds.padded_batch(_PAD_BATCH).map(fn, num_parallel_calls=tf.data.AUTOTUNE,
-                                         deterministic=True)
+    ds = map_inline(ds.padded_batch(_PAD_BATCH), fn)
     return ds.unbatch()
 
 
@@ -126,10 +126,10 @@ def trim_and_pack_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int
             out[k] = v
         return out
 
-    ds = ds.map(lambda x: {k: x[k][:lengths[k]] for k in keys})
+    ds = map_inline(ds, lambda x: {k: x[k][:lengths[k]] for k in keys})
     # Groups of max(lengths) examples, as seqio; padding is cut again in `pack_group`.
     ds = ds.padded_batch(max(lengths.values()), padded_shapes={k: [None] for k in keys})
-    return ds.map(pack, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+    return map_inline(ds, pack).unbatch()
 
 
 def shift_right(x: tf.Tensor, fill: int = 0) -> tf.Tensor:

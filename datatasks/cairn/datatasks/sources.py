@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError, unknown
+from cairn.datatasks.inline import map_inline
 from cairn.datatasks.stats import DataStats, counted_filter
 
 
@@ -168,8 +169,7 @@ def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None,
             mask.set_shape([None])
         return tf.boolean_mask(lines, mask)
 
-    return ds.batch(batch).map(keep, num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=True).unbatch()
+    return map_inline(ds.batch(batch), keep).unbatch()
 
 
 class TFExampleDataSource(FileDataSource):
@@ -187,8 +187,7 @@ class TFExampleDataSource(FileDataSource):
         return self._reader(path)
 
     def _postprocess(self, ds, stats):
-        return ds.map(lambda r: tf.io.parse_single_example(r, self._description),
-                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return map_inline(ds, lambda r: tf.io.parse_single_example(r, self._description))
 
 
 def _json_spec(value: Any) -> tf.TensorSpec:
@@ -267,9 +266,9 @@ class JsonLinesDataSource(FileDataSource):
                 out[k] = v
             return ok, out
 
-        ds = ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = map_inline(ds, to_features)
         ds = counted_filter(ds, lambda ok, _: ok, stats, "unparsable")
-        return ds.map(lambda _, x: x)
+        return map_inline(ds, lambda _, x: x)
 
 
 class FunctionDataSource(DataSource):

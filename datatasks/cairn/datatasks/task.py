@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature import Feature
+from cairn.datatasks.inline import pipeline_options
 from cairn.datatasks.preprocessors.base import call_preprocessor, cacheable_prefix
 from cairn.datatasks.sources import DataSource, ShardInfo
 from cairn.datatasks.stats import BadDataPolicy, DataStats
@@ -131,4 +132,4 @@ class Task:
         if shuffle:
             # Outside the per-epoch function: a shuffle inside flat_map cannot be checkpointed.
             ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        return ds
+        return ds.with_options(pipeline_options())

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.inline import map_inline
 from cairn.datatasks.sources import TFExampleDataSource
 
 
@@ -83,5 +84,5 @@ class TfdsDataSource(TFExampleDataSource):
     def _postprocess(self, ds, stats):
         ds = super()._postprocess(ds, stats)
         sparse = self._sparse
-        return ds.map(lambda x: {k: (tf.sparse.to_dense(v) if k in sparse else v)
+        return map_inline(ds, lambda x: {k: (tf.sparse.to_dense(v) if k in sparse else v)
                                  for k, v in x.items()})

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.inline import map_inline
 
 
 def validate_spec(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, Any]
@@ -58,7 +59,7 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
             and sequence_length is not None and sequence_length.get(k) is not None]
     unknown_rank = [k for k in output_features if k in spec and spec[k].shape.rank is None]
     if unknown_rank:
-        ds = ds.map(lambda x: {k: (tf.ensure_shape(v, [None] * output_features[k].rank)
+        ds = map_inline(ds, lambda x: {k: (tf.ensure_shape(v, [None] * output_features[k].rank)
                                    if k in unknown_rank else v) for k, v in x.items()})
         return finalize(task_name, ds, output_features, sequence_length, overlong, stats, batch)
     if not check and not trim:
@@ -92,9 +93,13 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
             row_ok = tf.reduce_all(ok, axis=1)
             first_bad = tf.argmin(tf.cast(row_ok, tf.int32), output_type=tf.int64)
             bad_row = tf.gather(rt, first_bad)
+            # String data only: an Assert with other data is built inside a `tf.cond`,
+            # which keeps the map from running inline.
             asserts.append(tf.debugging.Assert(tf.reduce_all(row_ok), [
-                f"task {task_name}: feature {k} of example", b * batch + first_bad,
-                f"has an id outside [0, {vocab}):", bad_row], summarize=16))
+                f"task {task_name}: feature {k} of example",
+                tf.strings.as_string(b * batch + first_bad),
+                f"has an id outside [0, {vocab}):", tf.strings.as_string(bad_row)],
+                summarize=16))
         keep = None
         overs = []
         for k in trim:
@@ -124,8 +129,8 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
 
     if not dense:
         ds = ds.ragged_batch(batch).enumerate()
-        ds = ds.map(one_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return ds.unbatch().map(lambda x: dict(x))
+        ds = map_inline(ds, one_batch)
+        return map_inline(ds.unbatch(), lambda x: dict(x))
 
     def add_lengths(x):
         x = dict(x)
@@ -139,6 +144,6 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
             out[k] = x[k][:x[f"__len_{k}"]]
         return out
 
-    ds = ds.map(add_lengths).padded_batch(batch).enumerate()
-    ds = ds.map(one_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.unbatch().map(cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = map_inline(ds, add_lengths).padded_batch(batch).enumerate()
+    ds = map_inline(ds, one_batch)
+    return map_inline(ds.unbatch(), cut)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.inline import map_inline
 
 
 class FeatureConverter(metaclass=abc.ABCMeta):
@@ -68,9 +69,9 @@ class FeatureConverter(metaclass=abc.ABCMeta):
         lengths = dict(task_feature_lengths)
         self._validate(ds, lengths)
         keep = list(self.TASK_FEATURES) + list(self._passthrough)
-        ds = ds.map(lambda x: {k: (tf.cast(x[k], tf.int32) if k in self.TASK_FEATURES else x[k])
-                               for k in keep},
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        task_features = set(self.TASK_FEATURES)
+        ds = map_inline(ds, lambda x: {k: (tf.cast(x[k], tf.int32) if k in task_features
+                                           else x[k]) for k in keep})
         return self._convert_features(ds, {k: lengths[k] for k in keep if k in lengths})
 
     def _pack_or_pad(self, ds: tf.data.Dataset, lengths: Mapping[str, int]) -> tf.data.Dataset:

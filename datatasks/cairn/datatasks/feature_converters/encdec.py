@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding
+from cairn.datatasks.inline import map_inline
 from cairn.datatasks.packing import make_autoregressive_inputs
 
 
@@ -42,7 +43,7 @@ class EncDecFeatureConverter(FeatureConverter):
             d.update({k: x[k] for k in passthrough if k in x})
             return d
 
-        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return map_inline(ds, convert)
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         enc, dec = task_feature_lengths["inputs"], task_feature_lengths["targets"]

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding
+from cairn.datatasks.inline import map_inline
 from cairn.datatasks.packing import make_autoregressive_inputs
 
 
@@ -38,7 +39,7 @@ class LMFeatureConverter(FeatureConverter):
             d.update({k: x[k] for k in passthrough if k in x})
             return d
 
-        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return map_inline(ds, convert)
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         n = task_feature_lengths["targets"]
@@ -83,7 +84,7 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
             d.update({k: x[k] for k in passthrough})
             return d
 
-        ds = ds.map(concat, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = map_inline(ds, concat)
         pack_lengths = {"targets": total, "inputs_width": total, "inputs_width_add_pos": total}
         pack_lengths.update({k: lengths[k] for k in passthrough if k in lengths})
         ds = self._pack_or_pad(ds, pack_lengths)
@@ -103,7 +104,7 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
             d.update({k: x[k] for k in passthrough if k in x})
             return d
 
-        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return map_inline(ds, convert)
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         n = task_feature_lengths["inputs"] + task_feature_lengths["targets"]

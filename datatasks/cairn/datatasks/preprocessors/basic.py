@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from cairn.datatasks.inline import map_inline
 from cairn.datatasks.preprocessors.base import preprocessor
-from cairn.tokenizers import SentencePieceVocabulary
 from cairn.datatasks.stats import BadDataPolicy, DataStats
+from cairn.tokenizers import SentencePieceVocabulary
 
 _TOKENIZE_BATCH = 256
 
@@ -29,7 +30,7 @@ def rekey(dataset: tf.data.Dataset, key_map: Mapping[str, str | None] | None = N
     def fn(x):
         return {new: (x[old] if old else tf.constant("")) for new, old in key_map.items()}
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return map_inline(dataset, fn)
 
 
 def _decode_all(flat: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -124,8 +125,7 @@ def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
     scalar = all(isinstance(s, tf.TensorSpec) and s.shape.rank == 0 for s in spec.values())
     if scalar:
         fn = _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, True)
-        ds = dataset.batch(_TOKENIZE_BATCH).map(
-            fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
+        ds = map_inline(dataset.batch(_TOKENIZE_BATCH), fn).unbatch()
 
         def cut(x):
             out = {k: v for k, v in x.items() if not k.startswith("__len_")}
@@ -133,17 +133,17 @@ def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
                 out[k] = x[k][:x[f"__len_{k}"]]
             return out
 
-        ds = ds.map(cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = map_inline(ds, cut)
     else:
         for k in keys:
             if spec[k].shape.rank != 0:
                 raise ValueError(f"tokenize: feature {k!r} must be a scalar string, "
                                  f"got shape {spec[k].shape}")
         fn = _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, False)
-        ds = dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = map_inline(dataset, fn)
     if policy.undecodable == "skip":
         ds = ds.filter(lambda x: tf.logical_not(x["__undecodable__"]))
-        ds = ds.map(lambda x: {k: v for k, v in x.items() if k != "__undecodable__"})
+        ds = map_inline(ds, lambda x: {k: v for k, v in x.items() if k != "__undecodable__"})
     return ds
 
 
@@ -164,7 +164,7 @@ def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> 
             x[k] = tf.concat([x[k], eos], axis=-1)
         return x
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return map_inline(dataset, fn)
 
 
 @preprocessor(deterministic=True)
@@ -184,7 +184,7 @@ def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str
             x[k] = tf.concat([v, eos], axis=-1)
         return x
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return map_inline(dataset, fn)
 
 
 @preprocessor(deterministic=True)
@@ -194,7 +194,7 @@ def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.dat
         return {k: (v[:sequence_length[k]] if sequence_length.get(k) is not None
                     and v.shape.rank else v) for k, v in x.items()}
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return map_inline(dataset, fn)
 
 
 @preprocessor(deterministic=False)

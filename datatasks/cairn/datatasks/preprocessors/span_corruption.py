@@ -15,6 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from cairn.datatasks.inline import map_inline
 from cairn.datatasks.preprocessors.base import map_over_dataset, preprocessor
 
 
@@ -128,14 +129,14 @@ def select_random_chunk(dataset: tf.data.Dataset, max_length: int = 65536,
 def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
                          batch_size: int = 128) -> tf.data.Dataset:
     """Concatenates the tokens of `batch_size` consecutive examples (padding removed)."""
-    dataset = dataset.map(lambda x: {feature_key: x[feature_key]})
+    dataset = map_inline(dataset, lambda x: {feature_key: x[feature_key]})
     dataset = dataset.padded_batch(batch_size, padded_shapes={feature_key: [-1]})
 
     def concat(x):
         tokens = tf.reshape(x[feature_key], [-1])
         return {feature_key: tf.boolean_mask(tokens, tf.cast(tokens, tf.bool))}
 
-    return dataset.map(concat, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return map_inline(dataset, concat)
 
 
 @preprocessor(deterministic=True)
@@ -154,8 +155,9 @@ def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
         padded = tf.reshape(tf.pad(tokens, [[0, padding]]), [-1, length])
         return {feature_key: padded, "__length__": lengths}
 
-    dataset = dataset.map(split, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return dataset.unbatch().map(lambda x: {feature_key: x[feature_key][:x["__length__"]]})
+    dataset = map_inline(dataset, split)
+    return map_inline(dataset.unbatch(),
+                      lambda x: {feature_key: x[feature_key][:x["__length__"]]})
 
 
 def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
