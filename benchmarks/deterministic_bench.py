@@ -1,6 +1,6 @@
 """Deterministic pipelines of cairn.datatasks: cache job, resume cost and throughput.
 
-  .venv/bin/python benchmarks/deterministic_bench.py [--lines N] [--files F] [--batches N]
+  .venv/bin/python benchmarks/deterministic_bench.py [--lines N] [--files F] [--batches N] [--unpacked-batches N]
 
 The task is datatasks_bench.py's: the `shakespeare` package's non-empty lines (the first
 `--lines`, split into `--files` text files), `inputs` / `targets` = the two halves of each
@@ -50,7 +50,7 @@ if "det_bench" not in dt.DEFAULT_REGISTRY:
 '''
 
 
-def peer_rates(model: str, data: str, batches: int, warmup: int) -> dict:
+def peer_rates(model: str, data: str, batches: dict, warmup: int) -> dict:
     """seqio's streaming pipeline (run in the peer venv)."""
     import seqio
 
@@ -69,7 +69,8 @@ def peer_rates(model: str, data: str, batches: int, warmup: int) -> dict:
         ds = seqio.get_dataset(name, LENGTHS, seqio.EncDecFeatureConverter(pack=pack),
                                dataset_split="train", shuffle=True, num_epochs=None,
                                batch_size=BATCH, seed=0)
-        out["packed" if pack else "unpacked"] = rate(ds.as_numpy_iterator(), batches, warmup)
+        out["packed" if pack else "unpacked"] = rate(ds.as_numpy_iterator(), batches[pack],
+                                                      warmup)
     return out
 
 
@@ -106,7 +107,7 @@ def cache_job(root: str, model: str, lines: list, files: int) -> tuple[float, in
     return seconds, n
 
 
-def reader_figures(root: str, batches: int, warmup: int) -> dict:
+def reader_figures(root: str, batches: dict, warmup: int) -> dict:
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
@@ -129,10 +130,10 @@ def reader_figures(root: str, batches: int, warmup: int) -> dict:
             firsts[step].append(time.perf_counter() - start)
         firsts = {k: statistics.median(v[1:]) for k, v in firsts.items()}
         reader, _ = make()
-        det = rate(reader, batches, warmup)
+        det = rate(reader, batches[pack], warmup)
         ds = dt.get_dataset("det_bench", LENGTHS, dt.EncDecFeatureConverter(pack=pack),
                             shuffle=True, num_epochs=None, seed=0, batch_size=BATCH)
-        stream = rate(ds.as_numpy_iterator(), batches, warmup)
+        stream = rate(ds.as_numpy_iterator(), batches[pack], warmup)
         out["packed" if pack else "unpacked"] = {
             "build_s": build, "first_0_s": firsts[0], "first_far_s": firsts[FAR_STEP],
             "deterministic": det, "streaming": stream}
@@ -143,7 +144,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lines", type=int, default=100_000)
     p.add_argument("--files", type=int, default=8)
-    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--batches", type=int, default=200, help="packed batches timed")
+    p.add_argument("--unpacked-batches", type=int, default=2000,
+                   help="unpacked batches timed (many: the reader computes ~1,024 rows ahead)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--peer", action="store_true", help="internal: run seqio's side")
     p.add_argument("--model")
@@ -152,7 +155,9 @@ def main() -> None:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"))
     args = p.parse_args()
     if args.peer:
-        json.dump(peer_rates(args.model, args.data, args.batches, args.warmup), sys.stdout)
+        json.dump(peer_rates(args.model, args.data, {True: args.batches,
+                                                     False: args.unpacked_batches},
+                             args.warmup), sys.stdout)
         return
     sys.path[:0] = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks"), HERE]
     from tokenizers_bench import shakespeare_lines, trained_model
@@ -165,12 +170,14 @@ def main() -> None:
               f"global batch {BATCH}")
         print(f"cache job (Beam DirectRunner, 2 workers): {records:,} records in "
               f"{seconds:.1f} s = {records / seconds:,.0f} records/s (incl. start-up)")
-        figures = reader_figures(root, args.batches, args.warmup)
+        figures = reader_figures(root, {True: args.batches, False: args.unpacked_batches},
+                                 args.warmup)
         peer = "no .peer-venv (bash benchmarks/setup_peers.sh)"
         if os.path.exists(PEER_PYTHON):
             proc = subprocess.run([PEER_PYTHON, os.path.abspath(__file__), "--peer", "--model",
                                    model, "--data", os.path.join(root, "data", "*.txt"),
-                                   "--batches", str(args.batches), "--warmup",
+                                   "--batches", str(args.batches), "--unpacked-batches",
+                                   str(args.unpacked_batches), "--warmup",
                                    str(args.warmup)], capture_output=True, text=True)
             peer = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
                     else "seqio failed: " + proc.stderr[-500:])

@@ -21,6 +21,7 @@ from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import (
     EncDecFeatureConverter, FeatureConverter, LMFeatureConverter)
+from cairn.datatasks.inline import map_inline, pipeline_options
 
 _RENAMES = {
     EncDecFeatureConverter: {"inputs_segment_ids": "encoder_segment_ids",
@@ -68,7 +69,7 @@ class ConvertStage:
             spec = {k: ragged for k in self.keys}
 
             def build(x):
-                ds = tf.data.Dataset.from_tensor_slices(x).map(lambda e: dict(e))
+                ds = map_inline(tf.data.Dataset.from_tensor_slices(x), lambda e: dict(e))
                 return converter(ds, lengths)
         elif self.mode == "prepacked":
             spec = {k: tf.TensorSpec([None, self.lengths[k.split("_")[0]
@@ -82,7 +83,7 @@ class ConvertStage:
             spec = {k: nested for k in self.keys}
 
             def one_row(row):
-                ds = tf.data.Dataset.from_tensor_slices(row).map(lambda e: dict(e))
+                ds = map_inline(tf.data.Dataset.from_tensor_slices(row), lambda e: dict(e))
                 return converter(ds, lengths)
 
             def build(x):
@@ -91,7 +92,7 @@ class ConvertStage:
         @tf.function(autograph=False, input_signature=[spec])
         def run(x):
             n = tf.shape(next(iter(x.values())), out_type=tf.int64)[0]
-            return build(x).batch(n).get_single_element()
+            return build(x).batch(n).with_options(pipeline_options()).get_single_element()
 
         self._run = run
 

@@ -110,14 +110,16 @@ class DeterministicReader:
       check_source_files: hash the source files to check the cache's fingerprint.
       prefetch: chunks computed ahead in background threads (0: none).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
-        pass). Neither changes the batches or the state.
+        pass, ~5 ms); default: enough for ~1,024 of this host's rows per pass unpacked
+        (one example each), ~256 packed (many examples each). Neither changes the batches
+        or the state.
     """
 
     def __init__(self, mixture_or_task: Any, cache_dir: str, seed: int, global_batch_size: int,
                  sequence_length: Mapping[str, int], feature_converter: FeatureConverter,
                  host_index: int = 0, host_count: int = 1, split: str = "train",
                  registry: Registry | None = None, check_source_files: bool = True,
-                 prefetch: int = 2, steps_per_call: int = 8):
+                 prefetch: int = 2, steps_per_call: int | None = None):
         if not (isinstance(host_count, int) and host_count >= 1 and 0 <= host_index < host_count):
             raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} "
                                  f"of {host_count}")
@@ -148,6 +150,9 @@ class DeterministicReader:
         self._prefetch = max(0, int(prefetch))
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
+        if steps_per_call is None:
+            rows = 256 if feature_converter.pack else 1024
+            steps_per_call = -(-rows // self.per_host)
         self._chunk_steps = max(1, int(steps_per_call))
         self._last: tuple[int, list] | None = None
 

@@ -16,7 +16,11 @@ import tensorflow as tf
 from cairn.datatasks.deterministic.records import FeatureSpec
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
+from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.preprocessors import is_deterministic
+
+
+OPTIONS = pipeline_options()  # nested pipelines too: inline maps stay inline
 
 
 def _description(specs: Mapping[str, FeatureSpec]) -> dict:
@@ -69,7 +73,7 @@ class RecordStage:
         def one(i, serialized, key):
             ds = tf.data.Dataset.from_tensors(parse(serialized))
             ds = task.preprocess(ds, lengths, seed=key, start=start)
-            return ds.map(lambda x: (i, select(x)))
+            return map_inline(ds, lambda x: (i, select(x)))
 
         def ragged(x):
             return {k: (v.values, v.row_lengths()) for k, v in x.items()}
@@ -94,7 +98,7 @@ class RecordStage:
             if self.per_record:
                 ds = tf.data.Dataset.from_tensor_slices(
                     (tf.range(n64), serialized, keys)).flat_map(one)
-                idx, x = ds.ragged_batch(n64).get_single_element()
+                idx, x = ds.ragged_batch(n64).with_options(OPTIONS).get_single_element()
                 return idx, ragged(x)
             x = parse_all(serialized)
             if not post:  # nothing after the cache: no per-example work at all
@@ -106,14 +110,14 @@ class RecordStage:
                 out = {k: (v[:, :lengths[k]] if k in lengths else v) for k, v in out.items()}
                 if not self.fused:
                     return tf.range(n64), ragged(out)
-                ds = tf.data.Dataset.from_tensor_slices(out).map(dense)
+                ds = map_inline(tf.data.Dataset.from_tensor_slices(out), dense)
             else:
-                ds = tf.data.Dataset.from_tensor_slices(x).map(dense)
-                ds = task.preprocess(ds, lengths, seed=None, start=start).map(select)
+                ds = map_inline(tf.data.Dataset.from_tensor_slices(x), dense)
+                ds = map_inline(task.preprocess(ds, lengths, seed=None, start=start), select)
             if self.fused:
-                out = converter(ds, lengths).batch(n64).get_single_element()
+                out = converter(ds, lengths).batch(n64).with_options(OPTIONS).get_single_element()
                 return tf.range(tf.shape(next(iter(out.values())), tf.int64)[0]), out
-            x = ds.ragged_batch(n64).get_single_element()
+            x = ds.ragged_batch(n64).with_options(OPTIONS).get_single_element()
             return tf.range(tf.shape(x[self.keys[0]].row_lengths(), tf.int64)[0]), ragged(x)
 
         self._run = run
