@@ -11,8 +11,9 @@ internal helper maps. Elements, order and checkpoints are exactly those of `ds.m
 
 The single-threaded executor cannot run old-style control flow or nested function calls;
 when `fn`'s graph has any (a `tf.cond`, `tf.while_loop`, a call into a `tf.function`, an
-`Assert` with float data), the ordinary parallel map is used instead. The pipeline must
-carry `pipeline_options()` (`get_dataset` adds them) so tf.data does not re-parallelize it.
+`Assert` whose data is not all strings or int32), the ordinary parallel map is used
+instead. The pipeline must carry `pipeline_options()` (`get_dataset` adds them) so tf.data
+does not re-parallelize it.
 """
 
 from __future__ import annotations

@@ -102,8 +102,7 @@ class Mixture:
                                             seed=_derive(seed, i), shard_info=shard_info,
                                             num_epochs=num_epochs, stats=stats, **kwargs)
             datasets.append(map_inline(ds, lambda x: {k: x[k] for k in sorted(keys) if k in x}))
-        if len(datasets) == 1:
-            return datasets[0].with_options(pipeline_options())
-        return tf.data.Dataset.sample_from_datasets(
+        ds = datasets[0] if len(datasets) == 1 else tf.data.Dataset.sample_from_datasets(
             datasets, weights=[self._rates[n] for n in names], seed=seed,
-            stop_on_empty_dataset=False).with_options(pipeline_options())
+            stop_on_empty_dataset=False)
+        return ds.with_options(pipeline_options())

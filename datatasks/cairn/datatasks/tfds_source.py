@@ -85,4 +85,4 @@ class TfdsDataSource(TFExampleDataSource):
         ds = super()._postprocess(ds, stats)
         sparse = self._sparse
         return map_inline(ds, lambda x: {k: (tf.sparse.to_dense(v) if k in sparse else v)
-                                 for k, v in x.items()})
+                                         for k, v in x.items()})

@@ -60,7 +60,7 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
     unknown_rank = [k for k in output_features if k in spec and spec[k].shape.rank is None]
     if unknown_rank:
         ds = map_inline(ds, lambda x: {k: (tf.ensure_shape(v, [None] * output_features[k].rank)
-                                   if k in unknown_rank else v) for k, v in x.items()})
+                                           if k in unknown_rank else v) for k, v in x.items()})
         return finalize(task_name, ds, output_features, sequence_length, overlong, stats, batch)
     if not check and not trim:
         return ds

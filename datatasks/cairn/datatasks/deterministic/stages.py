@@ -20,9 +20,6 @@ from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.preprocessors import is_deterministic
 
 
-OPTIONS = pipeline_options()  # nested pipelines too: inline maps stay inline
-
-
 def _description(specs: Mapping[str, FeatureSpec]) -> dict:
     desc = {}
     for k, s in specs.items():
@@ -90,6 +87,9 @@ class RecordStage:
         def dense(e):  # ragged_rank-0 slices -> plain tensors
             return dict(e)
 
+        def single(ds):  # with the options, so nested inline maps stay inline
+            return ds.with_options(pipeline_options()).get_single_element()
+
         @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
                                                        tf.TensorSpec([None, 2], tf.int64)])
         def run(serialized, keys):
@@ -98,7 +98,7 @@ class RecordStage:
             if self.per_record:
                 ds = tf.data.Dataset.from_tensor_slices(
                     (tf.range(n64), serialized, keys)).flat_map(one)
-                idx, x = ds.ragged_batch(n64).with_options(OPTIONS).get_single_element()
+                idx, x = single(ds.ragged_batch(n64))
                 return idx, ragged(x)
             x = parse_all(serialized)
             if not post:  # nothing after the cache: no per-example work at all
@@ -115,9 +115,9 @@ class RecordStage:
                 ds = map_inline(tf.data.Dataset.from_tensor_slices(x), dense)
                 ds = map_inline(task.preprocess(ds, lengths, seed=None, start=start), select)
             if self.fused:
-                out = converter(ds, lengths).batch(n64).with_options(OPTIONS).get_single_element()
+                out = single(converter(ds, lengths).batch(n64))
                 return tf.range(tf.shape(next(iter(out.values())), tf.int64)[0]), out
-            x = ds.ragged_batch(n64).with_options(OPTIONS).get_single_element()
+            x = single(ds.ragged_batch(n64))
             return tf.range(tf.shape(x[self.keys[0]].row_lengths(), tf.int64)[0]), ragged(x)
 
         self._run = run
