@@ -84,6 +84,12 @@ def test_unknown_preset(model_dir, tmp_path):
 
 def test_mesh_that_does_not_fit_the_devices(model_dir, tmp_path):
     err = fails(model_dir, tmp_path, "--config.partitioning.mesh.data=3", "--config.partitioning.mesh.model=2")
-    assert "'partitioning.mesh'" in err and "needs 6 devices, but there are 8" in err
-    assert "'data': 8, 'fsdp': 1, 'model': 1" in err  # an allowed shape
+    assert "'partitioning.mesh'" in err
+    assert "needs 6 devices, but there are 1 process(es) x 8 device(s) = 8 devices" in err
+    assert "a mesh that fits: {'data': 4, 'fsdp': 1, 'model': 2}" in err  # the model axis kept
 
+
+def test_batch_that_does_not_divide_over_the_data_shards(model_dir, tmp_path):
+    err = fails(model_dir, tmp_path, "--config.data.batch_size=12", "--config.partitioning.mesh.model=1")
+    assert ("'data.batch_size': 12 does not divide over the 8 data-parallel shards of mesh "
+            "{'data': 8, 'fsdp': 1, 'model': 1} on 1 process(es); use a multiple of 8") in err

@@ -147,8 +147,13 @@ def test_schema_checks_in_process():
 
 def test_mesh_shapes():
     assert validation.resolve_mesh({"data": -1, "model": 2}, 8) == {"data": 4, "fsdp": 1, "model": 2}
-    with pytest.raises(ConfigError, match="do not divide the 8 devices"):
-        validation.resolve_mesh({"data": -1, "model": 3}, 8)
+    with pytest.raises(ConfigError, match=r"need a multiple of 3 devices, but there are 2 process\(es\) x 4 "
+                                          r"device\(s\) = 8 devices; a mesh that fits: \{'data': 8, 'fsdp': 1, "
+                                          r"'model': 1\}"):
+        validation.resolve_mesh({"data": -1, "model": 3}, 8, process_count=2)
+    with pytest.raises(ConfigError, match=r"needs 16 devices.*a mesh that fits: \{'data': 1, 'fsdp': 2, 'model': 4\}"):
+        validation.resolve_mesh({"data": 2, "fsdp": 2, "model": 4}, 8)
+    assert validation.suggest_mesh({"model": 8}, 12) == {"data": 3, "fsdp": 1, "model": 4}
     with pytest.raises(ConfigError, match="at most one axis may be -1"):
         validation.resolve_mesh({"data": -1, "model": -1}, 8)
 

@@ -81,7 +81,8 @@ def _train(model_dir, steps=STEPS, perturb_step=None, seed=0, config=None):
                         mesh=dict(partitioner.mesh.shape))
     cfg = TrainerConfig(model_dir=str(model_dir), num_train_steps=steps, seed=seed, log_every=4,
                         checkpoint_every=3, tensorboard=False)
-    trainer = Trainer(TinyModel(), OptimizerConfig(name="adamw"), 1e-2, partitioner, cfg, step_hooks=[run_fp.step_hook])
+    trainer = Trainer(TinyModel(), OptimizerConfig(name="adamw"), 1e-2, partitioner, cfg, step_hooks=[run_fp.step_hook],
+                      batch_hooks=[run_fp.batch_hook])
     return trainer.train(Batches(seed, perturb_step))
 
 
@@ -120,7 +121,9 @@ def test_identical_seeds_are_identical_also_after_a_resume(runs):
     report = compare_runs(runs / "a", runs / "b")
     assert report.identical and report.exit_code == 0, report.text()
     assert report.losses_compared == STEPS and report.checksums_compared == STEPS // EVERY
-    assert f"identical through step {STEPS} ({STEPS} losses, {STEPS // EVERY} checksums compared)" in report.text()
+    assert report.batches_compared == STEPS
+    assert (f"identical through step {STEPS} ({STEPS} losses, {STEPS // EVERY} checksums, {STEPS} batch "
+            f"fingerprints compared)") in report.text()
     result = _verify(f"--run_a={runs / 'a'}", f"--run_b={runs / 'b'}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"identical through step {STEPS}" in result.stdout
@@ -129,11 +132,21 @@ def test_identical_seeds_are_identical_also_after_a_resume(runs):
 def test_data_perturbed_at_step_k_is_named(runs):
     report = compare_runs(runs / "a", runs / "perturbed")
     assert report.first_divergence is not None and report.exit_code == 1
-    assert report.first_divergence.step == PERTURB_AT and report.first_divergence.quantity == "loss"
-    assert report.losses_compared == PERTURB_AT and report.checksums_compared == (PERTURB_AT - 1) // EVERY
+    # The batch fingerprint names the step before any loss is compared at it.
+    assert report.first_divergence.step == PERTURB_AT and report.first_divergence.quantity == "batch_sha256"
+    assert report.losses_compared == PERTURB_AT - 1 and report.checksums_compared == (PERTURB_AT - 1) // EVERY
     result = _verify(f"--run_a={runs / 'a'}", f"--run_b={runs / 'perturbed'}")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert f"first divergent step: {PERTURB_AT} (loss)" in result.stdout
+    assert f"first divergent step: {PERTURB_AT} (batch_sha256)" in result.stdout
+    # Without batch fingerprints (older runs), the loss names the step.
+    for name in ("a", "perturbed"):
+        (runs / name / "fingerprint" / "batches.jsonl").rename(runs / name / "fingerprint" / "batches.off")
+    try:
+        by_loss = compare_runs(runs / "a", runs / "perturbed")
+    finally:
+        for name in ("a", "perturbed"):
+            (runs / name / "fingerprint" / "batches.off").rename(runs / name / "fingerprint" / "batches.jsonl")
+    assert by_loss.first_divergence.step == PERTURB_AT and by_loss.first_divergence.quantity == "loss"
     # A loose tolerance accepts the one-token change's tiny effect on the loss, not on the params.
     loose = compare_runs(runs / "a", runs / "perturbed", rtol=0.5, atol=0.0)
     assert loose.first_divergence is None or loose.first_divergence.step >= PERTURB_AT

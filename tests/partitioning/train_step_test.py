@@ -1,4 +1,7 @@
-"""A small Flax model's train step (Adafactor) on the issue's meshes equals one device."""
+"""A small Flax model's train step (Adafactor) on the issue's meshes equals one device; the
+optimizer-state shardings of factored, scanned, square and indivisible statistics."""
+
+import warnings
 
 import flax.linen as nn
 import jax
@@ -9,7 +12,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cairn.partitioning import Partitioner, create_mesh, opt_state_logical_specs, standard_logical_axis_rules
+from cairn.partitioning import (IndivisibleDimensionError, Partitioner, create_mesh, opt_state_logical_specs,
+                                standard_logical_axis_rules)
 
 VOCAB, EMBED, MLP, BATCH, LENGTH = 64, 16, 32, 8, 4
 
@@ -120,3 +124,37 @@ def test_adafactor_state_shardings(setup):
     # Without a param tree to match, a leaf is replicated.
     logical = opt_state_logical_specs(params, specs, {"count": jnp.zeros(()), "other": jnp.zeros((3, 5))})
     assert logical == {"count": P(), "other": P()}
+
+
+def test_factored_specs_of_scanned_square_and_short_specs():
+    """Real optax Adafactor shapes: a scanned [layers, embed, mlp] kernel keeps `layers`; a
+    square kernel is ambiguous (replicated); a spec shorter than its array is padded."""
+    params = {"stack": jnp.zeros((2, 128, 256)), "square": jnp.zeros((128, 128)), "short": jnp.zeros((256, 128))}
+    specs = {"stack": ("layers", "embed", "mlp"), "square": ("embed", "mlp"), "short": ("vocab",)}
+    state = optax.adafactor(1e-2).init(params)
+    logical = opt_state_logical_specs(params, specs, state)[0]
+    assert state[0].v_row["stack"].shape == (2, 128) and state[0].v_col["stack"].shape == (2, 256)
+    assert logical.v_row["stack"] == P("layers", "embed") and logical.v_col["stack"] == P("layers", "mlp")
+    assert logical.v_row["square"] == P() and logical.v_col["square"] == P()
+    assert logical.v_row["short"] == P(None) and logical.v_col["short"] == P("vocab")
+    assert logical.v["stack"] == P() and logical.count == P()
+
+
+def test_opt_state_shardings_replicate_quietly_even_with_on_indivisible_error():
+    """mlp (256) takes 'model' in the kernel, so its kv dim (132) never asks for it; Adafactor's
+    v_row drops mlp and keeps kv, which 'model' (8) does not divide: replicated, no warning,
+    no error (the param itself was checked)."""
+    params = {"w": jnp.zeros((256, 132))}
+    specs = {"w": ("mlp", "kv")}
+    state = optax.adafactor(1e-2).init(params)
+    for mode in ("replicate", "error"):
+        partitioner = Partitioner(create_mesh({"data": 1, "model": 8}), standard_logical_axis_rules(),
+                                  on_indivisible=mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert partitioner.shardings_for(specs, params)["w"].spec == P("model", None)
+            sh = partitioner.opt_state_shardings(params, specs, state)
+        assert sh[0].v_row["w"].spec == P(None) and sh[0].v_col["w"].spec == P("model")
+        assert sh[0].v["w"].spec == P(None)  # (1,): unfactored slot of a factored param
+    with pytest.raises(IndivisibleDimensionError, match="'kv', size 132"):
+        partitioner.shardings_for({"v_row": ("kv",)}, {"v_row": jnp.zeros((132,))})

@@ -56,9 +56,9 @@ def tail(log: Optional[Path], n: int = 4000) -> str:
     return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
 
 
-def train(model_dir: Path, cache_dir: Path, extra: tuple = (), devices: int = 8) -> None:
+def train(model_dir: Path, cache_dir: Path, extra: tuple = (), devices: int = 8, steps: int = STEPS) -> None:
     log = model_dir.parent / f"{model_dir.name}.log"
-    finish(start(overrides(model_dir, cache_dir) + list(extra), devices, log), log)
+    finish(start(overrides(model_dir, cache_dir, steps) + list(extra), devices, log), log)
 
 
 def logged_steps(model_dir: Path) -> list[int]:
@@ -105,22 +105,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_multiprocess(model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4) -> None:
-    """One run as `processes` processes x `devices_each` CPU devices, coordinator on 127.0.0.1."""
+def start_multiprocess(model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4,
+                       extra: tuple = (), steps: int = STEPS, tag: str = "") -> tuple[list, list]:
+    """Starts one run as `processes` processes x `devices_each` CPU devices, coordinator on
+    127.0.0.1; returns `(procs, logs)`."""
     address = f"127.0.0.1:{free_port()}"
-    logs = [model_dir.parent / f"{model_dir.name}-p{i}.log" for i in range(processes)]
-    procs = [start(overrides(model_dir, cache_dir) + [
+    logs = [model_dir.parent / f"{model_dir.name}{tag}-p{i}.log" for i in range(processes)]
+    procs = [start(overrides(model_dir, cache_dir, steps) + list(extra) + [
         f"--config.multihost.coordinator_address={address}",
         f"--config.multihost.num_processes={processes}", f"--config.multihost.process_id={i}"],
         devices_each, logs[i]) for i in range(processes)]
+    return procs, logs
+
+
+def kill_all(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def train_multiprocess(model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4,
+                       extra: tuple = (), steps: int = STEPS) -> None:
+    """One run as `processes` processes x `devices_each` CPU devices, coordinator on 127.0.0.1."""
+    procs, logs = start_multiprocess(model_dir, cache_dir, processes, devices_each, extra, steps)
     try:
         for p, log in zip(procs, logs):
             finish(p, log)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        kill_all(procs)
+
+
+def kill_after_checkpoint(model_dir: Path, procs: list, logs: list, step: int) -> None:
+    """SIGKILLs every process of a run as soon as its checkpoint at `step` is complete (its
+    manifest exists)."""
+    manifest = model_dir / "manifests" / f"{step}.json"
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            if manifest.exists():
+                return
+            for p, log in zip(procs, logs):
+                if p.poll() is not None:
+                    raise AssertionError(f"train ended ({p.returncode}) before checkpoint {step}:\n{tail(log)}")
+            time.sleep(0.02)
+        raise AssertionError(f"no checkpoint {step} within {TIMEOUT_S}s:\n{tail(logs[0])}")
+    finally:
+        kill_all(procs)
 
 
 def verify(a: Path, b: Path, *flags: str) -> subprocess.CompletedProcess:

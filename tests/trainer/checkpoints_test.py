@@ -166,3 +166,13 @@ def test_save_dtype_casts_params_and_restore_casts_back(tmp_path):
     expected = np.asarray(state.params["wi"]).astype(jax.numpy.bfloat16).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(restored.params["wi"]), expected)
     _assert_trees_equal(restored.opt_state, state.opt_state)  # the optimizer state is not cast
+
+
+def test_orbax_barriers_go_through_the_distributed_client():
+    """Background saves on several processes need orbax's barriers off the device collectives."""
+    from orbax.checkpoint._src.multihost import multihost
+
+    from cairn.trainer.checkpoints import use_client_barriers
+
+    assert use_client_barriers() is True
+    assert multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.value is True

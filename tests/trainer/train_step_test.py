@@ -1,15 +1,20 @@
-"""The partitioned train step: accumulation, dropout keys, optimizer-state shardings."""
+"""The partitioned train step: accumulation, dropout keys, optimizer-state shardings (after a
+real step and after a checkpoint restore)."""
 
+import warnings
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
-from jax.sharding import PartitionSpec
 
 from conftest import make_partitioner
 from tiny_model import TinyModel, make_batch
 
-from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig, dropout_key
+from cairn.partitioning import IndivisibleDimensionWarning, Partitioner, create_mesh, standard_logical_axis_rules
+from cairn.trainer import Checkpointer, OptimizerConfig, Trainer, TrainerConfig, dropout_key, opt_state_specs
 
 
 def _trainer(tmp_path, num_microbatches=1, dropout=0.0, shape=(4, 2), optimizer=OptimizerConfig(), reduction="mean"):
@@ -63,26 +68,136 @@ def test_dropout_key_is_fold_in_of_seed_and_step(tmp_path):
     assert float(m1["loss"]) != float(m3["loss"])
 
 
-def test_factored_adafactor_state_shardings(tmp_path):
-    t = _trainer(tmp_path, shape=(4, 2))
-    b = make_batch(0, 0)
-    t.setup(b)
-    state = t.initial_state()
-    fs = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(x, "v_row")) if hasattr(s, "v_row")][0]
-    # wi (embed, mlp) is 128 x 256: factored, its row/column statistics replicated.
-    assert fs.v_row["wi"].sharding.is_fully_replicated
-    assert fs.v_col["wi"].sharding.is_fully_replicated
-    # scale (embed,) is not factored: v is shaped like it and sharded like it.
-    assert fs.v["scale"].sharding == state.params["scale"].sharding
-    assert state.params["wi"].sharding.spec == PartitionSpec(None, "model")
-    assert fs.count.sharding.is_fully_replicated
+# -- optimizer-state shardings -----------------------------------------------------------------
+# One param per case of the rule. optax's Adafactor factors a param whose two largest dims are
+# >= 128: v_row drops the largest, v_col the second largest; smaller params keep a full `v`.
+SHAPES = {
+    "embedding": ((256, 128), ("vocab", "embed")),      # v_row (embed,), v_col (vocab,)
+    "wi": ((128, 256), ("embed", "mlp")),               # v_row (embed,), v_col (mlp,)
+    "stack": ((2, 128, 256), ("layers", "embed", "mlp")),  # scanned: v_row (layers, embed), v_col (layers, mlp)
+    "square": ((128, 128), ("embed", "mlp")),           # which dim was dropped is ambiguous: replicated
+    "odd": ((128, 132), ("embed", "mlp")),              # v_col (mlp=132,): sharded where 132 divides
+    "scale": ((128,), ("embed",)),                      # not factored: v shaped like the param
+}
 
 
-def test_adamw_moments_sharded_like_params(tmp_path):
-    t = _trainer(tmp_path, shape=(2, 4), optimizer=OptimizerConfig(name="adamw"))
-    t.setup(make_batch(0, 0))
+class _ShardedNet(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+        init = nn.initializers.normal(0.02)
+        p = {name: self.param(name, nn.with_logical_partitioning(init, names), shape)
+             for name, (shape, names) in SHAPES.items()}
+        x = p["embedding"][tokens]
+        h = jax.nn.relu(x @ p["wi"]) + sum(jnp.tanh(x @ p["stack"][i]) for i in range(2))
+        x = x + h @ p["wi"].T + x @ p["square"] + jnp.tanh(x @ p["odd"]) @ p["odd"].T
+        return (x * p["scale"]) @ p["embedding"].T
+
+
+class _ShardedModel:
+    def init(self, rng, batch):
+        return _ShardedNet().init(rng, jnp.asarray(batch["inputs"]))["params"]
+
+    def loss_fn(self, params, batch, dropout_rng):
+        logits = _ShardedNet().apply({"params": params}, batch["inputs"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean(), {}
+
+
+def _sharded_batch(step):
+    rng = np.random.default_rng([7, step])
+    inputs = rng.integers(0, 256, size=(16, 8), dtype=np.int32)
+    return {"inputs": inputs, "targets": (inputs * 5 + 1) % 256}
+
+
+MESHES = {
+    # data=2, fsdp=2, model=2 with the FSDP rules: embed -> fsdp, vocab/mlp -> model.
+    "2x2x2-fsdp": ({"data": 2, "fsdp": 2, "model": 2}, True),
+    # data=1, model=8: embed unsharded; 132 does not divide by 8.
+    "1x8": ({"data": 1, "model": 8}, False),
+}
+# Expected mesh specs (trailing Nones dropped) of Adafactor's factored statistics per mesh.
+FACTORED = {
+    "2x2x2-fsdp": {"embedding": (("fsdp",), ("model",)), "wi": (("fsdp",), ("model",)),
+                   "stack": ((None, "fsdp"), (None, "model")), "square": ((), ()), "odd": (("fsdp",), ("model",))},
+    "1x8": {"embedding": ((), ("model",)), "wi": ((), ("model",)), "stack": ((), (None, "model")),
+            "square": ((), ()), "odd": ((), ())},
+}
+
+
+def _spec(array):
+    spec = tuple(array.sharding.spec)
+    while spec and spec[-1] is None:
+        spec = spec[:-1]
+    return spec
+
+
+def _find(state, field):
+    return [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(x, field)) if hasattr(s, field)][0]
+
+
+def _sharded_trainer(model_dir, mesh_name, optimizer):
+    axes, fsdp = MESHES[mesh_name]
+    partitioner = Partitioner(create_mesh(axes), standard_logical_axis_rules(fsdp=fsdp))
+    cfg = TrainerConfig(model_dir=str(model_dir), num_train_steps=2)
+    return Trainer(_ShardedModel(), optimizer, 0.01, partitioner, cfg)
+
+
+def _setup(trainer):
+    """`trainer.setup`; returns the texts of the IndivisibleDimensionWarnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.setup(_sharded_batch(0))
+    return [str(w.message) for w in caught if issubclass(w.category, IndivisibleDimensionWarning)]
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw"])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_opt_state_shardings_after_a_step_and_after_restore(tmp_path, mesh_name, optimizer):
+    t = _sharded_trainer(tmp_path, mesh_name, OptimizerConfig(name=optimizer))
+    # The only indivisible dimension is the param odd's mlp (132) on model=8: one warning,
+    # naming the param; its optimizer statistics are replicated without another one.
+    messages = _setup(t)
+    assert messages == (["parameter 'odd': dimension 1 ('mlp', size 132) is not divisible by mesh axes "
+                         "('model',) of size 8; replicating it"] if mesh_name == "1x8" else []), messages
     state = t.initial_state()
-    adam = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu")][0]
-    for name in ("wi", "wo", "embedding"):
-        assert adam.mu[name].sharding == state.params[name].sharding
-        assert adam.nu[name].sharding == state.params[name].sharding
+    for step in range(2):
+        state, _ = t.train_step(state, t.partitioner.shard_batch(_sharded_batch(step)))
+    mesh = t.partitioner.mesh
+    assert all(leaf.sharding.mesh == mesh for leaf in jax.tree.leaves(state))
+    assert _spec(state.params["odd"]) == (("fsdp", "model") if mesh_name == "2x2x2-fsdp" else ())
+    if optimizer == "adafactor":
+        fs = _find(state, "v_row")
+        assert fs.v_row["wi"].shape == (128,) and fs.v_col["wi"].shape == (256,)
+        assert fs.v_row["stack"].shape == (2, 128) and fs.v_col["stack"].shape == (2, 256)
+        assert fs.v_row["embedding"].shape == (128,) and fs.v_col["embedding"].shape == (256,)
+        for name, (row, col) in FACTORED[mesh_name].items():
+            assert (_spec(fs.v_row[name]), _spec(fs.v_col[name])) == (row, col), name
+            assert fs.v[name].shape == (1,) and _spec(fs.v[name]) == ()
+        assert fs.v["scale"].shape == (128,) and fs.v["scale"].sharding == state.params["scale"].sharding
+        assert _spec(fs.v_row["scale"]) == _spec(fs.v_col["scale"]) == ()
+        assert _spec(fs.count) == ()
+    else:
+        adam = _find(state, "mu")
+        for name in SHAPES:
+            assert adam.mu[name].sharding == state.params[name].sharding, name
+            assert adam.nu[name].sharding == state.params[name].sharding, name
+        assert _spec(adam.count) == ()
+    # The public name gives the logical specs behind these shardings.
+    logical = opt_state_specs(t.optimizer, t.abstract_state.opt_state, t.abstract_state.params, t.param_specs)
+    assert jax.tree.structure(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)) == \
+        jax.tree.structure(state.opt_state)
+
+    # A checkpoint restores onto the same shardings (the trainer restores onto abstract_state).
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    ckpt.save(2, state)
+    ckpt.close()
+    fresh = _sharded_trainer(tmp_path / "fresh", mesh_name, OptimizerConfig(name=optimizer))
+    _setup(fresh)
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    try:
+        step, restored, _, _ = ckpt.restore(fresh.abstract_state)
+    finally:
+        ckpt.close()
+    assert step == 2
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(state)):
+        assert a.sharding == b.sharding, (jax.tree_util.keystr(path), a.sharding, b.sharding)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -74,11 +74,42 @@ def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None) -> Any
 
 
 def make_partitioner(config: ml_collections.ConfigDict) -> Any:
-    """The `Partitioner` over all devices with the config's mesh (checked to fit)."""
-    from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
+    """The `Partitioner` over all devices with the config's mesh (checked to fit). With
+    `partitioning.num_slices` > 1 the mesh is hybrid: each `partitioning.dcn_mesh` axis spans
+    that many slices (DCN), the rest of it stays inside a slice (ICI). `ConfigError` naming the
+    key when the slices do not fit the devices."""
+    from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 
-    mesh = resolve_mesh(to_plain(config.partitioning.mesh), jax.device_count())
-    return Partitioner(create_mesh(mesh), standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
+    devices = jax.devices()
+    mesh = resolve_mesh(to_plain(config.partitioning.mesh), len(devices), jax.process_count())
+    num_slices = int(config.partitioning.get("num_slices", 1))
+    dcn = {a: int(s) for a, s in to_plain(config.partitioning.get("dcn_mesh", {"data": -1})).items()}
+    fixed = int(np.prod([s for s in dcn.values() if s != -1]))
+    dcn = {a: num_slices // fixed if s == -1 else s for a, s in dcn.items()}
+    layout = f"{jax.process_count()} process(es), {len(devices)} devices"
+    if len(devices) % num_slices:
+        raise ConfigError("partitioning.num_slices", f"{num_slices} slices do not divide the {layout}")
+    if devices[0].platform == "tpu":  # TPU devices know their slice (multislice: slice_index)
+        found = len({getattr(d, "slice_index", 0) for d in devices})
+        if found != num_slices:
+            raise ConfigError("partitioning.num_slices", f"is {num_slices}, but the TPU devices ({layout}) form "
+                                                         f"{found} slice(s); set it to {found}")
+    for axis, span in dcn.items():
+        if mesh[axis] % span:
+            raise ConfigError(f"partitioning.dcn_mesh.{axis}",
+                              f"axis {axis!r} of mesh {mesh} cannot span {span} slices ({layout}): "
+                              f"{mesh[axis]} is not a multiple of {span}")
+    try:
+        device_mesh = create_mesh(mesh, devices, num_slices=num_slices, dcn_axes=dcn)
+    except MeshShapeError as e:
+        raise ConfigError("partitioning.num_slices", f"{e} ({layout})") from None
+    partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
+    if num_slices > 1:
+        shard = partitioner.data_layout()
+        log.info("hybrid mesh over %d slices, %s spanning them: %s; process %d reads data shard %d of %d",
+                 num_slices, {a: s for a, s in dcn.items() if s > 1}, dict(device_mesh.shape), jax.process_index(),
+                 shard.shard_id, shard.num_shards)
+    return partitioner
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> Callable:
@@ -110,8 +141,12 @@ def make_optimizer(config: ml_collections.ConfigDict) -> Any:
 
 
 def predict_fn_factory(config: ml_collections.ConfigDict, model: Any, batch_size: int,
-                       max_decode_length: Optional[int] = None) -> Callable:
-    """`make_predict_fn(params)` for `Evaluator.evaluate`: greedy (or the configured) decoding."""
+                       max_decode_length: Optional[int] = None, *, partitioner: Any,
+                       log_level: int = logging.INFO) -> Callable:
+    """`make_predict_fn(params)` for `Evaluator.evaluate`: greedy (or the configured) decoding of
+    `encoder_input_tokens`, in global batches of `batch_size` rows sharded over the partitioner's
+    mesh (`ShardedBatches`); on several processes each decodes its rows and all get every output."""
+    from cairn.launchers.sharded_batches import ShardedBatches
     from cairn.models import DecodeOptions
 
     lengths = data_lib.sequence_length(config)
@@ -120,47 +155,41 @@ def predict_fn_factory(config: ml_collections.ConfigDict, model: Any, batch_size
                             or lengths["targets"], temperature=config.post_training.temperature,
                             top_k=config.post_training.top_k)
 
-    def make(params):
-        @jax.jit
-        def decode(p, enc, rng):
-            return model.predict_batch(p, {"encoder_input_tokens": enc}, options, rng=rng)[0]
+    def decode(p, enc):
+        rng = jax.random.PRNGKey(config.seed)
+        return model.predict_batch(p, {"encoder_input_tokens": enc}, options, rng=rng)[0]
+    batches = ShardedBatches(partitioner, decode, batch_size, "decodes", log_level)
 
+    def make(params):
         def predict(ds):
-            out = []
-            for idx, enc in _batches(ds, "encoder_input_tokens", batch_size):
-                tokens = np.asarray(decode(params, enc, jax.random.PRNGKey(config.seed)))
-                out += [(int(i), t.tolist()) for i, t in zip(idx, tokens)]
-            return out
+            idx, enc = _stacked(ds, "encoder_input_tokens")
+            return [(int(i), t.tolist()) for i, t in zip(idx, batches(params, enc))]
         return predict
     return make
 
 
-def score_fn_factory(model: Any, batch_size: int) -> Callable:
-    """`make_score_fn(params)` for `Evaluator.evaluate`: each example's target log-likelihood."""
-    def make(params):
-        score = jax.jit(model.score_batch)
+def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level: int = logging.INFO) -> Callable:
+    """`make_score_fn(params)` for `Evaluator.evaluate`: each example's target log-likelihood, in
+    global batches of `batch_size` rows sharded over the partitioner's mesh (`ShardedBatches`)."""
+    from cairn.launchers.sharded_batches import ShardedBatches
 
+    batches = ShardedBatches(partitioner, model.score_batch, batch_size, "scores", log_level)
+
+    def make(params):
         def fn(ds):
-            out = []
-            for idx, batch in _batches(ds, None, batch_size):
-                out += list(zip(idx.tolist(), np.asarray(score(params, batch)).tolist()))
-            return out
+            idx, feats = _stacked(ds, None)
+            return list(zip(idx.tolist(), batches(params, feats).tolist()))
         return fn
     return make
 
 
-def _batches(ds: Any, key: Optional[str], batch_size: int):
-    """`(indices, batch)` numpy batches of an `(index, features)` dataset, the last padded
-    to `batch_size` rows (so one compiled shape serves every batch)."""
+def _stacked(ds: Any, key: Optional[str]) -> tuple[np.ndarray, Any]:
+    """`(indices, features)` of an `(index, features)` dataset: every row stacked, in order
+    (`features[key]` only, when `key` is given)."""
     rows = list(ds.as_numpy_iterator())
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        idx = np.array([int(i) for i, _ in chunk])
-        feats = {k: np.stack([f[k] for _, f in chunk]) for k in chunk[0][1]}
-        pad = batch_size - len(chunk)
-        if pad:
-            feats = {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) for k, v in feats.items()}
-        yield idx, (feats[key] if key is not None else feats)
+    idx = np.array([int(i) for i, _ in rows])
+    feats = {k: np.stack([f[k] for _, f in rows]) for k in rows[0][1]}
+    return idx, (feats[key] if key is not None else feats)
 
 
 def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = ()) -> Any:
@@ -173,11 +202,14 @@ def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = ()) -> An
                      sequence_length=data_lib.sequence_length(config), loggers=loggers)
 
 
-def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any) -> Callable:
-    """The trainer's `eval_fn`: the Evaluator's score metrics (no decoding during training)."""
+def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, partitioner: Any = None) -> Callable:
+    """The trainer's `eval_fn`: the Evaluator's score metrics (no decoding during training), in
+    sharded batches on the partitioner's mesh (default: `make_partitioner(config)`, the same mesh)."""
     from cairn.trainer import evaluator_callback
 
-    return evaluator_callback(evaluator, make_score_fn=score_fn_factory(model, config.eval.batch_size))
+    partitioner = partitioner if partitioner is not None else make_partitioner(config)
+    return evaluator_callback(evaluator, make_score_fn=score_fn_factory(
+        model, config.eval.batch_size, partitioner=partitioner, log_level=logging.DEBUG))
 
 
 def trainer_config(config: ml_collections.ConfigDict) -> Any:
@@ -188,23 +220,20 @@ def trainer_config(config: ml_collections.ConfigDict) -> Any:
                          num_microbatches=t.num_microbatches,
                          microbatch_reduction="sum" if loss_normalizing_factor(config) is None else "mean",
                          checkpoint_every=t.checkpoint_every, eval_every=t.eval_every, log_every=t.log_every,
-                         checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None,
-                                                     # Several processes: save in the loop's thread. A
-                                                     # background save's barriers can interleave with the
-                                                     # loop's per-step all-gathers (seen: "sync_global_devices
-                                                     # name mismatch").
-                                                     asynchronous=jax.process_count() == 1),
+                         checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True),
                          tensorboard=t.tensorboard)
 
 
 def make_trainer(config: ml_collections.ConfigDict, model: Any, partitioner: Any, eval_fn: Optional[Callable] = None,
-                 step_hooks: Sequence[Callable] = ()) -> Any:
+                 step_hooks: Sequence[Callable] = (), batch_hooks: Sequence[Callable] = ()) -> Any:
     """The `Trainer` (the resolved config is its `experiment_config`, stored in checkpoints);
-    `step_hooks` run after every step (e.g. the run fingerprint's)."""
+    `step_hooks` run after every step and `batch_hooks` before every `fingerprint_every`-th
+    (the run fingerprint's)."""
     from cairn.trainer import Trainer
 
     return Trainer(model, make_optimizer(config), make_schedule(config), partitioner, trainer_config(config),
-                   eval_fn=eval_fn, experiment_config=to_plain(config), step_hooks=list(step_hooks))
+                   eval_fn=eval_fn, experiment_config=to_plain(config), step_hooks=list(step_hooks),
+                   batch_hooks=list(batch_hooks), batch_hook_every=max(1, config.fingerprint_every))
 
 
 def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:

@@ -1,5 +1,5 @@
 """Params of a run's checkpoints for the eval and infer entry points: which steps are
-complete, and the params of one, sharded for this process's mesh."""
+complete, and the params of one, sharded on the mesh as the trainer lays them out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Optional
 import ml_collections
 import numpy as np
 
-from cairn.launchers import builder
+from cairn.launchers import builder, eval_setup
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 
@@ -46,27 +46,30 @@ def zero_batch(config: ml_collections.ConfigDict, rows: int) -> dict[str, np.nda
 def abstract_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any) -> Any:
     """ShapeDtypeStructs (with shardings) of the model's params, as the trainer lays them out."""
     trainer = builder.make_trainer(config, model, partitioner)
-    shards = partitioner.data_layout().num_shards
-    rows = max(1, config.data.batch_size // max(1, shards))
+    # One row per data-parallel shard: the params' layout does not depend on the batch.
+    rows = partitioner.batch_parts() // partitioner.data_layout().num_shards
     return trainer.setup(zero_batch(config, rows)).params
 
 
 def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any, path: str,
                 step: Optional[int] = None, abstract: Any = None) -> tuple[int, Any]:
     """`(step, params)` of the checkpoint at `path` (a model_dir, its checkpoints folder, or one
-    step's folder); the latest complete step unless `step` is given."""
+    step's folder); the latest complete step unless `step` is given. On several processes,
+    process 0 chooses the step (a checkpoint may complete while they look) and all restore it."""
     from cairn.trainer import restore_params
 
     if os.path.isdir(os.path.join(path, "state")):
         chosen = int(os.path.basename(os.path.normpath(path))) if step is None else step
         target = path
     else:
-        steps = complete_steps(path)
-        if not steps:
-            raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
-        if step is not None and step not in steps:
-            raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
-        chosen = steps[-1] if step is None else step
+        def choose() -> list[int]:
+            steps = complete_steps(path)
+            if not steps:
+                raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
+            if step is not None and step not in steps:
+                raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
+            return [steps[-1] if step is None else step]
+        chosen = eval_setup.from_process_0(choose)[0]
         target = os.path.join(checkpoint_root(path), str(chosen))
     abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
     return chosen, restore_params(target, abstract)

@@ -65,6 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.partitioning = ml_collections.ConfigDict()
     c.partitioning.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
     c.partitioning.fsdp_rules = False    # shard params' embed dim over `fsdp` (and batch over data x fsdp)
+    c.partitioning.num_slices = 1        # TPU slices (multislice, DCN between them) or groups of hosts
+    # How many slices each mesh axis spans (-1: the rest); the default puts data parallelism
+    # across slices. Each partitioning.mesh size must be a multiple of its dcn_mesh size.
+    c.partitioning.dcn_mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 1})
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "adafactor"       # or "adamw"
@@ -111,6 +115,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.multihost.coordinator_bind_address = ""
     c.multihost.num_processes = config_dict.placeholder(int)   # or $CAIRN_NUM_PROCESSES / SLURM_NTASKS
     c.multihost.process_id = config_dict.placeholder(int)      # or $CAIRN_PROCESS_ID / SLURM_PROCID
+    c.multihost.initialization_timeout_seconds = 300  # exit 2 if the job is not joined by then
+    # A process that stops responding this long (killed, host lost) stops the others: one line
+    # naming it, exit status 3 (cairn.partitioning.peer_watchdog). 0: JAX's default (SIGABRT).
+    c.multihost.heartbeat_timeout_seconds = 100
     return c
 
 

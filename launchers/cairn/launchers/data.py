@@ -85,33 +85,49 @@ def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
 
     from cairn.datatasks.deterministic import cache_task_in_process, task_dir
 
-    todo = cache_missing(config, tasks)
-    if todo and jax.process_index() == 0:
-        for name in todo:
-            path = task_dir(config.data.cache_dir, name, config.data.split)
-            print(f"caching task {name} ({config.data.split}) in {path}", flush=True)
-            cache_task_in_process(tasks[name], config.data.split, path, overwrite=True)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+    from cairn.launchers.multihost import stop_together
 
-        multihost_utils.sync_global_devices("cairn_launchers_cache")
+    todo = cache_missing(config, tasks)
+    error = None
+    if todo and jax.process_index() == 0:
+        try:
+            for name in todo:
+                path = task_dir(config.data.cache_dir, name, config.data.split)
+                print(f"caching task {name} ({config.data.split}) in {path}", flush=True)
+                cache_task_in_process(tasks[name], config.data.split, path, overwrite=True)
+        except Exception as e:  # noqa: BLE001 - re-raised here; the others stop instead of waiting
+            error = e
+    stop_together(error, "caching the tasks")  # also the barrier: the others wait for the cache
     return todo
 
 
-def make_train_data(config: ml_collections.ConfigDict, tasks: Mapping[str, Any] | None = None) -> Any:
-    """The `DeterministicReader` of this host's rows (caching the tasks first if needed)."""
-    import jax
+def make_train_data(config: ml_collections.ConfigDict, partitioner: Any,
+                    tasks: Mapping[str, Any] | None = None) -> Any:
+    """The `DeterministicReader` of this host's rows (caching the tasks first if needed).
 
+    The rows follow the mesh, not the process id: a host reads the rows of its
+    `partitioner.data_layout()` shard, so hosts of one data-parallel replica (e.g. when the
+    model axis spans hosts) read identical rows."""
     from cairn.datatasks.deterministic import DeterministicReader
 
     tasks = tasks if tasks is not None else get_tasks(config)
+    from cairn.datatasks import DataTasksError
+    from cairn.launchers.multihost import stop_together
+
+    layout = partitioner.data_layout()
     ensure_cached(config, tasks)
-    return DeterministicReader(config.data.task, config.data.cache_dir, seed=config.seed,
-                               global_batch_size=config.data.batch_size,
-                               sequence_length=sequence_length(config),
-                               feature_converter=feature_converter(config), host_index=jax.process_index(),
-                               host_count=jax.process_count(), split=config.data.split,
-                               check_source_files=config.data.check_source_files)
+    reader, error = None, None
+    try:
+        reader = DeterministicReader(config.data.task, config.data.cache_dir, seed=config.seed,
+                                     global_batch_size=config.data.batch_size,
+                                     sequence_length=sequence_length(config),
+                                     feature_converter=feature_converter(config), host_index=layout.shard_id,
+                                     host_count=layout.num_shards, split=config.data.split,
+                                     check_source_files=config.data.check_source_files)
+    except DataTasksError as e:  # e.g. this host's task cache is missing: every process stops
+        error = e
+    stop_together(error, "opening the task cache")
+    return reader
 
 
 def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> str:

@@ -12,6 +12,12 @@ stops after evaluating step `num_train_steps`, or after `--idle_timeout_seconds`
 new checkpoint. Results: `<model_dir>/eval/<split>/` (`evaluated.jsonl`, the Evaluator's
 `metrics.jsonl` and example files, TensorBoard event files). Score metrics always run;
 `--decode` also decodes predictions for prediction metrics. Exit status 2 on a bad config.
+
+On several processes (started like the train entry point, `multihost.*` or `$CAIRN_*`) every
+process decodes and scores only its rows of each global batch of `eval.batch_size` rows (which
+must divide over the hosts' data shards; any size on one process), the outputs are gathered in
+input order, and process 0 alone writes the files and prints; process 0 also chooses the steps
+to evaluate. `data.batch_size` is not checked.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import ml_collections
 from absl import flags
 
-from cairn.launchers import builder, checkpoint_params, cli, config_io
+from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
+from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -44,7 +51,6 @@ class EvaluatedLog:
 
     def __init__(self, eval_dir: str):
         self.path = os.path.join(eval_dir, "evaluated.jsonl")
-        os.makedirs(eval_dir, exist_ok=True)
 
     def steps(self) -> set[int]:
         done = set()
@@ -58,32 +64,37 @@ class EvaluatedLog:
         return done
 
     def add(self, step: int, metrics: dict) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, "metrics": metrics}, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
 
-def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool) -> Callable[[str, Optional[int]], tuple]:
-    """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them."""
+def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool,
+                out: Callable[[str], None] = print) -> Callable[[str, Optional[int]], tuple]:
+    """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them
+    (on every process; only process 0 writes the Evaluator's files)."""
     from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-    from cairn.launchers import train_main
 
-    ready = train_main.prepare(config)
+    ready = eval_setup.prepare(config)
+    partitioner = ready["partitioner"]
+    check_batch_size("eval.batch_size", config.eval.batch_size, partitioner)
     model = builder.load_model(config, ready["vocabulary"])
-    partitioner = builder.make_partitioner(config)
-    loggers = (JsonLinesLogger(eval_dir), TensorBoardLogger(os.path.join(eval_dir, "tensorboard")))
+    loggers = ((JsonLinesLogger(eval_dir), TensorBoardLogger(os.path.join(eval_dir, "tensorboard")))
+               if eval_setup.is_process_0() else ())
     evaluator = builder.make_evaluator(config, loggers=loggers)
     abstract = checkpoint_params.abstract_params(config, model, partitioner)
-    score = builder.score_fn_factory(model, config.eval.batch_size)
-    predict = builder.predict_fn_factory(config, model, config.eval.batch_size) if decode else None
+    score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=partitioner)
+    predict = (builder.predict_fn_factory(config, model, config.eval.batch_size, partitioner=partitioner)
+               if decode else None)
 
     def run(path: str, step: Optional[int]) -> tuple:
         step, params = checkpoint_params.load_params(config, model, partitioner, path, step, abstract)
         result = evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None,
                                     step=step)
         for task, errors in result.errors.items():
-            print(f"step {step}: {task}: {'; '.join(errors)}", flush=True)
+            out(f"step {step}: {task}: {'; '.join(errors)}")
         return step, {t: {k: float(v) for k, v in m.items()} for t, m in result.metrics.items()}
     return run
 
@@ -91,17 +102,20 @@ def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool) 
 def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] = None, watch: bool = False,
              decode: bool = False, eval_dir: str = "", poll_seconds: float = 10.0,
              idle_timeout_seconds: float = 3600.0, out: Callable[[str], None] = print) -> dict[int, dict]:
-    """Evaluates checkpoints under `path`; returns `{step: {task: {metric: value}}}` of this call."""
+    """Evaluates checkpoints under `path`; returns `{step: {task: {metric: value}}}` of this call.
+    Every process of the job calls it; process 0 writes `evaluated.jsonl` and decides, with
+    `--watch`, which steps to evaluate and when to stop."""
     eval_dir = eval_dir or os.path.join(config.model_dir, "eval", config.eval.split)
     if not watch and not checkpoint_params.complete_steps(path) and not os.path.isdir(os.path.join(path, "state")):
         raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
+    run = make_runner(config, eval_dir, decode, out)
     done_log = EvaluatedLog(eval_dir)
-    run = make_runner(config, eval_dir, decode)
     results: dict[int, dict] = {}
 
     def one(p: str, s: Optional[int]) -> int:
         s, metrics = run(p, s)
-        done_log.add(s, metrics)
+        if eval_setup.is_process_0():
+            done_log.add(s, metrics)
         results[s] = metrics
         shown = "; ".join(f"{t}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(m.items()))
                           for t, m in sorted(metrics.items()))
@@ -112,16 +126,22 @@ def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] =
         one(path, step)
         return results
     idle_since = time.monotonic()
-    while True:
+
+    def look() -> list[int]:
+        """(process 0) `[stop, *new steps]`: stop when idle for too long."""
         done = done_log.steps()
         new = [s for s in checkpoint_params.complete_steps(path) if s not in done]
+        return [int(not new and time.monotonic() - idle_since > idle_timeout_seconds)] + new
+
+    while True:
+        stop, *new = eval_setup.from_process_0(look)
         for s in new:
             if one(path, s) >= config.num_train_steps:
                 out(f"evaluated the final step {s}; stopping")
                 return results
         if new:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > idle_timeout_seconds:
+        elif stop:
             out(f"no new checkpoint for {idle_timeout_seconds:.0f}s; stopping")
             return results
         time.sleep(poll_seconds)
@@ -130,7 +150,7 @@ def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] =
 def _main(config: ml_collections.ConfigDict) -> None:
     path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
     evaluate(config, path, STEP.value, WATCH.value, DECODE.value, config_io.resolve_path(EVAL_DIR.value),
-             POLL.value, IDLE.value, out=lambda s: print(s, flush=True))
+             POLL.value, IDLE.value, out=eval_setup.print_on_process_0)
 
 
 def run() -> None:

@@ -5,6 +5,7 @@ A training run writes, next to its checkpoints,
 ```
 <model_dir>/fingerprint/header.json      config_hash, data_fingerprint, seed, process/device counts, mesh
 <model_dir>/fingerprint/checksums.jsonl  {"step", "param_sha256", "param_sum", "param_abs_sum"} per line
+<model_dir>/fingerprint/batches.jsonl    {"step", "batch_sha256"}: the global batch the step trained on
 ```
 
 so that two runs (another machine, another mesh, a resumed run) can be compared step by step
@@ -30,6 +31,7 @@ PathLike = Union[str, os.PathLike]
 FINGERPRINT_DIR = "fingerprint"
 HEADER = "header.json"
 CHECKSUMS = "checksums.jsonl"
+BATCHES = "batches.jsonl"
 HEADER_VERSION = 1
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -154,7 +156,7 @@ class RunFingerprint:
         self.model_dir = pathlib.Path(model_dir)
         self.directory = self.model_dir / FINGERPRINT_DIR
         self.checksum_every = checksum_every
-        self._checked_file = False
+        self._checked_files: set = set()
 
     @staticmethod
     def _is_writer() -> bool:
@@ -195,15 +197,25 @@ class RunFingerprint:
         if self._is_writer():
             self.append(checksum)
 
+    def batch_hook(self, step: int, digests: Any) -> None:
+        """Records the fingerprint of the global batch of `step` (pass it to
+        `Trainer(batch_hooks=[...], batch_hook_every=checksum_every)`; `digests` is a
+        `cairn.partitioning.GatheredDigests`)."""
+        if self.checksum_every and self._is_writer():
+            self._append_line(BATCHES, {"step": int(step), "batch_sha256": digests.fingerprint()})
+
     def append(self, checksum: Checksum) -> None:
         """Appends one line to checksums.jsonl, flushed and fsynced."""
+        self._append_line(CHECKSUMS, checksum.to_json())
+
+    def _append_line(self, name: str, row: Mapping[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / CHECKSUMS
-        if not self._checked_file:
+        path = self.directory / name
+        if name not in self._checked_files:
             _trim_partial_line(path)
-            self._checked_file = True
+            self._checked_files.add(name)
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(checksum.to_json(), sort_keys=True) + "\n")
+            f.write(json.dumps(row, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -216,13 +228,15 @@ class FingerprintError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """What one run left behind: its header, train losses and checksums by step."""
+    """What one run left behind: its header, train losses, checksums and global batch
+    fingerprints by step."""
 
     model_dir: str
     header: Mapping[str, Any]
     losses: Mapping[int, float]
     checksums: Mapping[int, Checksum]
     skipped_lines: int = 0  # unreadable lines other than a truncated last line
+    batches: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
 
 def _read_jsonl(path: pathlib.Path) -> tuple[list, int]:
@@ -279,8 +293,15 @@ def load_run(model_dir: PathLike, metric: str = "loss") -> Run:
             bad_checks += 1
             continue
         checksums[c.step] = c
+    batch_rows, bad_batches = _read_jsonl(root / FINGERPRINT_DIR / BATCHES)
+    batches: dict = {}
+    for row in batch_rows:
+        try:
+            batches[int(row["step"])] = str(row["batch_sha256"])
+        except (KeyError, TypeError, ValueError):
+            bad_batches += 1
     return Run(str(root), header, dict(sorted(losses.items())), dict(sorted(checksums.items())),
-               bad_metrics + bad_checks)
+               bad_metrics + bad_checks + bad_batches, dict(sorted(batches.items())))
 
 
 def header_summary(run: Run) -> str:

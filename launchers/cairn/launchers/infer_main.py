@@ -16,6 +16,13 @@ step, examples, chunk size, config hash); a rerun that differs is refused rather
 (`--overwrite` starts again). When every chunk exists they are joined into `<output>`.
 Rows: `{"index", "input", "target", "prediction", "prediction_ids"}` (decoded with the
 config's vocabulary).
+
+A chunk is decoded as one global batch of `chunk_size` rows (the last one padded with masked
+rows), so `chunk_size` must divide over the hosts' data shards (any size on one process; the
+batch is padded to a multiple of the data-parallel devices). On several processes
+(started like the train entry point) every process decodes only its rows of each chunk, the
+predictions are gathered in input order, process 0 decides which chunks are missing (all
+processes decode those) and alone writes the parts, `meta.json` and `<output>`.
 """
 
 from __future__ import annotations
@@ -28,11 +35,11 @@ from typing import Any, Callable, Optional
 
 import jax
 import ml_collections
-import numpy as np
 from absl import flags
 
-from cairn.launchers import builder, checkpoint_params, cli, config_io
+from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
 from cairn.launchers.post_training import pad_rows
+from cairn.launchers.sharded_batches import ShardedBatches, check_batch_size
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -80,8 +87,10 @@ def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Opt
     return rows
 
 
-def make_decoder(config: ml_collections.ConfigDict, model: Any, params: Any, prompt_length: int) -> Callable:
-    """`decode(ids [B, prompt_length]) -> tokens` with the config's decoding options."""
+def make_decoder(config: ml_collections.ConfigDict, model: Any, partitioner: Any, prompt_length: int,
+                 batch_size: int) -> Callable:
+    """`decode(params, ids [n, prompt_length], first_index, total) -> tokens [n, length]` with the
+    config's decoding options, in sharded global batches of `batch_size` rows (`ShardedBatches`)."""
     from cairn.launchers import data as data_lib
     from cairn.models import DecodeOptions
 
@@ -90,36 +99,16 @@ def make_decoder(config: ml_collections.ConfigDict, model: Any, params: Any, pro
     length = new + (prompt_length if config.model.kind == "decoder_only" else 0)
     options = DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature,
                             top_k=pt.top_k)
-    rng = jax.random.PRNGKey(config.seed)
-    if config.model.kind == "decoder_only":
-        fn = jax.jit(lambda p, x: model.predict_batch(p, x, options, rng=rng)[0])
-    else:
-        fn = jax.jit(lambda p, x: model.predict_batch(p, {"encoder_input_tokens": x}, options, rng=rng)[0])
-    return lambda ids: np.asarray(fn(params, ids))
+
+    def fn(p, x):
+        rng = jax.random.PRNGKey(config.seed)
+        batch = x if config.model.kind == "decoder_only" else {"encoder_input_tokens": x}
+        return model.predict_batch(p, batch, options, rng=rng)[0]
+    return ShardedBatches(partitioner, fn, batch_size, "decodes")
 
 
-def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optional[int] = None,
-          chunk_size: int = 64, num_examples: Optional[int] = None, input_file: str = "",
-          overwrite: bool = False, out: Callable[[str], None] = print) -> str:
-    """Writes the predictions to `output` (resuming from its parts); returns the path."""
-    from cairn.launchers import data as data_lib
-    from cairn.launchers import train_main
-    from cairn.launchers.fingerprint import config_hash
-
-    if not output:
-        raise ConfigError("output", "--output=path/to/predictions.jsonl is required")
-    if chunk_size < 1:
-        raise ConfigError("chunk_size", f"must be >= 1, got {chunk_size}")
-    ready = train_main.prepare(config)
-    vocabulary = ready["vocabulary"]
-    model = builder.load_model(config, vocabulary)
-    partitioner = builder.make_partitioner(config)
-    step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
-    rows = inputs(config, vocabulary, num_examples, input_file)
-    parts = output + ".parts"
-    meta = {"checkpoint": os.path.abspath(path), "step": step, "num_examples": len(rows),
-            "chunk_size": chunk_size, "config_hash": config_hash(config_io.hashable_config(config)),
-            "input_file": os.path.abspath(input_file) if input_file else ""}
+def _plan(parts: str, meta: dict, chunks: int, overwrite: bool) -> list[int]:
+    """(process 0) Checks and writes `meta.json`; returns the chunks whose part is missing."""
     meta_path = os.path.join(parts, "meta.json")
     if overwrite and os.path.isdir(parts):
         shutil.rmtree(parts)
@@ -132,19 +121,44 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
                                         f"use another --output or --overwrite")
     os.makedirs(parts, exist_ok=True)
     _atomic_write(meta_path, json.dumps(meta, sort_keys=True))
+    return [k for k in range(chunks) if not os.path.exists(os.path.join(parts, f"part-{k:05d}.jsonl"))]
+
+
+def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optional[int] = None,
+          chunk_size: int = 64, num_examples: Optional[int] = None, input_file: str = "",
+          overwrite: bool = False, out: Callable[[str], None] = print) -> str:
+    """Writes the predictions to `output` (resuming from its parts); returns the path. Every
+    process of the job calls it; process 0 writes the files."""
+    from cairn.launchers import data as data_lib
+    from cairn.launchers.fingerprint import config_hash
+
+    if not output:
+        raise ConfigError("output", "--output=path/to/predictions.jsonl is required")
+    if chunk_size < 1:
+        raise ConfigError("chunk_size", f"must be >= 1, got {chunk_size}")
+    ready = eval_setup.prepare(config, eval_task=not (config.model.kind == "decoder_only" and input_file))
+    partitioner = ready["partitioner"]
+    check_batch_size("chunk_size", chunk_size, partitioner)
+    vocabulary = ready["vocabulary"]
+    model = builder.load_model(config, vocabulary)
+    step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
+    rows = inputs(config, vocabulary, num_examples, input_file)
+    parts = output + ".parts"
+    meta = {"checkpoint": os.path.abspath(path), "step": step, "num_examples": len(rows),
+            "chunk_size": chunk_size, "config_hash": config_hash(config_io.hashable_config(config)),
+            "input_file": os.path.abspath(input_file) if input_file else ""}
+    chunks = range(0, len(rows), chunk_size)
+    missing = eval_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
     lengths = data_lib.sequence_length(config)
     prompt_length = (max([len(r["ids"]) for r in rows] + [1]) if config.model.kind == "decoder_only"
                      else lengths["inputs"])
-    decode = make_decoder(config, model, params, prompt_length)
-    chunks = range(0, len(rows), chunk_size)
-    written = 0
-    for k, start in enumerate(chunks):
-        part = os.path.join(parts, f"part-{k:05d}.jsonl")
-        if os.path.exists(part):
-            continue
+    decode = make_decoder(config, model, partitioner, prompt_length, chunk_size)
+    for k in missing:
+        start = chunks[k]
         chunk = rows[start:start + chunk_size]
-        ids = pad_rows([r["ids"] for r in chunk] + [[]] * (chunk_size - len(chunk)), prompt_length)
-        tokens = decode(ids)[:len(chunk)]
+        tokens = decode(params, pad_rows([r["ids"] for r in chunk], prompt_length), start, len(rows))
+        if not eval_setup.is_process_0():
+            continue
         lines = []
         for i, (r, t) in enumerate(zip(chunk, tokens)):
             pred = [int(x) for x in t]
@@ -154,24 +168,24 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
             lines.append(json.dumps({"index": start + i, "input": r["input"], "target": r["target"],
                                      "prediction": vocabulary.decode(pred[:end]),
                                      "prediction_ids": pred[:end]}, ensure_ascii=False))
-        _atomic_write(part, "".join(line + "\n" for line in lines))
-        written += 1
+        _atomic_write(os.path.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))
         out(f"chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
-    text = ""
-    for k in range(len(chunks)):
-        with open(os.path.join(parts, f"part-{k:05d}.jsonl"), encoding="utf-8") as f:
-            text += f.read()
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    _atomic_write(output, text)
-    out(f"{len(rows)} predictions of step {step} in {output} ({written} chunks computed, "
-        f"{len(chunks) - written} resumed)")
+    if eval_setup.is_process_0():
+        text = ""
+        for k in range(len(chunks)):
+            with open(os.path.join(parts, f"part-{k:05d}.jsonl"), encoding="utf-8") as f:
+                text += f.read()
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        _atomic_write(output, text)
+    out(f"{len(rows)} predictions of step {step} in {output} ({len(missing)} chunks computed, "
+        f"{len(chunks) - len(missing)} resumed)")
     return output
 
 
 def _main(config: ml_collections.ConfigDict) -> None:
     path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
     infer(config, config_io.resolve_path(OUTPUT.value), path, STEP.value, CHUNK.value, NUM.value,
-          config_io.resolve_path(INPUT_FILE.value), OVERWRITE.value, out=lambda s: print(s, flush=True))
+          config_io.resolve_path(INPUT_FILE.value), OVERWRITE.value, out=eval_setup.print_on_process_0)
 
 
 def run() -> None:

@@ -6,11 +6,21 @@ Where the values come from, first found wins: the config (`multihost.coordinator
 `cairn.partitioning.initialize_distributed` reads itself: `$JAX_COORDINATOR_ADDRESS`...,
 SLURM (`SLURM_NTASKS` > 1, `SLURM_PROCID`) and TPU pods (plain `jax.distributed.initialize()`).
 One process: nothing happens.
+
+Start-up is bounded: a process that has not joined within `multihost.initialization_timeout_seconds`
+(a coordinator that never answers, a process that never started) exits with status 2 and one
+line naming the coordinator address, its process id and the process count (JAX itself would
+wait and then abort with a C++ stack trace). After joining, `check_same_config` stops every
+process with one line when they were started with different configs.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import threading
+import time
 from typing import Any, Mapping, Optional
 
 import ml_collections
@@ -44,13 +54,110 @@ def multihost_args(config: ml_collections.ConfigDict, env: Optional[Mapping[str,
     return out
 
 
+class _StartupWatchdog:
+    """Exits the process with status 2 and `message` unless `cancel` comes within `seconds`
+    (a thread: JAX's own timeout aborts with a C++ stack trace instead)."""
+
+    def __init__(self, seconds: float, message: str):
+        self._start = time.monotonic()
+        self._message = message
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        waited = time.monotonic() - self._start
+        sys.stderr.write(f"error: {self._message} (waited {waited:.0f} s; "
+                         f"multihost.initialization_timeout_seconds)\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+    def __enter__(self) -> "_StartupWatchdog":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+
 def initialize(config: ml_collections.ConfigDict) -> Any:
     """Joins the job the config and the environment describe; returns the decision
-    (`cairn.partitioning.DistributedConfig`). Call before any other JAX use."""
-    from cairn.partitioning import initialize_distributed
+    (`cairn.partitioning.DistributedConfig`). Call before any other JAX use. Exits with
+    status 2 when the job is not joined within `multihost.initialization_timeout_seconds`."""
+    from cairn.partitioning import initialize_distributed, resolve_distributed
 
     args = multihost_args(config)
+    bound = float(config.multihost.initialization_timeout_seconds)
     try:
-        return initialize_distributed(**args)
+        decided = resolve_distributed(**args)
+        if decided.mode == "single":
+            return decided
+        where = (f"coordinator {decided.coordinator_address}" if decided.coordinator_address
+                 else "the cluster's coordinator")
+        message = (f"process {decided.process_id} of {decided.num_processes} could not join the job at {where}: "
+                   f"it never answered, or not all {decided.num_processes} processes started")
+        with _StartupWatchdog(bound, message):
+            # JAX's own bound is later than ours, so ours always fires first.
+            return initialize_distributed(**args, initialization_timeout=int(bound) + 60)
     except ValueError as e:
         raise ConfigError("multihost", str(e)) from None
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain configs."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix[:-1]]
+
+
+def check_same_config(config: ml_collections.ConfigDict) -> None:
+    """With several processes: every process must have been started with the same config
+    (all but the `multihost` section). Otherwise every process raises a `ConfigError` naming
+    the processes and the keys that differ. A collective (call it on every process)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from cairn.launchers.config_io import to_plain
+
+    plain = to_plain(config)
+    plain.pop("multihost", None)
+    mine = np.frombuffer(json.dumps(plain, sort_keys=True).encode(), np.uint8)
+    lengths = np.asarray(multihost_utils.process_allgather(np.array([mine.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:mine.size] = mine
+    texts = np.asarray(multihost_utils.process_allgather(padded))
+    configs = [json.loads(bytes(texts[p, :lengths[p]]).decode()) for p in range(len(lengths))]
+    differing = [(p, _differences(configs[0], c)) for p, c in enumerate(configs) if p and c != configs[0]]
+    if differing:
+        shown = "; ".join(f"process {p} differs from process 0 in {', '.join(keys[:8])}"
+                          + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "") for p, keys in differing)
+        raise ConfigError("multihost", f"the processes were started with different configs: {shown}")
+
+
+def stop_together(error: Optional[BaseException], what: str) -> None:
+    """With several processes: every process calls this at the same point with the error it
+    met (or None). The process that failed re-raises its own error; the others raise a
+    `ConfigError` naming the processes that failed, so no process is left waiting in a
+    collective. A collective (call it on every process)."""
+    import jax
+
+    if jax.process_count() == 1:
+        if error is not None:
+            raise error
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    flags = np.asarray(multihost_utils.process_allgather(np.array([error is not None], np.int32))).reshape(-1)
+    if error is not None:
+        raise error
+    failed = [int(p) for p in np.nonzero(flags)[0]]
+    if failed:
+        raise ConfigError("multihost", f"process(es) {failed} of {len(flags)} failed while {what} "
+                                       f"(see their error); stopping process {jax.process_index()} too")

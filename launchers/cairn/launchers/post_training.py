@@ -3,6 +3,10 @@
 * encoder-decoder: `post_training.num_samples` evaluation examples, each printed as the
   input (with its sentinels), the target and the model's prediction, decoded;
 * decoder-only: each of `post_training.prompts` continued by the model.
+
+Every process of a multi-process run calls these with the same params: batches are sharded
+over the mesh (`ShardedBatches`, padded to a multiple of the data-parallel shards), so each
+process computes its rows and all get every output; pass an `out` that prints on process 0.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 
 from cairn.launchers import builder
 from cairn.launchers import data as data_lib
+from cairn.launchers.sharded_batches import ShardedBatches
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
@@ -38,10 +43,16 @@ def pad_rows(rows: list, length: int) -> np.ndarray:
     return out
 
 
+def _partitioner(config: ml_collections.ConfigDict, partitioner: Any) -> Any:
+    return partitioner if partitioner is not None else builder.make_partitioner(config)
+
+
 def final_evaluation(config: ml_collections.ConfigDict, model: Any, params: Any, evaluator: Any, step: int,
-                     out: Printer = print) -> dict:
+                     out: Printer = print, partitioner: Any = None) -> dict:
     """Score metrics (e.g. perplexity) of the evaluation task at the end of training."""
-    result = evaluator.evaluate(score_fn=builder.score_fn_factory(model, config.eval.batch_size)(params), step=step)
+    score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=_partitioner(config, partitioner),
+                                     log_level=logging.DEBUG)
+    result = evaluator.evaluate(score_fn=score(params), step=step)
     for task, metrics in sorted(result.metrics.items()):
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
         out(f"final evaluation at step {step}: {task} ({config.eval.split}): {shown}")
@@ -50,8 +61,19 @@ def final_evaluation(config: ml_collections.ConfigDict, model: Any, params: Any,
     return result.metrics
 
 
+def _decode(config: ml_collections.ConfigDict, model: Any, params: Any, partitioner: Any, rows: np.ndarray,
+            length: int, encoder_decoder: bool) -> np.ndarray:
+    """Decoded tokens of every row of `rows`, one sharded batch on the partitioner's mesh."""
+    options = _decode_options(config, length)
+
+    def fn(p, x):
+        batch = {"encoder_input_tokens": x} if encoder_decoder else x
+        return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(config.seed))[0]
+    return ShardedBatches(_partitioner(config, partitioner), fn, len(rows), "decodes", logging.DEBUG)(params, rows)
+
+
 def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any, evaluator: Any,
-                      vocabulary: Any, out: Printer = print) -> list[dict]:
+                      vocabulary: Any, out: Printer = print, partitioner: Any = None) -> list[dict]:
     """Prints `num_samples` evaluation examples with the model's decoded prediction."""
     n = config.post_training.num_samples
     if not n:
@@ -61,11 +83,9 @@ def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any
     examples = evaluator.examples(task)[:n]
     enc = pad_rows([ex["inputs"] for ex in examples], lengths["inputs"])
     length = config.post_training.max_decode_length or lengths["targets"]
-    options = _decode_options(config, length)
-    tokens, _ = jax.jit(lambda p, e: model.predict_batch(p, {"encoder_input_tokens": e}, options,
-                                                         rng=jax.random.PRNGKey(config.seed)))(params, enc)
+    tokens = _decode(config, model, params, partitioner, enc, length, encoder_decoder=True)
     samples = []
-    for i, (ex, pred) in enumerate(zip(examples, np.asarray(tokens))):
+    for i, (ex, pred) in enumerate(zip(examples, tokens)):
         sample = {"input": vocabulary.decode(list(map(int, ex["inputs"]))),
                   "target": vocabulary.decode(list(map(int, ex["targets"]))),
                   "prediction": vocabulary.decode([int(t) for t in pred])}
@@ -76,7 +96,7 @@ def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any
 
 
 def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: Any,
-                  out: Printer = print, prompts: Optional[list[str]] = None) -> list[str]:
+                  out: Printer = print, prompts: Optional[list[str]] = None, partitioner: Any = None) -> list[str]:
     """Continues each prompt (decoder-only models); prints and returns prompt + continuation."""
     prompts = list(prompts if prompts is not None else config.post_training.prompts)
     if not prompts:
@@ -84,11 +104,10 @@ def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vo
     encoded = [vocabulary.encode(p) for p in prompts]
     longest = max(len(e) for e in encoded)
     new = config.post_training.max_decode_length or data_lib.sequence_length(config)["targets"]
-    options = _decode_options(config, longest + new)
-    tokens, _ = jax.jit(lambda p, x: model.predict_batch(p, x, options, rng=jax.random.PRNGKey(config.seed)))(
-        params, pad_rows(encoded, max(longest, 1)))
+    tokens = _decode(config, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new,
+                     encoder_decoder=False)
     texts = []
-    for i, (prompt, row) in enumerate(zip(prompts, np.asarray(tokens))):
+    for i, (prompt, row) in enumerate(zip(prompts, tokens)):
         text = vocabulary.decode([int(t) for t in row])
         texts.append(text)
         out(f"generated {i}: {text}")
@@ -96,13 +115,15 @@ def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vo
 
 
 def run(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: Any, evaluator: Any,
-        step: int, out: Printer = print) -> dict:
-    """The config's post-training actions; returns what they produced."""
+        step: int, out: Printer = print, partitioner: Any = None) -> dict:
+    """The config's post-training actions; returns what they produced. `partitioner`: the run's
+    (default: `builder.make_partitioner(config)`, the same mesh)."""
+    partitioner = _partitioner(config, partitioner)
     result: dict = {}
     if config.post_training.final_eval and evaluator is not None:
-        result["metrics"] = final_evaluation(config, model, params, evaluator, step, out)
+        result["metrics"] = final_evaluation(config, model, params, evaluator, step, out, partitioner)
     if config.model.kind == "encoder_decoder" and evaluator is not None:
-        result["samples"] = denoising_samples(config, model, params, evaluator, vocabulary, out)
+        result["samples"] = denoising_samples(config, model, params, evaluator, vocabulary, out, partitioner)
     if config.model.kind == "decoder_only":
-        result["generated"] = generate_text(config, model, params, vocabulary, out)
+        result["generated"] = generate_text(config, model, params, vocabulary, out, partitioner=partitioner)
     return result

@@ -25,13 +25,15 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 
-def prepare(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """Joins the job and validates everything before anything is compiled or written.
-    Returns `{"vocabulary", "tasks", "eval_tasks", "mesh"}`."""
+def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("data.batch_size",)) -> dict[str, Any]:
+    """Joins the job and validates everything before anything is compiled or written; the
+    batch sizes at `batch_keys` (those the caller uses) are checked against the mesh's data
+    shards. Returns `{"vocabulary", "tasks", "eval_tasks", "mesh", "partitioner"}`."""
     import jax
 
     validation.check_static(config)
     multihost.initialize(config)
+    multihost.check_same_config(config)
     vocabulary = data_lib.make_vocabulary(config)
     data_lib.register_tasks(config, vocabulary)
     tasks = data_lib.get_tasks(config, "data.task")
@@ -40,12 +42,17 @@ def prepare(config: ml_collections.ConfigDict) -> dict[str, Any]:
     validation.check_data(config, {**tasks, **eval_tasks})
     builder.model_config(config, vocabulary)  # vocab size against the vocabulary
     mesh = validation.check_mesh(config, jax.device_count(), jax.process_count())
+    partitioner = builder.make_partitioner(config)
+    parts, shards = partitioner.batch_parts(), partitioner.data_layout().num_shards
+    for key in batch_keys:
+        validation.check_batch_size(config, key, parts, shards, mesh, jax.process_count())
     builder.make_schedule(config)  # schedule arguments
-    return {"vocabulary": vocabulary, "tasks": tasks, "eval_tasks": eval_tasks, "mesh": mesh}
+    return {"vocabulary": vocabulary, "tasks": tasks, "eval_tasks": eval_tasks, "mesh": mesh,
+            "partitioner": partitioner}
 
 
-def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Optional[Callable]:
-    """Writes the run fingerprint's header; returns its step hook (None when off)."""
+def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Optional[Any]:
+    """Writes the run fingerprint's header; returns the `RunFingerprint` (None when off)."""
     if not config.fingerprint_every:
         return None
     import jax
@@ -56,7 +63,7 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> O
     fp.write_header(config_hash=config_hash(config_io.hashable_config(config)),
                     data_fingerprint=data_lib.data_fingerprint(config, tasks), seed=int(config.seed),
                     process_count=jax.process_count(), device_count=jax.device_count(), mesh=dict(mesh))
-    return fp.step_hook
+    return fp
 
 
 def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print) -> dict[str, Any]:
@@ -69,13 +76,15 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
     if jax.process_index() == 0:
         config_io.write_config_json(config)
     out(f"model_dir: {config.model_dir}")
-    reader = data_lib.make_train_data(config, tasks)
+    partitioner = ready["partitioner"]
+    reader = data_lib.make_train_data(config, partitioner, tasks)
     model = builder.load_model(config, vocabulary)
-    partitioner = builder.make_partitioner(config)
     evaluator = builder.make_evaluator(config) if ready["eval_tasks"] else None
-    eval_fn = builder.make_eval_fn(config, model, evaluator) if (evaluator and config.trainer.eval_every) else None
-    hook = _fingerprint(config, tasks, ready["mesh"])
-    trainer = builder.make_trainer(config, model, partitioner, eval_fn, step_hooks=(hook,) if hook else ())
+    eval_fn = (builder.make_eval_fn(config, model, evaluator, partitioner)
+               if (evaluator and config.trainer.eval_every) else None)
+    fp = _fingerprint(config, tasks, ready["mesh"])
+    trainer = builder.make_trainer(config, model, partitioner, eval_fn, step_hooks=(fp.step_hook,) if fp else (),
+                                   batch_hooks=(fp.batch_hook,) if fp else ())
     init = None
     if config.init.checkpoint or config.init.hf_checkpoint:
         state = reader.get_state()
@@ -90,7 +99,8 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
         f"loss {result.metrics.get('loss', float('nan')):.4f}")
     post = {}
     if not result.preempted:
-        post = post_training.run(config, model, result.state.params, vocabulary, evaluator, result.step, out)
+        post = post_training.run(config, model, result.state.params, vocabulary, evaluator, result.step, out,
+                                 partitioner=partitioner)
     out(f"model_dir: {config.model_dir}")
     return {"result": result, "post": post}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import itertools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -31,7 +30,8 @@ CHOICES = {
     "model.loss_normalizing_factor": config_base.LOSS_NORMALIZING_FACTORS,
     "post_training.decode_method": config_base.DECODE_METHODS,
 }
-POSITIVE = ("num_train_steps", "data.batch_size", "trainer.num_microbatches", "eval.batch_size")
+POSITIVE = ("num_train_steps", "data.batch_size", "trainer.num_microbatches", "eval.batch_size",
+            "multihost.initialization_timeout_seconds")
 NON_NEGATIVE = ("fingerprint_every", "trainer.checkpoint_every", "trainer.keep_checkpoints",
                 "trainer.eval_every", "trainer.log_every", "eval.num_examples", "post_training.num_samples",
                 "post_training.max_decode_length", "optimizer.warmup_steps", "vocabulary.extra_ids",
@@ -123,6 +123,33 @@ def check_schema(config: Any, schema: Optional[Any] = None) -> None:
             raise ConfigError(f"partitioning.mesh.{axis}", f"unknown mesh axis; {_suggest(axis, config_base.MESH_AXES)}")
         if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
             raise ConfigError(f"partitioning.mesh.{axis}", f"must be a positive int or -1, got {size!r}")
+    # Multi-slice: the slice count, and how many slices each mesh axis spans (sizes against the
+    # device count are checked when the mesh is built, `builder.make_partitioner`).
+    slices = plain["partitioning"].get("num_slices", 1)
+    if slices < 1:
+        raise ConfigError("partitioning.num_slices", f"must be >= 1, got {slices}")
+    dcn = plain["partitioning"].get("dcn_mesh", {})
+    for axis, size in dcn.items():
+        if size < 1 and size != -1:
+            raise ConfigError(f"partitioning.dcn_mesh.{axis}", f"must be a positive int or -1, got {size!r}")
+    free = [axis for axis, size in dcn.items() if size == -1]
+    spanned = 1
+    for size in dcn.values():
+        spanned *= size if size != -1 else 1
+    if len(free) > 1:
+        raise ConfigError("partitioning.dcn_mesh", f"at most one axis may be -1, got {dcn}")
+    if free and slices % spanned:
+        raise ConfigError("partitioning.dcn_mesh", f"{dcn}: the fixed axes span {spanned} slices, which does not "
+                                                   f"divide partitioning.num_slices={slices}")
+    if not free and spanned != slices:
+        raise ConfigError("partitioning.dcn_mesh", f"{dcn} spans {spanned} slices, but partitioning.num_slices is "
+                                                   f"{slices}; the product of its sizes must be {slices}")
+    for axis, size in dcn.items():
+        span, mesh_size = (slices // spanned if size == -1 else size), plain["partitioning"]["mesh"].get(axis, 1)
+        if mesh_size != -1 and mesh_size % span:
+            raise ConfigError(f"partitioning.dcn_mesh.{axis}",
+                              f"axis {axis!r} spans {span} slices, but partitioning.mesh.{axis}={mesh_size} is not "
+                              f"a multiple of {span} (each slice holds mesh.{axis} / dcn_mesh.{axis} of it)")
 
 
 def _get(plain: Mapping, key: str) -> Any:
@@ -223,45 +250,62 @@ def mesh_shapes(device_count: int) -> list[dict[str, int]]:
     return sorted(shapes, key=lambda s: (-s["data"], -s["fsdp"]))
 
 
-def resolve_mesh(mesh: Mapping[str, int], device_count: int) -> dict[str, int]:
-    """The mesh with its -1 axis filled in; `ConfigError` when it does not fit the devices."""
+def suggest_mesh(mesh: Mapping[str, int], device_count: int) -> dict[str, int]:
+    """A mesh for `device_count` devices close to `mesh`: its model and fsdp sizes cut to what
+    divides the devices, data parallelism for the rest."""
+    import math
+
+    model = math.gcd(max(1, int(mesh.get("model", 1))), device_count)
+    fsdp = math.gcd(max(1, int(mesh.get("fsdp", 1))), device_count // model)
+    return {"data": device_count // (model * fsdp), "fsdp": fsdp, "model": model}
+
+
+def resolve_mesh(mesh: Mapping[str, int], device_count: int, process_count: int = 1) -> dict[str, int]:
+    """The mesh with its -1 axis filled in; `ConfigError` naming the mesh, the process and device
+    counts and a mesh that fits when it does not fit the devices."""
     mesh = {a: int(mesh.get(a, 1)) for a in config_base.MESH_AXES}
     free = [a for a, s in mesh.items() if s == -1]
-    shapes = mesh_shapes(device_count)
-    examples = ", ".join(str(s) for s in shapes[:12]) + (" ..." if len(shapes) > 12 else "")
+    where = (f"{process_count} process(es) x {device_count // max(1, process_count)} device(s) = "
+             f"{device_count} devices")
+    fits = f"a mesh that fits: {suggest_mesh({a: s for a, s in mesh.items() if s != -1}, device_count)}"
     if len(free) > 1:
-        raise ConfigError("partitioning.mesh", f"at most one axis may be -1, got {mesh}; shapes for "
-                                               f"{device_count} devices include {examples}")
+        raise ConfigError("partitioning.mesh", f"at most one axis may be -1, got {mesh}; {fits}")
     fixed = 1
     for a, s in mesh.items():
         if s != -1:
             fixed *= s
     if free:
         if device_count % fixed:
-            raise ConfigError("partitioning.mesh", f"{mesh}: the fixed axes ({fixed} devices) do not divide the "
-                                                   f"{device_count} devices; shapes that fit: {examples}")
+            raise ConfigError("partitioning.mesh", f"{mesh}: the fixed axes need a multiple of {fixed} devices, "
+                                                   f"but there are {where}; {fits}")
         mesh[free[0]] = device_count // fixed
     elif fixed != device_count:
-        raise ConfigError("partitioning.mesh", f"{mesh} needs {fixed} devices, but there are {device_count}; "
-                                               f"the product of the axes must be {device_count}; allowed shapes: {examples}")
+        raise ConfigError("partitioning.mesh", f"{mesh} needs {fixed} devices, but there are {where}; {fits}")
     return mesh
 
 
 def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[str, int]:
-    """The mesh fits the devices and the batch splits over data parallelism and hosts."""
-    mesh = resolve_mesh(to_plain(config.partitioning.mesh), device_count)
-    batch = config.data.batch_size
-    shards = mesh["data"] * mesh["fsdp"]
+    """The config's mesh, resolved; `ConfigError` when it does not fit the devices."""
+    return resolve_mesh(to_plain(config.partitioning.mesh), device_count, process_count)
+
+
+def check_batch_size(config: Any, key: str, parts: int, shards: int, mesh: Mapping[str, int],
+                     process_count: int = 1) -> None:
+    """The batch size at `key` splits evenly over the `parts` devices the batch dimension is
+    sharded over and the `shards` data-parallel host shards (`DataLayout.num_shards`); the
+    training batch also over its microbatches."""
+    batch = _get(to_plain(config), key)
+    layout = f"mesh {dict(mesh)} on {process_count} process(es)"
+    if batch % parts:
+        raise ConfigError(key, f"{batch} does not divide over the {parts} data-parallel shards of {layout}; "
+                               f"use a multiple of {parts}")
     if batch % shards:
-        raise ConfigError("data.batch_size", f"{batch} does not divide over the {shards} data-parallel shards "
-                                             f"of mesh {mesh}; use a multiple of {shards}")
-    if batch % process_count:
-        raise ConfigError("data.batch_size", f"{batch} does not divide over {process_count} processes")
-    if batch % (shards * config.trainer.num_microbatches):
+        raise ConfigError(key, f"{batch} does not divide over the {shards} host data shards of {layout}; "
+                               f"use a multiple of {shards}")
+    if key == "data.batch_size" and batch % (parts * config.trainer.num_microbatches):
         raise ConfigError("trainer.num_microbatches",
                           f"{config.trainer.num_microbatches} microbatches of a {batch}-row batch over "
-                          f"{shards} shards do not divide evenly")
-    return mesh
+                          f"{parts} data-parallel shards of {layout} do not divide evenly")
 
 
 def check_static(config: ml_collections.ConfigDict) -> Any:

@@ -4,8 +4,9 @@
 
 Both runs must have been trained with the fingerprint (`cairn.launchers.fingerprint`). Headers
 are compared first (config hash, data fingerprint; seed, layout and versions are shown when
-they differ), then steps in order: the train loss of each step present in both runs, and the
-parameter checksum of each step checksummed in both. With `--rtol=0 --atol=0` (the default)
+they differ), then steps in order: the fingerprint of the global batch the step trained on
+(always bitwise: the same data whatever the host count), the train loss of each step present
+in both runs, and the parameter checksum of each step checksummed in both. With `--rtol=0 --atol=0` (the default)
 losses must be bitwise equal and checksums' sha256 equal; otherwise losses and the checksums'
 `param_sum`/`param_abs_sum` must satisfy `|a - b| <= atol + rtol * |b|`.
 
@@ -30,8 +31,8 @@ _HEADER_INFO = ("seed", "process_count", "device_count", "mesh", "jax_version", 
 
 @dataclasses.dataclass(frozen=True)
 class Divergence:
-    """The first difference: at `step`, `quantity` ('loss', 'param_sha256', 'param_sum',
-    'param_abs_sum') is `value_a` in run A and `value_b` in run B."""
+    """The first difference: at `step`, `quantity` ('batch_sha256', 'loss', 'param_sha256',
+    'param_sum', 'param_abs_sum') is `value_a` in run A and `value_b` in run B."""
 
     step: int
     quantity: str
@@ -63,6 +64,7 @@ class Report:
     only_in_a: tuple  # (what, steps) pairs: e.g. ("losses", (11, 12))
     only_in_b: tuple
     allow_config_diff: bool = False
+    batches_compared: int = 0
 
     @property
     def identical(self) -> bool:
@@ -71,7 +73,7 @@ class Report:
 
     @property
     def compared(self) -> int:
-        return self.losses_compared + self.checksums_compared
+        return self.losses_compared + self.checksums_compared + self.batches_compared
 
     @property
     def exit_code(self) -> int:
@@ -81,7 +83,8 @@ class Report:
 
     def text(self) -> str:
         lines = [f"run A: {self.run_a}", f"run B: {self.run_b}", *self.header_notes]
-        counts = f"{self.losses_compared} losses, {self.checksums_compared} checksums compared"
+        counts = (f"{self.losses_compared} losses, {self.checksums_compared} checksums, "
+                  f"{self.batches_compared} batch fingerprints compared")
         if self.first_divergence is not None:
             lines.append(f"DIVERGENT: {self.first_divergence.describe()}")
             lines.append(f"  identical before step {self.first_divergence.step} ({counts}, "
@@ -168,9 +171,15 @@ def compare_runs(a: Union[Run, str, os.PathLike], b: Union[Run, str, os.PathLike
     data_differs = a.header.get("data_fingerprint") != b.header.get("data_fingerprint")
     loss_steps = set(a.losses) & set(b.losses)
     check_steps = set(a.checksums) & set(b.checksums)
-    divergence, last, n_losses, n_checks = None, None, 0, 0
-    for step in sorted(loss_steps | check_steps):
+    batch_steps = set(a.batches) & set(b.batches)
+    divergence, last, n_losses, n_checks, n_batches = None, None, 0, 0, 0
+    for step in sorted(loss_steps | check_steps | batch_steps):
         last = step
+        if step in batch_steps:
+            n_batches += 1
+            if a.batches[step] != b.batches[step]:
+                divergence = Divergence(step, "batch_sha256", a.batches[step], b.batches[step])
+                break
         if step in loss_steps:
             n_losses += 1
             if not _equal(a.losses[step], b.losses[step], rtol, atol):
@@ -184,14 +193,15 @@ def compare_runs(a: Union[Run, str, os.PathLike], b: Union[Run, str, os.PathLike
 
     def only(x: Run, y: Run) -> tuple:
         out = []
-        for what, xs, ys in (("losses", x.losses, y.losses), ("checksums", x.checksums, y.checksums)):
+        for what, xs, ys in (("losses", x.losses, y.losses), ("checksums", x.checksums, y.checksums),
+                             ("batch fingerprints", x.batches, y.batches)):
             extra = sorted(set(xs) - set(ys))
             if extra:
                 out.append((what, tuple(extra)))
         return tuple(out)
 
     return Report(a.model_dir, b.model_dir, config_differs, data_differs, _header_notes(a, b), divergence, last,
-                  n_losses, n_checks, only(a, b), only(b, a), allow_config_diff)
+                  n_losses, n_checks, only(a, b), only(b, a), allow_config_diff, n_batches)
 
 
 def resolve(path: str) -> str:
@@ -224,7 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_UNUSABLE
     report = compare_runs(a, b, args.rtol, args.atol, args.allow_config_diff)
     for name, run in (("A", a), ("B", b)):
-        print(f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums")
+        print(f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums, "
+              f"{len(run.batches)} batch fingerprints")
     print(report.text())
     return report.exit_code
 

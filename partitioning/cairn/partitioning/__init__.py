@@ -5,6 +5,8 @@ Imports only JAX and NumPy.
 
 __version__ = "0.1.0"
 
+from cairn.partitioning.consistency import (GatheredDigests, ReplicaBatchMismatchError, check_replica_batches,
+                                           gather_row_digests, row_digests)
 from cairn.partitioning.data_layout import DataLayout, data_layout
 from cairn.partitioning.distributed import DistributedConfig, initialize_distributed, resolve_distributed
 from cairn.partitioning.memory import MemoryEstimate, estimate_memory, transformer_activations
@@ -22,9 +24,9 @@ from cairn.partitioning.rules import (
 
 __all__ = [
     "DATA", "DEFAULT_AXES", "FSDP", "MODEL",
-    "DataLayout", "DistributedConfig", "IndivisibleDimensionError", "IndivisibleDimensionWarning",
+    "DataLayout", "DistributedConfig", "GatheredDigests", "ReplicaBatchMismatchError", "IndivisibleDimensionError", "IndivisibleDimensionWarning",
     "LogicalAxisRules", "MemoryEstimate", "MeshShapeError", "Partitioner", "UnknownLogicalAxisError",
-    "create_mesh", "data_layout", "estimate_memory", "initialize_distributed", "logical_to_mesh_spec",
+    "check_replica_batches", "create_mesh", "data_layout", "gather_row_digests", "row_digests", "estimate_memory", "initialize_distributed", "logical_to_mesh_spec",
     "opt_state_logical_specs", "resolve_distributed",
     "standard_logical_axis_rules", "transformer_activations",
 ]

@@ -82,23 +82,38 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                            process_id: Optional[int] = None,
                            coordinator_bind_address: Optional[str] = None,
                            local_device_ids: Optional[Sequence[int]] = None,
-                           initialization_timeout: int = 300) -> DistributedConfig:
+                           initialization_timeout: int = 300,
+                           heartbeat_timeout_seconds: Optional[float] = None) -> DistributedConfig:
     """Joins a multi-process JAX job; a no-op on one process or when already initialized.
 
     Call before anything touches a device. See `resolve_distributed` for where the
     coordinator comes from. Returns what was decided.
+
+    `heartbeat_timeout_seconds`: when given, a peer process that stops responding for that long
+    (killed, host lost) stops this one with one line naming it and exit status 3
+    (`cairn.partitioning.peer_watchdog`), instead of JAX's later SIGABRT; JAX's own heartbeat
+    timeout is set beyond it. None: JAX's default behaviour (100 s, then SIGABRT).
     """
+    from cairn.partitioning import peer_watchdog
+
+    if heartbeat_timeout_seconds is not None and not heartbeat_timeout_seconds > 0:
+        raise ValueError(f"heartbeat_timeout_seconds must be > 0, got {heartbeat_timeout_seconds}")
     config = resolve_distributed(coordinator_address, num_processes, process_id, coordinator_bind_address)
     if config.mode == "single" or jax.distributed.is_initialized():
         return config
+    extra = {}
+    if heartbeat_timeout_seconds is not None:
+        extra["heartbeat_timeout_seconds"] = peer_watchdog.jax_heartbeat_timeout(heartbeat_timeout_seconds)
     if config.mode == "auto":
         jax.distributed.initialize(local_device_ids=local_device_ids,
-                                   initialization_timeout=initialization_timeout)
+                                   initialization_timeout=initialization_timeout, **extra)
     else:
         jax.distributed.initialize(coordinator_address=config.coordinator_address,
                                    num_processes=config.num_processes,
                                    process_id=config.process_id,
                                    local_device_ids=local_device_ids,
                                    coordinator_bind_address=config.coordinator_bind_address,
-                                   initialization_timeout=initialization_timeout)
+                                   initialization_timeout=initialization_timeout, **extra)
+    if heartbeat_timeout_seconds is not None:
+        peer_watchdog.start_peer_watchdog(heartbeat_timeout_seconds)
     return config

@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 import jax
 import numpy as np
 
-from cairn.partitioning.opt_state import opt_state_logical_specs
+from cairn.partitioning.opt_state import opt_state_logical_specs, opt_state_mesh_spec
 from cairn.partitioning.partitioner import Partitioner
 from cairn.partitioning.tree import map_specs
 
@@ -34,13 +34,16 @@ class MemoryEstimate:
         return "\n".join(f"{name:<12} {value / GiB:10.3f} GiB/device" for name, value in rows)
 
 
-def _bytes_per_device(tree: Any, specs: Any, partitioner: Partitioner) -> int:
+def _bytes_per_device(tree: Any, specs: Any, partitioner: Partitioner, opt_state: bool = False) -> int:
     mesh_shape = partitioner.mesh.shape
+    # An optimizer state resolves as its shardings do: indivisible dimensions replicated quietly.
+    resolve = (lambda s, shape, path: opt_state_mesh_spec(partitioner, s, shape, path)) if opt_state \
+        else partitioner.mesh_spec
     sizes = []
 
     def one(path, spec, x):
         shape = tuple(np.shape(x))
-        mesh_spec = partitioner.mesh_spec(spec, shape, path)
+        mesh_spec = resolve(spec, shape, path)
         shard = list(shape)
         for i, axes in enumerate(mesh_spec):
             if axes is not None:
@@ -69,7 +72,7 @@ def estimate_memory(params: Any, param_specs: Any, partitioner: Partitioner,
     if opt_state is not None:
         if opt_state_specs is None:
             opt_state_specs = opt_state_logical_specs(params, param_specs, opt_state)
-        estimate["opt_state"] = _bytes_per_device(opt_state, opt_state_specs, partitioner)
+        estimate["opt_state"] = _bytes_per_device(opt_state, opt_state_specs, partitioner, opt_state=True)
     if activations is not None:
         estimate["activations"] = _bytes_per_device(activations[0], activations[1], partitioner)
     return MemoryEstimate(**estimate)

@@ -1,13 +1,23 @@
-"""Logical specs for optimizer states, whose leaves may differ in shape from their params."""
+"""Optimizer-state shardings: the one path the train step and checkpoint restore share.
+
+An optimizer state holds, besides counts, subtrees shaped like the params (Adam's `mu` and
+`nu`, Adafactor's `v`, `v_row`, `v_col`). A leaf shaped like its param is sharded like it; a
+leaf shaped like its param with one dimension removed (Adafactor's factored second moments)
+keeps the logical names of the dimensions it keeps, and is sharded along them where they
+divide; anything else is replicated.
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Tuple
 
 import jax
-from jax.sharding import PartitionSpec
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
-from cairn.partitioning.tree import is_spec
+from cairn.partitioning.rules import IndivisibleDimensionWarning, logical_to_mesh_spec
+from cairn.partitioning.tree import is_spec, map_specs
 
 
 def _reduced_spec(param_shape: Tuple[int, ...], spec: Tuple, leaf_shape: Tuple[int, ...]) -> Tuple:
@@ -15,6 +25,7 @@ def _reduced_spec(param_shape: Tuple[int, ...], spec: Tuple, leaf_shape: Tuple[i
     factored rows and columns), or () (replicated) when that is absent or ambiguous."""
     if len(leaf_shape) != len(param_shape) - 1:
         return ()
+    spec = tuple(spec) + (None,) * (len(param_shape) - len(spec))
     candidates = {tuple(spec[:i] + spec[i + 1:]) for i in range(len(param_shape))
                   if param_shape[:i] + param_shape[i + 1:] == leaf_shape}
     return candidates.pop() if len(candidates) == 1 else ()
@@ -23,12 +34,13 @@ def _reduced_spec(param_shape: Tuple[int, ...], spec: Tuple, leaf_shape: Tuple[i
 def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> Any:
     """Logical specs for an optimizer state, without knowing the optimizer library.
 
-    Each subtree of `opt_state` with the same structure as `params` (Adam's `mu`/`nu`,
-    Adafactor's `v_row`/`v_col`/`v`, ...) gets, leaf by leaf: the param's spec when the
-    shapes are equal; the spec with one entry removed when the leaf is the param's shape with
-    one dimension removed and that removal is unambiguous; otherwise replication. Every
-    other leaf (step counts, scalars) is replicated. Returns a tree shaped like `opt_state`
-    whose leaves are `PartitionSpec`s of logical names.
+    Each subtree of `opt_state` with the same structure as `params` gets, leaf by leaf: the
+    param's spec when the shapes are equal; the spec with one entry removed when the leaf is
+    the param's shape with one dimension removed and that removal is unambiguous (optax's
+    Adafactor: `v_row` drops the largest of the two largest dimensions, `v_col` the other; a
+    square `[n, n]` kernel is ambiguous); otherwise replication. Every other leaf (step
+    counts, scalars) is replicated. Returns a tree shaped like `opt_state` whose leaves are
+    `PartitionSpec`s of logical names.
     """
     param_def = jax.tree.structure(params)
     param_leaves = jax.tree.leaves(params)
@@ -55,3 +67,22 @@ def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> An
         return jax.tree.unflatten(param_def, out)
 
     return jax.tree.map(specs_for, opt_state, is_leaf=matches)
+
+
+def opt_state_mesh_spec(partitioner: Any, spec: Any, shape: Tuple[int, ...],
+                        path: str = "<opt_state>") -> PartitionSpec:
+    """The mesh spec of one optimizer-state leaf: `partitioner`'s rules, an indivisible
+    dimension replicated without a warning and whatever `on_indivisible` says (each dimension
+    here is one of its param's, which was already checked and warned about by name)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IndivisibleDimensionWarning)
+        return logical_to_mesh_spec(spec, partitioner.rules, partitioner.mesh.shape, shape, path, "replicate")
+
+
+def opt_state_shardings(partitioner: Any, params: Any, param_specs: Any, opt_state: Any) -> Any:
+    """`NamedSharding`s for `opt_state` (arrays or `jax.ShapeDtypeStruct`s) on `partitioner`'s
+    mesh, from `opt_state_logical_specs`; see `opt_state_mesh_spec` for indivisible sizes."""
+    specs = opt_state_logical_specs(params, param_specs, opt_state)
+    mesh = partitioner.mesh
+    return map_specs(lambda path, s, x: NamedSharding(mesh, opt_state_mesh_spec(partitioner, s, np.shape(x), path)),
+                     specs, opt_state)

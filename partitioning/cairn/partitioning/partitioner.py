@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cairn.partitioning.data_layout import DataLayout, data_layout
-from cairn.partitioning.opt_state import opt_state_logical_specs
+from cairn.partitioning.opt_state import opt_state_shardings
 from cairn.partitioning.rules import LogicalAxisRules, LogicalSpec, logical_to_mesh_spec
 from cairn.partitioning.tree import map_specs
 
@@ -59,8 +59,10 @@ class Partitioner:
         return map_specs(lambda path, s, x: self.sharding(s, np.shape(x), path), specs, shapes)
 
     def opt_state_shardings(self, params: Any, param_specs: Any, opt_state: Any) -> Any:
-        """Shardings for an optimizer state (see `opt_state_logical_specs`)."""
-        return self.shardings_for(opt_state_logical_specs(params, param_specs, opt_state), opt_state)
+        """Shardings for an optimizer state (shapes or arrays): leaves shaped like their param
+        follow it, factored statistics keep the dimensions they keep (`opt_state_logical_specs`);
+        indivisible dimensions are replicated quietly (the params already warned)."""
+        return opt_state_shardings(self, params, param_specs, opt_state)
 
     # -- functions -----------------------------------------------------------------------
     def _to_sharding(self, tree: Any) -> Any:
@@ -102,6 +104,12 @@ class Partitioner:
     def _batch_mesh_axes(self):
         first = self.mesh_spec(self.batch_spec[:1])
         return first[0] if len(first) else None
+
+    def batch_parts(self) -> int:
+        """How many pieces the batch dimension is split into (the product of its mesh axes)."""
+        axes = self._batch_mesh_axes()
+        axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+        return int(np.prod([self.mesh.shape[a] for a in axes], dtype=np.int64))
 
     def data_layout(self, process_index: Optional[int] = None) -> DataLayout:
         """Which shard of the global batch this host (or `process_index`) reads."""

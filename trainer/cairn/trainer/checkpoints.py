@@ -1,5 +1,17 @@
 """Checkpoints with orbax: train state, data-iterator state and config; async saves, keep the
-last K (and optionally the best by a metric), verified restores that skip corrupt checkpoints."""
+last K (and optionally the best by a metric), verified restores that skip corrupt checkpoints.
+
+Asynchronous saves run orbax's whole save (device-to-host copy, write, commit, deletion of old
+steps) in one background thread, so the loop blocks only while a previous save is still running.
+With several processes that thread must not run device collectives: the loop runs its own
+(per-step all-gathers) at the same time, and collectives issued from two threads pair up in
+different orders on different processes (seen as "sync_global_devices name mismatch", or as an
+all-gather returning another collective's data). orbax's barriers are collectives by default;
+`Checkpointer` switches them to the JAX distributed client's barriers (named, thread-safe, with a
+timeout: orbax's `experimental_orbax_use_distributed_barrier`). Where that switch is missing
+(another orbax), asynchronous saves fall back to orbax's own async checkpointing started from the
+caller's thread (collectives in the caller's thread; about 50 ms of blocking per save).
+"""
 
 from __future__ import annotations
 
@@ -39,9 +51,9 @@ class CheckpointConfig:
     keep: how many of the latest checkpoints to keep (None: all).
     best_metric / best_mode: also keep the checkpoint with the best value of this metric
       (given to `save(metrics=...)`), 'min' or 'max'.
-    asynchronous: save in a background thread (orbax's save call, which copies the arrays to the
-      host, and its write); the caller blocks only while a previous save is still running.
-      The arrays saved must not be donated or deleted until the save is done.
+    asynchronous: save in a background thread; `save` blocks only while the previous save is
+      still running. Works with any number of processes (call `save` on every process). The
+      arrays saved must not be donated or deleted until the save is done.
     save_dtype: cast floating params to this dtype when saving (e.g. 'bfloat16'); None keeps them.
     """
 
@@ -82,6 +94,22 @@ def _write_json_atomic(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
+def use_client_barriers() -> bool:
+    """Makes orbax's cross-process barriers go through the JAX distributed client instead of
+    device collectives (so a save may run in a background thread while the loop runs its
+    collectives): orbax's absl flag `experimental_orbax_use_distributed_barrier`, set even before
+    absl parses a command line (tests, notebooks). Returns False when this orbax has no such flag."""
+    from orbax.checkpoint._src.multihost import multihost as orbax_multihost  # where orbax reads it
+
+    holder = getattr(orbax_multihost, "EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER", None)
+    if holder is None:
+        return False
+    flag = orbax_multihost.flags.FLAGS[holder.name]
+    flag.value = True
+    flag.present = 1  # readable before parsing
+    return True
+
+
 class Checkpointer:
     """Saves and restores checkpoints under `<model_dir>/checkpoints/<step>/` (orbax items
     `state`, `data`, `config`), with a size manifest per finished checkpoint in
@@ -92,7 +120,10 @@ class Checkpointer:
         self.model_dir = Path(model_dir)
         self.config = config
         self.directory = self.model_dir / CHECKPOINT_DIR
-        self._pending: list[int] = []
+        # Whole saves in our thread; orbax's async mode (started from the caller) only as a fallback.
+        self._background = config.asynchronous and (jax.process_count() == 1 or use_client_barriers())
+        self._orbax_async = config.asynchronous and not self._background
+        self._pending: list[int] = []  # saved steps whose manifests are not written yet
         self._manager = self._make_manager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cairn-checkpoint")
         self._future: Optional[Future] = None
@@ -106,20 +137,26 @@ class Checkpointer:
                                      n=1, keep_checkpoints_without_metrics=False))
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies), create=True, cleanup_tmp_directories=True,
-            enable_async_checkpointing=self.config.asynchronous)
+            enable_async_checkpointing=self._orbax_async)
         return ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "config"))
 
     # -- saving ----------------------------------------------------------------------------
     def save(self, step: int, state: Any, data_state: Optional[Mapping[str, Any]] = None,
              config: Optional[Mapping[str, Any]] = None, metrics: Optional[Mapping[str, float]] = None) -> float:
-        """Starts saving `state` (a TrainState) at `step`; returns the seconds the caller was blocked
-        (waiting for the previous save, if it is still running)."""
+        """Starts saving `state` (a TrainState) at `step`, on every process; returns the seconds the
+        caller was blocked (waiting for the previous save, if it is still running)."""
         start = time.perf_counter()
         self._wait_future()
-        if self.config.asynchronous:
-            self._future = self._executor.submit(self._save, step, state, data_state, config, metrics)
+        state_tree = _state_dict(state)
+        state_tree["params"] = _cast(state_tree["params"], self.config.save_dtype)  # a computation: this thread
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state_tree),
+                                  data=ocp.args.JsonSave(dict(data_state or {})),
+                                  config=ocp.args.JsonSave(dict(config or {})))
+        metrics = {k: float(v) for k, v in (metrics or {}).items()} or None
+        if self._background:
+            self._future = self._executor.submit(self._save, int(step), args, metrics)
         else:
-            self._save(step, state, data_state, config, metrics)
+            self._save(int(step), args, metrics)
         return time.perf_counter() - start
 
     def _wait_future(self) -> None:
@@ -127,17 +164,11 @@ class Checkpointer:
             future, self._future = self._future, None
             future.result()  # re-raises a failed background save
 
-    def _save(self, step, state, data_state, config, metrics) -> None:
+    def _save(self, step: int, args: Any, metrics: Optional[dict]) -> None:
         self._finish_pending()
-        state_tree = _state_dict(state)
-        state_tree["params"] = _cast(state_tree["params"], self.config.save_dtype)
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state_tree),
-                                  data=ocp.args.JsonSave(dict(data_state or {})),
-                                  config=ocp.args.JsonSave(dict(config or {})))
-        metrics = {k: float(v) for k, v in (metrics or {}).items()} or None
-        self._manager.save(int(step), args=args, metrics=metrics, force=True)
-        self._pending.append(int(step))
-        if not self.config.asynchronous:
+        self._manager.save(step, args=args, metrics=metrics, force=True)
+        self._pending.append(step)
+        if not self._orbax_async:
             self._finish_pending()
 
     def wait(self) -> None:
@@ -147,6 +178,8 @@ class Checkpointer:
         self._finish_pending()
 
     def _finish_pending(self) -> None:
+        """Waits for orbax's write in flight; process 0 writes the manifests of the steps it kept
+        and drops those of deleted steps."""
         if not self._pending:
             return
         self._manager.wait_until_finished()

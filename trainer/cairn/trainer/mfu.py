@@ -31,10 +31,10 @@ def published_peak_flops(device_kind: str) -> Optional[float]:
 
 @functools.lru_cache(maxsize=None)
 def cpu_matmul_peak_flops(size: int = 1024, repeats: int = 5) -> float:
-    """Measured float32 FLOP/s of a jitted `size`² matmul on the first CPU device, best of
-    `repeats` (run once per process and cached). XLA's CPU matmul uses every core, so this is
-    the whole host's peak, not one virtual device's."""
-    device = jax.devices("cpu")[0]
+    """Measured float32 FLOP/s of a jitted `size`² matmul on this process's first CPU device,
+    best of `repeats` (run once per process and cached). XLA's CPU matmul uses every core, so
+    this is the whole host's peak, not one virtual device's."""
+    device = jax.local_devices(backend="cpu")[0]  # jax.devices() lists other processes' too
     a = jax.device_put(jnp.ones((size, size), jnp.float32), device)
     matmul = jax.jit(lambda x: x @ x)
     matmul(a).block_until_ready()
@@ -48,7 +48,8 @@ def cpu_matmul_peak_flops(size: int = 1024, repeats: int = 5) -> float:
 
 def peak_flops(devices: Optional[Sequence[jax.Device]] = None) -> float:
     """Total peak FLOP/s of `devices` (default: all): the published per-chip peak times the
-    chip count, or on CPU the measured matmul probe (once for the host)."""
+    chip count, or on CPU this host's measured matmul probe times the number of processes the
+    devices belong to (one host each)."""
     devices = list(devices if devices is not None else jax.devices())
     if devices[0].platform == "cpu":
         return cpu_matmul_peak_flops() * len({d.process_index for d in devices})

@@ -16,12 +16,18 @@ log = logging.getLogger("cairn.trainer")
 
 class SummaryWriter:
     """Writes scalars to `<model_dir>/summaries/metrics.jsonl` (rows `{task, step, metric, value}`)
-    and, when `tensorboard`, event files under `<model_dir>/tensorboard/<task>/` as `<task>/<name>`."""
+    and, when `tensorboard`, event files under `<model_dir>/tensorboard/<task>/` as `<task>/<name>`.
 
-    def __init__(self, model_dir: str | os.PathLike, tensorboard: bool = True):
+    Only the `primary` writer (process 0 of a multi-process run) writes files; every writer logs
+    its values, each line starting with `log_prefix` (e.g. `process 1/4: `)."""
+
+    def __init__(self, model_dir: str | os.PathLike, tensorboard: bool = True, *, primary: bool = True,
+                 log_prefix: str = ""):
         self.dir = Path(model_dir)
-        self.jsonl = JsonLinesLogger(self.dir / "summaries")
-        self.tensorboard = tensorboard
+        self.primary = primary
+        self.log_prefix = log_prefix
+        self.jsonl = JsonLinesLogger(self.dir / "summaries") if primary else None
+        self.tensorboard = tensorboard and primary
         self._writers: dict = {}
 
     def _tb(self, task: str):
@@ -33,7 +39,8 @@ class SummaryWriter:
 
     def scalars(self, task: str, step: int, values: Mapping[str, float], quiet: bool = False) -> None:
         """Writes `values`; `quiet` writes the JSON lines only (per-step rows between log steps)."""
-        self.jsonl.log_metrics(task, step, values)
+        if self.jsonl is not None:
+            self.jsonl.log_metrics(task, step, values)
         if quiet:
             return
         if self.tensorboard:
@@ -45,7 +52,7 @@ class SummaryWriter:
                     tf.summary.scalar(f"{task}/{name}", float(values[name]), step=int(step))
             writer.flush()
         text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(values.items()))
-        log.info("%s step %d: %s", task, step, text)
+        log.info("%s%s step %d: %s", self.log_prefix, task, step, text)
 
     def close(self) -> None:
         for writer in self._writers.values():

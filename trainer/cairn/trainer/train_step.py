@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from cairn.partitioning import Partitioner
+from cairn.partitioning import Partitioner, opt_state_logical_specs
 from cairn.trainer.train_state import TrainState
 
 Batch = Mapping[str, Any]
@@ -85,42 +85,23 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
 # -- partitioning -----------------------------------------------------------------------------
 def opt_state_specs(optimizer: optax.GradientTransformation, opt_state: Any, params: Any, param_specs: Any) -> Any:
-    """Logical specs of the optimizer state: a state leaf shaped like its param gets the param's
-    spec; one of another shape (Adafactor's factored rows and columns) is replicated, and so is
-    every non-param leaf (counts). Derived with `optax.tree_utils.tree_map_params`."""
-    spec_list = [PartitionSpec(*s) for s in jax.tree.leaves(param_specs, is_leaf=_is_spec)]
-    shape_list = [tuple(np.shape(p)) for p in jax.tree.leaves(params)]
-    # One opaque (spec, shape) leaf per param, shaped like `params`, for tree_map_params.
-    boxed = jax.tree.unflatten(jax.tree.structure(params), [_Leaf(v) for v in zip(spec_list, shape_list)])
-
-    def per_param(leaf, info):
-        spec, shape = info.value
-        return spec if tuple(np.shape(leaf)) == shape else PartitionSpec()
-
-    return optax.tree_utils.tree_map_params(
-        optimizer, per_param, opt_state, boxed,
-        transform_non_params=lambda _: PartitionSpec(), is_leaf=lambda x: isinstance(x, _Leaf))
-
-
-class _Leaf:
-    """An opaque pytree leaf wrapping a value."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-
-def _is_spec(x: Any) -> bool:
-    return isinstance(x, PartitionSpec) or (type(x) is tuple and all(e is None or isinstance(e, str) for e in x))
+    """Logical specs of the optimizer state: `cairn.partitioning.opt_state_logical_specs`, the
+    rule `state_shardings` uses (a leaf shaped like its param gets the param's spec, Adafactor's
+    factored `v_row`/`v_col` keep the names of the dimensions they keep, counts are replicated).
+    `optimizer` is not needed (the state's structure says it all); kept for callers."""
+    del optimizer
+    return opt_state_logical_specs(params, param_specs, opt_state)
 
 
 def state_shardings(partitioner: Partitioner, state_shapes: TrainState, param_specs: Any,
                     optimizer: optax.GradientTransformation) -> TrainState:
-    """`NamedSharding`s for every leaf of the train state (shapes from `jax.eval_shape`)."""
+    """`NamedSharding`s for every leaf of the train state (shapes from `jax.eval_shape`): params
+    by their logical specs, the optimizer state by `Partitioner.opt_state_shardings` (factored
+    statistics sharded along the dimensions they keep where divisible, else replicated). The
+    trainer restores checkpoints onto these shardings too."""
+    del optimizer  # the state's structure is enough
     param_shardings = partitioner.shardings_for(param_specs, state_shapes.params)
-    ospecs = opt_state_specs(optimizer, state_shapes.opt_state, state_shapes.params, param_specs)
-    opt_shardings = partitioner.shardings_for(ospecs, state_shapes.opt_state)
+    opt_shardings = partitioner.opt_state_shardings(state_shapes.params, param_specs, state_shapes.opt_state)
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
     return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)
 

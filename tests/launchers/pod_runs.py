@@ -1,0 +1,135 @@
+"""Multi-process runs of the train entry point (`python -m cairn.launchers.train_main`) on
+127.0.0.1 for the pod tests: N processes x D virtual CPU devices, the default experiment shrunk
+by overrides, one log per process and stream, hard timeouts, and every child's process group
+killed at the end (`with Pod(...) as pod:`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import launch_util
+
+TIMEOUT_S = 600  # one run on a loaded 2-core machine (about 1 min quiet for 2 processes)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def overrides(model_dir: Path, cache_dir: Path, steps: int, extra: Sequence[str] = ()) -> list[str]:
+    """A short run of the default experiment: batch 8, a loss per step and a fingerprint (batch
+    hashes, losses, param checksums every 4 steps) for `verify`, checkpoints every 4 steps, no
+    post-training work."""
+    return [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
+            f"--config.data.cache_dir={cache_dir}", f"--config.num_train_steps={steps}",
+            "--config.data.batch_size=8", "--config.trainer.checkpoint_every=4",
+            "--config.trainer.keep_checkpoints=2", "--config.trainer.log_every=1", "--config.fingerprint_every=4",
+            "--config.post_training.final_eval=False", "--config.post_training.num_samples=0",
+            "--config.trainer.tensorboard=False", *extra]
+
+
+class Pod:
+    """`processes` train processes of one job (process i logs to `<log_name>-p<i>.out/.err` next
+    to the model_dir; `log_name` defaults to the model_dir's name)."""
+
+    def __init__(self, model_dir: Path, args: list[str], processes: int, devices: int, texts: str,
+                 log_name: Optional[str] = None):
+        self.model_dir, self.processes = model_dir, processes
+        name = log_name or model_dir.name
+        self.logs = [(model_dir.parent / f"{name}-p{i}.out", model_dir.parent / f"{name}-p{i}.err")
+                     for i in range(processes)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", TF_CPP_MIN_LOG_LEVEL="3",
+                   CAIRN_SHAKESPEARE_DIR=texts)
+        env.pop("BUILD_WORKING_DIRECTORY", None)
+        address = f"127.0.0.1:{free_port()}"
+        self.procs = []
+        for i, (out, err) in enumerate(self.logs):
+            flags = [f"--config.multihost.coordinator_address={address}",
+                     f"--config.multihost.num_processes={processes}", f"--config.multihost.process_id={i}"]
+            with open(out, "w") as o, open(err, "w") as e:
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main", *args, *flags],
+                                                   env=env, stdout=o, stderr=e, cwd=str(launch_util.REPO),
+                                                   start_new_session=True))
+        self.deadline = time.monotonic() + TIMEOUT_S
+
+    def __enter__(self) -> "Pod":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill(signal.SIGKILL)
+
+    def stderr(self, i: int) -> str:
+        return self.logs[i][1].read_text(errors="replace")
+
+    def stdout(self, i: int) -> str:
+        return self.logs[i][0].read_text(errors="replace")
+
+    def tails(self, n: int = 2500) -> str:
+        return "\n".join(f"--- process {i} (rc {p.poll()}) stderr:\n{self.stderr(i)[-n:]}"
+                         for i, p in enumerate(self.procs))
+
+    def kill(self, sig: int, which: Optional[Sequence[int]] = None, group: bool = True) -> None:
+        """Sends `sig` to the processes `which` (default all) still running: to the process
+        group (the process and anything it started), or with `group=False` to the process only."""
+        for i in (range(self.processes) if which is None else which):
+            p = self.procs[i]
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig) if group else p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+            if sig == signal.SIGKILL:
+                p.wait()
+
+    def wait_for(self, pattern: str, process: int = 0) -> re.Match:
+        """Polls process `process`'s stderr until `pattern` matches; fails if the job ends first."""
+        regex = re.compile(pattern)
+        while time.monotonic() < self.deadline:
+            match = regex.search(self.stderr(process))
+            if match:
+                return match
+            if any(p.poll() is not None for p in self.procs):
+                raise AssertionError(f"a process ended before {pattern!r} appeared:\n{self.tails()}")
+            time.sleep(0.01)
+        raise AssertionError(f"no {pattern!r} within {TIMEOUT_S}s:\n{self.tails()}")
+
+    def wait(self, which: Optional[Sequence[int]] = None) -> list:
+        """Waits for the processes `which` (default all); returns their exit statuses. Kills the job
+        and fails when the run's deadline passes."""
+        codes = []
+        for i in (range(self.processes) if which is None else which):
+            try:
+                codes.append(self.procs[i].wait(timeout=max(1.0, self.deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+                raise AssertionError(f"the job timed out after {TIMEOUT_S}s:\n{self.tails()}") from None
+        return codes
+
+    def finish(self) -> None:
+        """Waits for every process and fails unless all exit 0."""
+        codes = self.wait()
+        assert codes == [0] * self.processes, f"exit statuses {codes}:\n{self.tails()}"
+
+
+def metric_rows(model_dir: Path) -> list:
+    path = model_dir / "summaries" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def verify(a: Path, b: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`//launchers:verify` (its module) on two run directories."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=str(launch_util.REPO))
