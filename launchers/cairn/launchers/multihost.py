@@ -10,7 +10,9 @@ One process: nothing happens.
 Start-up is bounded: a process that has not joined within `multihost.initialization_timeout_seconds`
 (a coordinator that never answers, a process that never started) exits with status 2 and one
 line naming the coordinator address, its process id and the process count (JAX itself would
-wait and then abort with a C++ stack trace). After joining, `check_same_config` stops every
+wait and then abort with a C++ stack trace). Once joined, a process that stops responding
+for `multihost.heartbeat_timeout_seconds` (killed, host lost) stops the others with one line
+naming it (`cairn.partitioning.peer_watchdog`; 0: JAX's own behaviour). After joining, `check_same_config` stops every
 process with one line when they were started with different configs.
 """
 
@@ -97,7 +99,8 @@ def initialize(config: ml_collections.ConfigDict) -> Any:
                    f"it never answered, or not all {decided.num_processes} processes started")
         with _StartupWatchdog(bound, message):
             # JAX's own bound is later than ours, so ours always fires first.
-            return initialize_distributed(**args, initialization_timeout=int(bound) + 60)
+            return initialize_distributed(**args, initialization_timeout=int(bound) + 60,
+                                          heartbeat_timeout_seconds=config.multihost.heartbeat_timeout_seconds or None)
     except ValueError as e:
         raise ConfigError("multihost", str(e)) from None
 

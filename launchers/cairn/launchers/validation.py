@@ -32,7 +32,7 @@ CHOICES = {
 }
 POSITIVE = ("num_train_steps", "data.batch_size", "trainer.num_microbatches", "eval.batch_size",
             "multihost.initialization_timeout_seconds")
-NON_NEGATIVE = ("fingerprint_every", "trainer.checkpoint_every", "trainer.keep_checkpoints",
+NON_NEGATIVE = ("fingerprint_every", "multihost.heartbeat_timeout_seconds", "trainer.checkpoint_every", "trainer.keep_checkpoints",
                 "trainer.eval_every", "trainer.log_every", "eval.num_examples", "post_training.num_samples",
                 "post_training.max_decode_length", "optimizer.warmup_steps", "vocabulary.extra_ids",
                 "model.vocab_size")

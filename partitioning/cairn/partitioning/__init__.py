@@ -13,6 +13,7 @@ from cairn.partitioning.memory import MemoryEstimate, estimate_memory, transform
 from cairn.partitioning.mesh import DATA, DEFAULT_AXES, FSDP, MODEL, MeshShapeError, create_mesh
 from cairn.partitioning.opt_state import opt_state_logical_specs
 from cairn.partitioning.partitioner import Partitioner
+from cairn.partitioning.peer_watchdog import PEER_LOST_EXIT_CODE, PeerWatchdog, await_lost_peer, start_peer_watchdog
 from cairn.partitioning.rules import (
     IndivisibleDimensionError,
     IndivisibleDimensionWarning,
@@ -23,10 +24,11 @@ from cairn.partitioning.rules import (
 )
 
 __all__ = [
-    "DATA", "DEFAULT_AXES", "FSDP", "MODEL",
-    "DataLayout", "DistributedConfig", "GatheredDigests", "ReplicaBatchMismatchError", "IndivisibleDimensionError", "IndivisibleDimensionWarning",
-    "LogicalAxisRules", "MemoryEstimate", "MeshShapeError", "Partitioner", "UnknownLogicalAxisError",
-    "check_replica_batches", "create_mesh", "data_layout", "gather_row_digests", "row_digests", "estimate_memory", "initialize_distributed", "logical_to_mesh_spec",
-    "opt_state_logical_specs", "resolve_distributed",
-    "standard_logical_axis_rules", "transformer_activations",
+    "DATA", "DEFAULT_AXES", "DataLayout", "DistributedConfig", "FSDP", "GatheredDigests",
+    "IndivisibleDimensionError", "IndivisibleDimensionWarning", "LogicalAxisRules", "MODEL", "MemoryEstimate",
+    "MeshShapeError", "PEER_LOST_EXIT_CODE", "Partitioner", "PeerWatchdog", "ReplicaBatchMismatchError",
+    "UnknownLogicalAxisError", "await_lost_peer", "check_replica_batches", "create_mesh", "data_layout",
+    "estimate_memory", "gather_row_digests", "initialize_distributed", "logical_to_mesh_spec",
+    "opt_state_logical_specs", "resolve_distributed", "row_digests", "standard_logical_axis_rules",
+    "start_peer_watchdog", "transformer_activations",
 ]
