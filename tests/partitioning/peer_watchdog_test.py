@@ -86,6 +86,31 @@ def test_peers_that_keep_beating_are_never_named():
     assert exits == [] and not dogs[1].wait_for_verdict(0)
 
 
+def test_a_peer_that_finished_is_not_lost():
+    store, clock = FakeStore(), Clock()
+    dogs, exits = watchdogs(store, 3, timeout_s=2, clock=clock, interval_s=0.5, grace_s=0)
+    for _ in range(3):
+        clock.now += 0.5
+        assert [d.tick() for d in dogs] == [None, None, None]
+    dogs[2].stop()  # process 2 is done (at exit) and says so; process 1 simply falls silent
+    assert ("cairn/done/2", "1") in store.key_value_dir_get("cairn/done/")
+    for _ in range(10):
+        clock.now += 0.5
+        line = dogs[0].tick()
+        if line:
+            break
+    assert line == "error: process 1 of 3 stopped responding (no heartbeat for 2 s); stopping", line
+
+
+def test_stop_joins_the_running_thread():
+    store = FakeStore()
+    dogs, exits = watchdogs(store, 2, timeout_s=5, interval_s=0.05)
+    dogs[1].start()
+    time.sleep(0.2)
+    dogs[1].stop()
+    assert not dogs[1]._thread.is_alive() and exits == []
+
+
 def test_store_errors_are_no_news_not_silence():
     store, clock = FakeStore(), Clock()
     dogs, exits = watchdogs(store, 2, timeout_s=2, clock=clock, interval_s=0.5)
@@ -107,7 +132,7 @@ def test_the_other_survivors_stop_before_process_0():
     for d in dogs:
         d.start()
     time.sleep(0.1)
-    dogs[2].stop()  # process 2 goes silent
+    dogs[2]._stopped.set()  # process 2 goes silent (killed: it never says it finished)
     assert dogs[0].wait_for_verdict(10) and dogs[1].wait_for_verdict(10)
     for d in dogs:
         d.stop()

@@ -21,6 +21,7 @@ other processes at once, with its own message.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_DIR = "cairn/heartbeat/"
 STOPPING_DIR = "cairn/stopping/"
+DONE_DIR = "cairn/done/"
 VERDICT_KEY = "cairn/lost_processes"
 #: Exit status of a process stopped because a peer stopped responding.
 PEER_LOST_EXIT_CODE = 3
@@ -119,7 +121,13 @@ class PeerWatchdog:
                 continue
             if self._seen.get(peer) != value:
                 self._seen[peer], self._moved[peer] = value, now
-        silent = {p: now - self._moved.get(p, self._start) for p in range(1, self.num_processes)}
+        done = set()
+        for key, _ in self._try(self.client.key_value_dir_get, DONE_DIR) or []:
+            try:
+                done.add(int(key.rstrip("/").rsplit("/", 1)[-1]))
+            except ValueError:
+                continue
+        silent = {p: now - self._moved.get(p, self._start) for p in range(1, self.num_processes) if p not in done}
         lost = sorted(p for p, s in silent.items() if s > self.timeout_s)
         if not lost:
             return None
@@ -171,8 +179,13 @@ class PeerWatchdog:
             self._stopped.wait(self.interval_s)
 
     def stop(self) -> None:
-        """Stops watching (the thread ends after its current round)."""
+        """Stops watching and says so: the thread is joined (so no round is inside a call into
+        the distributed client while the interpreter shuts down, which aborts the process), and
+        this process is marked done, so that peers still running do not count it as lost."""
         self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.grace_s + 2 * self.interval_s + 5)
+        self._try(self.client.key_value_set, f"{DONE_DIR}{self.process_id}", "1", allow_overwrite=True)
 
     def wait_for_verdict(self, seconds: Optional[float] = None) -> bool:
         """Blocks until a lost peer has been named (the process normally ends then) or `seconds`
@@ -198,6 +211,8 @@ def start_peer_watchdog(timeout_s: float, interval_s: Optional[float] = None) ->
     if client is None or jax.process_count() == 1:
         return None
     _ACTIVE = PeerWatchdog(client, jax.process_index(), jax.process_count(), timeout_s, interval_s).start()
+    # Registered after jax.distributed.initialize, so it runs before JAX's own shutdown at exit.
+    atexit.register(_ACTIVE.stop)
     log.info("peer watchdog: a process silent for %.0f s stops the job", timeout_s)
     return _ACTIVE
 
