@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-LIBRARIES = ("tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
+LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 
 
 def _repo_root() -> pathlib.Path:

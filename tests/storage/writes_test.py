@@ -1,0 +1,140 @@
+"""Atomic writes, create-if-absent and staged directories, on local disk and on gs:// (emulator).
+
+A writer killed mid-write leaves the previous whole file or the new whole file, never a torn
+one; create-if-absent lets exactly one of several racing processes win."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from cairn import storage
+from cairn.storage.testing import GcsEmulator
+
+WHERE = ["local", "gs"]
+
+
+@pytest.fixture(params=WHERE)
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path)
+    return request.getfixturevalue("bucket") + "/dir"
+
+
+def test_write_and_read_back(root):
+    p = storage.join(root, "sub", "a.json")
+    storage.write_json(p, {"b": 1, "a": [1, 2]})
+    assert storage.read_json(p) == {"a": [1, 2], "b": 1}
+    assert storage.read_text(p) == '{"a": [1, 2], "b": 1}'
+    storage.write_text(p, "replaced")
+    assert storage.read_text(p) == "replaced"
+    assert storage.path(p).exists()
+    assert storage.sizes(storage.join(root, "sub")) == {"a.json": 8}
+
+
+def test_local_write_leaves_no_temporary(tmp_path):
+    storage.write_bytes(tmp_path / "x.bin", b"123")
+    assert sorted(os.listdir(tmp_path)) == ["x.bin"]
+
+
+def test_create_exclusive_only_once(root):
+    p = storage.join(root, "lock")
+    assert storage.create_exclusive(p, b"first") is True
+    assert storage.create_exclusive(p, b"second") is False
+    assert storage.read_bytes(p) == b"first"
+    storage.remove(p)
+    assert storage.create_exclusive(p, b"third") is True
+    assert storage.read_bytes(p) == b"third"
+
+
+_RACER = textwrap.dedent("""
+    import sys
+    from cairn import storage
+    won = storage.create_exclusive(sys.argv[1], sys.argv[2].encode())
+    print("won" if won else "lost", flush=True)
+""")
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from cairn import storage
+    size = int(sys.argv[2])
+    i = 0
+    while True:
+        storage.write_bytes(sys.argv[1], bytes([65 + i % 2]) * size)
+        print("wrote", i, flush=True)
+        i += 1
+""")
+
+
+def _child_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def test_racing_processes_one_winner(root):
+    p = storage.join(root, "race.lock")
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, p, f"proc{i}"], stdout=subprocess.PIPE,
+                              text=True, env=_child_env(), start_new_session=True) for i in range(4)]
+    try:
+        outs = [q.communicate(timeout=240)[0].strip() for q in procs]
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                os.killpg(q.pid, signal.SIGKILL)
+                q.wait()
+    assert sorted(outs) == ["lost", "lost", "lost", "won"]
+    winner = outs.index("won")
+    assert storage.read_bytes(p) == f"proc{winner}".encode()
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.1])
+def test_a_killed_writer_leaves_no_torn_file(root, delay):
+    """SIGKILL while a 4 MB file is rewritten again and again: what is there is whole."""
+    size = 4 << 20
+    p = storage.join(root, f"big-{delay}.bin")
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, p, str(size)], stdout=subprocess.PIPE,
+                            text=True, env=_child_env(), start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("wrote 0")
+        time.sleep(delay)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    data = storage.read_bytes(p)
+    assert len(data) == size
+    assert data in (b"A" * size, b"B" * size)
+    if not storage.is_url(p):
+        # What a kill may leave besides the file is a hidden temporary, never the file's own name.
+        others = set(os.listdir(os.path.dirname(p))) - {os.path.basename(p)}
+        assert all(n.startswith(f".{os.path.basename(p)}.") and n.endswith(".tmp") for n in others)
+
+
+def test_staged_directory_uploads_changed_files_whole(bucket, tmp_path):
+    target = bucket + "/tb"
+    staged = storage.StagedDirectory(target)
+    assert os.path.isdir(staged.local_dir)
+    os.makedirs(os.path.join(staged.local_dir, "train"))
+    with open(os.path.join(staged.local_dir, "train", "events.1"), "wb") as f:
+        f.write(b"one")
+    assert staged.sync() == 1
+    assert staged.sync() == 0  # nothing changed
+    with open(os.path.join(staged.local_dir, "train", "events.1"), "ab") as f:
+        f.write(b"two")
+    staged.close()
+    assert storage.read_bytes(target + "/train/events.1") == b"onetwo"
+    assert not os.path.exists(staged.local_dir)
+    local = storage.StagedDirectory(tmp_path / "tb")
+    assert local.local_dir == str(tmp_path / "tb") and local.sync() == 0
+
+
+def test_emulator_stops_without_a_leaked_process():
+    emu = GcsEmulator().start()
+    pid = emu._process.pid
+    emu.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
