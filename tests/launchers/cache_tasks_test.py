@@ -34,3 +34,16 @@ def test_entry_point(tmp_path):
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"shakespeare_span_corruption: cached in {tmp_path / 'c'}" in proc.stdout
     assert os.path.exists(tmp_path / "c" / "shakespeare_span_corruption" / "train" / "COMPLETED")
+    # //launchers:verify_cache: all shards match, then one byte flipped (same size) is named.
+    args = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp_path / 'c'}"]
+    proc = launch_util.run("cairn.launchers.verify_cache_main", args, env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "shakespeare_span_corruption/train: ok" in proc.stdout
+    split_dir = tmp_path / "c" / "shakespeare_span_corruption" / "train"
+    shard = sorted(p for p in os.listdir(split_dir) if p.endswith(".array_record"))[0]
+    data = bytearray((split_dir / shard).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (split_dir / shard).write_bytes(bytes(data))
+    proc = launch_util.run("cairn.launchers.verify_cache_main", args, env=env)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert shard in proc.stdout + proc.stderr and "Traceback" not in proc.stderr

@@ -40,6 +40,10 @@ def test_local_path_under_a_file(tmp_path):
     assert f"model_dir {tmp_path / 'file' / 'run'}: cannot write" in str(e.value)
 
 
-def test_local_directory_is_created_and_left_empty(tmp_path):
+def test_local_directory_is_not_created_and_an_existing_one_left_as_it_was(tmp_path):
     storage.check_writable(tmp_path / "new" / "run")
-    assert os.listdir(tmp_path / "new" / "run") == []
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("x")
+    storage.check_writable(tmp_path / "run")
+    assert os.listdir(tmp_path / "run") == ["keep.txt"]

@@ -138,3 +138,41 @@ def test_emulator_stops_without_a_leaked_process():
     emu.stop()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_trees(root):
+    src = storage.join(root, "tree")
+    storage.write_bytes(storage.join(src, "a.bin"), b"12")
+    storage.write_bytes(storage.join(src, "sub", "b.bin"), b"345")
+    assert storage.file_sizes(src) == {"a.bin": 2, "sub/b.bin": 3}
+    dst = storage.join(root, "moved", "tree")
+    storage.move_tree(src, dst)
+    assert storage.file_sizes(src) == {}
+    assert storage.file_sizes(dst) == {"a.bin": 2, "sub/b.bin": 3}
+    storage.remove_tree(dst)
+    assert storage.file_sizes(dst) == {}
+    storage.remove_tree(dst)  # absent: nothing
+
+
+def test_json_lines_append_and_read_in_order(root):
+    p = storage.join(root, "s", "metrics.jsonl")
+    w = storage.JsonLinesWriter(p)
+    w.append([{"step": 1}, {"step": 2}])
+    w.append([{"step": 3}], flush=True)
+    w.close()
+    w2 = storage.JsonLinesWriter(p)  # a resumed writer continues after what is there
+    w2.append([{"step": 4}])
+    w2.close()
+    rows, bad = storage.read_json_lines(p)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and bad == 0
+    if storage.is_url(p):
+        assert sorted(storage.sizes(p + ".parts")) == ["00000000.jsonl", "00000001.jsonl"]
+
+
+def test_json_lines_local_truncated_last_line(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1}\nnot json\n{"step": 2}\n{"ste')
+    rows, bad = storage.read_json_lines(p)
+    assert [r["step"] for r in rows] == [1, 2] and bad == 1
+    storage.JsonLinesWriter(p).append([{"step": 3}])
+    assert [r["step"] for r in storage.read_json_lines(p)[0]] == [1, 2, 3]

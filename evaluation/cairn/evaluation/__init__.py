@@ -5,13 +5,13 @@ TensorFlow until a dataset or the TensorBoard logger is used.
 """
 
 from cairn.evaluation import metrics
-from cairn.evaluation.loggers import JsonLinesLogger, MetricLogger, TensorBoardLogger
+from cairn.evaluation.loggers import JsonLinesLogger, MetricLogger, TensorBoardLogger, read_metrics
 from cairn.evaluation.metrics._checks import MetricInputError
 
 __version__ = "0.1.0"
 
 __all__ = ["EvaluationError", "EvaluationResult", "Evaluator", "JsonLinesLogger",
-           "MetricInputError", "MetricLogger", "TensorBoardLogger", "metrics"]
+           "MetricInputError", "MetricLogger", "TensorBoardLogger", "metrics", "read_metrics"]
 
 _LAZY = ("Evaluator", "EvaluationError", "EvaluationResult")
 

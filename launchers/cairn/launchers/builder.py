@@ -44,13 +44,10 @@ def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None) -> A
 
 def hf_model_config(directory: str, overrides: dict) -> Any:
     """The `T5Config` of a Hugging Face T5 directory (its config.json only), with overrides."""
-    import json
-    import os
-
+    from cairn import storage
     from cairn.models.hf_interchange import config_from_hf
 
-    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        return config_from_hf(json.load(f), **overrides)
+    return config_from_hf(storage.read_json(storage.join(directory, "config.json")), **overrides)
 
 
 def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:

@@ -55,6 +55,13 @@ def main(argv: list[str]) -> None:
         result = cache(config, BEAM.value or config.data.cache_with_beam, PIPELINE_OPTIONS.value, OVERWRITE.value)
     except ConfigError as e:
         cli.fail(e)
+    except Exception as e:
+        from cairn import storage
+        from cairn.datatasks import DataTasksError
+
+        if isinstance(e, (DataTasksError, storage.StorageError)):
+            cli.fail(e)
+        raise
     for name, status in sorted(result.items()):
         print(f"{name}: {status} in {config.data.cache_dir}", flush=True)
     sys.exit(0)

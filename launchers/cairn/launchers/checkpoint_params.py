@@ -9,6 +9,7 @@ from typing import Any, Optional
 import ml_collections
 import numpy as np
 
+from cairn import storage
 from cairn.launchers import builder, eval_setup
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
@@ -16,22 +17,22 @@ from cairn.launchers.validation import ConfigError
 
 def checkpoint_root(path: str) -> str:
     """The `checkpoints/` folder of a model_dir (or `path` itself if it is one)."""
-    inner = os.path.join(path, "checkpoints")
-    return inner if os.path.isdir(inner) else path
+    inner = storage.join(path, "checkpoints")
+    return inner if storage.path(inner).is_dir() else path
 
 
 def complete_steps(path: str) -> list[int]:
     """Steps of finished checkpoints under a model_dir, ascending: a step folder whose manifest
     (`manifests/<step>.json`, written after the checkpoint completes) exists. A folder without
-    a `manifests/` sibling (a copied checkpoints folder) counts every step folder with `state/`."""
+    a `manifests/` sibling (a copied checkpoints folder) counts every step folder with `state/`.
+    `path` may be a URL; one listing of the folder's files (no reads)."""
     root = checkpoint_root(path)
-    if not os.path.isdir(root):
-        return []
-    steps = sorted(int(p) for p in os.listdir(root)
-                   if p.isdigit() and os.path.isdir(os.path.join(root, p, "state")))
-    manifests = os.path.join(os.path.dirname(root), "manifests")
-    if os.path.isdir(manifests):
-        steps = [s for s in steps if os.path.exists(os.path.join(manifests, f"{s}.json"))]
+    files = storage.file_sizes(root)
+    steps = sorted({int(name.split("/", 1)[0]) for name in files
+                    if name.split("/", 1)[0].isdigit() and name.split("/")[1:2] == ["state"]})
+    manifests = storage.sizes(storage.join(os.fspath(storage.path(root).parent), "manifests"))
+    if manifests:
+        steps = [s for s in steps if f"{s}.json" in manifests]
     return steps
 
 
@@ -58,8 +59,8 @@ def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any,
     process 0 chooses the step (a checkpoint may complete while they look) and all restore it."""
     from cairn.trainer import restore_params
 
-    if os.path.isdir(os.path.join(path, "state")):
-        chosen = int(os.path.basename(os.path.normpath(path))) if step is None else step
+    if storage.path(storage.join(path, "state")).is_dir():
+        chosen = int(storage.path(path).name) if step is None else step
         target = path
     else:
         def choose() -> list[int]:
@@ -70,6 +71,6 @@ def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any,
                 raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
             return [steps[-1] if step is None else step]
         chosen = eval_setup.from_process_0(choose)[0]
-        target = os.path.join(checkpoint_root(path), str(chosen))
+        target = storage.join(checkpoint_root(path), str(chosen))
     abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
     return chosen, restore_params(target, abstract)

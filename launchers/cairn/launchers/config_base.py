@@ -59,7 +59,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.batch_size = 128              # global batch (all hosts)
     c.data.pack = False
     c.data.cache_dir = ""                # default ~/.cache/cairn/tasks
-    c.data.check_source_files = True     # hash the source files against the cache's fingerprint
+    c.data.check_source_files = True     # compare the source files' relative names and sizes with the cache's record (no hashing: //launchers:verify_cache hashes)
     c.data.cache_with_beam = False       # cache_tasks main: Apache Beam instead of in-process
 
     c.partitioning = ml_collections.ConfigDict()

@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import ml_collections
 
+from cairn import storage
+
 # Config keys that hold paths (resolved against the user's directory).
 PATH_KEYS = ("model_dir", "vocabulary.path", "data.cache_dir", "init.checkpoint", "init.hf_checkpoint")
 # Left out of the config hash: where a run writes, and how its processes meet.
@@ -135,13 +137,9 @@ def hashable_config(config: ml_collections.ConfigDict) -> dict:
 
 
 def write_config_json(config: ml_collections.ConfigDict, model_dir: Optional[str] = None) -> str:
-    """Writes `<model_dir>/config.json` atomically; returns its path."""
+    """Writes `<model_dir>/config.json` atomically (a rename locally, one upload on a bucket);
+    returns its path."""
     model_dir = model_dir or config.model_dir
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, "config.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(to_plain(config), f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    path = storage.join(model_dir, "config.json")
+    storage.write_text(path, json.dumps(to_plain(config), indent=2, sort_keys=True) + "\n")
     return path

@@ -22,15 +22,14 @@ to evaluate. `data.batch_size` is not checked.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from typing import Callable, Optional
 
 import ml_collections
 from absl import flags
 
+from cairn import storage
 from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
 from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
@@ -47,28 +46,26 @@ EVAL_DIR = flags.DEFINE_string("eval_dir", "", "where results go (default: <mode
 
 
 class EvaluatedLog:
-    """`evaluated.jsonl`: one row `{step, metrics}` per evaluated checkpoint (appended, fsynced)."""
+    """`evaluated.jsonl`: one row `{step, metrics}` per evaluated checkpoint (appended and fsynced
+    locally; one whole part object per row at a URL)."""
 
     def __init__(self, eval_dir: str):
-        self.path = os.path.join(eval_dir, "evaluated.jsonl")
+        self.path = storage.join(eval_dir, "evaluated.jsonl")
+        self._writer: Optional[storage.JsonLinesWriter] = None
 
     def steps(self) -> set[int]:
         done = set()
-        if os.path.exists(self.path):
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        done.add(int(json.loads(line)["step"]))
-                    except (ValueError, KeyError):  # a truncated last line
-                        continue
+        for row in storage.read_json_lines(self.path)[0]:
+            try:
+                done.add(int(row["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
         return done
 
     def add(self, step: int, metrics: dict) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, "metrics": metrics}, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if self._writer is None:
+            self._writer = storage.JsonLinesWriter(self.path, fsync=True)
+        self._writer.append([{"step": step, "metrics": metrics}], flush=True)
 
 
 def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool,
@@ -81,7 +78,7 @@ def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool,
     partitioner = ready["partitioner"]
     check_batch_size("eval.batch_size", config.eval.batch_size, partitioner)
     model = builder.load_model(config, ready["vocabulary"])
-    loggers = ((JsonLinesLogger(eval_dir), TensorBoardLogger(os.path.join(eval_dir, "tensorboard")))
+    loggers = ((JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))
                if eval_setup.is_process_0() else ())
     evaluator = builder.make_evaluator(config, loggers=loggers)
     abstract = checkpoint_params.abstract_params(config, model, partitioner)
@@ -105,8 +102,9 @@ def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] =
     """Evaluates checkpoints under `path`; returns `{step: {task: {metric: value}}}` of this call.
     Every process of the job calls it; process 0 writes `evaluated.jsonl` and decides, with
     `--watch`, which steps to evaluate and when to stop."""
-    eval_dir = eval_dir or os.path.join(config.model_dir, "eval", config.eval.split)
-    if not watch and not checkpoint_params.complete_steps(path) and not os.path.isdir(os.path.join(path, "state")):
+    eval_dir = eval_dir or storage.join(config.model_dir, "eval", config.eval.split)
+    if (not watch and not checkpoint_params.complete_steps(path)
+            and not storage.path(storage.join(path, "state")).is_dir()):
         raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
     run = make_runner(config, eval_dir, decode, out)
     done_log = EvaluatedLog(eval_dir)

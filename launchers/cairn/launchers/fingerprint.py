@@ -20,11 +20,13 @@ import json
 import logging
 import math
 import os
-import pathlib
 import re
 from typing import Any, Mapping, Union
 
 import numpy as np
+
+from cairn import storage
+from cairn.evaluation import read_metrics
 
 log = logging.getLogger("cairn.launchers")
 PathLike = Union[str, os.PathLike]
@@ -119,30 +121,6 @@ def params_checksum(step: int, params: Any) -> Checksum:
     return Checksum(int(step), digest.hexdigest(), total, abs_total)
 
 
-def _atomic_write(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _trim_partial_line(path: pathlib.Path) -> None:
-    """Cuts a truncated last line (a kill mid-write) so appended lines start on a fresh line."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data.endswith(b"\n"):
-            return
-        cut = data.rfind(b"\n") + 1
-        log.warning("%s: dropping a truncated last line (%d bytes)", path, len(data) - cut)
-        f.truncate(cut)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 class RunFingerprint:
     """Writes `<model_dir>/fingerprint/`: the header once, and a checksum line every
     `checksum_every` steps (0: never) from `step_hook` (pass it to `Trainer(step_hooks=[...])`).
@@ -153,10 +131,10 @@ class RunFingerprint:
     def __init__(self, model_dir: str, checksum_every: int = 10):
         if isinstance(checksum_every, bool) or not isinstance(checksum_every, int) or checksum_every < 0:
             raise ValueError(f"RunFingerprint.checksum_every must be an int >= 0, got {checksum_every!r}")
-        self.model_dir = pathlib.Path(model_dir)
-        self.directory = self.model_dir / FINGERPRINT_DIR
+        self.model_dir = os.fspath(model_dir)
+        self.directory = storage.join(self.model_dir, FINGERPRINT_DIR)
         self.checksum_every = checksum_every
-        self._checked_files: set = set()
+        self._files: dict = {}
 
     @staticmethod
     def _is_writer() -> bool:
@@ -176,18 +154,17 @@ class RunFingerprint:
                   "data_fingerprint": str(data_fingerprint), "seed": int(seed), "process_count": int(process_count),
                   "device_count": int(device_count), "mesh": {str(k): int(v) for k, v in dict(mesh).items()},
                   "jax_version": jax.__version__, "platform": jax.default_backend()}
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / HEADER
-        if path.exists():
-            try:
-                old = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                old = {}
+        path = storage.join(self.directory, HEADER)
+        try:
+            old = storage.read_json(path)
+        except (OSError, ValueError):
+            old = {}
+        if old:
             for key in ("config_hash", "data_fingerprint"):
                 if key in old and old[key] != header[key]:
                     log.warning("%s: %s changed from %s to %s (a resumed run with another %s)", path, key, old[key],
                                 header[key], key.split("_")[0])
-        _atomic_write(path, json.dumps(header, sort_keys=True, indent=1) + "\n")
+        storage.write_text(path, json.dumps(header, sort_keys=True, indent=1) + "\n")
 
     def step_hook(self, step: int, state: Any) -> None:
         """Every `checksum_every` steps: checksums `state.params` (collective) and appends a line."""
@@ -209,15 +186,10 @@ class RunFingerprint:
         self._append_line(CHECKSUMS, checksum.to_json())
 
     def _append_line(self, name: str, row: Mapping[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / name
-        if name not in self._checked_files:
-            _trim_partial_line(path)
-            self._checked_files.add(name)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Appends (fsynced) locally; one whole part object per line at a URL."""
+        if name not in self._files:
+            self._files[name] = storage.JsonLinesWriter(storage.join(self.directory, name), fsync=True)
+        self._files[name].append([row], flush=True)
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -239,51 +211,29 @@ class Run:
     batches: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
 
-def _read_jsonl(path: pathlib.Path) -> tuple[list, int]:
-    """Rows of a JSON-lines file; a truncated last line is ignored, other bad lines counted."""
-    if not path.exists():
-        return [], 0
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    rows, bad = [], 0
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            if i != last:
-                bad += 1
-            continue
-        rows.append(row)
-    return rows, bad
-
-
 def load_run(model_dir: PathLike, metric: str = "loss") -> Run:
     """Reads `<model_dir>/fingerprint/` and the train `metric` of `<model_dir>/summaries/metrics.jsonl`.
     A step's last row wins (a resumed run recomputes steps after its checkpoint).
 
     Raises `FingerprintError` naming the path when the directory or the header is missing."""
-    root = pathlib.Path(model_dir)
-    if not root.is_dir():
+    root = os.fspath(model_dir)
+    if not storage.path(root).is_dir():
         raise FingerprintError(f"run directory {root} does not exist")
-    header_path = root / FINGERPRINT_DIR / HEADER
-    if not header_path.is_file():
-        raise FingerprintError(f"{header_path} not found: {root} has no run fingerprint "
-                               "(train with the fingerprint step hook to write one)")
+    header_path = storage.join(root, FINGERPRINT_DIR, HEADER)
     try:
-        header = json.loads(header_path.read_text(encoding="utf-8"))
+        header = storage.read_json(header_path)
+    except FileNotFoundError:
+        raise FingerprintError(f"{header_path} not found: {root} has no run fingerprint "
+                               "(train with the fingerprint step hook to write one)") from None
     except ValueError as e:
         raise FingerprintError(f"{header_path} is not valid JSON: {e}") from None
-    rows, bad_metrics = _read_jsonl(root / "summaries" / "metrics.jsonl")
+    rows, bad_metrics = read_metrics(storage.join(root, "summaries"))
     losses: dict = {}
     for row in rows:
         if row.get("task") == "train" and row.get("metric") == metric and "step" in row:
             value = row.get("value")
             losses[int(row["step"])] = float(value) if value is not None else math.nan
-    checks, bad_checks = _read_jsonl(root / FINGERPRINT_DIR / CHECKSUMS)
+    checks, bad_checks = storage.read_json_lines(storage.join(root, FINGERPRINT_DIR, CHECKSUMS))
     checksums: dict = {}
     for row in checks:
         try:
@@ -293,14 +243,14 @@ def load_run(model_dir: PathLike, metric: str = "loss") -> Run:
             bad_checks += 1
             continue
         checksums[c.step] = c
-    batch_rows, bad_batches = _read_jsonl(root / FINGERPRINT_DIR / BATCHES)
+    batch_rows, bad_batches = storage.read_json_lines(storage.join(root, FINGERPRINT_DIR, BATCHES))
     batches: dict = {}
     for row in batch_rows:
         try:
             batches[int(row["step"])] = str(row["batch_sha256"])
         except (KeyError, TypeError, ValueError):
             bad_batches += 1
-    return Run(str(root), header, dict(sorted(losses.items())), dict(sorted(checksums.items())),
+    return Run(root, header, dict(sorted(losses.items())), dict(sorted(checksums.items())),
                bad_metrics + bad_checks + bad_batches, dict(sorted(batches.items())))
 
 

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from typing import Any, Callable, Optional
 
 import jax
 import ml_collections
 from absl import flags
 
+from cairn import storage
 from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
 from cairn.launchers.post_training import pad_rows
 from cairn.launchers.sharded_batches import ShardedBatches, check_batch_size
@@ -53,22 +52,12 @@ INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one p
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and start again")
 
 
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 
 def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Optional[int],
            input_file: str) -> list[dict]:
     """`[{"ids", "input", "target"}]`: what each prediction starts from, in order."""
     if config.model.kind == "decoder_only" and input_file:
-        with open(input_file, encoding="utf-8") as f:
-            prompts = [line.rstrip("\n") for line in f if line.strip()]
+        prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
         return [{"ids": vocabulary.encode(p), "input": p, "target": ""} for p in prompts]
     n = config.eval.num_examples if num_examples is None else num_examples
     cfg = ml_collections.ConfigDict(config.to_dict())
@@ -109,19 +98,18 @@ def make_decoder(config: ml_collections.ConfigDict, model: Any, partitioner: Any
 
 def _plan(parts: str, meta: dict, chunks: int, overwrite: bool) -> list[int]:
     """(process 0) Checks and writes `meta.json`; returns the chunks whose part is missing."""
-    meta_path = os.path.join(parts, "meta.json")
-    if overwrite and os.path.isdir(parts):
-        shutil.rmtree(parts)
-    if os.path.exists(meta_path):
-        with open(meta_path, encoding="utf-8") as f:
-            old = json.load(f)
+    meta_path = storage.join(parts, "meta.json")
+    if overwrite:
+        storage.remove_tree(parts)
+    present = storage.sizes(parts)
+    if "meta.json" in present:
+        old = storage.read_json(meta_path)
         if old != meta:
             diff = sorted(k for k in meta if old.get(k) != meta[k])
             raise ConfigError("output", f"{parts} holds parts of other predictions (differs in {diff}); "
                                         f"use another --output or --overwrite")
-    os.makedirs(parts, exist_ok=True)
-    _atomic_write(meta_path, json.dumps(meta, sort_keys=True))
-    return [k for k in range(chunks) if not os.path.exists(os.path.join(parts, f"part-{k:05d}.jsonl"))]
+    storage.write_json(meta_path, meta)
+    return [k for k in range(chunks) if f"part-{k:05d}.jsonl" not in present]
 
 
 def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optional[int] = None,
@@ -144,9 +132,9 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
     step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
     rows = inputs(config, vocabulary, num_examples, input_file)
     parts = output + ".parts"
-    meta = {"checkpoint": os.path.abspath(path), "step": step, "num_examples": len(rows),
+    meta = {"checkpoint": storage.absolute(path), "step": step, "num_examples": len(rows),
             "chunk_size": chunk_size, "config_hash": config_hash(config_io.hashable_config(config)),
-            "input_file": os.path.abspath(input_file) if input_file else ""}
+            "input_file": storage.absolute(input_file) if input_file else ""}
     chunks = range(0, len(rows), chunk_size)
     missing = eval_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
     lengths = data_lib.sequence_length(config)
@@ -168,15 +156,11 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
             lines.append(json.dumps({"index": start + i, "input": r["input"], "target": r["target"],
                                      "prediction": vocabulary.decode(pred[:end]),
                                      "prediction_ids": pred[:end]}, ensure_ascii=False))
-        _atomic_write(os.path.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))
+        storage.write_text(storage.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))
         out(f"chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
     if eval_setup.is_process_0():
-        text = ""
-        for k in range(len(chunks)):
-            with open(os.path.join(parts, f"part-{k:05d}.jsonl"), encoding="utf-8") as f:
-                text += f.read()
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        _atomic_write(output, text)
+        text = "".join(storage.read_text(storage.join(parts, f"part-{k:05d}.jsonl")) for k in range(len(chunks)))
+        storage.write_text(output, text)
     out(f"{len(rows)} predictions of step {step} in {output} ({len(missing)} chunks computed, "
         f"{len(chunks) - len(missing)} resumed)")
     return output

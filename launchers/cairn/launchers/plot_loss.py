@@ -10,32 +10,32 @@ any, below. matplotlib (Agg backend) is imported only here.
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import math
 import os
-import pathlib
 import sys
 from typing import Mapping, Optional, Sequence
 
+from cairn import storage
+from cairn.evaluation import read_metrics as read_metric_rows
 from cairn.launchers.verify import resolve
 
 
 def read_metrics(model_dir: str | os.PathLike) -> dict:
-    """`{(task, metric): {step: value}}` from the run's metrics.jsonl (last value per step)."""
-    path = pathlib.Path(model_dir) / "summaries" / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {model_dir} a model_dir of a training run?")
+    """`{(task, metric): {step: value}}` from the run's summaries (last value per step; local or
+    a URL)."""
+    summaries = storage.join(os.fspath(model_dir), "summaries")
+    rows, _ = read_metric_rows(summaries)
+    if not rows:
+        raise FileNotFoundError(f"{storage.join(summaries, 'metrics.jsonl')} not found or empty: is "
+                                f"{model_dir} a model_dir of a training run?")
     series: dict = {}
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
+    for row in rows:
         try:
-            row = json.loads(line)
             key, step, value = (row["task"], row["metric"]), int(row["step"]), row["value"]
             value = math.nan if value is None else float(value)
         except (ValueError, KeyError, TypeError):
-            continue  # a truncated line (a kill mid-write)
+            continue
         series.setdefault(key, {})[step] = value
     return {k: dict(sorted(v.items())) for k, v in series.items()}
 
@@ -75,11 +75,11 @@ def plot(series: Mapping, output: str | os.PathLike, metric: str = "loss", title
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    output = pathlib.Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, format="png", dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
-    return str(output)
+    storage.write_bytes(output, buffer.getvalue())
+    return os.fspath(output)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

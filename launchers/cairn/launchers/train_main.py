@@ -34,6 +34,7 @@ def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("d
     validation.check_static(config)
     multihost.initialize(config)
     multihost.check_same_config(config)
+    check_model_dir(config)
     vocabulary = data_lib.make_vocabulary(config)
     data_lib.register_tasks(config, vocabulary)
     tasks = data_lib.get_tasks(config, "data.task")
@@ -49,6 +50,27 @@ def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("d
     builder.make_schedule(config)  # schedule arguments
     return {"vocabulary": vocabulary, "tasks": tasks, "eval_tasks": eval_tasks, "mesh": mesh,
             "partitioner": partitioner}
+
+
+def check_model_dir(config: ml_collections.ConfigDict) -> None:
+    """Every process can write `model_dir` (local, or a bucket: it exists, the endpoint answers,
+    the credentials allow writing), else a `ConfigError` naming the URL and the cause; and no
+    live run holds its lock (`ModelDirLockedError`), checked before anything is written."""
+    import jax
+
+    from cairn import storage
+    from cairn.trainer import ModelDirLock
+
+    error: Optional[Exception] = None
+    try:
+        storage.check_writable(config.model_dir)
+        if jax.process_index() == 0:
+            ModelDirLock(config.model_dir).check_free()  # before config.json is rewritten
+    except storage.StorageError as e:
+        error = ConfigError("model_dir", str(e))
+    except Exception as e:  # noqa: BLE001 - the lock held; re-raised by stop_together
+        error = e
+    multihost.stop_together(error, "checking model_dir")
 
 
 def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Optional[Any]:
@@ -133,9 +155,11 @@ def main(argv: list[str]) -> None:
     except ConfigError as e:
         cli.fail(e)
     except Exception as e:
+        from cairn import storage
         from cairn.datatasks import DataTasksError
+        from cairn.trainer import ModelDirLockedError
 
-        if isinstance(e, DataTasksError):
+        if isinstance(e, (DataTasksError, ModelDirLockedError, storage.StorageError)):
             cli.fail(e)
         raise
     sys.exit(0)

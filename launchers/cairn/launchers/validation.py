@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -186,15 +187,27 @@ def check_model(config: Any) -> Any:
         raise ConfigError("model.overrides", str(e)) from None
 
 
+def _exists(path: str) -> bool:
+    """Whether a local path or a URL exists (an unreachable bucket counts as missing)."""
+    from cairn import storage
+
+    if not storage.is_url(path):
+        return os.path.exists(path)
+    try:
+        return storage.path(path).exists()
+    except OSError:
+        return False
+
+
 def check_paths(config: Any) -> None:
     if config.vocabulary.kind == "sentencepiece":
         if not config.vocabulary.path:
             raise ConfigError("vocabulary.path", "a SentencePiece vocabulary needs a .model path")
-        if not os.path.exists(config.vocabulary.path):
+        if not _exists(config.vocabulary.path):
             raise ConfigError("vocabulary.path", f"no such file {config.vocabulary.path!r}")
     for key in ("init.checkpoint", "init.hf_checkpoint"):
         path = config.init[key.split(".")[1]]
-        if path and "://" not in path and not os.path.exists(path):
+        if path and not _exists(path):
             raise ConfigError(key, f"no such path {path!r}")
     if config.init.checkpoint and config.init.hf_checkpoint:
         raise ConfigError("init.hf_checkpoint", "set init.checkpoint or init.hf_checkpoint, not both")

@@ -206,6 +206,8 @@ def compare_runs(a: Union[Run, str, os.PathLike], b: Union[Run, str, os.PathLike
 
 def resolve(path: str) -> str:
     """A path the user typed, resolved against `$BUILD_WORKING_DIRECTORY` under `bazel run`."""
+    if "://" in path:  # gs://, s3://
+        return path
     path = os.path.expanduser(path)
     base = os.environ.get("BUILD_WORKING_DIRECTORY")
     return os.path.join(base, path) if base and not os.path.isabs(path) else path

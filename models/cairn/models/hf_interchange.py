@@ -9,13 +9,13 @@ rescaled by `d_model ** -0.5`), T5.1.1 and mT5 (gated GELU, separate `lm_head`).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Dict, Tuple
 
 import flax.linen as nn
 import jax
 import numpy as np
 
+from cairn import storage
 from cairn.models.stacking import stack_layers, unstack_layers
 from cairn.models.t5.config import T5Config
 
@@ -219,31 +219,28 @@ def from_hf_state_dict(tensors: Dict[str, np.ndarray], config: T5Config) -> Dict
 
 
 def export_hf(params: Any, config: T5Config, directory: str) -> str:
-    """Writes `config.json` and `model.safetensors` for transformers into `directory`."""
-    from safetensors.numpy import save_file  # lazy: optional dependency
+    """Writes `config.json` and `model.safetensors` for transformers into `directory` (local or
+    a URL such as `gs://bucket/export`; each file written whole, atomically)."""
+    from safetensors.numpy import save  # lazy: optional dependency
 
-    os.makedirs(directory, exist_ok=True)
     tensors = to_hf_state_dict(params, config)
-    tmp = os.path.join(directory, WEIGHTS_FILE + ".tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(directory, WEIGHTS_FILE))
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(hf_config(config), f, indent=2, sort_keys=True)
+    storage.write_bytes(storage.join(directory, WEIGHTS_FILE), save(tensors, metadata={"format": "pt"}))
+    storage.write_text(storage.join(directory, CONFIG_FILE), json.dumps(hf_config(config), indent=2, sort_keys=True))
     return directory
 
 
 def import_hf(directory: str, **config_overrides) -> Tuple[T5Config, Dict[str, Any]]:
-    """Reads a transformers T5 directory; returns `(config, params)`.
+    """Reads a transformers T5 directory (local or a URL); returns `(config, params)`.
 
     `config_overrides` (e.g. `scan_layers=True`, `dtype='bfloat16'`) adjust the config.
     """
-    from safetensors.numpy import load_file  # lazy: optional dependency
+    from safetensors.numpy import load  # lazy: optional dependency
 
-    config_path = os.path.join(directory, CONFIG_FILE)
-    weights_path = os.path.join(directory, WEIGHTS_FILE)
-    for path in (config_path, weights_path):
-        if not os.path.exists(path):
+    config_path = storage.join(directory, CONFIG_FILE)
+    weights_path = storage.join(directory, WEIGHTS_FILE)
+    present = storage.sizes(directory)
+    for path, name in ((config_path, CONFIG_FILE), (weights_path, WEIGHTS_FILE)):
+        if name not in present:
             raise FileNotFoundError(f"import_hf: {path} does not exist (sharded checkpoints are not supported)")
-    with open(config_path) as f:
-        config = config_from_hf(json.load(f), **config_overrides)
-    return config, from_hf_state_dict(load_file(weights_path), config)
+    config = config_from_hf(storage.read_json(config_path), **config_overrides)
+    return config, from_hf_state_dict(load(storage.read_bytes(weights_path)), config)

@@ -12,14 +12,17 @@ from cairn.storage.paths import Path, PathLike, absolute, filesystem, is_url, jo
 from cairn.storage.atomic import read_bytes, read_json, read_text, write_bytes, write_json, write_text
 from cairn.storage.probe import check_writable
 from cairn.storage.staging import StagedDirectory
+from cairn.storage.json_lines import JsonLinesWriter, read_json_lines
+from cairn.storage.trees import file_sizes, move_tree, remove_tree
 
 __version__ = "0.1.0"
 
 configure_environment()
 
 __all__ = [
-    "Path", "PathLike", "StagedDirectory", "StorageError", "absolute", "check_writable",
-    "configure_environment", "create_exclusive", "emulator_endpoint", "filesystem", "gcsfs_options",
-    "is_url", "join", "path", "read_bytes", "read_json", "read_text", "remove", "scheme", "sizes",
+    "JsonLinesWriter", "Path", "PathLike", "StagedDirectory", "StorageError", "absolute", "check_writable",
+    "configure_environment", "create_exclusive", "emulator_endpoint", "file_sizes", "filesystem",
+    "gcsfs_options", "move_tree", "remove_tree",
+    "is_url", "join", "path", "read_bytes", "read_json", "read_json_lines", "read_text", "remove", "scheme", "sizes",
     "write_bytes", "write_json", "write_text",
 ]

@@ -51,25 +51,42 @@ def _describe(e: BaseException, url: str, bucket: str, where: str) -> str:
     return f"{url}: cannot write ({type(e).__name__}: {text.splitlines()[0] if text else ''})"
 
 
-def check_writable(directory: PathLike, what: str = "directory", timeout: float = 10.0) -> None:
-    """Raises `StorageError` (naming `directory` and what failed) unless a small object can be
-    created and deleted under it. Creates the directory when local."""
-    d = os.fspath(directory)
-    probe_name = f".cairn-write-probe-{socket.gethostname()}-{os.getpid()}"
-    if not is_url(d):
-        try:
-            os.makedirs(d, exist_ok=True)
+def _check_local(d: str, what: str, probe_name: str) -> None:
+    """An existing directory: a probe file is created and deleted in it. A missing one is not
+    created: its nearest existing ancestor must be a directory this process may write."""
+    try:
+        if os.path.exists(d):
             probe = os.path.join(d, probe_name)
             with open(probe, "wb") as f:
                 f.write(b"probe")
             os.unlink(probe)
-        except OSError as e:
-            raise StorageError(f"{what} {d}: cannot write ({e.strerror or e})") from e
+            return
+        ancestor = os.path.dirname(os.path.abspath(d))
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise NotADirectoryError(20, f"{ancestor} is not a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise PermissionError(13, f"no permission to create directories in {ancestor}")
+    except OSError as e:
+        raise StorageError(f"{what}{d}: cannot write ({e.strerror or e})") from e
+
+
+def check_writable(directory: PathLike, what: str = "directory", timeout: float = 10.0) -> None:
+    """Raises `StorageError` (naming `directory` and what failed) unless a small object can be
+    created and deleted under it; a missing local directory is not created (it must be
+    creatable). The message starts with
+    `what` (e.g. "model_dir") when given, then the path."""
+    d = os.fspath(directory)
+    what = f"{what} " if what else ""
+    probe_name = f".cairn-write-probe-{socket.gethostname()}-{os.getpid()}"
+    if not is_url(d):
+        _check_local(d, what, probe_name)
         return
     where = endpoint(d)
     why = _reachable(where, timeout)
     if why:
-        raise StorageError(f"{what} {d}: cannot reach the storage endpoint {where} ({why})")
+        raise StorageError(f"{what}{d}: cannot reach the storage endpoint {where} ({why})")
     bucket = urllib.parse.urlsplit(d).netloc
     probe = join(d, probe_name)
     try:
@@ -77,4 +94,4 @@ def check_writable(directory: PathLike, what: str = "directory", timeout: float 
         fs.pipe_file(inner, b"probe")
         remove(probe)
     except Exception as e:  # noqa: BLE001 - every client error becomes one named line
-        raise StorageError(f"{what} {_describe(e, d, bucket, where)}") from e
+        raise StorageError(f"{what}{_describe(e, d, bucket, where)}") from e

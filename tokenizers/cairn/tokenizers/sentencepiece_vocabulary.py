@@ -25,12 +25,13 @@ _LOAD_LOCK = threading.Lock()
 
 
 def _read_model_file(path: str) -> bytes:
-    if "://" in path:  # gs://, s3:// ...: only through TensorFlow's file systems.
-        tf = _tf()
-        if not tf.io.gfile.exists(path):
-            raise FileNotFoundError(f"SentencePiece model not found: {path}")
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read()
+    if "://" in path:  # gs://, s3:// ...: through cairn.storage (fsspec), imported only here.
+        from cairn import storage
+
+        try:
+            return storage.read_bytes(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"SentencePiece model not found: {path}") from None
     if not os.path.exists(path):
         raise FileNotFoundError(f"SentencePiece model not found: {path}")
     if os.path.isdir(path):
@@ -56,7 +57,8 @@ class SentencePieceVocabulary(Vocabulary):
     """A SentencePiece model (`.model` file) as a `Vocabulary`.
 
     Args:
-      path: the `.model` file (local, or any scheme TensorFlow's gfile reads).
+      path: the `.model` file (local, or a URL such as `gs://bucket/spm.model`, read through
+            `cairn.storage`).
       extra_ids: number of sentinels `<extra_id_i>` to add at the top of the id space.
       reverse_extra_ids: if True (T5's layout), `<extra_id_0>` gets the highest id.
       normalizer_spec_overrides: NormalizerSpec fields to override, e.g.

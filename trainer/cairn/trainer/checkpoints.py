@@ -16,18 +16,17 @@ caller's thread (collectives in the caller's thread; about 50 ms of blocking per
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from cairn import storage
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +79,6 @@ def _cast(tree: Any, dtype: Optional[str]) -> Any:
     return jax.tree.map(lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, tree)
 
 
-def _file_sizes(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _write_json_atomic(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(value, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def use_client_barriers() -> bool:
     """Makes orbax's cross-process barriers go through the JAX distributed client instead of
     device collectives (so a save may run in a background thread while the loop runs its
@@ -114,10 +99,12 @@ class Checkpointer:
     """Saves and restores checkpoints under `<model_dir>/checkpoints/<step>/` (orbax items
     `state`, `data`, `config`), with a size manifest per finished checkpoint in
     `<model_dir>/manifests/<step>.json`. Only process 0 writes manifests and moves corrupt
-    checkpoints aside (to `<model_dir>/corrupt_checkpoints/`)."""
+    checkpoints aside (to `<model_dir>/corrupt_checkpoints/`). `model_dir` may be a URL
+    (`gs://...`): orbax writes the arrays through tensorstore and commits each checkpoint by a
+    marker written last; manifests are single whole-object uploads."""
 
     def __init__(self, model_dir: str | os.PathLike, config: CheckpointConfig = CheckpointConfig()):
-        self.model_dir = Path(model_dir)
+        self.model_dir = storage.path(model_dir)
         self.config = config
         self.directory = self.model_dir / CHECKPOINT_DIR
         # Whole saves in our thread; orbax's async mode (started from the caller) only as a fallback.
@@ -187,13 +174,14 @@ class Checkpointer:
             kept = set(self._manager.all_steps())
             for step in self._pending:
                 if step in kept:
-                    _write_json_atomic(self._manifest(step), _file_sizes(self.directory / str(step)))
-            for path in (self.model_dir / MANIFEST_DIR).glob("*.json"):
-                if path.stem.isdigit() and int(path.stem) not in kept:
-                    path.unlink(missing_ok=True)
+                    storage.write_json(self._manifest(step), storage.file_sizes(self.directory / str(step)))
+            for name in storage.sizes(self.model_dir / MANIFEST_DIR):
+                stem = name[:-len(".json")] if name.endswith(".json") else ""
+                if stem.isdigit() and int(stem) not in kept:
+                    storage.remove(self.model_dir / MANIFEST_DIR / name)
         self._pending.clear()
 
-    def _manifest(self, step: int) -> Path:
+    def _manifest(self, step: int) -> storage.Path:
         return self.model_dir / MANIFEST_DIR / f"{step}.json"
 
     # -- restoring -------------------------------------------------------------------------
@@ -207,11 +195,11 @@ class Checkpointer:
     def verify(self, step: int) -> None:
         """Raises `CorruptCheckpointError` when the checkpoint's files differ from its manifest
         (missing, truncated or grown); a checkpoint without a manifest passes."""
-        path = self._manifest(step)
-        if not path.exists():
+        try:
+            expected = storage.read_json(self._manifest(step))
+        except FileNotFoundError:
             return
-        expected = json.loads(path.read_text())
-        actual = _file_sizes(self.directory / str(step))
+        actual = storage.file_sizes(self.directory / str(step))
         bad = sorted(name for name in expected if actual.get(name) != expected[name])
         if bad:
             detail = ", ".join(f"{n} ({actual.get(n, 'missing')} bytes, expected {expected[n]})" for n in bad[:3])
@@ -222,11 +210,9 @@ class Checkpointer:
                   step, error, self.model_dir / CORRUPT_DIR)
         if jax.process_index() == 0:
             target = self.model_dir / CORRUPT_DIR / str(step)
-            if target.exists():
-                shutil.rmtree(target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(self.directory / str(step)), str(target))
-            self._manifest(step).unlink(missing_ok=True)
+            storage.remove_tree(target)
+            storage.move_tree(self.directory / str(step), target)
+            storage.remove(self._manifest(step))
         self._manager.close()
         self._manager = self._make_manager()
 
@@ -268,7 +254,7 @@ def restore_params(path: str | os.PathLike, abstract_params: Any, step: Optional
     """Only the params of a checkpoint (a model_dir, its `checkpoints` folder, or one step's
     folder), cast and sharded as `abstract_params` (ShapeDtypeStructs with shardings) says.
     For fine-tuning from a pretrained run."""
-    path = Path(path)
+    path = storage.path(path)
     if (path / CHECKPOINT_DIR).is_dir():
         path = path / CHECKPOINT_DIR
     if not (path / "state").is_dir():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
-from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import jax
+
+from cairn import storage
 
 TF_DATA_DIR = "tf_data"
 
@@ -23,11 +23,14 @@ class TfDataIterator:
     `{"position", "tf_checkpoint"}` (a folder relative to model_dir); `set_state` restores this
     host's iterator from it. Resuming needs the same number of hosts (tf.data state is per host).
     Batches come out as numpy. Checkpoints for positions older than the last `keep` are deleted.
+    TensorFlow writes these files itself, so a `gs://` model_dir reaches them through
+    TensorFlow's own GCS client (no emulator support; the deterministic reader, what pods use,
+    keeps its state in the orbax checkpoint instead).
     """
 
     def __init__(self, iterator: Any, model_dir: str | os.PathLike, keep: int = 10):
         self.iterator = iterator
-        self.model_dir = Path(model_dir)
+        self.model_dir = os.fspath(model_dir)
         self.keep = keep
         self.position = 0
 
@@ -45,22 +48,21 @@ class TfDataIterator:
         return tf.train.Checkpoint(iterator=self.iterator)
 
     def get_state(self) -> dict:
-        rel = Path(TF_DATA_DIR) / str(self.position)
-        target = self.model_dir / rel / f"process_{jax.process_index()}"
-        if target.exists():
-            shutil.rmtree(target)
-        self._checkpoint().write(str(target / "iterator"))
+        rel = f"{TF_DATA_DIR}/{self.position}"
+        target = storage.join(self.model_dir, rel, f"process_{jax.process_index()}")
+        storage.remove_tree(target)
+        self._checkpoint().write(storage.join(target, "iterator"))
         self._prune()
         # The same dict on every host (process 0 saves it); each host reads its own subfolder.
-        return {"position": self.position, "tf_checkpoint": str(rel)}
+        return {"position": self.position, "tf_checkpoint": rel}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        path = self.model_dir / state["tf_checkpoint"] / f"process_{jax.process_index()}" / "iterator"
-        self._checkpoint().read(str(path)).assert_consumed()
+        path = storage.join(self.model_dir, state["tf_checkpoint"], f"process_{jax.process_index()}", "iterator")
+        self._checkpoint().read(path).assert_consumed()
         self.position = int(state["position"])
 
     def _prune(self) -> None:
-        root = self.model_dir / TF_DATA_DIR
-        positions = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+        root = storage.path(storage.join(self.model_dir, TF_DATA_DIR))
+        positions = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
         for p in positions[:-self.keep]:
-            shutil.rmtree(root / str(p), ignore_errors=True)
+            storage.remove_tree(storage.join(os.fspath(root), str(p)))

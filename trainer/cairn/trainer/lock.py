@@ -1,4 +1,8 @@
-"""One writer per model_dir: a lock file holding the owner's pid and host."""
+"""One writer per model_dir: a lock file holding the owner's pid and host.
+
+The lock is created atomically if absent (`cairn.storage.create_exclusive`): a hard link
+locally, an upload with the precondition `ifGenerationMatch=0` on a bucket, so two runs
+started at once cannot both take it, on local disk or in `gs://`."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import logging
 import os
 import socket
 import time
-from pathlib import Path
+
+from cairn import storage
 
 LOCK_NAME = "cairn.lock"
 log = logging.getLogger(__name__)
@@ -33,16 +38,14 @@ class ModelDirLock:
     Locks from another host are trusted (delete the file if that host is gone)."""
 
     def __init__(self, model_dir: str | os.PathLike):
-        self.path = Path(model_dir) / LOCK_NAME
+        self.model_dir = os.fspath(model_dir)
+        self.path = storage.join(self.model_dir, LOCK_NAME)
         self._held = False
 
     def acquire(self) -> "ModelDirLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for attempt in range(20):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+            if not storage.create_exclusive(self.path, json.dumps(me).encode()):
                 owner = self._owner()
                 if owner is None:  # being written, removed meanwhile, or left empty by a kill
                     if attempt < 10:
@@ -51,32 +54,39 @@ class ModelDirLock:
                     owner = {"pid": -1, "host": me["host"]}
                 if owner.get("host") != me["host"] or _alive(int(owner.get("pid", -1))):
                     raise ModelDirLockedError(
-                        f"model_dir {self.path.parent} is in use by pid {owner.get('pid')} on host "
+                        f"model_dir {self.model_dir} is in use by pid {owner.get('pid')} on host "
                         f"{owner.get('host')} (lock file {self.path}); two runs must not write one model_dir. "
                         f"If that process is gone, delete the lock file.") from None
                 log.warning("taking over the stale lock %s of dead pid %s", self.path, owner.get("pid"))
-                try:
-                    self.path.unlink()
-                except FileNotFoundError:
-                    pass
+                storage.remove(self.path)
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
             self._held = True
             return self
         raise ModelDirLockedError(f"could not take the lock {self.path}")
 
+    def check_free(self) -> None:
+        """Raises `ModelDirLockedError` when a live run holds the lock (a look, not a claim: call
+        before writing anything into model_dir; `acquire` still decides)."""
+        owner = self._owner()
+        if owner is None:
+            return
+        if owner.get("host") != socket.gethostname() or _alive(int(owner.get("pid", -1))):
+            raise ModelDirLockedError(
+                f"model_dir {self.model_dir} is in use by pid {owner.get('pid')} on host {owner.get('host')} "
+                f"(lock file {self.path}); two runs must not write one model_dir. If that process is gone, "
+                f"delete the lock file.")
+
     def _owner(self):
         try:
-            return json.loads(self.path.read_text())
+            return storage.read_json(self.path)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
     def release(self) -> None:
         if self._held:
             owner = self._owner()
-            if owner and owner.get("pid") == os.getpid():
-                self.path.unlink(missing_ok=True)
+            if owner and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():
+                storage.remove(self.path)
             self._held = False
 
     def __enter__(self):

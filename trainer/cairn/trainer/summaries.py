@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Mapping, Optional, TextIO
 
+from cairn import storage
 from cairn.evaluation import JsonLinesLogger
 
 log = logging.getLogger("cairn.trainer")
@@ -19,28 +19,35 @@ class SummaryWriter:
     and, when `tensorboard`, event files under `<model_dir>/tensorboard/<task>/` as `<task>/<name>`.
 
     Only the `primary` writer (process 0 of a multi-process run) writes files; every writer logs
-    its values, each line starting with `log_prefix` (e.g. `process 1/4: `)."""
+    its values, each line starting with `log_prefix` (e.g. `process 1/4: `).
+
+    `model_dir` may be a URL: the JSON lines are then flushed as whole part objects at each
+    logged (not quiet) step and at `close()`, and the event files are staged locally and
+    uploaded whole after each flush (never a torn object)."""
 
     def __init__(self, model_dir: str | os.PathLike, tensorboard: bool = True, *, primary: bool = True,
                  log_prefix: str = ""):
-        self.dir = Path(model_dir)
+        self.dir = os.fspath(model_dir)
         self.primary = primary
         self.log_prefix = log_prefix
-        self.jsonl = JsonLinesLogger(self.dir / "summaries") if primary else None
+        self.jsonl = JsonLinesLogger(storage.join(self.dir, "summaries")) if primary else None
         self.tensorboard = tensorboard and primary
         self._writers: dict = {}
+        self._staged: Optional[storage.StagedDirectory] = None
 
     def _tb(self, task: str):
         if task not in self._writers:
             import tensorflow as tf  # lazy: only when TensorBoard files are wanted
 
-            self._writers[task] = tf.summary.create_file_writer(str(self.dir / "tensorboard" / task))
+            if self._staged is None:
+                self._staged = storage.StagedDirectory(storage.join(self.dir, "tensorboard"))
+            self._writers[task] = tf.summary.create_file_writer(os.path.join(self._staged.local_dir, task))
         return self._writers[task]
 
     def scalars(self, task: str, step: int, values: Mapping[str, float], quiet: bool = False) -> None:
         """Writes `values`; `quiet` writes the JSON lines only (per-step rows between log steps)."""
         if self.jsonl is not None:
-            self.jsonl.log_metrics(task, step, values)
+            self.jsonl.log_metrics(task, step, values, flush=not quiet)
         if quiet:
             return
         if self.tensorboard:
@@ -51,6 +58,7 @@ class SummaryWriter:
                 for name in sorted(values):
                     tf.summary.scalar(f"{task}/{name}", float(values[name]), step=int(step))
             writer.flush()
+            self._staged.sync()
         text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(values.items()))
         log.info("%s%s step %d: %s", self.log_prefix, task, step, text)
 
@@ -58,6 +66,11 @@ class SummaryWriter:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+        if self._staged is not None:
+            self._staged.close()
+            self._staged = None
+        if self.jsonl is not None:
+            self.jsonl.close()
 
 
 def _fmt(v: float) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from cairn import storage
 from cairn.evaluation.loggers.base import MetricLogger
 
 
@@ -28,29 +28,42 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class JsonLinesLogger(MetricLogger):
-    """Writes `<dir>/metrics.jsonl` and `<dir>/examples/<task>-<step>.jsonl`.
+METRICS_FILE = "metrics.jsonl"
 
-    Metric rows: `{"task", "step", "metric", "value"}`. Example rows: whatever the
-    Evaluator gives, normally `{"index", "inputs", "targets", "prediction", "score"}`.
-    The examples file of a step is replaced whole (written to a temporary then renamed).
+
+class JsonLinesLogger(MetricLogger):
+    """Writes `<dir>/metrics.jsonl` and `<dir>/examples/<task>-<step>.jsonl`; `<dir>` may be a
+    URL (`gs://...`).
+
+    Metric rows: `{"task", "step", "metric", "value"}`, appended to a local file; at a URL,
+    buffered and written as whole part objects (`metrics.jsonl.parts/<n>.jsonl`) on `flush()`,
+    on `log_metrics(..., flush=True)` and on `close()` (`read_metrics` reads both forms).
+    Example rows: whatever the Evaluator gives, normally `{"index", "inputs", "targets",
+    "prediction", "score"}`; the examples file of a step is replaced whole (atomically).
     """
 
     def __init__(self, output_dir: str | os.PathLike):
-        self.output_dir = pathlib.Path(output_dir)
-        (self.output_dir / "examples").mkdir(parents=True, exist_ok=True)
+        self.output_dir = os.fspath(output_dir)
+        self._metrics = storage.JsonLinesWriter(storage.join(self.output_dir, METRICS_FILE))
 
-    def log_metrics(self, task_name: str, step: int, metrics: Mapping[str, float]) -> None:
-        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            for name in sorted(metrics):
-                row = {"task": task_name, "step": int(step), "metric": name,
-                       "value": _plain(metrics[name])}
-                f.write(json.dumps(row, sort_keys=True) + "\n")
+    def log_metrics(self, task_name: str, step: int, metrics: Mapping[str, float], flush: bool = True) -> None:
+        rows = [{"task": task_name, "step": int(step), "metric": name, "value": _plain(metrics[name])}
+                for name in sorted(metrics)]
+        self._metrics.append(rows, flush=flush)
+
+    def flush(self) -> None:
+        self._metrics.flush()
 
     def log_examples(self, task_name: str, step: int, examples: Sequence[Mapping[str, Any]]) -> None:
-        path = self.output_dir / "examples" / f"{task_name}-{int(step):08d}.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in examples:
-                f.write(json.dumps(_plain(row), sort_keys=True, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+        path = storage.join(self.output_dir, "examples", f"{task_name}-{int(step):08d}.jsonl")
+        storage.write_text(path, "".join(json.dumps(_plain(row), sort_keys=True, ensure_ascii=False) + "\n"
+                                         for row in examples))
+
+    def close(self) -> None:
+        self._metrics.close()
+
+
+def read_metrics(output_dir: str | os.PathLike) -> tuple[list[dict], int]:
+    """`(rows, bad)`: the metric rows a `JsonLinesLogger` wrote under `output_dir` (local or
+    URL), in order; `bad` counts unreadable lines (a truncated last line is not counted)."""
+    return storage.read_json_lines(storage.join(os.fspath(output_dir), METRICS_FILE))

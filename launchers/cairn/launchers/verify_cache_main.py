@@ -1,0 +1,64 @@
+"""`//launchers:verify_cache`: the full check of an experiment's task caches.
+
+    bazel run //launchers:verify_cache -- \
+        --config=launchers/configs/shakespeare_t5_tiny.py [--verbose]
+
+Re-hashes every shard of the config's training tasks under `data.cache_dir` against the
+checksums the cache writer recorded, and fingerprints their source files again
+(`cairn.datatasks.deterministic.verify_cache`; training start-up reads metadata only).
+Prints `<task>/<split>: ok`, or one line per problem naming the shard or source file.
+Exit status 0 when everything matches, 2 otherwise (also on a bad config; a traceback only
+with --verbose).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from absl import flags
+
+from cairn.launchers import cli, validation
+from cairn.launchers import data as data_lib
+from cairn.launchers.validation import ConfigError
+
+VERBOSE = flags.DEFINE_bool("verbose", False, "Print a traceback on an error.")
+
+
+def verify(config) -> dict[str, list[str]]:
+    """`{task: [problem, ...]}` for the config's training tasks (all empty: all match)."""
+    from cairn.datatasks.deterministic import verify_cache
+
+    validation.check_schema(config)
+    validation.check_paths(config)
+    data_lib.register_tasks(config, data_lib.make_vocabulary(config))
+    tasks = data_lib.get_tasks(config)
+    return verify_cache(config.data.cache_dir, list(tasks.values()), split=config.data.split)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        cli.fail(ConfigError("config", f"unexpected arguments {argv[1:]}"))
+    try:
+        config = cli.loaded_config()
+        results = verify(config)
+    except ConfigError as e:
+        cli.fail(e)
+    except Exception as e:  # noqa: BLE001 - one line (a traceback with --verbose), exit 2
+        if VERBOSE.value:
+            traceback.print_exc()
+        cli.fail(RuntimeError(f"{type(e).__name__}: {e}"))
+    from cairn.datatasks.deterministic.verify_main import report
+
+    sys.stdout.flush()
+    sys.exit(report(results, config.data.split))
+
+
+def run() -> None:
+    from absl import app
+
+    app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    run()

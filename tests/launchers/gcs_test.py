@@ -1,0 +1,165 @@
+"""The default experiment with its model_dir in a bucket (gs://, a fake-gcs-server this module
+starts on a free port and kills at the end): trained, SIGKILLed after a checkpoint, resumed,
+and bit-exact with the same run on local disk (`verify` across the two model_dirs); no torn
+object after the kill; eval and infer reading that model_dir and writing there; the lock
+refusing a second run; a missing bucket and an unreachable endpoint as one line, exit 2."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from cairn import storage
+from cairn.storage.testing import GcsEmulator
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_util  # noqa: E402
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gcs")
+    emu = GcsEmulator().start()
+    try:
+        emu.activate()  # this process reads the bucket too
+        bucket = emu.create_bucket("cairn-test")
+        env = emu.environ({"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)})
+        yield {"tmp": tmp, "emu": emu, "bucket": bucket, "env": env, "cache": str(tmp / "cache")}
+    finally:
+        emu.stop()
+
+
+def args(world, model_dir, steps=STEPS, *extra):
+    return [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
+            f"--config.data.cache_dir={world['cache']}", f"--config.num_train_steps={steps}",
+            "--config.data.batch_size=8", "--config.eval.num_examples=8", "--config.eval.batch_size=4",
+            "--config.trainer.log_every=1", "--config.trainer.checkpoint_every=2", "--config.fingerprint_every=2",
+            "--config.post_training.num_samples=0", *extra]
+
+
+def child_env(env):
+    full = dict(os.environ)
+    full.update(env)
+    full.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    full.setdefault("JAX_PLATFORMS", "cpu")
+    full.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return full
+
+
+def train_until_killed(world, model_dir, pattern, timeout=400):
+    """Starts a run, SIGKILLs its process group once `pattern` is in its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main"] + args(world, model_dir),
+                            env=child_env(world["env"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=str(launch_util.REPO), start_new_session=True)
+    seen, lines = threading.Event(), []
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if pattern in line:
+                seen.set()
+        seen.set()  # the run ended without it: the assertion below says why
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert seen.wait(timeout) and proc.poll() is None, "".join(lines[-40:])
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(timeout=10)
+    return "".join(lines)
+
+
+def test_train_on_gs_killed_resumed_matches_local_disk(world):
+    local = world["tmp"] / "local"
+    proc = launch_util.train(args(world, local), env=world["env"], timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    # The cache now exists; the gs:// run only trains.
+    gs_run = world["bucket"] + "/runs/t5"
+    # When step 6's save starts, step 4's has finished (a save waits for the previous one);
+    # step 6's is then being written in the background as the kill lands.
+    train_until_killed(world, gs_run, "checkpoint at step 6 (blocked")
+    files = storage.file_sizes(gs_run)
+    assert "config.json" in files and "cairn.lock" in files  # the kill left the lock
+    # Nothing torn: every object that is there parses whole.
+    json.loads(storage.read_text(gs_run + "/config.json"))
+    json.loads(storage.read_text(gs_run + "/fingerprint/header.json"))
+    parts = [n for n in files if ".jsonl.parts/" in n]
+    assert any(n.startswith("summaries/metrics.jsonl.parts/") for n in parts)
+    for name in parts:
+        for line in storage.read_text(f"{gs_run}/{name}").splitlines():
+            json.loads(line)
+    assert "checkpoints/4/commit_success.txt" in files
+
+    proc = launch_util.train(args(world, gs_run), env=world["env"], timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "taking over the stale lock" in proc.stderr and "restored step" in proc.stderr
+    assert f"trained to step {STEPS}" in proc.stdout
+    assert "cairn.lock" not in storage.file_sizes(gs_run)  # released at the end
+    assert any(n.startswith("tensorboard/train/events.") for n in storage.file_sizes(gs_run))
+    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={local}", f"--run_b={gs_run}"],
+                             env=world["env"], timeout=300)
+    assert verify.returncode == 0, launch_util.tail(verify)
+    assert "bitwise" in verify.stdout or "identical" in verify.stdout, verify.stdout
+    world["gs_run"] = gs_run
+
+
+def test_eval_and_infer_read_and_write_the_bucket(world):
+    gs_run = world.get("gs_run")
+    if gs_run is None:
+        pytest.fail("needs the trained gs:// run of the previous test")
+    common = args(world, gs_run)
+    proc = launch_util.run("cairn.launchers.eval_main", common + [f"--step={STEPS}"], env=world["env"], timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    done, bad = storage.read_json_lines(f"{gs_run}/eval/validation/evaluated.jsonl")
+    assert [r["step"] for r in done] == [STEPS] and bad == 0
+    assert storage.read_json_lines(f"{gs_run}/eval/validation/metrics.jsonl")[0]
+    out = f"{gs_run}/predictions.jsonl"
+    proc = launch_util.run("cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=4",
+                                                                    "--num_examples=8"],
+                           env=world["env"], timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    rows = [json.loads(line) for line in storage.read_text(out).splitlines()]
+    assert [r["index"] for r in rows] == list(range(8))
+    assert sorted(storage.sizes(out + ".parts")) == ["meta.json", "part-00000.jsonl", "part-00001.jsonl"]
+
+
+def test_the_lock_refuses_a_second_run(world):
+    run = world["bucket"] + "/runs/locked"
+    owner = {"pid": 12345, "host": "another-host"}
+    assert storage.create_exclusive(run + "/cairn.lock", json.dumps(owner).encode())
+    proc = launch_util.train(args(world, run, 2), env=world["env"], timeout=300)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert "in use by pid 12345 on host another-host" in lines[-1]
+    assert sorted(storage.file_sizes(run)) == ["cairn.lock"]  # nothing written, nothing lost
+
+
+def test_a_missing_bucket_is_one_line(world):
+    proc = launch_util.train(args(world, "gs://no-such-bucket/run", 2), env=world["env"], timeout=300)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "gs://no-such-bucket/run" in last and "bucket 'no-such-bucket' does not exist" in last
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_endpoint_is_one_line(world):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = GcsEmulator.__new__(GcsEmulator)
+    env.url = f"http://127.0.0.1:{port}"
+    start = time.monotonic()
+    proc = launch_util.train(args(world, "gs://cairn-test/run", 2), env=env.environ(world["env"]), timeout=300)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"cannot reach the storage endpoint http://127.0.0.1:{port}" in last and "gs://cairn-test/run" in last
+    assert time.monotonic() - start < 240
