@@ -13,6 +13,7 @@ import abc
 import dataclasses
 import inspect
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -72,6 +73,45 @@ class DataSource(metaclass=abc.ABCMeta):
         """The raw examples of `split` for this shard."""
 
 
+_GLOB_CHARS = "*?["
+
+
+def pattern_root(pattern: str) -> str:
+    """The root of a file pattern: its directory part before the first glob character.
+
+    `/data/c4/train-*.txt` -> `/data/c4`; `/data/*/part-?.txt` -> `/data`;
+    `/data/dev.txt` (no glob character) -> `/data`; `gs://b/x/*.json` -> `gs://b/x`;
+    `*.txt` -> `` (names stay as matched).
+    """
+    cut = min([pattern.find(c) for c in _GLOB_CHARS if c in pattern] or [len(pattern)])
+    head = pattern[:cut]
+    if "/" not in head:
+        return ""
+    return head.rsplit("/", 1)[0] or "/"
+
+
+def relative_name(path: str, root: str) -> str:
+    """`path` relative to `root` (`/`-separated), as the fingerprint records it."""
+    if not root:
+        return path
+    prefix = root.rstrip("/") + "/"
+    if path.startswith(prefix):
+        return path[len(prefix):]
+    if "://" not in path:
+        return os.path.relpath(path, root).replace(os.sep, "/")
+    raise DataTasksError(f"file {path!r} is not under the root {root!r} of its pattern")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFile:
+    """One file of a file source: the index of the pattern that matched it, its path, and
+    its name relative to that pattern's root (what cache fingerprints record)."""
+
+    pattern: int
+    path: str
+    name: str
+
+
 def _seeded_order(n: int, seed: int | None) -> np.ndarray:
     return np.random.default_rng(0 if seed is None else seed).permutation(n)
 
@@ -88,13 +128,19 @@ class FileDataSource(DataSource):
         self._cycle_length = cycle_length
 
     def list_shards(self, split: str) -> list[str]:
+        return [f.path for f in self.source_files(split)]
+
+    def source_files(self, split: str) -> list[SourceFile]:
+        """The files of `split` in shard order, each with its name relative to the root of
+        the pattern that matched it (`pattern_root`): sorted matches, pattern by pattern."""
         self._check_split(split)
-        files: list[str] = []
-        for pattern in self._patterns[split]:
+        files: list[SourceFile] = []
+        for i, pattern in enumerate(self._patterns[split]):
             matched = sorted(tf.io.gfile.glob(pattern))
             if not matched:
                 raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
-            files += matched
+            root = pattern_root(pattern)
+            files += [SourceFile(i, path, relative_name(path, root)) for path in matched]
         return files
 
     @abc.abstractmethod

@@ -1,8 +1,10 @@
 """The cache layout, its idempotence, fingerprints and the reader's refusals (in-process)."""
 
+import hashlib
 import json
 import os
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +14,9 @@ import det_tasks
 from cairn.datatasks.deterministic import (
     CachedTask, DeterministicReader, cache_task_in_process, task_dir, task_fingerprint)
 from cairn.datatasks.deterministic import records
+from cairn.datatasks.deterministic.fingerprint import source_description
 from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.sources import pattern_root, relative_name
 
 
 def test_layout_info_and_stats(det_env):
@@ -29,11 +33,28 @@ def test_layout_info_and_stats(det_env):
     assert info["features"]["inputs_pretokenized"] == {"dtype": "string", "rank": 0}
     assert set(info["fingerprint"]) == {"preprocessors", "features", "vocabulary", "source",
                                         "total"}
+    # Written once by the writer: per shard its size and SHA-256; the source files by name
+    # relative to the pattern's root, never an absolute path.
+    assert info["format_version"] == 2
+    for s in info["shards"]:
+        data = pathlib.Path(path, s["file"]).read_bytes()
+        assert s["bytes"] == len(data) and s["sha256"] == hashlib.sha256(data).hexdigest()
+    data = pathlib.Path(path, "lengths.npy").read_bytes()
+    assert info["lengths"] == {"file": "lengths.npy", "bytes": len(data),
+                               "sha256": hashlib.sha256(data).hexdigest()}
+    a0 = pathlib.Path(det_env[0], "a0.txt").read_bytes()
+    assert info["source"]["files"][0] == {"pattern": 0, "name": "a0.txt", "size": len(a0),
+                                          "sha256": hashlib.sha256(a0).hexdigest()}
+    assert [f["name"] for f in info["source"]["files"]] == ["a0.txt", "a1.txt"]
+    assert det_env[0] not in pathlib.Path(path, "info.json").read_text()
+    assert json.loads(pathlib.Path(path, "COMPLETED").read_text()) == {"format_version": 2}
     lengths = np.load(os.path.join(path, "lengths.npy"))
     assert lengths.shape == (280, 2) and lengths.dtype == np.int32
     stats = json.loads(pathlib.Path(path, "stats.json").read_text())
     assert stats["tokens"]["inputs"] == int(lengths[:, 0].sum())
     cache = CachedTask(path, registry.get_task("det_a"))
+    assert isinstance(cache.lengths, np.memmap)  # local: mapped, not read into memory
+    np.testing.assert_array_equal(cache.lengths, lengths)
     ex = records.parse(cache.read([151])[0], cache.specs)
     words = pathlib.Path(det_env[0], "a1.txt").read_text().splitlines()[1].split()
     assert ex["inputs_pretokenized"] == " ".join(words[:len(words) // 2]).encode()
@@ -104,6 +125,7 @@ def test_fingerprint_changes_with_preprocessor_vocabulary_and_source(det_env, tm
         (copy / p.name).write_bytes(p.read_bytes())
     task2, same = _fingerprints(str(copy))
     assert same["preprocessors"] == base["preprocessors"]
+    assert same["source"] == base["source"]  # a copy elsewhere: the same relative names
     with open(copy / "b0.txt", "a", encoding="utf-8") as f:
         f.write("one more line\n")
     _, moved = _fingerprints(str(copy))
@@ -122,3 +144,62 @@ def test_reader_refuses_a_cache_of_another_definition(det_env):
                             dt.EncDecFeatureConverter())
     with pytest.raises(DataTasksError, match="holds task 'det_a'"):
         CachedTask(task_dir(cache_dir, "det_a", "train"), task)
+
+
+def test_pattern_root_is_the_directory_part_before_the_first_glob_character():
+    assert pattern_root("/data/c4/train-*.txt") == "/data/c4"
+    assert pattern_root("/data/*/part-?.txt") == "/data"
+    assert pattern_root("/data/c4/train-0000[0-4].txt") == "/data/c4"
+    assert pattern_root("/data/dev.txt") == "/data"
+    assert pattern_root("gs://bucket/x/*.json") == "gs://bucket/x"
+    assert pattern_root("rel/dir/*.txt") == "rel/dir"
+    assert pattern_root("*.txt") == ""
+    assert pattern_root("/top-*.txt") == "/"
+    assert relative_name("/top-1.txt", "/") == "top-1.txt"
+    assert relative_name("/data/c4/x/a.txt", "/data/c4") == "x/a.txt"
+
+
+def _source_fp(data_dir, pattern="b*.txt"):
+    src = dt.TextLineDataSource({"train": os.path.join(str(data_dir), pattern)})
+    task = dt.Task("t", src, {"targets": dt.Feature(det_tasks.ByteVocabulary())}, [])
+    return task_fingerprint(task, "train")["source"], source_description(task, "train")
+
+
+def test_source_fingerprint_is_relative_to_the_pattern_root(det_env, tmp_path):
+    data_dir = det_env[0]
+    base, desc = _source_fp(data_dir)
+    assert [(f["pattern"], f["name"]) for f in desc["files"]] == [(0, "b0.txt")]
+    # Another directory (a second clone, another machine): the same fingerprint.
+    copy = tmp_path / "elsewhere" / "data"
+    shutil.copytree(data_dir, copy)
+    assert _source_fp(copy)[0] == base
+    # One byte changed (same size): another fingerprint.
+    raw = bytearray((copy / "b0.txt").read_bytes())
+    raw[10] ^= 1
+    (copy / "b0.txt").write_bytes(bytes(raw))
+    assert _source_fp(copy)[0] != base
+    raw[10] ^= 1
+    (copy / "b0.txt").write_bytes(bytes(raw))
+    assert _source_fp(copy)[0] == base
+    # Renamed within the root: another fingerprint (the names are part of it).
+    (copy / "b0.txt").rename(copy / "b9.txt")
+    assert _source_fp(copy)[0] != base
+    # A glob in the directory part: names keep the sub-directory below the root.
+    nested = tmp_path / "nested"
+    (nested / "x").mkdir(parents=True)
+    shutil.copy(os.path.join(data_dir, "b0.txt"), nested / "x" / "b0.txt")
+    _, desc = _source_fp(nested, "*/b*.txt")
+    assert [f["name"] for f in desc["files"]] == ["x/b0.txt"]
+
+
+def test_a_cache_of_copied_sources_is_read_by_a_task_over_the_copy(det_env, tmp_path):
+    """The second clone: the sources live elsewhere, the cache still matches."""
+    data_dir, cache_dir, _ = det_env
+    copy = tmp_path / "clone" / "data"
+    shutil.copytree(data_dir, copy)
+    registry = dt.Registry()
+    det_tasks.make(str(copy), registry)
+    reader = DeterministicReader("det_mix", cache_dir, 0, 4, det_tasks.LENGTHS,
+                                 dt.EncDecFeatureConverter(pack=True), registry=registry)
+    assert next(reader)["encoder_input_tokens"].shape == (4, 48)
+    reader.close()

@@ -44,3 +44,26 @@ def test_derive_is_stable_and_typed():
     assert record_key(1, "t", 2, 3) == (derive(1, "t", "record", 2), 3)
     with pytest.raises(TypeError, match="int or str"):
         derive(1.5)
+
+
+def test_pinned_values():
+    """A change here changes every stream: the order of every cache and every epoch."""
+    assert Permutation(1000, 5)(np.arange(10)).tolist() == [
+        450, 966, 225, 198, 295, 323, 642, 685, 402, 526]
+    assert Permutation(10**7, 123)(np.arange(0, 10**7, 999_983)).tolist() == [
+        5432264, 477638, 7979250, 4020991, 9597885, 7833030, 3812463, 7141186, 3277918,
+        9306624, 2907102]
+    assert Permutation(2**20 + 3, 77)(np.array([0, 1, 2**20 + 2])).tolist() == [
+        595990, 137859, 756587]
+
+
+def test_in_place_network_is_the_feistel_formula():
+    from cairn.datatasks.deterministic.permutation import _mix
+
+    p = Permutation(5000, 9)
+    x = np.arange(0, 2 ** (2 * p.half_bits), 7, dtype=np.uint64)
+    h, mask = np.uint64(p.half_bits), np.uint64((1 << p.half_bits) - 1)
+    left, right = x >> h, x & mask
+    for k in p._keys:
+        left, right = right, left ^ (_mix(right ^ k) & mask)
+    np.testing.assert_array_equal(p._network(x.copy(), p._keys), (left << h) | right)

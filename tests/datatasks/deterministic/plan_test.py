@@ -91,3 +91,64 @@ def test_schedule_cursors_count_earlier_rows_of_the_task():
     assert np.bincount(tasks[:64], minlength=3).tolist() == [32, 19, 13]
     with pytest.raises(DataTasksError, match="below 1/64"):
         MixtureSchedule(["a", "b"], [1.0, 1e-5], seed=0, block=64)
+
+
+def _reference_greedy_bins(lengths, capacity):
+    """The plan's first algorithm (a Python step per bin), kept as the reference."""
+    n = lengths.shape[0]
+    index = np.arange(n, dtype=np.int64)
+    end = np.minimum(index + int(capacity.max()), n)
+    for j in range(lengths.shape[1]):
+        cum = np.concatenate([[0], np.cumsum(lengths[:, j], dtype=np.int64)])
+        fit = np.searchsorted(cum, cum[:-1] + int(capacity[j]), side="right") - 1
+        np.minimum(end, fit, out=end)
+    np.maximum(end, index + 1, out=end)
+    starts = [0]
+    at = 0
+    while at < n:
+        at = end.item(at)
+        starts.append(at)
+    return np.asarray(starts, np.int64)
+
+
+@pytest.mark.parametrize("case", range(24))
+def test_fast_greedy_bins_equal_the_reference_on_random_inputs(case):
+    rng = np.random.default_rng(case)
+    n = int(rng.choice([0, 1, 2, 7, 300, 5000, 20000, 70000]))
+    k = int(rng.integers(1, 3))
+    capacity = rng.integers(1, 64, size=k)
+    high = int(rng.choice([1, 3, 16, 80]))  # lengths over capacity, zeros, tiny rows
+    lengths = rng.integers(0, high + 1, size=(n, k))
+    if case % 5 == 0:
+        lengths[rng.random(n) < 0.3] = 0  # runs of empty records: bins capped by max(capacity)
+    want = _reference_greedy_bins(lengths, capacity)
+    got = plan_lib.greedy_bins(lengths, capacity)
+    np.testing.assert_array_equal(got.starts, want)
+    assert got.num_bins == want.size - 1
+    chunk = int(rng.choice([1, 5, 64, 1000]))
+    small = plan_lib.greedy_bins_chunked(lambda a, b: lengths[a:b], n, capacity, chunk=chunk)
+    np.testing.assert_array_equal(small.starts, want)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 17, 40, 1000])
+def test_chain_follows_every_step(step):
+    n = 50_000
+    nxt = np.minimum(np.arange(1, n + 2) + (np.arange(n + 1) % step), n)
+    want = [0]
+    while want[-1] < n:
+        want.append(int(nxt[want[-1]]))
+    np.testing.assert_array_equal(plan_lib.chain(nxt), want)
+    assert plan_lib.chain(np.array([0])).tolist() == [0]
+
+
+def test_permutation_in_blocks_equals_one_block(monkeypatch):
+    from cairn.datatasks.deterministic import permutation
+
+    for n in (5, 1000, 70_001):
+        p = permutation.Permutation(n, 11)
+        whole = p(np.arange(n))
+        monkeypatch.setattr(permutation, "_CHUNK", 64)
+        np.testing.assert_array_equal(p(np.arange(n)), whole)
+        np.testing.assert_array_equal(p.range(3, n), whole[3:])
+        monkeypatch.undo()
+        assert sorted(whole.tolist()) == list(range(n))

@@ -6,6 +6,7 @@
                                  feature_converter=EncDecFeatureConverter(pack=True),
                                  host_index=jax.process_index(), host_count=jax.process_count())
     batch = next(reader); state = reader.get_state(); reader.set_state(state)
+    verify_cache("/data/cache", "my_task")   # {task: [problems]}: re-hashes every byte
 """
 
 from cairn.datatasks.deterministic.cache_job import cache_tasks
@@ -13,7 +14,10 @@ from cairn.datatasks.deterministic.cache_writer import cache_task_in_process
 from cairn.datatasks.deterministic.fingerprint import task_fingerprint
 from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.reader import DeterministicReader
-from cairn.datatasks.deterministic.store import CachedTask, task_dir
+from cairn.datatasks.deterministic.store import (
+    CachedTask, CacheFormatError, CacheIntegrityError, CacheMismatchError, cache_state, task_dir)
+from cairn.datatasks.deterministic.verify import verify_cache
 
-__all__ = ["CachedTask", "DeterministicReader", "Permutation", "cache_task_in_process",
-           "cache_tasks", "task_dir", "task_fingerprint"]
+__all__ = ["CacheFormatError", "CacheIntegrityError", "CacheMismatchError", "CachedTask",
+           "DeterministicReader", "Permutation", "cache_state", "cache_task_in_process",
+           "cache_tasks", "task_dir", "task_fingerprint", "verify_cache"]

@@ -1,23 +1,33 @@
 """Writing a task cache: one shard per source shard, then `info.json`, `stats.json`,
 `COMPLETED` (last). The Beam job (`cache_job`) calls `write_shard` on its workers and
 `finalize` in the driver; tests may call them directly.
+
+Everything a reader checks at start-up is computed here, once: each shard's record count,
+byte size and SHA-256 (of the file's bytes, hashed on the worker that wrote it, before the
+copy to the output), the size and SHA-256 of `lengths.npy`, and the task fingerprint with
+its source details (each source file fingerprinted by the worker that read it, so the driver
+reads no source byte).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from cairn.datatasks.deterministic import records
-from cairn.datatasks.deterministic.fingerprint import task_fingerprint
+from cairn.datatasks.deterministic.fingerprint import (
+    file_digest, file_fingerprint, is_file_source, source_description, task_fingerprint)
 from cairn.datatasks.deterministic.store import (
-    COMPLETED, FORMAT_VERSION, INFO, LENGTHS, STATS, clear_hint, is_completed, read_json,
-    shard_name, write_json)
+    COMPLETED, FORMAT_VERSION, INFO, LENGTHS, STATS, cache_state, clear_hint,
+    completed_marker, outdated_error, read_json, shard_name, write_json)
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
@@ -30,12 +40,16 @@ def num_source_shards(task: Any, split: str) -> int:
 
 
 def prepare(path: str, overwrite: bool) -> bool:
-    """Readies `path` for a new cache; False when a complete cache is there (skip it)."""
+    """Readies `path` for a new cache; False when a complete cache is there (skip it).
+    A complete cache of an older format is refused (`CacheFormatError`) unless `overwrite`."""
     if tf.io.gfile.exists(path):
+        state = cache_state(path)
         if overwrite:
             tf.io.gfile.rmtree(path)
-        elif is_completed(path):
+        elif state == "complete":
             return False
+        elif state == "outdated":
+            raise outdated_error(path)
         elif tf.io.gfile.listdir(path):
             raise DataTasksError(f"cache {path!r} is incomplete (no {COMPLETED}): an earlier "
                                  f"job failed or is still running; {clear_hint(path)}")
@@ -47,46 +61,92 @@ def _length_features(specs: dict[str, records.FeatureSpec]) -> list[str]:
     return [k for k, s in specs.items() if s.rank == 1 and s.kind == "int64"]
 
 
-def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dict:
-    """Runs the source shard `index` of `count` through the cacheable preprocessors and
-    writes its records and lengths under `path`. Returns the shard's summary."""
+def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[bytes],
+                      lengths: Sequence | np.ndarray, features: dict, length_features: list,
+                      stats: dict | None = None, source_file: dict | None = None) -> dict:
+    """Writes shard `index` of `count` under `path`: the ArrayRecord file of `records_iter`
+    (written locally, hashed, then copied once), its lengths (`lengths`, read after the
+    records are consumed, so a generator may fill a list) and its summary JSON with the
+    shard's record count, byte size and SHA-256. Returns the summary."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    stats = DataStats()
-    info = ShardInfo(index, count) if count > 1 else None
-    ds = task.source.get_dataset(split, shuffle=False, seed=0, shard_info=info, stats=stats)
-    ds = task.preprocess(ds, None, seed=None, stats=stats, start=0,
-                         stop=len(task.cacheable_preprocessors))
-    specs = records.specs_of(ds.element_spec, task.name)
-    keys = _length_features(specs)
     name = shard_name(index, count)
-    lengths: list[list[int]] = []
     tmp = tempfile.mkdtemp(prefix="cairn-cache-")
     try:
         local = os.path.join(tmp, name + ".array_record")
         writer = ArrayRecordWriter(local, WRITER_OPTIONS)
-        for ex in ds.as_numpy_iterator():
-            writer.write(records.serialize(ex, specs))
-            lengths.append([int(np.size(ex[k])) for k in keys])
+        num = 0
+        for rec in records_iter:
+            writer.write(rec)
+            num += 1
         writer.close()
+        size, sha = file_digest(local)
         tf.io.gfile.copy(local, os.path.join(path, name + ".array_record"), overwrite=True)
-        arr = np.asarray(lengths, np.int32).reshape(len(lengths), len(keys))
+        arr = np.asarray(lengths, np.int32).reshape(num, len(length_features))
         np.save(os.path.join(tmp, "l.npy"), arr)
         tf.io.gfile.copy(os.path.join(tmp, "l.npy"), os.path.join(path, name + ".lengths.npy"),
                          overwrite=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    summary = {"index": index, "file": name + ".array_record", "num_records": len(lengths),
-               "features": {k: {"dtype": s.dtype, "rank": s.rank} for k, s in specs.items()},
-               "length_features": keys, "stats": stats.as_dict(),
-               "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(keys)}}
+    summary = {"index": index, "file": name + ".array_record", "num_records": num,
+               "bytes": size, "sha256": sha, "features": features,
+               "length_features": list(length_features), "stats": dict(stats or {}),
+               "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(length_features)}}
+    if source_file is not None:
+        summary["source_file"] = source_file
     write_json(os.path.join(path, name + ".json"), summary)
     return summary
 
 
+def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dict:
+    """Runs the source shard `index` of `count` through the cacheable preprocessors and
+    writes its records and lengths under `path`; for a file source, also fingerprints the
+    source file of the shard (so the driver never reads the sources). Returns the shard's
+    summary."""
+    stats = DataStats()
+    info = ShardInfo(index, count) if count > 1 else None
+    source_file = None
+    if is_file_source(task.source):
+        files = task.source.source_files(split)
+        if len(files) != count:
+            raise DataTasksError(f"task {task.name!r} split {split!r}: {len(files)} source "
+                                 f"files now, {count} when the job started")
+        source_file = file_fingerprint(files[index])
+    ds = task.source.get_dataset(split, shuffle=False, seed=0, shard_info=info, stats=stats)
+    ds = task.preprocess(ds, None, seed=None, stats=stats, start=0,
+                         stop=len(task.cacheable_preprocessors))
+    specs = records.specs_of(ds.element_spec, task.name)
+    keys = _length_features(specs)
+    lengths: list[list[int]] = []
+
+    def serialized():
+        for ex in ds.as_numpy_iterator():
+            lengths.append([int(np.size(ex[k])) for k in keys])
+            yield records.serialize(ex, specs)
+
+    return write_shard_files(
+        path, index, count, serialized(), lengths,
+        {k: {"dtype": s.dtype, "rank": s.rank} for k, s in specs.items()}, keys,
+        stats.as_dict(), source_file)
+
+
+def _source(task: Any, split: str, path: str, shards: list[dict]) -> dict:
+    """The source description, from the shards' source file fingerprints when the workers
+    made them (checked against the current listing), else computed here."""
+    if not is_file_source(task.source) or any("source_file" not in s for s in shards):
+        return source_description(task, split)
+    files = [s["source_file"] for s in shards]
+    listed = [(f.pattern, f.name) for f in task.source.source_files(split)]
+    if listed != [(f["pattern"], f["name"]) for f in files]:
+        raise DataTasksError(f"cache {path!r}: the source files of task {task.name!r} changed "
+                             f"while it was being cached; {clear_hint(path)} and cache again")
+    return source_description(task, split, files=files)
+
+
 def finalize(task: Any, split: str, path: str, count: int) -> dict:
-    """Merges the shard summaries into `lengths.npy`, `info.json`, `stats.json`, then
-    writes `COMPLETED`. Returns the info."""
+    """Merges the shard summaries into `lengths.npy`, `info.json` (with every shard's size
+    and SHA-256, and the source fingerprint details), `stats.json`, then writes `COMPLETED`
+    (holding the format version). Returns the info."""
     shards = [read_json(os.path.join(path, shard_name(i, count) + ".json")) for i in range(count)]
     wrong = [i for i, s in enumerate(shards) if s["index"] != i]
     if wrong:
@@ -97,15 +157,14 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
         if s["features"] != feats:
             raise DataTasksError(f"cache {path!r}: shard {s['index']} has features "
                                  f"{s['features']}, shard 0 has {feats}")
-    keys = shards[0]["length_features"]
+    keys = shards[0]["length_features"] if shards else []
     parts = []
     for i in range(count):
         with tf.io.gfile.GFile(os.path.join(path, shard_name(i, count) + ".lengths.npy"),
                                "rb") as f:
             parts.append(np.load(f))
     lengths = np.concatenate(parts, 0) if parts else np.zeros([0, len(keys)], np.int32)
-    with tf.io.gfile.GFile(os.path.join(path, LENGTHS), "wb") as f:
-        np.save(f, lengths)
+    del parts
     stats: dict[str, int] = {}
     for s in shards:
         for k, v in s["stats"].items():
@@ -114,17 +173,28 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     if num == 0:
         raise DataTasksError(f"task {task.name!r} split {split!r}: no example survived the "
                              f"cacheable preprocessors; nothing to cache (stats: {stats})")
+    buf = io.BytesIO()
+    np.save(buf, lengths)
+    data = buf.getvalue()
+    with tf.io.gfile.GFile(os.path.join(path, LENGTHS), "wb") as f:
+        f.write(data)
+    lengths_meta = {"file": LENGTHS, "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest()}
+    del data, buf
+    source = _source(task, split, path, shards)
     info = {"format_version": FORMAT_VERSION, "task": task.name, "split": split,
             "num_records": num, "features": feats, "length_features": keys,
-            "lengths_file": LENGTHS, "fingerprint": task_fingerprint(task, split),
+            "lengths_file": LENGTHS, "lengths": lengths_meta,
+            "fingerprint": task_fingerprint(task, split, source=source), "source": source,
             "cacheable_preprocessors": len(task.cacheable_preprocessors),
-            "shards": [{"file": s["file"], "num_records": s["num_records"]} for s in shards]}
+            "shards": [{"file": s["file"], "num_records": s["num_records"],
+                        "bytes": s["bytes"], "sha256": s["sha256"]} for s in shards]}
     write_json(os.path.join(path, STATS), {
         "num_records": num, "skipped": stats,
         "tokens": {k: sum(s["tokens"][k] for s in shards) for k in keys}})
     write_json(os.path.join(path, INFO), info)
     with tf.io.gfile.GFile(os.path.join(path, COMPLETED), "w") as f:
-        f.write("ok\n")
+        f.write(completed_marker())
     return info
 
 

@@ -5,8 +5,16 @@ Parts (each a SHA-256 hex digest), so a mismatch can say what changed:
     bound arguments of each *cacheable* preprocessor (those the cache runs);
   * `features`: the output features (name, add_eos, required, dtype, rank);
   * `vocabulary`: each output feature's vocabulary (type and content);
-  * `source`: the source's type, split and, for file sources, every file's name, size and
-    SHA-256 of its bytes (for other sources, the code of the function behind it).
+  * `source`: the source's type, split and, for file sources, every file's pattern index,
+    name relative to the pattern's root (`sources.pattern_root`: the directory part of the
+    pattern before its first glob character), size and SHA-256 of its bytes; never an
+    absolute path, so a copy of the sources in another directory (another clone, another
+    machine) has the same fingerprint. For other sources: the code of the function behind
+    them.
+
+The cache writer computes the fingerprint once and stores it, with the per-file details,
+in `info.json`; a reader compares the cheap parts only (`store.CachedTask`), and
+`verify.verify_cache` re-hashes everything.
 """
 
 from __future__ import annotations
@@ -18,8 +26,6 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
-
-import tensorflow as tf
 
 PARTS = ("preprocessors", "features", "vocabulary", "source")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -75,37 +81,93 @@ def vocabulary_fingerprint(vocab: Any) -> str:
                     getattr(vocab, "extra_ids", None)])
 
 
-def file_fingerprint(path: str, chunk: int = 1 << 20) -> dict:
-    """Name, size and SHA-256 of one file (read through tf.io.gfile)."""
+def file_digest(path: str, chunk: int = 1 << 22) -> tuple[int, str]:
+    """`(size, sha256 hex)` of the bytes of one file, read once in large blocks."""
+    from cairn.datatasks.deterministic import store
+
     h = hashlib.sha256()
     size = 0
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with store.open_read(path) as f:
         while True:
             block = f.read(chunk)
             if not block:
                 break
             h.update(block)
             size += len(block)
-    return {"name": path, "size": size, "sha256": h.hexdigest()}
+    return size, h.hexdigest()
 
 
-def source_description(task: Any, split: str) -> dict:
+def file_fingerprint(file: Any) -> dict:
+    """A source file by content and relative name: `{pattern, name, size, sha256}`.
+
+    `file` is a `sources.SourceFile`; `name` is relative to its pattern's root, never the
+    absolute path, so a copy of the sources elsewhere has the same fingerprint.
+    """
+    size, sha = file_digest(file.path)
+    return {"pattern": file.pattern, "name": file.name, "size": size, "sha256": sha}
+
+
+def is_file_source(source: Any) -> bool:
+    return callable(getattr(source, "source_files", None))
+
+
+def source_description(task: Any, split: str, files: list[dict] | None = None) -> dict:
+    """What the `source` part hashes: for file sources every file (pattern index, relative
+    name, size, SHA-256; `files` when already computed, e.g. by the cache workers), for
+    other sources the code behind them."""
     source = task.source
-    files = source.list_shards(split)
     desc: dict = {"type": type(source).__name__, "split": split}
-    if getattr(source, "_patterns", None) is not None:
-        desc["files"] = [file_fingerprint(p) for p in files]
+    if is_file_source(source):
+        desc["files"] = (list(files) if files is not None
+                         else [file_fingerprint(f) for f in source.source_files(split)])
     else:
-        desc["shards"] = files
+        desc["shards"] = source.list_shards(split)
         fn = getattr(source, "_fn", None)
         desc["code"] = _code(fn) if fn is not None else repr(source)
     return desc
 
 
-def task_fingerprint(task: Any, split: str, with_source: bool = True) -> dict[str, str]:
+def source_digest(description: Mapping[str, Any]) -> str:
+    return _digest(description)
+
+
+def source_differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
+                       compare_content: bool = True) -> list[str]:
+    """One line per source file that differs between two `source_description`s: added,
+    removed, or changed in size (or, with `compare_content`, in SHA-256)."""
+    out = [f"source {k} was {recorded.get(k)!r}, is {current.get(k)!r}"
+           for k in ("type", "split") if recorded.get(k) != current.get(k)]
+    if "files" not in recorded or "files" not in current:
+        if recorded.get("code") != current.get("code") or (
+                recorded.get("shards") != current.get("shards")):
+            out.append("source code or shards changed (not a file source)")
+        return out
+    key = lambda f: (f["pattern"], f["name"])  # noqa: E731
+    old = {key(f): f for f in recorded["files"]}
+    new = {key(f): f for f in current["files"]}
+    for k in sorted(old.keys() | new.keys()):
+        label = f"source file {k[1]!r} (pattern {k[0]})"
+        if k not in new:
+            out.append(f"{label} was cached but is gone (removed or renamed)")
+        elif k not in old:
+            out.append(f"{label} is new (added or renamed): not in the cache")
+        elif old[k]["size"] != new[k]["size"]:
+            out.append(f"{label} has {new[k]['size']} bytes, the cache recorded "
+                       f"{old[k]['size']}: it changed since it was cached")
+        elif compare_content and old[k].get("sha256") != new[k].get("sha256"):
+            out.append(f"{label} content changed since it was cached (sha256 "
+                       f"{str(old[k].get('sha256'))[:12]} -> {str(new[k].get('sha256'))[:12]})")
+    if not out and [key(f) for f in recorded["files"]] != [key(f) for f in current["files"]]:
+        out.append("source files are listed in another order than when cached")
+    return out
+
+
+def task_fingerprint(task: Any, split: str, with_source: bool = True,
+                     source: Mapping[str, Any] | None = None) -> dict[str, str]:
     """`{part: sha256}` for the parts in `PARTS`, plus `total` over all of them.
 
-    `with_source=False` leaves out `source` and `total` (no file is read).
+    `with_source=False` leaves out `source` and `total` (no file is read); `source`, a
+    `source_description` computed already, is hashed instead of reading the files again.
     """
     feats = {k: {"add_eos": f.add_eos, "required": f.required, "dtype": f.dtype.name,
                  "rank": f.rank} for k, f in sorted(task.output_features.items())}
@@ -119,7 +181,8 @@ def task_fingerprint(task: Any, split: str, with_source: bool = True) -> dict[st
     }
     if not with_source:
         return parts
-    parts["source"] = _digest(source_description(task, split))
+    parts["source"] = source_digest(source if source is not None
+                                    else source_description(task, split))
     parts["total"] = _digest([parts[p] for p in PARTS])
     return parts
 

@@ -16,8 +16,10 @@ import numpy as np
 from cairn.datatasks.deterministic.seeds import derive
 
 _ROUNDS = 6
+_CHUNK = 1 << 16  # indices per vectorised block (its temporaries stay in the CPU cache)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -48,12 +50,28 @@ class Permutation:
         return max(1, (bits + 1) // 2)
 
     def _network(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The Feistel rounds: `left, right = right, left ^ (_mix(right ^ k) & mask)`,
+        computed in place in three buffers (no temporary per operation)."""
         h = np.uint64(self.half_bits)
         mask = np.uint64((1 << self.half_bits) - 1)
         left, right = x >> h, x & mask
+        t, u = np.empty_like(x), np.empty_like(x)
         for k in keys:
-            left, right = right, left ^ (_mix(right ^ k) & mask)
-        return (left << h) | right
+            np.bitwise_xor(right, k, out=t)
+            np.right_shift(t, _S30, out=u)  # _mix(t), in place
+            t ^= u
+            t *= _M1
+            np.right_shift(t, _S27, out=u)
+            t ^= u
+            t *= _M2
+            np.right_shift(t, _S31, out=u)
+            t ^= u
+            t &= mask
+            t ^= left
+            left, right, t = right, t, left
+        left <<= h
+        left |= right
+        return left
 
     def __call__(self, index: np.ndarray | int) -> np.ndarray:
         """The images of `index` (array or scalar) under the permutation."""
@@ -64,6 +82,19 @@ class Permutation:
         if self.n == 1:
             out = np.zeros_like(idx)
             return out[0] if scalar else out
+        if idx.size <= _CHUNK:
+            out = self._apply(idx)
+        else:  # blocks that stay in the CPU cache: the same values, several times faster
+            out = np.empty_like(idx)
+            for at in range(0, idx.size, _CHUNK):
+                out[at:at + _CHUNK] = self._apply(idx[at:at + _CHUNK])
+        return out[0] if scalar else out
+
+    def range(self, start: int, stop: int) -> np.ndarray:
+        """The images of `start .. stop - 1` (as `self(np.arange(start, stop))`)."""
+        return self(np.arange(start, stop, dtype=np.int64))
+
+    def _apply(self, idx: np.ndarray) -> np.ndarray:
         keys = self._keys  # type: ignore[attr-defined]
         x = self._network(idx.astype(np.uint64), keys)
         todo = np.nonzero(x >= np.uint64(self.n))[0]
@@ -71,5 +102,4 @@ class Permutation:
             y = self._network(x[todo], keys)
             x[todo] = y
             todo = todo[y >= np.uint64(self.n)]
-        out = x.astype(np.int64)
-        return out[0] if scalar else out
+        return x.astype(np.int64)

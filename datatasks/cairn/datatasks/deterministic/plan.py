@@ -108,24 +108,74 @@ class Plan:
 
 
 def greedy_bins(lengths: np.ndarray, capacity: np.ndarray) -> Plan:
-    """Greedy bins over `lengths` [N, K] (in order) with per-feature `capacity` [K].
+    """Greedy bins over `lengths` [N, K] (in order) with per-feature `capacity` [K]."""
+    lengths = np.asarray(lengths)
+    return greedy_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity)
 
-    `end[i]`, where a bin starting at record `i` would end, comes from one vectorised
-    `searchsorted` per feature over the running sums; the bins are then the chain
-    0 -> end[0] -> ... (one cheap step per bin). O(N log N) time, O(N) memory while
-    building, O(bins) after.
+
+def greedy_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
+                        capacity: np.ndarray, chunk: int = 1 << 16) -> Plan:
+    """`greedy_bins` over a stream of `n` records whose lengths `units(a, b)` gives, block
+    by block ([b - a, K] for records `a .. b - 1`), so that no [N, K] array is ever built.
+
+    `end[i]`, where a bin starting at record `i` would end, is `min(i + max(capacity), n)`
+    cut to what fits in every feature (a `searchsorted` per feature over running sums
+    inside the block and the `max(capacity)` records after it), and at least `i + 1`. The
+    bins are the chain 0 -> end[0] -> ... -> n (`chain`). O(N log C) time, 4 or 8 bytes
+    per record while building (`end`), 8 bytes per bin after.
     """
-    n = lengths.shape[0]
-    index = np.arange(n, dtype=np.int64)
-    end = np.minimum(index + int(capacity.max()), n)
-    for j in range(lengths.shape[1]):
-        cum = np.concatenate([[0], np.cumsum(lengths[:, j], dtype=np.int64)])
-        fit = np.searchsorted(cum, cum[:-1] + int(capacity[j]), side="right") - 1
-        np.minimum(end, fit, out=end)
-    np.maximum(end, index + 1, out=end)
-    starts = [0]
+    capacity = np.asarray(capacity, np.int64).reshape(-1)
+    cap = int(capacity.max())
+    dtype = np.int32 if n + cap < 2**31 - 1 else np.int64
+    end = np.empty(n + 1, dtype)
+    end[n] = n
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        stop = min(b + cap, n)  # a bin starting before b ends by b - 1 + cap
+        u = np.asarray(units(a, stop), np.int64).reshape(stop - a, -1)
+        if u.shape[1] != capacity.size:
+            raise DataTasksError(f"packing lengths have {u.shape[1]} features, capacity "
+                                 f"{capacity.size}")
+        here = np.minimum(np.arange(a + cap, b + cap, dtype=np.int64), n)
+        for j in range(capacity.size):
+            cum = np.zeros(stop - a + 1, np.int64)
+            np.cumsum(u[:, j], out=cum[1:])
+            fit = np.searchsorted(cum, cum[:b - a] + int(capacity[j]), side="right") - 1 + a
+            np.minimum(here, fit, out=here)
+        np.maximum(here, np.arange(a + 1, b + 1, dtype=np.int64), out=here)
+        end[a:b] = here
+    starts = chain(end)
+    return Plan(starts.size - 1, starts)
+
+
+def chain(nxt: np.ndarray) -> np.ndarray:
+    """`[0, nxt[0], nxt[nxt[0]], ..., n]` for `nxt` of size `n + 1` with `i < nxt[i] <= n`
+    (`nxt[n] = n`), without a Python step per element.
+
+    Pointer doubling: `k` squarings give `jump = nxt^(2^k)`; a Python walk under `jump`
+    finds every `2^k`-th element of the chain (B / 2^k steps for B bins), and `2^k`
+    vectorised steps under `nxt` fill in the elements between them. `k` balances the
+    `k` passes over all N records against the walk: 2^k ~ 32 B / N.
+    """
+    n = nxt.size - 1
+    if n <= 0:
+        return np.zeros(1, np.int64)
+    mean_step = max(1.0, float(nxt[:n].mean(dtype=np.float64)) - (n - 1) / 2)
+    k = int(np.clip(np.round(np.log2(32.0 / mean_step)), 0, 8)) if n > 4096 else 0
+    jump = nxt
+    for _ in range(k):
+        jump = jump[jump]
+    coarse = [0]
     at = 0
     while at < n:
-        at = end.item(at)
-        starts.append(at)
-    return Plan(len(starts) - 1, np.asarray(starts, np.int64))
+        at = jump.item(at)
+        coarse.append(at)
+    if k == 0:
+        return np.asarray(coarse, np.int64)
+    cur = np.asarray(coarse[:-1], np.int64)
+    steps = np.empty((cur.size, 1 << k), np.int64)
+    for m in range(1 << k):
+        steps[:, m] = cur
+        cur = nxt[cur]
+    out = steps.reshape(-1)
+    return np.append(out[out < n], n)

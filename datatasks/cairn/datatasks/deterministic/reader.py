@@ -38,18 +38,32 @@ class _TaskStream:
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
         self.base = Permutation(n, derive(seed, task.name, "base"))
-        stored = {k: cache.lengths[:, j] for j, k in enumerate(cache.length_features)}
-        self.expected = None
+        self.sequence_length = dict(lengths)
+        self.check_lengths = converter.pack
         if converter.pack:
-            self.expected = plan_lib.post_cache_lengths(task, stored, lengths)
-            units, capacity = plan_lib.packing_lengths(converter, self.expected, lengths)
-            self.plan = plan_lib.greedy_bins(units[self.base(np.arange(n))], capacity)
+            # Block by block over the base order: never an [N, K] array or the whole order.
+            def units(a: int, b: int) -> np.ndarray:
+                expected = self.expected_lengths(self.base.range(a, b))
+                return plan_lib.packing_lengths(converter, expected, lengths)[0]
+
+            _, capacity = plan_lib.packing_lengths(
+                converter, self.expected_lengths(np.zeros(1, np.int64)), lengths)
+            self.plan = plan_lib.greedy_bins_chunked(units, n, capacity)
+            cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
         self._perms: dict[int, Permutation] = {}
         self._lock = threading.Lock()
         self.stage = RecordStage(task, cache.specs, len(task.cacheable_preprocessors),
                                  lengths, keys, converter)
+
+    def expected_lengths(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The lengths of records `ids` after the post-cache preprocessors and the trim,
+        from the cached lengths (memory-mapped: only these rows are read). Length functions
+        work record by record, so any subset gives the same values as the whole."""
+        rows = self.cache.lengths_of(ids)
+        stored = {k: rows[:, j] for j, k in enumerate(self.cache.length_features)}
+        return plan_lib.post_cache_lengths(self.task, stored, self.sequence_length)
 
     def _epoch_perm(self, epoch: int) -> Permutation:
         with self._lock:
@@ -83,11 +97,12 @@ class _TaskStream:
         keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64)
                                          for e, r in rows]), ids], 1)
         out = self.stage(self.cache.read(ids), keys)
-        if self.expected is not None:
+        if self.check_lengths:
+            expected = self.expected_lengths(ids)
             for k, vals in out.items():
-                if k in self.expected:
+                if k in expected:
                     got = np.array([len(v) for v in vals])
-                    want = np.asarray(self.expected[k])[ids]
+                    want = np.asarray(expected[k])
                     if not np.array_equal(got, want):
                         raise DataTasksError(
                             f"task {self.task.name!r}: feature {k!r} has lengths {got[:8]} "
@@ -107,7 +122,9 @@ class DeterministicReader:
       sequence_length: the task feature lengths, e.g. `{"inputs": 512, "targets": 128}`.
       feature_converter: converts (and with `pack=True`, packs) each row.
       host_index, host_count: this host's share of every global batch.
-      check_source_files: hash the source files to check the cache's fingerprint.
+      check_source_files: also compare the task's source files (relative names and sizes:
+        a listing and a stat per file, no byte read) with those the cache recorded. Opening
+        a cache never reads the records or the source bytes (`verify_cache` does).
       prefetch: chunks computed ahead in background threads (0: none).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
         pass, ~5 ms); default: enough for ~1,024 of this host's rows per pass unpacked

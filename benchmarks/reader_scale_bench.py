@@ -1,0 +1,255 @@
+"""How the deterministic reader's start-up, seek and memory grow with the cache: 1e5-1e7 records.
+
+  .venv/bin/python benchmarks/reader_scale_bench.py [--sizes 1e5,1e6,1e7] [--shards 1000]
+      [--root DIR] [--repeats 3] [--workers 2] [--modes packed,unpacked]
+
+For each size, a synthetic cached task (no tokenizing): `--shards` ArrayRecord shards of short
+token rows (inputs 4-23 ids, targets 2-13; records drawn with a seeded generator from a pool
+of 4,096 distinct ones), written with the cache writer's own functions
+(`cache_writer.write_shard_files`, one ArrayRecord writer per shard, then `finalize`), so
+`info.json`, the shard checksums and `lengths.npy` are what `cache_tasks` writes. The task,
+`reader_scale`, reads one tiny text file per shard (its source files: start-up lists and
+stats them, as `check_source_files=True` does), caches nothing (no cacheable preprocessor)
+and runs `append_eos_after_trim` after the cache; EncDecFeatureConverter, inputs 128 /
+targets 64, global batch 32.
+
+Each (size, mode) is measured in a fresh subprocess (so the peak RSS is that size's):
+  * reader construction (open the cache, check its metadata, plan the packing), median of
+    `--repeats` constructions;
+  * time to the first batch of a fresh reader (no prefetch, one step per call) at step 0 and
+    at step 1,000,000 (`set_state`), median of `--repeats` after one warm-up round;
+  * steady rows/s (default prefetch) over >= 3 s;
+  * peak RSS of the process, and its growth above the RSS after the imports (TensorFlow
+    alone is ~0.7 GB).
+Medians; wall-clock and CPU seconds of the construction (this machine is shared: CPU time is
+the steadier figure).
+
+`--root DIR` keeps the synthetic caches in DIR (reused by later runs) instead of a temporary
+directory: the hook for running the same measurements against another file system (a
+mounted bucket, or a gs:// emulator once the reader's file access goes through a path layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LENGTHS = {"inputs": 128, "targets": 64}
+BATCH = 32
+FAR_STEP = 1_000_000
+POOL = 4096
+NAME = "reader_scale"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def paths(root: str, n: int) -> tuple[str, str]:
+    """`(source dir, cache dir)` of the synthetic task of `n` records."""
+    base = os.path.join(root, f"{NAME}_{n}")
+    return os.path.join(base, "src"), os.path.join(base, "cache")
+
+
+def make_task(src_dir: str):
+    import cairn.datatasks as dt
+    from cairn.datatasks import preprocessors as pp
+    from cairn.tokenizers import ByteVocabulary
+
+    vocab = ByteVocabulary()
+    feats = {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}
+    source = dt.TextLineDataSource({"train": os.path.join(src_dir, "part-*.txt")})
+    return dt.Task(NAME, source, feats, [pp.append_eos_after_trim])
+
+
+def pool():
+    """`(serialized records, [POOL, 2] lengths)`: the distinct records the shards draw from."""
+    import numpy as np
+
+    from cairn.datatasks.deterministic import records
+
+    rng = np.random.default_rng(1234)
+    specs = {"inputs": records.FeatureSpec("int32", 1), "targets": records.FeatureSpec("int32", 1)}
+    lens = np.stack([rng.integers(4, 24, POOL), rng.integers(2, 14, POOL)], 1).astype(np.int32)
+    recs = [records.serialize({"inputs": rng.integers(3, 259, a),
+                               "targets": rng.integers(3, 259, b)}, specs) for a, b in lens]
+    return recs, lens
+
+
+def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
+    return [(n * s // shards, n * (s + 1) // shards) for s in range(shards)]
+
+
+def write_shards(args: tuple) -> int:
+    """Writes shards `todo` of the cache of `n` records (run in a worker process)."""
+    n, shards, todo, src_dir, path = args
+    import numpy as np
+
+    from cairn.datatasks.deterministic import cache_writer
+    from cairn.datatasks.deterministic.fingerprint import file_fingerprint
+    from cairn.datatasks.sources import SourceFile
+
+    recs, lens = pool()
+    bounds = shard_bounds(n, shards)
+    feats = {"inputs": {"dtype": "int32", "rank": 1}, "targets": {"dtype": "int32", "rank": 1}}
+    for s in todo:
+        a, b = bounds[s]
+        pick = np.random.default_rng([n, s]).integers(0, POOL, b - a)
+        name = f"part-{s:05d}.txt"
+        src = file_fingerprint(SourceFile(0, os.path.join(src_dir, name), name))
+        cache_writer.write_shard_files(path, s, shards, (recs[i] for i in pick.tolist()),
+                                       lens[pick], feats, ["inputs", "targets"], {}, src)
+    return len(todo)
+
+
+def build(root: str, n: int, shards: int, workers: int) -> float | None:
+    """Writes the synthetic cache of `n` records (unless complete); returns seconds or None."""
+    from cairn.datatasks.deterministic import cache_writer, store
+
+    src_dir, cache_dir = paths(root, n)
+    path = store.task_dir(cache_dir, NAME, "train")
+    if store.is_completed(path):
+        return None
+    start = time.perf_counter()
+    os.makedirs(src_dir, exist_ok=True)
+    for s in range(shards):
+        with open(os.path.join(src_dir, f"part-{s:05d}.txt"), "w", encoding="utf-8") as f:
+            f.write(f"synthetic shard {s} of {shards}\n")
+    cache_writer.prepare(path, overwrite=True)
+    jobs = [(n, shards, list(range(w, shards, workers)), src_dir, path) for w in range(workers)]
+    if workers > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(workers) as p:
+            p.map(write_shards, jobs)
+    else:
+        write_shards(jobs[0])
+    cache_writer.finalize(make_task(src_dir), "train", path, shards)
+    for s in range(shards):  # the per-shard summaries are the job's scratch
+        for ext in (".json", ".lengths.npy"):
+            os.remove(os.path.join(path, store.shard_name(s, shards) + ext))
+    return time.perf_counter() - start
+
+
+def measure(root: str, n: int, pack: bool, repeats: int) -> dict:
+    """One (size, mode) in this (fresh) process."""
+    import cairn.datatasks as dt
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    src_dir, cache_dir = paths(root, n)
+    task = make_task(src_dir)
+    base_rss = rss_mb()
+
+    def make(**kwargs):
+        return DeterministicReader(task, cache_dir, seed=0, global_batch_size=BATCH,
+                                   sequence_length=LENGTHS,
+                                   feature_converter=dt.EncDecFeatureConverter(pack=pack),
+                                   **kwargs)
+
+    walls, cpus = [], []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        reader = make()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+        bins = reader.streams[0].plan.num_bins
+        reader.close()
+        del reader
+    firsts: dict = {0: [], FAR_STEP: []}
+    for step in (0, FAR_STEP) * (repeats + 1):  # the first round is dropped: warm-up
+        reader = make(prefetch=0, steps_per_call=1)
+        start = time.perf_counter()
+        reader.set_state({"step": step})
+        next(reader)
+        firsts[step].append(time.perf_counter() - start)
+        reader.close()
+    reader = make()
+    for _ in range(5):
+        next(reader)
+    start, count = time.perf_counter(), 0
+    while time.perf_counter() - start < 3.0 or count < 20:
+        batch = next(reader)
+        count += 1
+    seconds = time.perf_counter() - start
+    examples = (int(batch["encoder_segment_ids"].max(axis=1).sum()) if pack else BATCH)
+    reader.close()
+    return {"n": n, "pack": pack, "bins": bins, "build_s": statistics.median(walls),
+            "build_cpu_s": statistics.median(cpus),
+            "first_0_s": statistics.median(firsts[0][1:]),
+            "first_far_s": statistics.median(firsts[FAR_STEP][1:]),
+            "rows_per_s": count * BATCH / seconds, "examples_per_row": examples / BATCH,
+            "base_rss_mb": base_rss, "peak_rss_mb": peak_rss_mb()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="1e5,1e6,1e7", help="record counts, comma-separated")
+    p.add_argument("--shards", type=int, default=1000)
+    p.add_argument("--root", help="keep (and reuse) the synthetic caches in this directory")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="processes writing shards")
+    p.add_argument("--modes", default="packed,unpacked")
+    p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
+    args = p.parse_args()
+    sys.path[:0] = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks")]
+    if args.measure:
+        n, pack = args.measure.split(",")
+        json.dump(measure(args.root, int(n), pack == "1", args.repeats), sys.stdout)
+        return
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "tokenizers"),
+                                         os.path.join(REPO, "datatasks"),
+                                         env.get("PYTHONPATH", "")])
+    rows = []
+    try:
+        for n in sizes:
+            seconds = build(root, n, args.shards, args.workers)
+            if seconds is not None:
+                print(f"built {n:,} records in {args.shards} shards: {seconds:.1f} s "
+                      f"({n / seconds:,.0f} records/s)", flush=True)
+            for mode in modes:
+                proc = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--root", root, "--repeats",
+                     str(args.repeats), "--measure", f"{n},{int(mode == 'packed')}"],
+                    env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"measuring {n} {mode} failed:\n{proc.stderr[-3000:]}")
+                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        if not args.root:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\n{args.shards} shards; EncDec {LENGTHS}, global batch {BATCH}; medians of "
+          f"{args.repeats}\n")
+    print("| records | mode | bins | construction s (CPU s) | first batch step 0 s | "
+          f"step {FAR_STEP:,} s (ratio) | rows/s | peak RSS MB (above imports) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mode = f"packed ({r['examples_per_row']:.1f}/row)" if r["pack"] else "unpacked"
+        print(f"| {r['n']:,} | {mode} | {r['bins']:,} | {r['build_s']:.2f} "
+              f"({r['build_cpu_s']:.2f}) | {r['first_0_s']:.3f} | {r['first_far_s']:.3f} "
+              f"({r['first_far_s'] / r['first_0_s']:.2f}x) | {r['rows_per_s']:,.0f} "
+              f"| {r['peak_rss_mb']:,.0f} ({r['peak_rss_mb'] - r['base_rss_mb']:+,.0f}) |")
+
+
+if __name__ == "__main__":
+    main()

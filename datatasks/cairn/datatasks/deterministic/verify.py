@@ -1,0 +1,114 @@
+"""`verify_cache`: the explicit, full check of a task cache (every byte, every source file).
+
+Opening a cache (`store.CachedTask`) reads metadata only: it trusts the checksums and the
+source fingerprint that the cache writer recorded. `verify_cache` reads everything again:
+it re-hashes every shard and `lengths.npy` against the SHA-256 in `info.json`, and
+fingerprints the task's source files again against the recorded ones, and names what
+differs: a shard file, a source file (by its name relative to its pattern's root), a
+fingerprint part. Its cost is one read of the cache and of the sources.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from cairn.datatasks.deterministic import fingerprint as fp
+from cairn.datatasks.deterministic import store
+from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry
+
+
+def resolve(tasks: str | Any | Sequence[Any], registry: Registry | None = None) -> list[Any]:
+    """Tasks from a `Task`, a list of tasks or names, a registered task or mixture name, or
+    a regex over registered task names."""
+    from cairn.datatasks.deterministic.cache_job import resolve_tasks
+    from cairn.datatasks.mixture import Mixture
+
+    registry = registry or DEFAULT_REGISTRY
+    if isinstance(tasks, str):
+        if tasks in registry:
+            obj = registry.get(tasks)
+            return ([obj.tasks[n] for n in sorted(obj.tasks)] if isinstance(obj, Mixture)
+                    else [obj])
+        return resolve_tasks(tasks, registry)
+    if isinstance(tasks, (list, tuple)):
+        return resolve_tasks(list(tasks), registry)
+    return [tasks]
+
+
+def _shard_problems(path: str, info: dict) -> list[str]:
+    problems = []
+    sizes = store.list_sizes(path)
+    expected = [(s["file"], s["bytes"], s["sha256"]) for s in info["shards"]]
+    expected.append((store.LENGTHS, info["lengths"]["bytes"], info["lengths"]["sha256"]))
+    for name, size, sha in expected:
+        if name not in sizes:
+            problems.append(f"{name}: missing")
+            continue
+        got_size, got_sha = fp.file_digest(os.path.join(path, name))
+        if got_size != size:
+            problems.append(f"{name}: {got_size} bytes, info.json recorded {size} (truncated "
+                            f"or replaced)")
+        elif got_sha != sha:
+            problems.append(f"{name}: content differs from info.json (sha256 {got_sha[:12]}, "
+                            f"recorded {sha[:12]}): the file is corrupt")
+    return problems
+
+
+def _source_problems(task: Any, split: str, info: dict) -> list[str]:
+    recorded = info.get("source", {})
+    if fp.source_digest(recorded) != info["fingerprint"].get("source"):
+        return ["info.json: the recorded source files do not match the recorded source "
+                "fingerprint (info.json edited?)"]
+    try:
+        current = fp.source_description(task, split)
+    except (DataTasksError, OSError) as e:
+        return [f"source: cannot read the task's source files: {e}"]
+    lines = fp.source_differences(recorded, current)
+    if not lines and fp.source_digest(current) != info["fingerprint"].get("source"):
+        lines.append("source: fingerprint differs (the source's description changed)")
+    return lines
+
+
+def verify_task_cache(path: str, task: Any, split: str = "train") -> list[str]:
+    """The problems of the cache at `path` for `task`/`split`, one line each (empty: all
+    match)."""
+    state = store.cache_state(path)
+    if state == "missing":
+        return [f"no cache at {path}"]
+    if state == "incomplete":
+        return [f"{store.COMPLETED} missing: the cache is incomplete or still being written"]
+    if state == "outdated":
+        return [f"written in format {store.format_version(path)}; this version reads format "
+                f"{store.FORMAT_VERSION}: re-cache it (--overwrite)"]
+    info = store.read_json(os.path.join(path, store.INFO))
+    problems = []
+    if info.get("task") != task.name or info.get("split") != split:
+        problems.append(f"info.json: holds task {info.get('task')!r} split "
+                        f"{info.get('split')!r}, not {task.name!r} split {split!r}")
+    recorded = info["fingerprint"]
+    current = fp.task_fingerprint(task, split, with_source=False)
+    for part in ("preprocessors", "features", "vocabulary"):
+        if recorded.get(part) != current[part]:
+            problems.append(f"fingerprint: the task's {part} changed since it was cached "
+                            f"(cache {str(recorded.get(part))[:12]}, task {current[part][:12]})")
+    problems += _shard_problems(path, info)
+    problems += _source_problems(task, split, info)
+    return problems
+
+
+def verify_cache(cache_dir: str, tasks: str | Any | Sequence[Any], split: str = "train",
+                 registry: Registry | None = None) -> dict[str, list[str]]:
+    """Full verification of the caches of `tasks` under `cache_dir` (every shard re-hashed
+    against its recorded SHA-256, every source file fingerprinted again).
+
+    Args:
+      tasks: a `Task`, a list of tasks or names, a registered task or mixture name, or a
+        regex over registered task names.
+    Returns:
+      `{task name: [problem, ...]}`; all lists empty when every byte matches.
+    """
+    return {t.name: verify_task_cache(store.task_dir(cache_dir, t.name, split), t, split)
+            for t in resolve(tasks, registry)}

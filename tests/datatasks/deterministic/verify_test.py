@@ -1,0 +1,199 @@
+"""Start-up reads metadata only (sizes, not bytes); `verify_cache` reads everything and names
+what differs; caches of the older format are refused with a clear error (or re-cached)."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cairn.datatasks as dt
+import det_tasks
+from cairn.datatasks.deterministic import (
+    CachedTask, CacheFormatError, CacheIntegrityError, CacheMismatchError, DeterministicReader,
+    cache_state, cache_task_in_process, task_dir, verify_cache)
+from cairn.datatasks.deterministic import fingerprint, store, verify_main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARD = "shard-00000-of-00001.array_record"
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    """`(data_dir, cache_dir, registry, task det_b)`: a private copy of the sources and a
+    private cache of det_b, free to damage."""
+    data_dir, cache_dir = tmp_path / "data", tmp_path / "cache"
+    registry = dt.Registry()
+    _, task, _ = det_tasks.make(str(data_dir), registry)
+    assert cache_task_in_process(task, "train", task_dir(str(cache_dir), "det_b", "train"))
+    return str(data_dir), str(cache_dir), registry, task
+
+
+def _reader(cache_dir, registry, **kwargs):
+    return DeterministicReader("det_b", cache_dir, 0, 4, det_tasks.LENGTHS,
+                               dt.EncDecFeatureConverter(pack=True), registry=registry,
+                               **kwargs)
+
+
+def _flip_byte(path, at):
+    raw = bytearray(pathlib.Path(path).read_bytes())
+    raw[at] ^= 0x40
+    pathlib.Path(path).write_bytes(bytes(raw))
+
+
+def test_start_up_reads_no_record_and_no_source_byte(fresh, monkeypatch):
+    _, cache_dir, registry, _ = fresh
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("start-up read the bytes of a file")
+
+    monkeypatch.setattr(store, "open_read", forbidden)
+    monkeypatch.setattr(fingerprint, "file_digest", forbidden)
+    reader = _reader(cache_dir, registry)
+    assert reader.streams[0].cache.num_records == 90
+    assert isinstance(reader.streams[0].cache.lengths, np.memmap)
+    reader.close()
+
+
+def test_all_matches(fresh):
+    _, cache_dir, registry, task = fresh
+    assert verify_cache(cache_dir, task) == {"det_b": []}
+    assert verify_cache(cache_dir, "det_.*", registry=registry) == {"det_a": [
+        f"no cache at {task_dir(cache_dir, 'det_a', 'train')}"], "det_b": []}
+    assert verify_cache(cache_dir, "det_mix", registry=registry)["det_b"] == []
+
+
+def test_a_flipped_byte_passes_start_up_and_fails_verify_cache(fresh):
+    _, cache_dir, registry, task = fresh
+    path = task_dir(cache_dir, "det_b", "train")
+    size = os.path.getsize(os.path.join(path, SHARD))
+    _flip_byte(os.path.join(path, SHARD), size // 2)
+    assert os.path.getsize(os.path.join(path, SHARD)) == size
+    CachedTask(path, task).close()  # same size: start-up cannot tell, and does not read it
+    problems = verify_cache(cache_dir, task)["det_b"]
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{SHARD}: content differs from info.json")
+
+
+def test_a_truncated_or_missing_shard_fails_start_up_suggesting_verify_cache(fresh):
+    _, cache_dir, registry, task = fresh
+    path = task_dir(cache_dir, "det_b", "train")
+    with open(os.path.join(path, SHARD), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(path, SHARD)) - 7)
+    with pytest.raises(CacheIntegrityError,
+                       match=rf"{SHARD} has \d+ bytes, info.json recorded \d+ .*verify_main "
+                             rf"--cache_dir={cache_dir} --tasks=det_b --split=train"):
+        _reader(cache_dir, registry)
+    assert verify_cache(cache_dir, task)["det_b"][0].startswith(f"{SHARD}: ")
+    os.remove(os.path.join(path, SHARD))
+    with pytest.raises(CacheIntegrityError, match=f"{SHARD} is missing"):
+        CachedTask(path, task)
+    assert verify_cache(cache_dir, task)["det_b"] == [f"{SHARD}: missing"]
+
+
+def test_a_changed_source_file_is_named(fresh):
+    data_dir, cache_dir, registry, task = fresh
+    path = task_dir(cache_dir, "det_b", "train")
+    source = os.path.join(data_dir, "b0.txt")
+    _flip_byte(source, 3)  # same size: start-up compares names and sizes only
+    CachedTask(path, task).close()
+    problems = verify_cache(cache_dir, task)["det_b"]
+    assert problems == [problems[0]] and problems[0].startswith(
+        "source file 'b0.txt' (pattern 0) content changed since it was cached")
+    with open(source, "a", encoding="utf-8") as f:
+        f.write("one more line\n")
+    with pytest.raises(CacheMismatchError, match=r"source file 'b0.txt' \(pattern 0\) has "
+                                                  r"\d+ bytes, the cache recorded \d+"):
+        CachedTask(path, task)
+    CachedTask(path, task, check_source_files=False).close()  # the cache as it is
+    os.rename(source, os.path.join(data_dir, "b1.txt"))
+    problems = verify_cache(cache_dir, task)["det_b"]
+    assert problems == ["source file 'b0.txt' (pattern 0) was cached but is gone (removed or "
+                        "renamed)", "source file 'b1.txt' (pattern 0) is new (added or "
+                        "renamed): not in the cache"]
+
+
+def _make_format_1(path):
+    """What the first format left: COMPLETED says `ok`, no sizes or checksums."""
+    pathlib.Path(path, "COMPLETED").write_text("ok\n")
+    info = json.loads(pathlib.Path(path, "info.json").read_text())
+    info["format_version"] = 1
+    for s in info["shards"]:
+        del s["bytes"], s["sha256"]
+    del info["lengths"], info["source"]
+    pathlib.Path(path, "info.json").write_text(json.dumps(info))
+
+
+def test_a_cache_of_the_older_format_is_refused_or_re_cached(fresh):
+    _, cache_dir, registry, task = fresh
+    path = task_dir(cache_dir, "det_b", "train")
+    _make_format_1(path)
+    assert cache_state(path) == "outdated" and not store.is_completed(path)
+    with pytest.raises(CacheFormatError, match=r"format 1 .* reads format 2 .*Re-cache it: "
+                                               r"delete it .*--overwrite"):
+        _reader(cache_dir, registry)
+    with pytest.raises(CacheFormatError, match="--overwrite"):
+        cache_task_in_process(task, "train", path)  # not silently kept, not overwritten
+    assert verify_cache(cache_dir, task)["det_b"] == [
+        "written in format 1; this version reads format 2: re-cache it (--overwrite)"]
+    # What `ensure_cached` in the launchers does with a cache that is not complete.
+    assert cache_task_in_process(task, "train", path, overwrite=True)
+    assert cache_state(path) == "complete"
+    assert next(_reader(cache_dir, registry))["encoder_input_tokens"].shape == (4, 48)
+
+
+def test_command_line(fresh, tmp_path, capsys):
+    data_dir, cache_dir, _, _ = fresh
+    (tmp_path / "verify_tasks.py").write_text(
+        "import cairn.datatasks as dt\nimport det_tasks\n"
+        f"det_tasks.make({data_dir!r}, dt.DEFAULT_REGISTRY)\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), HERE, *sys.path])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    cmd = [sys.executable, "-m", "cairn.datatasks.deterministic.verify_main",
+           f"--cache_dir={cache_dir}", "--tasks=det_b", "--module_import=verify_tasks"]
+    ok = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stdout.splitlines() == ["det_b/train: ok"]
+    path = task_dir(cache_dir, "det_b", "train")
+    _flip_byte(os.path.join(path, SHARD), 100)
+    _flip_byte(os.path.join(data_dir, "b0.txt"), 5)
+    bad = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    lines = bad.stdout.splitlines()
+    assert len(lines) == 2 and "Traceback" not in bad.stdout + bad.stderr
+    assert lines[0].startswith(f"det_b/train: {SHARD}: content differs")
+    assert lines[1].startswith("det_b/train: source file 'b0.txt' (pattern 0) content changed")
+    # An error is one line (exit 2); the traceback only with --verbose.
+    argv = [f"--cache_dir={cache_dir}", "--tasks=no_such_task_.*"]
+    assert verify_main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matches no registered task" in err
+    assert verify_main.main(argv + ["--verbose"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_report_lines():
+    out = []
+
+    class Sink:
+        def write(self, s):
+            out.append(s)
+
+    assert verify_main.report({"a": [], "b": ["x: bad", "y: bad"]}, "train", Sink()) == 2
+    assert "".join(out).splitlines() == ["a/train: ok", "b/train: x: bad", "b/train: y: bad"]
+    assert verify_main.report({"a": []}, "train", Sink()) == 0
+
+
+def test_cache_dir_copied_elsewhere_still_opens(fresh, tmp_path):
+    """Shards are named relative to the cache directory: a copied cache opens as it is."""
+    _, cache_dir, registry, task = fresh
+    moved = tmp_path / "moved"
+    shutil.copytree(cache_dir, moved)
+    reader = _reader(str(moved), registry)
+    assert next(reader)["decoder_target_tokens"].shape == (4, 16)
+    assert verify_cache(str(moved), task) == {"det_b": []}
