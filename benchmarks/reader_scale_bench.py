@@ -1,7 +1,7 @@
 """How the deterministic reader's start-up, seek and memory grow with the cache: 1e5-1e7 records.
 
   .venv/bin/python benchmarks/reader_scale_bench.py [--sizes 1e5,1e6,1e7] [--shards 1000]
-      [--root DIR] [--repeats 3] [--workers 2] [--modes packed,unpacked]
+      [--root DIR] [--repeats 3] [--workers 2] [--modes packed,unpacked] [--storage local,gcs]
 
 For each size, a synthetic cached task (no tokenizing): `--shards` ArrayRecord shards of short
 token rows (inputs 4-23 ids, targets 2-13; records drawn with a seeded generator from a pool
@@ -25,8 +25,10 @@ Medians; wall-clock and CPU seconds of the construction (this machine is shared:
 the steadier figure).
 
 `--root DIR` keeps the synthetic caches in DIR (reused by later runs) instead of a temporary
-directory: the hook for running the same measurements against another file system (a
-mounted bucket, or a gs:// emulator once the reader's file access goes through a path layer).
+directory. `--storage local,gcs` measures each cache on local disk and again as a copy in a
+bucket of a fake-gcs-server started here (uploaded object by object; the reader then opens
+the shards with array-record over HTTP and copies `lengths.npy` once to a local file), with the
+construction time's ratio to local disk.
 """
 
 from __future__ import annotations
@@ -147,12 +149,32 @@ def build(root: str, n: int, shards: int, workers: int) -> float | None:
     return time.perf_counter() - start
 
 
-def measure(root: str, n: int, pack: bool, repeats: int) -> dict:
-    """One (size, mode) in this (fresh) process."""
+def bucket_cache(bucket: str, n: int) -> str:
+    """Where the emulator copy of the cache of `n` records lives."""
+    return f"{bucket}/{NAME}_{n}/cache"
+
+
+def upload(root: str, n: int, bucket: str) -> float:
+    """Copies the local cache of `n` records into the bucket (each file one whole object);
+    returns seconds."""
+    from cairn import storage
+
+    _, cache_dir = paths(root, n)
+    start = time.perf_counter()
+    for rel in storage.file_sizes(cache_dir):
+        with open(os.path.join(cache_dir, rel), "rb") as f:
+            storage.write_bytes(storage.join(bucket_cache(bucket, n), *rel.split("/")), f.read())
+    return time.perf_counter() - start
+
+
+def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None) -> dict:
+    """One (size, mode) in this (fresh) process; `cache_dir` (e.g. a gs:// copy) instead of
+    the local cache."""
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
-    src_dir, cache_dir = paths(root, n)
+    src_dir, local_cache = paths(root, n)
+    cache_dir = cache_dir or local_cache
     task = make_task(src_dir)
     base_rss = rss_mb()
 
@@ -189,7 +211,7 @@ def measure(root: str, n: int, pack: bool, repeats: int) -> dict:
     seconds = time.perf_counter() - start
     examples = (int(batch["encoder_segment_ids"].max(axis=1).sum()) if pack else BATCH)
     reader.close()
-    return {"n": n, "pack": pack, "bins": bins, "build_s": statistics.median(walls),
+    return {"n": n, "pack": pack, "where": "gcs" if "://" in cache_dir else "local", "bins": bins, "build_s": statistics.median(walls),
             "build_cpu_s": statistics.median(cpus),
             "first_0_s": statistics.median(firsts[0][1:]),
             "first_far_s": statistics.median(firsts[FAR_STEP][1:]),
@@ -205,48 +227,69 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="processes writing shards")
     p.add_argument("--modes", default="packed,unpacked")
+    p.add_argument("--storage", default="local",
+                   help="local and/or gcs (a fake-gcs-server bucket: the cache uploaded, read over HTTP)")
     p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
+    p.add_argument("--cache_dir", help="internal: the cache to measure")
     args = p.parse_args()
-    sys.path[:0] = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks")]
+    sys.path[:0] = [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
     if args.measure:
         n, pack = args.measure.split(",")
-        json.dump(measure(args.root, int(n), pack == "1", args.repeats), sys.stdout)
+        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir), sys.stdout)
         return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
     root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "tokenizers"),
-                                         os.path.join(REPO, "datatasks"),
-                                         env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
+                                        + [env.get("PYTHONPATH", "")])
+    wheres = [w.strip() for w in args.storage.split(",")]
+    emulator, bucket = None, None
     rows = []
     try:
+        if "gcs" in wheres:
+            from cairn.storage.testing import GcsEmulator
+
+            emulator = GcsEmulator().start()
+            emulator.activate()
+            bucket = emulator.create_bucket("reader-scale")
+            env = emulator.environ(env)
+            env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
         for n in sizes:
             seconds = build(root, n, args.shards, args.workers)
             if seconds is not None:
                 print(f"built {n:,} records in {args.shards} shards: {seconds:.1f} s "
                       f"({n / seconds:,.0f} records/s)", flush=True)
-            for mode in modes:
-                proc = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--root", root, "--repeats",
-                     str(args.repeats), "--measure", f"{n},{int(mode == 'packed')}"],
-                    env=env, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise SystemExit(f"measuring {n} {mode} failed:\n{proc.stderr[-3000:]}")
-                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                print(json.dumps(rows[-1]), flush=True)
+            if bucket:
+                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket):.1f} s", flush=True)
+            for where in wheres:
+                for mode in modes:
+                    extra = ["--cache_dir", bucket_cache(bucket, n)] if where == "gcs" else []
+                    proc = subprocess.run(
+                        [sys.executable, os.path.abspath(__file__), "--root", root, "--repeats",
+                         str(args.repeats), "--measure", f"{n},{int(mode == 'packed')}"] + extra,
+                        env=env, capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"measuring {n} {mode} {where} failed:\n{proc.stderr[-3000:]}")
+                    rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                    print(json.dumps(rows[-1]), flush=True)
     finally:
+        if emulator is not None:
+            emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     print(f"\n{args.shards} shards; EncDec {LENGTHS}, global batch {BATCH}; medians of "
           f"{args.repeats}\n")
-    print("| records | mode | bins | construction s (CPU s) | first batch step 0 s | "
+    local = {(r["n"], r["pack"]): r["build_s"] for r in rows if r["where"] == "local"}
+    print("| records | storage | mode | bins | construction s (CPU s) | vs local | first batch step 0 s | "
           f"step {FAR_STEP:,} s (ratio) | rows/s | peak RSS MB (above imports) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mode = f"packed ({r['examples_per_row']:.1f}/row)" if r["pack"] else "unpacked"
-        print(f"| {r['n']:,} | {mode} | {r['bins']:,} | {r['build_s']:.2f} "
-              f"({r['build_cpu_s']:.2f}) | {r['first_0_s']:.3f} | {r['first_far_s']:.3f} "
+        ref = local.get((r["n"], r["pack"]))
+        ratio = f"{r['build_s'] / ref:.1f}x" if ref else "-"
+        print(f"| {r['n']:,} | {r['where']} | {mode} | {r['bins']:,} | {r['build_s']:.2f} "
+              f"({r['build_cpu_s']:.2f}) | {ratio} | {r['first_0_s']:.3f} | {r['first_far_s']:.3f} "
               f"({r['first_far_s'] / r['first_0_s']:.2f}x) | {r['rows_per_s']:,.0f} "
               f"| {r['peak_rss_mb']:,.0f} ({r['peak_rss_mb'] - r['base_rss_mb']:+,.0f}) |")
 

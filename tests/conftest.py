@@ -27,6 +27,9 @@ def scan_imports(path: pathlib.Path):
             if isinstance(child, ast.Import):
                 for alias in child.names:
                     yield alias.name.split(".")[0], alias.name, child.lineno, lazy
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module == "cairn":
+                for alias in child.names:  # `from cairn import storage` imports cairn.storage
+                    yield "cairn", f"cairn.{alias.name}", child.lineno, lazy
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
                 yield child.module.split(".")[0], child.module, child.lineno, lazy
             yield from visit(child, inner)

@@ -83,12 +83,14 @@ def test_the_checker_catches_violations(imports, tmp_path):
     lib = tmp_path / "partitioning" / "cairn" / "partitioning"
     lib.mkdir(parents=True)
     (lib / "bad.py").write_text(
-        "import tensorflow\nfrom cairn.models import t5\n\ndef f():\n    import optax\n")
+        "import tensorflow\nfrom cairn.models import t5\n\ndef f():\n    import optax\n"
+        "from cairn import trainer\n")
     bad = _import_violations(imports, tmp_path, "partitioning")
-    assert len(bad) == 3
+    assert len(bad) == 4
     assert "may not import tensorflow at import time" in bad[0]
     assert "may not import cairn.models" in bad[1]
     assert "may not import optax inside a function" in bad[2]
+    assert "may not import cairn.trainer" in bad[3]
 
 
 @pytest.mark.parametrize("lib", LIBRARIES)

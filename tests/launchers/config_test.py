@@ -120,10 +120,13 @@ def test_config_json_and_the_hash_input(tmp_path):
     assert written["data"]["sequence_length"] == {"inputs": 64, "targets": 16}
     assert written["optimizer"]["warmup_steps"] == 30
     hashed = config_io.hashable_config(config)
-    assert "model_dir" not in hashed and "multihost" not in hashed
+    assert "model_dir" not in hashed and "multihost" not in hashed and "cache_dir" not in hashed["data"]
     other = load("shakespeare_t5_tiny.py")
     other.model_dir = "/elsewhere"
+    other.data.cache_dir = "gs://bucket/cache"  # where the data lives is not what it is
     assert config_io.hashable_config(other) == hashed
+    other.data.batch_size += 1
+    assert config_io.hashable_config(other) != hashed
 
 
 def test_schema_checks_in_process():

@@ -1,8 +1,10 @@
-"""The default experiment with its model_dir in a bucket (gs://, a fake-gcs-server this module
-starts on a free port and kills at the end): trained, SIGKILLed after a checkpoint, resumed,
-and bit-exact with the same run on local disk (`verify` across the two model_dirs); no torn
-object after the kill; eval and infer reading that model_dir and writing there; the lock
-refusing a second run; a missing bucket and an unreachable endpoint as one line, exit 2."""
+"""The default experiment with its model_dir and task cache in a bucket (gs://, a
+fake-gcs-server this module starts on a free port and kills at the end): `cache_tasks` (Beam,
+DirectRunner) writes the cache into the bucket, record for record what the in-process writer
+puts on local disk; the run is trained, SIGKILLed after a checkpoint, resumed, and bit-exact
+with the same run on local disk (`verify` across the two model_dirs); no torn object after the
+kill; eval and infer reading that model_dir and writing there; the lock refusing a second run;
+a missing bucket and an unreachable endpoint as one line, exit 2."""
 
 import json
 import os
@@ -32,14 +34,16 @@ def world(tmp_path_factory):
         emu.activate()  # this process reads the bucket too
         bucket = emu.create_bucket("cairn-test")
         env = emu.environ({"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)})
-        yield {"tmp": tmp, "emu": emu, "bucket": bucket, "env": env, "cache": str(tmp / "cache")}
+        yield {"tmp": tmp, "emu": emu, "bucket": bucket, "env": env, "local_cache": str(tmp / "cache"),
+               "gs_cache": bucket + "/cache"}
     finally:
         emu.stop()
 
 
 def args(world, model_dir, steps=STEPS, *extra):
+    cache = world["gs_cache"] if str(model_dir).startswith("gs://") else world["local_cache"]
     return [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
-            f"--config.data.cache_dir={world['cache']}", f"--config.num_train_steps={steps}",
+            f"--config.data.cache_dir={cache}", f"--config.num_train_steps={steps}",
             "--config.data.batch_size=8", "--config.eval.num_examples=8", "--config.eval.batch_size=4",
             "--config.trainer.log_every=1", "--config.trainer.checkpoint_every=2", "--config.fingerprint_every=2",
             "--config.post_training.num_samples=0", *extra]
@@ -78,11 +82,39 @@ def train_until_killed(world, model_dir, pattern, timeout=400):
     return "".join(lines)
 
 
+def test_cache_tasks_with_beam_into_the_bucket(world):
+    from cairn.datatasks.deterministic import task_dir
+    from cairn.datatasks.deterministic.store import CachedTask
+
+    common = [f"--config={launch_util.T5_CONFIG}", "--beam"]
+    proc = launch_util.run("cairn.launchers.cache_main", common + [f"--config.data.cache_dir={world['gs_cache']}"],
+                           env=world["env"], timeout=900)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"shakespeare_span_corruption: cached in {world['gs_cache']}" in proc.stdout
+    gs_path = task_dir(world["gs_cache"], "shakespeare_span_corruption", "train")
+    files = storage.sizes(gs_path)
+    assert "COMPLETED" in files and "info.json" in files and any(f.endswith(".array_record") for f in files)
+    proc = launch_util.run("cairn.launchers.cache_main", [f"--config={launch_util.T5_CONFIG}",
+                                                          f"--config.data.cache_dir={world['local_cache']}"],
+                           env=world["env"], timeout=900)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    local = CachedTask(task_dir(world["local_cache"], "shakespeare_span_corruption", "train"))
+    remote = CachedTask(gs_path)  # shards read from the bucket by array-record itself
+    assert remote.num_records == local.num_records > 10
+    assert remote.info["fingerprint"] == local.info["fingerprint"]
+    assert remote.read(range(remote.num_records)) == local.read(range(local.num_records))
+    assert (remote.lengths == local.lengths).all()
+    verify = launch_util.run("cairn.launchers.verify_cache_main", [f"--config={launch_util.T5_CONFIG}",
+                                                                   f"--config.data.cache_dir={world['gs_cache']}"],
+                             env=world["env"], timeout=300)
+    assert verify.returncode == 0 and "shakespeare_span_corruption/train: ok" in verify.stdout, launch_util.tail(verify)
+
+
 def test_train_on_gs_killed_resumed_matches_local_disk(world):
     local = world["tmp"] / "local"
     proc = launch_util.train(args(world, local), env=world["env"], timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
-    # The cache now exists; the gs:// run only trains.
+    # Both caches exist (the previous test, or the in-process writer here): the runs only train.
     gs_run = world["bucket"] + "/runs/t5"
     # When step 6's save starts, step 4's has finished (a save waits for the previous one);
     # step 6's is then being written in the background as the kill lands.

@@ -19,7 +19,9 @@ from cairn import storage
 # Config keys that hold paths (resolved against the user's directory).
 PATH_KEYS = ("model_dir", "vocabulary.path", "data.cache_dir", "init.checkpoint", "init.hf_checkpoint")
 # Left out of the config hash: where a run writes, and how its processes meet.
-HASH_EXCLUDED = ("model_dir", "multihost")
+# Where a run writes and reads, not what it computes (the data fingerprint covers the cache's
+# content wherever it lives): left out of the run fingerprint's config hash.
+HASH_EXCLUDED = ("model_dir", "multihost", "data.cache_dir")
 
 
 def user_dir() -> str:
@@ -128,11 +130,16 @@ def to_plain(value: Any) -> Any:
 
 
 def hashable_config(config: ml_collections.ConfigDict) -> dict:
-    """The resolved config as a plain dict without `model_dir` and `multihost` (what the
-    run fingerprint's config hash covers)."""
+    """The resolved config as a plain dict without `HASH_EXCLUDED` (`model_dir`, `multihost`,
+    `data.cache_dir`): what the run fingerprint's config hash covers."""
     plain = to_plain(config)
     for key in HASH_EXCLUDED:
-        plain.pop(key, None)
+        *parents, last = key.split(".")
+        node = plain
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(last, None)
     return plain
 
 

@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cwd = os.environ.get("BUILD_WORKING_DIRECTORY")
     output_dir = args.output_dir
     if cwd:
-        output_dir = os.path.join(cwd, output_dir)
+        output_dir = output_dir if "://" in output_dir else os.path.join(cwd, output_dir)
         sys.path.insert(0, cwd)
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])

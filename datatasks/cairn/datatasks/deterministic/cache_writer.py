@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
+from cairn import storage
 from cairn.datatasks.deterministic import records
 from cairn.datatasks.deterministic.fingerprint import (
     file_digest, file_fingerprint, is_file_source, source_description, task_fingerprint)
@@ -42,18 +42,20 @@ def num_source_shards(task: Any, split: str) -> int:
 def prepare(path: str, overwrite: bool) -> bool:
     """Readies `path` for a new cache; False when a complete cache is there (skip it).
     A complete cache of an older format is refused (`CacheFormatError`) unless `overwrite`."""
-    if tf.io.gfile.exists(path):
+    present = storage.file_sizes(path)
+    if present or storage.path(path).exists():
         state = cache_state(path)
         if overwrite:
-            tf.io.gfile.rmtree(path)
+            storage.remove_tree(path)
         elif state == "complete":
             return False
         elif state == "outdated":
             raise outdated_error(path)
-        elif tf.io.gfile.listdir(path):
+        elif present:
             raise DataTasksError(f"cache {path!r} is incomplete (no {COMPLETED}): an earlier "
                                  f"job failed or is still running; {clear_hint(path)}")
-    tf.io.gfile.makedirs(path)
+    if not storage.is_url(path):
+        os.makedirs(path, exist_ok=True)
     return True
 
 
@@ -65,7 +67,7 @@ def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[
                       lengths: Sequence | np.ndarray, features: dict, length_features: list,
                       stats: dict | None = None, source_file: dict | None = None) -> dict:
     """Writes shard `index` of `count` under `path`: the ArrayRecord file of `records_iter`
-    (written locally, hashed, then copied once), its lengths (`lengths`, read after the
+    (written locally, hashed, then uploaded whole: never torn, on a bucket too), its lengths (`lengths`, read after the
     records are consumed, so a generator may fill a list) and its summary JSON with the
     shard's record count, byte size and SHA-256. Returns the summary."""
     from array_record.python.array_record_module import ArrayRecordWriter
@@ -81,11 +83,11 @@ def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[
             num += 1
         writer.close()
         size, sha = file_digest(local)
-        tf.io.gfile.copy(local, os.path.join(path, name + ".array_record"), overwrite=True)
+        _copy_whole(local, storage.join(path, name + ".array_record"))
         arr = np.asarray(lengths, np.int32).reshape(num, len(length_features))
-        np.save(os.path.join(tmp, "l.npy"), arr)
-        tf.io.gfile.copy(os.path.join(tmp, "l.npy"), os.path.join(path, name + ".lengths.npy"),
-                         overwrite=True)
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        storage.write_bytes(storage.join(path, name + ".lengths.npy"), buf.getvalue())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = {"index": index, "file": name + ".array_record", "num_records": num,
@@ -94,8 +96,25 @@ def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[
                "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(length_features)}}
     if source_file is not None:
         summary["source_file"] = source_file
-    write_json(os.path.join(path, name + ".json"), summary)
+    write_json(storage.join(path, name + ".json"), summary)
     return summary
+
+
+def _copy_whole(local: str, target: str) -> None:
+    """Copies a finished local file to `target` atomically: a rename of a copy locally, one
+    upload at a URL (array-record cannot write to a bucket itself)."""
+    if storage.is_url(target):
+        fs, inner = storage.filesystem(target)
+        fs.put_file(local, inner)
+        return
+    staged = storage.atomic.local_temporary(target, b"")
+    try:
+        shutil.copyfile(local, staged)
+        os.replace(staged, target)
+    except BaseException:
+        if os.path.exists(staged):
+            os.unlink(staged)
+        raise
 
 
 def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dict:
@@ -147,7 +166,7 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     """Merges the shard summaries into `lengths.npy`, `info.json` (with every shard's size
     and SHA-256, and the source fingerprint details), `stats.json`, then writes `COMPLETED`
     (holding the format version). Returns the info."""
-    shards = [read_json(os.path.join(path, shard_name(i, count) + ".json")) for i in range(count)]
+    shards = [read_json(storage.join(path, shard_name(i, count) + ".json")) for i in range(count)]
     wrong = [i for i, s in enumerate(shards) if s["index"] != i]
     if wrong:
         raise DataTasksError(f"cache {path!r}: the summaries of shards {wrong} name other "
@@ -160,9 +179,8 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     keys = shards[0]["length_features"] if shards else []
     parts = []
     for i in range(count):
-        with tf.io.gfile.GFile(os.path.join(path, shard_name(i, count) + ".lengths.npy"),
-                               "rb") as f:
-            parts.append(np.load(f))
+        parts.append(np.load(io.BytesIO(storage.read_bytes(
+            storage.join(path, shard_name(i, count) + ".lengths.npy")))))
     lengths = np.concatenate(parts, 0) if parts else np.zeros([0, len(keys)], np.int32)
     del parts
     stats: dict[str, int] = {}
@@ -176,8 +194,7 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     buf = io.BytesIO()
     np.save(buf, lengths)
     data = buf.getvalue()
-    with tf.io.gfile.GFile(os.path.join(path, LENGTHS), "wb") as f:
-        f.write(data)
+    storage.write_bytes(storage.join(path, LENGTHS), data)
     lengths_meta = {"file": LENGTHS, "bytes": len(data),
                     "sha256": hashlib.sha256(data).hexdigest()}
     del data, buf
@@ -189,12 +206,11 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
             "cacheable_preprocessors": len(task.cacheable_preprocessors),
             "shards": [{"file": s["file"], "num_records": s["num_records"],
                         "bytes": s["bytes"], "sha256": s["sha256"]} for s in shards]}
-    write_json(os.path.join(path, STATS), {
+    write_json(storage.join(path, STATS), {
         "num_records": num, "skipped": stats,
         "tokens": {k: sum(s["tokens"][k] for s in shards) for k in keys}})
-    write_json(os.path.join(path, INFO), info)
-    with tf.io.gfile.GFile(os.path.join(path, COMPLETED), "w") as f:
-        f.write(completed_marker())
+    write_json(storage.join(path, INFO), info)
+    storage.write_text(storage.join(path, COMPLETED), completed_marker())
     return info
 
 

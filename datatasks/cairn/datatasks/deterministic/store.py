@@ -19,8 +19,9 @@ its recorded size), the `.npy` header of the lengths (memory-mapped when local).
 every byte again is `verify.verify_cache`'s job.
 
 All file access goes through the few helpers below (`exists`, `read_text`, `read_json`,
-`open_read`, `list_sizes`, `file_size`, `load_lengths`), so that another path layer (e.g.
-`gs://`) can replace them in one place.
+`open_read`, `list_sizes`, `file_size`, `load_lengths`), all through `cairn.storage`: a cache
+may live at a URL (`gs://bucket/cache`); its shards are then opened by array-record itself
+and its lengths copied once per host (by content) to a local file and memory-mapped.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 import numpy as np
-import tensorflow as tf
 
+from cairn import storage
 from cairn.datatasks.deterministic import fingerprint as fp
 from cairn.datatasks.deterministic.records import FeatureSpec
 from cairn.datatasks.errors import DataTasksError
@@ -63,19 +64,20 @@ class CacheIntegrityError(DataTasksError):
 # -- file access (the only functions here that touch storage) -------------------------------
 
 def _is_local(path: str) -> bool:
-    return "://" not in path
+    return not storage.is_url(path)
+
+
+def join(base: str, *parts: str) -> str:
+    """`base/part/...` (a URL stays a URL)."""
+    return storage.join(base, *parts)
 
 
 def exists(path: str) -> bool:
-    return os.path.exists(path) if _is_local(path) else tf.io.gfile.exists(path)
+    return os.path.exists(path) if _is_local(path) else storage.path(path).exists()
 
 
 def read_text(path: str) -> str:
-    if _is_local(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    with tf.io.gfile.GFile(path, "r") as f:
-        return f.read()
+    return storage.read_text(path)
 
 
 def read_json(path: str) -> Any:
@@ -83,39 +85,51 @@ def read_json(path: str) -> Any:
 
 
 def open_read(path: str) -> IO[bytes]:
-    """A binary file object for reading (a context manager)."""
-    return open(path, "rb") if _is_local(path) else tf.io.gfile.GFile(path, "rb")
+    """A binary file object for reading (a context manager; ranged reads at a URL)."""
+    if _is_local(path):
+        return open(path, "rb")
+    fs, inner = storage.filesystem(path)
+    return fs.open(inner, "rb")
 
 
 def list_sizes(directory: str) -> dict[str, int]:
-    """`{file name: size in bytes}` of the files directly in `directory`: one listing
-    (locally; elsewhere a listing and a stat per file, until a path layer lists with sizes)."""
-    if _is_local(directory):
-        with os.scandir(directory) as entries:
-            return {e.name: e.stat().st_size for e in entries if e.is_file()}
-    return {name: tf.io.gfile.stat(os.path.join(directory, name)).length
-            for name in tf.io.gfile.listdir(directory) if not name.endswith("/")}
+    """`{file name: size in bytes}` of the files directly in `directory`: one listing."""
+    return storage.sizes(directory)
 
 
 def file_size(path: str) -> int:
     """The size of one file (one stat)."""
-    return os.stat(path).st_size if _is_local(path) else tf.io.gfile.stat(path).length
+    if _is_local(path):
+        return os.stat(path).st_size
+    fs, inner = storage.filesystem(path)
+    return int(fs.size(inner))
 
 
-def load_lengths(path: str) -> np.ndarray:
-    """`lengths.npy`: memory-mapped when local (nothing is read until used), else read."""
+def local_copy_dir() -> str:
+    """Where caches at URLs keep local copies of their lengths (`$CAIRN_CACHE_HOME/lengths`,
+    default `~/.cache/cairn/lengths`), named by content so a copy is never stale."""
+    home = os.environ.get("CAIRN_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "cairn")
+    return os.path.join(home, "lengths")
+
+
+def load_lengths(path: str, sha256: str | None = None) -> np.ndarray:
+    """`lengths.npy`, memory-mapped (nothing is read until used). At a URL it is first copied
+    to `local_copy_dir()/<sha256>.npy` (once per host and content: the SHA-256 info.json
+    records), so a restart reads no lengths from the bucket."""
     if _is_local(path):
         return np.load(path, mmap_mode="r")
-    with open_read(path) as f:
-        return np.load(f)
+    if not sha256:
+        with open_read(path) as f:
+            return np.load(f)
+    local = os.path.join(local_copy_dir(), f"{sha256}.npy")
+    if not os.path.exists(local):
+        storage.write_bytes(local, storage.read_bytes(path))
+    return np.load(local, mmap_mode="r")
 
 
 def write_json(path: str, obj: Any) -> None:
-    """Writes `obj` as sorted, indented JSON (via a temporary name, then a rename)."""
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(json.dumps(obj, sort_keys=True, indent=1))
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    """Writes `obj` as sorted, indented JSON, atomically (a rename locally, one upload at a URL)."""
+    storage.write_text(path, json.dumps(obj, sort_keys=True, indent=1))
 
 
 # -- layout ------------------------------------------------------------------------------
@@ -123,7 +137,7 @@ def write_json(path: str, obj: Any) -> None:
 def task_dir(output_dir: str, task_name: str, split: str) -> str:
     """Where the cache of `task_name`/`split` lives under `output_dir`."""
     safe = re.sub(r"[^\w.\-]", "_", task_name)
-    return os.path.join(output_dir, safe, split)
+    return storage.join(output_dir, safe, split)
 
 
 def shard_name(index: int, count: int) -> str:
@@ -138,7 +152,7 @@ def completed_marker() -> str:
 def format_version(path: str) -> int | None:
     """The format version a complete cache at `path` was written in (1 for the first
     format, whose `COMPLETED` says `ok`); None when there is no `COMPLETED`."""
-    marker = os.path.join(path, COMPLETED)
+    marker = storage.join(path, COMPLETED)
     if not exists(marker):
         return None
     try:
@@ -166,7 +180,7 @@ def is_completed(path: str) -> bool:
 
 
 def clear_hint(path: str) -> str:
-    return (f"delete it (`rm -r {path}`, or tf.io.gfile.rmtree) or rerun cache_tasks with "
+    return (f"delete it (`rm -r {path}`, or `gcloud storage rm -r` for a bucket) or rerun cache_tasks with "
             f"--overwrite (overwrite=True)")
 
 
@@ -210,7 +224,7 @@ class CachedTask:
             raise DataTasksError(
                 f"cache {path!r}{f' of task {name!r}' if name else ''} lacks {COMPLETED}: it "
                 f"is incomplete or still being written; {clear_hint(path)}, then cache again")
-        self.info = read_json(os.path.join(path, INFO))
+        self.info = read_json(storage.join(path, INFO))
         if int(self.info.get("format_version", 1)) != FORMAT_VERSION:
             raise outdated_error(path, name)
         if task is not None:
@@ -219,7 +233,7 @@ class CachedTask:
         self.specs = {k: FeatureSpec(**v) for k, v in self.info["features"].items()}
         self.num_records = int(self.info["num_records"])
         self.length_features: list[str] = list(self.info["length_features"])
-        self.lengths = load_lengths(os.path.join(path, LENGTHS))
+        self.lengths = load_lengths(storage.join(path, LENGTHS), self.info["lengths"].get("sha256"))
         if self.lengths.shape != (self.num_records, len(self.length_features)):
             raise CacheIntegrityError(
                 f"cache {path!r}: {LENGTHS} has shape {self.lengths.shape}, info.json says "
@@ -285,7 +299,7 @@ class CachedTask:
         """Maps `lengths.npy` afresh: the pages a full pass (the packing plan) touched leave
         this process's resident memory (they stay in the OS page cache)."""
         if isinstance(self.lengths, np.memmap):
-            self.lengths = load_lengths(os.path.join(self.path, LENGTHS))
+            self.lengths = load_lengths(storage.join(self.path, LENGTHS), self.info["lengths"].get("sha256"))
 
     def lengths_of(self, ids: np.ndarray) -> np.ndarray:
         """`[len(ids), K]` rows of the lengths (read from the memory map: only these rows)."""
@@ -303,7 +317,9 @@ class CachedTask:
             from array_record.python.array_record_module import ArrayRecordReader
 
             name = self.info["shards"][shard]["file"]
-            self._readers[shard] = ArrayRecordReader(os.path.join(self.path, name),
+            # A gs:// shard is opened by array-record itself (google-cloud-cpp; its emulator
+            # switch is set by cairn.storage from STORAGE_EMULATOR_HOST).
+            self._readers[shard] = ArrayRecordReader(storage.join(self.path, name),
                                                      "readahead_buffer_size:0")
         return self._readers[shard]
 

@@ -10,7 +10,6 @@ fingerprint part. Its cost is one read of the cache and of the sources.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +46,7 @@ def _shard_problems(path: str, info: dict) -> list[str]:
         if name not in sizes:
             problems.append(f"{name}: missing")
             continue
-        got_size, got_sha = fp.file_digest(os.path.join(path, name))
+        got_size, got_sha = fp.file_digest(store.join(path, name))
         if got_size != size:
             problems.append(f"{name}: {got_size} bytes, info.json recorded {size} (truncated "
                             f"or replaced)")
@@ -83,7 +82,7 @@ def verify_task_cache(path: str, task: Any, split: str = "train") -> list[str]:
     if state == "outdated":
         return [f"written in format {store.format_version(path)}; this version reads format "
                 f"{store.FORMAT_VERSION}: re-cache it (--overwrite)"]
-    info = store.read_json(os.path.join(path, store.INFO))
+    info = store.read_json(store.join(path, store.INFO))
     problems = []
     if info.get("task") != task.name or info.get("split") != split:
         problems.append(f"info.json: holds task {info.get('task')!r} split "

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cwd = os.environ.get("BUILD_WORKING_DIRECTORY")
     cache_dir = args.cache_dir
     if cwd:
-        cache_dir = os.path.join(cwd, cache_dir)
+        cache_dir = cache_dir if "://" in cache_dir else os.path.join(cwd, cache_dir)
         sys.path.insert(0, cwd)
     try:
         from cairn.datatasks.deterministic.cache_job import import_modules
