@@ -94,16 +94,20 @@ def test_cache_tasks_with_beam_into_the_bucket(world):
     gs_path = task_dir(world["gs_cache"], "shakespeare_span_corruption", "train")
     files = storage.sizes(gs_path)
     assert "COMPLETED" in files and "info.json" in files and any(f.endswith(".array_record") for f in files)
-    proc = launch_util.run("cairn.launchers.cache_main", [f"--config={launch_util.T5_CONFIG}",
-                                                          f"--config.data.cache_dir={world['local_cache']}"],
-                           env=world["env"], timeout=900)
-    assert proc.returncode == 0, launch_util.tail(proc)
+    # The in-process writer, on local disk and into the bucket: the same records everywhere.
+    in_process = world["bucket"] + "/cache-in-process"
+    for cache_dir in (world["local_cache"], in_process):
+        proc = launch_util.run("cairn.launchers.cache_main", [f"--config={launch_util.T5_CONFIG}",
+                                                              f"--config.data.cache_dir={cache_dir}"],
+                               env=world["env"], timeout=900)
+        assert proc.returncode == 0, launch_util.tail(proc)
     local = CachedTask(task_dir(world["local_cache"], "shakespeare_span_corruption", "train"))
-    remote = CachedTask(gs_path)  # shards read from the bucket by array-record itself
-    assert remote.num_records == local.num_records > 10
-    assert remote.info["fingerprint"] == local.info["fingerprint"]
-    assert remote.read(range(remote.num_records)) == local.read(range(local.num_records))
-    assert (remote.lengths == local.lengths).all()
+    for path in (gs_path, task_dir(in_process, "shakespeare_span_corruption", "train")):
+        remote = CachedTask(path)  # shards read from the bucket by array-record itself
+        assert remote.num_records == local.num_records > 10
+        assert remote.info["fingerprint"] == local.info["fingerprint"]
+        assert remote.read(range(remote.num_records)) == local.read(range(local.num_records))
+        assert (remote.lengths == local.lengths).all()
     verify = launch_util.run("cairn.launchers.verify_cache_main", [f"--config={launch_util.T5_CONFIG}",
                                                                    f"--config.data.cache_dir={world['gs_cache']}"],
                              env=world["env"], timeout=300)
