@@ -199,3 +199,13 @@ def test_an_unreachable_endpoint_is_one_line(world):
     last = proc.stderr.strip().splitlines()[-1]
     assert f"cannot reach the storage endpoint http://127.0.0.1:{port}" in last and "gs://cairn-test/run" in last
     assert time.monotonic() - start < 240
+
+
+def test_eval_and_infer_into_a_missing_bucket_are_one_line(world):
+    common = args(world, world["bucket"] + "/runs/t5")
+    for module, extra, key in (("cairn.launchers.eval_main", ["--eval_dir=gs://no-such-bucket/eval"], "eval_dir"),
+                               ("cairn.launchers.infer_main", ["--output=gs://no-such-bucket/p.jsonl"], "output")):
+        proc = launch_util.run(module, common + extra, env=world["env"], timeout=300)
+        assert proc.returncode == 2, launch_util.tail(proc)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert f"config key '{key}'" in last and "bucket 'no-such-bucket' does not exist" in last, last

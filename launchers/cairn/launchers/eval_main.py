@@ -103,6 +103,10 @@ def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] =
     Every process of the job calls it; process 0 writes `evaluated.jsonl` and decides, with
     `--watch`, which steps to evaluate and when to stop."""
     eval_dir = eval_dir or storage.join(config.model_dir, "eval", config.eval.split)
+    try:
+        storage.check_writable(eval_dir)
+    except storage.StorageError as e:
+        raise ConfigError("eval_dir", str(e)) from None
     if (not watch and not checkpoint_params.complete_steps(path)
             and not storage.path(storage.join(path, "state")).is_dir()):
         raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any, Callable, Optional
 
 import jax
@@ -124,6 +125,10 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
         raise ConfigError("output", "--output=path/to/predictions.jsonl is required")
     if chunk_size < 1:
         raise ConfigError("chunk_size", f"must be >= 1, got {chunk_size}")
+    try:
+        storage.check_writable(os.fspath(storage.path(output).parent) or ".")
+    except storage.StorageError as e:
+        raise ConfigError("output", str(e)) from None
     ready = eval_setup.prepare(config, eval_task=not (config.model.kind == "decoder_only" and input_file))
     partitioner = ready["partitioner"]
     check_batch_size("chunk_size", chunk_size, partitioner)
