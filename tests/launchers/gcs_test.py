@@ -2,8 +2,8 @@
 fake-gcs-server this module starts on a free port and kills at the end): `cache_tasks` (Beam,
 DirectRunner) writes the cache into the bucket, record for record what the in-process writer
 puts on local disk; the run is trained, SIGKILLed after a checkpoint, resumed, and bit-exact
-with the same run on local disk (`verify` across the two model_dirs); no torn object after the
-kill; eval and infer reading that model_dir and writing there; the lock refusing a second run;
+with the same run on local disk (`verify` across the two model_dirs); 2 processes on the bucket
+match 1 on local disk; no torn object after the kill; eval and infer reading that model_dir and writing there; the lock refusing a second run;
 a missing bucket and an unreachable endpoint as one line, exit 2."""
 
 import json
@@ -146,6 +146,26 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
     assert verify.returncode == 0, launch_util.tail(verify)
     assert "bitwise" in verify.stdout or "identical" in verify.stdout, verify.stdout
     world["gs_run"] = gs_run
+
+
+def test_two_processes_on_the_bucket_match_one(world):
+    """2 processes x 4 devices, model_dir and cache in the bucket (orbax writes from both
+    processes through tensorstore): the same run as 1 process x 8 on local disk, with the
+    tolerance of the pod layout tests (identical batch fingerprints; losses and parameter sums
+    within rtol 1e-5: gloo sums the processes' partial gradients in another order)."""
+    import pod_runs
+
+    if "gs_run" not in world:
+        pytest.fail("needs the local run of test_train_on_gs_killed_resumed_matches_local_disk")
+    run = world["bucket"] + "/runs/t5-2x4"
+    pod = pod_runs.Pod(run, args(world, run), processes=2, devices=4, texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
+                       log_name="t5-2x4", log_dir=world["tmp"])
+    with pod:
+        pod.finish()
+    assert "checkpoints/8/commit_success.txt" in storage.file_sizes(run)
+    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={world['tmp'] / 'local'}", f"--run_b={run}",
+                                                        "--rtol=1e-5"], env=world["env"], timeout=300)
+    assert verify.returncode == 0, launch_util.tail(verify)
 
 
 def test_eval_and_infer_read_and_write_the_bucket(world):

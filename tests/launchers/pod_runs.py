@@ -44,11 +44,13 @@ class Pod:
     to the model_dir; `log_name` defaults to the model_dir's name)."""
 
     def __init__(self, model_dir: Path, args: list[str], processes: int, devices: int, texts: str,
-                 log_name: Optional[str] = None):
+                 log_name: Optional[str] = None, log_dir: Optional[Path] = None):
+        """`log_dir` (default: the model_dir's parent) holds the logs; give it (and `log_name`)
+        when the model_dir is a URL."""
         self.model_dir, self.processes = model_dir, processes
         name = log_name or model_dir.name
-        self.logs = [(model_dir.parent / f"{name}-p{i}.out", model_dir.parent / f"{name}-p{i}.err")
-                     for i in range(processes)]
+        log_dir = log_dir or model_dir.parent
+        self.logs = [(log_dir / f"{name}-p{i}.out", log_dir / f"{name}-p{i}.err") for i in range(processes)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu",
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", TF_CPP_MIN_LOG_LEVEL="3",
                    CAIRN_SHAKESPEARE_DIR=texts)

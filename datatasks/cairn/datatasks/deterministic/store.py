@@ -31,6 +31,7 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import numpy as np
@@ -45,6 +46,7 @@ INFO, STATS, LENGTHS, COMPLETED = "info.json", "stats.json", "lengths.npy", "COM
 # 2: shards with byte sizes and SHA-256, lengths.npy size and SHA-256, the source files by
 #    relative name in `info["source"]`, the format version in COMPLETED.
 FORMAT_VERSION = 2
+REMOTE_READ_THREADS = 32  # shards read at once from a bucket (see CachedTask.read)
 
 
 class CacheFormatError(DataTasksError):
@@ -242,6 +244,11 @@ class CachedTask:
         self._offsets = np.cumsum([0] + [s["num_records"] for s in self.info["shards"]])
         self._readers: dict[int, Any] = {}
         self._lock = threading.Lock()
+        # Reads from a bucket are network requests (one per record with `group_size:1`): the
+        # shards of one batch are read by this many threads at once (array-record releases
+        # the GIL). Local reads stay in the caller's thread.
+        self._pool = (None if _is_local(path) else
+                      ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read"))
 
     def _check(self, task: Any, split: str, check_source_files: bool) -> None:
         if self.info.get("task") != task.name or self.info.get("split") != split:
@@ -331,15 +338,23 @@ class CachedTask:
                              f"{idx.min()}..{idx.max()}")
         shard = np.searchsorted(self._offsets, idx, side="right") - 1
         out: list[bytes] = [b""] * idx.size
+        groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
         with self._lock:
-            for s in np.unique(shard):
-                where = np.nonzero(shard == s)[0]
-                got = self._reader(int(s)).read((idx[where] - self._offsets[s]).tolist())
-                for w, rec in zip(where.tolist(), got):
-                    out[w] = rec
+            readers = [self._reader(s) for s, _ in groups]
+            if self._pool is None or len(groups) < 2:
+                results = [r.read((idx[w] - self._offsets[s]).tolist()) for r, (s, w) in zip(readers, groups)]
+            else:  # at a URL every read is a request: the shards' requests in flight together
+                results = list(self._pool.map(lambda a: a[0].read((idx[a[1][1]] - self._offsets[a[1][0]]).tolist()),
+                                              zip(readers, groups)))
+        for (_, where), got in zip(groups, results):
+            for w, rec in zip(where.tolist(), got):
+                out[w] = rec
         return out
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         for r in self._readers.values():
             r.close()
         self._readers.clear()
