@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -106,6 +107,10 @@ def test_wrapper_turns_a_saved_preemption_into_a_failure(exit_after_term, save_s
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
+        # As on a pod, the signal comes once the wrapper waits for the trainer: dash can miss a
+        # trapped signal that lands in the instant before its `wait` blocks (seen once under CI
+        # load here; the residual race is noted in launchers/README.md).
+        time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

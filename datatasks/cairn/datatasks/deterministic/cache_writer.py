@@ -23,6 +23,7 @@ import numpy as np
 
 from cairn import storage
 from cairn.datatasks.deterministic import records
+from cairn.storage.atomic import local_temporary
 from cairn.datatasks.deterministic.fingerprint import (
     file_digest, file_fingerprint, is_file_source, source_description, task_fingerprint)
 from cairn.datatasks.deterministic.store import (
@@ -107,7 +108,7 @@ def _copy_whole(local: str, target: str) -> None:
         fs, inner = storage.filesystem(target)
         fs.put_file(local, inner)
         return
-    staged = storage.atomic.local_temporary(target, b"")
+    staged = local_temporary(target, b"")
     try:
         shutil.copyfile(local, staged)
         os.replace(staged, target)
