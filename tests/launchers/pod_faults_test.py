@@ -9,6 +9,7 @@ import collections
 import os
 import re
 import signal
+import statistics
 import sys
 import time
 
@@ -51,10 +52,12 @@ def test_process_0_writes_the_summaries_and_every_process_logs_its_mfu(straight)
     for i, text in enumerate(stderr):
         logged = re.findall(rf"process {i}/{PROCESSES}: train step (\d+): .*?mfu=([0-9.e+-]+)", text)
         assert logged, text[-2000:]
-        mfu.append(float(logged[-1][1]))
+        mfu.append(statistics.median(float(m) for _, m in logged))
     # Each process measures the host's peak on its own devices: the same MFU within noise
     # (process 1 used to probe a device of process 0 and log an MFU thousands of times smaller).
-    assert 0.5 <= mfu[1] / mfu[0] <= 2.0, mfu
+    # Medians over the logged steps, and a wide band: one step's figure varied 2.1x between the
+    # processes on a loaded CI machine.
+    assert 0.2 <= mfu[1] / mfu[0] <= 5.0, mfu
 
 
 @pytest.mark.parametrize("who", ["all", "one"])
