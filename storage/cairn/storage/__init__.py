@@ -9,7 +9,7 @@ from cairn.storage.environment import configure_environment, emulator_endpoint, 
 from cairn.storage.errors import StorageError
 from cairn.storage.exclusive import create_exclusive, remove
 from cairn.storage.paths import Path, PathLike, absolute, filesystem, is_url, join, path, scheme, sizes
-from cairn.storage.atomic import read_bytes, read_json, read_text, write_bytes, write_json, write_text
+from cairn.storage.atomic import copy_file, read_bytes, read_json, read_text, write_bytes, write_json, write_text
 from cairn.storage.probe import check_writable
 from cairn.storage.staging import StagedDirectory
 from cairn.storage.json_lines import JsonLinesWriter, read_json_lines
@@ -21,7 +21,7 @@ configure_environment()
 
 __all__ = [
     "JsonLinesWriter", "Path", "PathLike", "StagedDirectory", "StorageError", "absolute", "check_writable",
-    "configure_environment", "create_exclusive", "emulator_endpoint", "file_sizes", "filesystem",
+    "configure_environment", "copy_file", "create_exclusive", "emulator_endpoint", "file_sizes", "filesystem",
     "gcsfs_options", "move_tree", "remove_tree",
     "is_url", "join", "path", "read_bytes", "read_json", "read_json_lines", "read_text", "remove", "scheme", "sizes",
     "write_bytes", "write_json", "write_text",

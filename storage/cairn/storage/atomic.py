@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -46,6 +47,24 @@ def write_bytes(p: PathLike, data: bytes) -> None:
         os.replace(tmp, s)
     except BaseException:
         os.unlink(tmp)
+        raise
+
+
+def copy_file(local: str, p: PathLike) -> None:
+    """Copies the finished local file `local` to `p` atomically without reading it into memory:
+    a copy then a rename locally, one upload (streamed) at a URL."""
+    s = os.fspath(p)
+    if is_url(s):
+        fs, inner = filesystem(s)
+        fs.put_file(local, inner)
+        return
+    tmp = local_temporary(s, b"")
+    try:
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, s)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
 
 

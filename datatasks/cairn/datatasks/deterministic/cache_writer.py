@@ -23,7 +23,6 @@ import numpy as np
 
 from cairn import storage
 from cairn.datatasks.deterministic import records
-from cairn.storage.atomic import local_temporary
 from cairn.datatasks.deterministic.fingerprint import (
     file_digest, file_fingerprint, is_file_source, source_description, task_fingerprint)
 from cairn.datatasks.deterministic.store import (
@@ -84,7 +83,7 @@ def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[
             num += 1
         writer.close()
         size, sha = file_digest(local)
-        _copy_whole(local, storage.join(path, name + ".array_record"))
+        storage.copy_file(local, storage.join(path, name + ".array_record"))
         arr = np.asarray(lengths, np.int32).reshape(num, len(length_features))
         buf = io.BytesIO()
         np.save(buf, arr)
@@ -99,23 +98,6 @@ def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[
         summary["source_file"] = source_file
     write_json(storage.join(path, name + ".json"), summary)
     return summary
-
-
-def _copy_whole(local: str, target: str) -> None:
-    """Copies a finished local file to `target` atomically: a rename of a copy locally, one
-    upload at a URL (array-record cannot write to a bucket itself)."""
-    if storage.is_url(target):
-        fs, inner = storage.filesystem(target)
-        fs.put_file(local, inner)
-        return
-    staged = local_temporary(target, b"")
-    try:
-        shutil.copyfile(local, staged)
-        os.replace(staged, target)
-    except BaseException:
-        if os.path.exists(staged):
-            os.unlink(staged)
-        raise
 
 
 def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dict:
