@@ -69,7 +69,7 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """`get_config(arg)` of an experiment file given as `path.py[:arg]` (no flags involved)."""
     path, _, arg = resolve_config_arg(spec).partition(":")
     module_spec = importlib.util.spec_from_file_location("cairn_experiment_config", path)
-    if module_spec is None or not os.path.exists(path):
+    if module_spec is None or module_spec.loader is None or not os.path.exists(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

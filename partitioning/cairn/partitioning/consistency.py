@@ -67,7 +67,7 @@ class GatheredDigests:
         if not bad:
             return
         shard, procs = bad[0]
-        groups = {}
+        groups: dict[str, list[int]] = {}
         for p in procs:
             groups.setdefault(hashlib.sha256(self.digests[p].tobytes()).hexdigest()[:12], []).append(p)
         detail = "; ".join(f"processes {ps} fed rows {h}" for h, ps in groups.items())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
@@ -59,7 +59,7 @@ def resolve_distributed(coordinator_address: Optional[str] = None,
             return DistributedConfig("single")
         missing = [name for name, value in (("coordinator_address", address), ("num_processes", count),
                                             ("process_id", index)) if value is None]
-        if missing:
+        if missing or address is None or count is None or index is None:
             raise ValueError(f"multi-host start-up needs coordinator_address, num_processes and "
                              f"process_id; missing {missing} (flags or {ENV_COORDINATOR}, "
                              f"{ENV_NUM_PROCESSES}, {ENV_PROCESS_ID})")
@@ -101,7 +101,7 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     config = resolve_distributed(coordinator_address, num_processes, process_id, coordinator_bind_address)
     if config.mode == "single" or jax.distributed.is_initialized():
         return config
-    extra = {}
+    extra: dict[str, Any] = {}
     if heartbeat_timeout_seconds is not None:
         extra["heartbeat_timeout_seconds"] = peer_watchdog.jax_heartbeat_timeout(heartbeat_timeout_seconds)
     if config.mode == "auto":

@@ -92,7 +92,7 @@ def transformer_activations(batch_size: int, length: int, num_layers: int, emb_d
         return jax.ShapeDtypeStruct((num_layers,) + shape, dtype)
 
     shapes = {"residual": sds(b, l, emb_dim)}
-    specs = {"residual": ("layers", "batch", "length", "embed")}
+    specs: dict[str, tuple[Optional[str], ...]] = {"residual": ("layers", "batch", "length", "embed")}
     if not remat:
         heads = ("layers", "batch", "length", "heads", "kv")
         shapes.update(norm=sds(b, l, emb_dim), qkv=sds(b, l, num_heads, 3 * head_dim),

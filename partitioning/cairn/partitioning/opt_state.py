@@ -52,7 +52,7 @@ def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> An
         if node is None:
             return False
         try:
-            return jax.tree.structure(node) == param_def
+            return bool(jax.tree.structure(node) == param_def)  # type: ignore[operator]  # PyTreeDef's stub lacks __eq__
         except Exception:  # noqa: BLE001 - an unflattenable node simply does not match
             return False
 

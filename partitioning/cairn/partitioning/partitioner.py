@@ -15,6 +15,24 @@ from cairn.partitioning.rules import LogicalAxisRules, LogicalSpec, logical_to_m
 from cairn.partitioning.tree import map_specs
 
 
+class PartitionedFunction:
+    """A jitted function that runs, and lowers, with its mesh set; `jitted` is the `jax.jit`."""
+
+    def __init__(self, fn: Callable, jitted: Any, mesh: Mesh):
+        functools.update_wrapper(self, fn)
+        self.jitted = jitted
+        self.mesh = mesh
+
+    def __call__(self, *args, **kw):
+        with jax.set_mesh(self.mesh):
+            return self.jitted(*args, **kw)
+
+    def lower(self, *args, **kw):
+        """`jax.jit(...).lower` with the mesh set."""
+        with jax.set_mesh(self.mesh):
+            return self.jitted.lower(*args, **kw)
+
+
 class Partitioner:
     """Maps logical specs to `NamedSharding`s on `mesh` with `rules`, and jits with them.
 
@@ -73,28 +91,15 @@ class Partitioner:
         return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
     def partition(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None,
-                  donate_argnums: Sequence[int] = (), static_argnums: Sequence[int] = ()) -> Callable:
+                  donate_argnums: Sequence[int] = (), static_argnums: Sequence[int] = ()) -> PartitionedFunction:
         """`jax.jit(fn)` with these shardings (trees of `NamedSharding`, mesh `PartitionSpec`s,
         or None to let GSPMD choose). Calls and `.lower` run with this mesh set."""
-        kwargs = {"donate_argnums": tuple(donate_argnums), "static_argnums": tuple(static_argnums)}
+        kwargs: dict[str, Any] = {"donate_argnums": tuple(donate_argnums), "static_argnums": tuple(static_argnums)}
         if in_shardings is not None:
             kwargs["in_shardings"] = self._to_sharding(in_shardings)
         if out_shardings is not None:
             kwargs["out_shardings"] = self._to_sharding(out_shardings)
-        jitted = jax.jit(fn, **kwargs)
-
-        @functools.wraps(fn)
-        def call(*args, **kw):
-            with jax.set_mesh(self.mesh):
-                return jitted(*args, **kw)
-
-        def lower(*args, **kw):
-            with jax.set_mesh(self.mesh):
-                return jitted.lower(*args, **kw)
-
-        call.lower = lower
-        call.jitted = jitted
-        return call
+        return PartitionedFunction(fn, jax.jit(fn, **kwargs), self.mesh)
 
     def with_sharding_constraint(self, x: Any, spec: LogicalSpec) -> Any:
         """`jax.lax.with_sharding_constraint` by logical names, inside a jitted function."""

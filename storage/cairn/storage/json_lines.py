@@ -118,7 +118,8 @@ def read_json_lines(path: PathLike) -> tuple[list[dict], int]:
     """`(rows, bad)`: the rows of `path` (the local file, then its parts in order); `bad`
     counts unreadable lines other than a truncated last line of the local file."""
     s = os.fspath(path)
-    rows, bad = [], 0
+    rows: list[dict] = []
+    bad = 0
     if not is_url(s) and os.path.exists(s):
         with open(s, encoding="utf-8", errors="replace") as f:
             rows, bad = _rows(f.read(), tolerate_last=True)

@@ -254,18 +254,18 @@ def restore_params(path: str | os.PathLike, abstract_params: Any, step: Optional
     """Only the params of a checkpoint (a model_dir, its `checkpoints` folder, or one step's
     folder), cast and sharded as `abstract_params` (ShapeDtypeStructs with shardings) says.
     For fine-tuning from a pretrained run."""
-    path = storage.path(path)
-    if (path / CHECKPOINT_DIR).is_dir():
-        path = path / CHECKPOINT_DIR
-    if not (path / "state").is_dir():
-        steps = sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.is_dir() else []
+    root = storage.path(path)
+    if (root / CHECKPOINT_DIR).is_dir():
+        root = root / CHECKPOINT_DIR
+    if not (root / "state").is_dir():
+        steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
         if step is None and not steps:
-            raise NoCheckpointError(f"no checkpoint in {path}")
-        path = path / str(step if step is not None else steps[-1])
+            raise NoCheckpointError(f"no checkpoint in {root}")
+        root = root / str(step if step is not None else steps[-1])
     item = {"params": abstract_params}
     restore_args = ocp.checkpoint_utils.construct_restore_args(item)
     with ocp.PyTreeCheckpointer() as ckptr:
-        out = ckptr.restore(path / "state", args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+        out = ckptr.restore(root / "state", args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
                                                                         partial_restore=True))
     return out["params"]
 

@@ -58,7 +58,8 @@ class SummaryWriter:
                 for name in sorted(values):
                     tf.summary.scalar(f"{task}/{name}", float(values[name]), step=int(step))
             writer.flush()
-            self._staged.sync()
+            if self._staged is not None:
+                self._staged.sync()
         text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(values.items()))
         log.info("%s%s step %d: %s", self.log_prefix, task, step, text)
 

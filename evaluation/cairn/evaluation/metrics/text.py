@@ -22,13 +22,14 @@ def bleu(targets: Sequence[str | Sequence[str]], predictions: Sequence[str],
     import sacrebleu
 
     same_length("bleu", targets, predictions)
+    references: list[list[str]]
     if isinstance(targets[0], str):
-        references = [list(targets)]
+        references = [[str(t) for t in targets]]
     else:
         counts = {len(t) for t in targets}
         if len(counts) != 1:
             raise MetricInputError(f"bleu: every example needs the same number of references, got {sorted(counts)}")
-        references = [list(r) for r in zip(*targets)]
+        references = [[str(x) for x in r] for r in zip(*targets)]
     score = sacrebleu.corpus_bleu(list(predictions), references, smooth_method="exp",
                                   smooth_value=0.0, force=False, lowercase=False,
                                   tokenize=tokenizer, use_effective_order=False)
@@ -48,7 +49,7 @@ def rouge(targets: Sequence[str], predictions: Sequence[str],
 
     same_length("rouge", targets, predictions)
     scorer = rouge_scorer.RougeScorer(list(score_keys), use_stemmer=use_stemmer)
-    totals = {k: [] for k in score_keys}
+    totals: dict[str, list[float]] = {k: [] for k in score_keys}
     for t, p in zip(targets, predictions):
         scores = scorer.score(target=t.replace(" . ", " .\n"), prediction=p.replace(" . ", " .\n"))
         for k in score_keys:

@@ -85,7 +85,7 @@ def register_tasks(vocabulary: Any, registry: dt.Registry | None = None) -> list
     """Registers both tasks with `vocabulary` (kept as they are if already registered with
     the same vocabulary). Returns their names."""
     registry = registry or dt.DEFAULT_REGISTRY
-    tasks = {
+    tasks: dict[str, dict[str, Any]] = {
         SPAN_CORRUPTION: dict(
             output_features={"inputs": dt.Feature(vocabulary), "targets": dt.Feature(vocabulary)},
             preprocessors=_cached_chunks() + [pp.span_corruption_one_to_one,
