@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cairn.datatasks as dt  # noqa: E402
 from cairn.datatasks import preprocessors as pp  # noqa: E402
-from conftest import ids_dataset, ids_vocab, write_lines  # noqa: E402
+from data_util import ids_dataset, ids_vocab, write_lines  # noqa: E402
 
 LENGTHS = {"inputs": 32, "targets": 16}
 

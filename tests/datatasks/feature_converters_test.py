@@ -8,8 +8,7 @@ import cairn.datatasks as dt
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import as_lists, ids_dataset  # noqa: E402
+from data_util import as_lists, ids_dataset  # noqa: E402
 
 
 def convert(converter, examples, lengths):

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cairn.datatasks as dt  # noqa: E402
 from cairn.datatasks import preprocessors as pp  # noqa: E402
 from cairn.datatasks.deterministic import plan as plan_lib  # noqa: E402
-from conftest import ids_vocab  # noqa: E402
+from data_util import ids_vocab  # noqa: E402
 
 VOCAB = 1000
 FEATS = {"inputs": dt.Feature(ids_vocab(VOCAB)), "targets": dt.Feature(ids_vocab(VOCAB))}

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cairn.datatasks as dt  # noqa: E402
 from cairn.datatasks import preprocessors as pp  # noqa: E402
-from conftest import as_lists, ids_dataset, ids_vocab  # noqa: E402
+from data_util import as_lists, ids_dataset, ids_vocab  # noqa: E402
 
 
 def strings(**cols):

@@ -6,9 +6,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cairn.datatasks as dt  # noqa: E402
-from conftest import ids_dataset, ids_vocab  # noqa: E402
+from data_util import ids_dataset, ids_vocab  # noqa: E402
 
 
 def make_task(name, n=4, value=5):

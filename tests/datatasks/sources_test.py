@@ -7,9 +7,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cairn.datatasks as dt  # noqa: E402
-from conftest import write_lines  # noqa: E402
+from data_util import write_lines  # noqa: E402
 
 
 def read(ds):

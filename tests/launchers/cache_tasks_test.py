@@ -4,7 +4,6 @@ Beam give the same records; a complete cache is left alone; the entry point exit
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 
 

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 
 SENTINEL = '{"written": "before the run"}\n'

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 from cairn.launchers import config_base, config_io, train_main, validation  # noqa: E402
 from cairn.launchers.validation import ConfigError  # noqa: E402

@@ -16,7 +16,6 @@ from collections import defaultdict
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 
 EXAMPLES = 101

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 
 FINETUNE = str(launch_util.CONFIGS / "t5_1_1_finetune.py") + ":tiny"

@@ -20,7 +20,6 @@ import pytest
 from cairn import storage
 from cairn.storage.testing import GcsEmulator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 
 STEPS = 8

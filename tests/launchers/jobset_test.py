@@ -11,7 +11,6 @@ import time
 import pytest
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 from cairn.launchers import jobset, yaml_text  # noqa: E402
 from cairn.launchers.validation import ConfigError  # noqa: E402

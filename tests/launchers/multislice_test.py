@@ -13,7 +13,6 @@ import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 
 from cairn.launchers import builder, config_base, validation  # noqa: E402

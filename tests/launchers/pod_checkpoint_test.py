@@ -7,7 +7,6 @@ import re
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 import pod_runs  # noqa: E402
 

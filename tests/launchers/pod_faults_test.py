@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_util  # noqa: E402
 import pod_runs  # noqa: E402
 

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel, make_batch
 
 from cairn.partitioning import row_digests

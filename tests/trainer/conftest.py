@@ -1,18 +1,7 @@
-"""Shared fixtures for the trainer tests: 8 CPU devices, partitioners, the tiny model's helpers."""
-
-import os
-import sys
+"""Shared fixtures for the trainer tests: 8 CPU devices (helpers to import: mesh_util, tiny_model)."""
 
 import jax
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
-
-
-def make_partitioner(data: int, model: int) -> Partitioner:
-    return Partitioner(create_mesh({"data": data, "model": model}), standard_logical_axis_rules())
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 from tiny_model import LENGTH, VOCAB, TinyModel
 
 from cairn.trainer import OptimizerConfig, TfDataIterator, Trainer, TrainerConfig

@@ -6,7 +6,7 @@ import signal
 import numpy as np
 import pytest
 
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 from subprocess_util import wait_for_line, worker
 from tiny_model import CountingIterator, TinyModel
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 
 from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
 

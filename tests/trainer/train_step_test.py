@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 from tiny_model import TinyModel, make_batch
 
 from cairn.partitioning import IndivisibleDimensionWarning, Partitioner, create_mesh, standard_logical_axis_rules

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel, make_batch
 
 from cairn.trainer import CheckpointConfig, Checkpointer, OptimizerConfig, Trainer, TrainerConfig, restore_params

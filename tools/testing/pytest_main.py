@@ -23,8 +23,19 @@ def _test_files() -> list:
     return [os.path.join(package, name + ".py")]
 
 
+def _outside_bazel_import_paths(files: list) -> None:
+    """Outside Bazel, each test file's folder goes on the import path (for this process and
+    its children), as the `imports = ["."]` of the folder's `:util` py_library does in Bazel."""
+    folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
+    sys.path[:0] = folders
+    os.environ["PYTHONPATH"] = os.pathsep.join(folders + [p for p in [os.environ.get("PYTHONPATH")] if p])
+
+
 def main() -> int:
-    args = _test_files() + [
+    files = _test_files()
+    if len(sys.argv) > 1:
+        _outside_bazel_import_paths(files)
+    args = files + [
         "-q",
         "-p", "no:cacheprovider",
         "--import-mode=importlib",

@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cairn.datatasks as dt  # noqa: E402
 import det_tasks  # noqa: E402

@@ -1,6 +1,0 @@
-"""The reproducibility runs' shared helpers: the real `train` entry point in child processes."""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
