@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cairn.launchers.plot_loss import main, plot, read_metrics
+from cairn.launchers.plot_loss import plot, plot_run, read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -51,16 +51,34 @@ def test_plot_writes_a_png(tmp_path, evals):
     assert out.stat().st_size > 5000
 
 
-def test_main_resolves_paths_and_reports_errors(tmp_path, monkeypatch, capsys):
+def _plot_loss(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), BUILD_WORKING_DIRECTORY=str(cwd))
+    return subprocess.run([sys.executable, "-m", "cairn.launchers.plot_loss", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_plot_run_resolves_paths_and_raises_on_bad_input(tmp_path, monkeypatch, capsys):
     _write_metrics(tmp_path / "run", evals=False)
     monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
-    assert main(["--model_dir=run", "--output=out/acc.png", "--metric=accuracy"]) == 0
+    assert plot_run("run", "out/acc.png", "accuracy") == str(tmp_path / "out" / "acc.png")
     assert "60 steps of train/accuracy" in capsys.readouterr().out
     assert _png_size(tmp_path / "out" / "acc.png")[0] == 800
-    assert main(["--model_dir=run", "--output=x.png", "--metric=perplexity"]) == 2
-    assert "no train metric 'perplexity'" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
-    assert main(["--model_dir=missing", "--output=x.png"]) == 2
-    assert str(tmp_path / "missing") in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no train metric 'perplexity'"):
+        plot_run("run", "x.png", "perplexity")
+    assert not (tmp_path / "x.png").exists()
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "missing")):
+        plot_run("missing", "x.png")
+
+
+def test_the_program_exits_2_with_one_line(tmp_path):
+    _write_metrics(tmp_path / "run", evals=False)
+    ok = _plot_loss("--model_dir=run", "--output=loss.png", cwd=tmp_path)
+    assert ok.returncode == 0 and "60 steps of train/loss" in ok.stdout, ok.stderr
+    bad = _plot_loss("--model_dir=run", "--output=x.png", "--metric=perplexity", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("plot_loss: ") and len(bad.stderr.splitlines()) == 1
+    assert "no train metric 'perplexity'" in bad.stderr
+    missing = _plot_loss("--output=x.png", cwd=tmp_path)
+    assert missing.returncode != 0 and "model_dir" in missing.stderr
 
 
 def test_importing_plot_loss_does_not_load_matplotlib():

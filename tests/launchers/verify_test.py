@@ -14,7 +14,9 @@ import optax
 import pytest
 
 from cairn.launchers import fingerprint as fp
-from cairn.launchers.verify import compare_runs, main
+from cairn.launchers.entry import UsageError
+from cairn.launchers.fingerprint import FingerprintError
+from cairn.launchers.verify import compare_runs, verify_runs
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
 
@@ -156,12 +158,21 @@ def test_missing_dir_and_missing_fingerprint_exit_2(runs, tmp_path):
     result = _verify(f"--run_a={runs / 'a'}", f"--run_b={tmp_path / 'nope'}")
     assert result.returncode == 2 and str(tmp_path / "nope") in result.stderr
     (tmp_path / "bare" / "summaries").mkdir(parents=True)
-    assert main([f"--run_a={runs / 'a'}", f"--run_b={tmp_path / 'bare'}"]) == 2
+    bare = _verify(f"--run_a={runs / 'a'}", f"--run_b={tmp_path / 'bare'}")
+    assert bare.returncode == 2 and bare.stderr.startswith("verify: ") and len(bare.stderr.splitlines()) == 1
+    with pytest.raises(FingerprintError):
+        verify_runs(str(runs / "a"), str(tmp_path / "bare"))
+    with pytest.raises(UsageError, match="must be >= 0"):
+        verify_runs(str(runs / "a"), str(runs / "b"), rtol=-1.0)
+    negative = _verify(f"--run_a={runs / 'a'}", f"--run_b={runs / 'b'}", "--rtol=-1")
+    assert negative.returncode == 2 and "--rtol and --atol must be >= 0" in negative.stderr
+    verbose = _verify(f"--run_a={runs / 'a'}", f"--run_b={tmp_path / 'bare'}", "--verbose")
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
 
 
 def test_paths_resolve_against_build_working_directory(runs, monkeypatch, capsys):
     monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(runs))
-    assert main(["--run_a=a", "--run_b=b"]) == 0
+    assert verify_runs("a", "b") == 0
     assert "identical through step" in capsys.readouterr().out
 
 

@@ -12,13 +12,12 @@ train entry point reads. Exit status 2 on a bad config.
 from __future__ import annotations
 
 import shlex
-import sys
 
 from absl import flags
 
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
-from cairn.launchers.validation import ConfigError
+
 
 BEAM = flags.DEFINE_bool("beam", False, "Cache with Apache Beam (cache_tasks) instead of in this process.")
 PIPELINE_OPTIONS = flags.DEFINE_string("pipeline_options", "", "Beam pipeline options (implies --beam).")
@@ -47,30 +46,18 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     return done
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        cli.fail(ConfigError("config", f"unexpected arguments {argv[1:]}"))
-    try:
-        config = cli.loaded_config()
-        result = cache(config, BEAM.value or config.data.cache_with_beam, PIPELINE_OPTIONS.value, OVERWRITE.value)
-    except ConfigError as e:
-        cli.fail(e)
-    except Exception as e:
-        from cairn import storage
-        from cairn.datatasks import DataTasksError
-
-        if isinstance(e, (DataTasksError, storage.StorageError)):
-            cli.fail(e)
-        raise
+def _main(config) -> None:
+    result = cache(config, BEAM.value or config.data.cache_with_beam, PIPELINE_OPTIONS.value, OVERWRITE.value)
     for name, status in sorted(result.items()):
         print(f"{name}: {status} in {config.data.cache_dir}", flush=True)
-    sys.exit(0)
 
 
 def run() -> None:
-    from absl import app
+    """The program; bad data or unusable storage exit 2."""
+    from cairn import storage
+    from cairn.datatasks import DataTasksError
 
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run_entry_point(_main, expected=(DataTasksError, storage.StorageError))
 
 
 if __name__ == "__main__":

@@ -10,14 +10,14 @@ the key, with exit status 2.
 from __future__ import annotations
 
 import re
-import sys
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Any, NoReturn, Optional
 
 from absl import flags
 from ml_collections import config_flags
 
-from cairn.launchers import config_base, config_io
-from cairn.launchers.validation import EXIT_CODE, ConfigError, check_schema, close_names
+from cairn.launchers import config_base, config_io, entry
+from cairn.launchers.validation import ConfigError, check_schema, close_names
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file: path.py[:arg] (launchers/configs/).",
                                          lock_config=False)
@@ -99,15 +99,12 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-        err = explain_flag_error(argv, e)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(EXIT_CODE)
+        entry.fail(explain_flag_error(argv, e))
 
 
-def fail(error: Exception) -> None:
+def fail(error: BaseException) -> NoReturn:
     """Prints a config (or data set-up) error and exits with status 2."""
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(EXIT_CODE)
+    entry.fail(error)
 
 
 def loaded_config() -> Any:
@@ -118,22 +115,21 @@ def loaded_config() -> Any:
     return config_io.resolve_paths(CONFIG.value)
 
 
-def run_entry_point(body) -> None:
-    """Runs `body(config)` as an absl program: flags parsed by `parse_flags`, the loaded config
-    passed in, a `ConfigError` printed with exit status 2, exit status 0 after `body` returns."""
-    import logging
+def run_entry_point(body: Callable[[Any], int | None], expected: tuple[type[BaseException], ...] = (),
+                    logs: Callable[[], None] | None = None,
+                    flags_parser: Callable[[list[str]], list[str]] = parse_flags,
+                    describe: Callable[[BaseException], BaseException | str] | None = None) -> None:
+    """Runs `body(config)` through `entry.run`: flags parsed by `parse_flags`, the loaded config
+    passed in; a `ConfigError` or an `expected` error is one line with exit status 2. `logs`
+    sets up logging (default: INFO)."""
 
-    from absl import app
+    def main() -> int | None:
+        if logs is None:
+            import logging
 
-    def main(argv: list[str]) -> None:
-        if len(argv) > 1:
-            fail(ConfigError("config", f"unexpected arguments {argv[1:]}"))
-        logging.getLogger().setLevel(logging.INFO)
-        try:
-            body(loaded_config())
-        except ConfigError as e:
-            fail(e)
-        sys.exit(0)
+            logging.getLogger().setLevel(logging.INFO)
+        else:
+            logs()
+        return body(loaded_config())
 
-    app.run(main, flags_parser=parse_flags)
-
+    entry.run(main, expected=(ConfigError, *expected), flags_parser=flags_parser, describe=describe)

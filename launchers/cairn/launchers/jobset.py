@@ -30,7 +30,6 @@ from cairn.launchers import cli, config_io, validation
 from cairn.launchers.yaml_text import to_yaml
 from cairn.launchers.validation import ConfigError
 
-EXIT_CODE = 2
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "workers"  # pod hostnames: <name>-workers-0-<index>.<name>
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # what $JOB_COMPLETION_INDEX is read from
@@ -310,11 +309,6 @@ def train_args(argv: Sequence[str], root: Optional[str] = None) -> list:
     return [f"--config={path}{sep}{arg}", *overrides]
 
 
-def _fail(error: Exception) -> None:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(EXIT_CODE)
-
-
 def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
     """Checks everything; returns `(manifest dict, layout, options)`. `config` is the loaded,
     path-resolved config; `raw_config` the config as given (before default paths)."""
@@ -352,15 +346,9 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
     return render(train_args(argv), lay, options, raw_config.experiment), lay, options
 
 
-def main(argv: list) -> None:
-    if len(argv) > 1:
-        _fail(JobSetError("config", f"unexpected arguments {argv[1:]}"))
+def _main(config: Any) -> None:
     raw = cli.CONFIG.value
-    try:
-        config = cli.loaded_config()
-        manifest, lay, options = build(_RAW_ARGV[1:], config, raw)
-    except (ConfigError, JobSetError) as e:
-        _fail(e)
+    manifest, lay, options = build(_RAW_ARGV[1:], config, raw)
     shown = [a for a in _RAW_ARGV[1:] if not a.startswith("--output")]
     header = (f"Rendered by //launchers:jobset from: {shlex.join(shown)}\n"
               f"{lay.hosts} host(s) x {lay.devices_per_host} {lay.accelerator}"
@@ -382,7 +370,6 @@ def main(argv: list) -> None:
             f.write(text)
         print(f"wrote {path}: JobSet {options.name!r}, {lay.hosts} pod(s); coordinator "
               f"{coordinator_address(options)}")
-    sys.exit(0)
 
 
 def _parse(argv: list) -> list:
@@ -391,9 +378,8 @@ def _parse(argv: list) -> list:
 
 
 def run() -> None:
-    from absl import app
-
-    app.run(main, flags_parser=_parse)
+    """The program: a bad flag or config is one line, exit 2."""
+    cli.run_entry_point(_main, expected=(JobSetError,), logs=lambda: None, flags_parser=_parse)
 
 
 if __name__ == "__main__":

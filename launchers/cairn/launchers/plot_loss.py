@@ -9,15 +9,17 @@ any, below. matplotlib (Agg backend) is imported only here.
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
 import os
-import sys
-from typing import Mapping, Optional, Sequence
+from collections.abc import Callable
+from typing import Mapping, Optional
+
+from absl import flags
 
 from cairn import storage
 from cairn.evaluation import read_metrics as read_metric_rows
+from cairn.launchers import entry
 from cairn.launchers.verify import resolve
 
 
@@ -82,27 +84,39 @@ def plot(series: Mapping, output: str | os.PathLike, metric: str = "loss", title
     return os.fspath(output)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="plot_loss", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model_dir", required=True, help="the run's model_dir")
-    p.add_argument("--output", required=True, help="the PNG to write")
-    p.add_argument("--metric", default="loss", help="the train metric to draw (default: loss)")
-    p.add_argument("--title", default=None, help="the plot title")
-    args = p.parse_args(argv)
-    model_dir, output = resolve(args.model_dir), resolve(args.output)
-    try:
-        series = read_metrics(model_dir)
-        path = plot(series, output, args.metric, args.title)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"plot_loss: {e}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        print(f"plot_loss: needs matplotlib ({e}); pip install matplotlib", file=sys.stderr)
-        return 2
-    steps = series[("train", args.metric)]
-    print(f"plot_loss: wrote {path} ({len(steps)} steps of train/{args.metric})")
+MODEL_DIR = flags.DEFINE_string("model_dir", None, "the run's model_dir")
+OUTPUT = flags.DEFINE_string("output", None, "the PNG to write")
+METRIC = flags.DEFINE_string("metric", "loss", "the train metric to draw")
+TITLE = flags.DEFINE_string("title", None, "the plot title")
+
+
+def plot_run(model_dir: str, output: str, metric: str = "loss", title: Optional[str] = None,
+             out: Callable[[str], None] = print) -> str:
+    """Plots the run at `model_dir` into `output` (both resolved as a user typed them) and says
+    so; returns the path written. Raises `FileNotFoundError` or `ValueError` for unusable input,
+    `ImportError` without matplotlib."""
+    series = read_metrics(resolve(model_dir))
+    path = plot(series, resolve(output), metric, title)
+    out(f"plot_loss: wrote {path} ({len(series[('train', metric)])} steps of train/{metric})")
+    return path
+
+
+def _describe(error: BaseException) -> BaseException | str:
+    if isinstance(error, ImportError):
+        return f"needs matplotlib ({error}); pip install matplotlib"
+    return error
+
+
+def _exit_status(_written: str) -> int:
     return 0
 
 
+def run() -> None:
+    """The program (exit status 2 on unusable input)."""
+    flags.mark_flags_as_required(["model_dir", "output"])
+    entry.run(lambda: _exit_status(plot_run(MODEL_DIR.value, OUTPUT.value, METRIC.value, TITLE.value)),
+              expected=(FileNotFoundError, ValueError, ImportError), prefix="plot_loss", describe=_describe)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

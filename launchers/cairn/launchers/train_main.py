@@ -12,7 +12,6 @@ success and on SIGTERM (the checkpoint is saved); 2 on a bad config.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -145,30 +144,17 @@ def quiet_logs() -> None:
     logging.getLogger("cairn").setLevel(logging.INFO)
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        cli.fail(ConfigError("config", f"unexpected arguments {argv[1:]}"))
-    quiet_logs()
-    try:
-        config = cli.loaded_config()
-        train(config, out=print_on_process_0)
-    except ConfigError as e:
-        cli.fail(e)
-    except Exception as e:
-        from cairn import storage
-        from cairn.datatasks import DataTasksError
-        from cairn.trainer import ModelDirLockedError
-
-        if isinstance(e, (DataTasksError, ModelDirLockedError, storage.StorageError)):
-            cli.fail(e)
-        raise
-    sys.exit(0)
+def _main(config: ml_collections.ConfigDict) -> None:
+    train(config, out=print_on_process_0)
 
 
 def run() -> None:
-    from absl import app
+    """The program: `train(config)`; bad data, a locked model_dir or unusable storage exit 2."""
+    from cairn import storage
+    from cairn.datatasks import DataTasksError
+    from cairn.trainer import ModelDirLockedError
 
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run_entry_point(_main, expected=(DataTasksError, ModelDirLockedError, storage.StorageError), logs=quiet_logs)
 
 
 if __name__ == "__main__":

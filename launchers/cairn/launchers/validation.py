@@ -19,7 +19,6 @@ import ml_collections
 from cairn.launchers import config_base
 from cairn.launchers.config_io import to_plain
 
-EXIT_CODE = 2
 # Keys whose default is None: their type.
 PLACEHOLDER_TYPES = {"optimizer.clip_grad_norm": float, "init.checkpoint_step": int,
                      "multihost.num_processes": int, "multihost.process_id": int}

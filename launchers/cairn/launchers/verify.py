@@ -16,13 +16,16 @@ Exit status: 0 identical, 1 divergent (or configs differ without `--allow_config
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
-import sys
-from typing import Iterable, Optional, Sequence, Union
+from collections.abc import Callable
+from typing import Iterable, Optional, Union
 
+from absl import flags
+
+from cairn.launchers import entry
+from cairn.launchers.entry import UsageError
 from cairn.launchers.fingerprint import Checksum, FingerprintError, Run, header_summary, load_run
 
 EXIT_IDENTICAL, EXIT_DIVERGENT, EXIT_UNUSABLE = 0, 1, 2
@@ -213,34 +216,35 @@ def resolve(path: str) -> str:
     return os.path.join(base, path) if base and not os.path.isabs(path) else path
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="verify", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run_a", required=True, help="model_dir of the first run")
-    p.add_argument("--run_b", required=True, help="model_dir of the second run")
-    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (0 with atol 0: bitwise)")
-    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance")
-    p.add_argument("--allow_config_diff", action="store_true", help="a different config hash is not a failure")
-    return p
+RUN_A = flags.DEFINE_string("run_a", None, "model_dir of the first run")
+RUN_B = flags.DEFINE_string("run_b", None, "model_dir of the second run")
+RTOL = flags.DEFINE_float("rtol", 0.0, "relative tolerance (0 with atol 0: bitwise)")
+ATOL = flags.DEFINE_float("atol", 0.0, "absolute tolerance")
+ALLOW_CONFIG_DIFF = flags.DEFINE_bool("allow_config_diff", False, "a different config hash is not a failure")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.rtol < 0 or args.atol < 0:
-        print(f"verify: --rtol and --atol must be >= 0 (got {args.rtol}, {args.atol})", file=sys.stderr)
-        return EXIT_UNUSABLE
-    try:
-        a, b = load_run(resolve(args.run_a)), load_run(resolve(args.run_b))
-    except FingerprintError as e:
-        print(f"verify: {e}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    report = compare_runs(a, b, args.rtol, args.atol, args.allow_config_diff)
+def verify_runs(run_a: str, run_b: str, rtol: float = 0.0, atol: float = 0.0, allow_config_diff: bool = False,
+                out: Callable[[str], None] = print) -> int:
+    """Compares the runs at `run_a` and `run_b` (paths resolved as a user typed them), prints
+    the report, and returns the exit status. Raises `UsageError` for a negative tolerance and
+    `FingerprintError` for unusable input."""
+    if rtol < 0 or atol < 0:
+        raise UsageError(f"--rtol and --atol must be >= 0 (got {rtol}, {atol})")
+    a, b = load_run(resolve(run_a)), load_run(resolve(run_b))
+    report = compare_runs(a, b, rtol, atol, allow_config_diff)
     for name, run in (("A", a), ("B", b)):
-        print(f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums, "
-              f"{len(run.batches)} batch fingerprints")
-    print(report.text())
+        out(f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums, "
+            f"{len(run.batches)} batch fingerprints")
+    out(report.text())
     return report.exit_code
 
 
+def run() -> None:
+    """The program (exit status 0 identical, 1 divergent, 2 unusable input)."""
+    flags.mark_flags_as_required(["run_a", "run_b"])
+    entry.run(lambda: verify_runs(RUN_A.value, RUN_B.value, RTOL.value, ATOL.value, ALLOW_CONFIG_DIFF.value),
+              expected=(FingerprintError,), prefix="verify")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

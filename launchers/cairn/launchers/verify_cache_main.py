@@ -13,17 +13,11 @@ with --verbose).
 
 from __future__ import annotations
 
-import sys
-import traceback
 
-from absl import flags
 
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
-
-VERBOSE = flags.DEFINE_bool("verbose", False, "Print a traceback on an error.")
-
 
 def verify(config) -> dict[str, list[str]]:
     """`{task: [problem, ...]}` for the config's training tasks (all empty: all match)."""
@@ -36,28 +30,16 @@ def verify(config) -> dict[str, list[str]]:
     return verify_cache(config.data.cache_dir, list(tasks.values()), split=config.data.split)
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        cli.fail(ConfigError("config", f"unexpected arguments {argv[1:]}"))
-    try:
-        config = cli.loaded_config()
-        results = verify(config)
-    except ConfigError as e:
-        cli.fail(e)
-    except Exception as e:  # noqa: BLE001 - one line (a traceback with --verbose), exit 2
-        if VERBOSE.value:
-            traceback.print_exc()
-        cli.fail(RuntimeError(f"{type(e).__name__}: {e}"))
+def _main(config) -> int:
     from cairn.datatasks.deterministic.verify_main import report
 
-    sys.stdout.flush()
-    sys.exit(report(results, config.data.split))
+    return report(verify(config), config.data.split)
 
 
 def run() -> None:
-    from absl import app
-
-    app.run(main, flags_parser=cli.parse_flags)
+    """The program: any failure to read a cache is one line, exit 2 (a traceback with --verbose)."""
+    cli.run_entry_point(_main, expected=(Exception,),
+                        describe=lambda e: e if isinstance(e, ConfigError) else RuntimeError(f"{type(e).__name__}: {e}"))
 
 
 if __name__ == "__main__":

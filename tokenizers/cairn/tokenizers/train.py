@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import pathlib
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -35,12 +34,13 @@ def train_sentencepiece(
     max_sentence_length: int = 4192,
     max_lines: int = 0,
     num_threads: int = 1,
-) -> pathlib.Path:
+) -> pathlib.Path | str:
     """Trains a model on `lines` and writes it to `output_path` (a `.model` file).
 
     Args:
       lines: training text, one sentence or line per item; empty lines are skipped.
-      output_path: where the serialized model is written (atomically).
+      output_path: where the serialized model is written (atomically; a local path or a
+        `gs://` URL, through `cairn.storage`).
       vocab_size: number of pieces, PAD/EOS/UNK included.
       model_type: "unigram" (T5's choice), "bpe", "char" or "word".
       byte_fallback: unknown characters become byte pieces instead of UNK.
@@ -54,7 +54,7 @@ def train_sentencepiece(
       num_threads: trainer threads.
 
     Returns:
-      The path written.
+      The path written (a `pathlib.Path`; the URL string for a URL).
 
     Raises:
       VocabularyError: bad options, or no non-empty line to train on.
@@ -96,10 +96,7 @@ def train_sentencepiece(
     except RuntimeError as e:  # e.g. a vocab_size larger than the text allows
         raise VocabularyError(f"SentencePiece training failed: {e}") from None
 
-    path = pathlib.Path(output_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(buffer.getvalue())
-    os.replace(tmp, path)
-    return path
+    from cairn import storage  # the one atomic write (local rename, or one upload at a URL)
+
+    storage.write_bytes(output_path, buffer.getvalue())
+    return os.fspath(output_path) if storage.is_url(output_path) else pathlib.Path(output_path)

@@ -1,0 +1,62 @@
+"""The one way every launcher program runs.
+
+Each entry point (`train`, `eval`, `infer`, `cache_tasks`, `verify_cache`, `jobset`, `verify`,
+`plot_loss`) defines its flags with absl and calls `run(body, ...)`:
+
+- flags are parsed by absl (or by the given parser: the config programs use `cli.parse_flags`);
+  positional arguments are refused;
+- `body()` returns the exit status (None: 0);
+- an error of one of the `expected` types (a bad config, bad data, an unusable path...) is one
+  line on stderr, `<prefix>: <message>`, exit status 2 -- with a traceback only under `--verbose`;
+- anything else is a bug, and keeps Python's traceback.
+
+No JAX, TensorFlow or ml-collections import here: `verify` and `plot_loss` stay light.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
+
+from absl import flags
+
+EXIT_CODE = 2  # bad input: a config, a flag, data or a path the user can fix
+
+VERBOSE = flags.DEFINE_bool("verbose", False, "print a traceback with an error")
+
+
+class UsageError(ValueError):
+    """A flag or argument the program cannot use."""
+
+
+def fail(error: BaseException | str, prefix: str = "error") -> NoReturn:
+    """Prints `<prefix>: <error>` on stderr and exits with status 2."""
+    print(f"{prefix}: {error}", file=sys.stderr)
+    sys.exit(EXIT_CODE)
+
+
+def run(body: Callable[[], int | None], *, expected: tuple[type[BaseException], ...] = (),
+        prefix: str = "error", flags_parser: Callable[[list[str]], list[str]] | None = None,
+        describe: Callable[[BaseException], BaseException | str] | None = None) -> None:
+    """Runs `body` as an absl program (see the module docstring). `describe` turns an expected
+    error into what is printed (default: the error itself)."""
+    from absl import app
+
+    def main(argv: list[str]) -> None:
+        if len(argv) > 1:
+            fail(UsageError(f"unexpected arguments {argv[1:]}"), prefix)
+        try:
+            code = body()
+        except (UsageError, *expected) as e:
+            if VERBOSE.value:
+                traceback.print_exc()
+            fail(describe(e) if describe else e, prefix)
+        sys.stdout.flush()
+        sys.exit(code or 0)
+
+    if flags_parser is None:
+        app.run(main)
+    else:
+        app.run(main, flags_parser=flags_parser)
