@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates (or updates) the peer virtualenv used by benchmarks and parity checks:
-# seqio and its TensorFlow stack, kept out of .venv (DESIGN.md §8).
+# seqio and its TensorFlow stack, kept out of .venv (docs/design.md §10).
 #
 #   bash benchmarks/setup_peers.sh        # idempotent; silent when already set up
 #

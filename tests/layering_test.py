@@ -1,4 +1,4 @@
-"""The import ladder of DESIGN §1, checked on the source text, the BUILD files and at run time."""
+"""The import ladder of docs/design.md §1, checked on the source text, the BUILD files and at run time."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-# Cairn libraries each library may import (DESIGN §1).
+# Cairn libraries each library may import (docs/design.md §1).
 LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 ALLOWED_CAIRN = {
     "storage": set(),

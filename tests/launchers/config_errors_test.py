@@ -1,5 +1,5 @@
 """Bad configs fail before anything is compiled or written: exit status 2, a message naming
-the key and the allowed values, and a file already in model_dir left as it was (DESIGN §6)."""
+the key and the allowed values, and a file already in model_dir left as it was (docs/design.md §5)."""
 
 import os
 import pathlib

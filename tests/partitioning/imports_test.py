@@ -1,4 +1,4 @@
-"""`import cairn.partitioning` pulls in JAX and NumPy only (DESIGN §1)."""
+"""`import cairn.partitioning` pulls in JAX and NumPy only (docs/design.md §1)."""
 
 import os
 import subprocess

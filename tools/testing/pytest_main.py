@@ -1,7 +1,7 @@
 """Runs pytest on the module of the current Bazel test target (`//pkg:name` -> pkg/name.py).
 
 Outside Bazel, pass the test files as arguments. Every test sees 8 virtual CPU devices
-unless XLA_FLAGS says otherwise (DESIGN §7).
+unless XLA_FLAGS says otherwise (docs/design.md §10).
 """
 import os
 import sys

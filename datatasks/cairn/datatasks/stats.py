@@ -1,6 +1,6 @@
 """The bad-data policy and the counters that report what it did.
 
-Policy (DESIGN §6), the same for every task:
+Policy (docs/design.md §5), the same for every task:
   * empty lines (text sources): skipped and counted as `empty_line`;
   * undecodable bytes (invalid UTF-8 in a feature being tokenized): by default replaced
     with U+FFFD and counted as `undecodable_replaced`; with `undecodable="skip"` the

@@ -1,4 +1,4 @@
-"""Config checks that run before anything is compiled or written (DESIGN §6).
+"""Config checks that run before anything is compiled or written (docs/design.md §5).
 
 Each failure is a `ConfigError` naming the key, what was found and what is allowed; the
 entry points print it and exit with status 2, leaving `model_dir` untouched.

@@ -1,4 +1,4 @@
-"""Deterministic pipelines (DESIGN §5): the cache job and the reader of global batches.
+"""Deterministic pipelines (docs/design.md §3.2): the cache job and the reader of global batches.
 
     cache_tasks("my_task", "/data/cache", module_import=["my_tasks"])   # Apache Beam
     reader = DeterministicReader("my_task", "/data/cache", seed=0, global_batch_size=256,

@@ -4,7 +4,7 @@ One Beam element per (task, source shard): a worker runs the shard through the t
 cacheable preprocessors and writes one ArrayRecord shard (`cache_writer.write_shard`);
 the driver then merges the summaries and writes `COMPLETED` (`cache_writer.finalize`).
 Records keep the source order, so record `i` is the same bytes on every run and runner.
-Apache Beam is imported only inside the functions here (DESIGN §1).
+Apache Beam is imported only inside the functions here (docs/design.md §1).
 """
 
 from __future__ import annotations
