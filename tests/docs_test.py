@@ -1,0 +1,54 @@
+"""The project's documents cite only what the repository holds: every `docs/design.md §N` names
+a section that exists, nothing cites the design notes of a document outside the repository, and
+each library README links its section of docs/design.md."""
+
+import os
+import re
+import subprocess
+
+# Under Bazel this file is a runfiles link to the checkout: its real path finds the repository.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
+TEXT_SUFFIXES = (".py", ".md", ".bzl", ".sh", ".toml", ".yaml", ".txt", "BUILD", "WORKSPACE", ".bazelrc", "run", "bazelw")
+
+
+def _tracked_text_files() -> list:
+    """Every file git tracks (or, outside a checkout, every file below the root) that is text."""
+    try:
+        names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True,
+                               timeout=60).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        names = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT) for f in fs]
+    return [n for n in names if n.endswith(TEXT_SUFFIXES) and os.path.isfile(os.path.join(ROOT, n))]
+
+
+def _read(name: str) -> str:
+    with open(os.path.join(ROOT, name), encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _sections() -> set:
+    return set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", _read("docs/design.md"), flags=re.M))
+
+
+def test_design_sections_exist_for_every_citation():
+    sections = _sections()
+    assert {"1", "2", "3", "3.2", "4", "5", "6", "7", "8"} <= sections, sorted(sections)
+    missing = []
+    for name in _tracked_text_files():
+        for cited in re.findall(r"docs/design\.md §(\d+(?:\.\d+)?)", _read(name)):
+            if cited not in sections:
+                missing.append(f"{name}: §{cited}")
+    assert not missing, missing
+
+
+def test_no_citation_of_a_document_outside_the_repository():
+    this = os.path.relpath(os.path.realpath(__file__), ROOT)
+    outside = [name for name in _tracked_text_files() if name != this
+               and re.search(r"(?<!docs/design\.md )\bDESIGN(\.md)? §|\.\./shared", _read(name))]
+    assert not outside, outside
+
+
+def test_each_library_readme_links_the_design_document():
+    unlinked = [lib for lib in LIBRARIES if "docs/design.md" not in _read(f"{lib}/README.md")]
+    assert not unlinked, unlinked
