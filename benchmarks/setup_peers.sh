@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates (or updates) the peer virtualenv used by benchmarks and parity checks:
-# seqio and its TensorFlow stack, kept out of .venv (docs/design.md §10).
+# seqio and its TensorFlow stack, and Grain, kept out of .venv (docs/design.md §10).
 #
 #   bash benchmarks/setup_peers.sh        # idempotent; silent when already set up
 #
@@ -41,6 +41,7 @@ clu==0.0.12
 pyglove==0.4.5
 editdistance==0.8.1
 immutabledict==4.3.1
+grain==0.2.18
 EOF
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
@@ -96,9 +97,10 @@ printf '%s\n' "$PINS" >"$PIN_FILE"
 "$VENV/bin/python" - <<'EOF'
 import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import seqio, tensorflow as tf, tensorflow_text, google.protobuf
+import seqio, tensorflow as tf, tensorflow_text, google.protobuf, grain
 print(f"setup_peers: seqio {seqio.__version__}, tensorflow {tf.__version__}, "
-      f"tensorflow-text {tensorflow_text.__version__}, protobuf {google.protobuf.__version__}")
+      f"tensorflow-text {tensorflow_text.__version__}, protobuf {google.protobuf.__version__}, "
+      f"grain {grain.__version__ if hasattr(grain, '__version__') else '0.2.x'}")
 EOF
 
 echo "$WANT" >"$STAMP"

@@ -9,14 +9,28 @@ import subprocess
 # Under Bazel this file is a runfiles link to the checkout: its real path finds the repository.
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
-TEXT_SUFFIXES = (".py", ".md", ".bzl", ".sh", ".toml", ".yaml", ".txt", "BUILD", "WORKSPACE", ".bazelrc", "run", "bazelw")
+TEXT_SUFFIXES = (
+    ".py",
+    ".md",
+    ".bzl",
+    ".sh",
+    ".toml",
+    ".yaml",
+    ".txt",
+    "BUILD",
+    "WORKSPACE",
+    ".bazelrc",
+    "run",
+    "bazelw",
+)
 
 
 def _tracked_text_files() -> list:
     """Every file git tracks (or, outside a checkout, every file below the root) that is text."""
     try:
-        names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True,
-                               timeout=60).stdout.split()
+        names = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         names = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT) for f in fs]
     return [n for n in names if n.endswith(TEXT_SUFFIXES) and os.path.isfile(os.path.join(ROOT, n))]
@@ -44,8 +58,11 @@ def test_design_sections_exist_for_every_citation():
 
 def test_no_citation_of_a_document_outside_the_repository():
     this = os.path.relpath(os.path.realpath(__file__), ROOT)
-    outside = [name for name in _tracked_text_files() if name != this
-               and re.search(r"(?<!docs/design\.md )\bDESIGN(\.md)? §|\.\./shared", _read(name))]
+    outside = [
+        name
+        for name in _tracked_text_files()
+        if name != this and re.search(r"(?<!docs/design\.md )\bDESIGN(\.md)? §|\.\./shared", _read(name))
+    ]
     assert not outside, outside
 
 

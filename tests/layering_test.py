@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-
 # Cairn libraries each library may import (docs/design.md §1).
 LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 ALLOWED_CAIRN = {
@@ -83,8 +82,8 @@ def test_the_checker_catches_violations(imports, tmp_path):
     lib = tmp_path / "partitioning" / "cairn" / "partitioning"
     lib.mkdir(parents=True)
     (lib / "bad.py").write_text(
-        "import tensorflow\nfrom cairn.models import t5\n\ndef f():\n    import optax\n"
-        "from cairn import trainer\n")
+        "import tensorflow\nfrom cairn.models import t5\n\ndef f():\n    import optax\nfrom cairn import trainer\n"
+    )
     bad = _import_violations(imports, tmp_path, "partitioning")
     assert len(bad) == 4
     assert "may not import tensorflow at import time" in bad[0]
@@ -96,7 +95,7 @@ def test_the_checker_catches_violations(imports, tmp_path):
 @pytest.mark.parametrize("lib", LIBRARIES)
 def test_bazel_deps_follow_the_ladder(repo_root, lib):
     build = (repo_root / lib / "BUILD").read_text()
-    match = re.search(r'py_library\(\s*name = "%s",.*?deps = \[(.*?)\]' % lib, build, re.S)
+    match = re.search(rf'py_library\(\s*name = "{lib}",.*?deps = \[(.*?)\]', build, re.S)
     assert match, f"{lib}/BUILD has no py_library named {lib}"
     deps = set(re.findall(r'"//(\w+)(?::\w+)?"', match.group(1)))
     assert deps <= ALLOWED_CAIRN[lib], f"{lib}/BUILD depends on {deps - ALLOWED_CAIRN[lib]}"
@@ -106,8 +105,9 @@ def test_bazel_deps_follow_the_ladder(repo_root, lib):
 @pytest.mark.parametrize("lib", sorted(MUST_NOT_LOAD))
 def test_importing_a_library_loads_no_forbidden_module(lib):
     code = f"import json, sys; import cairn.{lib}; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ), timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120, check=True
+    ).stdout
     loaded = {m.split(".")[0] for m in json.loads(out.strip().splitlines()[-1])}
     assert f"cairn.{lib}" in json.loads(out.strip().splitlines()[-1])
     assert loaded & MUST_NOT_LOAD[lib] == set()
@@ -139,7 +139,8 @@ print("ok")
 
 
 def test_datatasks_works_without_jax():
-    out = subprocess.run([sys.executable, "-c", _WITHOUT_JAX], capture_output=True, text=True,
-                         env=dict(os.environ), timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JAX], capture_output=True, text=True, env=dict(os.environ), timeout=240
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")

@@ -19,9 +19,25 @@ def _build_wheel(repo_root: pathlib.Path, lib: str, out: pathlib.Path) -> pathli
     src = out / f"src-{lib}"
     shutil.copytree(repo_root / lib, src, symlinks=False)
     wheels = out / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-q", "-w", str(wheels), str(src)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(wheels),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (wheel,) = wheels.glob(f"cairn_{lib}-*.whl")
     return wheel
 
@@ -91,13 +107,29 @@ def test_tokenizers_installs_and_imports_alone(wheels, tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     ours = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
     pathlib.Path(site, "borrowed.pth").write_text("\n".join(ours) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                    "--no-index", "-q", str(wheels["tokenizers"])],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheels["tokenizers"]),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     code = (
         "import importlib.util, sys\n"
         "import cairn.tokenizers as t\n"
@@ -109,7 +141,8 @@ def test_tokenizers_installs_and_imports_alone(wheels, tmp_path):
         "print(m.version('cairn-tokenizers'), t.__version__)\n"
     )
     clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    out = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True,
-                         cwd=tmp_path, env=clean_env, timeout=120)
+    out = subprocess.run(
+        [str(python), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path, env=clean_env, timeout=120
+    )
     installed, attribute = out.stdout.split()
     assert installed == attribute == "0.1.0"

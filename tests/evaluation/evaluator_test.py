@@ -8,25 +8,31 @@ import pytest
 import tensorflow as tf
 
 import cairn.datatasks as dt
-from cairn.evaluation import Evaluator, EvaluationError, JsonLinesLogger, metrics
+from cairn.evaluation import EvaluationError, Evaluator, JsonLinesLogger, metrics
 from cairn.tokenizers import ByteVocabulary
 
 VOCAB = ByteVocabulary()
-QA = [("capital of france", "Paris"), ("two plus two", "four"), ("color of sky", "blue"),
-      ("opposite of hot", "cold"), ("first letter", "a b c"), ("largest planet", "Jupiter")]
+QA = [
+    ("capital of france", "Paris"),
+    ("two plus two", "four"),
+    ("color of sky", "blue"),
+    ("opposite of hot", "cold"),
+    ("first letter", "a b c"),
+    ("largest planet", "Jupiter"),
+]
 # The fake model answers these, wrong on purpose for examples 1 and 4.
 ANSWERS = ["Paris", "five", "blue", "cold", "a b", "Jupiter"]
 SIMILARITY = [("a", 1.0), ("bb", 2.5), ("ccc", 2.5), ("dddd", 4.0), ("eeeee", 0.5)]
 
 
 def _qa_fn(split, shuffle_files):
-    return tf.data.Dataset.from_tensor_slices(
-        {"question": [q for q, _ in QA], "answer": [a for _, a in QA]})
+    return tf.data.Dataset.from_tensor_slices({"question": [q for q, _ in QA], "answer": [a for _, a in QA]})
 
 
 def _sim_fn(split, shuffle_files):
     return tf.data.Dataset.from_tensor_slices(
-        {"text": [t for t, _ in SIMILARITY], "label": [str(v) for _, v in SIMILARITY]})
+        {"text": [t for t, _ in SIMILARITY], "label": [str(v) for _, v in SIMILARITY]}
+    )
 
 
 def _float_postprocess(text, example=None, is_target=False):
@@ -48,18 +54,33 @@ def _unusable_metric(targets, whatever):
 def registry():
     reg = dt.Registry()
     features = {"inputs": dt.Feature(VOCAB), "targets": dt.Feature(VOCAB)}
-    reg.add_task(dt.Task(
-        "qa", dt.FunctionDataSource(_qa_fn, splits=["validation"]),
-        preprocessors=[lambda ds: dt.preprocessors.rekey(ds, {"inputs": "question", "targets": "answer"}),
-                       dt.preprocessors.tokenize, dt.preprocessors.append_eos],
-        output_features=features,
-        metric_fns=[metrics.accuracy, metrics.squad, metrics.bleu, metrics.rouge, metrics.perplexity]))
-    reg.add_task(dt.Task(
-        "similarity", dt.FunctionDataSource(_sim_fn, splits=["validation"]),
-        preprocessors=[lambda ds: dt.preprocessors.rekey(ds, {"inputs": "text", "targets": "label"}),
-                       dt.preprocessors.tokenize, dt.preprocessors.append_eos],
-        output_features=features, postprocess_fn=_float_postprocess,
-        metric_fns=[metrics.pearson_corrcoef, metrics.spearman_corrcoef]))
+    reg.add_task(
+        dt.Task(
+            "qa",
+            dt.FunctionDataSource(_qa_fn, splits=["validation"]),
+            preprocessors=[
+                lambda ds: dt.preprocessors.rekey(ds, {"inputs": "question", "targets": "answer"}),
+                dt.preprocessors.tokenize,
+                dt.preprocessors.append_eos,
+            ],
+            output_features=features,
+            metric_fns=[metrics.accuracy, metrics.squad, metrics.bleu, metrics.rouge, metrics.perplexity],
+        )
+    )
+    reg.add_task(
+        dt.Task(
+            "similarity",
+            dt.FunctionDataSource(_sim_fn, splits=["validation"]),
+            preprocessors=[
+                lambda ds: dt.preprocessors.rekey(ds, {"inputs": "text", "targets": "label"}),
+                dt.preprocessors.tokenize,
+                dt.preprocessors.append_eos,
+            ],
+            output_features=features,
+            postprocess_fn=_float_postprocess,
+            metric_fns=[metrics.pearson_corrcoef, metrics.spearman_corrcoef],
+        )
+    )
     reg.add_mixture(dt.Mixture("both", ["qa", "similarity"], default_rate=1.0, registry=reg))
     return reg
 
@@ -93,8 +114,7 @@ def _score_fn(ds):
 
 def test_metrics_of_two_tasks_and_a_mixture(registry, tmp_path):
     conv = dt.EncDecFeatureConverter(pack=False)
-    evaluator = Evaluator("both", conv, split="validation", registry=registry,
-                          loggers=[JsonLinesLogger(tmp_path)])
+    evaluator = Evaluator("both", conv, split="validation", registry=registry, loggers=[JsonLinesLogger(tmp_path)])
     assert evaluator.task_names == ["qa", "similarity"]
 
     def predict_fn(ds):
@@ -110,11 +130,14 @@ def test_metrics_of_two_tasks_and_a_mixture(registry, tmp_path):
     assert qa["accuracy"] == pytest.approx(100 * 4 / 6)
     import sacrebleu
     from rouge_score import rouge_scorer
-    assert qa["bleu"] == pytest.approx(sacrebleu.corpus_bleu(
-        ANSWERS, [targets], smooth_method="exp", smooth_value=0.0, tokenize="intl").score)
+
+    assert qa["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(ANSWERS, [targets], smooth_method="exp", smooth_value=0.0, tokenize="intl").score
+    )
     scorer = rouge_scorer.RougeScorer(["rouge1"])
     assert qa["rouge1"] == pytest.approx(
-        100 * np.mean([scorer.score(t, p)["rouge1"].fmeasure for t, p in zip(targets, ANSWERS)]))
+        100 * np.mean([scorer.score(t, p)["rouge1"].fmeasure for t, p in zip(targets, ANSWERS)])
+    )
     # squad: EM 4/6; F1 for "a b" vs "a b c": normalized drops the article "a" -> "b" vs "b c": 2/3
     assert qa["em"] == pytest.approx(100 * 4 / 6)
     assert qa["f1"] == pytest.approx(100 * (4 + 0 + 2 / 3) / 6)
@@ -123,6 +146,7 @@ def test_metrics_of_two_tasks_and_a_mixture(registry, tmp_path):
     assert qa["perplexity"] == pytest.approx(np.exp(21 / tokens))
 
     from scipy import stats
+
     gold = [v for _, v in SIMILARITY]
     pred = [float(len(t)) for t, _ in SIMILARITY]
     assert sim["pearson_corrcoef"] == pytest.approx(100 * stats.pearsonr(gold, pred)[0])
@@ -134,8 +158,7 @@ def test_metrics_of_two_tasks_and_a_mixture(registry, tmp_path):
     assert [r["prediction"] for r in rows] == ANSWERS
     assert rows[0]["inputs"] == "capital of france" and rows[0]["score"] == -1.0
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert {"task": "similarity", "step": 10, "metric": "pearson_corrcoef",
-            "value": sim["pearson_corrcoef"]} in logged
+    assert {"task": "similarity", "step": 10, "metric": "pearson_corrcoef", "value": sim["pearson_corrcoef"]} in logged
 
 
 def test_order_is_restored_from_indices(registry):
@@ -153,19 +176,30 @@ def test_order_is_restored_from_indices(registry):
 
 
 def test_bad_outputs_and_metrics_are_reported_per_task(registry):
-    registry.add_task(dt.Task(
-        "no_metrics", dt.FunctionDataSource(_qa_fn, splits=["validation"]),
-        preprocessors=[lambda ds: dt.preprocessors.rekey(ds, {"inputs": "question", "targets": "answer"}),
-                       dt.preprocessors.tokenize],
-        output_features={"inputs": dt.Feature(VOCAB), "targets": dt.Feature(VOCAB)}))
-    registry.add_task(dt.Task(
-        "flaky", dt.FunctionDataSource(_qa_fn, splits=["validation"]),
-        preprocessors=[lambda ds: dt.preprocessors.rekey(ds, {"inputs": "question", "targets": "answer"}),
-                       dt.preprocessors.tokenize],
-        output_features={"inputs": dt.Feature(VOCAB), "targets": dt.Feature(VOCAB)},
-        metric_fns=[_broken_metric, metrics.accuracy, _unusable_metric]))
-    registry.add_mixture(dt.Mixture("all3", ["qa", "no_metrics", "flaky"], default_rate=1.0,
-                                    registry=registry))
+    registry.add_task(
+        dt.Task(
+            "no_metrics",
+            dt.FunctionDataSource(_qa_fn, splits=["validation"]),
+            preprocessors=[
+                lambda ds: dt.preprocessors.rekey(ds, {"inputs": "question", "targets": "answer"}),
+                dt.preprocessors.tokenize,
+            ],
+            output_features={"inputs": dt.Feature(VOCAB), "targets": dt.Feature(VOCAB)},
+        )
+    )
+    registry.add_task(
+        dt.Task(
+            "flaky",
+            dt.FunctionDataSource(_qa_fn, splits=["validation"]),
+            preprocessors=[
+                lambda ds: dt.preprocessors.rekey(ds, {"inputs": "question", "targets": "answer"}),
+                dt.preprocessors.tokenize,
+            ],
+            output_features={"inputs": dt.Feature(VOCAB), "targets": dt.Feature(VOCAB)},
+            metric_fns=[_broken_metric, metrics.accuracy, _unusable_metric],
+        )
+    )
+    registry.add_mixture(dt.Mixture("all3", ["qa", "no_metrics", "flaky"], default_rate=1.0, registry=registry))
     evaluator = Evaluator("all3", dt.EncDecFeatureConverter(pack=False), registry=registry)
 
     calls = []
@@ -197,7 +231,6 @@ def test_construction_errors(registry):
 
 
 def test_num_examples_limits_each_task(registry):
-    evaluator = Evaluator("both", dt.EncDecFeatureConverter(pack=False), registry=registry,
-                          num_examples=3)
+    evaluator = Evaluator("both", dt.EncDecFeatureConverter(pack=False), registry=registry, num_examples=3)
     assert [len(evaluator.examples(t)) for t in evaluator.task_names] == [3, 3]
     assert evaluator.targets("qa") == ["Paris", "four", "blue"]

@@ -20,7 +20,8 @@ def test_json_lines_rows(tmp_path):
     logger.log_examples("task_a", 100, examples)  # rewriting a step replaces it
     lines = (tmp_path / "examples" / "task_a-00000100.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in lines] == [
-        {"index": 0, "inputs": "in", "targets": "t", "prediction": "p", "score": -1.5}]
+        {"index": 0, "inputs": "in", "targets": "t", "prediction": "p", "score": -1.5}
+    ]
 
 
 def test_tensorboard_event_files(tmp_path):

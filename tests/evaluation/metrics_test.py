@@ -12,8 +12,9 @@ PREDICTIONS = ["the cat sat on a mat", "a quick brown fox", "to be or to be", "g
 
 def test_accuracy_and_sequence_accuracy_by_hand():
     assert metrics.accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == {"accuracy": 50.0}
-    assert metrics.sequence_accuracy([[1, 2], [3], [4, 5]], [[1, 2], [3, 0], [4, 5]]) == \
-        {"sequence_accuracy": pytest.approx(200 / 3)}
+    assert metrics.sequence_accuracy([[1, 2], [3], [4, 5]], [[1, 2], [3, 0], [4, 5]]) == {
+        "sequence_accuracy": pytest.approx(200 / 3)
+    }
     assert metrics.sequence_accuracy(TARGETS, PREDICTIONS) == {"sequence_accuracy": 25.0}
 
 
@@ -37,14 +38,22 @@ def test_squad_em_and_f1_by_hand():
 def test_bleu_equals_sacrebleu_called_directly():
     import sacrebleu
 
-    expected = sacrebleu.corpus_bleu(PREDICTIONS, [TARGETS], smooth_method="exp", smooth_value=0.0,
-                                     force=False, lowercase=False, tokenize="intl",
-                                     use_effective_order=False).score
+    expected = sacrebleu.corpus_bleu(
+        PREDICTIONS,
+        [TARGETS],
+        smooth_method="exp",
+        smooth_value=0.0,
+        force=False,
+        lowercase=False,
+        tokenize="intl",
+        use_effective_order=False,
+    ).score
     assert metrics.bleu(TARGETS, PREDICTIONS) == {"bleu": pytest.approx(expected)}
     assert 0 < expected < 100
     multi = metrics.bleu([[t, t.upper()] for t in TARGETS], PREDICTIONS)
-    direct = sacrebleu.corpus_bleu(PREDICTIONS, [TARGETS, [t.upper() for t in TARGETS]],
-                                   smooth_method="exp", smooth_value=0.0, tokenize="intl").score
+    direct = sacrebleu.corpus_bleu(
+        PREDICTIONS, [TARGETS, [t.upper() for t in TARGETS]], smooth_method="exp", smooth_value=0.0, tokenize="intl"
+    ).score
     assert multi["bleu"] == pytest.approx(direct)
 
 

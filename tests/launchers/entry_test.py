@@ -32,8 +32,7 @@ entry.run(body, expected=(ValueError,), prefix="prog")
 
 def _run(*args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    return subprocess.run([sys.executable, "-c", PROGRAM, *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-c", PROGRAM, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_success_and_the_bodys_own_exit_status():

@@ -27,7 +27,9 @@ def _write_metrics(model_dir, steps=60, evals=True, truncated=True):
             for metric, value in (("loss", 4.0 * math.exp(-step / 20) + 0.5), ("accuracy", step / steps)):
                 f.write(json.dumps({"task": "train", "step": step, "metric": metric, "value": value}) + "\n")
             if evals and step % 20 == 0:
-                f.write(json.dumps({"task": "eval", "step": step, "metric": "tiny/accuracy", "value": step / 100}) + "\n")
+                f.write(
+                    json.dumps({"task": "eval", "step": step, "metric": "tiny/accuracy", "value": step / 100}) + "\n"
+                )
         f.write(json.dumps({"task": "train", "step": 3, "metric": "loss", "value": 99.0}) + "\n")  # a re-run step
         if truncated:
             f.write('{"task": "train", "step": 61, "metr')
@@ -53,8 +55,9 @@ def test_plot_writes_a_png(tmp_path, evals):
 
 def _plot_loss(*args, cwd):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), BUILD_WORKING_DIRECTORY=str(cwd))
-    return subprocess.run([sys.executable, "-m", "cairn.launchers.plot_loss", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cairn.launchers.plot_loss", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_plot_run_resolves_paths_and_raises_on_bad_input(tmp_path, monkeypatch, capsys):

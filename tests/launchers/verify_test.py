@@ -78,13 +78,26 @@ def _train(model_dir, steps=STEPS, perturb_step=None, seed=0, config=None):
     config = config or {"model": "tiny", "steps": STEPS, "seed": seed}
     partitioner = Partitioner(create_mesh({"data": 4, "model": 2}), standard_logical_axis_rules())
     run_fp = fp.RunFingerprint(str(model_dir), checksum_every=EVERY)
-    run_fp.write_header(config_hash=fp.config_hash(config), data_fingerprint=f"batches-seed{seed}", seed=seed,
-                        process_count=jax.process_count(), device_count=jax.device_count(),
-                        mesh=dict(partitioner.mesh.shape))
-    cfg = TrainerConfig(model_dir=str(model_dir), num_train_steps=steps, seed=seed, log_every=4,
-                        checkpoint_every=3, tensorboard=False)
-    trainer = Trainer(TinyModel(), OptimizerConfig(name="adamw"), 1e-2, partitioner, cfg, step_hooks=[run_fp.step_hook],
-                      batch_hooks=[run_fp.batch_hook])
+    run_fp.write_header(
+        config_hash=fp.config_hash(config),
+        data_fingerprint=f"batches-seed{seed}",
+        seed=seed,
+        process_count=jax.process_count(),
+        device_count=jax.device_count(),
+        mesh=dict(partitioner.mesh.shape),
+    )
+    cfg = TrainerConfig(
+        model_dir=str(model_dir), num_train_steps=steps, seed=seed, log_every=4, checkpoint_every=3, tensorboard=False
+    )
+    trainer = Trainer(
+        TinyModel(),
+        OptimizerConfig(name="adamw"),
+        1e-2,
+        partitioner,
+        cfg,
+        step_hooks=[run_fp.step_hook],
+        batch_hooks=[run_fp.batch_hook],
+    )
     return trainer.train(Batches(seed, perturb_step))
 
 
@@ -102,8 +115,9 @@ def runs(tmp_path_factory):
 def _verify(*args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("BUILD_WORKING_DIRECTORY", None)
-    return subprocess.run([sys.executable, "-m", "cairn.launchers.verify", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cairn.launchers.verify", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_fingerprint_files(runs):
@@ -124,8 +138,10 @@ def test_identical_seeds_are_identical_also_after_a_resume(runs):
     assert report.identical and report.exit_code == 0, report.text()
     assert report.losses_compared == STEPS and report.checksums_compared == STEPS // EVERY
     assert report.batches_compared == STEPS
-    assert (f"identical through step {STEPS} ({STEPS} losses, {STEPS // EVERY} checksums, {STEPS} batch "
-            f"fingerprints compared)") in report.text()
+    assert (
+        f"identical through step {STEPS} ({STEPS} losses, {STEPS // EVERY} checksums, {STEPS} batch "
+        f"fingerprints compared)"
+    ) in report.text()
     result = _verify(f"--run_a={runs / 'a'}", f"--run_b={runs / 'b'}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"identical through step {STEPS}" in result.stdout
@@ -179,8 +195,9 @@ def test_paths_resolve_against_build_working_directory(runs, monkeypatch, capsys
 def _write_run(root, losses, checksums, config_hash="c", data="d", extra=""):
     (root / "fingerprint").mkdir(parents=True)
     (root / "summaries").mkdir()
-    (root / "fingerprint" / "header.json").write_text(json.dumps(
-        {"config_hash": config_hash, "data_fingerprint": data, "seed": 0, "mesh": {"data": 8}}))
+    (root / "fingerprint" / "header.json").write_text(
+        json.dumps({"config_hash": config_hash, "data_fingerprint": data, "seed": 0, "mesh": {"data": 8}})
+    )
     with open(root / "summaries" / "metrics.jsonl", "w") as f:
         for step, value in losses:
             f.write(json.dumps({"task": "train", "step": step, "metric": "loss", "value": value}) + "\n")
@@ -188,15 +205,20 @@ def _write_run(root, losses, checksums, config_hash="c", data="d", extra=""):
         f.write(extra)
     with open(root / "fingerprint" / "checksums.jsonl", "w") as f:
         for step, sha, total in checksums:
-            f.write(json.dumps({"step": step, "param_sha256": sha, "param_sum": total, "param_abs_sum": abs(total)})
-                    + "\n")
+            f.write(
+                json.dumps({"step": step, "param_sha256": sha, "param_sum": total, "param_abs_sum": abs(total)}) + "\n"
+            )
         f.write('{"step": 99, "param_sha')  # a truncated last line: ignored
 
 
 def test_synthetic_runs_last_row_wins_checksums_tolerance_and_headers(tmp_path):
     # Run A was resumed: steps 3-4 were logged twice (the first time before a crash); the last row wins.
-    _write_run(tmp_path / "a", [(1, 2.0), (2, 1.5), (3, 9.0), (4, 9.0), (3, 1.25), (4, 1.125), (5, 1.0)],
-               [(2, "x", 1.0), (4, "y", 2.0)], extra='{"task": "train", "step": 6, "met')
+    _write_run(
+        tmp_path / "a",
+        [(1, 2.0), (2, 1.5), (3, 9.0), (4, 9.0), (3, 1.25), (4, 1.125), (5, 1.0)],
+        [(2, "x", 1.0), (4, "y", 2.0)],
+        extra='{"task": "train", "step": 6, "met',
+    )
     _write_run(tmp_path / "b", [(1, 2.0), (2, 1.5), (3, 1.25), (4, 1.125)], [(2, "x", 1.0), (4, "z", 2.0 + 1e-9)])
     report = compare_runs(tmp_path / "a", tmp_path / "b")
     d = report.first_divergence
@@ -236,8 +258,10 @@ def test_checksum_does_not_depend_on_the_sharding():
     x = np.arange(64 * 16, dtype=np.float32).reshape(64, 16) / 7
     params = {"w": x, "b": {"v": np.ones(16, np.float32)}}
     one = fp.params_checksum(3, params)
-    sharded = {"w": jax.device_put(x, S(mesh, P("data", "model"))),
-               "b": {"v": jax.device_put(params["b"]["v"], S(mesh, P("model")))}}
+    sharded = {
+        "w": jax.device_put(x, S(mesh, P("data", "model"))),
+        "b": {"v": jax.device_put(params["b"]["v"], S(mesh, P("model")))},
+    }
     two = fp.params_checksum(3, sharded)
     assert one == two and one.param_sum == pytest.approx(float(x.astype(np.float64).sum()) + 16)
     x2 = x.copy()

@@ -34,8 +34,14 @@ def partitioner(request) -> Partitioner:
 def expected_spec(partitioner, logical):
     """What the standard rules ask for, written out by hand for these meshes."""
     fsdp = "fsdp" in partitioner.mesh.shape
-    table = {"batch": ("data", "fsdp") if fsdp else "data", "embed": "fsdp" if fsdp else None,
-             "mlp": "model", "vocab": "model", "length": None, None: None}
+    table = {
+        "batch": ("data", "fsdp") if fsdp else "data",
+        "embed": "fsdp" if fsdp else None,
+        "mlp": "model",
+        "vocab": "model",
+        "length": None,
+        None: None,
+    }
     out = [table[name] for name in logical]
     if logical[0] == "batch":  # activations: fsdp already taken by batch
         out = [out[0]] + [None if a == "fsdp" else a for a in out[1:]]

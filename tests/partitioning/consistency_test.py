@@ -64,10 +64,26 @@ def run(tmp_path, name, num_processes, local_devices, model, *extra):
     procs = []
     try:
         for i in range(num_processes):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), str(num_processes), str(i), str(port), str(local_devices), str(model),
-                 str(outs[i]), *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        str(num_processes),
+                        str(i),
+                        str(port),
+                        str(local_devices),
+                        str(model),
+                        str(outs[i]),
+                        *extra,
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         for p in procs:
             out, _ = p.communicate(timeout=TIMEOUT_S)
             assert p.returncode == 0, out[-3000:]

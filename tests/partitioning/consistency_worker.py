@@ -5,6 +5,7 @@ On a mesh model=MODEL, data=rest, feeds this host's DataLayout rows of a fixed g
 (or, with `wrong`, rows chosen by the process id, as a reader that ignores the mesh would),
 then gathers the row digests: writes the global batch fingerprint or the error.
 """
+
 import json
 import os
 import sys
@@ -17,12 +18,23 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import numpy as np  # noqa: E402
 
-from cairn.partitioning import (Partitioner, ReplicaBatchMismatchError, check_replica_batches, create_mesh,  # noqa: E402
-                                initialize_distributed, standard_logical_axis_rules)
+from cairn.partitioning import (  # noqa: E402
+    Partitioner,
+    ReplicaBatchMismatchError,
+    check_replica_batches,
+    create_mesh,
+    initialize_distributed,
+    standard_logical_axis_rules,
+)
 
 if num_processes > 1:
-    initialize_distributed(f"127.0.0.1:{port}", num_processes, process_id,
-                           coordinator_bind_address=f"127.0.0.1:{port}", initialization_timeout=60)
+    initialize_distributed(
+        f"127.0.0.1:{port}",
+        num_processes,
+        process_id,
+        coordinator_bind_address=f"127.0.0.1:{port}",
+        initialization_timeout=60,
+    )
 partitioner = Partitioner(create_mesh({"data": -1, "fsdp": 1, "model": model}), standard_logical_axis_rules())
 layout = partitioner.data_layout()
 rows = np.arange(16 * 6, dtype=np.int32).reshape(16, 6)

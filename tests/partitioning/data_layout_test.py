@@ -14,12 +14,15 @@ def test_one_host_reads_everything():
     assert data_layout(mesh, "data") == DataLayout(0, 1)
 
 
-@pytest.mark.parametrize("axes,batch_axes,want", [
-    ({"data": 8, "model": 1}, "data", [(0, 2), (1, 2)]),       # pure data parallel: each host its half
-    ({"data": 2, "model": 4}, "data", [(0, 2), (1, 2)]),       # one replica per host
-    ({"data": 1, "model": 8}, "data", [(0, 1), (0, 1)]),       # one replica spans both: same shard
-    ({"data": 2, "fsdp": 2, "model": 2}, ("data", "fsdp"), [(0, 2), (1, 2)]),
-])
+@pytest.mark.parametrize(
+    "axes,batch_axes,want",
+    [
+        ({"data": 8, "model": 1}, "data", [(0, 2), (1, 2)]),  # pure data parallel: each host its half
+        ({"data": 2, "model": 4}, "data", [(0, 2), (1, 2)]),  # one replica per host
+        ({"data": 1, "model": 8}, "data", [(0, 1), (0, 1)]),  # one replica spans both: same shard
+        ({"data": 2, "fsdp": 2, "model": 2}, ("data", "fsdp"), [(0, 2), (1, 2)]),
+    ],
+)
 def test_two_hosts(axes, batch_axes, want):
     got = [(l.shard_id, l.num_shards) for l in layouts(create_mesh(axes), batch_axes)]
     assert got == want

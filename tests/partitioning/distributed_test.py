@@ -30,9 +30,23 @@ def run_workers(num_processes: int, local_devices: int, out_prefix: str) -> None
     procs = []
     try:
         for pid in range(num_processes):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), str(num_processes), str(pid), str(port), str(local_devices), out_prefix],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        str(num_processes),
+                        str(pid),
+                        str(port),
+                        str(local_devices),
+                        out_prefix,
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         deadline = time.monotonic() + TIMEOUT_S
         for p in procs:
             out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -89,9 +103,16 @@ def test_resolve_clusters():
 
 
 def test_initialize_is_a_noop_on_one_process(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_JOB_ID",
-                 "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS"):
+    for name in (
+        "JAX_COORDINATOR_ADDRESS",
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "SLURM_JOB_ID",
+        "TPU_WORKER_HOSTNAMES",
+        "MEGASCALE_COORDINATOR_ADDRESS",
+    ):
         monkeypatch.delenv(name, raising=False)
     import jax
+
     assert initialize_distributed().mode == "single"
     assert not jax.distributed.is_initialized() and jax.process_count() == 1

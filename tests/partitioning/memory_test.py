@@ -93,8 +93,10 @@ def test_estimate_agrees_with_shard_sizes(size, model_axis, recwarn):
 
     params_out, opt_out = jax.eval_shape(jax.jit(init, out_shardings=(param_sh, opt_sh)))
     want_params, want_opt = actual_bytes_per_device(params_out), actual_bytes_per_device(opt_out)
-    print(f"T5.1.1-{size} mesh (1,{model_axis}): params {estimate.params} vs {want_params}, "
-          f"opt_state {estimate.opt_state} vs {want_opt}")
+    print(
+        f"T5.1.1-{size} mesh (1,{model_axis}): params {estimate.params} vs {want_params}, "
+        f"opt_state {estimate.opt_state} vs {want_opt}"
+    )
     assert abs(estimate.params - want_params) <= 0.01 * want_params
     assert abs(estimate.opt_state - want_opt) <= 0.01 * want_opt
     total_params = sum(int(np.prod(x.shape)) for x in shapes.values())
@@ -115,8 +117,9 @@ def test_activations_and_summary():
     est = estimate_memory(shapes, specs, partitioner, activations=acts)
     unsharded = sum(int(np.prod(s.shape)) * 2 for s in acts[0].values())
     assert est.activations == unsharded // 8  # batch split over data=8
-    remat = estimate_memory(shapes, specs, partitioner,
-                            activations=transformer_activations(64, 512, 8, 512, 1024, 6, 64, remat=True))
+    remat = estimate_memory(
+        shapes, specs, partitioner, activations=transformer_activations(64, 512, 8, 512, 1024, 6, 64, remat=True)
+    )
     assert remat.activations == 8 * 64 * 512 * 512 * 4 // 8
     assert est.total == est.params + est.activations
     assert "GiB/device" in str(est) and "total" in str(est)

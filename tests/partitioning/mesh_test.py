@@ -7,13 +7,16 @@ from cairn.partitioning import MeshShapeError, create_mesh, data_layout
 from cairn.partitioning.mesh import _slices
 
 
-@pytest.mark.parametrize("axes,shape", [
-    ({"data": 1, "model": 8}, (1, 8)),
-    ({"data": 2, "model": 4}, (2, 4)),
-    ({"data": 4, "model": 2}, (4, 2)),
-    ({"data": 8, "model": 1}, (8, 1)),
-    ({"data": 2, "fsdp": 2, "model": 2}, (2, 2, 2)),
-])
+@pytest.mark.parametrize(
+    "axes,shape",
+    [
+        ({"data": 1, "model": 8}, (1, 8)),
+        ({"data": 2, "model": 4}, (2, 4)),
+        ({"data": 4, "model": 2}, (4, 2)),
+        ({"data": 8, "model": 1}, (8, 1)),
+        ({"data": 2, "fsdp": 2, "model": 2}, (2, 2, 2)),
+    ],
+)
 def test_shapes_and_auto_axes(axes, shape):
     mesh = create_mesh(axes)
     assert tuple(mesh.shape.values()) == shape
@@ -43,7 +46,7 @@ def test_shape_not_matching_devices_names_both_numbers():
 def test_hybrid_mesh_keeps_each_slice_contiguous():
     # Two simulated slices of 4 devices: data spans the slices (DCN), model stays inside (ICI).
     mesh = create_mesh({"data": 4, "model": 2}, num_slices=2)
-    slice_of = lambda d: 0 if d.id < 4 else 1  # noqa: E731 - contiguous (process, id) runs
+    slice_of = lambda d: 0 if d.id < 4 else 1
     grid = np.vectorize(slice_of)(mesh.devices)
     np.testing.assert_array_equal(grid, [[0, 0], [0, 0], [1, 1], [1, 1]])
     # DCN on the model axis instead: every model group crosses slices, every data row doesn't.
@@ -89,7 +92,7 @@ def test_each_slice_reads_its_own_rows_when_data_spans_slices(dcn_axes, shard_id
     """Hosts = slices (devices 0-3 and 4-7). With data across slices the slices hold different
     rows (distinct shard ids); with model across slices they are replica-mates (one shard)."""
     mesh = create_mesh({"data": 4, "model": 2}, num_slices=2, dcn_axes=dcn_axes)
-    slice_of = lambda d: 0 if d.id < 4 else 1  # noqa: E731
+    slice_of = lambda d: 0 if d.id < 4 else 1
     layouts = [data_layout(mesh, "data", process_index=s, process_of=slice_of) for s in (0, 1)]
     assert [lay.shard_id for lay in layouts] == shard_ids
     assert {lay.num_shards for lay in layouts} == {len(set(shard_ids))}

@@ -15,6 +15,7 @@ EMBED, MLP, BATCH, LENGTH = 16, 32, 8, 4
 
 # -- a sharded matmul-and-reduce ----------------------------------------------------------
 
+
 def matmul_reduce(constrain, x, w):
     y = constrain(jnp.tanh(x @ w), ("batch", "mlp"))
     return y, y.sum(axis=0), y.sum()
@@ -29,8 +30,9 @@ def test_matmul_and_reduce_equals_one_device(partitioner, assert_sharding):
     specs = (("batch", "embed"), ("embed", "mlp"))
     in_sh = partitioner.shardings_for(specs, (x, w))
     out_sh = partitioner.shardings_for((("batch", "mlp"), ("mlp",), ()))
-    fn = partitioner.partition(functools.partial(matmul_reduce, partitioner.with_sharding_constraint),
-                               in_shardings=in_sh, out_shardings=out_sh)
+    fn = partitioner.partition(
+        functools.partial(matmul_reduce, partitioner.with_sharding_constraint), in_shardings=in_sh, out_shardings=out_sh
+    )
     xs, ws = jax.device_put(x, in_sh[0]), jax.device_put(w, in_sh[1])
     assert_sharding(xs, partitioner, ("batch", "embed"))
     assert_sharding(ws, partitioner, ("embed", "mlp"))

@@ -52,8 +52,19 @@ class Clock:
 
 def watchdogs(store, n, timeout_s, clock=None, **kwargs):
     exits = []
-    dogs = [PeerWatchdog(store, i, n, timeout_s, exit_fn=lambda code, i=i: exits.append((i, code)),
-                         stream=io.StringIO(), **({"clock": clock} if clock else {}), **kwargs) for i in range(n)]
+    dogs = [
+        PeerWatchdog(
+            store,
+            i,
+            n,
+            timeout_s,
+            exit_fn=lambda code, i=i: exits.append((i, code)),
+            stream=io.StringIO(),
+            **({"clock": clock} if clock else {}),
+            **kwargs,
+        )
+        for i in range(n)
+    ]
     return dogs, exits
 
 

@@ -15,8 +15,9 @@ MESH = {"data": 2, "fsdp": 2, "model": 2}
 
 
 def resolve(spec, shape=None, mesh=MESH, on_indivisible="replicate", **mode):
-    return logical_to_mesh_spec(spec, standard_logical_axis_rules(**mode), mesh, shape,
-                                "encoder/layers_0/mlp/wi/kernel", on_indivisible)
+    return logical_to_mesh_spec(
+        spec, standard_logical_axis_rules(**mode), mesh, shape, "encoder/layers_0/mlp/wi/kernel", on_indivisible
+    )
 
 
 def test_t5x_standard_rules_1d():
@@ -35,8 +36,12 @@ def test_2d_activation_and_parameter_modes():
     assert resolve(("embed", "mlp"), activation_partitioning_dims=2) == P(None, "model")
     # Parameters 2-D (t5x): embed over data.
     assert resolve(("embed", "mlp"), parameter_partitioning_dims=2) == P("data", "model")
-    assert resolve(("embed", "mlp"), activation_partitioning_dims=2, parameter_partitioning_dims=2) == P("data", "model")
-    assert resolve(("vocab", "embed"), activation_partitioning_dims=2, parameter_partitioning_dims=2) == P("model", "data")
+    assert resolve(("embed", "mlp"), activation_partitioning_dims=2, parameter_partitioning_dims=2) == P(
+        "data", "model"
+    )
+    assert resolve(("vocab", "embed"), activation_partitioning_dims=2, parameter_partitioning_dims=2) == P(
+        "model", "data"
+    )
 
 
 def test_fsdp_mode():

@@ -12,13 +12,19 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cairn.partitioning import (IndivisibleDimensionError, Partitioner, create_mesh, opt_state_logical_specs,
-                                standard_logical_axis_rules)
+from cairn.partitioning import (
+    IndivisibleDimensionError,
+    Partitioner,
+    create_mesh,
+    opt_state_logical_specs,
+    standard_logical_axis_rules,
+)
 
 VOCAB, EMBED, MLP, BATCH, LENGTH = 64, 16, 32, 8, 4
 
 
 # -- a small Flax model's train step ---------------------------------------------------------
+
 
 class TinyLM(nn.Module):
     constrain: object = staticmethod(lambda x, spec: x)
@@ -28,9 +34,13 @@ class TinyLM(nn.Module):
         init = nn.initializers.normal(0.5)
         emb = self.param("embedding", nn.with_logical_partitioning(init, ("vocab", "embed")), (VOCAB, EMBED))
         x = self.constrain(jnp.take(emb, tokens, axis=0), ("batch", "length", "embed"))
-        h = nn.Dense(MLP, use_bias=False, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")), name="wi")(x)
+        h = nn.Dense(MLP, use_bias=False, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")), name="wi")(
+            x
+        )
         h = self.constrain(nn.gelu(h), ("batch", "length", "mlp"))
-        x = x + nn.Dense(EMBED, use_bias=False, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")), name="wo")(h)
+        x = x + nn.Dense(
+            EMBED, use_bias=False, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")), name="wo"
+        )(h)
         return x @ emb.T
 
 
@@ -39,9 +49,11 @@ def make_step(model, optimizer):
         def loss_fn(p):
             logits = model.apply({"params": p}, batch["inputs"])
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
+
     return step
 
 
@@ -72,21 +84,28 @@ def test_flax_train_step_equals_one_device(partitioner, setup, assert_sharding):
     model = TinyLM(constrain=partitioner.with_sharding_constraint)
 
     # Initialising straight into the shardings gives the same values as on one device.
-    init = partitioner.partition(lambda k: nn.meta.unbox(model.init(k, batch["inputs"]))["params"],
-                                 out_shardings=param_sh)
+    init = partitioner.partition(
+        lambda k: nn.meta.unbox(model.init(k, batch["inputs"]))["params"], out_shardings=param_sh
+    )
     p = init(setup["key"])
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), p, params)
     o = jax.device_put(jax.tree.map(np.array, opt_state), opt_sh)  # copies: the step donates them
-    step = partitioner.partition(make_step(model, OPTIMIZER),
-                                 in_shardings=(param_sh, opt_sh, batch_sh),
-                                 out_shardings=(param_sh, opt_sh, P()), donate_argnums=(0, 1))
+    step = partitioner.partition(
+        make_step(model, OPTIMIZER),
+        in_shardings=(param_sh, opt_sh, batch_sh),
+        out_shardings=(param_sh, opt_sh, P()),
+        donate_argnums=(0, 1),
+    )
     b = partitioner.shard_batch(batch, ("batch", "length"))
     for _ in range(2):
         p, o, loss = step(p, o, b)
     want_p, want_o, want_loss = setup["want"]
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
-    jax.tree.map(lambda a, e: np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-5, atol=2e-6),
-                 (p, o), (want_p, want_o))
+    jax.tree.map(
+        lambda a, e: np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-5, atol=2e-6),
+        (p, o),
+        (want_p, want_o),
+    )
     assert_sharding(p["embedding"], partitioner, ("vocab", "embed"))
     assert_sharding(p["wi"]["kernel"], partitioner, ("embed", "mlp"))
     assert_sharding(p["wo"]["kernel"], partitioner, ("mlp", "embed"))
@@ -105,8 +124,13 @@ def test_adafactor_state_shardings(setup):
     param_sh = partitioner.shardings_for(specs, params)
     replicated = NamedSharding(partitioner.mesh, P())
     reference = optax.tree_utils.tree_map_params(
-        OPTIMIZER, lambda leaf, p, sh: sh if leaf.shape == p.shape else None,
-        opt_state, params, param_sh, transform_non_params=lambda _: replicated)
+        OPTIMIZER,
+        lambda leaf, p, sh: sh if leaf.shape == p.shape else None,
+        opt_state,
+        params,
+        param_sh,
+        transform_non_params=lambda _: replicated,
+    )
     ours = partitioner.opt_state_shardings(params, specs, opt_state)
     factored = opt_state[0]  # FactoredState(count, v_row, v_col, v)
     assert factored.v_row["wi"]["kernel"].shape == (EMBED,)
@@ -148,8 +172,9 @@ def test_opt_state_shardings_replicate_quietly_even_with_on_indivisible_error():
     specs = {"w": ("mlp", "kv")}
     state = optax.adafactor(1e-2).init(params)
     for mode in ("replicate", "error"):
-        partitioner = Partitioner(create_mesh({"data": 1, "model": 8}), standard_logical_axis_rules(),
-                                  on_indivisible=mode)
+        partitioner = Partitioner(
+            create_mesh({"data": 1, "model": 8}), standard_logical_axis_rules(), on_indivisible=mode
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert partitioner.shardings_for(specs, params)["w"].spec == P("model", None)

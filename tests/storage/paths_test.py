@@ -15,8 +15,9 @@ def test_urls_keep_their_double_slash():
     assert p.name == "x"
 
 
-@pytest.mark.parametrize("url,scheme", [("gs://b/x", "gs"), ("s3://b/x", "s3"), ("/tmp/x", None),
-                                        ("rel/x", None), ("GS://b", "gs")])
+@pytest.mark.parametrize(
+    "url,scheme", [("gs://b/x", "gs"), ("s3://b/x", "s3"), ("/tmp/x", None), ("rel/x", None), ("GS://b", "gs")]
+)
 def test_scheme_and_is_url(url, scheme):
     assert storage.scheme(url) == scheme
     assert storage.is_url(url) == (scheme is not None)

@@ -63,13 +63,20 @@ class DefaultCredentialsError(Exception):
     """Named as google-auth's, which gcsfs raises when no credentials are found."""
 
 
-@pytest.mark.parametrize("error,expected", [
-    (PermissionError("403 Forbidden: caller does not have storage.objects.create access"),
-     "no permission to write (at https://storage.googleapis.com); check the credentials"),
-    (OSError("401 Unauthorized"), "no permission to write"),
-    (DefaultCredentialsError("Your default credentials were not found"),
-     "no credentials for https://storage.googleapis.com: set GOOGLE_APPLICATION_CREDENTIALS"),
-])
+@pytest.mark.parametrize(
+    "error,expected",
+    [
+        (
+            PermissionError("403 Forbidden: caller does not have storage.objects.create access"),
+            "no permission to write (at https://storage.googleapis.com); check the credentials",
+        ),
+        (OSError("401 Unauthorized"), "no permission to write"),
+        (
+            DefaultCredentialsError("Your default credentials were not found"),
+            "no credentials for https://storage.googleapis.com: set GOOGLE_APPLICATION_CREDENTIALS",
+        ),
+    ],
+)
 def test_permission_and_credential_errors_are_named(monkeypatch, error, expected):
     """A real bucket's refusals (the emulator has no IAM), mapped to one line each."""
     from cairn.storage import probe

@@ -78,8 +78,16 @@ def _child_env():
 
 def test_racing_processes_one_winner(root):
     p = storage.join(root, "race.lock")
-    procs = [subprocess.Popen([sys.executable, "-c", _RACER, p, f"proc{i}"], stdout=subprocess.PIPE,
-                              text=True, env=_child_env(), start_new_session=True) for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, p, f"proc{i}"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
+            start_new_session=True,
+        )
+        for i in range(4)
+    ]
     try:
         outs = [q.communicate(timeout=240)[0].strip() for q in procs]
     finally:
@@ -97,8 +105,13 @@ def test_a_killed_writer_leaves_no_torn_file(root, delay):
     """SIGKILL while a 4 MB file is rewritten again and again: what is there is whole."""
     size = 4 << 20
     p = storage.join(root, f"big-{delay}.bin")
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, p, str(size)], stdout=subprocess.PIPE,
-                            text=True, env=_child_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, p, str(size)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_child_env(),
+        start_new_session=True,
+    )
     try:
         assert proc.stdout.readline().startswith("wrote 0")
         time.sleep(delay)

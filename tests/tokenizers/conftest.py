@@ -1,6 +1,5 @@
 """Shared fixtures for the tokenizers tests: real English text and small trained models."""
 
-import os
 import pathlib
 
 import pytest
@@ -30,8 +29,9 @@ def lines():
 def exact_model(lines, tmp_path_factory):
     """A model that round-trips any text exactly (identity normalization, byte fallback)."""
     path = tmp_path_factory.mktemp("spm") / "exact.model"
-    return train_sentencepiece(lines, path, 1000, normalization="identity",
-                               remove_extra_whitespaces=False, byte_fallback=True)
+    return train_sentencepiece(
+        lines, path, 1000, normalization="identity", remove_extra_whitespaces=False, byte_fallback=True
+    )
 
 
 @pytest.fixture(scope="session")

@@ -23,8 +23,7 @@ def test_model_types_give_t5_special_ids(lines, tmp_path, model_type):
 
 def test_byte_fallback_avoids_unk(lines, tmp_path):
     plain = SentencePieceVocabulary(train_sentencepiece(lines[:3000], tmp_path / "p.model", 400))
-    fallback = SentencePieceVocabulary(
-        train_sentencepiece(lines[:3000], tmp_path / "f.model", 400, byte_fallback=True))
+    fallback = SentencePieceVocabulary(train_sentencepiece(lines[:3000], tmp_path / "f.model", 400, byte_fallback=True))
     text = "\u4e2d\u6587 \u03b1\u03b2\u03b3"
     assert plain.unk_id in plain.encode(text)
     assert fallback.unk_id not in fallback.encode(text)

@@ -13,7 +13,9 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
-_SUMMARY = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED TO BUILD|INCOMPLETE|REMOTE FAILURE)\b")
+_SUMMARY = re.compile(
+    r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED TO BUILD|INCOMPLETE|REMOTE FAILURE)\b"
+)
 
 
 def main(log_path: str, testlogs: str) -> int:

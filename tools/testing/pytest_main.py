@@ -3,6 +3,7 @@
 Outside Bazel, pass the test files as arguments. Every test sees 8 virtual CPU devices
 unless XLA_FLAGS says otherwise (docs/design.md §10).
 """
+
 import os
 import sys
 
@@ -10,7 +11,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
+import pytest
 
 
 def _test_files() -> list:
@@ -37,9 +38,11 @@ def main() -> int:
         _outside_bazel_import_paths(files)
     args = files + [
         "-q",
-        "-p", "no:cacheprovider",
+        "-p",
+        "no:cacheprovider",
         "--import-mode=importlib",
-        "-o", "python_files=*_test.py test_*.py",
+        "-o",
+        "python_files=*_test.py test_*.py",
     ]
     xml = os.environ.get("XML_OUTPUT_FILE")
     if xml:

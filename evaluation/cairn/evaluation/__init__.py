@@ -10,8 +10,17 @@ from cairn.evaluation.metrics._checks import MetricInputError
 
 __version__ = "0.1.0"
 
-__all__ = ["EvaluationError", "EvaluationResult", "Evaluator", "JsonLinesLogger",
-           "MetricInputError", "MetricLogger", "TensorBoardLogger", "metrics", "read_metrics"]
+__all__ = [
+    "EvaluationError",
+    "EvaluationResult",
+    "Evaluator",
+    "JsonLinesLogger",
+    "MetricInputError",
+    "MetricLogger",
+    "TensorBoardLogger",
+    "metrics",
+    "read_metrics",
+]
 
 _LAZY = ("Evaluator", "EvaluationError", "EvaluationResult")
 

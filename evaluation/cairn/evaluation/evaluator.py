@@ -98,14 +98,21 @@ class Evaluator:
       loggers: where metrics and per-example outputs are written.
     """
 
-    def __init__(self, mixture_or_task_name: str | Task | Mixture,
-                 feature_converter: FeatureConverter, split: str = "validation",
-                 num_examples: int | None = None, seed: int | None = 0,
-                 sequence_length: Mapping[str, int] | None = None,
-                 registry: Registry | None = None, loggers: Sequence[MetricLogger] = ()):
+    def __init__(
+        self,
+        mixture_or_task_name: str | Task | Mixture,
+        feature_converter: FeatureConverter,
+        split: str = "validation",
+        num_examples: int | None = None,
+        seed: int | None = 0,
+        sequence_length: Mapping[str, int] | None = None,
+        registry: Registry | None = None,
+        loggers: Sequence[MetricLogger] = (),
+    ):
         if feature_converter.pack:
-            raise EvaluationError(f"{feature_converter!r}: evaluation needs pack=False, so each "
-                                  "model row is one example")
+            raise EvaluationError(
+                f"{feature_converter!r}: evaluation needs pack=False, so each model row is one example"
+            )
         obj = mixture_or_task_name
         if isinstance(obj, str):
             obj = get_mixture_or_task(obj, registry)
@@ -136,10 +143,17 @@ class Evaluator:
         """`(index, model features)` pairs of the task, unbatched, in order."""
         return self._data[task_name].model_dataset
 
-    def _build(self, task: Task, num_examples: int | None, seed: int | None,
-               sequence_length: Mapping[str, int] | None) -> _TaskData:
-        ds = task.get_dataset(sequence_length, split=self.split, shuffle=False, seed=seed,
-                              num_epochs=1, trim_output_features=sequence_length is not None)
+    def _build(
+        self, task: Task, num_examples: int | None, seed: int | None, sequence_length: Mapping[str, int] | None
+    ) -> _TaskData:
+        ds = task.get_dataset(
+            sequence_length,
+            split=self.split,
+            shuffle=False,
+            seed=seed,
+            num_epochs=1,
+            trim_output_features=sequence_length is not None,
+        )
         if num_examples is not None:
             ds = ds.take(num_examples)
         examples = list(ds.as_numpy_iterator())
@@ -150,11 +164,13 @@ class Evaluator:
             if k not in lengths and examples[0].get(k) is not None and np.ndim(examples[0][k]) == 1:
                 lengths[k] = max(1, max(len(ex[k]) for ex in examples))
         targets = [self._postprocess(task, self._target_text(task, ex), ex, True) for ex in examples]
-        spec = {k: tf.TensorSpec.from_tensor(tf.constant(v)) for k, v in examples[0].items()
-                if k in task.output_features}
+        spec = {
+            k: tf.TensorSpec.from_tensor(tf.constant(v)) for k, v in examples[0].items() if k in task.output_features
+        }
         spec = {k: tf.TensorSpec([None] * s.shape.rank, s.dtype) for k, s in spec.items()}
         features = tf.data.Dataset.from_generator(
-            lambda: ({k: ex[k] for k in spec} for ex in examples), output_signature=spec)
+            lambda: ({k: ex[k] for k in spec} for ex in examples), output_signature=spec
+        )
         model_ds = self._converter(features, {k: n for k, n in lengths.items() if k in spec})
         model_ds = tf.data.Dataset.zip((tf.data.Dataset.range(len(examples)), model_ds))
         return _TaskData(task, examples, targets, model_ds.cache())
@@ -173,8 +189,9 @@ class Evaluator:
         return task.postprocess_fn(value, example=example, is_target=is_target)
 
     # ---------------------------------------------------------------------------------
-    def evaluate(self, *, predict_fn: PredictFn | None = None, score_fn: ScoreFn | None = None,
-                 step: int | None = None) -> EvaluationResult:
+    def evaluate(
+        self, *, predict_fn: PredictFn | None = None, score_fn: ScoreFn | None = None, step: int | None = None
+    ) -> EvaluationResult:
         """Runs the model functions over every task and computes its metrics.
 
         A task whose metrics cannot all be computed (no metric functions, a model output
@@ -191,20 +208,31 @@ class Evaluator:
                 logger.log_examples(name, step or 0, self._rows(name, data, result))
         return result
 
-    def _ordered(self, name: str, kind: str, outputs: Sequence[tuple[int, Any]] | None,
-                 n: int, result: EvaluationResult) -> list[Any] | None:
+    def _ordered(
+        self, name: str, kind: str, outputs: Sequence[tuple[int, Any]] | None, n: int, result: EvaluationResult
+    ) -> list[Any] | None:
         if outputs is None:
             return None
         outputs = list(outputs)
         indices = sorted(int(i) for i, _ in outputs)
         if indices != list(range(n)):
-            result._error(name, f"task {name!r}: the {kind} function returned {len(outputs)} "
-                                f"outputs for {n} examples (each index 0..{n - 1} exactly once)")
+            result._error(
+                name,
+                f"task {name!r}: the {kind} function returned {len(outputs)} "
+                f"outputs for {n} examples (each index 0..{n - 1} exactly once)",
+            )
             return None
         return [v for _, v in sorted(outputs, key=lambda pair: int(pair[0]))]
 
-    def _evaluate_task(self, name: str, data: _TaskData, predict_fn: PredictFn | None,
-                       score_fn: ScoreFn | None, step: int | None, result: EvaluationResult) -> None:
+    def _evaluate_task(
+        self,
+        name: str,
+        data: _TaskData,
+        predict_fn: PredictFn | None,
+        score_fn: ScoreFn | None,
+        step: int | None,
+        result: EvaluationResult,
+    ) -> None:
         task, n = data.task, len(data.examples)
         if not task.metric_fns:
             result._error(name, f"task {name!r} has no metric functions; nothing to report")
@@ -215,28 +243,28 @@ class Evaluator:
             raw = self._ordered(name, "predict", predict_fn(data.model_dataset), n, result)
             if raw is not None:
                 vocab = task.output_features["targets"].vocabulary
-                predictions = [self._postprocess(task, _text(vocab, ids), ex, False)
-                               for ids, ex in zip(raw, data.examples)]
+                predictions = [
+                    self._postprocess(task, _text(vocab, ids), ex, False) for ids, ex in zip(raw, data.examples)
+                ]
                 result.predictions[name] = predictions
         if "score" in kinds.values() and score_fn is not None:
             scores = self._ordered(name, "score", score_fn(data.model_dataset), n, result)
             if scores is not None:
                 scores = [float(s) for s in scores]
                 result.scores[name] = scores
-        num_tokens = [int(np.size(ex["targets"])) for ex in data.examples] \
-            if "targets" in data.examples[0] else None
+        num_tokens = [int(np.size(ex["targets"])) for ex in data.examples] if "targets" in data.examples[0] else None
         metrics: dict[str, float] = {}
         for fn in task.metric_fns:
             metric, kind = _name(fn), kinds[_name(fn)]
             values = predictions if kind == "prediction" else scores if kind == "score" else None
             if kind == "unknown":
-                result._error(name, f"task {name!r}: metric {metric} takes neither `predictions` "
-                                    "nor `scores`")
+                result._error(name, f"task {name!r}: metric {metric} takes neither `predictions` nor `scores`")
                 continue
             if values is None:
                 missing = "predict_fn" if kind == "prediction" else "score_fn"
-                result._error(name, f"task {name!r}: metric {metric} needs {missing} outputs, "
-                                    "which are missing or unusable")
+                result._error(
+                    name, f"task {name!r}: metric {metric} needs {missing} outputs, which are missing or unusable"
+                )
                 continue
             kwargs: dict[str, Any] = {}
             params = inspect.signature(fn).parameters
@@ -247,13 +275,13 @@ class Evaluator:
             try:
                 out = fn(data.targets, values, **kwargs)
             except Exception as e:  # one bad metric must not hide the others
-                result._error(name, f"task {name!r}: metric {metric} raised "
-                                    f"{type(e).__name__}: {e}")
+                result._error(name, f"task {name!r}: metric {metric} raised {type(e).__name__}: {e}")
                 continue
             overlap = set(out) & set(metrics)
             if overlap:
-                result._error(name, f"task {name!r}: metric {metric} reports {sorted(overlap)} "
-                                    "again; the first value is kept")
+                result._error(
+                    name, f"task {name!r}: metric {metric} reports {sorted(overlap)} again; the first value is kept"
+                )
             for k, v in out.items():
                 metrics.setdefault(k, float(v))
         if metrics:

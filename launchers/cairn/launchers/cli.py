@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from absl import flags
 from ml_collections import config_flags
@@ -19,11 +19,12 @@ from ml_collections import config_flags
 from cairn.launchers import config_base, config_io, entry
 from cairn.launchers.validation import ConfigError, check_schema, close_names
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file: path.py[:arg] (launchers/configs/).",
-                                         lock_config=False)
+CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment file: path.py[:arg] (launchers/configs/).", lock_config=False
+)
 
 
-def _overrides(argv: list[str]) -> list[tuple[str, Optional[str]]]:
+def _overrides(argv: list[str]) -> list[tuple[str, str | None]]:
     out = []
     for i, a in enumerate(argv):
         m = re.match(r"--config\.([\w.]+)(?:=(.*))?$", a)
@@ -35,10 +36,10 @@ def _overrides(argv: list[str]) -> list[tuple[str, Optional[str]]]:
     return out
 
 
-def _config_spec(argv: list[str]) -> Optional[str]:
+def _config_spec(argv: list[str]) -> str | None:
     for i, a in enumerate(argv):
         if a.startswith("--config="):
-            return a[len("--config="):]
+            return a[len("--config=") :]
         if a == "--config" and i + 1 < len(argv):
             return argv[i + 1]
     return None
@@ -75,10 +76,10 @@ def explain_flag_error(argv: list[str], error: Exception) -> ConfigError:
             close = close_names(key, sorted(known))
             hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
             free = next((f for f in config_base.FREE_FORM if key.startswith(f + ".")), None)
-            note = (f" (keys of {free!r} can be added in the experiment file, not by an override)"
-                    if free else "")
-            return ConfigError(key, f"unknown key (--config.{key}={value}){note}; {hint}allowed: "
-                                    f"{', '.join(sorted(siblings))}")
+            note = f" (keys of {free!r} can be added in the experiment file, not by an override)" if free else ""
+            return ConfigError(
+                key, f"unknown key (--config.{key}={value}){note}; {hint}allowed: {', '.join(sorted(siblings))}"
+            )
     message = str(error)
     m = re.search(r"--config\.([\w.]+)=?(\S*)", message)
     if m:
@@ -88,8 +89,7 @@ def explain_flag_error(argv: list[str], error: Exception) -> ConfigError:
             want = type(current).__name__ if current is not None else "a value"
         except (KeyError, TypeError):
             want = "a value"
-        return ConfigError(key, f"cannot parse the override {m.group(2)!r} as {want}: "
-                                f"{message.split(': ', 1)[-1]}")
+        return ConfigError(key, f"cannot parse the override {m.group(2)!r} as {want}: {message.split(': ', 1)[-1]}")
     return ConfigError("config", message)
 
 
@@ -115,10 +115,13 @@ def loaded_config() -> Any:
     return config_io.resolve_paths(CONFIG.value)
 
 
-def run_entry_point(body: Callable[[Any], int | None], expected: tuple[type[BaseException], ...] = (),
-                    logs: Callable[[], None] | None = None,
-                    flags_parser: Callable[[list[str]], list[str]] = parse_flags,
-                    describe: Callable[[BaseException], BaseException | str] | None = None) -> None:
+def run_entry_point(
+    body: Callable[[Any], int | None],
+    expected: tuple[type[BaseException], ...] = (),
+    logs: Callable[[], None] | None = None,
+    flags_parser: Callable[[list[str]], list[str]] = parse_flags,
+    describe: Callable[[BaseException], BaseException | str] | None = None,
+) -> None:
     """Runs `body(config)` through `entry.run`: flags parsed by `parse_flags`, the loaded config
     passed in; a `ConfigError` or an `expected` error is one line with exit status 2. `logs`
     sets up logging (default: INFO)."""

@@ -37,9 +37,14 @@ def fail(error: BaseException | str, prefix: str = "error") -> NoReturn:
     sys.exit(EXIT_CODE)
 
 
-def run(body: Callable[[], int | None], *, expected: tuple[type[BaseException], ...] = (),
-        prefix: str = "error", flags_parser: Callable[[list[str]], list[str]] | None = None,
-        describe: Callable[[BaseException], BaseException | str] | None = None) -> None:
+def run(
+    body: Callable[[], int | None],
+    *,
+    expected: tuple[type[BaseException], ...] = (),
+    prefix: str = "error",
+    flags_parser: Callable[[list[str]], list[str]] | None = None,
+    describe: Callable[[BaseException], BaseException | str] | None = None,
+) -> None:
     """Runs `body` as an absl program (see the module docstring). `describe` turns an expected
     error into what is printed (default: the error itself)."""
     from absl import app

@@ -12,8 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Callable
-from typing import Mapping, Optional
+from collections.abc import Callable, Mapping
 
 from absl import flags
 
@@ -29,8 +28,10 @@ def read_metrics(model_dir: str | os.PathLike) -> dict:
     summaries = storage.join(os.fspath(model_dir), "summaries")
     rows, _ = read_metric_rows(summaries)
     if not rows:
-        raise FileNotFoundError(f"{storage.join(summaries, 'metrics.jsonl')} not found or empty: is "
-                                f"{model_dir} a model_dir of a training run?")
+        raise FileNotFoundError(
+            f"{storage.join(summaries, 'metrics.jsonl')} not found or empty: is "
+            f"{model_dir} a model_dir of a training run?"
+        )
     series: dict = {}
     for row in rows:
         try:
@@ -42,7 +43,7 @@ def read_metrics(model_dir: str | os.PathLike) -> dict:
     return {k: dict(sorted(v.items())) for k, v in series.items()}
 
 
-def plot(series: Mapping, output: str | os.PathLike, metric: str = "loss", title: Optional[str] = None) -> str:
+def plot(series: Mapping, output: str | os.PathLike, metric: str = "loss", title: str | None = None) -> str:
     """Draws train `metric` (and every eval metric) to the PNG `output`; returns its path."""
     train = series.get(("train", metric))
     if not train:
@@ -61,8 +62,9 @@ def plot(series: Mapping, output: str | os.PathLike, metric: str = "loss", title
     ax.plot(steps, values, linewidth=1.0, label=f"train/{metric}")
     if len(values) >= 20:  # a moving average helps to read a noisy loss
         k = max(2, len(values) // 20)
-        smooth = [sum(values[max(0, i - k + 1):i + 1]) / len(values[max(0, i - k + 1):i + 1])
-                  for i in range(len(values))]
+        smooth = [
+            sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))
+        ]
         ax.plot(steps, smooth, linewidth=2.0, label=f"moving average ({k} steps)")
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
@@ -90,8 +92,9 @@ METRIC = flags.DEFINE_string("metric", "loss", "the train metric to draw")
 TITLE = flags.DEFINE_string("title", None, "the plot title")
 
 
-def plot_run(model_dir: str, output: str, metric: str = "loss", title: Optional[str] = None,
-             out: Callable[[str], None] = print) -> str:
+def plot_run(
+    model_dir: str, output: str, metric: str = "loss", title: str | None = None, out: Callable[[str], None] = print
+) -> str:
     """Plots the run at `model_dir` into `output` (both resolved as a user typed them) and says
     so; returns the path written. Raises `FileNotFoundError` or `ValueError` for unusable input,
     `ImportError` without matplotlib."""
@@ -114,8 +117,12 @@ def _exit_status(_written: str) -> int:
 def run() -> None:
     """The program (exit status 2 on unusable input)."""
     flags.mark_flags_as_required(["model_dir", "output"])
-    entry.run(lambda: _exit_status(plot_run(MODEL_DIR.value, OUTPUT.value, METRIC.value, TITLE.value)),
-              expected=(FileNotFoundError, ValueError, ImportError), prefix="plot_loss", describe=_describe)
+    entry.run(
+        lambda: _exit_status(plot_run(MODEL_DIR.value, OUTPUT.value, METRIC.value, TITLE.value)),
+        expected=(FileNotFoundError, ValueError, ImportError),
+        prefix="plot_loss",
+        describe=_describe,
+    )
 
 
 if __name__ == "__main__":

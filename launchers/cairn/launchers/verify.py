@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
-from typing import Iterable, Optional, Union
+from collections.abc import Callable, Iterable
 
 from absl import flags
 
@@ -39,13 +38,17 @@ class Divergence:
 
     step: int
     quantity: str
-    value_a: Union[float, str]
-    value_b: Union[float, str]
+    value_a: float | str
+    value_b: float | str
 
     def describe(self) -> str:
         def show(v):
             return f"{v!r} ({v.hex()})" if isinstance(v, float) else str(v)
-        text = f"first divergent step: {self.step} ({self.quantity}): run A {show(self.value_a)}, run B {show(self.value_b)}"
+
+        text = (
+            f"first divergent step: {self.step} ({self.quantity}): "
+            f"run A {show(self.value_a)}, run B {show(self.value_b)}"
+        )
         if isinstance(self.value_a, float) and isinstance(self.value_b, float):
             text += f", difference {self.value_a - self.value_b:.6g}"
         return text
@@ -60,8 +63,8 @@ class Report:
     config_differs: bool
     data_differs: bool
     header_notes: tuple  # human-readable lines about the headers
-    first_divergence: Optional[Divergence]
-    last_step: Optional[int]  # the last step compared (through the divergence, if any)
+    first_divergence: Divergence | None
+    last_step: int | None  # the last step compared (through the divergence, if any)
     losses_compared: int
     checksums_compared: int
     only_in_a: tuple  # (what, steps) pairs: e.g. ("losses", (11, 12))
@@ -71,8 +74,9 @@ class Report:
 
     @property
     def identical(self) -> bool:
-        return (self.first_divergence is None and (self.allow_config_diff or not self.config_differs)
-                and self.compared > 0)
+        return (
+            self.first_divergence is None and (self.allow_config_diff or not self.config_differs) and self.compared > 0
+        )
 
     @property
     def compared(self) -> int:
@@ -86,12 +90,16 @@ class Report:
 
     def text(self) -> str:
         lines = [f"run A: {self.run_a}", f"run B: {self.run_b}", *self.header_notes]
-        counts = (f"{self.losses_compared} losses, {self.checksums_compared} checksums, "
-                  f"{self.batches_compared} batch fingerprints compared")
+        counts = (
+            f"{self.losses_compared} losses, {self.checksums_compared} checksums, "
+            f"{self.batches_compared} batch fingerprints compared"
+        )
         if self.first_divergence is not None:
             lines.append(f"DIVERGENT: {self.first_divergence.describe()}")
-            lines.append(f"  identical before step {self.first_divergence.step} ({counts}, "
-                         f"including step {self.first_divergence.step})")
+            lines.append(
+                f"  identical before step {self.first_divergence.step} ({counts}, "
+                f"including step {self.first_divergence.step})"
+            )
         elif not self.compared:
             lines.append("NOTHING TO COMPARE: the runs have no step in common with a loss or a checksum")
         else:
@@ -127,7 +135,7 @@ def _equal(a: float, b: float, rtol: float, atol: float) -> bool:
     return abs(a - b) <= atol + rtol * abs(b)
 
 
-def _checksum_divergence(a: Checksum, b: Checksum, rtol: float, atol: float) -> Optional[Divergence]:
+def _checksum_divergence(a: Checksum, b: Checksum, rtol: float, atol: float) -> Divergence | None:
     if rtol == 0 and atol == 0:
         if a.param_sha256 != b.param_sha256:
             return Divergence(a.step, "param_sha256", a.param_sha256, b.param_sha256)
@@ -156,12 +164,17 @@ def _header_notes(a: Run, b: Run) -> tuple:
     return tuple(notes)
 
 
-def _as_run(run: Union[Run, str, os.PathLike]) -> Run:
+def _as_run(run: Run | str | os.PathLike) -> Run:
     return run if isinstance(run, Run) else load_run(run)
 
 
-def compare_runs(a: Union[Run, str, os.PathLike], b: Union[Run, str, os.PathLike], rtol: float = 0.0,
-                 atol: float = 0.0, allow_config_diff: bool = False) -> Report:
+def compare_runs(
+    a: Run | str | os.PathLike,
+    b: Run | str | os.PathLike,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    allow_config_diff: bool = False,
+) -> Report:
     """Compares run `a` with run `b` (Runs or model_dirs; a missing one raises `FingerprintError`).
 
     Steps are walked in order; at each step the loss (computed from the previous step's params)
@@ -196,15 +209,31 @@ def compare_runs(a: Union[Run, str, os.PathLike], b: Union[Run, str, os.PathLike
 
     def only(x: Run, y: Run) -> tuple:
         out = []
-        for what, xs, ys in (("losses", x.losses, y.losses), ("checksums", x.checksums, y.checksums),
-                             ("batch fingerprints", x.batches, y.batches)):
+        for what, xs, ys in (
+            ("losses", x.losses, y.losses),
+            ("checksums", x.checksums, y.checksums),
+            ("batch fingerprints", x.batches, y.batches),
+        ):
             extra = sorted(set(xs) - set(ys))
             if extra:
                 out.append((what, tuple(extra)))
         return tuple(out)
 
-    return Report(a.model_dir, b.model_dir, config_differs, data_differs, _header_notes(a, b), divergence, last,
-                  n_losses, n_checks, only(a, b), only(b, a), allow_config_diff, n_batches)
+    return Report(
+        a.model_dir,
+        b.model_dir,
+        config_differs,
+        data_differs,
+        _header_notes(a, b),
+        divergence,
+        last,
+        n_losses,
+        n_checks,
+        only(a, b),
+        only(b, a),
+        allow_config_diff,
+        n_batches,
+    )
 
 
 def resolve(path: str) -> str:
@@ -223,8 +252,14 @@ ATOL = flags.DEFINE_float("atol", 0.0, "absolute tolerance")
 ALLOW_CONFIG_DIFF = flags.DEFINE_bool("allow_config_diff", False, "a different config hash is not a failure")
 
 
-def verify_runs(run_a: str, run_b: str, rtol: float = 0.0, atol: float = 0.0, allow_config_diff: bool = False,
-                out: Callable[[str], None] = print) -> int:
+def verify_runs(
+    run_a: str,
+    run_b: str,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    allow_config_diff: bool = False,
+    out: Callable[[str], None] = print,
+) -> int:
     """Compares the runs at `run_a` and `run_b` (paths resolved as a user typed them), prints
     the report, and returns the exit status. Raises `UsageError` for a negative tolerance and
     `FingerprintError` for unusable input."""
@@ -233,8 +268,10 @@ def verify_runs(run_a: str, run_b: str, rtol: float = 0.0, atol: float = 0.0, al
     a, b = load_run(resolve(run_a)), load_run(resolve(run_b))
     report = compare_runs(a, b, rtol, atol, allow_config_diff)
     for name, run in (("A", a), ("B", b)):
-        out(f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums, "
-            f"{len(run.batches)} batch fingerprints")
+        out(
+            f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums, "
+            f"{len(run.batches)} batch fingerprints"
+        )
     out(report.text())
     return report.exit_code
 
@@ -242,8 +279,11 @@ def verify_runs(run_a: str, run_b: str, rtol: float = 0.0, atol: float = 0.0, al
 def run() -> None:
     """The program (exit status 0 identical, 1 divergent, 2 unusable input)."""
     flags.mark_flags_as_required(["run_a", "run_b"])
-    entry.run(lambda: verify_runs(RUN_A.value, RUN_B.value, RTOL.value, ATOL.value, ALLOW_CONFIG_DIFF.value),
-              expected=(FingerprintError,), prefix="verify")
+    entry.run(
+        lambda: verify_runs(RUN_A.value, RUN_B.value, RTOL.value, ATOL.value, ALLOW_CONFIG_DIFF.value),
+        expected=(FingerprintError,),
+        prefix="verify",
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,13 @@ Imports only JAX and NumPy.
 
 __version__ = "0.1.0"
 
-from cairn.partitioning.consistency import (GatheredDigests, ReplicaBatchMismatchError, check_replica_batches,
-                                           gather_row_digests, row_digests)
+from cairn.partitioning.consistency import (
+    GatheredDigests,
+    ReplicaBatchMismatchError,
+    check_replica_batches,
+    gather_row_digests,
+    row_digests,
+)
 from cairn.partitioning.data_layout import DataLayout, data_layout
 from cairn.partitioning.distributed import DistributedConfig, initialize_distributed, resolve_distributed
 from cairn.partitioning.memory import MemoryEstimate, estimate_memory, transformer_activations
@@ -24,11 +29,35 @@ from cairn.partitioning.rules import (
 )
 
 __all__ = [
-    "DATA", "DEFAULT_AXES", "DataLayout", "DistributedConfig", "FSDP", "GatheredDigests",
-    "IndivisibleDimensionError", "IndivisibleDimensionWarning", "LogicalAxisRules", "MODEL", "MemoryEstimate",
-    "MeshShapeError", "PEER_LOST_EXIT_CODE", "Partitioner", "PeerWatchdog", "ReplicaBatchMismatchError",
-    "UnknownLogicalAxisError", "await_lost_peer", "check_replica_batches", "create_mesh", "data_layout",
-    "estimate_memory", "gather_row_digests", "initialize_distributed", "logical_to_mesh_spec",
-    "opt_state_logical_specs", "resolve_distributed", "row_digests", "standard_logical_axis_rules",
-    "start_peer_watchdog", "transformer_activations",
+    "DATA",
+    "DEFAULT_AXES",
+    "DataLayout",
+    "DistributedConfig",
+    "FSDP",
+    "GatheredDigests",
+    "IndivisibleDimensionError",
+    "IndivisibleDimensionWarning",
+    "LogicalAxisRules",
+    "MODEL",
+    "MemoryEstimate",
+    "MeshShapeError",
+    "PEER_LOST_EXIT_CODE",
+    "Partitioner",
+    "PeerWatchdog",
+    "ReplicaBatchMismatchError",
+    "UnknownLogicalAxisError",
+    "await_lost_peer",
+    "check_replica_batches",
+    "create_mesh",
+    "data_layout",
+    "estimate_memory",
+    "gather_row_digests",
+    "initialize_distributed",
+    "logical_to_mesh_spec",
+    "opt_state_logical_specs",
+    "resolve_distributed",
+    "row_digests",
+    "standard_logical_axis_rules",
+    "start_peer_watchdog",
+    "transformer_activations",
 ]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -74,7 +75,8 @@ class GatheredDigests:
         raise ReplicaBatchMismatchError(
             f"step {step}: processes {procs} hold data shard {shard} of {self.num_shards} (one data-parallel "
             f"replica) but fed different rows ({detail}); every host of a replica must read the rows of its "
-            f"DataLayout shard")
+            f"DataLayout shard"
+        )
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the global batch: the row digests joined in global row order, the same

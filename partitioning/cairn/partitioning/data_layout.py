@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -25,8 +25,9 @@ class DataLayout:
     def host_batch_size(self, global_batch_size: int) -> int:
         """Rows this host feeds per step."""
         if global_batch_size % self.num_shards:
-            raise ValueError(f"global batch size {global_batch_size} is not divisible by the "
-                             f"{self.num_shards} data shards")
+            raise ValueError(
+                f"global batch size {global_batch_size} is not divisible by the {self.num_shards} data shards"
+            )
         return global_batch_size // self.num_shards
 
     def host_rows(self, global_batch_size: int) -> slice:
@@ -35,8 +36,9 @@ class DataLayout:
         return slice(self.shard_id * size, (self.shard_id + 1) * size)
 
 
-def data_layout(mesh: Mesh, batch_axes, process_index: Optional[int] = None,
-                process_of: Callable = lambda d: d.process_index) -> DataLayout:
+def data_layout(
+    mesh: Mesh, batch_axes, process_index: int | None = None, process_of: Callable = lambda d: d.process_index
+) -> DataLayout:
     """The `DataLayout` of `process_index` (default: this process) for a batch whose first
     dimension is split over the mesh axes `batch_axes` (a name, a tuple of names, or None).
 
@@ -57,8 +59,9 @@ def data_layout(mesh: Mesh, batch_axes, process_index: Optional[int] = None,
     for process, starts in rows.items():
         starts = sorted(starts)
         if starts != list(range(starts[0], starts[0] + len(starts))):
-            raise ValueError(f"host {process} holds non-contiguous batch rows {starts} of {parts}; "
-                             "order the mesh devices by host")
+            raise ValueError(
+                f"host {process} holds non-contiguous batch rows {starts} of {parts}; order the mesh devices by host"
+            )
         blocks[process] = (starts[0], len(starts))
     sizes = {n for _, n in blocks.values()}
     if len(sizes) != 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -35,11 +35,11 @@ def resolve_axes(axes: Mapping[str, int], num_devices: int) -> dict:
         if num_devices % known:
             raise MeshShapeError(
                 f"mesh axes {axes}: the fixed axes need a multiple of {known} devices, "
-                f"but there are {num_devices} devices")
+                f"but there are {num_devices} devices"
+            )
         axes[wild[0]] = num_devices // known
     elif known != num_devices:
-        raise MeshShapeError(
-            f"mesh shape {axes} has {known} devices but {num_devices} devices were given")
+        raise MeshShapeError(f"mesh shape {axes} has {known} devices but {num_devices} devices were given")
     return axes
 
 
@@ -57,7 +57,7 @@ def _slices(devices: Sequence, num_slices: int) -> list:
                 return [sorted(g, key=lambda d: d.id) for g in groups]
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
     per = len(ordered) // num_slices
-    return [ordered[i * per:(i + 1) * per] for i in range(num_slices)]
+    return [ordered[i * per : (i + 1) * per] for i in range(num_slices)]
 
 
 def _slice_array(shape: Sequence[int], devices: Sequence) -> np.ndarray:
@@ -71,10 +71,12 @@ def _slice_array(shape: Sequence[int], devices: Sequence) -> np.ndarray:
     return np.asarray(ordered, dtype=object).reshape(shape)
 
 
-def create_mesh(axes: Optional[Mapping[str, int]] = None,
-                devices: Optional[Sequence] = None,
-                num_slices: int = 1,
-                dcn_axes: Optional[Mapping[str, int]] = None) -> Mesh:
+def create_mesh(
+    axes: Mapping[str, int] | None = None,
+    devices: Sequence | None = None,
+    num_slices: int = 1,
+    dcn_axes: Mapping[str, int] | None = None,
+) -> Mesh:
     """Builds a `jax.sharding.Mesh` with GSPMD-style (`AxisType.Auto`) axes.
 
     Args:
@@ -101,8 +103,7 @@ def create_mesh(axes: Optional[Mapping[str, int]] = None,
         raise MeshShapeError(f"dcn_axes names {unknown}, which are not mesh axes {list(names)}")
     dcn = [dcn_axes.get(n, 1) for n in names]
     if math.prod(dcn) != num_slices:
-        raise MeshShapeError(f"dcn_axes {dict(dcn_axes)} span {math.prod(dcn)} slices, "
-                             f"but num_slices is {num_slices}")
+        raise MeshShapeError(f"dcn_axes {dict(dcn_axes)} span {math.prod(dcn)} slices, but num_slices is {num_slices}")
     for name, d in zip(names, dcn):
         if axes[name] % d:
             raise MeshShapeError(f"mesh axis {name!r} of size {axes[name]} cannot span {d} slices")

@@ -10,7 +10,7 @@ divide; anything else is replicated.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Tuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,14 +20,17 @@ from cairn.partitioning.rules import IndivisibleDimensionWarning, logical_to_mes
 from cairn.partitioning.tree import is_spec, map_specs
 
 
-def _reduced_spec(param_shape: Tuple[int, ...], spec: Tuple, leaf_shape: Tuple[int, ...]) -> Tuple:
+def _reduced_spec(param_shape: tuple[int, ...], spec: tuple, leaf_shape: tuple[int, ...]) -> tuple:
     """The spec of a statistic shaped like the param with one dimension removed (Adafactor's
     factored rows and columns), or () (replicated) when that is absent or ambiguous."""
     if len(leaf_shape) != len(param_shape) - 1:
         return ()
     spec = tuple(spec) + (None,) * (len(param_shape) - len(spec))
-    candidates = {tuple(spec[:i] + spec[i + 1:]) for i in range(len(param_shape))
-                  if param_shape[:i] + param_shape[i + 1:] == leaf_shape}
+    candidates = {
+        tuple(spec[:i] + spec[i + 1 :])
+        for i in range(len(param_shape))
+        if param_shape[:i] + param_shape[i + 1 :] == leaf_shape
+    }
     return candidates.pop() if len(candidates) == 1 else ()
 
 
@@ -53,7 +56,7 @@ def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> An
             return False
         try:
             return bool(jax.tree.structure(node) == param_def)  # type: ignore[operator]  # PyTreeDef's stub lacks __eq__
-        except Exception:  # noqa: BLE001 - an unflattenable node simply does not match
+        except Exception:
             return False
 
     def specs_for(node):
@@ -69,8 +72,9 @@ def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> An
     return jax.tree.map(specs_for, opt_state, is_leaf=matches)
 
 
-def opt_state_mesh_spec(partitioner: Any, spec: Any, shape: Tuple[int, ...],
-                        path: str = "<opt_state>") -> PartitionSpec:
+def opt_state_mesh_spec(
+    partitioner: Any, spec: Any, shape: tuple[int, ...], path: str = "<opt_state>"
+) -> PartitionSpec:
     """The mesh spec of one optimizer-state leaf: `partitioner`'s rules, an indivisible
     dimension replicated without a warning and whatever `on_indivisible` says (each dimension
     here is one of its param's, which was already checked and warned about by name)."""
@@ -84,5 +88,6 @@ def opt_state_shardings(partitioner: Any, params: Any, param_specs: Any, opt_sta
     mesh, from `opt_state_logical_specs`; see `opt_state_mesh_spec` for indivisible sizes."""
     specs = opt_state_logical_specs(params, param_specs, opt_state)
     mesh = partitioner.mesh
-    return map_specs(lambda path, s, x: NamedSharding(mesh, opt_state_mesh_spec(partitioner, s, np.shape(x), path)),
-                     specs, opt_state)
+    return map_specs(
+        lambda path, s, x: NamedSharding(mesh, opt_state_mesh_spec(partitioner, s, np.shape(x), path)), specs, opt_state
+    )

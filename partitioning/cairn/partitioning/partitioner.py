@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -45,8 +46,13 @@ class Partitioner:
       batch_spec: the logical names of a batch array's leading dimensions.
     """
 
-    def __init__(self, mesh: Mesh, rules: LogicalAxisRules, on_indivisible: str = "replicate",
-                 batch_spec: Sequence[Optional[str]] = ("batch",)):
+    def __init__(
+        self,
+        mesh: Mesh,
+        rules: LogicalAxisRules,
+        on_indivisible: str = "replicate",
+        batch_spec: Sequence[str | None] = ("batch",),
+    ):
         self.mesh = mesh
         self.rules = tuple((name, axes) for name, axes in rules)
         self.on_indivisible = on_indivisible
@@ -56,13 +62,11 @@ class Partitioner:
         return f"Partitioner(mesh={dict(self.mesh.shape)}, rules={list(self.rules)})"
 
     # -- specs and shardings -------------------------------------------------------------
-    def mesh_spec(self, spec: LogicalSpec, shape: Optional[Sequence[int]] = None,
-                  path: str = "<array>") -> PartitionSpec:
+    def mesh_spec(self, spec: LogicalSpec, shape: Sequence[int] | None = None, path: str = "<array>") -> PartitionSpec:
         """The mesh `PartitionSpec` of one logical spec (divisibility checked if `shape`)."""
         return logical_to_mesh_spec(spec, self.rules, self.mesh.shape, shape, path, self.on_indivisible)
 
-    def sharding(self, spec: LogicalSpec, shape: Optional[Sequence[int]] = None,
-                 path: str = "<array>") -> NamedSharding:
+    def sharding(self, spec: LogicalSpec, shape: Sequence[int] | None = None, path: str = "<array>") -> NamedSharding:
         """The `NamedSharding` of one logical spec."""
         return NamedSharding(self.mesh, self.mesh_spec(spec, shape, path))
 
@@ -88,10 +92,17 @@ class Partitioner:
             if isinstance(x, PartitionSpec):
                 return NamedSharding(self.mesh, x)
             return x
+
         return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
-    def partition(self, fn: Callable, in_shardings: Any = None, out_shardings: Any = None,
-                  donate_argnums: Sequence[int] = (), static_argnums: Sequence[int] = ()) -> PartitionedFunction:
+    def partition(
+        self,
+        fn: Callable,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+        donate_argnums: Sequence[int] = (),
+        static_argnums: Sequence[int] = (),
+    ) -> PartitionedFunction:
         """`jax.jit(fn)` with these shardings (trees of `NamedSharding`, mesh `PartitionSpec`s,
         or None to let GSPMD choose). Calls and `.lower` run with this mesh set."""
         kwargs: dict[str, Any] = {"donate_argnums": tuple(donate_argnums), "static_argnums": tuple(static_argnums)}
@@ -116,11 +127,11 @@ class Partitioner:
         axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
         return int(np.prod([self.mesh.shape[a] for a in axes], dtype=np.int64))
 
-    def data_layout(self, process_index: Optional[int] = None) -> DataLayout:
+    def data_layout(self, process_index: int | None = None) -> DataLayout:
         """Which shard of the global batch this host (or `process_index`) reads."""
         return data_layout(self.mesh, self._batch_mesh_axes(), process_index)
 
-    def shard_batch(self, host_local_batch: Any, spec: Optional[Sequence[Optional[str]]] = None) -> Any:
+    def shard_batch(self, host_local_batch: Any, spec: Sequence[str | None] | None = None) -> Any:
         """Global `jax.Array`s from this host's rows (a pytree of numpy arrays).
 
         Each host passes the rows of its `data_layout()` shard; hosts of the same replica
@@ -131,10 +142,9 @@ class Partitioner:
 
         def one(x):
             x = np.asarray(x)
-            names = spec[:x.ndim] + (None,) * max(0, x.ndim - len(spec))
+            names = spec[: x.ndim] + (None,) * max(0, x.ndim - len(spec))
             global_shape = (x.shape[0] * layout.num_shards,) + x.shape[1:]
             sharding = self.sharding(names, global_shape, "batch")
             return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
         return jax.tree.map(one, host_local_batch)
-

@@ -28,7 +28,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,19 @@ class PeerWatchdog:
     `exit_fn(status)` ends the process (default `os._exit`); `stream` receives the line (default:
     file descriptor 2 directly, which needs no Python lock); `clock` gives seconds."""
 
-    def __init__(self, client: Any, process_id: int, num_processes: int, timeout_s: float,
-                 interval_s: Optional[float] = None, *, grace_s: Optional[float] = None,
-                 clock: Callable[[], float] = time.monotonic, exit_fn: Callable[[int], Any] = os._exit,
-                 stream: Optional[TextIO] = None):
+    def __init__(
+        self,
+        client: Any,
+        process_id: int,
+        num_processes: int,
+        timeout_s: float,
+        interval_s: float | None = None,
+        *,
+        grace_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        exit_fn: Callable[[int], Any] = os._exit,
+        stream: TextIO | None = None,
+    ):
         if not timeout_s > 0:
             raise ValueError(f"heartbeat timeout must be > 0 seconds, got {timeout_s}")
         if not 0 <= process_id < num_processes:
@@ -74,17 +84,18 @@ class PeerWatchdog:
         self._blind = False  # the last key-value read failed
         self._stopped = threading.Event()
         self.decided = threading.Event()  # set once a lost peer is named (just before exiting)
-        self.message: Optional[str] = None
-        self._thread: Optional[threading.Thread] = None
+        self.message: str | None = None
+        self._thread: threading.Thread | None = None
 
     # -- one round ---------------------------------------------------------------------------
-    def tick(self) -> Optional[str]:
+    def tick(self) -> str | None:
         """Publishes this process's heartbeat and looks for lost peers; on a verdict, prints the
         line and calls `exit_fn`. Returns the line when it decided (exit_fn returned), else None.
         Key-value errors are ignored: the round tells nothing then."""
         self._count += 1
-        self._try(self.client.key_value_set, f"{HEARTBEAT_DIR}{self.process_id}", str(self._count),
-                  allow_overwrite=True)
+        self._try(
+            self.client.key_value_set, f"{HEARTBEAT_DIR}{self.process_id}", str(self._count), allow_overwrite=True
+        )
         if self.process_id == 0:
             verdict = self._judge()
             if verdict is not None:
@@ -102,10 +113,10 @@ class PeerWatchdog:
     def _try(self, fn: Callable, *args, **kwargs) -> Any:
         try:
             return fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - a missing key or an unreachable service: no news
+        except Exception:
             return None
 
-    def _judge(self) -> Optional[dict]:
+    def _judge(self) -> dict | None:
         now = self._clock()
         entries = self._try(self.client.key_value_dir_get, HEARTBEAT_DIR)
         if entries is None:  # no reading this round; after it, silences count from the next reading
@@ -147,8 +158,10 @@ class PeerWatchdog:
         lost = verdict["lost"]
         who = f"process {lost[0]}" if len(lost) == 1 else "processes " + ", ".join(str(p) for p in lost)
         verb = "stopped" if len(lost) == 1 else "all stopped"
-        self.message = (f"error: {who} of {self.num_processes} {verb} responding (no heartbeat for "
-                        f"{verdict['silent_s']:.0f} s); stopping")
+        self.message = (
+            f"error: {who} of {self.num_processes} {verb} responding (no heartbeat for "
+            f"{verdict['silent_s']:.0f} s); stopping"
+        )
         self._write(self.message + "\n")
         self.decided.set()
         self._exit(PEER_LOST_EXIT_CODE)
@@ -161,12 +174,12 @@ class PeerWatchdog:
             return
         try:
             sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - best effort; the line below is what matters
+        except Exception:
             pass
         os.write(2, text.encode())
 
     # -- the thread --------------------------------------------------------------------------
-    def start(self) -> "PeerWatchdog":
+    def start(self) -> PeerWatchdog:
         self._start = self._clock()
         self._thread = threading.Thread(target=self._run, name="cairn-peer-watchdog", daemon=True)
         self._thread.start()
@@ -187,7 +200,7 @@ class PeerWatchdog:
             self._thread.join(timeout=self.grace_s + 2 * self.interval_s + 5)
         self._try(self.client.key_value_set, f"{DONE_DIR}{self.process_id}", "1", allow_overwrite=True)
 
-    def wait_for_verdict(self, seconds: Optional[float] = None) -> bool:
+    def wait_for_verdict(self, seconds: float | None = None) -> bool:
         """Blocks until a lost peer has been named (the process normally ends then) or `seconds`
         pass (default: long enough for a peer that died just now to be named). True if named."""
         if seconds is None:
@@ -195,10 +208,10 @@ class PeerWatchdog:
         return self.decided.wait(seconds)
 
 
-_ACTIVE: Optional[PeerWatchdog] = None
+_ACTIVE: PeerWatchdog | None = None
 
 
-def start_peer_watchdog(timeout_s: float, interval_s: Optional[float] = None) -> Optional[PeerWatchdog]:
+def start_peer_watchdog(timeout_s: float, interval_s: float | None = None) -> PeerWatchdog | None:
     """Starts the watchdog of this process (after `jax.distributed.initialize`); None with one
     process. Starting it twice returns the running one."""
     global _ACTIVE
@@ -217,12 +230,12 @@ def start_peer_watchdog(timeout_s: float, interval_s: Optional[float] = None) ->
     return _ACTIVE
 
 
-def active_watchdog() -> Optional[PeerWatchdog]:
+def active_watchdog() -> PeerWatchdog | None:
     """The watchdog `start_peer_watchdog` started in this process, if any."""
     return _ACTIVE
 
 
-def await_lost_peer(seconds: Optional[float] = None) -> bool:
+def await_lost_peer(seconds: float | None = None) -> bool:
     """For a caller that just caught an error from a collective (a peer that died mid-step shows
     up as e.g. "Gloo AllGather failed: Connection closed by peer"): waits until the watchdog has
     named the lost peer, which ends the process with its one line. Returns False at once without a
@@ -230,6 +243,8 @@ def await_lost_peer(seconds: Optional[float] = None) -> bool:
     peer was lost, so the caller re-raises its own error."""
     if _ACTIVE is None:
         return False
-    log.warning("a collective failed; waiting up to %.0f s to see whether a peer process stopped",
-                seconds if seconds is not None else _ACTIVE.timeout_s + 3 * _ACTIVE.interval_s + _ACTIVE.grace_s)
+    log.warning(
+        "a collective failed; waiting up to %.0f s to see whether a peer process stopped",
+        seconds if seconds is not None else _ACTIVE.timeout_s + 3 * _ACTIVE.interval_s + _ACTIVE.grace_s,
+    )
     return _ACTIVE.wait_for_verdict(seconds)

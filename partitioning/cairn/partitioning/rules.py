@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Mapping, Sequence
 
 from jax.sharding import PartitionSpec
 
 #: A mesh axis, a tuple of mesh axes (the dimension is split over their product), or None.
-MeshAxes = Union[None, str, Tuple[str, ...]]
+MeshAxes = None | str | tuple[str, ...]
 #: Ordered (logical name, mesh axes) pairs. Earlier rules win; a logical name may appear
 #: several times, and the first rule whose mesh axes are still free in the array is used.
-LogicalAxisRules = Sequence[Tuple[str, MeshAxes]]
+LogicalAxisRules = Sequence[tuple[str, MeshAxes]]
 #: A logical spec: one logical name (or None) per array dimension.
-LogicalSpec = Union[PartitionSpec, Tuple[Optional[str], ...]]
+LogicalSpec = PartitionSpec | tuple[str | None, ...]
 
 ON_INDIVISIBLE = ("replicate", "error")
 
@@ -31,10 +31,12 @@ class IndivisibleDimensionWarning(UserWarning):
     """A dimension was left unsharded because its size does not divide by its mesh axes."""
 
 
-def standard_logical_axis_rules(activation_partitioning_dims: int = 1,
-                                parameter_partitioning_dims: int = 1,
-                                fsdp: bool = False,
-                                additional_rules: LogicalAxisRules = ()) -> list:
+def standard_logical_axis_rules(
+    activation_partitioning_dims: int = 1,
+    parameter_partitioning_dims: int = 1,
+    fsdp: bool = False,
+    additional_rules: LogicalAxisRules = (),
+) -> list:
     """t5x's standard rules, plus an FSDP mode over the 'fsdp' mesh axis.
 
     - batch -> data (and fsdp too when `fsdp`), vocab / mlp / heads / joined_kv -> model;
@@ -45,11 +47,19 @@ def standard_logical_axis_rules(activation_partitioning_dims: int = 1,
     - length, layers, stack, relpos_buckets, abspos_buckets, mlp_activations: unsharded.
     """
     if activation_partitioning_dims not in (1, 2) or parameter_partitioning_dims not in (1, 2):
-        raise ValueError("activation_partitioning_dims and parameter_partitioning_dims must be 1 or 2, "
-                         f"got {activation_partitioning_dims} and {parameter_partitioning_dims}")
+        raise ValueError(
+            "activation_partitioning_dims and parameter_partitioning_dims must be 1 or 2, "
+            f"got {activation_partitioning_dims} and {parameter_partitioning_dims}"
+        )
     batch: MeshAxes = ("data", "fsdp") if fsdp else "data"
-    rules = [("batch", batch), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
-             ("joined_kv", "model"), ("kv", "model")]
+    rules = [
+        ("batch", batch),
+        ("vocab", "model"),
+        ("mlp", "model"),
+        ("heads", "model"),
+        ("joined_kv", "model"),
+        ("kv", "model"),
+    ]
     if activation_partitioning_dims == 2:
         rules.append(("embed", "model"))
     if fsdp:
@@ -58,23 +68,26 @@ def standard_logical_axis_rules(activation_partitioning_dims: int = 1,
         rules.append(("embed", "data"))
     if activation_partitioning_dims == 1 and parameter_partitioning_dims == 1 and not fsdp:
         rules.append(("embed", None))
-    rules += [(name, None) for name in
-              ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations")]
+    rules += [
+        (name, None) for name in ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations")
+    ]
     return rules + list(additional_rules)
 
 
-def _as_tuple(axes: MeshAxes) -> Tuple[str, ...]:
+def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
     if axes is None:
         return ()
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def logical_to_mesh_spec(spec: LogicalSpec,
-                         rules: LogicalAxisRules,
-                         mesh_shape: Mapping[str, int],
-                         shape: Optional[Sequence[int]] = None,
-                         path: str = "<array>",
-                         on_indivisible: str = "replicate") -> PartitionSpec:
+def logical_to_mesh_spec(
+    spec: LogicalSpec,
+    rules: LogicalAxisRules,
+    mesh_shape: Mapping[str, int],
+    shape: Sequence[int] | None = None,
+    path: str = "<array>",
+    on_indivisible: str = "replicate",
+) -> PartitionSpec:
     """Resolves one logical spec to a mesh `PartitionSpec`.
 
     Rules are taken in order (as Flax does): a rule assigns its mesh axes to the dimensions
@@ -92,15 +105,17 @@ def logical_to_mesh_spec(spec: LogicalSpec,
             raise TypeError(f"{path}: logical spec entries must be names or None, got {name!r} in {names}")
     if shape is not None:
         if len(names) > len(shape):
-            raise ValueError(f"parameter {path!r}: logical spec {names} has {len(names)} entries "
-                             f"but the array has shape {tuple(shape)}")
+            raise ValueError(
+                f"parameter {path!r}: logical spec {names} has {len(names)} entries "
+                f"but the array has shape {tuple(shape)}"
+            )
         names += (None,) * (len(shape) - len(names))  # like PartitionSpec: missing = unsharded
     known = {rule_name for rule_name, _ in rules}
     for name in names:
         if name is not None and name not in known:
             raise UnknownLogicalAxisError(
-                f"parameter {path!r}: logical axis {name!r} is not named by any rule "
-                f"(rules name {sorted(known)})")
+                f"parameter {path!r}: logical axis {name!r} is not named by any rule (rules name {sorted(known)})"
+            )
     unassigned = object()
     result: list = [unassigned if name is not None else None for name in names]
     used: set = set()
@@ -112,14 +127,18 @@ def logical_to_mesh_spec(spec: LogicalSpec,
             if name != rule_name or result[i] is not unassigned:
                 continue
             if missing:
-                raise ValueError(f"rule ({rule_name!r}, {mesh_axes!r}) names mesh axes {missing} "
-                                 f"that the mesh {dict(mesh_shape)} does not have")
+                raise ValueError(
+                    f"rule ({rule_name!r}, {mesh_axes!r}) names mesh axes {missing} "
+                    f"that the mesh {dict(mesh_shape)} does not have"
+                )
             if used.intersection(axes):
                 continue
             size = math.prod(mesh_shape[a] for a in axes)
             if shape is not None and shape[i] % size:
-                message = (f"parameter {path!r}: dimension {i} ({name!r}, size {shape[i]}) is not "
-                           f"divisible by mesh axes {axes} of size {size}")
+                message = (
+                    f"parameter {path!r}: dimension {i} ({name!r}, size {shape[i]}) is not "
+                    f"divisible by mesh axes {axes} of size {size}"
+                )
                 if on_indivisible == "error":
                     raise IndivisibleDimensionError(message)
                 skipped[i] = message

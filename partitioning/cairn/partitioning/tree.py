@@ -31,5 +31,4 @@ def path_str(path) -> str:
 
 def map_specs(fn, specs: Any, *rest: Any) -> Any:
     """`fn(path_str, spec, *rest_leaves)` over a tree of logical specs and parallel trees."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, s, *r: fn(path_str(p), s, *r), specs, *rest, is_leaf=is_spec)
+    return jax.tree_util.tree_map_with_path(lambda p, s, *r: fn(path_str(p), s, *r), specs, *rest, is_leaf=is_spec)

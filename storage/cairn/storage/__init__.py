@@ -5,14 +5,14 @@ through fsspec (gcsfs), never TensorFlow's file system, and `STORAGE_EMULATOR_HO
 every client (orbax's tensorstore and array-record included).
 """
 
+from cairn.storage.atomic import copy_file, read_bytes, read_json, read_text, write_bytes, write_json, write_text
 from cairn.storage.environment import configure_environment, emulator_endpoint, gcsfs_options
 from cairn.storage.errors import StorageError
 from cairn.storage.exclusive import create_exclusive, remove
+from cairn.storage.json_lines import JsonLinesWriter, read_json_lines
 from cairn.storage.paths import Path, PathLike, absolute, filesystem, is_url, join, path, scheme, sizes
-from cairn.storage.atomic import copy_file, read_bytes, read_json, read_text, write_bytes, write_json, write_text
 from cairn.storage.probe import check_writable
 from cairn.storage.staging import StagedDirectory
-from cairn.storage.json_lines import JsonLinesWriter, read_json_lines
 from cairn.storage.trees import file_sizes, move_tree, remove_tree
 
 __version__ = "0.1.0"
@@ -20,9 +20,33 @@ __version__ = "0.1.0"
 configure_environment()
 
 __all__ = [
-    "JsonLinesWriter", "Path", "PathLike", "StagedDirectory", "StorageError", "absolute", "check_writable",
-    "configure_environment", "copy_file", "create_exclusive", "emulator_endpoint", "file_sizes", "filesystem",
-    "gcsfs_options", "move_tree", "remove_tree",
-    "is_url", "join", "path", "read_bytes", "read_json", "read_json_lines", "read_text", "remove", "scheme", "sizes",
-    "write_bytes", "write_json", "write_text",
+    "JsonLinesWriter",
+    "Path",
+    "PathLike",
+    "StagedDirectory",
+    "StorageError",
+    "absolute",
+    "check_writable",
+    "configure_environment",
+    "copy_file",
+    "create_exclusive",
+    "emulator_endpoint",
+    "file_sizes",
+    "filesystem",
+    "gcsfs_options",
+    "move_tree",
+    "remove_tree",
+    "is_url",
+    "join",
+    "path",
+    "read_bytes",
+    "read_json",
+    "read_json_lines",
+    "read_text",
+    "remove",
+    "scheme",
+    "sizes",
+    "write_bytes",
+    "write_json",
+    "write_text",
 ]

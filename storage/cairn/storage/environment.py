@@ -46,12 +46,14 @@ def configure_environment(environ: MutableMapping[str, str] | None = None) -> di
     wanted = {"EPATH_USE_TF": "false"}
     endpoint = emulator_endpoint(env)
     if endpoint:
-        wanted.update({
-            "TENSORSTORE_GCS_HTTP_URL": endpoint,
-            "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-        })
+        wanted.update(
+            {
+                "TENSORSTORE_GCS_HTTP_URL": endpoint,
+                "CLOUD_STORAGE_EMULATOR_ENDPOINT": endpoint,
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+            }
+        )
     done = {}
     for key, value in wanted.items():
         if key not in env:

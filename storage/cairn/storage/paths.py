@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Union
+from typing import Any
 
 from etils import epath
 
 from cairn.storage import environment
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 Path = epath.Path
 _URL = re.compile(r"^([a-z][a-z0-9+.\-]*)://", re.IGNORECASE)
 

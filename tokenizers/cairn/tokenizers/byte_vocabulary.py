@@ -62,5 +62,4 @@ class ByteVocabulary(Vocabulary):
         kept = tf.ragged.boolean_mask(ids, keep) - _SPECIAL
         table = tf.constant([bytes([b]) for b in range(_BYTES)])
         joined = tf.strings.reduce_join(tf.gather(table, kept), axis=-1)
-        return tf.strings.unicode_transcode(joined, input_encoding="UTF-8",
-                                            output_encoding="UTF-8", errors="ignore")
+        return tf.strings.unicode_transcode(joined, input_encoding="UTF-8", output_encoding="UTF-8", errors="ignore")

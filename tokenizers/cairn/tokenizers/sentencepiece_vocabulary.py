@@ -40,16 +40,18 @@ def _read_model_file(path: str) -> bytes:
         return f.read()
 
 
-def _build_model(raw: bytes, path: str, extra_ids: int, reverse_extra_ids: bool,
-                 normalizer_spec_overrides: Mapping[str, Any] | None) -> bytes:
+def _build_model(
+    raw: bytes, path: str, extra_ids: int, reverse_extra_ids: bool, normalizer_spec_overrides: Mapping[str, Any] | None
+) -> bytes:
     """Appends the sentinels and normalizer overrides to a serialized model."""
     order = reversed(range(extra_ids)) if reverse_extra_ids else range(extra_ids)
     extra = b"".join(_proto.user_defined_piece(f"\u2581<extra_id_{i}>") for i in order)
     try:
         extra += _proto.normalizer_overrides(normalizer_spec_overrides or {})
     except KeyError as e:
-        raise VocabularyError(f"unknown normalizer_spec field {e.args[0]!r} for {path}; "
-                              f"known: {sorted(_proto.NORMALIZER_FIELDS)}") from None
+        raise VocabularyError(
+            f"unknown normalizer_spec field {e.args[0]!r} for {path}; known: {sorted(_proto.NORMALIZER_FIELDS)}"
+        ) from None
     return raw + extra
 
 
@@ -69,9 +71,14 @@ class SentencePieceVocabulary(Vocabulary):
       VocabularyError: the file is not a SentencePiece model.
     """
 
-    def __init__(self, path: str | os.PathLike, extra_ids: int = 0, *,
-                 reverse_extra_ids: bool = True,
-                 normalizer_spec_overrides: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        extra_ids: int = 0,
+        *,
+        reverse_extra_ids: bool = True,
+        normalizer_spec_overrides: Mapping[str, Any] | None = None,
+    ):
         super().__init__(extra_ids)
         self._path = os.fspath(path)
         self._reverse_extra_ids = reverse_extra_ids
@@ -80,15 +87,13 @@ class SentencePieceVocabulary(Vocabulary):
 
     def _load(self, raw: bytes) -> None:
         self._raw = raw
-        self._sp_model = _build_model(raw, self._path, self._extra_ids,
-                                      self._reverse_extra_ids, self._overrides)
+        self._sp_model = _build_model(raw, self._path, self._extra_ids, self._reverse_extra_ids, self._overrides)
         sp = spm.SentencePieceProcessor()
         with _LOAD_LOCK:
             try:
                 sp.LoadFromSerializedProto(self._sp_model)
             except Exception as e:  # sentencepiece raises RuntimeError on a bad proto
-                raise VocabularyError(
-                    f"not a SentencePiece model (corrupt or wrong file): {self._path}: {e}") from None
+                raise VocabularyError(f"not a SentencePiece model (corrupt or wrong file): {self._path}: {e}") from None
         if sp.GetPieceSize() <= self._extra_ids:
             raise VocabularyError(f"not a SentencePiece model (it has no pieces): {self._path}")
         self._sp = sp
@@ -96,8 +101,13 @@ class SentencePieceVocabulary(Vocabulary):
 
     # -- pickling: the model travels with the object, so no file is needed to unpickle.
     def __getstate__(self) -> dict:
-        return {"path": self._path, "raw": self._raw, "extra_ids": self._extra_ids,
-                "reverse_extra_ids": self._reverse_extra_ids, "overrides": self._overrides}
+        return {
+            "path": self._path,
+            "raw": self._raw,
+            "extra_ids": self._extra_ids,
+            "reverse_extra_ids": self._reverse_extra_ids,
+            "overrides": self._overrides,
+        }
 
     def __setstate__(self, state: dict) -> None:
         Vocabulary.__init__(self, state["extra_ids"])
@@ -153,8 +163,7 @@ class SentencePieceVocabulary(Vocabulary):
         return (self._digest,)
 
     def __repr__(self) -> str:
-        return (f"SentencePieceVocabulary(path={self._path!r}, extra_ids={self._extra_ids}, "
-                f"sha256={self._digest[:12]})")
+        return f"SentencePieceVocabulary(path={self._path!r}, extra_ids={self._extra_ids}, sha256={self._digest[:12]})"
 
     # -- python ----------------------------------------------------------------------
     def _encode(self, s: str | bytes) -> list[int]:
@@ -176,8 +185,7 @@ class SentencePieceVocabulary(Vocabulary):
         # SentencePiece sets up a thread pool per threaded call: only worth it for big batches.
         rows = self.encode_batch(list(flat), num_threads=-1 if len(flat) >= 1024 else 1)
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32,
-                             count=int(lengths.sum()))
+        values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
         return values, lengths
 
     def _np_decode_rows(self, rows: np.ndarray) -> np.ndarray:
@@ -197,7 +205,8 @@ class SentencePieceVocabulary(Vocabulary):
             return ids
         outer = tf.shape(s, out_type=tf.int64)
         values, lengths = tf.numpy_function(
-            self._np_encode_many, [tf.reshape(s, [-1])], [tf.int32, tf.int64], stateful=False)
+            self._np_encode_many, [tf.reshape(s, [-1])], [tf.int32, tf.int64], stateful=False
+        )
         values.set_shape([None])
         lengths.set_shape([None])
         rt = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)

@@ -15,7 +15,7 @@ Empty input encodes to `[]` and decodes to `""`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -124,12 +124,10 @@ class Vocabulary(metaclass=abc.ABCMeta):
 
     # -- tensorflow ------------------------------------------------------------------
     @abc.abstractmethod
-    def _encode_tf(self, s):
-        ...
+    def _encode_tf(self, s): ...
 
     @abc.abstractmethod
-    def _decode_tf(self, ids):
-        ...
+    def _decode_tf(self, ids): ...
 
     def encode_tf(self, s):
         """Text tensor to ids: a scalar gives a 1-D int32 tensor, a batch a RaggedTensor."""

@@ -47,8 +47,10 @@ class JsonLinesLogger(MetricLogger):
         self._metrics = storage.JsonLinesWriter(storage.join(self.output_dir, METRICS_FILE))
 
     def log_metrics(self, task_name: str, step: int, metrics: Mapping[str, float], flush: bool = True) -> None:
-        rows = [{"task": task_name, "step": int(step), "metric": name, "value": _plain(metrics[name])}
-                for name in sorted(metrics)]
+        rows = [
+            {"task": task_name, "step": int(step), "metric": name, "value": _plain(metrics[name])}
+            for name in sorted(metrics)
+        ]
         self._metrics.append(rows, flush=flush)
 
     def flush(self) -> None:
@@ -56,8 +58,9 @@ class JsonLinesLogger(MetricLogger):
 
     def log_examples(self, task_name: str, step: int, examples: Sequence[Mapping[str, Any]]) -> None:
         path = storage.join(self.output_dir, "examples", f"{task_name}-{int(step):08d}.jsonl")
-        storage.write_text(path, "".join(json.dumps(_plain(row), sort_keys=True, ensure_ascii=False) + "\n"
-                                         for row in examples))
+        storage.write_text(
+            path, "".join(json.dumps(_plain(row), sort_keys=True, ensure_ascii=False) + "\n" for row in examples)
+        )
 
     def close(self) -> None:
         self._metrics.close()

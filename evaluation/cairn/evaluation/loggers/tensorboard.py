@@ -29,8 +29,7 @@ class TensorBoardLogger(MetricLogger):
         if task_name not in self._writers:
             import tensorflow as tf
 
-            self._writers[task_name] = tf.summary.create_file_writer(
-                os.path.join(self._staged.local_dir, task_name))
+            self._writers[task_name] = tf.summary.create_file_writer(os.path.join(self._staged.local_dir, task_name))
         return self._writers[task_name]
 
     def log_metrics(self, task_name: str, step: int, metrics: Mapping[str, float]) -> None:
@@ -48,8 +47,7 @@ class TensorBoardLogger(MetricLogger):
 
         rows = []
         for row in list(examples)[: self.num_text_samples]:
-            rows.append(" | ".join(f"**{k}**: {row[k]}" for k in ("inputs", "targets", "prediction")
-                                   if k in row))
+            rows.append(" | ".join(f"**{k}**: {row[k]}" for k in ("inputs", "targets", "prediction") if k in row))
         if not rows:
             return
         writer = self._writer(task_name)

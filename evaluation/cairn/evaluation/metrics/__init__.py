@@ -8,6 +8,15 @@ from cairn.evaluation.metrics.scores import mean_log_likelihood, perplexity
 from cairn.evaluation.metrics.text import bleu, rouge
 
 __all__ = [
-    "accuracy", "bleu", "exact_match", "mean_log_likelihood", "normalize_squad",
-    "pearson_corrcoef", "perplexity", "rouge", "sequence_accuracy", "spearman_corrcoef", "squad",
+    "accuracy",
+    "bleu",
+    "exact_match",
+    "mean_log_likelihood",
+    "normalize_squad",
+    "pearson_corrcoef",
+    "perplexity",
+    "rouge",
+    "sequence_accuracy",
+    "spearman_corrcoef",
+    "squad",
 ]

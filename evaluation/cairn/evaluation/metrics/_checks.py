@@ -11,7 +11,6 @@ class MetricInputError(ValueError):
 
 def same_length(metric: str, targets: Sequence, others: Sequence, what: str = "predictions") -> None:
     if len(targets) != len(others):
-        raise MetricInputError(
-            f"{metric}: {len(targets)} targets but {len(others)} {what}; they must pair up")
+        raise MetricInputError(f"{metric}: {len(targets)} targets but {len(others)} {what}; they must pair up")
     if not targets:
         raise MetricInputError(f"{metric}: no examples to score")

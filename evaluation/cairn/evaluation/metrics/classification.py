@@ -16,12 +16,10 @@ def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, fl
     return {"accuracy": 100.0 * float(np.mean([t == p for t, p in zip(targets, predictions)]))}
 
 
-def sequence_accuracy(targets: Sequence[Sequence[Any]], predictions: Sequence[Sequence[Any]]
-                      ) -> dict[str, float]:
+def sequence_accuracy(targets: Sequence[Sequence[Any]], predictions: Sequence[Sequence[Any]]) -> dict[str, float]:
     """Percentage of predicted sequences (strings or token lists) equal to the target exactly."""
     same_length("sequence_accuracy", targets, predictions)
-    hits = [list(t) == list(p) if not isinstance(t, str) else t == p
-            for t, p in zip(targets, predictions)]
+    hits = [list(t) == list(p) if not isinstance(t, str) else t == p for t, p in zip(targets, predictions)]
     return {"sequence_accuracy": 100.0 * float(np.mean(hits))}
 
 

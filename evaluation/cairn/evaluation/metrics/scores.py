@@ -17,8 +17,7 @@ def mean_log_likelihood(targets: Sequence[Any], scores: Sequence[float]) -> dict
     return {"mean_log_likelihood": float(np.mean(np.asarray(scores, dtype=np.float64)))}
 
 
-def perplexity(targets: Sequence[Any], scores: Sequence[float],
-               num_tokens: Sequence[int]) -> dict[str, float]:
+def perplexity(targets: Sequence[Any], scores: Sequence[float], num_tokens: Sequence[int]) -> dict[str, float]:
     """Corpus perplexity: exp(-sum of log-likelihoods / number of target tokens).
 
     `scores` are per-example total log-likelihoods (natural log) and `num_tokens` the

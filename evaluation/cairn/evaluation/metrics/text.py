@@ -13,8 +13,9 @@ import numpy as np
 from cairn.evaluation.metrics._checks import MetricInputError, same_length
 
 
-def bleu(targets: Sequence[str | Sequence[str]], predictions: Sequence[str],
-         tokenizer: str = "intl") -> dict[str, float]:
+def bleu(
+    targets: Sequence[str | Sequence[str]], predictions: Sequence[str], tokenizer: str = "intl"
+) -> dict[str, float]:
     """Corpus BLEU with T5's settings (exp smoothing, intl tokenizer, no lowercasing).
 
     Targets are strings, or lists of references (all of equal count).
@@ -30,15 +31,25 @@ def bleu(targets: Sequence[str | Sequence[str]], predictions: Sequence[str],
         if len(counts) != 1:
             raise MetricInputError(f"bleu: every example needs the same number of references, got {sorted(counts)}")
         references = [[str(x) for x in r] for r in zip(*targets)]
-    score = sacrebleu.corpus_bleu(list(predictions), references, smooth_method="exp",
-                                  smooth_value=0.0, force=False, lowercase=False,
-                                  tokenize=tokenizer, use_effective_order=False)
+    score = sacrebleu.corpus_bleu(
+        list(predictions),
+        references,
+        smooth_method="exp",
+        smooth_value=0.0,
+        force=False,
+        lowercase=False,
+        tokenize=tokenizer,
+        use_effective_order=False,
+    )
     return {"bleu": float(score.score)}
 
 
-def rouge(targets: Sequence[str], predictions: Sequence[str],
-          score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeL", "rougeLsum"),
-          use_stemmer: bool = False) -> dict[str, float]:
+def rouge(
+    targets: Sequence[str],
+    predictions: Sequence[str],
+    score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeL", "rougeLsum"),
+    use_stemmer: bool = False,
+) -> dict[str, float]:
     """Mean ROUGE F-measure per key, in percent.
 
     T5 aggregates with rouge-score's BootstrapAggregator (its "mid" value is an estimate of
