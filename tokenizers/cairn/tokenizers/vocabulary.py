@@ -158,7 +158,7 @@ class Vocabulary(metaclass=abc.ABCMeta):
         """What defines this vocabulary; equality and hashing use it."""
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._content_key() == other._content_key()  # type: ignore[attr-defined]
+        return isinstance(other, Vocabulary) and type(self) is type(other) and self._content_key() == other._content_key()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._content_key()))
