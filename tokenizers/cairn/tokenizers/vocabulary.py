@@ -158,7 +158,9 @@ class Vocabulary(metaclass=abc.ABCMeta):
         """What defines this vocabulary; equality and hashing use it."""
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Vocabulary) and type(self) is type(other) and self._content_key() == other._content_key()
+        if not isinstance(other, Vocabulary) or type(self) is not type(other):
+            return False
+        return self._content_key() == other._content_key()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._content_key()))
