@@ -9,6 +9,7 @@ the key, with exit status 2.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -128,8 +129,6 @@ def run_entry_point(
 
     def main() -> int | None:
         if logs is None:
-            import logging
-
             logging.getLogger().setLevel(logging.INFO)
         else:
             logs()

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from absl import flags
+from absl import app, flags
 
 EXIT_CODE = 2  # bad input: a config, a flag, data or a path the user can fix
 
@@ -47,7 +47,6 @@ def run(
 ) -> None:
     """Runs `body` as an absl program (see the module docstring). `describe` turns an expected
     error into what is printed (default: the error itself)."""
-    from absl import app
 
     def main(argv: list[str]) -> None:
         if len(argv) > 1:
