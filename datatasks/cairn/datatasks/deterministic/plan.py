@@ -7,15 +7,14 @@ epoch then visits the bins in a seeded order (`Permutation` over bins), so the r
 task per epoch are a constant, and the row at any position is found in O(1).
 
 Lengths after the cache: a post-cache preprocessor changes lengths the plan must know.
-`output_lengths(fn)` gives its length function, `fn.deterministic_lengths` if set, else
-one of the known ones (`append_eos`, `append_eos_after_trim`, `trim`); a packed reader
+`output_lengths(fn)` gives its length function, the `Preprocessor.output_lengths` it
+declares (or a plain function's `deterministic_lengths` attribute); a packed reader
 refuses a post-cache preprocessor without one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,32 +28,10 @@ from cairn.datatasks.feature_converters import (
 Lengths = dict  # {feature: int array [N]}
 
 
-def _eos_after_trim(lengths: Lengths, sequence_length: Mapping[str, int],
-                    output_features: Mapping[str, Any]) -> Lengths:
-    out = dict(lengths)
-    for k, f in output_features.items():
-        if k in out and f.add_eos and f.vocabulary.eos_id is not None:
-            n = sequence_length.get(k)
-            out[k] = (np.minimum(out[k], n - 1) if n is not None else out[k]) + 1
-    return out
-
-
-def _eos(lengths, sequence_length, output_features):
-    return _eos_after_trim(lengths, {}, output_features)
-
-
-def _trim(lengths, sequence_length, output_features):
-    return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v)
-            for k, v in lengths.items()}
-
-
-_KNOWN: dict = {pp.append_eos_after_trim: _eos_after_trim, pp.append_eos: _eos, pp.trim: _trim}
-
-
 def output_lengths(fn: Callable) -> Callable | None:
-    """`f(lengths, sequence_length, output_features) -> lengths` for a preprocessor."""
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    return getattr(target, "deterministic_lengths", None) or _KNOWN.get(target)
+    """`f(lengths, sequence_length, output_features) -> lengths` for a preprocessor: its
+    `Preprocessor.output_lengths` (arguments bound by a `functools.partial` applied)."""
+    return pp.as_preprocessor(fn).output_lengths
 
 
 def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str, int]
@@ -69,7 +46,7 @@ def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str
                 f"lengths; set `fn.deterministic_lengths = f(lengths, sequence_length, "
                 f"output_features) -> lengths`, or read with pack=False")
         lengths = dict(length_fn(lengths, sequence_length, task.output_features))
-    return _trim(lengths, sequence_length, task.output_features)
+    return pp.trim_lengths(lengths, sequence_length, task.output_features)
 
 
 def packing_lengths(converter: FeatureConverter, lengths: Lengths,
