@@ -14,7 +14,12 @@ with lengths inputs 512 / targets 128, global batch 32. It reports:
     unpacked, and their ratio (median of 3 fresh readers each, after one warm-up round);
   * steady-state batches/s of the deterministic reader (default prefetch), of the streaming
     `cairn.datatasks.get_dataset` (shuffle buffer, seeded) and of seqio 0.0.20's streaming
-    `get_dataset` (run in `.peer-venv` by this same file with `--peer`), as ratios.
+    `get_dataset` (run in `.peer-venv` by this same file with `--peer`), as ratios;
+  * packing modes of the deterministic reader, `packing="greedy"` (default, seqio's rows)
+    and `packing="first_fit"` (window `--window`): the plan's build time, the fill of the
+    target slots (non-padding `decoder_target_tokens` / all of them) and of the input
+    slots over the timed batches, and non-padding tokens (inputs + targets) per second.
+    `--packing-only` runs the cache job and this comparison only.
 """
 
 from __future__ import annotations
@@ -140,6 +145,49 @@ def reader_figures(root: str, batches: dict, warmup: int) -> dict:
     return out
 
 
+def packing_figures(root: str, batches: int, warmup: int, window: int) -> dict:
+    """Fill and tokens/s of the packed deterministic reader per packing mode."""
+    import numpy as np
+
+    import cairn.datatasks as dt
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    out = {}
+    for mode in ("greedy", "first_fit"):
+        start = time.perf_counter()
+        reader = DeterministicReader("det_bench", os.path.join(root, "cache"), seed=0,
+                                     global_batch_size=BATCH, sequence_length=LENGTHS,
+                                     feature_converter=dt.EncDecFeatureConverter(pack=True),
+                                     packing=mode, packing_window=window)
+        build = time.perf_counter() - start
+        for _ in range(warmup):
+            next(reader)
+        used = {"encoder_input_tokens": 0, "decoder_target_tokens": 0}
+        slots = dict.fromkeys(used, 0)
+        start = time.perf_counter()
+        for _ in range(batches):
+            batch = next(reader)
+            for k in used:
+                used[k] += int(np.count_nonzero(batch[k]))
+                slots[k] += batch[k].size
+        seconds = time.perf_counter() - start
+        reader.close()
+        out[mode] = {"build_s": build, "target_fill": used["decoder_target_tokens"] /
+                     slots["decoder_target_tokens"],
+                     "input_fill": used["encoder_input_tokens"] / slots["encoder_input_tokens"],
+                     "tokens_s": sum(used.values()) / seconds, "batches_s": batches / seconds}
+    return out
+
+
+def print_packing(figures: dict, window: int) -> None:
+    print(f"{'packing':22s}{'plan s':>8s}{'target fill':>13s}{'input fill':>12s}"
+          f"{'tokens/s':>12s}{'batches/s':>11s}")
+    for mode, f in figures.items():
+        label = f"{mode} (window {window})" if mode == "first_fit" else mode
+        print(f"{label:22s}{f['build_s']:8.2f}{f['target_fill']:13.2%}{f['input_fill']:12.2%}"
+              f"{f['tokens_s']:12,.0f}{f['batches_s']:11.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lines", type=int, default=100_000)
@@ -148,6 +196,9 @@ def main() -> None:
     p.add_argument("--unpacked-batches", type=int, default=2000,
                    help="unpacked batches timed (many: the reader computes ~1,024 rows ahead)")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--window", type=int, default=128, help="first-fit packing window")
+    p.add_argument("--packing-only", action="store_true",
+                   help="the cache job and the packing-mode comparison only")
     p.add_argument("--peer", action="store_true", help="internal: run seqio's side")
     p.add_argument("--model")
     p.add_argument("--data")
@@ -170,6 +221,10 @@ def main() -> None:
               f"global batch {BATCH}")
         print(f"cache job (Beam DirectRunner, 2 workers): {records:,} records in "
               f"{seconds:.1f} s = {records / seconds:,.0f} records/s (incl. start-up)")
+        packing = packing_figures(root, args.batches, args.warmup, args.window)
+        if args.packing_only:
+            print_packing(packing, args.window)
+            return
         figures = reader_figures(root, {True: args.batches, False: args.unpacked_batches},
                                  args.warmup)
         peer = "no .peer-venv (bash benchmarks/setup_peers.sh)"
@@ -196,6 +251,7 @@ def main() -> None:
             print(f"{mode:10s}{'  ratio det/seqio':34s}{f['deterministic'] / peer[mode]:12.2f}")
     if not isinstance(peer, dict):
         print(f"seqio: {peer}")
+    print_packing(packing, args.window)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def test_length_functions_match_the_outputs(fn, lengths):
 def test_span_corruption_one_to_one_refuses_short_targets():
     assert pp.span_corruption_one_to_one.check_sequence_length({"inputs": 64, "targets": 16}) is None
     assert "targets >= 14" in pp.span_corruption_one_to_one.check_sequence_length({"inputs": 64, "targets": 8})
-    with pytest.raises(ValueError, match="must be >= 14"):
+    with pytest.raises(ValueError, match="needs targets >= 14"):
         run(pp.span_corruption_one_to_one, chunks([100]), {"inputs": 64, "targets": 8})
 
 

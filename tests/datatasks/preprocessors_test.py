@@ -1,6 +1,7 @@
 """rekey, tokenize, append_eos(_after_trim), trim, prefix_lm, map_over_dataset, determinism flags."""
 
 import functools
+import inspect
 import os
 import sys
 
@@ -129,3 +130,59 @@ def test_prefix_lm_splits_a_stream_into_prefix_and_suffix():
     for o, seg in zip(out, [d[i:i + 10] for d in docs for i in range(0, 40, 10)]):
         assert o["inputs"] + o["targets"] == seg
         assert 1 <= len(o["inputs"]) <= 9
+
+
+# -- the typed `Preprocessor` protocol ------------------------------------------------------
+def test_builtins_are_typed_preprocessors_and_still_callable():
+    assert isinstance(pp.span_corruption, pp.Preprocessor)
+    assert pp.span_corruption.reads == ("targets",)
+    assert pp.span_corruption.writes == ("inputs", "targets")
+    assert pp.span_corruption.deterministic is False and pp.tokenize.deterministic is True
+    assert pp.span_corruption.__name__ == "span_corruption"
+    assert "sequence_length" in inspect.signature(pp.span_corruption).parameters
+    ds = tf.data.Dataset.from_tensors({"targets": tf.constant([5, 6, 7])})
+    assert as_lists(pp.trim(ds, {"targets": 2})) == [{"targets": [5, 6]}]
+
+
+def test_span_corruption_states_its_length_rule_once():
+    rule = pp.span_corruption.lengths_for({"inputs": 512, "targets": 114})
+    assert (rule.reads["targets"], rule.needs["targets"]) == pp.random_spans_helper(512)
+    assert pp.span_corruption_one_to_one.lengths_for({"inputs": 512}) == rule
+    assert pp.span_corruption.check_sequence_length({"inputs": 512, "targets": 114}) is None
+    problem = pp.span_corruption.check_sequence_length({"inputs": 512, "targets": 100})
+    assert "needs targets >= 114" in problem and "inputs length 512" in problem
+    # reserved_for_packing and noise_density are the preprocessor's own arguments
+    rule = pp.span_corruption.lengths_for({"inputs": 512}, reserved_for_packing=2,
+                                          noise_density=0.3)
+    assert rule.needs["targets"] == pp.random_spans_helper(510, 0.3)[1]
+    assert "at least 3" in pp.span_corruption.check_sequence_length({"inputs": 2, "targets": 9})
+
+
+def test_partials_and_plain_functions_are_accepted():
+    bound = pp.as_preprocessor(functools.partial(pp.span_corruption, noise_density=0.3))
+    assert bound.lengths_for({"inputs": 64}).needs["targets"] == pp.random_spans_helper(64, 0.3)[1]
+
+    def plain(dataset, seed=None):
+        return dataset
+
+    wrapped = pp.as_preprocessor(plain)
+    assert isinstance(wrapped, pp.Preprocessor) and wrapped.deterministic is False
+    assert wrapped.check_sequence_length({"targets": 1}) is None and wrapped.output_lengths is None
+
+    def legacy(dataset):
+        return dataset
+
+    legacy.check_sequence_length = lambda sl: "too short" if sl["targets"] < 4 else None
+    legacy.deterministic_lengths = lambda lengths, sequence_length, output_features: lengths
+    assert pp.as_preprocessor(legacy).check_sequence_length({"targets": 2}) == "too short"
+    assert pp.as_preprocessor(legacy).output_lengths is legacy.deterministic_lengths
+    with pytest.raises(TypeError, match="must be callable"):
+        pp.Preprocessor(3)
+
+
+def test_preprocessors_pickle_by_reference():
+    import pickle
+
+    assert pickle.loads(pickle.dumps(pp.span_corruption)) is pp.span_corruption
+    part = pickle.loads(pickle.dumps(functools.partial(pp.random_crop, feature_key="inputs")))
+    assert part.func is pp.random_crop

@@ -95,7 +95,7 @@ def test_same_seed_same_output_and_another_seed_differs():
 def test_targets_length_too_small_is_refused():
     feats = {"inputs": dt.Feature(ids_vocab(VOCAB)), "targets": dt.Feature(ids_vocab(VOCAB))}
     ds = tf.data.Dataset.from_tensors({"targets": tf.constant([5, 6], tf.int32)})
-    with pytest.raises(ValueError, match="must be >= 114"):
+    with pytest.raises(ValueError, match="needs targets >= 114"):
         pp.span_corruption(ds, {"inputs": 512, "targets": 100}, feats)
 
 

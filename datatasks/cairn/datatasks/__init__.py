@@ -11,14 +11,14 @@ __version__ = "0.1.0"
 from cairn.datatasks import deterministic, preprocessors  # noqa: E402
 from cairn.datatasks.dataset import get_dataset  # noqa: E402
 from cairn.datatasks.errors import DataTasksError, UnknownNameError  # noqa: E402
+from cairn.datatasks.facades import MixtureRegistry, TaskRegistry  # noqa: E402
 from cairn.datatasks.feature import Feature  # noqa: E402
 from cairn.datatasks.feature_converters import (  # noqa: E402
     EncDecFeatureConverter, FeatureConverter, LMFeatureConverter, PrefixLMFeatureConverter)
 from cairn.datatasks.inline import map_inline, pipeline_options  # noqa: E402
 from cairn.datatasks.mixture import Mixture  # noqa: E402
 from cairn.datatasks.preprocessors import map_over_dataset  # noqa: E402
-from cairn.datatasks.registry import (  # noqa: E402
-    DEFAULT_REGISTRY, MixtureRegistry, Registry, TaskRegistry, get_mixture_or_task)
+from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry, get_mixture_or_task  # noqa: E402
 from cairn.datatasks.sources import (  # noqa: E402
     DataSource, FunctionDataSource, JsonLinesDataSource, ShardInfo, TextLineDataSource,
     TFExampleDataSource)

@@ -1,7 +1,10 @@
 """Registries of tasks and mixtures: a default global one, plus scoped `Registry()` objects.
 
 A name is unique within a registry across tasks and mixtures; adding it twice is an
-error, and looking up an unknown name is an error that lists the closest names.
+error, and looking up an unknown name is an error that lists the closest names. This
+module stores providers without knowing their classes (it imports neither `task` nor
+`mixture`); the seqio-style `TaskRegistry`/`MixtureRegistry`, which build them, live in
+`facades.py` above both.
 """
 
 from __future__ import annotations
@@ -81,66 +84,6 @@ class Registry:
 
 
 DEFAULT_REGISTRY = Registry()
-
-
-class TaskRegistry:
-    """seqio-style facade over the tasks of the default registry."""
-
-    @staticmethod
-    def add(name: str, source: Any, output_features: Any, preprocessors: Any = (),
-            **kwargs: Any) -> Any:
-        """Builds a `Task` and registers it; returns the task."""
-        from cairn.datatasks.task import Task
-
-        return DEFAULT_REGISTRY.add_task(
-            Task(name, source, output_features=output_features, preprocessors=preprocessors,
-                 **kwargs))
-
-    @staticmethod
-    def add_provider(task: Any) -> Any:
-        return DEFAULT_REGISTRY.add_task(task)
-
-    @staticmethod
-    def get(name: str) -> Any:
-        return DEFAULT_REGISTRY.get_task(name)
-
-    @staticmethod
-    def remove(name: str) -> None:
-        DEFAULT_REGISTRY.get_task(name)
-        DEFAULT_REGISTRY.remove(name)
-
-    @staticmethod
-    def names() -> list[str]:
-        return DEFAULT_REGISTRY.task_names()
-
-
-class MixtureRegistry:
-    """seqio-style facade over the mixtures of the default registry."""
-
-    @staticmethod
-    def add(name: str, tasks: Any, default_rate: Any = None, **kwargs: Any) -> Any:
-        """Builds a `Mixture` over registered tasks and registers it; returns it."""
-        from cairn.datatasks.mixture import Mixture
-
-        return DEFAULT_REGISTRY.add_mixture(
-            Mixture(name, tasks, default_rate=default_rate, registry=DEFAULT_REGISTRY, **kwargs))
-
-    @staticmethod
-    def add_provider(mixture: Any) -> Any:
-        return DEFAULT_REGISTRY.add_mixture(mixture)
-
-    @staticmethod
-    def get(name: str) -> Any:
-        return DEFAULT_REGISTRY.get_mixture(name)
-
-    @staticmethod
-    def remove(name: str) -> None:
-        DEFAULT_REGISTRY.get_mixture(name)
-        DEFAULT_REGISTRY.remove(name)
-
-    @staticmethod
-    def names() -> list[str]:
-        return DEFAULT_REGISTRY.mixture_names()
 
 
 def get_mixture_or_task(name: str, registry: Registry | None = None) -> Any:

@@ -236,22 +236,13 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
                                   f"{length} cannot hold one token{' and EOS' if feature.add_eos else ''} "
                                   f"of task {task.name!r}; it must be >= {least}")
         for fn in task.preprocessors:
-            target = getattr(fn, "func", fn)
-            check = getattr(target, "check_sequence_length", None)
-            if check is not None:
-                accepted = inspect.signature(check).parameters
-                bound = {k: v for k, v in getattr(fn, "keywords", {}).items() if k in accepted}
-                problem = check(lengths, **bound)
-                if problem:
-                    raise ConfigError("data.sequence_length", f"task {task.name!r}: {problem}")
-            elif getattr(target, "__name__", "") == "span_corruption":
-                from cairn.datatasks.preprocessors import random_spans_helper
+            # Each preprocessor states its own length rule (a `Preprocessor`; plain functions
+            # are wrapped, partials keep their bound arguments).
+            from cairn.datatasks.preprocessors import as_preprocessor
 
-                _, targets_length = random_spans_helper(lengths["inputs"])
-                if lengths["targets"] < targets_length:
-                    raise ConfigError("data.sequence_length.targets",
-                                      f"{lengths['targets']} is too short for span corruption of inputs "
-                                      f"length {lengths['inputs']} in task {task.name!r}: it must be >= {targets_length}")
+            problem = as_preprocessor(fn).check_sequence_length(lengths)
+            if problem:
+                raise ConfigError("data.sequence_length", f"task {task.name!r}: {problem}")
 
 
 def mesh_shapes(device_count: int) -> list[dict[str, int]]:

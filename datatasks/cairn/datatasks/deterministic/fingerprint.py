@@ -27,6 +27,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cairn.datatasks.preprocessors.base import Preprocessor
+
 PARTS = ("preprocessors", "features", "vocabulary", "source")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -64,7 +66,10 @@ def preprocessor_description(fn: Callable) -> dict:
     """Name, code and bound arguments of one preprocessor."""
     args: list = []
     kwargs: dict = {}
-    while isinstance(fn, functools.partial):
+    while isinstance(fn, (functools.partial, Preprocessor)):
+        if isinstance(fn, Preprocessor):  # described by its function: caches stay valid
+            fn = fn.fn
+            continue
         args = list(fn.args) + args
         kwargs = {**fn.keywords, **kwargs}
         fn = fn.func

@@ -6,16 +6,19 @@ holds `max(capacity)` records (the feature converter packs groups of that many).
 epoch then visits the bins in a seeded order (`Permutation` over bins), so the rows of a
 task per epoch are a constant, and the row at any position is found in O(1).
 
+`packing="first_fit"` (an option; greedy stays the default for seqio parity) fills each
+bin first-fit from a bounded window of upcoming records (`first_fit_bins_chunked`): the
+plan then also holds the order of the records it placed (`Plan.order`).
+
 Lengths after the cache: a post-cache preprocessor changes lengths the plan must know.
-`output_lengths(fn)` gives its length function, `fn.deterministic_lengths` if set, else
-one of the known ones (`append_eos`, `append_eos_after_trim`, `trim`); a packed reader
+`output_lengths(fn)` gives its length function, the `Preprocessor.output_lengths` it
+declares (or a plain function's `deterministic_lengths` attribute); a packed reader
 refuses a post-cache preprocessor without one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,32 +32,10 @@ from cairn.datatasks.feature_converters import (
 Lengths = dict  # {feature: int array [N]}
 
 
-def _eos_after_trim(lengths: Lengths, sequence_length: Mapping[str, int],
-                    output_features: Mapping[str, Any]) -> Lengths:
-    out = dict(lengths)
-    for k, f in output_features.items():
-        if k in out and f.add_eos and f.vocabulary.eos_id is not None:
-            n = sequence_length.get(k)
-            out[k] = (np.minimum(out[k], n - 1) if n is not None else out[k]) + 1
-    return out
-
-
-def _eos(lengths, sequence_length, output_features):
-    return _eos_after_trim(lengths, {}, output_features)
-
-
-def _trim(lengths, sequence_length, output_features):
-    return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v)
-            for k, v in lengths.items()}
-
-
-_KNOWN: dict = {pp.append_eos_after_trim: _eos_after_trim, pp.append_eos: _eos, pp.trim: _trim}
-
-
 def output_lengths(fn: Callable) -> Callable | None:
-    """`f(lengths, sequence_length, output_features) -> lengths` for a preprocessor."""
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    return getattr(target, "deterministic_lengths", None) or _KNOWN.get(target)
+    """`f(lengths, sequence_length, output_features) -> lengths` for a preprocessor: its
+    `Preprocessor.output_lengths` (arguments bound by a `functools.partial` applied)."""
+    return pp.as_preprocessor(fn).output_lengths
 
 
 def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str, int]
@@ -69,7 +50,7 @@ def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str
                 f"lengths; set `fn.deterministic_lengths = f(lengths, sequence_length, "
                 f"output_features) -> lengths`, or read with pack=False")
         lengths = dict(length_fn(lengths, sequence_length, task.output_features))
-    return _trim(lengths, sequence_length, task.output_features)
+    return pp.trim_lengths(lengths, sequence_length, task.output_features)
 
 
 def packing_lengths(converter: FeatureConverter, lengths: Lengths,
@@ -93,18 +74,28 @@ def packing_lengths(converter: FeatureConverter, lengths: Lengths,
                          f"{type(converter).__name__} (read it with pack=False)")
 
 
+PACKING_MODES = ("greedy", "first_fit")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Bins over a base order: bin `b` holds base positions `starts[b]:starts[b+1]`;
-    `starts=None` means one record per bin (unpacked; O(1) memory)."""
+    """Bins over a base order: bin `b` holds plan positions `starts[b]:starts[b+1]`;
+    `starts=None` means one record per bin (unpacked; O(1) memory). Plan position `i` is
+    base position `order[i]` (`order=None`: the same, as greedy plans keep the base order;
+    first-fit plans reorder records within a bounded window)."""
 
     num_bins: int
     starts: np.ndarray | None = None
+    order: np.ndarray | None = None
 
     def bins(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.starts is None:
             return b, b + 1
         return self.starts[b], self.starts[b + 1]
+
+    def base_positions(self, i: np.ndarray) -> np.ndarray:
+        """The base positions of plan positions `i`."""
+        return i if self.order is None else self.order[i]
 
 
 def greedy_bins(lengths: np.ndarray, capacity: np.ndarray) -> Plan:
@@ -179,3 +170,89 @@ def chain(nxt: np.ndarray) -> np.ndarray:
         cur = nxt[cur]
     out = steps.reshape(-1)
     return np.append(out[out < n], n)
+
+
+def first_fit_bins(lengths: np.ndarray, capacity: np.ndarray, window: int = 128) -> Plan:
+    """`first_fit_bins_chunked` over `lengths` [N, K]."""
+    lengths = np.asarray(lengths)
+    return first_fit_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity, window)
+
+
+def first_fit_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
+                           capacity: np.ndarray, window: int = 128,
+                           chunk: int = 1 << 16) -> Plan:
+    """Bins filled first-fit from a bounded window of upcoming records (an option; the
+    default plan is `greedy_bins_chunked`, seqio's in-order packing).
+
+    Each bin takes, in base order, the not-yet-placed records that fit in every feature
+    (at least one: the first, so no record waits long), as greedy does; then, of the next
+    `window` not-yet-placed records from the first that did not fit, each one that still
+    fits, in order, up to `max(capacity)` records. `window=1` is greedy. A bin keeps its
+    records in base order. The plan is a pure function of the lengths (the same on every
+    host and at every step); `units(a, b)` gives the [b - a, K] lengths of records
+    `a .. b - 1`, read block by block. About 4 us per record (a few NumPy calls per bin).
+    """
+    if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
+        raise DataTasksError(f"packing window must be a positive integer, got {window!r}")
+    capacity = np.asarray(capacity, np.int64).reshape(-1)
+    most = int(capacity.max()) if capacity.size else 1
+    order = np.empty(n, np.int32 if n < 2**31 - 1 else np.int64)
+    starts = [0]
+    # The next `most + window` records not yet placed, in order, refilled from a block.
+    buf_pos = np.zeros(0, np.int64)
+    buf_len = np.zeros((0, capacity.size), np.int64)
+    block = np.zeros((0, capacity.size), np.int64)
+    block_start = block_at = 0  # the block holds records block_start.., next is block_at
+    placed = 0
+    while placed < n:
+        need = most + window - buf_pos.size
+        while need > 0 and block_at < n:
+            if block_at == block_start + block.shape[0]:
+                stop = min(block_at + chunk, n)
+                block = np.asarray(units(block_at, stop), np.int64).reshape(stop - block_at, -1)
+                if block.shape[1] != capacity.size:
+                    raise DataTasksError(f"packing lengths have {block.shape[1]} features, "
+                                         f"capacity {capacity.size}")
+                block_start = block_at
+            take = min(need, block_start + block.shape[0] - block_at)
+            buf_pos = np.concatenate([buf_pos, np.arange(block_at, block_at + take)])
+            buf_len = np.concatenate([buf_len, block[block_at - block_start:][:take]])
+            block_at += take
+            need -= take
+        # The in-order prefix that fits (greedy's bin), at least one record ...
+        head = buf_len[:most]
+        fits = (np.cumsum(head, 0) <= capacity).all(1)
+        p = max(int(fits.size if fits.all() else np.argmin(fits)), 1)
+        taken = list(range(p))
+        room = capacity - head[:p].sum(0)
+        # ... then, of the `window` records from the first misfit on, each that still fits.
+        stop = min(p + window, buf_pos.size)
+        at = p
+        while len(taken) < most and at < stop:
+            later = np.flatnonzero((buf_len[at:stop] <= room).all(1))
+            if later.size == 0:
+                break
+            at += int(later[0])
+            taken.append(at)
+            room = room - buf_len[at]
+            at += 1
+        order[placed:placed + len(taken)] = buf_pos[taken]
+        placed += len(taken)
+        starts.append(placed)
+        if len(taken) == p:  # no lookahead record taken: drop the prefix (cheap)
+            buf_pos, buf_len = buf_pos[p:], buf_len[p:]
+        else:
+            keep = np.ones(buf_pos.size, bool)
+            keep[taken] = False
+            buf_pos, buf_len = buf_pos[keep], buf_len[keep]
+    return Plan(len(starts) - 1, np.asarray(starts, np.int64), order)
+
+
+def packed_bins(mode: str, units: Callable[[int, int], np.ndarray], n: int,
+                capacity: np.ndarray, window: int = 128) -> Plan:
+    """The plan of packing `mode`: "greedy" (default, seqio's rows) or "first_fit"."""
+    if mode == "greedy":
+        return greedy_bins_chunked(units, n, capacity)
+    if mode == "first_fit":
+        return first_fit_bins_chunked(units, n, capacity, window)
+    raise DataTasksError(f"unknown packing mode {mode!r}; expected one of {PACKING_MODES}")

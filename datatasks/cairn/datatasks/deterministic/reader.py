@@ -34,7 +34,8 @@ class _TaskStream:
     """One task's cache, plan and stages."""
 
     def __init__(self, task: Task, cache: CachedTask, seed: int, converter: FeatureConverter,
-                 lengths: Mapping[str, int], keys: list[str]):
+                 lengths: Mapping[str, int], keys: list[str], packing: str = "greedy",
+                 packing_window: int = 128):
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
         self.base = Permutation(n, derive(seed, task.name, "base"))
@@ -48,7 +49,7 @@ class _TaskStream:
 
             _, capacity = plan_lib.packing_lengths(
                 converter, self.expected_lengths(np.zeros(1, np.int64)), lengths)
-            self.plan = plan_lib.greedy_bins_chunked(units, n, capacity)
+            self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
             cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
@@ -85,7 +86,8 @@ class _TaskStream:
             starts[where], ends[where] = self.plan.bins(self._epoch_perm(int(e))(ks[where]))
         sizes = ends - starts
         offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
-        records = self.base(np.arange(int(sizes.sum()), dtype=np.int64) + offsets)
+        records = self.base(self.plan.base_positions(
+            np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
         split = np.split(records, np.cumsum(sizes)[:-1])
         return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
 
@@ -130,19 +132,37 @@ class DeterministicReader:
         pass, ~5 ms); default: enough for ~1,024 of this host's rows per pass unpacked
         (one example each), ~256 packed (many examples each). Neither changes the batches
         or the state.
+      packing: with a packing converter, how records are planned into rows: "greedy"
+        (default: seqio's in-order packing, row for row) or "first_fit" (each row filled
+        first-fit from the next `packing_window` unplaced records; fuller rows, a
+        different order). Either is a pure function of (seed, step): resumable and the
+        same global batches for any host count. `get_state` records a first-fit window.
     """
 
     def __init__(self, mixture_or_task: Any, cache_dir: str, seed: int, global_batch_size: int,
                  sequence_length: Mapping[str, int], feature_converter: FeatureConverter,
                  host_index: int = 0, host_count: int = 1, split: str = "train",
                  registry: Registry | None = None, check_source_files: bool = True,
-                 prefetch: int = 2, steps_per_call: int | None = None):
+                 prefetch: int = 2, steps_per_call: int | None = None,
+                 packing: str = "greedy", packing_window: int = 128):
         if not (isinstance(host_count, int) and host_count >= 1 and 0 <= host_index < host_count):
             raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} "
                                  f"of {host_count}")
         if global_batch_size < 1 or global_batch_size % host_count:
             raise DataTasksError(f"global_batch_size {global_batch_size} must be a positive "
                                  f"multiple of host_count {host_count}")
+        if packing not in plan_lib.PACKING_MODES:
+            raise DataTasksError(f"unknown packing {packing!r}; expected one of "
+                                 f"{plan_lib.PACKING_MODES}")
+        if packing != "greedy" and not feature_converter.pack:
+            raise DataTasksError(f"packing={packing!r} plans packed rows, but the feature "
+                                 f"converter has pack=False")
+        if (not isinstance(packing_window, int) or isinstance(packing_window, bool)
+                or packing_window < 1):
+            raise DataTasksError(f"packing_window must be a positive integer, got "
+                                 f"{packing_window!r}")
+        # 0: greedy (what a state without the key means); the window of a first-fit plan.
+        self.packing_window = packing_window if packing == "first_fit" else 0
         obj = (get_mixture_or_task(mixture_or_task, registry)
                if isinstance(mixture_or_task, str) else mixture_or_task)
         if isinstance(obj, Task):
@@ -158,7 +178,8 @@ class DeterministicReader:
         keys = list(feature_converter.TASK_FEATURES)
         self.streams = [_TaskStream(t, CachedTask(task_dir(cache_dir, t.name, split), t, split,
                                                   check_source_files),
-                                    self.seed, feature_converter, self.lengths, keys)
+                                    self.seed, feature_converter, self.lengths, keys,
+                                    packing, packing_window)
                         for t in tasks]
         self.schedule = MixtureSchedule([t.name for t in tasks], rates, self.seed)
         self.convert = ConvertStage(feature_converter, self.lengths, keys)
@@ -175,13 +196,22 @@ class DeterministicReader:
 
     # -- state ---------------------------------------------------------------------
     def get_state(self) -> dict[str, int]:
-        return {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
+        state = {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
+        if self.packing_window:
+            state["packing_window"] = self.packing_window
+        return state
 
     def set_state(self, state: Mapping[str, int]) -> None:
         for k in ("seed", "global_batch_size"):
             if k in state and int(state[k]) != getattr(self, "seed" if k == "seed" else "batch"):
                 raise DataTasksError(f"state has {k}={state[k]}, this reader was built with "
                                      f"{self.seed if k == 'seed' else self.batch}")
+        window = int(state.get("packing_window", 0))
+        if window != self.packing_window:
+            def what(w: int) -> str:
+                return f"packing='first_fit', packing_window={w}" if w else "packing='greedy'"
+            raise DataTasksError(f"state was saved by a reader with {what(window)}; this "
+                                 f"reader has {what(self.packing_window)}: its rows differ")
         step = int(state["step"])
         if step < 0:
             raise DataTasksError(f"state step must be >= 0, got {step}")

@@ -12,13 +12,22 @@ is not deterministic or that needs `sequence_length`.
 Seeds (`map_over_dataset(num_seeds=n)`): the task gives each seeded preprocessor a base key
 derived from (task seed, epoch, preprocessor position); example `i` of the stream gets
 `stateless_split(stateless_fold_in(key, i), n)`. Nothing depends on a counter or the clock.
+
+`Preprocessor` is the typed form: a callable object that declares the features it reads
+and writes, whether it is deterministic, and optionally its length rule (`LengthRule`:
+what it needs of `sequence_length`) and its per-example `output_lengths`. `@preprocessor`
+returns one; `as_preprocessor` wraps any plain callable (or a `functools.partial` of
+either), reading the legacy attributes `deterministic`, `deterministic_lengths` and
+`check_sequence_length`, so plain functions keep working everywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -26,16 +35,6 @@ import tensorflow as tf
 from cairn.datatasks.inline import map_inline
 
 INJECTED = ("output_features", "sequence_length", "seed", "bad_data_policy", "stats")
-
-
-def preprocessor(deterministic: bool = True) -> Callable:
-    """Decorator declaring whether a preprocessor is deterministic."""
-
-    def mark(fn):
-        fn.deterministic = deterministic
-        return fn
-
-    return mark
 
 
 def _params(fn: Callable) -> Sequence[str]:
@@ -47,6 +46,150 @@ def _params(fn: Callable) -> Sequence[str]:
     if isinstance(fn, functools.partial):
         names = [n for n in names if n not in fn.keywords]
     return names
+
+
+def _accepted(fn: Callable, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `kwargs` that `fn` can take (all of them if it takes `**kwargs`)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(kwargs)
+    names = {p.name for p in params}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthRule:
+    """What a preprocessor needs of `sequence_length`, for a given one.
+
+    `reads`: tokens per example it takes of each feature it reads to fill the lengths;
+    `needs`: the least `sequence_length[k]` for each feature it writes; `about`: a phrase
+    for messages (e.g. "span corruption of inputs length 64").
+    """
+
+    reads: Mapping[str, int]
+    needs: Mapping[str, int]
+    about: str
+
+    def problem(self, sequence_length: Mapping[str, int]) -> str | None:
+        """A message when `sequence_length` is below what the rule needs, else None."""
+        for k, least in sorted(self.needs.items()):
+            have = sequence_length.get(k)
+            if have is not None and have < least:
+                return f"sequence_length[{k!r}] is {have}: {self.about} needs {k} >= {least}"
+        return None
+
+
+class Preprocessor:
+    """A preprocessor `dataset -> dataset` that says what it does (callable as before).
+
+    `reads`/`writes`: the features it reads and writes (documentation and checks;
+    empty when not declared). `deterministic`: `None` infers it (not deterministic when
+    the function takes `seed`/`seeds`). `length_rule(sequence_length, **kwargs) ->
+    LengthRule` raises `ValueError` when no rule can hold; `output_lengths(lengths,
+    sequence_length, output_features, **kwargs) -> lengths` maps per-example lengths
+    (NumPy arrays by feature) the way the preprocessor does, so packing can be planned.
+    """
+
+    def __init__(self, fn: Callable, *, reads: Sequence[str] = (), writes: Sequence[str] = (),
+                 deterministic: bool | None = None, length_rule: Callable | None = None,
+                 output_lengths: Callable | None = None):
+        if not callable(fn):
+            raise TypeError(f"a preprocessor must be callable, got {type(fn).__name__}")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.reads = tuple(reads)
+        self.writes = tuple(writes)
+        if deterministic is None:
+            deterministic = getattr(fn, "deterministic", None)
+        self.deterministic = (bool(deterministic) if deterministic is not None else
+                              "seed" not in _params(fn) and "seeds" not in _params(fn))
+        self.length_rule = length_rule
+        self.deterministic_lengths = output_lengths or getattr(fn, "deterministic_lengths", None)
+        self._legacy_check = getattr(fn, "check_sequence_length", None)
+
+    @property
+    def output_lengths(self) -> Callable | None:
+        """`f(lengths, sequence_length, output_features, **kwargs) -> lengths`, or None."""
+        return self.deterministic_lengths
+
+    def __call__(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(dataset, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Preprocessor({getattr(self, '__qualname__', repr(self.fn))})"
+
+    def __reduce__(self) -> Any:
+        # A module-level preprocessor pickles by reference (its function's qualified name
+        # now names this object), anything else by value.
+        module = sys.modules.get(getattr(self, "__module__", ""), None)
+        if module is not None and getattr(module, getattr(self, "__qualname__", ""), None) is self:
+            return self.__qualname__
+        return (_rebuild, (self.fn, self.reads, self.writes, self.deterministic,
+                           self.length_rule, self.deterministic_lengths))
+
+    def lengths_for(self, sequence_length: Mapping[str, int], **kwargs: Any) -> LengthRule | None:
+        """The length rule for `sequence_length` (None when it has none); `kwargs` are the
+        preprocessor's own arguments (those the rule takes are passed on)."""
+        if self.length_rule is None:
+            return None
+        return self.length_rule(sequence_length, **_accepted(self.length_rule, kwargs))
+
+    def check_sequence_length(self, sequence_length: Mapping[str, int],
+                              **kwargs: Any) -> str | None:
+        """A message naming the problem when `sequence_length` cannot work, else None."""
+        if self.length_rule is None:
+            if self._legacy_check is None:
+                return None
+            return self._legacy_check(sequence_length, **_accepted(self._legacy_check, kwargs))
+        try:
+            return self.lengths_for(sequence_length, **kwargs).problem(sequence_length)
+        except ValueError as e:
+            return str(e)
+
+    def bind(self, *args: Any, **kwargs: Any) -> "Preprocessor":
+        """This preprocessor with arguments bound (`functools.partial` keeps its rules)."""
+        def rule(sequence_length, **more):
+            return self.lengths_for(sequence_length, **{**kwargs, **more})
+
+        def lengths(lengths_, sequence_length, output_features, **more):
+            fn = self.deterministic_lengths
+            return fn(lengths_, sequence_length, output_features,
+                      **_accepted(fn, {**kwargs, **more}))
+
+        bound = Preprocessor(functools.partial(self.fn, *args, **kwargs), reads=self.reads,
+                             writes=self.writes, deterministic=self.deterministic,
+                             length_rule=rule if self.length_rule else None,
+                             output_lengths=lengths if self.deterministic_lengths else None)
+        if self.length_rule is None and self._legacy_check is not None:
+            bound._legacy_check = lambda sl, **more: self.check_sequence_length(
+                sl, **{**kwargs, **more})
+        return bound
+
+
+def _rebuild(fn, reads, writes, deterministic, length_rule, output_lengths) -> Preprocessor:
+    return Preprocessor(fn, reads=reads, writes=writes, deterministic=deterministic,
+                        length_rule=length_rule, output_lengths=output_lengths)
+
+
+def as_preprocessor(fn: Callable) -> Preprocessor:
+    """`fn` as a `Preprocessor`: itself, a partial of one bound, or a plain callable wrapped."""
+    if isinstance(fn, Preprocessor):
+        return fn
+    if isinstance(fn, functools.partial):
+        return as_preprocessor(fn.func).bind(*fn.args, **fn.keywords)
+    return Preprocessor(fn)
+
+
+def preprocessor(deterministic: bool | None = True, *, reads: Sequence[str] = (),
+                 writes: Sequence[str] = (), length_rule: Callable | None = None,
+                 output_lengths: Callable | None = None) -> Callable[[Callable], Preprocessor]:
+    """Decorator: the function as a `Preprocessor` declaring what it does."""
+
+    def make(fn: Callable) -> Preprocessor:
+        return Preprocessor(fn, reads=reads, writes=writes, deterministic=deterministic,
+                            length_rule=length_rule, output_lengths=output_lengths)
+
+    return make
 
 
 def is_deterministic(fn: Callable) -> bool:

@@ -152,7 +152,32 @@ def _eos_keys(dataset, output_features):
             if k in dataset.element_spec and f.add_eos and f.vocabulary.eos_id is not None]
 
 
-@preprocessor(deterministic=True)
+# -- per-example output lengths (`Preprocessor.output_lengths`; packing plans use them) -----
+def eos_after_trim_lengths(lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int] | None,
+                           output_features: Mapping[str, Any]) -> dict:
+    """Lengths after `append_eos_after_trim` (and, with no `sequence_length`, `append_eos`)."""
+    out = dict(lengths)
+    for k, f in output_features.items():
+        if k in out and f.add_eos and f.vocabulary.eos_id is not None:
+            n = (sequence_length or {}).get(k)
+            out[k] = (np.minimum(out[k], n - 1) if n is not None else out[k]) + 1
+    return out
+
+
+def eos_lengths(lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int] | None,
+                output_features: Mapping[str, Any]) -> dict:
+    """Lengths after `append_eos`."""
+    return eos_after_trim_lengths(lengths, None, output_features)
+
+
+def trim_lengths(lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int],
+                 output_features: Mapping[str, Any] | None = None) -> dict:
+    """Lengths after `trim` (each feature cut to its sequence length)."""
+    return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v)
+            for k, v in lengths.items()}
+
+
+@preprocessor(deterministic=True, output_lengths=eos_lengths)
 def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> tf.data.Dataset:
     """Appends EOS to every feature whose `Feature.add_eos` is set."""
     keys = _eos_keys(dataset, output_features)
@@ -167,7 +192,7 @@ def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> 
     return map_inline(dataset, fn)
 
 
-@preprocessor(deterministic=True)
+@preprocessor(deterministic=True, output_lengths=eos_after_trim_lengths)
 def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
                           sequence_length: Mapping[str, int] | None = None
                           ) -> tf.data.Dataset:
@@ -187,7 +212,7 @@ def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str
     return map_inline(dataset, fn)
 
 
-@preprocessor(deterministic=True)
+@preprocessor(deterministic=True, output_lengths=trim_lengths)
 def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
     """Trims each feature named in `sequence_length` to that length (first axis)."""
     def fn(x):
@@ -197,7 +222,16 @@ def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.dat
     return map_inline(dataset, fn)
 
 
-@preprocessor(deterministic=False)
+def _random_crop_lengths(lengths, sequence_length, output_features, feature_key="targets"):
+    feature = output_features.get(feature_key)
+    eos = 1 if feature is not None and feature.add_eos else 0
+    out = dict(lengths)
+    out[feature_key] = np.minimum(np.asarray(lengths[feature_key]),
+                                  int(sequence_length[feature_key]) - eos).astype(np.int32)
+    return out
+
+
+@preprocessor(deterministic=False, output_lengths=_random_crop_lengths)
 def random_crop(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
                 output_features: Mapping[str, Any], feature_key: str = "targets",
                 seed: Any = None) -> tf.data.Dataset:
@@ -221,14 +255,3 @@ def random_crop(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
 
     return crop(dataset, seed=seed)
 
-
-def _random_crop_lengths(lengths, sequence_length, output_features, feature_key="targets"):
-    feature = output_features.get(feature_key)
-    eos = 1 if feature is not None and feature.add_eos else 0
-    out = dict(lengths)
-    out[feature_key] = np.minimum(np.asarray(lengths[feature_key]),
-                                  int(sequence_length[feature_key]) - eos).astype(np.int32)
-    return out
-
-
-random_crop.deterministic_lengths = _random_crop_lengths

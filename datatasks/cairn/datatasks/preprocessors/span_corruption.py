@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from cairn.datatasks.inline import map_inline
-from cairn.datatasks.preprocessors.base import map_over_dataset, preprocessor
+from cairn.datatasks.preprocessors.base import LengthRule, map_over_dataset, preprocessor
 
 
 def stateless_shuffle(value: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -46,6 +46,38 @@ def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
         tokens_length -= 1
         targets_length -= 1
     return tokens_length, targets_length
+
+
+def span_corruption_rule(sequence_length: Mapping[str, int], noise_density: float = 0.15,
+                         mean_noise_span_length: float = 3.0, input_feature_key: str = "inputs",
+                         reserved_for_packing: int | None = None) -> LengthRule:
+    """Span corruption's length rule, stated once: for inputs length `L` (less what is
+    reserved for packing) it reads `random_spans_helper(L)[0]` tokens of `targets` per
+    example and needs `sequence_length["targets"] >= random_spans_helper(L)[1]`."""
+    inputs = sequence_length.get(input_feature_key)
+    if inputs is None:
+        raise ValueError(f"span corruption needs sequence_length[{input_feature_key!r}]; "
+                         f"got lengths for {sorted(sequence_length)}")
+    inputs -= reserved_for_packing or 0
+    if inputs < 3:
+        raise ValueError(f"sequence_length[{input_feature_key!r}] is {inputs}: span corruption "
+                         f"needs at least 3 (a token, a sentinel and EOS)")
+    tokens_length, targets_length = random_spans_helper(inputs, noise_density,
+                                                        mean_noise_span_length)
+    return LengthRule(reads={"targets": tokens_length}, needs={"targets": targets_length},
+                      about=f"span corruption of inputs length {inputs}")
+
+
+def _checked_rule(name: str, sequence_length: Mapping[str, int], **kwargs: Any) -> LengthRule:
+    """The rule, or `ValueError` naming `name` and the problem when the lengths cannot work."""
+    try:
+        rule = span_corruption_rule(sequence_length, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    problem = rule.problem(sequence_length)
+    if problem:
+        raise ValueError(f"{name}: {problem}")
+    return rule
 
 
 def random_spans_noise_mask(length: tf.Tensor, noise_density: float, seeds: tf.Tensor,
@@ -193,7 +225,8 @@ def _split_seed(seed: Any, n: int) -> list:
     return [tf.random.experimental.stateless_fold_in(key, i) for i in range(n)]
 
 
-@preprocessor(deterministic=False)
+@preprocessor(deterministic=False, reads=("targets",), writes=("inputs", "targets"),
+              length_rule=span_corruption_rule)
 def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
                     output_features: Mapping[str, Any], mean_noise_span_length: float = 3.0,
                     noise_density: float = 0.15, input_feature_key: str = "inputs",
@@ -201,13 +234,10 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
                     reserved_for_packing: int | None = None, seed: Any = None
                     ) -> tf.data.Dataset:
     """T5's span corruption: `targets` tokens -> (inputs with sentinels, targets with spans)."""
-    inputs_length = sequence_length[input_feature_key] - (reserved_for_packing or 0)
-    tokens_length, targets_length = random_spans_helper(
-        inputs_length, noise_density, mean_noise_span_length)
-    if sequence_length.get("targets") is not None and sequence_length["targets"] < targets_length:
-        raise ValueError(f"span_corruption: sequence_length['targets'] is "
-                         f"{sequence_length['targets']}, it must be >= {targets_length} for "
-                         f"inputs length {inputs_length}")
+    tokens_length = _checked_rule(
+        "span_corruption", sequence_length, noise_density=noise_density,
+        mean_noise_span_length=mean_noise_span_length, input_feature_key=input_feature_key,
+        reserved_for_packing=reserved_for_packing).reads["targets"]
     chunk_seed, denoise_seed = _split_seed(seed, 2)
     ds = select_random_chunk(dataset, max_length=65536, feature_key="targets", seed=chunk_seed)
     if merge_examples_to_reduce_padding:
@@ -248,7 +278,24 @@ def span_corruption_lengths(tokens_length, noise_density: float = 0.15,
     return inputs, targets
 
 
-@preprocessor(deterministic=False)
+def _span_corruption_one_to_one_lengths(lengths, sequence_length, output_features,
+                                        noise_density: float = 0.15,
+                                        mean_noise_span_length: float = 3.0,
+                                        input_feature_key: str = "inputs"):
+    import numpy as np
+
+    tokens_length = span_corruption_rule(sequence_length, noise_density, mean_noise_span_length,
+                                         input_feature_key).reads["targets"]
+    n = np.minimum(np.asarray(lengths["targets"]), tokens_length)
+    inputs, targets = span_corruption_lengths(n, noise_density, mean_noise_span_length)
+    out = dict(lengths)
+    out.update({input_feature_key: inputs.astype(np.int32), "targets": targets.astype(np.int32)})
+    return out
+
+
+@preprocessor(deterministic=False, reads=("targets",), writes=("inputs", "targets"),
+              length_rule=span_corruption_rule,
+              output_lengths=_span_corruption_one_to_one_lengths)
 def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
                                output_features: Mapping[str, Any], noise_density: float = 0.15,
                                mean_noise_span_length: float = 3.0,
@@ -264,12 +311,10 @@ def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mappin
     `append_eos_after_trim`. Lengths are a function of the input length only, so packing
     can be planned (`span_corruption_one_to_one.deterministic_lengths`).
     """
-    tokens_length, targets_length = random_spans_helper(
-        sequence_length[input_feature_key], noise_density, mean_noise_span_length)
-    if sequence_length.get("targets") is not None and sequence_length["targets"] < targets_length:
-        raise ValueError(f"span_corruption_one_to_one: sequence_length['targets'] is "
-                         f"{sequence_length['targets']}, it must be >= {targets_length} for "
-                         f"inputs length {sequence_length[input_feature_key]}")
+    tokens_length = _checked_rule(
+        "span_corruption_one_to_one", sequence_length, noise_density=noise_density,
+        mean_noise_span_length=mean_noise_span_length,
+        input_feature_key=input_feature_key).reads["targets"]
 
     def mask_fn(length, density, seeds):
         return random_spans_noise_mask(length, density, seeds, mean_noise_span_length)
@@ -291,36 +336,3 @@ def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mappin
                    targets_fn=nonnoise_span_to_unique_sentinel,
                    input_feature_key=input_feature_key, seed=denoise_seed)
 
-
-def _span_corruption_one_to_one_lengths(lengths, sequence_length, output_features,
-                                        noise_density: float = 0.15,
-                                        mean_noise_span_length: float = 3.0,
-                                        input_feature_key: str = "inputs"):
-    import numpy as np
-
-    tokens_length, _ = random_spans_helper(sequence_length[input_feature_key], noise_density,
-                                           mean_noise_span_length)
-    n = np.minimum(np.asarray(lengths["targets"]), tokens_length)
-    inputs, targets = span_corruption_lengths(n, noise_density, mean_noise_span_length)
-    out = dict(lengths)
-    out.update({input_feature_key: inputs.astype(np.int32), "targets": targets.astype(np.int32)})
-    return out
-
-
-def _check_one_to_one_lengths(sequence_length: Mapping[str, int], noise_density: float = 0.15,
-                              mean_noise_span_length: float = 3.0,
-                              input_feature_key: str = "inputs") -> str | None:
-    """A message when `sequence_length` cannot work for span corruption, else None."""
-    inputs = sequence_length.get(input_feature_key)
-    if inputs is None or inputs < 3:
-        return (f"sequence_length[{input_feature_key!r}] is {inputs}: span corruption needs at "
-                f"least 3 (a token, a sentinel and EOS)")
-    _, targets_length = random_spans_helper(inputs, noise_density, mean_noise_span_length)
-    if sequence_length.get("targets") is not None and sequence_length["targets"] < targets_length:
-        return (f"sequence_length['targets'] is {sequence_length['targets']}: span corruption of "
-                f"inputs length {inputs} needs targets >= {targets_length}")
-    return None
-
-
-span_corruption_one_to_one.deterministic_lengths = _span_corruption_one_to_one_lengths
-span_corruption_one_to_one.check_sequence_length = _check_one_to_one_lengths
