@@ -5,7 +5,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from cairn.datatasks.inspect import main  # noqa: E402
+from cairn.datatasks.inspect import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,8 +13,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation",
-             "trainer", "launchers")
+LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 
 
 def _repo_root() -> pathlib.Path:
@@ -35,8 +34,9 @@ def modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _module_level_imports(tree: ast.AST):
@@ -78,7 +78,7 @@ def imports_of(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) ->
             continue
         if node.level:
             base = package.split(".")
-            base = base[:len(base) - (node.level - 1)]
+            base = base[: len(base) - (node.level - 1)]
             module = ".".join(base + ([node.module] if node.module else []))
         else:
             module = node.module or ""
@@ -178,12 +178,16 @@ def test_skips_function_and_type_checking_imports(tmp_path):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text(
-        "from typing import TYPE_CHECKING\nfrom . import b\nif TYPE_CHECKING:\n"
-        "    from cairn.x import c\n")
+        "from typing import TYPE_CHECKING\nfrom . import b\nif TYPE_CHECKING:\n    from cairn.x import c\n"
+    )
     (pkg / "b.py").write_text("def f():\n    from cairn.x import a\n")
     (pkg / "c.py").write_text("from cairn.x.a import thing\n")
-    known = {"cairn.x": pkg / "__init__.py", "cairn.x.a": pkg / "a.py",
-             "cairn.x.b": pkg / "b.py", "cairn.x.c": pkg / "c.py"}
+    known = {
+        "cairn.x": pkg / "__init__.py",
+        "cairn.x.a": pkg / "a.py",
+        "cairn.x.b": pkg / "b.py",
+        "cairn.x.c": pkg / "c.py",
+    }
     assert imports_of("cairn.x.a", known["cairn.x.a"], known) == {"cairn.x.b"}
     assert imports_of("cairn.x.b", known["cairn.x.b"], known) == set()
     assert imports_of("cairn.x.c", known["cairn.x.c"], known) == {"cairn.x.a"}
@@ -192,8 +196,7 @@ def test_skips_function_and_type_checking_imports(tmp_path):
 def test_no_import_cycles():
     graph = import_graph(_repo_root())
     cycles = [c for c in strongly_connected(graph) if len(c) > 1]
-    messages = [" -> ".join(_one_cycle(c, graph)) + f"  (component: {', '.join(c)})"
-                for c in cycles]
+    messages = [" -> ".join(_one_cycle(c, graph)) + f"  (component: {', '.join(c)})" for c in cycles]
     assert not messages, "import cycles:\n" + "\n".join(messages)
 
 

@@ -1,7 +1,6 @@
 """Shared fixtures for the datatasks tests (helpers to import live in data_util.py)."""
 
 import pytest
-from data_util import shakespeare_lines
 
 import cairn.datatasks as dt
 from cairn.tokenizers import SentencePieceVocabulary, train_sentencepiece
@@ -9,6 +8,10 @@ from cairn.tokenizers import SentencePieceVocabulary, train_sentencepiece
 
 @pytest.fixture(scope="session")
 def lines():
+    # Imported here: pytest also loads this file for tests/datatasks/deterministic, whose
+    # targets do not put this folder (data_util) on the import path.
+    from data_util import shakespeare_lines
+
     return shakespeare_lines()
 
 

@@ -33,8 +33,9 @@ def ids_dataset(examples: list) -> tf.data.Dataset:
 
 
 def as_lists(ds: tf.data.Dataset) -> list:
-    return [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in ex.items()}
-            for ex in ds.as_numpy_iterator()]
+    return [
+        {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in ex.items()} for ex in ds.as_numpy_iterator()
+    ]
 
 
 def write_lines(path: pathlib.Path, lines: list) -> str:

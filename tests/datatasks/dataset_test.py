@@ -1,15 +1,12 @@
 """get_dataset: seeds, shards, epochs, checkpointed iterators, validation, bad-data counts."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
+from data_util import ids_dataset, ids_vocab, write_lines
 
-import cairn.datatasks as dt  # noqa: E402
-from cairn.datatasks import preprocessors as pp  # noqa: E402
-from data_util import ids_dataset, ids_vocab, write_lines  # noqa: E402
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
 
 LENGTHS = {"inputs": 32, "targets": 16}
 
@@ -18,8 +15,10 @@ def halves(ds):
     def fn(line):
         words = tf.strings.split(line)
         half = tf.size(words) // 2
-        return {"inputs": tf.strings.reduce_join(words[:half], separator=" "),
-                "targets": tf.strings.reduce_join(words[half:], separator=" ")}
+        return {
+            "inputs": tf.strings.reduce_join(words[:half], separator=" "),
+            "targets": tf.strings.reduce_join(words[half:], separator=" "),
+        }
 
     return ds.map(fn)
 
@@ -31,8 +30,12 @@ def task(lines, sp_vocab, tmp_path_factory):
     for i in range(4):
         write_lines(folder / f"part-{i}.txt", chunk[i::4])
     feats = {"inputs": dt.Feature(sp_vocab), "targets": dt.Feature(sp_vocab)}
-    return dt.Task("shakespeare_halves", dt.TextLineDataSource({"train": str(folder / "part-*")}),
-                   feats, [halves, pp.tokenize, pp.append_eos_after_trim])
+    return dt.Task(
+        "shakespeare_halves",
+        dt.TextLineDataSource({"train": str(folder / "part-*")}),
+        feats,
+        [halves, pp.tokenize, pp.append_eos_after_trim],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +43,12 @@ def denoise_task(lines, sp_vocab, tmp_path_factory):
     folder = tmp_path_factory.mktemp("text")
     write_lines(folder / "all.txt", lines[:600])
     feats = {"inputs": dt.Feature(sp_vocab), "targets": dt.Feature(sp_vocab)}
-    return dt.Task("shakespeare_span", dt.TextLineDataSource({"train": str(folder / "all.txt")}),
-                   feats, [lambda ds: ds.map(lambda s: {"targets": s}), pp.tokenize,
-                           pp.span_corruption, pp.append_eos_after_trim])
+    return dt.Task(
+        "shakespeare_span",
+        dt.TextLineDataSource({"train": str(folder / "all.txt")}),
+        feats,
+        [lambda ds: ds.map(lambda s: {"targets": s}), pp.tokenize, pp.span_corruption, pp.append_eos_after_trim],
+    )
 
 
 def batches(ds, n=None):
@@ -57,14 +63,17 @@ def batches(ds, n=None):
 
 def same(a, b):
     return len(a) == len(b) and all(
-        set(x) == set(y) and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+        set(x) == set(y) and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )
 
 
 @pytest.mark.parametrize("pack", [True, False])
 def test_same_seed_same_batches_other_seed_differs(task, pack):
     def run(seed):
-        return batches(dt.get_dataset(task, LENGTHS, dt.EncDecFeatureConverter(pack=pack),
-                                      shuffle=True, seed=seed, batch_size=8), 6)
+        return batches(
+            dt.get_dataset(task, LENGTHS, dt.EncDecFeatureConverter(pack=pack), shuffle=True, seed=seed, batch_size=8),
+            6,
+        )
 
     a = run(1)
     assert same(a, run(1))
@@ -73,9 +82,16 @@ def test_same_seed_same_batches_other_seed_differs(task, pack):
 
 def test_random_preprocessing_is_reproducible(denoise_task):
     def run(seed):
-        return batches(dt.get_dataset(denoise_task, {"inputs": 64, "targets": 16},
-                                      dt.EncDecFeatureConverter(pack=True), seed=seed,
-                                      batch_size=4), 5)
+        return batches(
+            dt.get_dataset(
+                denoise_task,
+                {"inputs": 64, "targets": 16},
+                dt.EncDecFeatureConverter(pack=True),
+                seed=seed,
+                batch_size=4,
+            ),
+            5,
+        )
 
     a = run(3)
     assert same(a, run(3))
@@ -86,8 +102,7 @@ def test_random_preprocessing_is_reproducible(denoise_task):
 def test_shards_are_disjoint_and_their_union_is_the_split(task, num_shards):
     def rows(shard):
         ds = task.get_dataset(LENGTHS, shuffle=True, seed=0, shard_info=shard)
-        return [x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"]
-                for x in ds.as_numpy_iterator()]
+        return [x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"] for x in ds.as_numpy_iterator()]
 
     whole = rows(None)
     parts = [rows(dt.ShardInfo(i, num_shards)) for i in range(num_shards)]
@@ -103,11 +118,11 @@ def test_shards_are_disjoint_and_their_union_is_the_split(task, num_shards):
 def test_num_epochs(task):
     one = task.get_dataset(LENGTHS, shuffle=True, seed=0, num_epochs=1)
     two = task.get_dataset(LENGTHS, shuffle=True, seed=0, num_epochs=2)
-    key = lambda x: x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"]  # noqa: E731
+    key = lambda x: x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"]
     a = [key(x) for x in one.as_numpy_iterator()]
     b = [key(x) for x in two.as_numpy_iterator()]
     assert sorted(b) == sorted(a + a)
-    assert b[len(a):] != b[:len(a)]  # the buffer spans epochs; no repeated order
+    assert b[len(a) :] != b[: len(a)]  # the buffer spans epochs; no repeated order
     forever = task.get_dataset(LENGTHS, shuffle=True, seed=0, num_epochs=None)
     assert len(list(forever.take(3 * len(a)).as_numpy_iterator())) == 3 * len(a)
 
@@ -118,8 +133,9 @@ def test_restored_iterator_continues_exactly(which, request, tmp_path):
     lengths = LENGTHS if which == "task" else {"inputs": 64, "targets": 16}
 
     def make():
-        return dt.get_dataset(t, lengths, dt.EncDecFeatureConverter(pack=True), shuffle=True,
-                              seed=11, batch_size=4, num_epochs=None)
+        return dt.get_dataset(
+            t, lengths, dt.EncDecFeatureConverter(pack=True), shuffle=True, seed=11, batch_size=4, num_epochs=None
+        )
 
     it = iter(make())
     ckpt = tf.train.Checkpoint(iterator=it)
@@ -137,19 +153,21 @@ def test_restored_iterator_continues_exactly(which, request, tmp_path):
 
 
 def test_overlong_examples_are_trimmed_or_skipped_and_counted():
-    src = dt.FunctionDataSource(lambda split, shuffle_files: ids_dataset(
-        [{"targets": [5, 6, 7, 8, 9]}, {"targets": [5, 6]}, {"targets": [4, 4, 4, 4]}]), ["train"])
+    src = dt.FunctionDataSource(
+        lambda split, shuffle_files: ids_dataset(
+            [{"targets": [5, 6, 7, 8, 9]}, {"targets": [5, 6]}, {"targets": [4, 4, 4, 4]}]
+        ),
+        ["train"],
+    )
     feats = {"targets": dt.Feature(ids_vocab())}
     stats = dt.DataStats()
     t = dt.Task("trim_me", src, feats)
-    out = [x["targets"].tolist() for x in
-           t.get_dataset({"targets": 3}, shuffle=False, stats=stats).as_numpy_iterator()]
+    out = [x["targets"].tolist() for x in t.get_dataset({"targets": 3}, shuffle=False, stats=stats).as_numpy_iterator()]
     assert out == [[5, 6, 7], [5, 6], [4, 4, 4]]
     assert stats.as_dict() == {"overlong_trimmed/targets": 2}
     stats = dt.DataStats()
     t = dt.Task("skip_me", src, feats, bad_data_policy=dt.BadDataPolicy(overlong="skip"))
-    out = [x["targets"].tolist() for x in
-           t.get_dataset({"targets": 3}, shuffle=False, stats=stats).as_numpy_iterator()]
+    out = [x["targets"].tolist() for x in t.get_dataset({"targets": 3}, shuffle=False, stats=stats).as_numpy_iterator()]
     assert out == [[5, 6]]
     assert stats.as_dict() == {"overlong_skipped/targets": 2}
 
@@ -158,11 +176,13 @@ def test_bad_data_counts_through_get_dataset(sp_vocab, tmp_path):
     path = tmp_path / "raw.txt"
     path.write_bytes(b"one two three four\n\n   \nbad \xff bytes here\nfive six\n")
     feats = {"inputs": dt.Feature(sp_vocab), "targets": dt.Feature(sp_vocab)}
-    t = dt.Task("raw", dt.TextLineDataSource({"train": str(path)}), feats,
-                [halves, pp.tokenize, pp.append_eos_after_trim])
+    t = dt.Task(
+        "raw", dt.TextLineDataSource({"train": str(path)}), feats, [halves, pp.tokenize, pp.append_eos_after_trim]
+    )
     stats = dt.DataStats()
-    ds = dt.get_dataset(t, {"inputs": 4, "targets": 4}, dt.EncDecFeatureConverter(pack=False),
-                        shuffle=False, stats=stats)
+    ds = dt.get_dataset(
+        t, {"inputs": 4, "targets": 4}, dt.EncDecFeatureConverter(pack=False), shuffle=False, stats=stats
+    )
     assert len(list(ds.as_numpy_iterator())) == 3
     assert stats.count("empty_line") == 2
     assert stats.as_dict()["undecodable_replaced/inputs"] == 1
@@ -170,8 +190,9 @@ def test_bad_data_counts_through_get_dataset(sp_vocab, tmp_path):
 
 def test_validation_names_task_feature_and_example(sp_vocab):
     feats = {"targets": dt.Feature(ids_vocab(50))}
-    src = dt.FunctionDataSource(lambda split, shuffle_files: ids_dataset(
-        [{"targets": [5]}, {"targets": [6]}, {"targets": [7, 70]}]), ["train"])
+    src = dt.FunctionDataSource(
+        lambda split, shuffle_files: ids_dataset([{"targets": [5]}, {"targets": [6]}, {"targets": [7, 70]}]), ["train"]
+    )
     ds = dt.Task("ids_task", src, feats).get_dataset({"targets": 4}, shuffle=False)
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         list(ds.as_numpy_iterator())
@@ -179,15 +200,19 @@ def test_validation_names_task_feature_and_example(sp_vocab):
     assert "task ids_task: feature targets of example] [2]" in msg
 
     text_src = dt.FunctionDataSource(
-        lambda split, shuffle_files: tf.data.Dataset.from_tensors({"targets": "hi"}), ["train"])
+        lambda split, shuffle_files: tf.data.Dataset.from_tensors({"targets": "hi"}), ["train"]
+    )
     with pytest.raises(dt.DataTasksError, match="task 'untokenized'.*'targets' has dtype string"):
         dt.Task("untokenized", text_src, {"targets": dt.Feature(sp_vocab)}).get_dataset()
     with pytest.raises(dt.DataTasksError, match="task 'no_inputs'.*required feature 'inputs'"):
-        dt.Task("no_inputs", src, {"targets": dt.Feature(ids_vocab(50)),
-                                   "inputs": dt.Feature(ids_vocab(50))}).get_dataset()
-    optional = dt.Task("optional_inputs", src, {"targets": dt.Feature(ids_vocab(100)),
-                                                "inputs": dt.Feature(ids_vocab(100),
-                                                                     required=False)})
+        dt.Task(
+            "no_inputs", src, {"targets": dt.Feature(ids_vocab(50)), "inputs": dt.Feature(ids_vocab(50))}
+        ).get_dataset()
+    optional = dt.Task(
+        "optional_inputs",
+        src,
+        {"targets": dt.Feature(ids_vocab(100)), "inputs": dt.Feature(ids_vocab(100), required=False)},
+    )
     assert len(list(optional.get_dataset(shuffle=False).as_numpy_iterator())) == 3
 
 

@@ -11,14 +11,14 @@ from cairn.tokenizers import ByteVocabulary
 
 
 def elements(ds):
-    return [{k: np.asarray(v).tolist() for k, v in x.items()} if isinstance(x, dict)
-            else np.asarray(x).tolist() for x in ds.with_options(dt.pipeline_options())
-            .as_numpy_iterator()]
+    return [
+        {k: np.asarray(v).tolist() for k, v in x.items()} if isinstance(x, dict) else np.asarray(x).tolist()
+        for x in ds.with_options(dt.pipeline_options()).as_numpy_iterator()
+    ]
 
 
 def ragged_source(n=40):
-    return tf.data.Dataset.range(n).map(lambda i: {"ids": tf.range(i % 7, dtype=tf.int32),
-                                                   "n": i})
+    return tf.data.Dataset.range(n).map(lambda i: {"ids": tf.range(i % 7, dtype=tf.int32), "n": i})
 
 
 def is_inline(ds) -> bool:
@@ -35,16 +35,25 @@ def test_same_elements_as_map_and_runs_inline():
     assert elements(ds) == elements(ragged_source().map(add_one))
 
 
-@pytest.mark.parametrize("name, fn", [
-    ("cond", lambda x: {"ids": tf.cond(x["n"] > 3, lambda: x["ids"], lambda: x["ids"] * 0),
-                        "n": x["n"]}),
-    ("while", lambda x: {"ids": x["ids"], "n": tf.while_loop(lambda i: i < x["n"],
-                                                            lambda i: [i + 1], [x["n"] * 0])}),
-    ("tf.function call", lambda x: {"ids": tf.function(lambda v: v * 3)(x["ids"]),
-                                    "n": x["n"]}),
-    ("assert with int64 data", lambda x: {"ids": x["ids"], "n": tf.identity(x["n"])}
-     if tf.debugging.Assert(x["n"] >= 0, [x["n"]]) is not None else x),
-])
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("cond", lambda x: {"ids": tf.cond(x["n"] > 3, lambda: x["ids"], lambda: x["ids"] * 0), "n": x["n"]}),
+        (
+            "while",
+            lambda x: {"ids": x["ids"], "n": tf.while_loop(lambda i: i < x["n"], lambda i: [i + 1], [x["n"] * 0])},
+        ),
+        ("tf.function call", lambda x: {"ids": tf.function(lambda v: v * 3)(x["ids"]), "n": x["n"]}),
+        (
+            "assert with int64 data",
+            lambda x: (
+                {"ids": x["ids"], "n": tf.identity(x["n"])}
+                if tf.debugging.Assert(x["n"] >= 0, [x["n"]]) is not None
+                else x
+            ),
+        ),
+    ],
+)
 def test_control_flow_falls_back_to_a_parallel_map(name, fn):
     ds = inline.map_inline(ragged_source(), fn)
     assert not is_inline(ds), name
@@ -53,8 +62,7 @@ def test_control_flow_falls_back_to_a_parallel_map(name, fn):
 
 def test_numpy_function_runs_inline():
     def fn(x):
-        doubled = tf.numpy_function(lambda v: (v * 2).astype(np.int32), [x["ids"]], tf.int32,
-                                    stateful=False)
+        doubled = tf.numpy_function(lambda v: (v * 2).astype(np.int32), [x["ids"]], tf.int32, stateful=False)
         return {"ids": tf.ensure_shape(doubled, [None]), "n": x["n"]}
 
     ds = inline.map_inline(ragged_source(), fn)
@@ -73,13 +81,14 @@ def test_inline_map_then_filter_then_batch_under_pipeline_options():
     ds = inline.map_inline(ds, lambda x: {"ids": x["ids"][:3], "n": x["n"]})
     ds = ds.padded_batch(4)
     got = elements(ds)
-    expected = [[i * 2 for i in range(40) if i % 7][j:j + 4] for j in range(0, 34, 4)]
+    expected = [[i * 2 for i in range(40) if i % 7][j : j + 4] for j in range(0, 34, 4)]
     assert [b["n"] for b in got] == expected
 
 
 def test_iterator_checkpoint_restores_through_inline_maps(tmp_path):
-    ds = inline.map_inline(inline.map_inline(ragged_source(200), add_one).shuffle(
-        16, seed=3), lambda x: {"ids": x["ids"], "n": x["n"] + 1}).padded_batch(5)
+    ds = inline.map_inline(
+        inline.map_inline(ragged_source(200), add_one).shuffle(16, seed=3), lambda x: {"ids": x["ids"], "n": x["n"] + 1}
+    ).padded_batch(5)
     ds = ds.with_options(dt.pipeline_options())
     it = iter(ds)
     for _ in range(7):
@@ -108,11 +117,15 @@ def test_map_over_dataset_inline_by_default_parallel_on_request():
 
 def test_task_pipeline_carries_the_options():
     vocab = ByteVocabulary()
-    task = dt.Task("inline_opts", dt.FunctionDataSource(
-        lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
-            {"targets": ["ab", "cde", "f"]}), splits=["train"]),
-        {"targets": dt.Feature(vocab)}, [pp.tokenize, pp.append_eos])
+    task = dt.Task(
+        "inline_opts",
+        dt.FunctionDataSource(
+            lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices({"targets": ["ab", "cde", "f"]}),
+            splits=["train"],
+        ),
+        {"targets": dt.Feature(vocab)},
+        [pp.tokenize, pp.append_eos],
+    )
     ds = task.get_dataset({"targets": 8}, shuffle=False)
     assert ds.options().experimental_optimization.map_parallelization is False
-    assert [x["targets"].tolist() for x in ds.as_numpy_iterator()] == [
-        [100, 101, 1], [102, 103, 104, 1], [105, 1]]
+    assert [x["targets"].tolist() for x in ds.as_numpy_iterator()] == [[100, 101, 1], [102, 103, 104, 1], [105, 1]]

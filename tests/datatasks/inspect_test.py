@@ -1,7 +1,5 @@
 """The inspect tool: raw, preprocessed and converted examples, ids beside text."""
 
-import os
-import sys
 import textwrap
 
 import pytest
@@ -15,7 +13,8 @@ def task_file(tmp_path, sp_vocab):
     data = tmp_path / "lines.txt"
     data.write_text("to be or not to be\n\nthat is the question\n", encoding="utf-8")
     module = tmp_path / "my_tasks.py"
-    module.write_text(textwrap.dedent(f"""
+    module.write_text(
+        textwrap.dedent(f"""
         import cairn.datatasks as dt
         from cairn.datatasks import preprocessors as pp
         from cairn.tokenizers import SentencePieceVocabulary
@@ -26,15 +25,17 @@ def task_file(tmp_path, sp_vocab):
             {{"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}},
             [lambda ds: ds.map(lambda s: {{"inputs": s, "targets": s}}), pp.tokenize,
              pp.append_eos_after_trim])
-    """))
+    """)
+    )
     yield str(module)
     if "inspect_demo" in dt.TaskRegistry.names():
         dt.TaskRegistry.remove("inspect_demo")
 
 
 def test_prints_raw_preprocessed_and_converted(task_file, capsys, sp_vocab):
-    rc = inspect_tool.main(["--module_file", task_file, "--task", "inspect_demo", "--n", "2",
-                            "--sequence_length", "inputs=8,targets=8"])
+    rc = inspect_tool.main(
+        ["--module_file", task_file, "--task", "inspect_demo", "--n", "2", "--sequence_length", "inputs=8,targets=8"]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert out.count("[raw]") == 2 and out.count("[preprocessed]") == 2

@@ -3,17 +3,15 @@
 match what they produce, their noise is seeded, and they run after a deterministic cache."""
 
 import functools
-import os
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from data_util import ids_vocab
 
-import cairn.datatasks as dt  # noqa: E402
-from cairn.datatasks import preprocessors as pp  # noqa: E402
-from cairn.datatasks.deterministic import plan as plan_lib  # noqa: E402
-from data_util import ids_vocab  # noqa: E402
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
+from cairn.datatasks.deterministic import plan as plan_lib
 
 VOCAB = 1000
 FEATS = {"inputs": dt.Feature(ids_vocab(VOCAB)), "targets": dt.Feature(ids_vocab(VOCAB))}
@@ -52,7 +50,7 @@ def test_span_corruption_one_to_one_keeps_one_example_per_record_and_t5_noise():
         window = np.asarray(pieces)
         n = len(window)
         assert n == min(len(doc), 70)  # random_spans_helper(64) = (70, 14)
-        starts = [s for s in range(len(doc) - n + 1) if np.array_equal(doc[s:s + n], window)]
+        starts = [s for s in range(len(doc) - n + 1) if np.array_equal(doc[s : s + n], window)]
         assert starts, "not a window of the record"
     full = [ex for doc, ex in zip(docs, out) if len(doc) == 512]
     assert {len(ex["inputs"]) for ex in full} == {63} and {len(ex["targets"]) for ex in full} == {13}  # + EOS = 64, 14
@@ -68,9 +66,14 @@ def test_span_corruption_one_to_one_is_seeded():
     assert not all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, c))
 
 
-@pytest.mark.parametrize("fn,lengths", [(pp.span_corruption_one_to_one, {"inputs": 64, "targets": 16}),
-                                        (pp.span_corruption_one_to_one, {"inputs": 20, "targets": 8}),
-                                        (pp.random_crop, {"targets": 33})])
+@pytest.mark.parametrize(
+    "fn,lengths",
+    [
+        (pp.span_corruption_one_to_one, {"inputs": 64, "targets": 16}),
+        (pp.span_corruption_one_to_one, {"inputs": 20, "targets": 8}),
+        (pp.random_crop, {"targets": 33}),
+    ],
+)
 def test_length_functions_match_the_outputs(fn, lengths):
     sizes = [1, 2, 3, 4, 5, 7, 10, 19, 20, 21, 33, 50, 69, 70, 71, 200, 512]
     docs = chunks(sizes)
@@ -94,7 +97,11 @@ def test_random_crop_windows():
     assert [len(ex["targets"]) for ex in out] == [16] * 30 + [10]  # room for EOS
     starts = set()
     for doc, ex in zip(docs, out):
-        s = [i for i in range(len(doc) - len(ex["targets"]) + 1) if np.array_equal(doc[i:i + len(ex["targets"])], ex["targets"])]
+        s = [
+            i
+            for i in range(len(doc) - len(ex["targets"]) + 1)
+            if np.array_equal(doc[i : i + len(ex["targets"])], ex["targets"])
+        ]
         assert s
         starts.add(s[0])
     assert len(starts) > 10
@@ -110,16 +117,29 @@ def test_after_a_deterministic_cache_packed_and_unpacked(tmp_path):
         rows = tf.RaggedTensor.from_row_lengths(np.concatenate(docs), [len(d) for d in docs])
         return tf.data.Dataset.from_tensor_slices({"targets": rows}).map(dict)
 
-    task = dt.Task("one_to_one_t", dt.FunctionDataSource(source_fn, splits=["train"]),
-                   output_features={"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)},
-                   preprocessors=[functools.partial(pp.split_tokens, max_tokens_per_segment=128),
-                                  pp.span_corruption_one_to_one, pp.append_eos_after_trim])
+    task = dt.Task(
+        "one_to_one_t",
+        dt.FunctionDataSource(source_fn, splits=["train"]),
+        output_features={"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)},
+        preprocessors=[
+            functools.partial(pp.split_tokens, max_tokens_per_segment=128),
+            pp.span_corruption_one_to_one,
+            pp.append_eos_after_trim,
+        ],
+    )
     assert len(task.cacheable_preprocessors) == 1
     cache_task_in_process(task, "train", task_dir(str(tmp_path), task.name, "train"))
     lengths = {"inputs": 32, "targets": 12}
     for pack in (False, True):
-        reader = DeterministicReader(task, str(tmp_path), seed=5, global_batch_size=4, sequence_length=lengths,
-                                     feature_converter=dt.EncDecFeatureConverter(pack=pack), prefetch=0)
+        reader = DeterministicReader(
+            task,
+            str(tmp_path),
+            seed=5,
+            global_batch_size=4,
+            sequence_length=lengths,
+            feature_converter=dt.EncDecFeatureConverter(pack=pack),
+            prefetch=0,
+        )
         a = [next(reader) for _ in range(3)]
         reader.set_state({"step": 1, "seed": 5, "global_batch_size": 4})
         again = next(reader)

@@ -2,16 +2,14 @@
 
 import functools
 import inspect
-import os
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from data_util import as_lists, ids_dataset, ids_vocab
 
-import cairn.datatasks as dt  # noqa: E402
-from cairn.datatasks import preprocessors as pp  # noqa: E402
-from data_util import as_lists, ids_dataset, ids_vocab  # noqa: E402
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
 
 
 def strings(**cols):
@@ -34,20 +32,19 @@ def test_tokenize_matches_the_vocabulary_and_keeps_text(sp_vocab):
 
 
 def test_tokenize_of_a_long_stream_keeps_order(sp_vocab, lines):
-    ds = pp.tokenize(strings(targets=lines[:700]), {"targets": dt.Feature(sp_vocab)},
-                     copy_pretokenized=False)
+    ds = pp.tokenize(strings(targets=lines[:700]), {"targets": dt.Feature(sp_vocab)}, copy_pretokenized=False)
     assert [o["targets"] for o in as_lists(ds)] == [sp_vocab.encode(t) for t in lines[:700]]
 
 
 def test_tokenize_with_eos(sp_vocab):
-    out = as_lists(pp.tokenize(strings(targets=["hello"]), {"targets": dt.Feature(sp_vocab)},
-                               with_eos=True))
+    out = as_lists(pp.tokenize(strings(targets=["hello"]), {"targets": dt.Feature(sp_vocab)}, with_eos=True))
     assert out[0]["targets"] == sp_vocab.encode("hello") + [sp_vocab.eos_id]
 
 
 def test_tokenize_non_scalar_features_path(sp_vocab):
     ds = tf.data.Dataset.from_tensor_slices({"targets": ["a b", "c"]}).map(
-        lambda x: {"targets": x["targets"], "ids": tf.range(3)})
+        lambda x: {"targets": x["targets"], "ids": tf.range(3)}
+    )
     out = as_lists(pp.tokenize(ds, {"targets": dt.Feature(sp_vocab)}))
     assert [o["targets"] for o in out] == [sp_vocab.encode("a b"), sp_vocab.encode("c")]
 
@@ -60,8 +57,9 @@ def test_undecodable_bytes_replace_or_skip_and_are_counted(sp_vocab):
     assert len(out) == 3 and out[1]["targets"] == sp_vocab.encode("bad \ufffd\ufffd line")
     assert stats.as_dict() == {"undecodable_replaced/targets": 1}
     stats = dt.DataStats()
-    out = as_lists(pp.tokenize(strings(targets=data), feats, stats=stats,
-                               bad_data_policy=dt.BadDataPolicy(undecodable="skip")))
+    out = as_lists(
+        pp.tokenize(strings(targets=data), feats, stats=stats, bad_data_policy=dt.BadDataPolicy(undecodable="skip"))
+    )
     assert [o["targets_pretokenized"] for o in out] == [b"good line", b"fine"]
     assert stats.as_dict() == {"undecodable_skipped/targets": 1}
     with pytest.raises(ValueError, match="undecodable"):
@@ -71,8 +69,7 @@ def test_undecodable_bytes_replace_or_skip_and_are_counted(sp_vocab):
 def test_append_eos_and_after_trim():
     feats = {"inputs": dt.Feature(ids_vocab(), add_eos=False), "targets": dt.Feature(ids_vocab())}
     ds = ids_dataset([{"inputs": [5, 6, 7, 8], "targets": [5, 6, 7, 8]}])
-    assert as_lists(pp.append_eos(ds, feats)) == [{"inputs": [5, 6, 7, 8],
-                                                   "targets": [5, 6, 7, 8, 1]}]
+    assert as_lists(pp.append_eos(ds, feats)) == [{"inputs": [5, 6, 7, 8], "targets": [5, 6, 7, 8, 1]}]
     out = as_lists(pp.append_eos_after_trim(ds, feats, {"inputs": 3, "targets": 3}))
     assert out == [{"inputs": [5, 6, 7, 8], "targets": [5, 6, 1]}]
     assert as_lists(pp.append_eos_after_trim(ds, feats))[0]["targets"] == [5, 6, 7, 8, 1]
@@ -80,15 +77,13 @@ def test_append_eos_and_after_trim():
 
 def test_trim():
     ds = ids_dataset([{"inputs": [5, 6, 7, 8], "targets": [5, 6]}])
-    assert as_lists(pp.trim(ds, {"inputs": 2, "targets": 9})) == [
-        {"inputs": [5, 6], "targets": [5, 6]}]
+    assert as_lists(pp.trim(ds, {"inputs": 2, "targets": 9})) == [{"inputs": [5, 6], "targets": [5, 6]}]
 
 
 def test_map_over_dataset_seeds_come_from_seed_and_index():
     @pp.map_over_dataset(num_seeds=2)
     def draw(x, seeds):
-        return {"r": tf.random.stateless_uniform([], seeds[0], maxval=10**9, dtype=tf.int32),
-                "x": x}
+        return {"r": tf.random.stateless_uniform([], seeds[0], maxval=10**9, dtype=tf.int32), "x": x}
 
     ds = tf.data.Dataset.range(6)
     a = [o["r"] for o in as_lists(draw(ds, seed=5))]
@@ -123,11 +118,10 @@ def test_prefix_lm_splits_a_stream_into_prefix_and_suffix():
     feats = {"inputs": dt.Feature(ids_vocab(1000)), "targets": dt.Feature(ids_vocab(1000))}
     rng = np.random.default_rng(0)
     docs = [rng.integers(3, 900, size=40).tolist() for _ in range(20)]
-    ds = pp.prefix_lm(ids_dataset([{"targets": d} for d in docs]), {"inputs": 11, "targets": 11},
-                      feats, seed=1)
+    ds = pp.prefix_lm(ids_dataset([{"targets": d} for d in docs]), {"inputs": 11, "targets": 11}, feats, seed=1)
     out = as_lists(ds)
     assert len(out) == 20 * 4  # 40 tokens -> 4 segments of 10 (inputs length - EOS)
-    for o, seg in zip(out, [d[i:i + 10] for d in docs for i in range(0, 40, 10)]):
+    for o, seg in zip(out, [d[i : i + 10] for d in docs for i in range(0, 40, 10)]):
         assert o["inputs"] + o["targets"] == seg
         assert 1 <= len(o["inputs"]) <= 9
 
@@ -152,8 +146,7 @@ def test_span_corruption_states_its_length_rule_once():
     problem = pp.span_corruption.check_sequence_length({"inputs": 512, "targets": 100})
     assert "needs targets >= 114" in problem and "inputs length 512" in problem
     # reserved_for_packing and noise_density are the preprocessor's own arguments
-    rule = pp.span_corruption.lengths_for({"inputs": 512}, reserved_for_packing=2,
-                                          noise_density=0.3)
+    rule = pp.span_corruption.lengths_for({"inputs": 512}, reserved_for_packing=2, noise_density=0.3)
     assert rule.needs["targets"] == pp.random_spans_helper(510, 0.3)[1]
     assert "at least 3" in pp.span_corruption.check_sequence_length({"inputs": 2, "targets": 9})
 

@@ -1,26 +1,27 @@
 """Feature, Task, Mixture and the registries."""
 
-import os
-import sys
+import dataclasses
 
 import pytest
 import tensorflow as tf
+from data_util import ids_dataset, ids_vocab
 
-import cairn.datatasks as dt  # noqa: E402
-from data_util import ids_dataset, ids_vocab  # noqa: E402
+import cairn.datatasks as dt
 
 
 def make_task(name, n=4, value=5):
     src = dt.FunctionDataSource(
-        lambda split, shuffle_files: ids_dataset([{"targets": [value, 1]}] * n), ["train"],
-        num_input_examples={"train": n})
+        lambda split, shuffle_files: ids_dataset([{"targets": [value, 1]}] * n),
+        ["train"],
+        num_input_examples={"train": n},
+    )
     return dt.Task(name, src, {"targets": dt.Feature(ids_vocab())})
 
 
 def test_feature_defaults_and_frozen():
     f = dt.Feature(ids_vocab())
     assert (f.add_eos, f.required, f.dtype, f.rank) == (True, True, tf.int32, 1)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         f.add_eos = False
     with pytest.raises(TypeError, match="Vocabulary"):
         dt.Feature("not a vocabulary")
@@ -71,8 +72,7 @@ def test_mixture_rates_numbers_callables_nested(registry):
         registry.add_task(make_task(n, n=count))
     m1 = dt.Mixture("m1", [("a", 1), ("b", 3)], registry=registry)
     assert m1.rates == pytest.approx({"a": 0.25, "b": 0.75})
-    by_size = dt.Mixture("by_size", ["a", "b"], default_rate=lambda t: t.num_input_examples("train"),
-                         registry=registry)
+    by_size = dt.Mixture("by_size", ["a", "b"], default_rate=lambda t: t.num_input_examples("train"), registry=registry)
     assert by_size.rates == pytest.approx({"a": 0.25, "b": 0.75})
     nested = dt.Mixture("nested", [(m1, 2), ("c", 2)], registry=registry)
     assert nested.rates == pytest.approx({"a": 0.125, "b": 0.375, "c": 0.5})
@@ -89,15 +89,16 @@ def test_mixture_samples_at_the_rates(registry):
     ds = mix.get_dataset({"targets": 4}, seed=1, num_epochs=None).take(2000)
     firsts = [int(x["targets"][0]) for x in ds.as_numpy_iterator()]
     assert 0.70 < firsts.count(6) / len(firsts) < 0.80
-    again = [int(x["targets"][0]) for x in
-             mix.get_dataset({"targets": 4}, seed=1, num_epochs=None).take(2000).as_numpy_iterator()]
+    again = [
+        int(x["targets"][0])
+        for x in mix.get_dataset({"targets": 4}, seed=1, num_epochs=None).take(2000).as_numpy_iterator()
+    ]
     assert firsts == again
 
 
 def test_mixture_refuses_different_vocabularies(registry):
     registry.add_task(make_task("a"))
-    src = dt.FunctionDataSource(lambda split, shuffle_files: ids_dataset([{"targets": [2]}]),
-                                ["train"])
+    src = dt.FunctionDataSource(lambda split, shuffle_files: ids_dataset([{"targets": [2]}]), ["train"])
     registry.add_task(dt.Task("z", src, {"targets": dt.Feature(ids_vocab(50))}))
     with pytest.raises(dt.DataTasksError, match="another vocabulary"):
         dt.Mixture("m", ["a", "z"], 1, registry=registry)

@@ -2,13 +2,12 @@
 
 import json
 import os
-import sys
 
 import pytest
 import tensorflow as tf
+from data_util import write_lines
 
-import cairn.datatasks as dt  # noqa: E402
-from data_util import write_lines  # noqa: E402
+import cairn.datatasks as dt
 
 
 def read(ds):
@@ -24,16 +23,22 @@ def text_files(tmp_path):
 
 
 def test_text_lines_split_glob_and_shards(text_files):
-    src = dt.TextLineDataSource({"train": str(text_files / "train-*.txt"),
-                                 "validation": str(text_files / "dev.txt")},
-                                num_input_examples={"train": 20})
+    src = dt.TextLineDataSource(
+        {"train": str(text_files / "train-*.txt"), "validation": str(text_files / "dev.txt")},
+        num_input_examples={"train": 20},
+    )
     assert src.splits == ("train", "validation")
-    assert [os.path.basename(p) for p in src.list_shards("train")] == [
-        f"train-{i}.txt" for i in range(4)]
+    assert [os.path.basename(p) for p in src.list_shards("train")] == [f"train-{i}.txt" for i in range(4)]
     assert src.num_input_examples("train") == 20
     assert src.num_input_examples("validation") is None
     assert read(src.get_dataset("train", shuffle=False))[:6] == [
-        "f0 line 0", "f0 line 1", "f0 line 2", "f0 line 3", "f0 line 4", "f1 line 0"]
+        "f0 line 0",
+        "f0 line 1",
+        "f0 line 2",
+        "f0 line 3",
+        "f0 line 4",
+        "f1 line 0",
+    ]
 
 
 def test_header_skip_and_empty_lines_are_counted(text_files):
@@ -44,8 +49,7 @@ def test_header_skip_and_empty_lines_are_counted(text_files):
 
 
 def test_unknown_split_and_missing_files(text_files):
-    src = dt.TextLineDataSource({"train": str(text_files / "train-*.txt"),
-                                 "test": str(text_files / "nothing-*.txt")})
+    src = dt.TextLineDataSource({"train": str(text_files / "train-*.txt"), "test": str(text_files / "nothing-*.txt")})
     with pytest.raises(dt.UnknownNameError, match="'trian'.*'train'"):
         src.get_dataset("trian")
     with pytest.raises(dt.DataTasksError, match="split 'test': no file matches"):
@@ -56,9 +60,10 @@ def test_unknown_split_and_missing_files(text_files):
 def test_shards_are_disjoint_and_cover_the_split(text_files, num_shards):
     src = dt.TextLineDataSource({"train": str(text_files / "train-*.txt")})
     everything = read(src.get_dataset("train", shuffle=False))
-    parts = [read(src.get_dataset("train", shuffle=True, seed=7,
-                                  shard_info=dt.ShardInfo(i, num_shards)))
-             for i in range(num_shards)]
+    parts = [
+        read(src.get_dataset("train", shuffle=True, seed=7, shard_info=dt.ShardInfo(i, num_shards)))
+        for i in range(num_shards)
+    ]
     flat = [x for p in parts for x in p]
     assert len(flat) == len(set(flat)) == len(everything)
     assert sorted(flat) == sorted(everything)
@@ -82,23 +87,34 @@ def test_tfexample_source(tmp_path):
     path = str(tmp_path / "data.tfrecord")
     with tf.io.TFRecordWriter(path) as w:
         for i in range(3):
-            ex = tf.train.Example(features=tf.train.Features(feature={
-                "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[f"t{i}".encode()])),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}))
+            ex = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[f"t{i}".encode()])),
+                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                    }
+                )
+            )
             w.write(ex.SerializeToString(deterministic=True))
-    src = dt.TFExampleDataSource({"train": path}, {
-        "text": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)})
+    src = dt.TFExampleDataSource(
+        {"train": path}, {"text": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    )
     out = list(src.get_dataset("train", shuffle=False).as_numpy_iterator())
     assert [(x["text"], x["label"]) for x in out] == [(b"t0", 0), (b"t1", 1), (b"t2", 2)]
 
 
 def test_json_lines_source_infers_types_and_skips_bad_lines(tmp_path):
-    rows = [json.dumps({"q": "why?", "ids": [1, 2], "n": 3}), "{not json",
-            json.dumps({"q": "how?", "ids": [4], "n": 5}), json.dumps({"q": "missing fields"})]
+    rows = [
+        json.dumps({"q": "why?", "ids": [1, 2], "n": 3}),
+        "{not json",
+        json.dumps({"q": "how?", "ids": [4], "n": 5}),
+        json.dumps({"q": "missing fields"}),
+    ]
     path = write_lines(tmp_path / "d.jsonl", rows)
     stats = dt.DataStats()
-    out = list(dt.JsonLinesDataSource({"train": path}).get_dataset(
-        "train", shuffle=False, stats=stats).as_numpy_iterator())
+    out = list(
+        dt.JsonLinesDataSource({"train": path}).get_dataset("train", shuffle=False, stats=stats).as_numpy_iterator()
+    )
     assert [x["q"] for x in out] == [b"why?", b"how?"]
     assert [x["ids"].tolist() for x in out] == [[1, 2], [4]]
     assert [int(x["n"]) for x in out] == [3, 5]
@@ -113,8 +129,7 @@ def test_function_source_with_seed_and_example_sharding():
         return tf.data.Dataset.range(10)
 
     src = dt.FunctionDataSource(fn, ["train"])
-    got = list(src.get_dataset("train", shuffle=True, seed=4,
-                               shard_info=dt.ShardInfo(1, 3)).as_numpy_iterator())
+    got = list(src.get_dataset("train", shuffle=True, seed=4, shard_info=dt.ShardInfo(1, 3)).as_numpy_iterator())
     assert got == [1, 4, 7]
     assert seen == {"split": "train", "shuffle": True, "seed": 4}
 
@@ -122,13 +137,19 @@ def test_function_source_with_seed_and_example_sharding():
 def test_tfds_source_reads_a_prepared_folder_and_refuses_otherwise(tmp_path):
     folder = tmp_path / "toy" / "1.0.0"
     folder.mkdir(parents=True)
-    (folder / "dataset_info.json").write_text(json.dumps(
-        {"name": "toy", "splits": [{"name": "train", "shardLengths": ["2"]}]}))
+    (folder / "dataset_info.json").write_text(
+        json.dumps({"name": "toy", "splits": [{"name": "train", "shardLengths": ["2"]}]})
+    )
     with tf.io.TFRecordWriter(str(folder / "toy-train.tfrecord-00000-of-00001")) as w:
         for text in (b"hello", b"world"):
-            ex = tf.train.Example(features=tf.train.Features(feature={
-                "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text])),
-                "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[1, 2, 3]))}))
+            ex = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text])),
+                        "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[1, 2, 3])),
+                    }
+                )
+            )
             w.write(ex.SerializeToString(deterministic=True))
     src = dt.TfdsDataSource("toy", str(tmp_path))
     assert src.splits == ("train",) and src.num_input_examples("train") == 2

@@ -1,32 +1,26 @@
 """span_corruption: T5's statistics over 10,000 examples, sentinel order, lossless split."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
+from data_util import ids_vocab
 
-import cairn.datatasks as dt  # noqa: E402
-from cairn.datatasks import preprocessors as pp  # noqa: E402
-from data_util import ids_vocab  # noqa: E402
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
 
 VOCAB = 1000
 
 
 def raw_tokens(n_docs: int, seed: int = 0) -> list:
     rng = np.random.default_rng(seed)
-    return [rng.integers(3, VOCAB - 100, size=int(rng.integers(20, 300))).astype(np.int32)
-            for _ in range(n_docs)]
+    return [rng.integers(3, VOCAB - 100, size=int(rng.integers(20, 300))).astype(np.int32) for _ in range(n_docs)]
 
 
 def corrupt(docs, inputs_length=64, targets_length=32, seed=0):
     rows = tf.RaggedTensor.from_row_lengths(np.concatenate(docs), [len(d) for d in docs])
     feats = {"inputs": dt.Feature(ids_vocab(VOCAB)), "targets": dt.Feature(ids_vocab(VOCAB))}
-    ds = tf.data.Dataset.from_tensor_slices(
-        {"targets": rows}).map(lambda x: dict(x))
-    ds = pp.span_corruption(ds, {"inputs": inputs_length, "targets": targets_length}, feats,
-                            seed=seed)
+    ds = tf.data.Dataset.from_tensor_slices({"targets": rows}).map(lambda x: dict(x))
+    ds = pp.span_corruption(ds, {"inputs": inputs_length, "targets": targets_length}, feats, seed=seed)
     return list(ds.as_numpy_iterator())
 
 
@@ -57,8 +51,8 @@ def test_statistics_over_10000_examples(corrupted):
         spans += in_sent
     density = noise / (noise + nonnoise)
     mean_span = noise / spans
-    assert abs(density - 0.15) <= 0.01 * 0.15, density      # within ±1% (relative)
-    assert abs(mean_span - 3.0) <= 0.05 * 3.0, mean_span     # within ±5%
+    assert abs(density - 0.15) <= 0.01 * 0.15, density  # within ±1% (relative)
+    assert abs(mean_span - 3.0) <= 0.05 * 3.0, mean_span  # within ±5%
 
 
 def test_sentinels_in_order_and_the_split_is_lossless(corrupted):
@@ -81,7 +75,7 @@ def test_sentinels_in_order_and_the_split_is_lossless(corrupted):
                 spans[cur].append(t)
         for t in inputs:
             rebuilt.extend(spans[t] if t >= VOCAB - 100 else [t])
-    original = np.concatenate(docs)[:len(rebuilt)].tolist()
+    original = np.concatenate(docs)[: len(rebuilt)].tolist()
     assert rebuilt == original
 
 

@@ -1,37 +1,68 @@
 """cairn.datatasks: tasks, mixtures, preprocessors, feature converters and packing (seqio's API).
 
-    import cairn.datatasks as dt
-    task = dt.TaskRegistry.add("my_task", dt.TextLineDataSource({"train": "data/*.txt"}), ...)
-    ds = dt.get_dataset("my_task", {"inputs": 512, "targets": 128},
-                        dt.EncDecFeatureConverter(pack=True), seed=0, batch_size=32)
+import cairn.datatasks as dt
+task = dt.TaskRegistry.add("my_task", dt.TextLineDataSource({"train": "data/*.txt"}), ...)
+ds = dt.get_dataset("my_task", {"inputs": 512, "targets": 128},
+                    dt.EncDecFeatureConverter(pack=True), seed=0, batch_size=32)
 """
 
 __version__ = "0.1.0"
 
-from cairn.datatasks import deterministic, preprocessors  # noqa: E402
-from cairn.datatasks.dataset import get_dataset  # noqa: E402
-from cairn.datatasks.errors import DataTasksError, UnknownNameError  # noqa: E402
-from cairn.datatasks.facades import MixtureRegistry, TaskRegistry  # noqa: E402
-from cairn.datatasks.feature import Feature  # noqa: E402
-from cairn.datatasks.feature_converters import (  # noqa: E402
-    EncDecFeatureConverter, FeatureConverter, LMFeatureConverter, PrefixLMFeatureConverter)
-from cairn.datatasks.inline import map_inline, pipeline_options  # noqa: E402
-from cairn.datatasks.mixture import Mixture  # noqa: E402
-from cairn.datatasks.preprocessors import map_over_dataset  # noqa: E402
-from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry, get_mixture_or_task  # noqa: E402
-from cairn.datatasks.sources import (  # noqa: E402
-    DataSource, FunctionDataSource, JsonLinesDataSource, ShardInfo, TextLineDataSource,
-    TFExampleDataSource)
-from cairn.datatasks.stats import BadDataPolicy, DataStats  # noqa: E402
-from cairn.datatasks.task import Task  # noqa: E402
-from cairn.datatasks.tfds_source import TfdsDataSource  # noqa: E402
+from cairn.datatasks import deterministic, preprocessors
+from cairn.datatasks.dataset import get_dataset
+from cairn.datatasks.errors import DataTasksError, UnknownNameError
+from cairn.datatasks.facades import MixtureRegistry, TaskRegistry
+from cairn.datatasks.feature import Feature
+from cairn.datatasks.feature_converters import (
+    EncDecFeatureConverter,
+    FeatureConverter,
+    LMFeatureConverter,
+    PrefixLMFeatureConverter,
+)
+from cairn.datatasks.inline import map_inline, pipeline_options
+from cairn.datatasks.mixture import Mixture
+from cairn.datatasks.preprocessors import map_over_dataset
+from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry, get_mixture_or_task
+from cairn.datatasks.sources import (
+    DataSource,
+    FunctionDataSource,
+    JsonLinesDataSource,
+    ShardInfo,
+    TextLineDataSource,
+    TFExampleDataSource,
+)
+from cairn.datatasks.stats import BadDataPolicy, DataStats
+from cairn.datatasks.task import Task
+from cairn.datatasks.tfds_source import TfdsDataSource
 
 __all__ = [
-    "BadDataPolicy", "DEFAULT_REGISTRY", "DataSource", "DataStats", "DataTasksError",
-    "EncDecFeatureConverter", "Feature", "FeatureConverter", "FunctionDataSource",
-    "JsonLinesDataSource", "LMFeatureConverter", "Mixture", "MixtureRegistry",
-    "PrefixLMFeatureConverter", "Registry", "ShardInfo", "TFExampleDataSource", "Task",
-    "TaskRegistry", "TextLineDataSource", "TfdsDataSource", "UnknownNameError",
-    "deterministic", "get_dataset", "get_mixture_or_task", "map_inline", "map_over_dataset",
-    "pipeline_options", "preprocessors",
+    "BadDataPolicy",
+    "DEFAULT_REGISTRY",
+    "DataSource",
+    "DataStats",
+    "DataTasksError",
+    "EncDecFeatureConverter",
+    "Feature",
+    "FeatureConverter",
+    "FunctionDataSource",
+    "JsonLinesDataSource",
+    "LMFeatureConverter",
+    "Mixture",
+    "MixtureRegistry",
+    "PrefixLMFeatureConverter",
+    "Registry",
+    "ShardInfo",
+    "TFExampleDataSource",
+    "Task",
+    "TaskRegistry",
+    "TextLineDataSource",
+    "TfdsDataSource",
+    "UnknownNameError",
+    "deterministic",
+    "get_dataset",
+    "get_mixture_or_task",
+    "map_inline",
+    "map_over_dataset",
+    "pipeline_options",
+    "preprocessors",
 ]

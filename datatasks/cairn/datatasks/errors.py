@@ -32,5 +32,4 @@ def unknown(kind: str, name: str, candidates: Iterable[str]) -> UnknownNameError
     if not candidates:
         return UnknownNameError(f"unknown {kind} {name!r}: none is registered")
     near = closest(name, candidates)
-    return UnknownNameError(
-        f"unknown {kind} {name!r}; closest registered: {', '.join(map(repr, near))}")
+    return UnknownNameError(f"unknown {kind} {name!r}; closest registered: {', '.join(map(repr, near))}")

@@ -17,12 +17,11 @@ class TaskRegistry:
     """seqio-style facade over the tasks of the default registry."""
 
     @staticmethod
-    def add(name: str, source: Any, output_features: Any, preprocessors: Any = (),
-            **kwargs: Any) -> Any:
+    def add(name: str, source: Any, output_features: Any, preprocessors: Any = (), **kwargs: Any) -> Any:
         """Builds a `Task` and registers it; returns the task."""
         return DEFAULT_REGISTRY.add_task(
-            Task(name, source, output_features=output_features, preprocessors=preprocessors,
-                 **kwargs))
+            Task(name, source, output_features=output_features, preprocessors=preprocessors, **kwargs)
+        )
 
     @staticmethod
     def add_provider(task: Any) -> Any:
@@ -49,7 +48,8 @@ class MixtureRegistry:
     def add(name: str, tasks: Any, default_rate: Any = None, **kwargs: Any) -> Any:
         """Builds a `Mixture` over registered tasks and registers it; returns it."""
         return DEFAULT_REGISTRY.add_mixture(
-            Mixture(name, tasks, default_rate=default_rate, registry=DEFAULT_REGISTRY, **kwargs))
+            Mixture(name, tasks, default_rate=default_rate, registry=DEFAULT_REGISTRY, **kwargs)
+        )
 
     @staticmethod
     def add_provider(mixture: Any) -> Any:

@@ -30,8 +30,9 @@ class Feature:
 
     def __post_init__(self):
         if not isinstance(self.vocabulary, Vocabulary):
-            raise TypeError(f"Feature.vocabulary must be a cairn.tokenizers.Vocabulary, "
-                            f"got {type(self.vocabulary).__name__}")
+            raise TypeError(
+                f"Feature.vocabulary must be a cairn.tokenizers.Vocabulary, got {type(self.vocabulary).__name__}"
+            )
         object.__setattr__(self, "dtype", tf.dtypes.as_dtype(self.dtype))
         if not isinstance(self.rank, int) or self.rank < 0:
             raise ValueError(f"Feature.rank must be a non-negative int, got {self.rank!r}")

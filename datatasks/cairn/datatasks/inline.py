@@ -31,11 +31,26 @@ except (ImportError, AttributeError):  # pragma: no cover - other TensorFlow ver
 
 # Ops the single-threaded executor rejects (control flow is lowered to Switch/Merge) or
 # that run nested functions, whose bodies are not inspected here.
-_NOT_INLINE = frozenset({
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "Switch", "Merge", "RefSwitch", "Enter", "Exit", "NextIteration", "LoopCond",
-    "PartitionedCall", "StatefulPartitionedCall", "SymbolicGradient",
-})
+_NOT_INLINE = frozenset(
+    {
+        "If",
+        "StatelessIf",
+        "While",
+        "StatelessWhile",
+        "Case",
+        "StatelessCase",
+        "Switch",
+        "Merge",
+        "RefSwitch",
+        "Enter",
+        "Exit",
+        "NextIteration",
+        "LoopCond",
+        "PartitionedCall",
+        "StatefulPartitionedCall",
+        "SymbolicGradient",
+    }
+)
 
 
 def runs_inline(graph: tf.Graph) -> bool:

@@ -28,7 +28,8 @@ def _parse_lengths(text: str) -> dict[str, int]:
         key, _, value = part.partition("=")
         if not value.strip().isdigit():
             raise argparse.ArgumentTypeError(
-                f"--sequence_length wants name=int pairs like inputs=512,targets=128, got {part!r}")
+                f"--sequence_length wants name=int pairs like inputs=512,targets=128, got {part!r}"
+            )
         out[key.strip()] = int(value)
     return out
 
@@ -43,6 +44,8 @@ def _load(module: str | None, module_file: str | None) -> None:
         if not os.path.exists(path):
             raise SystemExit(f"inspect: --module_file {module_file!r} not found ({path})")
         spec = importlib.util.spec_from_file_location("_inspected_tasks", path)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"inspect: --module_file {module_file!r} is not a Python module ({path})")
         mod = importlib.util.module_from_spec(spec)
         sys.modules["_inspected_tasks"] = mod
         spec.loader.exec_module(mod)
@@ -54,7 +57,7 @@ def _show(value: Any, vocab: Any | None, width: int) -> str:
         return repr(text if len(text) <= width else text[:width] + "…")
     if isinstance(value, np.ndarray) and value.ndim == 1 and np.issubdtype(value.dtype, np.integer):
         ids = value.tolist()
-        shown = ids if len(ids) <= width // 4 else ids[:width // 4] + ["…"]
+        shown = ids if len(ids) <= width // 4 else ids[: width // 4] + ["…"]
         line = f"ids({len(ids)}) {shown}"
         if vocab is not None:
             nonpad = [i for i in ids if i != 0]
@@ -69,35 +72,39 @@ def _print_example(title: str, ex: Any, vocabs: dict, out: TextIO, width: int) -
         print(f"    {_show(ex, None, width)}", file=out)
         return
     for key in sorted(ex):
-        base = key.replace("encoder_input_tokens", "inputs").replace(
-            "decoder_target_tokens", "targets")
-        vocab = vocabs.get(base) if key in (base, "encoder_input_tokens",
-                                            "decoder_target_tokens") else None
+        base = key.replace("encoder_input_tokens", "inputs").replace("decoder_target_tokens", "targets")
+        vocab = vocabs.get(base) if key in (base, "encoder_input_tokens", "decoder_target_tokens") else None
         print(f"    {key:22s}  {_show(ex[key], vocab, width)}", file=out)
 
 
-def inspect_task(name: str, split: str = "train", n: int = 5,
-                 sequence_length: dict | None = None, converter: str = "encdec",
-                 pack: bool = False, seed: int = 0, out: TextIO | None = None,
-                 width: int = 120) -> None:
+def inspect_task(
+    name: str,
+    split: str = "train",
+    n: int = 5,
+    sequence_length: dict | None = None,
+    converter: str = "encdec",
+    pack: bool = False,
+    seed: int = 0,
+    out: TextIO | None = None,
+    width: int = 120,
+) -> None:
     """Prints `n` examples of task `name`: raw, preprocessed and converted."""
     import cairn.datatasks as dt
 
     out = out or sys.stdout
     task = dt.get_mixture_or_task(name)
     if isinstance(task, dt.Mixture):
-        raise SystemExit(f"inspect: {name!r} is a mixture; give one of its tasks: "
-                         f"{sorted(task.tasks)}")
+        raise SystemExit(f"inspect: {name!r} is a mixture; give one of its tasks: {sorted(task.tasks)}")
     if split not in task.splits:
         raise SystemExit(f"inspect: task {name!r} has no split {split!r}; it has {task.splits}")
     lengths = sequence_length or {k: 512 if k == "inputs" else 128 for k in task.output_features}
-    conv = {"encdec": dt.EncDecFeatureConverter, "lm": dt.LMFeatureConverter,
-            "prefix_lm": dt.PrefixLMFeatureConverter}[converter](pack=pack)
+    conv = {"encdec": dt.EncDecFeatureConverter, "lm": dt.LMFeatureConverter, "prefix_lm": dt.PrefixLMFeatureConverter}[
+        converter
+    ](pack=pack)
     vocabs = {k: f.vocabulary for k, f in task.output_features.items()}
     stats = dt.DataStats()
     raw = list(task.source.get_dataset(split, shuffle=False).take(n).as_numpy_iterator())
-    pre = list(task.get_dataset(lengths, split, shuffle=False, seed=seed, stats=stats)
-               .take(n).as_numpy_iterator())
+    pre = list(task.get_dataset(lengths, split, shuffle=False, seed=seed, stats=stats).take(n).as_numpy_iterator())
     model_in = task.get_dataset(lengths, split, shuffle=False, seed=seed)
     converted = list(conv(model_in, lengths).take(n).as_numpy_iterator())
     print(f"task {name!r} split {split!r} lengths {lengths} converter {conv!r}", file=out)
@@ -119,8 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=5)
     p.add_argument("--module", help="dotted module that registers the task")
     p.add_argument("--module_file", help="python file that registers the task")
-    p.add_argument("--sequence_length", type=_parse_lengths, default=None,
-                   help="e.g. inputs=512,targets=128")
+    p.add_argument("--sequence_length", type=_parse_lengths, default=None, help="e.g. inputs=512,targets=128")
     p.add_argument("--converter", choices=_CONVERTERS, default="encdec")
     p.add_argument("--pack", action="store_true")
     p.add_argument("--seed", type=int, default=0)
@@ -131,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cairn.datatasks.errors import DataTasksError
 
     try:
-        inspect_task(args.task, args.split, args.n, args.sequence_length, args.converter,
-                     args.pack, args.seed)
+        inspect_task(args.task, args.split, args.n, args.sequence_length, args.converter, args.pack, args.seed)
     except (DataTasksError, KeyError) as e:
         print(f"inspect: {e}", file=sys.stderr)
         return 2

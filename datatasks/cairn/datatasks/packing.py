@@ -19,12 +19,10 @@ import tensorflow as tf
 
 from cairn.datatasks.inline import map_inline
 
-
 _PAD_BATCH = 256
 
 
-def trim_and_pad_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]
-                         ) -> tf.data.Dataset:
+def trim_and_pad_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
     """Trims the features in `feature_lengths` to their length and pads them with 0.
 
     Runs on batches of examples (`padded_batch`, then `unbatch`); other features pass.
@@ -32,7 +30,8 @@ def trim_and_pad_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]
     keys = list(feature_lengths)
     spec = ds.element_spec
     if any(spec[k].shape.rank != 1 for k in keys) or any(
-            s.shape.rank is None or s.shape.rank > 1 for k, s in spec.items() if k not in keys):
+        s.shape.rank is None or s.shape.rank > 1 for k, s in spec.items() if k not in keys
+    ):
         return map_inline(ds, lambda x: _pad_one(x, feature_lengths))
 
     def fn(batch):
@@ -59,20 +58,19 @@ def _pad_one(x: dict, feature_lengths: Mapping[str, int]) -> dict:
     return out
 
 
-def pack_group(batch: Mapping[str, np.ndarray], lengths: Mapping[str, int]
-               ) -> dict[str, np.ndarray]:
+def pack_group(batch: Mapping[str, np.ndarray], lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
     """Packs one padded batch `{k: [B, L_k]}` into rows; see the module docstring."""
     keys = list(lengths)
     n = batch[keys[0]].shape[0]
     rows: list[dict[str, list]] = []
-    partial = {k: [] for k in keys}
+    partial: dict[str, list] = {k: [] for k in keys}
     used = {k: 0 for k in keys}
 
     for i in range(n):
         one = {}
         for k in keys:
             v = batch[k][i]
-            one[k] = v[:int(np.count_nonzero(v))][:lengths[k]]
+            one[k] = v[: int(np.count_nonzero(v))][: lengths[k]]
         if any(used[k] + len(one[k]) > lengths[k] for k in keys):
             rows.append(partial)
             partial = {k: [] for k in keys}
@@ -89,8 +87,8 @@ def pack_group(batch: Mapping[str, np.ndarray], lengths: Mapping[str, int]
         for r, row in enumerate(rows):
             at = 0
             for seq in row[k]:
-                tokens[r, at:at + len(seq)] = seq
-                positions[r, at:at + len(seq)] = np.arange(len(seq), dtype=np.int32)
+                tokens[r, at : at + len(seq)] = seq
+                positions[r, at : at + len(seq)] = np.arange(len(seq), dtype=np.int32)
                 at += len(seq)
         starts = (positions == 0).astype(np.int32)
         out[k] = tokens
@@ -99,8 +97,7 @@ def pack_group(batch: Mapping[str, np.ndarray], lengths: Mapping[str, int]
     return out
 
 
-def trim_and_pack_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]
-                          ) -> tf.data.Dataset:
+def trim_and_pack_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
     """Packs the 1-D features in `feature_lengths`; other features are dropped (as in seqio)."""
     spec = ds.element_spec
     for k in feature_lengths:
@@ -126,7 +123,7 @@ def trim_and_pack_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int
             out[k] = v
         return out
 
-    ds = map_inline(ds, lambda x: {k: x[k][:lengths[k]] for k in keys})
+    ds = map_inline(ds, lambda x: {k: x[k][: lengths[k]] for k in keys})
     # Groups of max(lengths) examples, as seqio; padding is cut again in `pack_group`.
     ds = ds.padded_batch(max(lengths.values()), padded_shapes={k: [None] for k in keys})
     return map_inline(ds, pack).unbatch()
@@ -137,8 +134,7 @@ def shift_right(x: tf.Tensor, fill: int = 0) -> tf.Tensor:
     return tf.concat([tf.fill([1], tf.cast(fill, x.dtype)), x[:-1]], axis=0)
 
 
-def make_autoregressive_inputs(targets: tf.Tensor, sequence_id: tf.Tensor | None = None,
-                               bos_id: int = 0) -> tf.Tensor:
+def make_autoregressive_inputs(targets: tf.Tensor, sequence_id: tf.Tensor | None = None, bos_id: int = 0) -> tf.Tensor:
     """Decoder inputs: targets shifted right; `bos_id` at the start of every segment."""
     inputs = shift_right(targets, bos_id)
     if sequence_id is not None:

@@ -30,8 +30,10 @@ class Registry:
         with self._lock:
             if name in self._tasks or name in self._mixtures:
                 other = "task" if name in self._tasks else "mixture"
-                raise DataTasksError(f"{kind} {name!r}: a {other} of that name is already "
-                                     f"registered; remove it first or pick another name")
+                raise DataTasksError(
+                    f"{kind} {name!r}: a {other} of that name is already "
+                    f"registered; remove it first or pick another name"
+                )
             table[name] = obj
         return obj
 

@@ -36,15 +36,13 @@ class ShardInfo:
         if not (isinstance(self.num_shards, int) and self.num_shards >= 1):
             raise DataTasksError(f"ShardInfo.num_shards must be an int >= 1, got {self.num_shards!r}")
         if not (isinstance(self.index, int) and 0 <= self.index < self.num_shards):
-            raise DataTasksError(
-                f"ShardInfo.index must be in [0, {self.num_shards}), got {self.index!r}")
+            raise DataTasksError(f"ShardInfo.index must be in [0, {self.num_shards}), got {self.index!r}")
 
 
 class DataSource(metaclass=abc.ABCMeta):
     """Base class: splits, shards and a `get_dataset` per split."""
 
-    def __init__(self, splits: Sequence[str],
-                 num_input_examples: Mapping[str, int] | None = None):
+    def __init__(self, splits: Sequence[str], num_input_examples: Mapping[str, int] | None = None):
         self._splits = tuple(splits)
         self._num_input_examples = dict(num_input_examples or {})
 
@@ -67,9 +65,14 @@ class DataSource(metaclass=abc.ABCMeta):
         return [split]
 
     @abc.abstractmethod
-    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                    shard_info: ShardInfo | None = None,
-                    stats: DataStats | None = None) -> tf.data.Dataset:
+    def get_dataset(
+        self,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: ShardInfo | None = None,
+        stats: DataStats | None = None,
+    ) -> tf.data.Dataset:
         """The raw examples of `split` for this shard."""
 
 
@@ -96,7 +99,7 @@ def relative_name(path: str, root: str) -> str:
         return path
     prefix = root.rstrip("/") + "/"
     if path.startswith(prefix):
-        return path[len(prefix):]
+        return path[len(prefix) :]
     if "://" not in path:
         return os.path.relpath(path, root).replace(os.sep, "/")
     raise DataTasksError(f"file {path!r} is not under the root {root!r} of its pattern")
@@ -119,12 +122,14 @@ def _seeded_order(n: int, seed: int | None) -> np.ndarray:
 class FileDataSource(DataSource):
     """A source reading files matched by a glob pattern (or a list of them) per split."""
 
-    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
-                 num_input_examples: Mapping[str, int] | None = None,
-                 cycle_length: int = 16):
+    def __init__(
+        self,
+        split_to_filepattern: Mapping[str, str | Sequence[str]],
+        num_input_examples: Mapping[str, int] | None = None,
+        cycle_length: int = 16,
+    ):
         super().__init__(list(split_to_filepattern), num_input_examples)
-        self._patterns = {k: ([v] if isinstance(v, str) else list(v))
-                          for k, v in split_to_filepattern.items()}
+        self._patterns = {k: ([v] if isinstance(v, str) else list(v)) for k, v in split_to_filepattern.items()}
         self._cycle_length = cycle_length
 
     def list_shards(self, split: str) -> list[str]:
@@ -149,14 +154,19 @@ class FileDataSource(DataSource):
     def _postprocess(self, ds: tf.data.Dataset, stats: DataStats | None) -> tf.data.Dataset:
         return ds
 
-    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                    shard_info: ShardInfo | None = None,
-                    stats: DataStats | None = None) -> tf.data.Dataset:
+    def get_dataset(
+        self,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: ShardInfo | None = None,
+        stats: DataStats | None = None,
+    ) -> tf.data.Dataset:
         files = self.list_shards(split)
         example_level = False
         if shard_info is not None and shard_info.num_shards > 1:
             if len(files) >= shard_info.num_shards:
-                files = files[shard_info.index::shard_info.num_shards]
+                files = files[shard_info.index :: shard_info.num_shards]
             else:
                 example_level = True
         if shuffle:
@@ -165,9 +175,10 @@ class FileDataSource(DataSource):
         if len(files) == 1 or not shuffle:
             ds = ds.flat_map(self._read_file)
         else:
-            ds = ds.interleave(self._read_file, cycle_length=min(self._cycle_length, len(files)),
-                               block_length=1, deterministic=True)
-        if example_level:
+            ds = ds.interleave(
+                self._read_file, cycle_length=min(self._cycle_length, len(files)), block_length=1, deterministic=True
+            )
+        if example_level and shard_info is not None:
             ds = ds.shard(shard_info.num_shards, shard_info.index)
         return self._postprocess(ds, stats)
 
@@ -178,9 +189,13 @@ class TextLineDataSource(FileDataSource):
     Empty (or all-whitespace) lines are skipped and counted as `empty_line`.
     """
 
-    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
-                 skip_header_lines: int = 0, num_input_examples: Mapping[str, int] | None = None,
-                 skip_empty_lines: bool = True):
+    def __init__(
+        self,
+        split_to_filepattern: Mapping[str, str | Sequence[str]],
+        skip_header_lines: int = 0,
+        num_input_examples: Mapping[str, int] | None = None,
+        skip_empty_lines: bool = True,
+    ):
         super().__init__(split_to_filepattern, num_input_examples)
         self._skip_header_lines = skip_header_lines
         self._skip_empty = skip_empty_lines
@@ -194,15 +209,15 @@ class TextLineDataSource(FileDataSource):
         return drop_empty_lines(ds, stats)
 
 
-def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None,
-                     batch: int = 512) -> tf.data.Dataset:
+def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None, batch: int = 512) -> tf.data.Dataset:
     """Drops empty or all-whitespace lines, counting them as `empty_line`.
 
     Works on batches of lines (a per-line `filter` costs a function call per line).
     """
+
     def record(lengths: np.ndarray) -> np.ndarray:
         mask = lengths > 0
-        if not mask.all():
+        if not mask.all() and stats is not None:
             stats.add("empty_line", "", int((~mask).sum()))
         return mask
 
@@ -221,10 +236,13 @@ def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None,
 class TFExampleDataSource(FileDataSource):
     """TFRecord files of serialized `tf.train.Example`s, parsed with `feature_description`."""
 
-    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
-                 feature_description: Mapping[str, Any],
-                 num_input_examples: Mapping[str, int] | None = None,
-                 reader_cls: Callable[..., tf.data.Dataset] = tf.data.TFRecordDataset):
+    def __init__(
+        self,
+        split_to_filepattern: Mapping[str, str | Sequence[str]],
+        feature_description: Mapping[str, Any],
+        num_input_examples: Mapping[str, int] | None = None,
+        reader_cls: Callable[..., tf.data.Dataset] = tf.data.TFRecordDataset,
+    ):
         super().__init__(split_to_filepattern, num_input_examples)
         self._description = dict(feature_description)
         self._reader = reader_cls
@@ -257,13 +275,21 @@ class JsonLinesDataSource(FileDataSource):
     valid JSON objects with those fields are skipped and counted as `unparsable`.
     """
 
-    def __init__(self, split_to_filepattern: Mapping[str, str | Sequence[str]],
-                 feature_spec: Mapping[str, Any] | None = None,
-                 num_input_examples: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        split_to_filepattern: Mapping[str, str | Sequence[str]],
+        feature_spec: Mapping[str, Any] | None = None,
+        num_input_examples: Mapping[str, int] | None = None,
+    ):
         super().__init__(split_to_filepattern, num_input_examples)
-        self._spec = None if feature_spec is None else {
-            k: v if isinstance(v, tf.TensorSpec) else tf.TensorSpec([], tf.dtypes.as_dtype(v))
-            for k, v in feature_spec.items()}
+        self._spec = (
+            None
+            if feature_spec is None
+            else {
+                k: v if isinstance(v, tf.TensorSpec) else tf.TensorSpec([], tf.dtypes.as_dtype(v))
+                for k, v in feature_spec.items()
+            }
+        )
 
     def _feature_spec(self, split: str) -> dict[str, tf.TensorSpec]:
         if self._spec is None:
@@ -279,32 +305,45 @@ class JsonLinesDataSource(FileDataSource):
     def _read_file(self, path):
         return tf.data.TextLineDataset(path)
 
-    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                    shard_info: ShardInfo | None = None,
-                    stats: DataStats | None = None) -> tf.data.Dataset:
+    def get_dataset(
+        self,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: ShardInfo | None = None,
+        stats: DataStats | None = None,
+    ) -> tf.data.Dataset:
         self._split_spec = self._feature_spec(split)
         return super().get_dataset(split, shuffle, seed, shard_info, stats)
 
     def _postprocess(self, ds, stats):
         spec = self._split_spec
         keys = list(spec)
-        empty = [np.full([0] * len(spec[k].shape), b"" if spec[k].dtype == tf.string else 0,
-                         dtype=spec[k].dtype.as_numpy_dtype) for k in keys]
+        empty = [
+            np.full(
+                [0] * len(spec[k].shape), b"" if spec[k].dtype == tf.string else 0, dtype=spec[k].dtype.as_numpy_dtype
+            )
+            for k in keys
+        ]
 
         def parse(line: bytes):
             try:
                 obj = json.loads(line)
-                out = [np.asarray(obj[k] if spec[k].dtype != tf.string else
-                                  (obj[k].encode("utf-8") if isinstance(obj[k], str) else obj[k]),
-                                  dtype=spec[k].dtype.as_numpy_dtype).reshape(
-                                      [-1] * len(spec[k].shape)) for k in keys]
+                out = [
+                    np.asarray(
+                        obj[k]
+                        if spec[k].dtype != tf.string
+                        else (obj[k].encode("utf-8") if isinstance(obj[k], str) else obj[k]),
+                        dtype=spec[k].dtype.as_numpy_dtype,
+                    ).reshape([-1] * len(spec[k].shape))
+                    for k in keys
+                ]
                 return [np.bool_(True)] + out
-            except Exception:  # noqa: BLE001 — any bad line is skipped and counted
+            except Exception:
                 return [np.bool_(False)] + empty
 
         def to_features(line):
-            ok, *values = tf.numpy_function(parse, [line], [tf.bool] + [spec[k].dtype for k in keys],
-                                            stateful=False)
+            ok, *values = tf.numpy_function(parse, [line], [tf.bool] + [spec[k].dtype for k in keys], stateful=False)
             ok.set_shape([])
             out = {}
             for k, v in zip(keys, values):
@@ -323,15 +362,24 @@ class FunctionDataSource(DataSource):
     Sharding is example-level (every `num_shards`-th example).
     """
 
-    def __init__(self, dataset_fn: Callable[..., tf.data.Dataset], splits: Sequence[str],
-                 num_input_examples: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        dataset_fn: Callable[..., tf.data.Dataset],
+        splits: Sequence[str],
+        num_input_examples: Mapping[str, int] | None = None,
+    ):
         super().__init__(splits, num_input_examples)
         self._fn = dataset_fn
         self._takes_seed = "seed" in inspect.signature(dataset_fn).parameters
 
-    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                    shard_info: ShardInfo | None = None,
-                    stats: DataStats | None = None) -> tf.data.Dataset:
+    def get_dataset(
+        self,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: ShardInfo | None = None,
+        stats: DataStats | None = None,
+    ) -> tf.data.Dataset:
         self._check_split(split)
         kwargs = {"seed": seed} if self._takes_seed else {}
         ds = self._fn(split=split, shuffle_files=shuffle, **kwargs)

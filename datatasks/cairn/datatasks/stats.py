@@ -35,11 +35,9 @@ class BadDataPolicy:
 
     def __post_init__(self):
         if self.undecodable not in _UNDECODABLE:
-            raise ValueError(f"BadDataPolicy.undecodable must be one of {_UNDECODABLE}, "
-                             f"got {self.undecodable!r}")
+            raise ValueError(f"BadDataPolicy.undecodable must be one of {_UNDECODABLE}, got {self.undecodable!r}")
         if self.overlong not in _OVERLONG:
-            raise ValueError(f"BadDataPolicy.overlong must be one of {_OVERLONG}, "
-                             f"got {self.overlong!r}")
+            raise ValueError(f"BadDataPolicy.overlong must be one of {_OVERLONG}, got {self.overlong!r}")
 
 
 class DataStats:
@@ -55,8 +53,7 @@ class DataStats:
 
     def count(self, reason: str, feature: str | None = None) -> int:
         with self._lock:
-            return sum(v for (r, f), v in self._counts.items()
-                       if r == reason and (feature is None or f == feature))
+            return sum(v for (r, f), v in self._counts.items() if r == reason and (feature is None or f == feature))
 
     def as_dict(self) -> dict[str, int]:
         """`{"reason": n}` or `{"reason/feature": n}`, sorted."""
@@ -67,8 +64,9 @@ class DataStats:
         return f"DataStats({self.as_dict()})"
 
 
-def counted_filter(ds: tf.data.Dataset, keep_fn, stats: DataStats | None, reason: str,
-                   feature: str = "") -> tf.data.Dataset:
+def counted_filter(
+    ds: tf.data.Dataset, keep_fn, stats: DataStats | None, reason: str, feature: str = ""
+) -> tf.data.Dataset:
     """`ds.filter(keep_fn)`, counting dropped elements in `stats` when it is given."""
     if stats is None:
         return ds.filter(keep_fn)

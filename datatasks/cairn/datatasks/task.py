@@ -11,7 +11,7 @@ import tensorflow as tf
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature import Feature
 from cairn.datatasks.inline import pipeline_options
-from cairn.datatasks.preprocessors.base import call_preprocessor, cacheable_prefix
+from cairn.datatasks.preprocessors.base import cacheable_prefix, call_preprocessor
 from cairn.datatasks.sources import DataSource, ShardInfo
 from cairn.datatasks.stats import BadDataPolicy, DataStats
 from cairn.datatasks.validation import finalize, validate_spec
@@ -33,19 +33,24 @@ class Task:
       bad_data_policy: what to do with undecodable and over-long examples.
     """
 
-    def __init__(self, name: str, source: DataSource, output_features: Mapping[str, Feature],
-                 preprocessors: Sequence[Callable] = (), postprocess_fn: Callable | None = None,
-                 metric_fns: Sequence[Callable] = (), bad_data_policy: BadDataPolicy | None = None,
-                 shuffle_buffer_size: int = 1000):
+    def __init__(
+        self,
+        name: str,
+        source: DataSource,
+        output_features: Mapping[str, Feature],
+        preprocessors: Sequence[Callable] = (),
+        postprocess_fn: Callable | None = None,
+        metric_fns: Sequence[Callable] = (),
+        bad_data_policy: BadDataPolicy | None = None,
+        shuffle_buffer_size: int = 1000,
+    ):
         if not isinstance(name, str) or not _NAME.match(name):
             raise DataTasksError(f"task name must match {_NAME.pattern}, got {name!r}")
         if not isinstance(source, DataSource):
-            raise DataTasksError(f"task {name!r}: source must be a DataSource, "
-                                 f"got {type(source).__name__}")
+            raise DataTasksError(f"task {name!r}: source must be a DataSource, got {type(source).__name__}")
         for k, f in output_features.items():
             if not isinstance(f, Feature):
-                raise DataTasksError(f"task {name!r}: output feature {k!r} must be a Feature, "
-                                     f"got {type(f).__name__}")
+                raise DataTasksError(f"task {name!r}: output feature {k!r} must be a Feature, got {type(f).__name__}")
         for p in preprocessors:
             if not callable(p):
                 raise DataTasksError(f"task {name!r}: preprocessor {p!r} is not callable")
@@ -71,31 +76,50 @@ class Task:
     @property
     def cacheable_preprocessors(self) -> tuple[Callable, ...]:
         """The leading preprocessors a cache may run (deterministic, no sequence_length)."""
-        return self.preprocessors[:cacheable_prefix(self.preprocessors)]
+        return self.preprocessors[: cacheable_prefix(self.preprocessors)]
 
-    def preprocess(self, ds: tf.data.Dataset, sequence_length: Mapping[str, int] | None = None,
-                   seed: Any = None, stats: DataStats | None = None,
-                   start: int = 0, stop: int | None = None) -> tf.data.Dataset:
+    def preprocess(
+        self,
+        ds: tf.data.Dataset,
+        sequence_length: Mapping[str, int] | None = None,
+        seed: Any = None,
+        stats: DataStats | None = None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tf.data.Dataset:
         """Applies preprocessors `[start:stop]`; seeded ones get keys from `seed`."""
         key = tf.convert_to_tensor([0, 0] if seed is None else seed, tf.int64)
         if key.shape.rank == 0:
             key = tf.stack([key, tf.constant(0, tf.int64)])
         for pos, fn in list(enumerate(self.preprocessors))[start:stop]:
             ds = call_preprocessor(
-                fn, ds, output_features=self.output_features, sequence_length=sequence_length,
+                fn,
+                ds,
+                output_features=self.output_features,
+                sequence_length=sequence_length,
                 seed=tf.random.experimental.stateless_fold_in(key, pos),
-                bad_data_policy=self.bad_data_policy, stats=stats)
+                bad_data_policy=self.bad_data_policy,
+                stats=stats,
+            )
             if not isinstance(ds, tf.data.Dataset):
-                raise DataTasksError(f"task {self.name!r}: preprocessor {pos} ({fn!r}) returned "
-                                     f"{type(ds).__name__}, not a tf.data.Dataset")
+                raise DataTasksError(
+                    f"task {self.name!r}: preprocessor {pos} ({fn!r}) returned "
+                    f"{type(ds).__name__}, not a tf.data.Dataset"
+                )
         return ds
 
-    def get_dataset(self, sequence_length: Mapping[str, int] | None = None, split: str = "train",
-                    shuffle: bool = True, seed: int | None = None,
-                    shard_info: ShardInfo | None = None, num_epochs: int | None = 1,
-                    shuffle_buffer_size: int | None = None,
-                    stats: DataStats | None = None,
-                    trim_output_features: bool = True) -> tf.data.Dataset:
+    def get_dataset(
+        self,
+        sequence_length: Mapping[str, int] | None = None,
+        split: str = "train",
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard_info: ShardInfo | None = None,
+        num_epochs: int | None = 1,
+        shuffle_buffer_size: int | None = None,
+        stats: DataStats | None = None,
+        trim_output_features: bool = True,
+    ) -> tf.data.Dataset:
         """The task's preprocessed examples.
 
         The stream is a pure function of `seed`: the file order, the shuffle buffer and the
@@ -107,28 +131,31 @@ class Task:
         if sequence_length is not None:
             for k, n in sequence_length.items():
                 if n is not None and (not isinstance(n, int) or n < 1):
-                    raise DataTasksError(f"task {self.name!r}: sequence_length[{k!r}] must be "
-                                         f"an int >= 1, got {n!r}")
+                    raise DataTasksError(f"task {self.name!r}: sequence_length[{k!r}] must be an int >= 1, got {n!r}")
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-            raise DataTasksError(f"task {self.name!r}: num_epochs must be None (forever) or an "
-                                 f"int >= 1, got {num_epochs!r}")
+            raise DataTasksError(
+                f"task {self.name!r}: num_epochs must be None (forever) or an int >= 1, got {num_epochs!r}"
+            )
         buffer = shuffle_buffer_size or self.shuffle_buffer_size
 
         def epoch(e: tf.Tensor) -> tf.data.Dataset:
-            ds = self.source.get_dataset(split, shuffle=shuffle, seed=seed,
-                                         shard_info=shard_info, stats=stats)
-            ds = self.preprocess(ds, sequence_length, seed=tf.stack(
-                [tf.constant(seed, tf.int64), e]), stats=stats)
+            ds = self.source.get_dataset(split, shuffle=shuffle, seed=seed, shard_info=shard_info, stats=stats)
+            ds = self.preprocess(ds, sequence_length, seed=tf.stack([tf.constant(seed, tf.int64), e]), stats=stats)
             validate_spec(self.name, ds, self.output_features)
-            return finalize(self.name, ds, self.output_features,
-                            sequence_length if trim_output_features else None,
-                            self.bad_data_policy.overlong, stats)
+            return finalize(
+                self.name,
+                ds,
+                self.output_features,
+                sequence_length if trim_output_features else None,
+                self.bad_data_policy.overlong,
+                stats,
+            )
 
         if num_epochs == 1:
             ds = epoch(tf.constant(0, tf.int64))
         else:
             count = -1 if num_epochs is None else int(num_epochs)
-            ds = tf.data.Dataset.range(count if count >= 0 else 2 ** 62).flat_map(epoch)
+            ds = tf.data.Dataset.range(count if count >= 0 else 2**62).flat_map(epoch)
         if shuffle:
             # Outside the per-epoch function: a shuffle inside flat_map cannot be checkpointed.
             ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)

@@ -30,18 +30,22 @@ def _resolve(name: str, data_dir: str) -> tuple[str, str]:
         raise DataTasksError(
             f"TFDS dataset {name!r} is not prepared under {data_dir!r} (no folder {root}); "
             f"cairn does not download data: run `tfds build {base}` with "
-            f"--data_dir={data_dir} on a machine that can, then copy the folder here")
+            f"--data_dir={data_dir} on a machine that can, then copy the folder here"
+        )
     if not version:
-        versions = sorted(v for v in tf.io.gfile.listdir(root)
-                          if tf.io.gfile.exists(os.path.join(root, v.rstrip("/"),
-                                                             "dataset_info.json")))
+        versions = sorted(
+            v
+            for v in tf.io.gfile.listdir(root)
+            if tf.io.gfile.exists(os.path.join(root, v.rstrip("/"), "dataset_info.json"))
+        )
         if not versions:
             raise DataTasksError(f"TFDS dataset {name!r}: no prepared version under {root}")
         version = versions[-1].rstrip("/")
     folder = os.path.join(root, version)
     if not tf.io.gfile.exists(os.path.join(folder, "dataset_info.json")):
-        raise DataTasksError(f"TFDS dataset {name!r}: {folder} has no dataset_info.json "
-                             f"(not prepared, or preparation did not finish)")
+        raise DataTasksError(
+            f"TFDS dataset {name!r}: {folder} has no dataset_info.json (not prepared, or preparation did not finish)"
+        )
     return folder, ds_name
 
 
@@ -55,16 +59,14 @@ def _feature_description(path: str) -> dict:
         kind = feat.WhichOneof("kind")
         values = getattr(feat, kind).value
         dtype = {"bytes_list": tf.string, "int64_list": tf.int64, "float_list": tf.float32}[kind]
-        out[key] = (tf.io.FixedLenFeature([], dtype) if len(values) == 1
-                    else tf.io.VarLenFeature(dtype))
+        out[key] = tf.io.FixedLenFeature([], dtype) if len(values) == 1 else tf.io.VarLenFeature(dtype)
     return out
 
 
 class TfdsDataSource(TFExampleDataSource):
     """A prepared TFDS dataset (`"name/config:version"`) under `tfds_data_dir`."""
 
-    def __init__(self, tfds_name: str, tfds_data_dir: str,
-                 splits: Sequence[str] | None = None):
+    def __init__(self, tfds_name: str, tfds_data_dir: str, splits: Sequence[str] | None = None):
         folder, ds_name = _resolve(tfds_name, tfds_data_dir)
         with tf.io.gfile.GFile(os.path.join(folder, "dataset_info.json")) as f:
             info = json.load(f)
@@ -75,8 +77,7 @@ class TfdsDataSource(TFExampleDataSource):
         patterns = {s: os.path.join(folder, f"{ds_name}-{s}.tfrecord*") for s in names}
         first = sorted(tf.io.gfile.glob(patterns[names[0]]))
         if not first:
-            raise DataTasksError(f"TFDS dataset {tfds_name!r}: no records for split "
-                                 f"{names[0]!r} in {folder}")
+            raise DataTasksError(f"TFDS dataset {tfds_name!r}: no records for split {names[0]!r} in {folder}")
         description = _feature_description(first[0])
         super().__init__(patterns, description, {s: counts[s] for s in names if s in counts})
         self._sparse = [k for k, v in description.items() if isinstance(v, tf.io.VarLenFeature)]
@@ -84,5 +85,4 @@ class TfdsDataSource(TFExampleDataSource):
     def _postprocess(self, ds, stats):
         ds = super()._postprocess(ds, stats)
         sparse = self._sparse
-        return map_inline(ds, lambda x: {k: (tf.sparse.to_dense(v) if k in sparse else v)
-                                         for k, v in x.items()})
+        return map_inline(ds, lambda x: {k: (tf.sparse.to_dense(v) if k in sparse else v) for k, v in x.items()})

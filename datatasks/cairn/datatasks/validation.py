@@ -18,33 +18,40 @@ from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
 
 
-def validate_spec(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, Any]
-                  ) -> None:
+def validate_spec(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, Any]) -> None:
     """Raises `DataTasksError` when the element spec does not fit `output_features`."""
     spec = ds.element_spec
     if not isinstance(spec, Mapping):
-        raise DataTasksError(f"task {task_name!r}: preprocessing must yield a dict of features, "
-                             f"got {spec}")
+        raise DataTasksError(f"task {task_name!r}: preprocessing must yield a dict of features, got {spec}")
     for k, feat in output_features.items():
         if k not in spec:
             if feat.required:
                 raise DataTasksError(
                     f"task {task_name!r}: required feature {k!r} is missing after "
-                    f"preprocessing; the examples have {sorted(spec)}")
+                    f"preprocessing; the examples have {sorted(spec)}"
+                )
             continue
         s = spec[k]
         if s.dtype != feat.dtype:
             raise DataTasksError(
                 f"task {task_name!r}: feature {k!r} has dtype {s.dtype.name} after "
-                f"preprocessing, expected {feat.dtype.name} (did you forget `tokenize`?)")
+                f"preprocessing, expected {feat.dtype.name} (did you forget `tokenize`?)"
+            )
         if s.shape.rank is not None and s.shape.rank != feat.rank:
-            raise DataTasksError(f"task {task_name!r}: feature {k!r} has rank {s.shape.rank} "
-                                 f"after preprocessing, expected {feat.rank}")
+            raise DataTasksError(
+                f"task {task_name!r}: feature {k!r} has rank {s.shape.rank} after preprocessing, expected {feat.rank}"
+            )
 
 
-def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, Any],
-             sequence_length: Mapping[str, int] | None, overlong: str = "trim",
-             stats: Any = None, batch: int = 256) -> tf.data.Dataset:
+def finalize(
+    task_name: str,
+    ds: tf.data.Dataset,
+    output_features: Mapping[str, Any],
+    sequence_length: Mapping[str, int] | None,
+    overlong: str = "trim",
+    stats: Any = None,
+    batch: int = 256,
+) -> tf.data.Dataset:
     """Checks ids against the vocabularies and applies the over-long policy.
 
     Works on batches of `batch` examples (`ragged_batch` ... `unbatch`), so it costs no
@@ -53,14 +60,21 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
     (`"skip"`), and counted in `stats` as `overlong_trimmed/<f>` or `overlong_skipped/<f>`.
     """
     spec = ds.element_spec
-    check = [k for k, f in output_features.items() if k in spec and f.dtype.is_integer
-             and spec[k].shape.rank == 1]
-    trim = [k for k in output_features if k in spec and spec[k].shape.rank
-            and sequence_length is not None and sequence_length.get(k) is not None]
+    check = [k for k, f in output_features.items() if k in spec and f.dtype.is_integer and spec[k].shape.rank == 1]
+    trim = [
+        k
+        for k in output_features
+        if k in spec and spec[k].shape.rank and sequence_length is not None and sequence_length.get(k) is not None
+    ]
     unknown_rank = [k for k in output_features if k in spec and spec[k].shape.rank is None]
     if unknown_rank:
-        ds = map_inline(ds, lambda x: {k: (tf.ensure_shape(v, [None] * output_features[k].rank)
-                                           if k in unknown_rank else v) for k, v in x.items()})
+        ds = map_inline(
+            ds,
+            lambda x: {
+                k: (tf.ensure_shape(v, [None] * output_features[k].rank) if k in unknown_rank else v)
+                for k, v in x.items()
+            },
+        )
         return finalize(task_name, ds, output_features, sequence_length, overlong, stats, batch)
     if not check and not trim:
         return ds
@@ -72,7 +86,7 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
         for k, row in zip(trim, over):
             if row.any():
                 stats.add(reason, k, int(row.sum()))
-        return ~over.any(axis=0) if overlong == "skip" else np.ones(over.shape[1], bool)
+        return np.asarray(~over.any(axis=0)) if overlong == "skip" else np.ones(over.shape[1], bool)
 
     # Fast path: every feature a scalar or 1-D, so batches can be dense + lengths (unbatching
     # RaggedTensors costs a variant encoding per example in tf.data).
@@ -95,18 +109,28 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
             bad_row = tf.gather(rt, first_bad)
             # String data only: an Assert with other data is built inside a `tf.cond`,
             # which keeps the map from running inline.
-            asserts.append(tf.debugging.Assert(tf.reduce_all(row_ok), [
-                f"task {task_name}: feature {k} of example",
-                tf.strings.as_string(b * batch + first_bad),
-                f"has an id outside [0, {vocab}):", tf.strings.as_string(bad_row)],
-                summarize=16))
+            asserts.append(
+                tf.debugging.Assert(
+                    tf.reduce_all(row_ok),
+                    [
+                        f"task {task_name}: feature {k} of example",
+                        tf.strings.as_string(b * batch + first_bad),
+                        f"has an id outside [0, {vocab}):",
+                        tf.strings.as_string(bad_row),
+                    ],
+                    summarize=16,
+                )
+            )
         keep = None
         overs = []
         for k in trim:
             v = x[k]
             n = sequence_length[k]
-            lengths = (v.row_lengths() if isinstance(v, tf.RaggedTensor)
-                       else tf.fill([tf.shape(v)[0]], tf.cast(tf.shape(v)[1], tf.int64)))
+            lengths = (
+                v.row_lengths()
+                if isinstance(v, tf.RaggedTensor)
+                else tf.fill([tf.shape(v)[0]], tf.cast(tf.shape(v)[1], tf.int64))
+            )
             over = lengths > n
             overs.append(over)
             if overlong == "skip":
@@ -124,8 +148,14 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
                 x[f"__len_{k}"] = x[k].row_lengths()
                 x[k] = x[k].to_tensor()
         with tf.control_dependencies(asserts):
-            return {k: (tf.identity(v) if not isinstance(v, tf.RaggedTensor) else
-                        v.with_flat_values(tf.identity(v.flat_values))) for k, v in x.items()}
+            return {
+                k: (
+                    tf.identity(v)
+                    if not isinstance(v, tf.RaggedTensor)
+                    else v.with_flat_values(tf.identity(v.flat_values))
+                )
+                for k, v in x.items()
+            }
 
     if not dense:
         ds = ds.ragged_batch(batch).enumerate()
@@ -141,7 +171,7 @@ def finalize(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, 
     def cut(x):
         out = {k: v for k, v in x.items() if not k.startswith("__len_")}
         for k in rank1:
-            out[k] = x[k][:x[f"__len_{k}"]]
+            out[k] = x[k][: x[f"__len_{k}"]]
         return out
 
     ds = map_inline(ds, add_lengths).padded_batch(batch).enumerate()

@@ -6,14 +6,19 @@ import os
 import pathlib
 import shutil
 
+import det_tasks
 import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-import det_tasks
 from cairn.datatasks.deterministic import (
-    CachedTask, DeterministicReader, cache_task_in_process, task_dir, task_fingerprint)
-from cairn.datatasks.deterministic import records
+    CachedTask,
+    DeterministicReader,
+    cache_task_in_process,
+    records,
+    task_dir,
+    task_fingerprint,
+)
 from cairn.datatasks.deterministic.fingerprint import source_description
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import pattern_root, relative_name
@@ -31,8 +36,7 @@ def test_layout_info_and_stats(det_env):
     assert [s["num_records"] for s in info["shards"]] == [150, 130]
     assert info["length_features"] == ["inputs", "targets"]
     assert info["features"]["inputs_pretokenized"] == {"dtype": "string", "rank": 0}
-    assert set(info["fingerprint"]) == {"preprocessors", "features", "vocabulary", "source",
-                                        "total"}
+    assert set(info["fingerprint"]) == {"preprocessors", "features", "vocabulary", "source", "total"}
     # Written once by the writer: per shard its size and SHA-256; the source files by name
     # relative to the pattern's root, never an absolute path.
     assert info["format_version"] == 2
@@ -40,11 +44,14 @@ def test_layout_info_and_stats(det_env):
         data = pathlib.Path(path, s["file"]).read_bytes()
         assert s["bytes"] == len(data) and s["sha256"] == hashlib.sha256(data).hexdigest()
     data = pathlib.Path(path, "lengths.npy").read_bytes()
-    assert info["lengths"] == {"file": "lengths.npy", "bytes": len(data),
-                               "sha256": hashlib.sha256(data).hexdigest()}
+    assert info["lengths"] == {"file": "lengths.npy", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     a0 = pathlib.Path(det_env[0], "a0.txt").read_bytes()
-    assert info["source"]["files"][0] == {"pattern": 0, "name": "a0.txt", "size": len(a0),
-                                          "sha256": hashlib.sha256(a0).hexdigest()}
+    assert info["source"]["files"][0] == {
+        "pattern": 0,
+        "name": "a0.txt",
+        "size": len(a0),
+        "sha256": hashlib.sha256(a0).hexdigest(),
+    }
     assert [f["name"] for f in info["source"]["files"]] == ["a0.txt", "a1.txt"]
     assert det_env[0] not in pathlib.Path(path, "info.json").read_text()
     assert json.loads(pathlib.Path(path, "COMPLETED").read_text()) == {"format_version": 2}
@@ -57,7 +64,7 @@ def test_layout_info_and_stats(det_env):
     np.testing.assert_array_equal(cache.lengths, lengths)
     ex = records.parse(cache.read([151])[0], cache.specs)
     words = pathlib.Path(det_env[0], "a1.txt").read_text().splitlines()[1].split()
-    assert ex["inputs_pretokenized"] == " ".join(words[:len(words) // 2]).encode()
+    assert ex["inputs_pretokenized"] == " ".join(words[: len(words) // 2]).encode()
     assert len(ex["inputs"]) == lengths[151, 0]
 
 
@@ -95,8 +102,7 @@ def test_incomplete_cache_is_refused_with_how_to_clear_it(det_env, tmp_path):
     with pytest.raises(DataTasksError, match=r"task 'det_b' lacks COMPLETED"):
         CachedTask(path, task)
     with pytest.raises(DataTasksError, match="lacks COMPLETED"):
-        DeterministicReader(task, str(tmp_path), 0, 2, det_tasks.LENGTHS,
-                            dt.EncDecFeatureConverter())
+        DeterministicReader(task, str(tmp_path), 0, 2, det_tasks.LENGTHS, dt.EncDecFeatureConverter())
 
 
 def _fingerprints(data_dir, **kwargs):
@@ -114,9 +120,12 @@ def test_fingerprint_changes_with_preprocessor_vocabulary_and_source(det_env, tm
     assert _fingerprints(data_dir, extra_ids=10)[1]["vocabulary"] != base["vocabulary"]
     # A changed cacheable preprocessor (its arguments).
     registry = dt.Registry()
-    changed = dt.Task("det_b", base_task.source, base_task.output_features,
-                      [det_tasks.halves, dt.preprocessors.rekey,
-                       *base_task.preprocessors[1:]])
+    changed = dt.Task(
+        "det_b",
+        base_task.source,
+        base_task.output_features,
+        [det_tasks.halves, dt.preprocessors.rekey, *base_task.preprocessors[1:]],
+    )
     assert task_fingerprint(changed, "train")["preprocessors"] != base["preprocessors"]
     # A changed source file.
     copy = tmp_path / "data"
@@ -137,11 +146,12 @@ def test_reader_refuses_a_cache_of_another_definition(det_env):
     data_dir, cache_dir, _ = det_env
     registry = dt.Registry()
     task = det_tasks.make(data_dir, registry, extra_ids=10)[1]
-    with pytest.raises(DataTasksError,
-                       match=r"does not match task 'det_b'.*vocabulary changed.*cache [0-9a-f]+ "
-                             r"vs task [0-9a-f]+"):
-        DeterministicReader(task, cache_dir, 0, 2, det_tasks.LENGTHS,
-                            dt.EncDecFeatureConverter())
+    with pytest.raises(
+        DataTasksError,
+        match=r"does not match task 'det_b'.*vocabulary changed.*cache [0-9a-f]+ "
+        r"vs task [0-9a-f]+",
+    ):
+        DeterministicReader(task, cache_dir, 0, 2, det_tasks.LENGTHS, dt.EncDecFeatureConverter())
     with pytest.raises(DataTasksError, match="holds task 'det_a'"):
         CachedTask(task_dir(cache_dir, "det_a", "train"), task)
 
@@ -199,7 +209,8 @@ def test_a_cache_of_copied_sources_is_read_by_a_task_over_the_copy(det_env, tmp_
     shutil.copytree(data_dir, copy)
     registry = dt.Registry()
     det_tasks.make(str(copy), registry)
-    reader = DeterministicReader("det_mix", cache_dir, 0, 4, det_tasks.LENGTHS,
-                                 dt.EncDecFeatureConverter(pack=True), registry=registry)
+    reader = DeterministicReader(
+        "det_mix", cache_dir, 0, 4, det_tasks.LENGTHS, dt.EncDecFeatureConverter(pack=True), registry=registry
+    )
     assert next(reader)["encoder_input_tokens"].shape == (4, 48)
     reader.close()

@@ -1,14 +1,10 @@
 """Fixtures: the det_tasks sources and their in-process caches, built once per session."""
 
-import os
-import sys
-
+import det_tasks
 import pytest
 
-
-import cairn.datatasks as dt  # noqa: E402
-import det_tasks  # noqa: E402
-from cairn.datatasks.deterministic import cache_task_in_process, task_dir  # noqa: E402
+import cairn.datatasks as dt
+from cairn.datatasks.deterministic import cache_task_in_process, task_dir
 
 
 @pytest.fixture(scope="session")

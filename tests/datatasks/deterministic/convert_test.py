@@ -9,14 +9,26 @@ from cairn.datatasks.deterministic.convert import ConvertStage
 
 def _rows(keys, n_rows, per_row, seed=0):
     rng = np.random.default_rng(seed)
-    return {k: [[rng.integers(2, 50, size=rng.integers(0 if k == "inputs" else 1, 4))
-                 .astype(np.int32) for _ in range(per_row)] for _ in range(n_rows)]
-            for k in keys}
+    return {
+        k: [
+            [
+                rng.integers(2, 50, size=rng.integers(0 if k == "inputs" else 1, 4)).astype(np.int32)
+                for _ in range(per_row)
+            ]
+            for _ in range(n_rows)
+        ]
+        for k in keys
+    }
 
 
-@pytest.mark.parametrize("make", [lambda: dt.EncDecFeatureConverter(pack=True),
-                                  lambda: dt.EncDecFeatureConverter(pack=True, bos_id=3),
-                                  lambda: dt.LMFeatureConverter(pack=True)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: dt.EncDecFeatureConverter(pack=True),
+        lambda: dt.EncDecFeatureConverter(pack=True, bos_id=3),
+        lambda: dt.LMFeatureConverter(pack=True),
+    ],
+)
 def test_prepacked_equals_per_row(make):
     conv = make()
     keys = list(conv.TASK_FEATURES)
@@ -45,5 +57,4 @@ def test_prefix_lm_runs_per_row_and_unpacked_per_example():
     one = _rows(["inputs", "targets"], 5, 1)
     out = plain(one)
     assert out["encoder_input_tokens"].shape == (5, 10)
-    np.testing.assert_array_equal(out["decoder_target_tokens"][2, :len(one["targets"][2][0])],
-                                  one["targets"][2][0])
+    np.testing.assert_array_equal(out["decoder_target_tokens"][2, : len(one["targets"][2][0])], one["targets"][2][0])

@@ -1,17 +1,16 @@
 """Runs a deterministic reader and prints per-step SHA-256 digests as JSON (for tests).
 
-  python det_run.py DATA_DIR CACHE_DIR NAME PACK STEPS [HOST_INDEX HOST_COUNT]
+python det_run.py DATA_DIR CACHE_DIR NAME PACK STEPS [HOST_INDEX HOST_COUNT]
 """
 
 import hashlib
 import json
-import os
 import sys
 
+import det_tasks
 
-import cairn.datatasks as dt  # noqa: E402
-import det_tasks  # noqa: E402
-from cairn.datatasks.deterministic import DeterministicReader  # noqa: E402
+import cairn.datatasks as dt
+from cairn.datatasks.deterministic import DeterministicReader
 
 
 def digest(batch) -> str:
@@ -26,10 +25,17 @@ def digest(batch) -> str:
 def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4):
     registry = dt.Registry()
     det_tasks.make(data_dir, registry)
-    return DeterministicReader(name, cache_dir, seed=7, global_batch_size=batch,
-                               sequence_length=det_tasks.LENGTHS,
-                               feature_converter=dt.EncDecFeatureConverter(pack=pack),
-                               host_index=host_index, host_count=host_count, registry=registry)
+    return DeterministicReader(
+        name,
+        cache_dir,
+        seed=7,
+        global_batch_size=batch,
+        sequence_length=det_tasks.LENGTHS,
+        feature_converter=dt.EncDecFeatureConverter(pack=pack),
+        host_index=host_index,
+        host_count=host_count,
+        registry=registry,
+    )
 
 
 def main(argv):

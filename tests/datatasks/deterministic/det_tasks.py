@@ -30,8 +30,7 @@ def write_sources(data_dir: str) -> None:
         lines = []
         for i in range(n):
             k = (i * 7 + salt * 3) % 23 + 1
-            lines.append(" ".join(WORDS[(i + j * salt) % len(WORDS)] for j in range(k % 9 + 1))
-                         + f" {salt}:{i}")
+            lines.append(" ".join(WORDS[(i + j * salt) % len(WORDS)] for j in range(k % 9 + 1)) + f" {salt}:{i}")
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -39,8 +38,10 @@ def halves(ds):
     def fn(line):
         words = tf.strings.split(line)
         half = tf.size(words) // 2
-        return {"inputs": tf.strings.reduce_join(words[:half], separator=" "),
-                "targets": tf.strings.reduce_join(words[half:], separator=" ")}
+        return {
+            "inputs": tf.strings.reduce_join(words[:half], separator=" "),
+            "targets": tf.strings.reduce_join(words[half:], separator=" "),
+        }
 
     return ds.map(fn)
 
@@ -64,9 +65,12 @@ def make(data_dir: str, registry: dt.Registry, extra_ids: int = 0, noisy: bool =
     post = [noise] if noisy else []
     tasks = []
     for name, pattern in (("det_a", "a*.txt"), ("det_b", "b*.txt")):
-        task = dt.Task(name, dt.TextLineDataSource({"train": os.path.join(data_dir, pattern)}),
-                       feats, [halves, pp.tokenize, *post, pp.append_eos_after_trim])
+        task = dt.Task(
+            name,
+            dt.TextLineDataSource({"train": os.path.join(data_dir, pattern)}),
+            feats,
+            [halves, pp.tokenize, *post, pp.append_eos_after_trim],
+        )
         tasks.append(registry.add_task(task))
-    mix = registry.add_mixture(dt.Mixture("det_mix", [("det_a", 2.0), ("det_b", 1.0)],
-                                          registry=registry))
+    mix = registry.add_mixture(dt.Mixture("det_mix", [("det_a", 2.0), ("det_b", 1.0)], registry=registry))
     return tasks[0], tasks[1], mix

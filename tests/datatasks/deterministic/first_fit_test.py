@@ -1,11 +1,11 @@
 """`packing="first_fit"`: fuller rows than greedy, deterministic, resumable, elastic; greedy
 stays the default."""
 
+import det_run
 import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-import det_run
 from cairn.datatasks.deterministic import DeterministicReader
 from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.errors import DataTasksError
@@ -14,8 +14,7 @@ from cairn.datatasks.errors import DataTasksError
 def corpus(n=20_000, seed=0):
     """Short-line-like lengths: [N, 2] (inputs, targets), geometric, capped."""
     rng = np.random.default_rng(seed)
-    return np.stack([np.minimum(rng.geometric(1 / 9, n) + 1, 128),
-                     np.minimum(rng.geometric(1 / 9, n) + 1, 64)], 1)
+    return np.stack([np.minimum(rng.geometric(1 / 9, n) + 1, 128), np.minimum(rng.geometric(1 / 9, n) + 1, 64)], 1)
 
 
 def targets_fill(lengths, plan, capacity):
@@ -53,8 +52,7 @@ def test_plan_is_a_pure_function_of_the_lengths():
     lengths, capacity = corpus(5000), np.array([128, 64])
     a = plan_lib.first_fit_bins(lengths, capacity, window=32)
     for chunk in (1, 7, 100, 1 << 16):
-        b = plan_lib.first_fit_bins_chunked(lambda s, e: lengths[s:e], 5000, capacity, 32,
-                                            chunk=chunk)
+        b = plan_lib.first_fit_bins_chunked(lambda s, e: lengths[s:e], 5000, capacity, 32, chunk=chunk)
         np.testing.assert_array_equal(a.starts, b.starts)
         np.testing.assert_array_equal(a.order, b.order)
 
@@ -62,8 +60,7 @@ def test_plan_is_a_pure_function_of_the_lengths():
 def test_over_capacity_and_empty_records():
     lengths = np.array([[0, 0], [9, 9], [0, 0], [3, 3], [0, 0]])
     plan = plan_lib.first_fit_bins(lengths, np.array([4, 4]), window=4)
-    bins = [plan.base_positions(np.arange(plan.starts[b], plan.starts[b + 1])).tolist()
-            for b in range(plan.num_bins)]
+    bins = [plan.base_positions(np.arange(plan.starts[b], plan.starts[b + 1])).tolist() for b in range(plan.num_bins)]
     assert bins == [[0, 2, 3, 4], [1]]
     assert plan_lib.first_fit_bins(np.zeros((0, 2), np.int64), np.array([4, 4])).num_bins == 0
 
@@ -76,15 +73,21 @@ def test_bad_options():
 
 
 # -- the reader ------------------------------------------------------------------------
-def reader(env, name="det_a", packing="first_fit", host_index=0, host_count=1, batch=8,
-           window=16, pack=True):
+def reader(env, name="det_a", packing="first_fit", host_index=0, host_count=1, batch=8, window=16, pack=True):
     data_dir, cache_dir, registry = env
     kwargs = {} if packing is None else {"packing": packing, "packing_window": window}
-    return DeterministicReader(name, cache_dir, seed=7, global_batch_size=batch,
-                               sequence_length=det_run.det_tasks.LENGTHS,
-                               feature_converter=dt.EncDecFeatureConverter(pack=pack),
-                               host_index=host_index, host_count=host_count,
-                               registry=registry, **kwargs)
+    return DeterministicReader(
+        name,
+        cache_dir,
+        seed=7,
+        global_batch_size=batch,
+        sequence_length=det_run.det_tasks.LENGTHS,
+        feature_converter=dt.EncDecFeatureConverter(pack=pack),
+        host_index=host_index,
+        host_count=host_count,
+        registry=registry,
+        **kwargs,
+    )
 
 
 def fill(batches, key="decoder_target_tokens"):
@@ -97,8 +100,8 @@ def test_default_is_greedy(det_env):
     assert plan.order is None
     stream = default.streams[0]
     units = plan_lib.packing_lengths(
-        default.converter, stream.expected_lengths(stream.base.range(0, stream.cache.num_records)),
-        default.lengths)[0]
+        default.converter, stream.expected_lengths(stream.base.range(0, stream.cache.num_records)), default.lengths
+    )[0]
     greedy = plan_lib.greedy_bins(units, np.array([48, 16]))
     np.testing.assert_array_equal(plan.starts, greedy.starts)
     explicit = reader(det_env, packing="greedy")
@@ -135,13 +138,12 @@ def test_deterministic_and_resumable_mid_epoch(det_env, name):
         assert state["packing_window"] == 16
         fresh = reader(det_env, name)
         fresh.set_state(state)
-        assert [det_run.digest(next(fresh)) for _ in range(4)] == digests[k:k + 4], k
+        assert [det_run.digest(next(fresh)) for _ in range(4)] == digests[k : k + 4], k
 
 
 def test_state_of_another_packing_is_refused(det_env):
     state = reader(det_env).get_state()
-    with pytest.raises(DataTasksError, match="packing='first_fit', packing_window=16.*"
-                                             "packing='greedy'"):
+    with pytest.raises(DataTasksError, match="packing='first_fit', packing_window=16.*packing='greedy'"):
         reader(det_env, packing="greedy").set_state(state)
     with pytest.raises(DataTasksError, match="packing_window=32"):
         reader(det_env, window=32).set_state(state)

@@ -7,7 +7,7 @@ from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.seeds import derive, record_key
 
 
-@pytest.mark.parametrize("n", [1, 7, 1000, 2 ** 20 + 3])
+@pytest.mark.parametrize("n", [1, 7, 1000, 2**20 + 3])
 def test_every_epoch_visits_every_index_once(n):
     for epoch in range(2 if n > 1000 else 5):
         out = Permutation(n, derive(3, "task", "epoch", epoch))(np.arange(n))
@@ -38,7 +38,7 @@ def test_derive_is_stable_and_typed():
     assert derive(1, "a", 2) == derive(1, "a", 2)
     assert derive(1, "a", 2) != derive(1, "a2")
     assert derive(12, "a") != derive(1, "2a")
-    assert 0 <= derive(0) < 2 ** 63
+    assert 0 <= derive(0) < 2**63
     # Pinned value: a change here changes every stream.
     assert derive(0, "x") == derive(0, "x") and isinstance(derive(0, "x"), int)
     assert record_key(1, "t", 2, 3) == (derive(1, "t", "record", 2), 3)
@@ -48,13 +48,21 @@ def test_derive_is_stable_and_typed():
 
 def test_pinned_values():
     """A change here changes every stream: the order of every cache and every epoch."""
-    assert Permutation(1000, 5)(np.arange(10)).tolist() == [
-        450, 966, 225, 198, 295, 323, 642, 685, 402, 526]
+    assert Permutation(1000, 5)(np.arange(10)).tolist() == [450, 966, 225, 198, 295, 323, 642, 685, 402, 526]
     assert Permutation(10**7, 123)(np.arange(0, 10**7, 999_983)).tolist() == [
-        5432264, 477638, 7979250, 4020991, 9597885, 7833030, 3812463, 7141186, 3277918,
-        9306624, 2907102]
-    assert Permutation(2**20 + 3, 77)(np.array([0, 1, 2**20 + 2])).tolist() == [
-        595990, 137859, 756587]
+        5432264,
+        477638,
+        7979250,
+        4020991,
+        9597885,
+        7833030,
+        3812463,
+        7141186,
+        3277918,
+        9306624,
+        2907102,
+    ]
+    assert Permutation(2**20 + 3, 77)(np.array([0, 1, 2**20 + 2])).tolist() == [595990, 137859, 756587]
 
 
 def test_in_place_network_is_the_feistel_formula():

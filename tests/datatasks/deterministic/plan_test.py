@@ -22,7 +22,7 @@ def test_greedy_bins_match_the_converters_greedy_packing():
         assert s1 > s0 and s1 - s0 <= 20
         assert (lengths[s0:s1].sum(0) <= capacity).all()
         if s1 < 200 and s1 - s0 < 20:
-            assert (lengths[s0:s1 + 1].sum(0) > capacity).any()  # greedy: next one does not fit
+            assert (lengths[s0 : s1 + 1].sum(0) > capacity).any()  # greedy: next one does not fit
     # Same rows as packing.pack_group over the whole stream (one group).
     padded = {k: np.zeros((200, 12), np.int32) for k in ("inputs", "targets")}
     for i, (a, b) in enumerate(lengths):
@@ -46,8 +46,7 @@ def test_packing_lengths_per_converter():
     u, cap = plan_lib.packing_lengths(dt.LMFeatureConverter(), lengths, seq)
     np.testing.assert_array_equal(u[:, 0], [2, 0, 30])
     with pytest.raises(DataTasksError, match="'inputs'"):
-        plan_lib.packing_lengths(dt.EncDecFeatureConverter(), {"targets": lengths["targets"]},
-                                 seq)
+        plan_lib.packing_lengths(dt.EncDecFeatureConverter(), {"targets": lengths["targets"]}, seq)
 
 
 def test_post_cache_lengths_known_and_unknown():
@@ -55,9 +54,9 @@ def test_post_cache_lengths_known_and_unknown():
     feats = {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab, add_eos=False)}
     src = dt.FunctionDataSource(lambda split, shuffle_files: tf.data.Dataset.range(1), ["train"])
     task = dt.Task("t", src, feats, [dt.preprocessors.append_eos_after_trim])
-    out = plan_lib.post_cache_lengths(task, {"inputs": np.array([3, 10]),
-                                             "targets": np.array([3, 10])},
-                                      {"inputs": 8, "targets": 8})
+    out = plan_lib.post_cache_lengths(
+        task, {"inputs": np.array([3, 10]), "targets": np.array([3, 10])}, {"inputs": 8, "targets": 8}
+    )
     np.testing.assert_array_equal(out["inputs"], [4, 8])
     np.testing.assert_array_equal(out["targets"], [3, 8])
 

@@ -1,10 +1,10 @@
 """DeterministicReader: restore at any step, host-count independence, epochs, seeds."""
 
+import det_run
 import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-import det_run
 from cairn.datatasks.deterministic import DeterministicReader
 from cairn.datatasks.errors import DataTasksError
 from cairn.tokenizers import ByteVocabulary
@@ -12,10 +12,17 @@ from cairn.tokenizers import ByteVocabulary
 
 def make_reader(env, name, pack, host_index=0, host_count=1, batch=4, seed=7):
     data_dir, cache_dir, registry = env
-    return DeterministicReader(name, cache_dir, seed=seed, global_batch_size=batch,
-                               sequence_length=det_run.det_tasks.LENGTHS,
-                               feature_converter=dt.EncDecFeatureConverter(pack=pack),
-                               host_index=host_index, host_count=host_count, registry=registry)
+    return DeterministicReader(
+        name,
+        cache_dir,
+        seed=seed,
+        global_batch_size=batch,
+        sequence_length=det_run.det_tasks.LENGTHS,
+        feature_converter=dt.EncDecFeatureConverter(pack=pack),
+        host_index=host_index,
+        host_count=host_count,
+        registry=registry,
+    )
 
 
 @pytest.mark.parametrize("name", ["det_a", "det_mix"])
@@ -28,8 +35,9 @@ def test_hosts_concatenate_to_the_global_batch(det_env, name, pack):
             full = one.batch_at(step)
             parts = [r.batch_at(step) for r in readers]
             for k, v in full.items():
-                np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), v,
-                                              err_msg=f"{name} pack={pack} hosts={hosts} {k}")
+                np.testing.assert_array_equal(
+                    np.concatenate([p[k] for p in parts]), v, err_msg=f"{name} pack={pack} hosts={hosts} {k}"
+                )
                 assert v.shape[0] == 8
 
 
@@ -43,7 +51,7 @@ def test_restore_gives_the_same_following_batches(det_env):
     for k, state in saved.items():
         fresh = make_reader(det_env, "det_mix", True)
         fresh.set_state(state)
-        assert [det_run.digest(next(fresh)) for _ in range(3)] == digests[k:k + 3], k
+        assert [det_run.digest(next(fresh)) for _ in range(3)] == digests[k : k + 3], k
     with pytest.raises(DataTasksError, match="seed=8"):
         run.set_state({"step": 3, "seed": 8, "global_batch_size": 4})
 
@@ -81,15 +89,12 @@ def test_post_cache_noise_is_seeded_per_seed_epoch_and_record(det_env):
     b = make_reader(det_env, "det_b", False, seed=7)
     c = make_reader(det_env, "det_b", False, seed=8)
     first = a.batch_at(0)
-    np.testing.assert_array_equal(first["encoder_input_tokens"],
-                                  b.batch_at(0)["encoder_input_tokens"])
-    assert not np.array_equal(first["encoder_input_tokens"],
-                              c.batch_at(0)["encoder_input_tokens"])
+    np.testing.assert_array_equal(first["encoder_input_tokens"], b.batch_at(0)["encoder_input_tokens"])
+    assert not np.array_equal(first["encoder_input_tokens"], c.batch_at(0)["encoder_input_tokens"])
     # The same record in two epochs gets different noise.
     n = a.streams[0].cache.num_records
     rec = a.row_records(0)[0][2][0]
-    later = next(s for s in range(n // 4, 3 * n // 4 + 2)
-                 for _, e, ids in a.row_records(s) if e == 1 and ids[0] == rec)
+    later = next(s for s in range(n // 4, 3 * n // 4 + 2) for _, e, ids in a.row_records(s) if e == 1 and ids[0] == rec)
     row = [i for i, (_, e, ids) in enumerate(a.row_records(later)) if ids[0] == rec][0]
     x0, x1 = first["encoder_input_tokens"][0], a.batch_at(later)["encoder_input_tokens"][row]
     assert not np.array_equal(x0, x1)
@@ -115,44 +120,61 @@ def test_rows_hold_the_cached_tokens(det_env, tmp_path, eos_after_cache):
     """Content, not only consistency: unpacked rows are the cached ids, trimmed, with EOS."""
     import os
 
-    from cairn.datatasks.deterministic import CachedTask, cache_task_in_process, task_dir
-    from cairn.datatasks.deterministic import records
+    from cairn.datatasks.deterministic import CachedTask, cache_task_in_process, records, task_dir
 
     data_dir = det_env[0]
     source = dt.TextLineDataSource({"train": os.path.join(data_dir, "b*.txt")})
     vocab = ByteVocabulary()
-    eos = (dt.preprocessors.append_eos_after_trim if eos_after_cache
-           else dt.preprocessors.append_eos)
-    task = dt.Task("det_c", source, {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)},
-                   [det_run.det_tasks.halves, dt.preprocessors.tokenize, eos])
+    eos = dt.preprocessors.append_eos_after_trim if eos_after_cache else dt.preprocessors.append_eos
+    task = dt.Task(
+        "det_c",
+        source,
+        {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)},
+        [det_run.det_tasks.halves, dt.preprocessors.tokenize, eos],
+    )
     assert len(task.cacheable_preprocessors) == (2 if eos_after_cache else 3)
     path = task_dir(str(tmp_path), "det_c", "train")
     cache_task_in_process(task, "train", path)
     lengths = {"inputs": 12, "targets": 6}
-    reader = DeterministicReader(task, str(tmp_path), seed=3, global_batch_size=6,
-                                 sequence_length=lengths,
-                                 feature_converter=dt.EncDecFeatureConverter(pack=False),
-                                 prefetch=0)
+    reader = DeterministicReader(
+        task,
+        str(tmp_path),
+        seed=3,
+        global_batch_size=6,
+        sequence_length=lengths,
+        feature_converter=dt.EncDecFeatureConverter(pack=False),
+        prefetch=0,
+    )
     cache = CachedTask(path)
     for step in (0, 9):
         batch = reader.batch_at(step)
         for row, (_, _, ids) in enumerate(reader.row_records(step)):
             ex = records.parse(cache.read(ids)[0], cache.specs)
-            for k, out in (("inputs", "encoder_input_tokens"),
-                           ("targets", "decoder_target_tokens")):
+            for k, out in (("inputs", "encoder_input_tokens"), ("targets", "decoder_target_tokens")):
                 want = list(ex[k])
                 if eos_after_cache:
-                    want = want[:lengths[k] - 1] + [1]
-                want = want[:lengths[k]]
+                    want = want[: lengths[k] - 1] + [1]
+                want = want[: lengths[k]]
                 got = batch[out][row]
-                assert got[:len(want)].tolist() == want and not got[len(want):].any(), (k, row)
+                assert got[: len(want)].tolist() == want and not got[len(want) :].any(), (k, row)
     # prefetch does not change the batches
-    fast = DeterministicReader(task, str(tmp_path), seed=3, global_batch_size=6,
-                               sequence_length=lengths,
-                               feature_converter=dt.EncDecFeatureConverter(pack=True))
-    slow = DeterministicReader(task, str(tmp_path), seed=3, global_batch_size=6,
-                               sequence_length=lengths,
-                               feature_converter=dt.EncDecFeatureConverter(pack=True), prefetch=0)
+    fast = DeterministicReader(
+        task,
+        str(tmp_path),
+        seed=3,
+        global_batch_size=6,
+        sequence_length=lengths,
+        feature_converter=dt.EncDecFeatureConverter(pack=True),
+    )
+    slow = DeterministicReader(
+        task,
+        str(tmp_path),
+        seed=3,
+        global_batch_size=6,
+        sequence_length=lengths,
+        feature_converter=dt.EncDecFeatureConverter(pack=True),
+        prefetch=0,
+    )
     for _ in range(4):
         a, b = next(fast), next(slow)
         assert all(np.array_equal(a[k], b[k]) for k in a)
@@ -163,10 +185,18 @@ def test_prefix_lm_packed_rows_follow_the_plan(det_env):
     data_dir, cache_dir, registry = det_env
 
     def make(h, n):
-        return DeterministicReader("det_b", cache_dir, seed=2, global_batch_size=4,
-                                   sequence_length={"inputs": 20, "targets": 12},
-                                   feature_converter=dt.PrefixLMFeatureConverter(pack=True),
-                                   host_index=h, host_count=n, registry=registry, prefetch=0)
+        return DeterministicReader(
+            "det_b",
+            cache_dir,
+            seed=2,
+            global_batch_size=4,
+            sequence_length={"inputs": 20, "targets": 12},
+            feature_converter=dt.PrefixLMFeatureConverter(pack=True),
+            host_index=h,
+            host_count=n,
+            registry=registry,
+            prefetch=0,
+        )
 
     one, halves = make(0, 1), [make(0, 2), make(1, 2)]
     full = one.batch_at(3)

@@ -6,9 +6,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import det_run
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 1003
@@ -19,10 +18,10 @@ def two_runs(det_env):
     data_dir, cache_dir, _ = det_env
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([HERE, *sys.path])
-    cmd = [sys.executable, os.path.join(HERE, "det_run.py"), data_dir, cache_dir, "det_mix",
-           "1", str(STEPS)]
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    cmd = [sys.executable, os.path.join(HERE, "det_run.py"), data_dir, cache_dir, "det_mix", "1", str(STEPS)]
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -46,4 +45,4 @@ def test_restore_at_step_k(det_env, two_runs, k):
     reader.set_state(run[k]["state"])
     assert run[k]["state"]["step"] == k
     got = [det_run.digest(next(reader)) for _ in range(STEPS - k if k > 990 else 3)]
-    assert got == [x["digest"] for x in run[k:k + len(got)]]
+    assert got == [x["digest"] for x in run[k : k + len(got)]]

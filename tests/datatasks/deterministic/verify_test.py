@@ -8,15 +8,25 @@ import shutil
 import subprocess
 import sys
 
+import det_tasks
 import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-import det_tasks
 from cairn.datatasks.deterministic import (
-    CachedTask, CacheFormatError, CacheIntegrityError, CacheMismatchError, DeterministicReader,
-    cache_state, cache_task_in_process, task_dir, verify_cache)
-from cairn.datatasks.deterministic import fingerprint, store, verify_main
+    CachedTask,
+    CacheFormatError,
+    CacheIntegrityError,
+    CacheMismatchError,
+    DeterministicReader,
+    cache_state,
+    cache_task_in_process,
+    fingerprint,
+    store,
+    task_dir,
+    verify_cache,
+    verify_main,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARD = "shard-00000-of-00001.array_record"
@@ -34,9 +44,9 @@ def fresh(tmp_path):
 
 
 def _reader(cache_dir, registry, **kwargs):
-    return DeterministicReader("det_b", cache_dir, 0, 4, det_tasks.LENGTHS,
-                               dt.EncDecFeatureConverter(pack=True), registry=registry,
-                               **kwargs)
+    return DeterministicReader(
+        "det_b", cache_dir, 0, 4, det_tasks.LENGTHS, dt.EncDecFeatureConverter(pack=True), registry=registry, **kwargs
+    )
 
 
 def _flip_byte(path, at):
@@ -62,8 +72,10 @@ def test_start_up_reads_no_record_and_no_source_byte(fresh, monkeypatch):
 def test_all_matches(fresh):
     _, cache_dir, registry, task = fresh
     assert verify_cache(cache_dir, task) == {"det_b": []}
-    assert verify_cache(cache_dir, "det_.*", registry=registry) == {"det_a": [
-        f"no cache at {task_dir(cache_dir, 'det_a', 'train')}"], "det_b": []}
+    assert verify_cache(cache_dir, "det_.*", registry=registry) == {
+        "det_a": [f"no cache at {task_dir(cache_dir, 'det_a', 'train')}"],
+        "det_b": [],
+    }
     assert verify_cache(cache_dir, "det_mix", registry=registry)["det_b"] == []
 
 
@@ -84,9 +96,11 @@ def test_a_truncated_or_missing_shard_fails_start_up_suggesting_verify_cache(fre
     path = task_dir(cache_dir, "det_b", "train")
     with open(os.path.join(path, SHARD), "r+b") as f:
         f.truncate(os.path.getsize(os.path.join(path, SHARD)) - 7)
-    with pytest.raises(CacheIntegrityError,
-                       match=rf"{SHARD} has \d+ bytes, info.json recorded \d+ .*verify_main "
-                             rf"--cache_dir={cache_dir} --tasks=det_b --split=train"):
+    with pytest.raises(
+        CacheIntegrityError,
+        match=rf"{SHARD} has \d+ bytes, info.json recorded \d+ .*verify_main "
+        rf"--cache_dir={cache_dir} --tasks=det_b --split=train",
+    ):
         _reader(cache_dir, registry)
     assert verify_cache(cache_dir, task)["det_b"][0].startswith(f"{SHARD}: ")
     os.remove(os.path.join(path, SHARD))
@@ -103,18 +117,23 @@ def test_a_changed_source_file_is_named(fresh):
     CachedTask(path, task).close()
     problems = verify_cache(cache_dir, task)["det_b"]
     assert problems == [problems[0]] and problems[0].startswith(
-        "source file 'b0.txt' (pattern 0) content changed since it was cached")
+        "source file 'b0.txt' (pattern 0) content changed since it was cached"
+    )
     with open(source, "a", encoding="utf-8") as f:
         f.write("one more line\n")
-    with pytest.raises(CacheMismatchError, match=r"source file 'b0.txt' \(pattern 0\) has "
-                                                  r"\d+ bytes, the cache recorded \d+"):
+    with pytest.raises(
+        CacheMismatchError,
+        match=r"source file 'b0.txt' \(pattern 0\) has "
+        r"\d+ bytes, the cache recorded \d+",
+    ):
         CachedTask(path, task)
     CachedTask(path, task, check_source_files=False).close()  # the cache as it is
     os.rename(source, os.path.join(data_dir, "b1.txt"))
     problems = verify_cache(cache_dir, task)["det_b"]
-    assert problems == ["source file 'b0.txt' (pattern 0) was cached but is gone (removed or "
-                        "renamed)", "source file 'b1.txt' (pattern 0) is new (added or "
-                        "renamed): not in the cache"]
+    assert problems == [
+        "source file 'b0.txt' (pattern 0) was cached but is gone (removed or renamed)",
+        "source file 'b1.txt' (pattern 0) is new (added or renamed): not in the cache",
+    ]
 
 
 def _make_format_1(path):
@@ -133,13 +152,17 @@ def test_a_cache_of_the_older_format_is_refused_or_re_cached(fresh):
     path = task_dir(cache_dir, "det_b", "train")
     _make_format_1(path)
     assert cache_state(path) == "outdated" and not store.is_completed(path)
-    with pytest.raises(CacheFormatError, match=r"format 1 .* reads format 2 .*Re-cache it: "
-                                               r"delete it .*--overwrite"):
+    with pytest.raises(
+        CacheFormatError,
+        match=r"format 1 .* reads format 2 .*Re-cache it: "
+        r"delete it .*--overwrite",
+    ):
         _reader(cache_dir, registry)
     with pytest.raises(CacheFormatError, match="--overwrite"):
         cache_task_in_process(task, "train", path)  # not silently kept, not overwritten
     assert verify_cache(cache_dir, task)["det_b"] == [
-        "written in format 1; this version reads format 2: re-cache it (--overwrite)"]
+        "written in format 1; this version reads format 2: re-cache it (--overwrite)"
+    ]
     # What `ensure_cached` in the launchers does with a cache that is not complete.
     assert cache_task_in_process(task, "train", path, overwrite=True)
     assert cache_state(path) == "complete"
@@ -149,13 +172,19 @@ def test_a_cache_of_the_older_format_is_refused_or_re_cached(fresh):
 def test_command_line(fresh, tmp_path, capsys):
     data_dir, cache_dir, _, _ = fresh
     (tmp_path / "verify_tasks.py").write_text(
-        "import cairn.datatasks as dt\nimport det_tasks\n"
-        f"det_tasks.make({data_dir!r}, dt.DEFAULT_REGISTRY)\n")
+        f"import cairn.datatasks as dt\nimport det_tasks\ndet_tasks.make({data_dir!r}, dt.DEFAULT_REGISTRY)\n"
+    )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), HERE, *sys.path])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    cmd = [sys.executable, "-m", "cairn.datatasks.deterministic.verify_main",
-           f"--cache_dir={cache_dir}", "--tasks=det_b", "--module_import=verify_tasks"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cairn.datatasks.deterministic.verify_main",
+        f"--cache_dir={cache_dir}",
+        "--tasks=det_b",
+        "--module_import=verify_tasks",
+    ]
     ok = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert ok.stdout.splitlines() == ["det_b/train: ok"]

@@ -19,8 +19,7 @@ from cairn.datatasks.deterministic.store import task_dir
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry
 
-DEFAULT_PIPELINE_OPTIONS = ("--runner=DirectRunner", "--direct_num_workers=2",
-                            "--direct_running_mode=multi_processing")
+DEFAULT_PIPELINE_OPTIONS = ("--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing")
 
 
 def import_modules(modules: Sequence[str]) -> None:
@@ -34,8 +33,10 @@ def resolve_tasks(tasks: str | Sequence[Any], registry: Registry) -> list[Any]:
         pattern = re.compile(tasks)
         names = [n for n in registry.task_names() if pattern.fullmatch(n)]
         if not names:
-            raise DataTasksError(f"--tasks={tasks!r} matches no registered task; registered: "
-                                 f"{registry.task_names()} (did you pass --module_import?)")
+            raise DataTasksError(
+                f"--tasks={tasks!r} matches no registered task; registered: "
+                f"{registry.task_names()} (did you pass --module_import?)"
+            )
         return [registry.get_task(n) for n in names]
     return [registry.get_task(t) if isinstance(t, str) else t for t in tasks]
 
@@ -57,9 +58,15 @@ class _WriteShard:
         return cache_writer.write_shard(task, split, index, count, path)
 
 
-def cache_tasks(tasks: str | Sequence[Any], output_dir: str, split: str = "train",
-                module_import: Sequence[str] = (), pipeline_options: Sequence[str] | None = None,
-                overwrite: bool = False, registry: Registry | None = None) -> dict[str, str]:
+def cache_tasks(
+    tasks: str | Sequence[Any],
+    output_dir: str,
+    split: str = "train",
+    module_import: Sequence[str] = (),
+    pipeline_options: Sequence[str] | None = None,
+    overwrite: bool = False,
+    registry: Registry | None = None,
+) -> dict[str, str]:
     """Caches `tasks` (a regex over registered names, or names / `Task`s) under `output_dir`.
 
     Args:
@@ -88,12 +95,10 @@ def cache_tasks(tasks: str | Sequence[Any], output_dir: str, split: str = "train
         items += [(task.name, split, i, count, path) for i in range(count)]
         pending.append((task, path, count))
     if items:
-        options = PipelineOptions(list(pipeline_options if pipeline_options
-                                       else DEFAULT_PIPELINE_OPTIONS))
+        options = PipelineOptions(list(pipeline_options if pipeline_options else DEFAULT_PIPELINE_OPTIONS))
         fn = _WriteShard(module_import, {t.name: t for t, _, _ in pending})
         with beam.Pipeline(options=options) as p:
-            _ = (p | "Shards" >> beam.Create(items) | "Spread" >> beam.Reshuffle()
-                 | "WriteShard" >> beam.Map(fn))
+            _ = p | "Shards" >> beam.Create(items) | "Spread" >> beam.Reshuffle() | "WriteShard" >> beam.Map(fn)
     for task, path, count in pending:
         cache_writer.finalize(task, split, path, count)
         result[task.name] = "cached"

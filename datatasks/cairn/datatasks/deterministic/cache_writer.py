@@ -24,10 +24,26 @@ import numpy as np
 from cairn import storage
 from cairn.datatasks.deterministic import records
 from cairn.datatasks.deterministic.fingerprint import (
-    file_digest, file_fingerprint, is_file_source, source_description, task_fingerprint)
+    file_digest,
+    file_fingerprint,
+    is_file_source,
+    source_description,
+    task_fingerprint,
+)
 from cairn.datatasks.deterministic.store import (
-    COMPLETED, FORMAT_VERSION, INFO, LENGTHS, STATS, cache_state, clear_hint,
-    completed_marker, outdated_error, read_json, shard_name, write_json)
+    COMPLETED,
+    FORMAT_VERSION,
+    INFO,
+    LENGTHS,
+    STATS,
+    cache_state,
+    clear_hint,
+    completed_marker,
+    outdated_error,
+    read_json,
+    shard_name,
+    write_json,
+)
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
@@ -52,8 +68,10 @@ def prepare(path: str, overwrite: bool) -> bool:
         elif state == "outdated":
             raise outdated_error(path)
         elif present:
-            raise DataTasksError(f"cache {path!r} is incomplete (no {COMPLETED}): an earlier "
-                                 f"job failed or is still running; {clear_hint(path)}")
+            raise DataTasksError(
+                f"cache {path!r} is incomplete (no {COMPLETED}): an earlier "
+                f"job failed or is still running; {clear_hint(path)}"
+            )
     if not storage.is_url(path):
         os.makedirs(path, exist_ok=True)
     return True
@@ -63,9 +81,17 @@ def _length_features(specs: dict[str, records.FeatureSpec]) -> list[str]:
     return [k for k, s in specs.items() if s.rank == 1 and s.kind == "int64"]
 
 
-def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[bytes],
-                      lengths: Sequence | np.ndarray, features: dict, length_features: list,
-                      stats: dict | None = None, source_file: dict | None = None) -> dict:
+def write_shard_files(
+    path: str,
+    index: int,
+    count: int,
+    records_iter: Iterable[bytes],
+    lengths: Sequence | np.ndarray,
+    features: dict,
+    length_features: list,
+    stats: dict | None = None,
+    source_file: dict | None = None,
+) -> dict:
     """Writes shard `index` of `count` under `path`: the ArrayRecord file of `records_iter`
     (written locally, hashed, then uploaded whole: never torn, on a bucket too), its lengths (`lengths`, read after the
     records are consumed, so a generator may fill a list) and its summary JSON with the
@@ -90,10 +116,17 @@ def write_shard_files(path: str, index: int, count: int, records_iter: Iterable[
         storage.write_bytes(storage.join(path, name + ".lengths.npy"), buf.getvalue())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    summary = {"index": index, "file": name + ".array_record", "num_records": num,
-               "bytes": size, "sha256": sha, "features": features,
-               "length_features": list(length_features), "stats": dict(stats or {}),
-               "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(length_features)}}
+    summary = {
+        "index": index,
+        "file": name + ".array_record",
+        "num_records": num,
+        "bytes": size,
+        "sha256": sha,
+        "features": features,
+        "length_features": list(length_features),
+        "stats": dict(stats or {}),
+        "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(length_features)},
+    }
     if source_file is not None:
         summary["source_file"] = source_file
     write_json(storage.join(path, name + ".json"), summary)
@@ -111,12 +144,12 @@ def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dic
     if is_file_source(task.source):
         files = task.source.source_files(split)
         if len(files) != count:
-            raise DataTasksError(f"task {task.name!r} split {split!r}: {len(files)} source "
-                                 f"files now, {count} when the job started")
+            raise DataTasksError(
+                f"task {task.name!r} split {split!r}: {len(files)} source files now, {count} when the job started"
+            )
         source_file = file_fingerprint(files[index])
     ds = task.source.get_dataset(split, shuffle=False, seed=0, shard_info=info, stats=stats)
-    ds = task.preprocess(ds, None, seed=None, stats=stats, start=0,
-                         stop=len(task.cacheable_preprocessors))
+    ds = task.preprocess(ds, None, seed=None, stats=stats, start=0, stop=len(task.cacheable_preprocessors))
     specs = records.specs_of(ds.element_spec, task.name)
     keys = _length_features(specs)
     lengths: list[list[int]] = []
@@ -127,9 +160,16 @@ def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dic
             yield records.serialize(ex, specs)
 
     return write_shard_files(
-        path, index, count, serialized(), lengths,
-        {k: {"dtype": s.dtype, "rank": s.rank} for k, s in specs.items()}, keys,
-        stats.as_dict(), source_file)
+        path,
+        index,
+        count,
+        serialized(),
+        lengths,
+        {k: {"dtype": s.dtype, "rank": s.rank} for k, s in specs.items()},
+        keys,
+        stats.as_dict(),
+        source_file,
+    )
 
 
 def _source(task: Any, split: str, path: str, shards: list[dict]) -> dict:
@@ -140,8 +180,10 @@ def _source(task: Any, split: str, path: str, shards: list[dict]) -> dict:
     files = [s["source_file"] for s in shards]
     listed = [(f.pattern, f.name) for f in task.source.source_files(split)]
     if listed != [(f["pattern"], f["name"]) for f in files]:
-        raise DataTasksError(f"cache {path!r}: the source files of task {task.name!r} changed "
-                             f"while it was being cached; {clear_hint(path)} and cache again")
+        raise DataTasksError(
+            f"cache {path!r}: the source files of task {task.name!r} changed "
+            f"while it was being cached; {clear_hint(path)} and cache again"
+        )
     return source_description(task, split, files=files)
 
 
@@ -152,18 +194,19 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     shards = [read_json(storage.join(path, shard_name(i, count) + ".json")) for i in range(count)]
     wrong = [i for i, s in enumerate(shards) if s["index"] != i]
     if wrong:
-        raise DataTasksError(f"cache {path!r}: the summaries of shards {wrong} name other "
-                             f"shards; clear the cache ({clear_hint(path)})")
+        raise DataTasksError(
+            f"cache {path!r}: the summaries of shards {wrong} name other shards; clear the cache ({clear_hint(path)})"
+        )
     feats = {k: v for s in shards[:1] for k, v in s["features"].items()}
     for s in shards:
         if s["features"] != feats:
-            raise DataTasksError(f"cache {path!r}: shard {s['index']} has features "
-                                 f"{s['features']}, shard 0 has {feats}")
+            raise DataTasksError(
+                f"cache {path!r}: shard {s['index']} has features {s['features']}, shard 0 has {feats}"
+            )
     keys = shards[0]["length_features"] if shards else []
     parts = []
     for i in range(count):
-        parts.append(np.load(io.BytesIO(storage.read_bytes(
-            storage.join(path, shard_name(i, count) + ".lengths.npy")))))
+        parts.append(np.load(io.BytesIO(storage.read_bytes(storage.join(path, shard_name(i, count) + ".lengths.npy")))))
     lengths = np.concatenate(parts, 0) if parts else np.zeros([0, len(keys)], np.int32)
     del parts
     stats: dict[str, int] = {}
@@ -172,26 +215,38 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
             stats[k] = stats.get(k, 0) + v
     num = int(lengths.shape[0])
     if num == 0:
-        raise DataTasksError(f"task {task.name!r} split {split!r}: no example survived the "
-                             f"cacheable preprocessors; nothing to cache (stats: {stats})")
+        raise DataTasksError(
+            f"task {task.name!r} split {split!r}: no example survived the "
+            f"cacheable preprocessors; nothing to cache (stats: {stats})"
+        )
     buf = io.BytesIO()
     np.save(buf, lengths)
     data = buf.getvalue()
     storage.write_bytes(storage.join(path, LENGTHS), data)
-    lengths_meta = {"file": LENGTHS, "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest()}
+    lengths_meta = {"file": LENGTHS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     del data, buf
     source = _source(task, split, path, shards)
-    info = {"format_version": FORMAT_VERSION, "task": task.name, "split": split,
-            "num_records": num, "features": feats, "length_features": keys,
-            "lengths_file": LENGTHS, "lengths": lengths_meta,
-            "fingerprint": task_fingerprint(task, split, source=source), "source": source,
-            "cacheable_preprocessors": len(task.cacheable_preprocessors),
-            "shards": [{"file": s["file"], "num_records": s["num_records"],
-                        "bytes": s["bytes"], "sha256": s["sha256"]} for s in shards]}
-    write_json(storage.join(path, STATS), {
-        "num_records": num, "skipped": stats,
-        "tokens": {k: sum(s["tokens"][k] for s in shards) for k in keys}})
+    info = {
+        "format_version": FORMAT_VERSION,
+        "task": task.name,
+        "split": split,
+        "num_records": num,
+        "features": feats,
+        "length_features": keys,
+        "lengths_file": LENGTHS,
+        "lengths": lengths_meta,
+        "fingerprint": task_fingerprint(task, split, source=source),
+        "source": source,
+        "cacheable_preprocessors": len(task.cacheable_preprocessors),
+        "shards": [
+            {"file": s["file"], "num_records": s["num_records"], "bytes": s["bytes"], "sha256": s["sha256"]}
+            for s in shards
+        ],
+    }
+    write_json(
+        storage.join(path, STATS),
+        {"num_records": num, "skipped": stats, "tokens": {k: sum(s["tokens"][k] for s in shards) for k in keys}},
+    )
     write_json(storage.join(path, INFO), info)
     storage.write_text(storage.join(path, COMPLETED), completed_marker())
     return info

@@ -19,17 +19,17 @@ import tensorflow as tf
 
 from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.feature_converters import (
-    EncDecFeatureConverter, FeatureConverter, LMFeatureConverter)
+from cairn.datatasks.feature_converters import EncDecFeatureConverter, FeatureConverter, LMFeatureConverter
 from cairn.datatasks.inline import map_inline, pipeline_options
 
 _RENAMES = {
-    EncDecFeatureConverter: {"inputs_segment_ids": "encoder_segment_ids",
-                             "targets_segment_ids": "decoder_segment_ids",
-                             "inputs_positions": "encoder_positions",
-                             "targets_positions": "decoder_positions"},
-    LMFeatureConverter: {"targets_segment_ids": "decoder_segment_ids",
-                         "targets_positions": "decoder_positions"},
+    EncDecFeatureConverter: {
+        "inputs_segment_ids": "encoder_segment_ids",
+        "targets_segment_ids": "decoder_segment_ids",
+        "inputs_positions": "encoder_positions",
+        "targets_positions": "decoder_positions",
+    },
+    LMFeatureConverter: {"targets_segment_ids": "decoder_segment_ids", "targets_positions": "decoder_positions"},
 }
 
 Rows = Mapping[str, Sequence[Sequence[np.ndarray]]]
@@ -47,8 +47,13 @@ def _ragged(per_row: Sequence[Sequence[np.ndarray]], nested: bool) -> tf.RaggedT
 class ConvertStage:
     """Converts this host's planned rows; `__call__` returns `{model feature: [rows, L]}`."""
 
-    def __init__(self, converter: FeatureConverter, sequence_length: Mapping[str, int],
-                 keys: Sequence[str], per_row: bool = False):
+    def __init__(
+        self,
+        converter: FeatureConverter,
+        sequence_length: Mapping[str, int],
+        keys: Sequence[str],
+        per_row: bool = False,
+    ):
         self.keys = list(keys)
         self.lengths = {k: sequence_length[k] for k in self.keys}
         lengths = dict(sequence_length)
@@ -58,8 +63,7 @@ class ConvertStage:
         elif kind in _RENAMES and not per_row:
             self.mode = "prepacked"
             self.renames = _RENAMES[kind]
-            converter = kind(pack=False, bos_id=converter.bos_id,
-                             passthrough_features=list(self.renames))
+            converter = kind(pack=False, bos_id=converter.bos_id, passthrough_features=list(self.renames))
         else:
             self.mode = "per_row"
         ragged = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
@@ -72,10 +76,10 @@ class ConvertStage:
                 ds = map_inline(tf.data.Dataset.from_tensor_slices(x), lambda e: dict(e))
                 return converter(ds, lengths)
         elif self.mode == "prepacked":
-            spec = {k: tf.TensorSpec([None, self.lengths[k.split("_")[0]
-                                                         if k not in self.lengths else k]],
-                                     tf.int32)
-                    for k in self.keys + list(self.renames)}
+            spec = {
+                k: tf.TensorSpec([None, self.lengths[k.split("_")[0] if k not in self.lengths else k]], tf.int32)
+                for k in self.keys + list(self.renames)
+            }
 
             def build(x):
                 return converter(tf.data.Dataset.from_tensor_slices(x), lengths)
@@ -105,12 +109,11 @@ class ConvertStage:
                 exs = rows[k][r]
                 arr = np.zeros((len(exs), max([len(e) for e in exs] + [1])), np.int32)
                 for i, e in enumerate(exs):
-                    arr[i, :len(e)] = e
+                    arr[i, : len(e)] = e
                 batch[k] = arr
             packed = packing.pack_group(batch, self.lengths)
             if packed[self.keys[0]].shape[0] != 1:
-                raise DataTasksError(f"planned row {r} packed into "
-                                     f"{packed[self.keys[0]].shape[0]} rows, not 1")
+                raise DataTasksError(f"planned row {r} packed into {packed[self.keys[0]].shape[0]} rows, not 1")
             for k, v in packed.items():
                 out.setdefault(k, []).append(v[0])
         return {k: np.stack(v) for k, v in out.items()}

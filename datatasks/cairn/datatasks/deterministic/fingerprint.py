@@ -74,16 +74,21 @@ def preprocessor_description(fn: Callable) -> dict:
         kwargs = {**fn.keywords, **kwargs}
         fn = fn.func
     wrapped = getattr(fn, "__wrapped__", None)
-    return {"name": f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}",
-            "code": _code(fn), "wrapped_code": _code(wrapped) if wrapped else None,
-            "args": _value(args), "kwargs": _value(kwargs)}
+    return {
+        "name": f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}",
+        "code": _code(fn),
+        "wrapped_code": _code(wrapped) if wrapped else None,
+        "args": _value(args),
+        "kwargs": _value(kwargs),
+    }
 
 
 def vocabulary_fingerprint(vocab: Any) -> str:
     fp = getattr(vocab, "fingerprint", None)
     content = vocab._content_key() if hasattr(vocab, "_content_key") else repr(vocab)
-    return _digest([type(vocab).__name__, fp if isinstance(fp, str) else None, repr(content),
-                    getattr(vocab, "extra_ids", None)])
+    return _digest(
+        [type(vocab).__name__, fp if isinstance(fp, str) else None, repr(content), getattr(vocab, "extra_ids", None)]
+    )
 
 
 def file_digest(path: str, chunk: int = 1 << 22) -> tuple[int, str]:
@@ -123,8 +128,7 @@ def source_description(task: Any, split: str, files: list[dict] | None = None) -
     source = task.source
     desc: dict = {"type": type(source).__name__, "split": split}
     if is_file_source(source):
-        desc["files"] = (list(files) if files is not None
-                         else [file_fingerprint(f) for f in source.source_files(split)])
+        desc["files"] = list(files) if files is not None else [file_fingerprint(f) for f in source.source_files(split)]
     else:
         desc["shards"] = source.list_shards(split)
         fn = getattr(source, "_fn", None)
@@ -136,18 +140,21 @@ def source_digest(description: Mapping[str, Any]) -> str:
     return _digest(description)
 
 
-def source_differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
-                       compare_content: bool = True) -> list[str]:
+def source_differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], compare_content: bool = True
+) -> list[str]:
     """One line per source file that differs between two `source_description`s: added,
     removed, or changed in size (or, with `compare_content`, in SHA-256)."""
-    out = [f"source {k} was {recorded.get(k)!r}, is {current.get(k)!r}"
-           for k in ("type", "split") if recorded.get(k) != current.get(k)]
+    out = [
+        f"source {k} was {recorded.get(k)!r}, is {current.get(k)!r}"
+        for k in ("type", "split")
+        if recorded.get(k) != current.get(k)
+    ]
     if "files" not in recorded or "files" not in current:
-        if recorded.get("code") != current.get("code") or (
-                recorded.get("shards") != current.get("shards")):
+        if recorded.get("code") != current.get("code") or (recorded.get("shards") != current.get("shards")):
             out.append("source code or shards changed (not a file source)")
         return out
-    key = lambda f: (f["pattern"], f["name"])  # noqa: E731
+    key = lambda f: (f["pattern"], f["name"])
     old = {key(f): f for f in recorded["files"]}
     new = {key(f): f for f in current["files"]}
     for k in sorted(old.keys() | new.keys()):
@@ -157,37 +164,41 @@ def source_differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
         elif k not in old:
             out.append(f"{label} is new (added or renamed): not in the cache")
         elif old[k]["size"] != new[k]["size"]:
-            out.append(f"{label} has {new[k]['size']} bytes, the cache recorded "
-                       f"{old[k]['size']}: it changed since it was cached")
+            out.append(
+                f"{label} has {new[k]['size']} bytes, the cache recorded "
+                f"{old[k]['size']}: it changed since it was cached"
+            )
         elif compare_content and old[k].get("sha256") != new[k].get("sha256"):
-            out.append(f"{label} content changed since it was cached (sha256 "
-                       f"{str(old[k].get('sha256'))[:12]} -> {str(new[k].get('sha256'))[:12]})")
+            out.append(
+                f"{label} content changed since it was cached (sha256 "
+                f"{str(old[k].get('sha256'))[:12]} -> {str(new[k].get('sha256'))[:12]})"
+            )
     if not out and [key(f) for f in recorded["files"]] != [key(f) for f in current["files"]]:
         out.append("source files are listed in another order than when cached")
     return out
 
 
-def task_fingerprint(task: Any, split: str, with_source: bool = True,
-                     source: Mapping[str, Any] | None = None) -> dict[str, str]:
+def task_fingerprint(
+    task: Any, split: str, with_source: bool = True, source: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """`{part: sha256}` for the parts in `PARTS`, plus `total` over all of them.
 
     `with_source=False` leaves out `source` and `total` (no file is read); `source`, a
     `source_description` computed already, is hashed instead of reading the files again.
     """
-    feats = {k: {"add_eos": f.add_eos, "required": f.required, "dtype": f.dtype.name,
-                 "rank": f.rank} for k, f in sorted(task.output_features.items())}
-    vocabs = {k: vocabulary_fingerprint(f.vocabulary)
-              for k, f in sorted(task.output_features.items())}
+    feats = {
+        k: {"add_eos": f.add_eos, "required": f.required, "dtype": f.dtype.name, "rank": f.rank}
+        for k, f in sorted(task.output_features.items())
+    }
+    vocabs = {k: vocabulary_fingerprint(f.vocabulary) for k, f in sorted(task.output_features.items())}
     parts = {
-        "preprocessors": _digest([preprocessor_description(p)
-                                  for p in task.cacheable_preprocessors]),
+        "preprocessors": _digest([preprocessor_description(p) for p in task.cacheable_preprocessors]),
         "features": _digest(feats),
         "vocabulary": _digest(vocabs),
     }
     if not with_source:
         return parts
-    parts["source"] = source_digest(source if source is not None
-                                    else source_description(task, split))
+    parts["source"] = source_digest(source if source is not None else source_description(task, split))
     parts["total"] = _digest([parts[p] for p in PARTS])
     return parts
 

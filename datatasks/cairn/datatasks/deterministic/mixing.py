@@ -25,7 +25,7 @@ def block_counts(rates: np.ndarray, block: int = BLOCK) -> np.ndarray:
     exact = rates / rates.sum() * block
     counts = np.floor(exact).astype(np.int64)
     order = np.argsort(-(exact - counts), kind="stable")
-    counts[order[:block - counts.sum()]] += 1
+    counts[order[: block - counts.sum()]] += 1
     return counts
 
 
@@ -35,12 +35,13 @@ class MixtureSchedule:
     def __init__(self, names: list[str], rates: list[float], seed: int, block: int = BLOCK):
         self.names = list(names)
         self.block = block
-        self.counts = block_counts(np.asarray(rates), block) if len(names) > 1 else np.array(
-            [block])
+        self.counts = block_counts(np.asarray(rates), block) if len(names) > 1 else np.array([block])
         zero = [n for n, c, r in zip(names, self.counts, rates) if c == 0 and r > 0]
         if zero:
-            raise DataTasksError(f"mixture rates of {zero} are below 1/{block} and would give "
-                                 f"them no rows; raise their rates or drop them")
+            raise DataTasksError(
+                f"mixture rates of {zero} are below 1/{block} and would give "
+                f"them no rows; raise their rates or drop them"
+            )
         self._bounds = np.cumsum(self.counts)
         self._seed = seed
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -49,8 +50,7 @@ class MixtureSchedule:
         """Tasks of every row in block `b`, and per-task counts before each row [block+1, T]."""
         cached = self._cache  # one read: other threads may replace it
         if cached is None or cached[0] != b:
-            slots = Permutation(self.block, derive(self._seed, "mixture", b))(
-                np.arange(self.block))
+            slots = Permutation(self.block, derive(self._seed, "mixture", b))(np.arange(self.block))
             tasks = np.searchsorted(self._bounds, slots, side="right")
             onehot = np.zeros((self.block + 1, len(self.names)), np.int64)
             onehot[np.arange(1, self.block + 1), tasks] = 1

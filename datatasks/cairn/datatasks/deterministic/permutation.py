@@ -41,8 +41,7 @@ class Permutation:
     def __post_init__(self):
         if not isinstance(self.n, (int, np.integer)) or self.n < 1:
             raise ValueError(f"Permutation needs n >= 1, got {self.n!r}")
-        object.__setattr__(self, "_keys", np.array(
-            [derive(self.key, "feistel", r) for r in range(_ROUNDS)], np.uint64))
+        object.__setattr__(self, "_keys", np.array([derive(self.key, "feistel", r) for r in range(_ROUNDS)], np.uint64))
 
     @property
     def half_bits(self) -> int:
@@ -87,7 +86,7 @@ class Permutation:
         else:  # blocks that stay in the CPU cache: the same values, several times faster
             out = np.empty_like(idx)
             for at in range(0, idx.size, _CHUNK):
-                out[at:at + _CHUNK] = self._apply(idx[at:at + _CHUNK])
+                out[at : at + _CHUNK] = self._apply(idx[at : at + _CHUNK])
         return out[0] if scalar else out
 
     def range(self, start: int, stop: int) -> np.ndarray:

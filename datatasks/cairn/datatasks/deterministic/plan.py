@@ -27,7 +27,11 @@ import numpy as np
 from cairn.datatasks import preprocessors as pp
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import (
-    EncDecFeatureConverter, FeatureConverter, LMFeatureConverter, PrefixLMFeatureConverter)
+    EncDecFeatureConverter,
+    FeatureConverter,
+    LMFeatureConverter,
+    PrefixLMFeatureConverter,
+)
 
 Lengths = dict  # {feature: int array [N]}
 
@@ -38,40 +42,48 @@ def output_lengths(fn: Callable) -> Callable | None:
     return pp.as_preprocessor(fn).output_lengths
 
 
-def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str, int]
-                       ) -> Lengths:
+def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str, int]) -> Lengths:
     """The lengths after the post-cache preprocessors and the final trim."""
-    for fn in task.preprocessors[len(task.cacheable_preprocessors):]:
+    for fn in task.preprocessors[len(task.cacheable_preprocessors) :]:
         length_fn = output_lengths(fn)
         if length_fn is None:
             raise DataTasksError(
                 f"task {task.name!r}: post-cache preprocessor {getattr(fn, '__name__', fn)!r} "
                 f"has no length function, so packing cannot be planned from the cached "
                 f"lengths; set `fn.deterministic_lengths = f(lengths, sequence_length, "
-                f"output_features) -> lengths`, or read with pack=False")
+                f"output_features) -> lengths`, or read with pack=False"
+            )
         lengths = dict(length_fn(lengths, sequence_length, task.output_features))
     return pp.trim_lengths(lengths, sequence_length, task.output_features)
 
 
-def packing_lengths(converter: FeatureConverter, lengths: Lengths,
-                    sequence_length: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def packing_lengths(
+    converter: FeatureConverter, lengths: Lengths, sequence_length: Mapping[str, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """`([N, K] lengths, [K] capacities)` in the units the converter packs."""
+
     def get(k):
         if k not in lengths:
-            raise DataTasksError(f"{type(converter).__name__} packs feature {k!r}, which the "
-                                 f"task does not produce; it has {sorted(lengths)}")
+            raise DataTasksError(
+                f"{type(converter).__name__} packs feature {k!r}, which the "
+                f"task does not produce; it has {sorted(lengths)}"
+            )
         return np.minimum(np.asarray(lengths[k], np.int64), sequence_length[k])
 
     if isinstance(converter, PrefixLMFeatureConverter):
         total = sequence_length["inputs"] + sequence_length["targets"]
         return (get("inputs") + np.maximum(get("targets"), 1))[:, None], np.array([total])
     if isinstance(converter, EncDecFeatureConverter):
-        return (np.stack([get("inputs"), get("targets")], 1),
-                np.array([sequence_length["inputs"], sequence_length["targets"]]))
+        return (
+            np.stack([get("inputs"), get("targets")], 1),
+            np.array([sequence_length["inputs"], sequence_length["targets"]]),
+        )
     if isinstance(converter, LMFeatureConverter):
         return get("targets")[:, None], np.array([sequence_length["targets"]])
-    raise DataTasksError(f"packing is planned for EncDec, LM and PrefixLM converters; got "
-                         f"{type(converter).__name__} (read it with pack=False)")
+    raise DataTasksError(
+        f"packing is planned for EncDec, LM and PrefixLM converters; got "
+        f"{type(converter).__name__} (read it with pack=False)"
+    )
 
 
 PACKING_MODES = ("greedy", "first_fit")
@@ -104,8 +116,9 @@ def greedy_bins(lengths: np.ndarray, capacity: np.ndarray) -> Plan:
     return greedy_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity)
 
 
-def greedy_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
-                        capacity: np.ndarray, chunk: int = 1 << 16) -> Plan:
+def greedy_bins_chunked(
+    units: Callable[[int, int], np.ndarray], n: int, capacity: np.ndarray, chunk: int = 1 << 16
+) -> Plan:
     """`greedy_bins` over a stream of `n` records whose lengths `units(a, b)` gives, block
     by block ([b - a, K] for records `a .. b - 1`), so that no [N, K] array is ever built.
 
@@ -125,13 +138,12 @@ def greedy_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
         stop = min(b + cap, n)  # a bin starting before b ends by b - 1 + cap
         u = np.asarray(units(a, stop), np.int64).reshape(stop - a, -1)
         if u.shape[1] != capacity.size:
-            raise DataTasksError(f"packing lengths have {u.shape[1]} features, capacity "
-                                 f"{capacity.size}")
+            raise DataTasksError(f"packing lengths have {u.shape[1]} features, capacity {capacity.size}")
         here = np.minimum(np.arange(a + cap, b + cap, dtype=np.int64), n)
         for j in range(capacity.size):
             cum = np.zeros(stop - a + 1, np.int64)
             np.cumsum(u[:, j], out=cum[1:])
-            fit = np.searchsorted(cum, cum[:b - a] + int(capacity[j]), side="right") - 1 + a
+            fit = np.searchsorted(cum, cum[: b - a] + int(capacity[j]), side="right") - 1 + a
             np.minimum(here, fit, out=here)
         np.maximum(here, np.arange(a + 1, b + 1, dtype=np.int64), out=here)
         end[a:b] = here
@@ -178,9 +190,9 @@ def first_fit_bins(lengths: np.ndarray, capacity: np.ndarray, window: int = 128)
     return first_fit_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity, window)
 
 
-def first_fit_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
-                           capacity: np.ndarray, window: int = 128,
-                           chunk: int = 1 << 16) -> Plan:
+def first_fit_bins_chunked(
+    units: Callable[[int, int], np.ndarray], n: int, capacity: np.ndarray, window: int = 128, chunk: int = 1 << 16
+) -> Plan:
     """Bins filled first-fit from a bounded window of upcoming records (an option; the
     default plan is `greedy_bins_chunked`, seqio's in-order packing).
 
@@ -211,12 +223,11 @@ def first_fit_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
                 stop = min(block_at + chunk, n)
                 block = np.asarray(units(block_at, stop), np.int64).reshape(stop - block_at, -1)
                 if block.shape[1] != capacity.size:
-                    raise DataTasksError(f"packing lengths have {block.shape[1]} features, "
-                                         f"capacity {capacity.size}")
+                    raise DataTasksError(f"packing lengths have {block.shape[1]} features, capacity {capacity.size}")
                 block_start = block_at
             take = min(need, block_start + block.shape[0] - block_at)
             buf_pos = np.concatenate([buf_pos, np.arange(block_at, block_at + take)])
-            buf_len = np.concatenate([buf_len, block[block_at - block_start:][:take]])
+            buf_len = np.concatenate([buf_len, block[block_at - block_start :][:take]])
             block_at += take
             need -= take
         # The in-order prefix that fits (greedy's bin), at least one record ...
@@ -236,7 +247,7 @@ def first_fit_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
             taken.append(at)
             room = room - buf_len[at]
             at += 1
-        order[placed:placed + len(taken)] = buf_pos[taken]
+        order[placed : placed + len(taken)] = buf_pos[taken]
         placed += len(taken)
         starts.append(placed)
         if len(taken) == p:  # no lookahead record taken: drop the prefix (cheap)
@@ -248,8 +259,9 @@ def first_fit_bins_chunked(units: Callable[[int, int], np.ndarray], n: int,
     return Plan(len(starts) - 1, np.asarray(starts, np.int64), order)
 
 
-def packed_bins(mode: str, units: Callable[[int, int], np.ndarray], n: int,
-                capacity: np.ndarray, window: int = 128) -> Plan:
+def packed_bins(
+    mode: str, units: Callable[[int, int], np.ndarray], n: int, capacity: np.ndarray, window: int = 128
+) -> Plan:
     """The plan of packing `mode`: "greedy" (default, seqio's rows) or "first_fit"."""
     if mode == "greedy":
         return greedy_bins_chunked(units, n, capacity)

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.convert import ConvertStage
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
 from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.seeds import derive, record_key
-from cairn.datatasks.deterministic.convert import ConvertStage
 from cairn.datatasks.deterministic.stages import RecordStage
 from cairn.datatasks.deterministic.store import CachedTask, task_dir
 from cairn.datatasks.errors import DataTasksError
@@ -33,9 +33,17 @@ from cairn.datatasks.task import Task
 class _TaskStream:
     """One task's cache, plan and stages."""
 
-    def __init__(self, task: Task, cache: CachedTask, seed: int, converter: FeatureConverter,
-                 lengths: Mapping[str, int], keys: list[str], packing: str = "greedy",
-                 packing_window: int = 128):
+    def __init__(
+        self,
+        task: Task,
+        cache: CachedTask,
+        seed: int,
+        converter: FeatureConverter,
+        lengths: Mapping[str, int],
+        keys: list[str],
+        packing: str = "greedy",
+        packing_window: int = 128,
+    ):
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
         self.base = Permutation(n, derive(seed, task.name, "base"))
@@ -47,16 +55,14 @@ class _TaskStream:
                 expected = self.expected_lengths(self.base.range(a, b))
                 return plan_lib.packing_lengths(converter, expected, lengths)[0]
 
-            _, capacity = plan_lib.packing_lengths(
-                converter, self.expected_lengths(np.zeros(1, np.int64)), lengths)
+            _, capacity = plan_lib.packing_lengths(converter, self.expected_lengths(np.zeros(1, np.int64)), lengths)
             self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
             cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
         self._perms: dict[int, Permutation] = {}
         self._lock = threading.Lock()
-        self.stage = RecordStage(task, cache.specs, len(task.cacheable_preprocessors),
-                                 lengths, keys, converter)
+        self.stage = RecordStage(task, cache.specs, len(task.cacheable_preprocessors), lengths, keys, converter)
 
     def expected_lengths(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """The lengths of records `ids` after the post-cache preprocessors and the trim,
@@ -71,8 +77,7 @@ class _TaskStream:
             if epoch not in self._perms:
                 if len(self._perms) > 8:
                     self._perms.clear()
-                self._perms[epoch] = Permutation(
-                    self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
+                self._perms[epoch] = Permutation(self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
             return self._perms[epoch]
 
     def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -86,8 +91,7 @@ class _TaskStream:
             starts[where], ends[where] = self.plan.bins(self._epoch_perm(int(e))(ks[where]))
         sizes = ends - starts
         offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
-        records = self.base(self.plan.base_positions(
-            np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
+        records = self.base(self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
         split = np.split(records, np.cumsum(sizes)[:-1])
         return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
 
@@ -96,8 +100,7 @@ class _TaskStream:
         converted, `{model feature: [rows, L]}`, when the stage is fused)."""
         ids = np.concatenate([r for _, r in rows])
         epoch_keys = {e: record_key(self.seed, self.task.name, e, 0)[0] for e, _ in rows}
-        keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64)
-                                         for e, r in rows]), ids], 1)
+        keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64) for e, r in rows]), ids], 1)
         out = self.stage(self.cache.read(ids), keys)
         if self.check_lengths:
             expected = self.expected_lengths(ids)
@@ -109,7 +112,8 @@ class _TaskStream:
                         raise DataTasksError(
                             f"task {self.task.name!r}: feature {k!r} has lengths {got[:8]} "
                             f"after the post-cache preprocessors, but their length functions "
-                            f"planned {want[:8]}; fix the `deterministic_lengths` function")
+                            f"planned {want[:8]}; fix the `deterministic_lengths` function"
+                        )
         return out
 
 
@@ -139,32 +143,39 @@ class DeterministicReader:
         same global batches for any host count. `get_state` records a first-fit window.
     """
 
-    def __init__(self, mixture_or_task: Any, cache_dir: str, seed: int, global_batch_size: int,
-                 sequence_length: Mapping[str, int], feature_converter: FeatureConverter,
-                 host_index: int = 0, host_count: int = 1, split: str = "train",
-                 registry: Registry | None = None, check_source_files: bool = True,
-                 prefetch: int = 2, steps_per_call: int | None = None,
-                 packing: str = "greedy", packing_window: int = 128):
+    def __init__(
+        self,
+        mixture_or_task: Any,
+        cache_dir: str,
+        seed: int,
+        global_batch_size: int,
+        sequence_length: Mapping[str, int],
+        feature_converter: FeatureConverter,
+        host_index: int = 0,
+        host_count: int = 1,
+        split: str = "train",
+        registry: Registry | None = None,
+        check_source_files: bool = True,
+        prefetch: int = 2,
+        steps_per_call: int | None = None,
+        packing: str = "greedy",
+        packing_window: int = 128,
+    ):
         if not (isinstance(host_count, int) and host_count >= 1 and 0 <= host_index < host_count):
-            raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} "
-                                 f"of {host_count}")
+            raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} of {host_count}")
         if global_batch_size < 1 or global_batch_size % host_count:
-            raise DataTasksError(f"global_batch_size {global_batch_size} must be a positive "
-                                 f"multiple of host_count {host_count}")
+            raise DataTasksError(
+                f"global_batch_size {global_batch_size} must be a positive multiple of host_count {host_count}"
+            )
         if packing not in plan_lib.PACKING_MODES:
-            raise DataTasksError(f"unknown packing {packing!r}; expected one of "
-                                 f"{plan_lib.PACKING_MODES}")
+            raise DataTasksError(f"unknown packing {packing!r}; expected one of {plan_lib.PACKING_MODES}")
         if packing != "greedy" and not feature_converter.pack:
-            raise DataTasksError(f"packing={packing!r} plans packed rows, but the feature "
-                                 f"converter has pack=False")
-        if (not isinstance(packing_window, int) or isinstance(packing_window, bool)
-                or packing_window < 1):
-            raise DataTasksError(f"packing_window must be a positive integer, got "
-                                 f"{packing_window!r}")
+            raise DataTasksError(f"packing={packing!r} plans packed rows, but the feature converter has pack=False")
+        if not isinstance(packing_window, int) or isinstance(packing_window, bool) or packing_window < 1:
+            raise DataTasksError(f"packing_window must be a positive integer, got {packing_window!r}")
         # 0: greedy (what a state without the key means); the window of a first-fit plan.
         self.packing_window = packing_window if packing == "first_fit" else 0
-        obj = (get_mixture_or_task(mixture_or_task, registry)
-               if isinstance(mixture_or_task, str) else mixture_or_task)
+        obj = get_mixture_or_task(mixture_or_task, registry) if isinstance(mixture_or_task, str) else mixture_or_task
         if isinstance(obj, Task):
             tasks, rates = [obj], [1.0]
         else:
@@ -176,11 +187,19 @@ class DeterministicReader:
         self.lengths = dict(sequence_length)
         self.converter = feature_converter
         keys = list(feature_converter.TASK_FEATURES)
-        self.streams = [_TaskStream(t, CachedTask(task_dir(cache_dir, t.name, split), t, split,
-                                                  check_source_files),
-                                    self.seed, feature_converter, self.lengths, keys,
-                                    packing, packing_window)
-                        for t in tasks]
+        self.streams = [
+            _TaskStream(
+                t,
+                CachedTask(task_dir(cache_dir, t.name, split), t, split, check_source_files),
+                self.seed,
+                feature_converter,
+                self.lengths,
+                keys,
+                packing,
+                packing_window,
+            )
+            for t in tasks
+        ]
         self.schedule = MixtureSchedule([t.name for t in tasks], rates, self.seed)
         self.convert = ConvertStage(feature_converter, self.lengths, keys)
         self._keys = keys
@@ -204,14 +223,19 @@ class DeterministicReader:
     def set_state(self, state: Mapping[str, int]) -> None:
         for k in ("seed", "global_batch_size"):
             if k in state and int(state[k]) != getattr(self, "seed" if k == "seed" else "batch"):
-                raise DataTasksError(f"state has {k}={state[k]}, this reader was built with "
-                                     f"{self.seed if k == 'seed' else self.batch}")
+                raise DataTasksError(
+                    f"state has {k}={state[k]}, this reader was built with {self.seed if k == 'seed' else self.batch}"
+                )
         window = int(state.get("packing_window", 0))
         if window != self.packing_window:
+
             def what(w: int) -> str:
                 return f"packing='first_fit', packing_window={w}" if w else "packing='greedy'"
-            raise DataTasksError(f"state was saved by a reader with {what(window)}; this "
-                                 f"reader has {what(self.packing_window)}: its rows differ")
+
+            raise DataTasksError(
+                f"state was saved by a reader with {what(window)}; this "
+                f"reader has {what(self.packing_window)}: its rows differ"
+            )
         step = int(state["step"])
         if step < 0:
             raise DataTasksError(f"state step must be >= 0, got {step}")
@@ -223,8 +247,11 @@ class DeterministicReader:
     def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
         """`(task name, epoch, record ids)` of each of this host's rows at steps
         `step .. step + count - 1`, step by step."""
-        rows = ((step + np.arange(count, dtype=np.int64))[:, None] * self.batch + self.first_row
-                + np.arange(self.per_host, dtype=np.int64)[None, :]).reshape(-1)
+        rows = (
+            (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
+            + self.first_row
+            + np.arange(self.per_host, dtype=np.int64)[None, :]
+        ).reshape(-1)
         tasks, cursors = self.schedule.assign(rows)
         out: list = [None] * len(rows)
         for t in np.unique(tasks):
@@ -255,28 +282,28 @@ class DeterministicReader:
             for i in mine:
                 n = len(rows[i][2])
                 for k in self._keys:
-                    per_row[k][i] = ex[k][at:at + n]
+                    per_row[k][i] = ex[k][at : at + n]
                 at += n
         if unfused:
             unfused.sort()
-            parts.append((unfused, self.convert({k: [per_row[k][i] for i in unfused]
-                                                 for k in self._keys})))
+            parts.append((unfused, self.convert({k: [per_row[k][i] for i in unfused] for k in self._keys})))
         out = {k: np.empty((len(rows),) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
         for where, arrays in parts:
             for k in out:
                 out[k][where] = arrays[k]
         got = next(iter(out.values())).shape[0]
         if got != len(rows):
-            raise DataTasksError(f"the feature converter made {got} rows from {len(rows)} "
-                                 f"planned rows at steps {step}..{step + count - 1}")
-        return [{k: v[i * self.per_host:(i + 1) * self.per_host] for k, v in out.items()}
-                for i in range(count)]
+            raise DataTasksError(
+                f"the feature converter made {got} rows from {len(rows)} "
+                f"planned rows at steps {step}..{step + count - 1}"
+            )
+        return [{k: v[i * self.per_host : (i + 1) * self.per_host] for k, v in out.items()} for i in range(count)]
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of the global batch at `step` (does not move the state)."""
         return self.batches_at(step, 1)[0]
 
-    def __iter__(self) -> "DeterministicReader":
+    def __iter__(self) -> DeterministicReader:
         return self
 
     def _chunk(self, c: int) -> list[dict[str, np.ndarray]]:

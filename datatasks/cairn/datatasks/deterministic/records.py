@@ -35,9 +35,11 @@ def specs_of(element_spec: Mapping[str, tf.TensorSpec], task_name: str) -> dict[
     out = {}
     for k, s in sorted(element_spec.items()):
         if not isinstance(s, tf.TensorSpec) or s.shape.rank not in (0, 1):
-            raise DataTasksError(f"task {task_name!r}: cached feature {k!r} must be a dense "
-                                 f"tensor of rank 0 or 1 after the cacheable preprocessors, "
-                                 f"got {s}")
+            raise DataTasksError(
+                f"task {task_name!r}: cached feature {k!r} must be a dense "
+                f"tensor of rank 0 or 1 after the cacheable preprocessors, "
+                f"got {s}"
+            )
         out[k] = FeatureSpec(s.dtype.name, int(s.shape.rank))
     return out
 
@@ -58,12 +60,11 @@ def serialize(example: Mapping[str, np.ndarray], specs: Mapping[str, FeatureSpec
     return ex.SerializeToString(deterministic=True)
 
 
-def parse(record: bytes, specs: Mapping[str, FeatureSpec],
-          keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+def parse(record: bytes, specs: Mapping[str, FeatureSpec], keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """One record back to `{name: array}` with the cached dtype and rank."""
     ex = tf.train.Example.FromString(record)
     out = {}
-    for k in (keys if keys is not None else sorted(specs)):
+    for k in keys if keys is not None else sorted(specs):
         spec = specs[k]
         f = ex.features.feature[k]
         if spec.kind == "bytes":

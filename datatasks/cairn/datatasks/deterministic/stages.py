@@ -33,8 +33,7 @@ def _parse_fn(specs: Mapping[str, FeatureSpec]):
 
     def parse(serialized):
         x = tf.io.parse_single_example(serialized, desc)
-        return {k: tf.cast(v, specs[k].dtype) if specs[k].kind != "bytes" else v
-                for k, v in x.items()}
+        return {k: tf.cast(v, specs[k].dtype) if specs[k].kind != "bytes" else v for k, v in x.items()}
 
     return parse
 
@@ -47,9 +46,15 @@ class RecordStage:
     pass; otherwise each record runs alone, seeded by its own key.
     """
 
-    def __init__(self, task: Any, specs: Mapping[str, FeatureSpec], start: int,
-                 sequence_length: Mapping[str, int], keys: Sequence[str],
-                 converter: FeatureConverter | None = None):
+    def __init__(
+        self,
+        task: Any,
+        specs: Mapping[str, FeatureSpec],
+        start: int,
+        sequence_length: Mapping[str, int],
+        keys: Sequence[str],
+        converter: FeatureConverter | None = None,
+    ):
         self.task_name = task.name
         self.keys = list(keys)
         parse = _parse_fn(specs)
@@ -62,10 +67,13 @@ class RecordStage:
         def select(x):
             missing = [k for k in self.keys if k not in x]
             if missing:
-                raise DataTasksError(f"task {task.name!r}: no feature {missing} after the "
-                                     f"post-cache preprocessors; they give {sorted(x)}")
-            return {k: tf.cast(x[k], tf.int32)[:lengths[k]] if k in lengths
-                    else tf.cast(x[k], tf.int32) for k in self.keys}
+                raise DataTasksError(
+                    f"task {task.name!r}: no feature {missing} after the "
+                    f"post-cache preprocessors; they give {sorted(x)}"
+                )
+            return {
+                k: tf.cast(x[k], tf.int32)[: lengths[k]] if k in lengths else tf.cast(x[k], tf.int32) for k in self.keys
+            }
 
         def one(i, serialized, key):
             ds = tf.data.Dataset.from_tensors(parse(serialized))
@@ -79,10 +87,8 @@ class RecordStage:
         post_keys = None if post else set(self.keys)
 
         def parse_all(serialized):
-            x = tf.io.parse_example(serialized, {k: v for k, v in desc.items()
-                                                 if post_keys is None or k in post_keys})
-            return {k: tf.cast(v, specs[k].dtype) if specs[k].kind != "bytes" else v
-                    for k, v in x.items()}
+            x = tf.io.parse_example(serialized, {k: v for k, v in desc.items() if post_keys is None or k in post_keys})
+            return {k: tf.cast(v, specs[k].dtype) if specs[k].kind != "bytes" else v for k, v in x.items()}
 
         def dense(e):  # ragged_rank-0 slices -> plain tensors
             return dict(e)
@@ -90,24 +96,25 @@ class RecordStage:
         def single(ds):  # with the options, so nested inline maps stay inline
             return ds.with_options(pipeline_options()).get_single_element()
 
-        @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
-                                                       tf.TensorSpec([None, 2], tf.int64)])
+        @tf.function(
+            autograph=False, input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([None, 2], tf.int64)]
+        )
         def run(serialized, keys):
             n = tf.shape(serialized)[0]
             n64 = tf.cast(n, tf.int64)
             if self.per_record:
-                ds = tf.data.Dataset.from_tensor_slices(
-                    (tf.range(n64), serialized, keys)).flat_map(one)
+                ds = tf.data.Dataset.from_tensor_slices((tf.range(n64), serialized, keys)).flat_map(one)
                 idx, x = single(ds.ragged_batch(n64))
                 return idx, ragged(x)
             x = parse_all(serialized)
             if not post:  # nothing after the cache: no per-example work at all
                 missing = [k for k in self.keys if k not in x]
                 if missing:
-                    raise DataTasksError(f"task {task.name!r}: the cache has no feature "
-                                         f"{missing}; it has {sorted(specs)}")
+                    raise DataTasksError(
+                        f"task {task.name!r}: the cache has no feature {missing}; it has {sorted(specs)}"
+                    )
                 out = {k: tf.cast(x[k], tf.int32) for k in self.keys}
-                out = {k: (v[:, :lengths[k]] if k in lengths else v) for k, v in out.items()}
+                out = {k: (v[:, : lengths[k]] if k in lengths else v) for k, v in out.items()}
                 if not self.fused:
                     return tf.range(n64), ragged(out)
                 ds = map_inline(tf.data.Dataset.from_tensor_slices(out), dense)
@@ -125,15 +132,17 @@ class RecordStage:
     def __call__(self, serialized: list[bytes], keys: np.ndarray) -> dict[str, Any]:
         """`{feature: [one array per record]}`, or `{model feature: [records, L]}` if fused."""
         try:
-            idx, out = self._run(tf.constant(serialized, tf.string),
-                                 tf.constant(keys, tf.int64))
+            idx, out = self._run(tf.constant(serialized, tf.string), tf.constant(keys, tf.int64))
         except (tf.errors.InvalidArgumentError, KeyError) as e:
-            raise DataTasksError(f"task {self.task_name!r}: reading cached records failed "
-                                 f"(a post-cache preprocessor must keep the features "
-                                 f"{self.keys}): {e}") from e
+            raise DataTasksError(
+                f"task {self.task_name!r}: reading cached records failed "
+                f"(a post-cache preprocessor must keep the features "
+                f"{self.keys}): {e}"
+            ) from e
         if not np.array_equal(idx.numpy(), np.arange(len(serialized))):
-            raise DataTasksError(f"task {self.task_name!r}: the post-cache preprocessors must "
-                                 f"map every record to exactly one example")
+            raise DataTasksError(
+                f"task {self.task_name!r}: the post-cache preprocessors must map every record to exactly one example"
+            )
         if self.fused:
             return {k: v.numpy() for k, v in out.items()}
         result = {}

@@ -65,6 +65,7 @@ class CacheIntegrityError(DataTasksError):
 
 # -- file access (the only functions here that touch storage) -------------------------------
 
+
 def _is_local(path: str) -> bool:
     return not storage.is_url(path)
 
@@ -136,6 +137,7 @@ def write_json(path: str, obj: Any) -> None:
 
 # -- layout ------------------------------------------------------------------------------
 
+
 def task_dir(output_dir: str, task_name: str, split: str) -> str:
     """Where the cache of `task_name`/`split` lives under `output_dir`."""
     safe = re.sub(r"[^\w.\-]", "_", task_name)
@@ -182,15 +184,19 @@ def is_completed(path: str) -> bool:
 
 
 def clear_hint(path: str) -> str:
-    return (f"delete it (`rm -r {path}`, or `gcloud storage rm -r` for a bucket) or rerun cache_tasks with "
-            f"--overwrite (overwrite=True)")
+    return (
+        f"delete it (`rm -r {path}`, or `gcloud storage rm -r` for a bucket) or rerun cache_tasks with "
+        f"--overwrite (overwrite=True)"
+    )
 
 
 def verify_hint(path: str, task: str | None, split: str | None) -> str:
     cache_dir = os.path.dirname(os.path.dirname(path.rstrip("/"))) or "."
-    return (f"run `python -m cairn.datatasks.deterministic.verify_main --cache_dir={cache_dir} "
-            f"--tasks={task or '<task>'} --split={split or '<split>'} --module_import=<module>` "
-            f"(or `bazel run //launchers:verify_cache -- --config=...`) to check every byte")
+    return (
+        f"run `python -m cairn.datatasks.deterministic.verify_main --cache_dir={cache_dir} "
+        f"--tasks={task or '<task>'} --split={split or '<split>'} --module_import=<module>` "
+        f"(or `bazel run //launchers:verify_cache -- --config=...`) to check every byte"
+    )
 
 
 def outdated_error(path: str, name: str | None = None) -> CacheFormatError:
@@ -198,7 +204,8 @@ def outdated_error(path: str, name: str | None = None) -> CacheFormatError:
         f"cache {path!r}{f' of task {name!r}' if name else ''} was written in format "
         f"{format_version(path)} by an older cairn-datatasks; this version reads format "
         f"{FORMAT_VERSION} (sizes and checksums of every shard, source files by relative "
-        f"name). Re-cache it: {clear_hint(path)}, then cache again")
+        f"name). Re-cache it: {clear_hint(path)}, then cache again"
+    )
 
 
 class CachedTask:
@@ -215,8 +222,7 @@ class CachedTask:
     source that is not made of files, the code behind it.
     """
 
-    def __init__(self, path: str, task: Any = None, split: str = "train",
-                 check_source_files: bool = True):
+    def __init__(self, path: str, task: Any = None, split: str = "train", check_source_files: bool = True):
         self.path = path
         name = getattr(task, "name", None)
         state = cache_state(path)
@@ -225,7 +231,8 @@ class CachedTask:
         if state != "complete":
             raise DataTasksError(
                 f"cache {path!r}{f' of task {name!r}' if name else ''} lacks {COMPLETED}: it "
-                f"is incomplete or still being written; {clear_hint(path)}, then cache again")
+                f"is incomplete or still being written; {clear_hint(path)}, then cache again"
+            )
         self.info = read_json(storage.join(path, INFO))
         if int(self.info.get("format_version", 1)) != FORMAT_VERSION:
             raise outdated_error(path, name)
@@ -240,48 +247,57 @@ class CachedTask:
             raise CacheIntegrityError(
                 f"cache {path!r}: {LENGTHS} has shape {self.lengths.shape}, info.json says "
                 f"{(self.num_records, len(self.length_features))}; "
-                f"{verify_hint(path, name, split)}, then re-cache")
+                f"{verify_hint(path, name, split)}, then re-cache"
+            )
         self._offsets = np.cumsum([0] + [s["num_records"] for s in self.info["shards"]])
         self._readers: dict[int, Any] = {}
         self._lock = threading.Lock()
         # Reads from a bucket are network requests (one per record with `group_size:1`): the
         # shards of one batch are read by this many threads at once (array-record releases
         # the GIL). Local reads stay in the caller's thread.
-        self._pool = (None if _is_local(path) else
-                      ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read"))
+        self._pool = (
+            None
+            if _is_local(path)
+            else ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read")
+        )
 
     def _check(self, task: Any, split: str, check_source_files: bool) -> None:
         if self.info.get("task") != task.name or self.info.get("split") != split:
             raise CacheMismatchError(
                 f"cache {self.path!r} holds task {self.info.get('task')!r} split "
-                f"{self.info.get('split')!r}, not task {task.name!r} split {split!r}")
+                f"{self.info.get('split')!r}, not task {task.name!r} split {split!r}"
+            )
         cached = self.info["fingerprint"]
-        current = dict(fp.task_fingerprint(task, split, with_source=False),
-                       source=cached.get("source"))
+        current = dict(fp.task_fingerprint(task, split, with_source=False), source=cached.get("source"))
         file_source = fp.is_file_source(task.source)
         if check_source_files and not file_source:  # the code behind the source: cheap
             current["source"] = fp.source_digest(fp.source_description(task, split))
         bad = fp.mismatched_parts(cached, current)
         if bad:
-            diff = "; ".join(f"{p}: cache {cached.get(p, '')[:12]} vs task "
-                             f"{current.get(p, '')[:12]}" for p in bad)
+            diff = "; ".join(f"{p}: cache {cached.get(p, '')[:12]} vs task {current.get(p, '')[:12]}" for p in bad)
             raise CacheMismatchError(
                 f"cache {self.path!r} does not match task {task.name!r}: the task's "
                 f"{', '.join(bad)} changed since it was cached ({diff}); {clear_hint(self.path)} "
-                f"and cache again")
+                f"and cache again"
+            )
         if check_source_files and file_source:
-            listed = {"type": type(task.source).__name__, "split": split, "files": [
-                {"pattern": f.pattern, "name": f.name, "size": file_size(f.path)}
-                for f in task.source.source_files(split)]}
-            diff_lines = fp.source_differences(self.info.get("source", {}), listed,
-                                               compare_content=False)
+            listed = {
+                "type": type(task.source).__name__,
+                "split": split,
+                "files": [
+                    {"pattern": f.pattern, "name": f.name, "size": file_size(f.path)}
+                    for f in task.source.source_files(split)
+                ],
+            }
+            diff_lines = fp.source_differences(self.info.get("source", {}), listed, compare_content=False)
             if diff_lines:
                 raise CacheMismatchError(
                     f"cache {self.path!r} does not match the source files of task "
                     f"{task.name!r}: {'; '.join(diff_lines[:5])}"
                     f"{f' (and {len(diff_lines) - 5} more)' if len(diff_lines) > 5 else ''}; "
                     f"{clear_hint(self.path)} and cache again (check_source_files=False reads "
-                    f"the cache as it is)")
+                    f"the cache as it is)"
+                )
 
     def _check_files(self, name: str | None, split: str) -> None:
         """Every shard and the lengths present with their recorded sizes (one listing)."""
@@ -294,13 +310,13 @@ class CachedTask:
             if got is None:
                 problems.append(f"{file} is missing")
             elif got != want:
-                problems.append(f"{file} has {got} bytes, info.json recorded {want} "
-                                f"(truncated or replaced)")
+                problems.append(f"{file} has {got} bytes, info.json recorded {want} (truncated or replaced)")
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise CacheIntegrityError(
                 f"cache {self.path!r} is damaged: {'; '.join(problems[:5])}{more}; "
-                f"{verify_hint(self.path, name, split)}, then re-cache ({clear_hint(self.path)})")
+                f"{verify_hint(self.path, name, split)}, then re-cache ({clear_hint(self.path)})"
+            )
 
     def remap_lengths(self) -> None:
         """Maps `lengths.npy` afresh: the pages a full pass (the packing plan) touched leave
@@ -326,16 +342,14 @@ class CachedTask:
             name = self.info["shards"][shard]["file"]
             # A gs:// shard is opened by array-record itself (google-cloud-cpp; its emulator
             # switch is set by cairn.storage from STORAGE_EMULATOR_HOST).
-            self._readers[shard] = ArrayRecordReader(storage.join(self.path, name),
-                                                     "readahead_buffer_size:0")
+            self._readers[shard] = ArrayRecordReader(storage.join(self.path, name), "readahead_buffer_size:0")
         return self._readers[shard]
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The records at `indices` (any order), read in one batch per shard."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
-            raise IndexError(f"cache {self.path!r} has {self.num_records} records; asked for "
-                             f"{idx.min()}..{idx.max()}")
+            raise IndexError(f"cache {self.path!r} has {self.num_records} records; asked for {idx.min()}..{idx.max()}")
         shard = np.searchsorted(self._offsets, idx, side="right") - 1
         out: list[bytes] = [b""] * idx.size
         groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
@@ -344,8 +358,11 @@ class CachedTask:
             if self._pool is None or len(groups) < 2:
                 results = [r.read((idx[w] - self._offsets[s]).tolist()) for r, (s, w) in zip(readers, groups)]
             else:  # at a URL every read is a request: the shards' requests in flight together
-                results = list(self._pool.map(lambda a: a[0].read((idx[a[1][1]] - self._offsets[a[1][0]]).tolist()),
-                                              zip(readers, groups)))
+                results = list(
+                    self._pool.map(
+                        lambda a: a[0].read((idx[a[1][1]] - self._offsets[a[1][0]]).tolist()), zip(readers, groups)
+                    )
+                )
         for (_, where), got in zip(groups, results):
             for w, rec in zip(where.tolist(), got):
                 out[w] = rec

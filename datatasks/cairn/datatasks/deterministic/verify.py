@@ -29,8 +29,7 @@ def resolve(tasks: str | Any | Sequence[Any], registry: Registry | None = None) 
     if isinstance(tasks, str):
         if tasks in registry:
             obj = registry.get(tasks)
-            return ([obj.tasks[n] for n in sorted(obj.tasks)] if isinstance(obj, Mixture)
-                    else [obj])
+            return [obj.tasks[n] for n in sorted(obj.tasks)] if isinstance(obj, Mixture) else [obj]
         return resolve_tasks(tasks, registry)
     if isinstance(tasks, (list, tuple)):
         return resolve_tasks(list(tasks), registry)
@@ -48,19 +47,19 @@ def _shard_problems(path: str, info: dict) -> list[str]:
             continue
         got_size, got_sha = fp.file_digest(store.join(path, name))
         if got_size != size:
-            problems.append(f"{name}: {got_size} bytes, info.json recorded {size} (truncated "
-                            f"or replaced)")
+            problems.append(f"{name}: {got_size} bytes, info.json recorded {size} (truncated or replaced)")
         elif got_sha != sha:
-            problems.append(f"{name}: content differs from info.json (sha256 {got_sha[:12]}, "
-                            f"recorded {sha[:12]}): the file is corrupt")
+            problems.append(
+                f"{name}: content differs from info.json (sha256 {got_sha[:12]}, "
+                f"recorded {sha[:12]}): the file is corrupt"
+            )
     return problems
 
 
 def _source_problems(task: Any, split: str, info: dict) -> list[str]:
     recorded = info.get("source", {})
     if fp.source_digest(recorded) != info["fingerprint"].get("source"):
-        return ["info.json: the recorded source files do not match the recorded source "
-                "fingerprint (info.json edited?)"]
+        return ["info.json: the recorded source files do not match the recorded source fingerprint (info.json edited?)"]
     try:
         current = fp.source_description(task, split)
     except (DataTasksError, OSError) as e:
@@ -80,26 +79,32 @@ def verify_task_cache(path: str, task: Any, split: str = "train") -> list[str]:
     if state == "incomplete":
         return [f"{store.COMPLETED} missing: the cache is incomplete or still being written"]
     if state == "outdated":
-        return [f"written in format {store.format_version(path)}; this version reads format "
-                f"{store.FORMAT_VERSION}: re-cache it (--overwrite)"]
+        return [
+            f"written in format {store.format_version(path)}; this version reads format "
+            f"{store.FORMAT_VERSION}: re-cache it (--overwrite)"
+        ]
     info = store.read_json(store.join(path, store.INFO))
     problems = []
     if info.get("task") != task.name or info.get("split") != split:
-        problems.append(f"info.json: holds task {info.get('task')!r} split "
-                        f"{info.get('split')!r}, not {task.name!r} split {split!r}")
+        problems.append(
+            f"info.json: holds task {info.get('task')!r} split {info.get('split')!r}, not {task.name!r} split {split!r}"
+        )
     recorded = info["fingerprint"]
     current = fp.task_fingerprint(task, split, with_source=False)
     for part in ("preprocessors", "features", "vocabulary"):
         if recorded.get(part) != current[part]:
-            problems.append(f"fingerprint: the task's {part} changed since it was cached "
-                            f"(cache {str(recorded.get(part))[:12]}, task {current[part][:12]})")
+            problems.append(
+                f"fingerprint: the task's {part} changed since it was cached "
+                f"(cache {str(recorded.get(part))[:12]}, task {current[part][:12]})"
+            )
     problems += _shard_problems(path, info)
     problems += _source_problems(task, split, info)
     return problems
 
 
-def verify_cache(cache_dir: str, tasks: str | Any | Sequence[Any], split: str = "train",
-                 registry: Registry | None = None) -> dict[str, list[str]]:
+def verify_cache(
+    cache_dir: str, tasks: str | Any | Sequence[Any], split: str = "train", registry: Registry | None = None
+) -> dict[str, list[str]]:
     """Full verification of the caches of `tasks` under `cache_dir` (every shard re-hashed
     against its recorded SHA-256, every source file fingerprinted again).
 
@@ -109,5 +114,6 @@ def verify_cache(cache_dir: str, tasks: str | Any | Sequence[Any], split: str = 
     Returns:
       `{task name: [problem, ...]}`; all lists empty when every byte matches.
     """
-    return {t.name: verify_task_cache(store.task_dir(cache_dir, t.name, split), t, split)
-            for t in resolve(tasks, registry)}
+    return {
+        t.name: verify_task_cache(store.task_dir(cache_dir, t.name, split), t, split) for t in resolve(tasks, registry)
+    }

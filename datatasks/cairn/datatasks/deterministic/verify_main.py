@@ -20,10 +20,13 @@ from collections.abc import Sequence
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="verify_cache", description=__doc__.splitlines()[0])
     p.add_argument("--cache_dir", required=True, help="the output_dir that cache_tasks wrote")
-    p.add_argument("--tasks", required=True,
-                   help="a registered task or mixture name, or a regex over task names")
-    p.add_argument("--module_import", action="append", default=[],
-                   help="module registering the tasks (repeatable, or comma-separated)")
+    p.add_argument("--tasks", required=True, help="a registered task or mixture name, or a regex over task names")
+    p.add_argument(
+        "--module_import",
+        action="append",
+        default=[],
+        help="module registering the tasks (repeatable, or comma-separated)",
+    )
     p.add_argument("--split", default="train")
     p.add_argument("--verbose", action="store_true", help="print a traceback on an error")
     return p.parse_args(list(argv))
@@ -55,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import_modules([m for arg in args.module_import for m in arg.split(",") if m])
         results = verify_cache(cache_dir, args.tasks, split=args.split)
-    except Exception as e:  # noqa: BLE001 - one line (a traceback with --verbose), exit 2
+    except Exception as e:
         if args.verbose:
             traceback.print_exc()
         print(f"verify_cache: error: {type(e).__name__}: {e}", file=sys.stderr)

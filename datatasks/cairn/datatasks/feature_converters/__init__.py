@@ -4,5 +4,4 @@ from cairn.datatasks.feature_converters.base import FeatureConverter
 from cairn.datatasks.feature_converters.encdec import EncDecFeatureConverter
 from cairn.datatasks.feature_converters.lm import LMFeatureConverter, PrefixLMFeatureConverter
 
-__all__ = ["EncDecFeatureConverter", "FeatureConverter", "LMFeatureConverter",
-           "PrefixLMFeatureConverter"]
+__all__ = ["EncDecFeatureConverter", "FeatureConverter", "LMFeatureConverter", "PrefixLMFeatureConverter"]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import tensorflow as tf
+from collections.abc import Mapping, Sequence
 
 from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding
 from cairn.datatasks.inline import map_inline
@@ -16,11 +14,14 @@ class EncDecFeatureConverter(FeatureConverter):
     `decoder_loss_weights`, and when packed `encoder_/decoder_segment_ids` and
     `encoder_/decoder_positions`."""
 
-    TASK_FEATURES = ("inputs", "targets")
-    MODEL_FEATURES = ("encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens",
-                      "decoder_loss_weights")
-    PACKING_FEATURES = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
-                        "decoder_positions")
+    TASK_FEATURES: Sequence[str] = ("inputs", "targets")
+    MODEL_FEATURES: Sequence[str] = (
+        "encoder_input_tokens",
+        "decoder_target_tokens",
+        "decoder_input_tokens",
+        "decoder_loss_weights",
+    )
+    PACKING_FEATURES = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions", "decoder_positions")
 
     def _convert_features(self, ds, lengths):
         ds = self._pack_or_pad(ds, lengths)
@@ -31,8 +32,7 @@ class EncDecFeatureConverter(FeatureConverter):
             d = {
                 "encoder_input_tokens": x["inputs"],
                 "decoder_target_tokens": targets,
-                "decoder_input_tokens": make_autoregressive_inputs(
-                    targets, x.get("targets_segment_ids"), bos),
+                "decoder_input_tokens": make_autoregressive_inputs(targets, x.get("targets_segment_ids"), bos),
                 "decoder_loss_weights": non_padding(targets),
             }
             if pack:
@@ -47,9 +47,12 @@ class EncDecFeatureConverter(FeatureConverter):
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         enc, dec = task_feature_lengths["inputs"], task_feature_lengths["targets"]
-        out = {"encoder_input_tokens": enc, "decoder_target_tokens": dec,
-               "decoder_input_tokens": dec, "decoder_loss_weights": dec}
+        out = {
+            "encoder_input_tokens": enc,
+            "decoder_target_tokens": dec,
+            "decoder_input_tokens": dec,
+            "decoder_loss_weights": dec,
+        }
         if self._pack:
-            out.update(encoder_segment_ids=enc, encoder_positions=enc,
-                       decoder_segment_ids=dec, decoder_positions=dec)
+            out.update(encoder_segment_ids=enc, encoder_positions=enc, decoder_segment_ids=dec, decoder_positions=dec)
         return out

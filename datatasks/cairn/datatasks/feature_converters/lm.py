@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -15,16 +15,17 @@ class LMFeatureConverter(FeatureConverter):
     """targets -> `decoder_target_tokens`, `decoder_input_tokens`, `decoder_loss_weights`
     (+ `decoder_segment_ids`, `decoder_positions` when packed)."""
 
-    TASK_FEATURES = ("targets",)
-    MODEL_FEATURES = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights")
+    TASK_FEATURES: Sequence[str] = ("targets",)
+    MODEL_FEATURES: Sequence[str] = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights")
     PACKING_FEATURES = ("decoder_segment_ids", "decoder_positions")
 
     def _lm_features(self, x):
         targets = x["targets"]
-        d = {"decoder_target_tokens": targets,
-             "decoder_input_tokens": make_autoregressive_inputs(
-                 targets, x.get("targets_segment_ids"), self._bos_id),
-             "decoder_loss_weights": non_padding(targets)}
+        d = {
+            "decoder_target_tokens": targets,
+            "decoder_input_tokens": make_autoregressive_inputs(targets, x.get("targets_segment_ids"), self._bos_id),
+            "decoder_loss_weights": non_padding(targets),
+        }
         if self._pack:
             d["decoder_segment_ids"] = x["targets_segment_ids"]
             d["decoder_positions"] = x["targets_positions"]
@@ -55,9 +56,13 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
     The decoder length is `inputs + targets` lengths.
     """
 
-    TASK_FEATURES = ("inputs", "targets")
-    MODEL_FEATURES = ("decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
-                      "decoder_causal_attention")
+    TASK_FEATURES: Sequence[str] = ("inputs", "targets")
+    MODEL_FEATURES: Sequence[str] = (
+        "decoder_target_tokens",
+        "decoder_input_tokens",
+        "decoder_loss_weights",
+        "decoder_causal_attention",
+    )
 
     def __init__(self, loss_on_targets_only: bool = True, **kwargs):
         super().__init__(**kwargs)
@@ -73,14 +78,15 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
 
         def concat(x):
             inputs, targets = x["inputs"], x["targets"]
-            targets = tf.cond(tf.size(targets) > 0, lambda: targets,
-                              lambda: tf.zeros([1], tf.int32))
+            targets = tf.cond(tf.size(targets) > 0, lambda: targets, lambda: tf.zeros([1], tf.int32))
             size = tf.size(inputs) + tf.size(targets)
             width = tf.size(inputs)
-            d = {"targets": tf.concat([inputs, targets], axis=0),
-                 # 0 widths become -1 so that packing does not cut them as padding.
-                 "inputs_width": tf.fill([size], tf.where(width == 0, -1, width)),
-                 "inputs_width_add_pos": tf.fill([size], width + 1)}
+            d = {
+                "targets": tf.concat([inputs, targets], axis=0),
+                # 0 widths become -1 so that packing does not cut them as padding.
+                "inputs_width": tf.fill([size], tf.where(width == 0, -1, width)),
+                "inputs_width_add_pos": tf.fill([size], width + 1),
+            }
             d.update({k: x[k] for k in passthrough})
             return d
 
@@ -93,14 +99,13 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
             x = dict(x)
             x["inputs_width"] = tf.where(x["inputs_width"] == -1, 0, x["inputs_width"])
             d = self._lm_features(x)
-            positions = (x["targets_positions"] if self._pack
-                         else tf.range(tf.size(x["targets"])))
-            d["decoder_causal_attention"] = tf.cast(positions < x["inputs_width_add_pos"],
-                                                    tf.int32)
+            positions = x["targets_positions"] if self._pack else tf.range(tf.size(x["targets"]))
+            d["decoder_causal_attention"] = tf.cast(positions < x["inputs_width_add_pos"], tf.int32)
             if self._loss_on_targets_only:
                 is_input = positions < x["inputs_width"]
-                d["decoder_loss_weights"] = tf.cast(tf.math.logical_xor(
-                    is_input, tf.cast(d["decoder_loss_weights"], tf.bool)), tf.int32)
+                d["decoder_loss_weights"] = tf.cast(
+                    tf.math.logical_xor(is_input, tf.cast(d["decoder_loss_weights"], tf.bool)), tf.int32
+                )
             d.update({k: x[k] for k in passthrough if k in x})
             return d
 

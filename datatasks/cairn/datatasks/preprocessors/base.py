@@ -90,9 +90,16 @@ class Preprocessor:
     (NumPy arrays by feature) the way the preprocessor does, so packing can be planned.
     """
 
-    def __init__(self, fn: Callable, *, reads: Sequence[str] = (), writes: Sequence[str] = (),
-                 deterministic: bool | None = None, length_rule: Callable | None = None,
-                 output_lengths: Callable | None = None):
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        reads: Sequence[str] = (),
+        writes: Sequence[str] = (),
+        deterministic: bool | None = None,
+        length_rule: Callable | None = None,
+        output_lengths: Callable | None = None,
+    ):
         if not callable(fn):
             raise TypeError(f"a preprocessor must be callable, got {type(fn).__name__}")
         functools.update_wrapper(self, fn)
@@ -101,8 +108,11 @@ class Preprocessor:
         self.writes = tuple(writes)
         if deterministic is None:
             deterministic = getattr(fn, "deterministic", None)
-        self.deterministic = (bool(deterministic) if deterministic is not None else
-                              "seed" not in _params(fn) and "seeds" not in _params(fn))
+        self.deterministic = (
+            bool(deterministic)
+            if deterministic is not None
+            else "seed" not in _params(fn) and "seeds" not in _params(fn)
+        )
         self.length_rule = length_rule
         self.deterministic_lengths = output_lengths or getattr(fn, "deterministic_lengths", None)
         self._legacy_check = getattr(fn, "check_sequence_length", None)
@@ -124,8 +134,10 @@ class Preprocessor:
         module = sys.modules.get(getattr(self, "__module__", ""), None)
         if module is not None and getattr(module, getattr(self, "__qualname__", ""), None) is self:
             return self.__qualname__
-        return (_rebuild, (self.fn, self.reads, self.writes, self.deterministic,
-                           self.length_rule, self.deterministic_lengths))
+        return (
+            _rebuild,
+            (self.fn, self.reads, self.writes, self.deterministic, self.length_rule, self.deterministic_lengths),
+        )
 
     def lengths_for(self, sequence_length: Mapping[str, int], **kwargs: Any) -> LengthRule | None:
         """The length rule for `sequence_length` (None when it has none); `kwargs` are the
@@ -134,41 +146,50 @@ class Preprocessor:
             return None
         return self.length_rule(sequence_length, **_accepted(self.length_rule, kwargs))
 
-    def check_sequence_length(self, sequence_length: Mapping[str, int],
-                              **kwargs: Any) -> str | None:
+    def check_sequence_length(self, sequence_length: Mapping[str, int], **kwargs: Any) -> str | None:
         """A message naming the problem when `sequence_length` cannot work, else None."""
         if self.length_rule is None:
             if self._legacy_check is None:
                 return None
             return self._legacy_check(sequence_length, **_accepted(self._legacy_check, kwargs))
         try:
-            return self.lengths_for(sequence_length, **kwargs).problem(sequence_length)
+            lengths = self.lengths_for(sequence_length, **kwargs)
+            return lengths.problem(sequence_length) if lengths is not None else None
         except ValueError as e:
             return str(e)
 
-    def bind(self, *args: Any, **kwargs: Any) -> "Preprocessor":
+    def bind(self, *args: Any, **kwargs: Any) -> Preprocessor:
         """This preprocessor with arguments bound (`functools.partial` keeps its rules)."""
+
         def rule(sequence_length, **more):
             return self.lengths_for(sequence_length, **{**kwargs, **more})
 
         def lengths(lengths_, sequence_length, output_features, **more):
             fn = self.deterministic_lengths
-            return fn(lengths_, sequence_length, output_features,
-                      **_accepted(fn, {**kwargs, **more}))
+            return fn(lengths_, sequence_length, output_features, **_accepted(fn, {**kwargs, **more}))
 
-        bound = Preprocessor(functools.partial(self.fn, *args, **kwargs), reads=self.reads,
-                             writes=self.writes, deterministic=self.deterministic,
-                             length_rule=rule if self.length_rule else None,
-                             output_lengths=lengths if self.deterministic_lengths else None)
+        bound = Preprocessor(
+            functools.partial(self.fn, *args, **kwargs),
+            reads=self.reads,
+            writes=self.writes,
+            deterministic=self.deterministic,
+            length_rule=rule if self.length_rule else None,
+            output_lengths=lengths if self.deterministic_lengths else None,
+        )
         if self.length_rule is None and self._legacy_check is not None:
-            bound._legacy_check = lambda sl, **more: self.check_sequence_length(
-                sl, **{**kwargs, **more})
+            bound._legacy_check = lambda sl, **more: self.check_sequence_length(sl, **{**kwargs, **more})
         return bound
 
 
 def _rebuild(fn, reads, writes, deterministic, length_rule, output_lengths) -> Preprocessor:
-    return Preprocessor(fn, reads=reads, writes=writes, deterministic=deterministic,
-                        length_rule=length_rule, output_lengths=output_lengths)
+    return Preprocessor(
+        fn,
+        reads=reads,
+        writes=writes,
+        deterministic=deterministic,
+        length_rule=length_rule,
+        output_lengths=output_lengths,
+    )
 
 
 def as_preprocessor(fn: Callable) -> Preprocessor:
@@ -180,14 +201,25 @@ def as_preprocessor(fn: Callable) -> Preprocessor:
     return Preprocessor(fn)
 
 
-def preprocessor(deterministic: bool | None = True, *, reads: Sequence[str] = (),
-                 writes: Sequence[str] = (), length_rule: Callable | None = None,
-                 output_lengths: Callable | None = None) -> Callable[[Callable], Preprocessor]:
+def preprocessor(
+    deterministic: bool | None = True,
+    *,
+    reads: Sequence[str] = (),
+    writes: Sequence[str] = (),
+    length_rule: Callable | None = None,
+    output_lengths: Callable | None = None,
+) -> Callable[[Callable], Preprocessor]:
     """Decorator: the function as a `Preprocessor` declaring what it does."""
 
     def make(fn: Callable) -> Preprocessor:
-        return Preprocessor(fn, reads=reads, writes=writes, deterministic=deterministic,
-                            length_rule=length_rule, output_lengths=output_lengths)
+        return Preprocessor(
+            fn,
+            reads=reads,
+            writes=writes,
+            deterministic=deterministic,
+            length_rule=length_rule,
+            output_lengths=output_lengths,
+        )
 
     return make
 
@@ -237,8 +269,9 @@ def base_key(seed: Any) -> tf.Tensor:
     return seed
 
 
-def map_over_dataset(fn: Callable | None = None, *, num_seeds: int | None = None,
-                     num_parallel_calls: int | None = None) -> Callable:
+def map_over_dataset(
+    fn: Callable | None = None, *, num_seeds: int | None = None, num_parallel_calls: int | None = None
+) -> Callable:
     """Turns `fn(example, ...)` into a preprocessor `fn(dataset, ...)` (seqio's decorator).
 
     With `num_seeds=1` the function receives `seed=` (shape [2]); with more, `seeds=`
@@ -255,16 +288,16 @@ def map_over_dataset(fn: Callable | None = None, *, num_seeds: int | None = None
 
     def decorate(map_fn: Callable) -> Callable:
         if not num_seeds:
+
             @functools.wraps(map_fn)
             def wrapper(ds: tf.data.Dataset, *args: Any, **kwargs: Any) -> tf.data.Dataset:
                 return apply(ds, lambda x: map_fn(x, *args, **kwargs))
 
-            wrapper.deterministic = getattr(map_fn, "deterministic", True)
+            wrapper.deterministic = getattr(map_fn, "deterministic", True)  # type: ignore[attr-defined]
             return wrapper
 
         @functools.wraps(map_fn)
-        def seeded(ds: tf.data.Dataset, *args: Any, seed: Any = None,
-                   **kwargs: Any) -> tf.data.Dataset:
+        def seeded(ds: tf.data.Dataset, *args: Any, seed: Any = None, **kwargs: Any) -> tf.data.Dataset:
             key = base_key(seed)
 
             def one(i, x):
@@ -275,8 +308,8 @@ def map_over_dataset(fn: Callable | None = None, *, num_seeds: int | None = None
 
             return apply(ds.enumerate(), one)
 
-        seeded.deterministic = False
-        seeded.__signature__ = _with_seed(map_fn)
+        seeded.deterministic = False  # type: ignore[attr-defined]
+        seeded.__signature__ = _with_seed(map_fn)  # type: ignore[attr-defined]
         return seeded
 
     return decorate(fn) if fn is not None else decorate

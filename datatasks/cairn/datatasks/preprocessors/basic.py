@@ -18,8 +18,7 @@ _TOKENIZE_BATCH = 256
 
 
 @preprocessor(deterministic=True)
-def rekey(dataset: tf.data.Dataset, key_map: Mapping[str, str | None] | None = None
-          ) -> tf.data.Dataset:
+def rekey(dataset: tf.data.Dataset, key_map: Mapping[str, str | None] | None = None) -> tf.data.Dataset:
     """Renames features: `{new: old}`; only the mapped features are kept (as in seqio).
 
     An empty or None `old` gives the empty string.
@@ -50,8 +49,9 @@ def _decode_all(flat: np.ndarray) -> tuple[list[str], np.ndarray]:
     return texts, bad
 
 
-def _encode_texts(vocab, flat: np.ndarray, stats: DataStats | None, feature: str,
-                  policy: BadDataPolicy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode_texts(
+    vocab, flat: np.ndarray, stats: DataStats | None, feature: str, policy: BadDataPolicy
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     texts, bad = _decode_all(flat)
     if isinstance(vocab, SentencePieceVocabulary):  # straight to the (sentinel-aware) model
         rows = vocab.tokenizer.encode(texts, out_type=int, num_threads=1)
@@ -60,8 +60,7 @@ def _encode_texts(vocab, flat: np.ndarray, stats: DataStats | None, feature: str
     else:
         rows = [vocab.encode(t) for t in texts]
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32,
-                         count=int(lengths.sum()))
+    values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
     if stats is not None and bad.any():
         reason = "undecodable_skipped" if policy.undecodable == "skip" else "undecodable_replaced"
         stats.add(reason, feature, int(bad.sum()))
@@ -80,8 +79,7 @@ def _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, poli
             def np_fn(f, vocab=vocab, k=k):
                 return _encode_texts(vocab, f, stats, k, policy)
 
-            values, lengths, bad = tf.numpy_function(
-                np_fn, [flat], [tf.int32, tf.int64, tf.bool], stateful=False)
+            values, lengths, bad = tf.numpy_function(np_fn, [flat], [tf.int32, tf.int64, tf.bool], stateful=False)
             values.set_shape([None])
             lengths.set_shape([None])
             bad.set_shape([None])
@@ -106,10 +104,14 @@ def _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, poli
 
 
 @preprocessor(deterministic=True)
-def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
-             copy_pretokenized: bool = True, with_eos: bool = False,
-             bad_data_policy: BadDataPolicy | None = None,
-             stats: DataStats | None = None) -> tf.data.Dataset:
+def tokenize(
+    dataset: tf.data.Dataset,
+    output_features: Mapping[str, Any],
+    copy_pretokenized: bool = True,
+    with_eos: bool = False,
+    bad_data_policy: BadDataPolicy | None = None,
+    stats: DataStats | None = None,
+) -> tf.data.Dataset:
     """Encodes the string features named in `output_features` with their vocabularies.
 
     Keeps the text as `<name>_pretokenized` when `copy_pretokenized`. Invalid UTF-8 follows
@@ -130,15 +132,14 @@ def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
         def cut(x):
             out = {k: v for k, v in x.items() if not k.startswith("__len_")}
             for k in keys:
-                out[k] = x[k][:x[f"__len_{k}"]]
+                out[k] = x[k][: x[f"__len_{k}"]]
             return out
 
         ds = map_inline(ds, cut)
     else:
         for k in keys:
             if spec[k].shape.rank != 0:
-                raise ValueError(f"tokenize: feature {k!r} must be a scalar string, "
-                                 f"got shape {spec[k].shape}")
+                raise ValueError(f"tokenize: feature {k!r} must be a scalar string, got shape {spec[k].shape}")
         fn = _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, False)
         ds = map_inline(dataset, fn)
     if policy.undecodable == "skip":
@@ -148,13 +149,17 @@ def tokenize(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
 
 
 def _eos_keys(dataset, output_features):
-    return [k for k, f in output_features.items()
-            if k in dataset.element_spec and f.add_eos and f.vocabulary.eos_id is not None]
+    return [
+        k
+        for k, f in output_features.items()
+        if k in dataset.element_spec and f.add_eos and f.vocabulary.eos_id is not None
+    ]
 
 
 # -- per-example output lengths (`Preprocessor.output_lengths`; packing plans use them) -----
-def eos_after_trim_lengths(lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int] | None,
-                           output_features: Mapping[str, Any]) -> dict:
+def eos_after_trim_lengths(
+    lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int] | None, output_features: Mapping[str, Any]
+) -> dict:
     """Lengths after `append_eos_after_trim` (and, with no `sequence_length`, `append_eos`)."""
     out = dict(lengths)
     for k, f in output_features.items():
@@ -164,17 +169,20 @@ def eos_after_trim_lengths(lengths: Mapping[str, np.ndarray], sequence_length: M
     return out
 
 
-def eos_lengths(lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int] | None,
-                output_features: Mapping[str, Any]) -> dict:
+def eos_lengths(
+    lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int] | None, output_features: Mapping[str, Any]
+) -> dict:
     """Lengths after `append_eos`."""
     return eos_after_trim_lengths(lengths, None, output_features)
 
 
-def trim_lengths(lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int],
-                 output_features: Mapping[str, Any] | None = None) -> dict:
+def trim_lengths(
+    lengths: Mapping[str, np.ndarray],
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, Any] | None = None,
+) -> dict:
     """Lengths after `trim` (each feature cut to its sequence length)."""
-    return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v)
-            for k, v in lengths.items()}
+    return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v) for k, v in lengths.items()}
 
 
 @preprocessor(deterministic=True, output_lengths=eos_lengths)
@@ -193,9 +201,9 @@ def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> 
 
 
 @preprocessor(deterministic=True, output_lengths=eos_after_trim_lengths)
-def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
-                          sequence_length: Mapping[str, int] | None = None
-                          ) -> tf.data.Dataset:
+def append_eos_after_trim(
+    dataset: tf.data.Dataset, output_features: Mapping[str, Any], sequence_length: Mapping[str, int] | None = None
+) -> tf.data.Dataset:
     """Trims to `sequence_length - 1` and appends EOS, so the EOS survives the final trim."""
     keys = _eos_keys(dataset, output_features)
 
@@ -205,7 +213,7 @@ def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str
             eos = tf.constant([output_features[k].vocabulary.eos_id], x[k].dtype)
             v = x[k]
             if sequence_length is not None and sequence_length.get(k) is not None:
-                v = v[..., :sequence_length[k] - 1]
+                v = v[..., : sequence_length[k] - 1]
             x[k] = tf.concat([v, eos], axis=-1)
         return x
 
@@ -215,9 +223,12 @@ def append_eos_after_trim(dataset: tf.data.Dataset, output_features: Mapping[str
 @preprocessor(deterministic=True, output_lengths=trim_lengths)
 def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
     """Trims each feature named in `sequence_length` to that length (first axis)."""
+
     def fn(x):
-        return {k: (v[:sequence_length[k]] if sequence_length.get(k) is not None
-                    and v.shape.rank else v) for k, v in x.items()}
+        return {
+            k: (v[: sequence_length[k]] if sequence_length.get(k) is not None and v.shape.rank else v)
+            for k, v in x.items()
+        }
 
     return map_inline(dataset, fn)
 
@@ -226,15 +237,20 @@ def _random_crop_lengths(lengths, sequence_length, output_features, feature_key=
     feature = output_features.get(feature_key)
     eos = 1 if feature is not None and feature.add_eos else 0
     out = dict(lengths)
-    out[feature_key] = np.minimum(np.asarray(lengths[feature_key]),
-                                  int(sequence_length[feature_key]) - eos).astype(np.int32)
+    out[feature_key] = np.minimum(np.asarray(lengths[feature_key]), int(sequence_length[feature_key]) - eos).astype(
+        np.int32
+    )
     return out
 
 
 @preprocessor(deterministic=False, output_lengths=_random_crop_lengths)
-def random_crop(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                output_features: Mapping[str, Any], feature_key: str = "targets",
-                seed: Any = None) -> tf.data.Dataset:
+def random_crop(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, Any],
+    feature_key: str = "targets",
+    seed: Any = None,
+) -> tf.data.Dataset:
     """One-to-one: a seeded random window of `feature_key` that fits its sequence length
     (minus one for EOS when the feature adds one). Shorter examples pass unchanged. Usable
     after a deterministic cache of long fixed-length chunks (a language-model stream)."""
@@ -250,8 +266,7 @@ def random_crop(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
         room = tf.maximum(tf.shape(tokens)[0] - keep, 0)
         start = tf.random.stateless_uniform([], seed, maxval=room + 1, dtype=tf.int32)
         out = dict(x)
-        out[feature_key] = tokens[start:start + keep]
+        out[feature_key] = tokens[start : start + keep]
         return out
 
     return crop(dataset, seed=seed)
-

@@ -25,18 +25,23 @@ def stateless_shuffle(value: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     return tf.gather(value, order)
 
 
-def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
-                        mean_noise_span_length: float = 3.0,
-                        extra_tokens_per_span_inputs: int = 1,
-                        extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
+def random_spans_helper(
+    inputs_length: int,
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+    extra_tokens_per_span_inputs: int = 1,
+    extra_tokens_per_span_targets: int = 1,
+) -> tuple[int, int]:
     """(raw tokens per example, targets length) so the inputs come out `inputs_length` long."""
 
     def lengths(tokens_length: int) -> tuple[int, int]:
         num_noise = int(round(tokens_length * noise_density))
         num_nonnoise = tokens_length - num_noise
         num_spans = int(round(num_noise / mean_noise_span_length))
-        return (num_nonnoise + num_spans * extra_tokens_per_span_inputs + 1,
-                num_noise + num_spans * extra_tokens_per_span_targets + 1)
+        return (
+            num_nonnoise + num_spans * extra_tokens_per_span_inputs + 1,
+            num_noise + num_spans * extra_tokens_per_span_targets + 1,
+        )
 
     tokens_length = inputs_length - 1
     while lengths(tokens_length + 1)[0] <= inputs_length:
@@ -48,24 +53,33 @@ def random_spans_helper(inputs_length: int, noise_density: float = 0.15,
     return tokens_length, targets_length
 
 
-def span_corruption_rule(sequence_length: Mapping[str, int], noise_density: float = 0.15,
-                         mean_noise_span_length: float = 3.0, input_feature_key: str = "inputs",
-                         reserved_for_packing: int | None = None) -> LengthRule:
+def span_corruption_rule(
+    sequence_length: Mapping[str, int],
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+    input_feature_key: str = "inputs",
+    reserved_for_packing: int | None = None,
+) -> LengthRule:
     """Span corruption's length rule, stated once: for inputs length `L` (less what is
     reserved for packing) it reads `random_spans_helper(L)[0]` tokens of `targets` per
     example and needs `sequence_length["targets"] >= random_spans_helper(L)[1]`."""
     inputs = sequence_length.get(input_feature_key)
     if inputs is None:
-        raise ValueError(f"span corruption needs sequence_length[{input_feature_key!r}]; "
-                         f"got lengths for {sorted(sequence_length)}")
+        raise ValueError(
+            f"span corruption needs sequence_length[{input_feature_key!r}]; got lengths for {sorted(sequence_length)}"
+        )
     inputs -= reserved_for_packing or 0
     if inputs < 3:
-        raise ValueError(f"sequence_length[{input_feature_key!r}] is {inputs}: span corruption "
-                         f"needs at least 3 (a token, a sentinel and EOS)")
-    tokens_length, targets_length = random_spans_helper(inputs, noise_density,
-                                                        mean_noise_span_length)
-    return LengthRule(reads={"targets": tokens_length}, needs={"targets": targets_length},
-                      about=f"span corruption of inputs length {inputs}")
+        raise ValueError(
+            f"sequence_length[{input_feature_key!r}] is {inputs}: span corruption "
+            f"needs at least 3 (a token, a sentinel and EOS)"
+        )
+    tokens_length, targets_length = random_spans_helper(inputs, noise_density, mean_noise_span_length)
+    return LengthRule(
+        reads={"targets": tokens_length},
+        needs={"targets": targets_length},
+        about=f"span corruption of inputs length {inputs}",
+    )
 
 
 def _checked_rule(name: str, sequence_length: Mapping[str, int], **kwargs: Any) -> LengthRule:
@@ -80,8 +94,9 @@ def _checked_rule(name: str, sequence_length: Mapping[str, int], **kwargs: Any) 
     return rule
 
 
-def random_spans_noise_mask(length: tf.Tensor, noise_density: float, seeds: tf.Tensor,
-                            mean_noise_span_length: float = 3.0) -> tf.Tensor:
+def random_spans_noise_mask(
+    length: tf.Tensor, noise_density: float, seeds: tf.Tensor, mean_noise_span_length: float = 3.0
+) -> tf.Tensor:
     """A boolean mask of `length` with about `noise_density` noise in spans of mean length."""
     if noise_density == 0.0:
         return tf.zeros([length], tf.bool)
@@ -89,21 +104,18 @@ def random_spans_noise_mask(length: tf.Tensor, noise_density: float, seeds: tf.T
     length = tf.maximum(length, 2)
     num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
     num_noise = tf.minimum(tf.maximum(num_noise, 1), length - 1)
-    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
-                        tf.int32)
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length), tf.int32)
     num_spans = tf.maximum(num_spans, 1)
     num_nonnoise = length - num_noise
 
     def segmentation(num_items, num_segments, seed):
-        first = tf.pad(stateless_shuffle(
-            tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed), [[1, 0]])
+        first = tf.pad(stateless_shuffle(tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed), [[1, 0]])
         segment_id = tf.cumsum(first)
         return tf.math.segment_sum(tf.ones_like(segment_id), segment_id)
 
     noise_lengths = segmentation(num_noise, num_spans, seeds[0])
     nonnoise_lengths = segmentation(num_nonnoise, num_spans, seeds[1])
-    interleaved = tf.reshape(tf.stack([nonnoise_lengths, noise_lengths], axis=1),
-                             [num_spans * 2])
+    interleaved = tf.reshape(tf.stack([nonnoise_lengths, noise_lengths], axis=1), [num_spans * 2])
     starts = tf.cumsum(interleaved)[:-1]
     start_indicator = tf.math.unsorted_segment_sum(tf.ones_like(starts), starts, length)
     span_num = tf.cumsum(start_indicator)
@@ -115,8 +127,9 @@ def sentinel_id(vocabulary: Any) -> int:
     return vocabulary.vocab_size - 1
 
 
-def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocabulary: Any,
-                                  seeds: Any = None) -> tf.Tensor:
+def noise_span_to_unique_sentinel(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocabulary: Any, seeds: Any = None
+) -> tf.Tensor:
     """Replaces each noise span with one sentinel (counting down from `<extra_id_0>`)."""
     prev_noise = tf.pad(noise_mask[:-1], [[1, 0]])
     first_noise = tf.logical_and(noise_mask, tf.logical_not(prev_noise))
@@ -126,8 +139,9 @@ def noise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, voca
     return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
 
 
-def nonnoise_span_to_unique_sentinel(tokens: tf.Tensor, noise_mask: tf.Tensor, vocabulary: Any,
-                                     seeds: Any = None) -> tf.Tensor:
+def nonnoise_span_to_unique_sentinel(
+    tokens: tf.Tensor, noise_mask: tf.Tensor, vocabulary: Any, seeds: Any = None
+) -> tf.Tensor:
     return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary)
 
 
@@ -140,8 +154,9 @@ def drop_nonnoise_tokens(tokens, noise_mask, vocabulary=None, seeds=None):
 
 
 @preprocessor(deterministic=False)
-def select_random_chunk(dataset: tf.data.Dataset, max_length: int = 65536,
-                        feature_key: str = "targets", seed: Any = None) -> tf.data.Dataset:
+def select_random_chunk(
+    dataset: tf.data.Dataset, max_length: int = 65536, feature_key: str = "targets", seed: Any = None
+) -> tf.data.Dataset:
     """Drops empty examples and keeps one random `max_length` chunk of `feature_key`."""
     dataset = dataset.filter(lambda x: tf.not_equal(tf.size(x[feature_key]), 0))
 
@@ -150,16 +165,16 @@ def select_random_chunk(dataset: tf.data.Dataset, max_length: int = 65536,
         tokens = x[feature_key]
         n = tf.shape(tokens)[0]
         num_segments = tf.cast(tf.math.ceil(n / max_length), tf.int32)
-        start = max_length * tf.random.stateless_uniform(
-            [], seed, maxval=num_segments, dtype=tf.int32)
-        return {feature_key: tokens[start:tf.minimum(start + max_length, n)]}
+        start = max_length * tf.random.stateless_uniform([], seed, maxval=num_segments, dtype=tf.int32)
+        return {feature_key: tokens[start : tf.minimum(start + max_length, n)]}
 
     return chunk(dataset, seed=seed)
 
 
 @preprocessor(deterministic=True)
-def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
-                         batch_size: int = 128) -> tf.data.Dataset:
+def reduce_concat_tokens(
+    dataset: tf.data.Dataset, feature_key: str = "targets", batch_size: int = 128
+) -> tf.data.Dataset:
     """Concatenates the tokens of `batch_size` consecutive examples (padding removed)."""
     dataset = map_inline(dataset, lambda x: {feature_key: x[feature_key]})
     dataset = dataset.padded_batch(batch_size, padded_shapes={feature_key: [-1]})
@@ -172,8 +187,9 @@ def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
 
 
 @preprocessor(deterministic=True)
-def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
-                 feature_key: str = "targets") -> tf.data.Dataset:
+def split_tokens(
+    dataset: tf.data.Dataset, max_tokens_per_segment: int, feature_key: str = "targets"
+) -> tf.data.Dataset:
     """Splits `feature_key` into consecutive segments of `max_tokens_per_segment` tokens."""
     dataset = dataset.filter(lambda x: tf.not_equal(tf.size(x[feature_key]), 0))
     length = max_tokens_per_segment
@@ -188,18 +204,22 @@ def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
         return {feature_key: padded, "__length__": lengths}
 
     dataset = map_inline(dataset, split)
-    return map_inline(dataset.unbatch(),
-                      lambda x: {feature_key: x[feature_key][:x["__length__"]]})
+    return map_inline(dataset.unbatch(), lambda x: {feature_key: x[feature_key][: x["__length__"]]})
 
 
-def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
-            noise_density: float, noise_mask_fn: Callable, inputs_fn: Callable,
-            targets_fn: Callable | None = None, input_feature_key: str = "inputs",
-            seed: Any = None) -> tf.data.Dataset:
+def denoise(
+    dataset: tf.data.Dataset,
+    output_features: Mapping[str, Any],
+    noise_density: float,
+    noise_mask_fn: Callable,
+    inputs_fn: Callable,
+    targets_fn: Callable | None = None,
+    input_feature_key: str = "inputs",
+    seed: Any = None,
+) -> tf.data.Dataset:
     """Builds (inputs, targets) from `targets` tokens with a noise mask (T5's `denoise`)."""
     vocabulary = output_features["targets"].vocabulary
-    if (input_feature_key in output_features
-            and output_features[input_feature_key].vocabulary != vocabulary):
+    if input_feature_key in output_features and output_features[input_feature_key].vocabulary != vocabulary:
         raise ValueError("denoise: the inputs and targets features must share a vocabulary")
 
     @map_over_dataset(num_seeds=6)
@@ -215,7 +235,7 @@ def denoise(dataset: tf.data.Dataset, output_features: Mapping[str, Any],
     return one(dataset, seed=seed)
 
 
-denoise.deterministic = False
+denoise.deterministic = False  # type: ignore[attr-defined]
 
 
 def _split_seed(seed: Any, n: int) -> list:
@@ -225,19 +245,27 @@ def _split_seed(seed: Any, n: int) -> list:
     return [tf.random.experimental.stateless_fold_in(key, i) for i in range(n)]
 
 
-@preprocessor(deterministic=False, reads=("targets",), writes=("inputs", "targets"),
-              length_rule=span_corruption_rule)
-def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                    output_features: Mapping[str, Any], mean_noise_span_length: float = 3.0,
-                    noise_density: float = 0.15, input_feature_key: str = "inputs",
-                    merge_examples_to_reduce_padding: bool = True,
-                    reserved_for_packing: int | None = None, seed: Any = None
-                    ) -> tf.data.Dataset:
+@preprocessor(deterministic=False, reads=("targets",), writes=("inputs", "targets"), length_rule=span_corruption_rule)
+def span_corruption(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, Any],
+    mean_noise_span_length: float = 3.0,
+    noise_density: float = 0.15,
+    input_feature_key: str = "inputs",
+    merge_examples_to_reduce_padding: bool = True,
+    reserved_for_packing: int | None = None,
+    seed: Any = None,
+) -> tf.data.Dataset:
     """T5's span corruption: `targets` tokens -> (inputs with sentinels, targets with spans)."""
     tokens_length = _checked_rule(
-        "span_corruption", sequence_length, noise_density=noise_density,
-        mean_noise_span_length=mean_noise_span_length, input_feature_key=input_feature_key,
-        reserved_for_packing=reserved_for_packing).reads["targets"]
+        "span_corruption",
+        sequence_length,
+        noise_density=noise_density,
+        mean_noise_span_length=mean_noise_span_length,
+        input_feature_key=input_feature_key,
+        reserved_for_packing=reserved_for_packing,
+    ).reads["targets"]
     chunk_seed, denoise_seed = _split_seed(seed, 2)
     ds = select_random_chunk(dataset, max_length=65536, feature_key="targets", seed=chunk_seed)
     if merge_examples_to_reduce_padding:
@@ -247,10 +275,16 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
     def mask_fn(length, density, seeds):
         return random_spans_noise_mask(length, density, seeds, mean_noise_span_length)
 
-    return denoise(ds, output_features, noise_density, mask_fn,
-                   inputs_fn=noise_span_to_unique_sentinel,
-                   targets_fn=nonnoise_span_to_unique_sentinel,
-                   input_feature_key=input_feature_key, seed=denoise_seed)
+    return denoise(
+        ds,
+        output_features,
+        noise_density,
+        mask_fn,
+        inputs_fn=noise_span_to_unique_sentinel,
+        targets_fn=nonnoise_span_to_unique_sentinel,
+        input_feature_key=input_feature_key,
+        seed=denoise_seed,
+    )
 
 
 # -- one-to-one variants for deterministic pipelines (post-cache) ---------------------------
@@ -266,8 +300,7 @@ def _span_counts(length, noise_density: float, mean_noise_span_length: float):
     return num_noise, np.maximum(num_spans.astype(np.int64), 1)
 
 
-def span_corruption_lengths(tokens_length, noise_density: float = 0.15,
-                            mean_noise_span_length: float = 3.0):
+def span_corruption_lengths(tokens_length, noise_density: float = 0.15, mean_noise_span_length: float = 3.0):
     """`(inputs, targets)` lengths (no EOS) that span corruption makes of `tokens_length` tokens."""
     import numpy as np
 
@@ -278,14 +311,19 @@ def span_corruption_lengths(tokens_length, noise_density: float = 0.15,
     return inputs, targets
 
 
-def _span_corruption_one_to_one_lengths(lengths, sequence_length, output_features,
-                                        noise_density: float = 0.15,
-                                        mean_noise_span_length: float = 3.0,
-                                        input_feature_key: str = "inputs"):
+def _span_corruption_one_to_one_lengths(
+    lengths,
+    sequence_length,
+    output_features,
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+    input_feature_key: str = "inputs",
+):
     import numpy as np
 
-    tokens_length = span_corruption_rule(sequence_length, noise_density, mean_noise_span_length,
-                                         input_feature_key).reads["targets"]
+    tokens_length = span_corruption_rule(
+        sequence_length, noise_density, mean_noise_span_length, input_feature_key
+    ).reads["targets"]
     n = np.minimum(np.asarray(lengths["targets"]), tokens_length)
     inputs, targets = span_corruption_lengths(n, noise_density, mean_noise_span_length)
     out = dict(lengths)
@@ -293,14 +331,22 @@ def _span_corruption_one_to_one_lengths(lengths, sequence_length, output_feature
     return out
 
 
-@preprocessor(deterministic=False, reads=("targets",), writes=("inputs", "targets"),
-              length_rule=span_corruption_rule,
-              output_lengths=_span_corruption_one_to_one_lengths)
-def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                               output_features: Mapping[str, Any], noise_density: float = 0.15,
-                               mean_noise_span_length: float = 3.0,
-                               input_feature_key: str = "inputs", seed: Any = None
-                               ) -> tf.data.Dataset:
+@preprocessor(
+    deterministic=False,
+    reads=("targets",),
+    writes=("inputs", "targets"),
+    length_rule=span_corruption_rule,
+    output_lengths=_span_corruption_one_to_one_lengths,
+)
+def span_corruption_one_to_one(
+    dataset: tf.data.Dataset,
+    sequence_length: Mapping[str, int],
+    output_features: Mapping[str, Any],
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+    input_feature_key: str = "inputs",
+    seed: Any = None,
+) -> tf.data.Dataset:
     """T5's span corruption, one example in, one out (usable after a deterministic cache).
 
     Each example's `targets` tokens (e.g. fixed-length chunks cached by `reduce_concat_tokens`
@@ -312,9 +358,12 @@ def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mappin
     can be planned (`span_corruption_one_to_one.deterministic_lengths`).
     """
     tokens_length = _checked_rule(
-        "span_corruption_one_to_one", sequence_length, noise_density=noise_density,
+        "span_corruption_one_to_one",
+        sequence_length,
+        noise_density=noise_density,
         mean_noise_span_length=mean_noise_span_length,
-        input_feature_key=input_feature_key).reads["targets"]
+        input_feature_key=input_feature_key,
+    ).reads["targets"]
 
     def mask_fn(length, density, seeds):
         return random_spans_noise_mask(length, density, seeds, mean_noise_span_length)
@@ -326,13 +375,18 @@ def span_corruption_one_to_one(dataset: tf.data.Dataset, sequence_length: Mappin
         room = tf.maximum(n - tokens_length, 0)
         start = tf.random.stateless_uniform([], seed, maxval=room + 1, dtype=tf.int32)
         out = dict(x)
-        out["targets"] = tokens[start:start + tokens_length]
+        out["targets"] = tokens[start : start + tokens_length]
         return out
 
     crop_seed, denoise_seed = _split_seed(seed, 2)
     ds = crop(dataset, seed=crop_seed)
-    return denoise(ds, output_features, noise_density, mask_fn,
-                   inputs_fn=noise_span_to_unique_sentinel,
-                   targets_fn=nonnoise_span_to_unique_sentinel,
-                   input_feature_key=input_feature_key, seed=denoise_seed)
-
+    return denoise(
+        ds,
+        output_features,
+        noise_density,
+        mask_fn,
+        inputs_fn=noise_span_to_unique_sentinel,
+        targets_fn=nonnoise_span_to_unique_sentinel,
+        input_feature_key=input_feature_key,
+        seed=denoise_seed,
+    )
