@@ -1,6 +1,7 @@
 """`//launchers:eval` and `//launchers:infer` on a short run of the default experiment (child
 processes, two short plays): evaluating one checkpoint and watching a run's checkpoints,
-skipping those already evaluated; predictions in chunks, resumed, and never mixed."""
+skipping those already evaluated; predictions in chunks, resumed, and never mixed; the LM twin
+continuing prompts."""
 
 import json
 import os
@@ -84,3 +85,30 @@ def test_infer_writes_chunks_resumes_and_refuses_to_mix(run, tmp_path):
     assert proc.returncode == 2, launch_util.tail(proc)
     assert "holds parts of other predictions" in proc.stderr and "step" in proc.stderr
     assert out.read_text() == first
+
+
+def test_infer_of_the_lm_twin_continues_prompts(tmp_path):
+    """A decoder-only model (the family's `continues_prompt`): `--input_file`'s lines, else the
+    first half of each evaluation example, continued; the prediction excludes the prompt."""
+    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
+    common = [f"--config={launch_util.LM_CONFIG}", f"--config.model_dir={tmp_path / 'lm'}",
+              f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.num_train_steps=2",
+              "--config.data.batch_size=8", "--config.eval.num_examples=4", "--config.post_training.max_decode_length=6"]
+    proc = launch_util.train(common + ["--config.post_training.final_eval=false"], env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ROMEO. O, she\n\nTo be, or not\n")
+    out = tmp_path / "file.jsonl"
+    proc = launch_util.run("cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=8",
+                                                                   f"--input_file={prompts}"], env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["index"], r["input"], r["target"]) for r in rows] == [(0, "ROMEO. O, she", ""), (1, "To be, or not", "")]
+    # Each row decodes to the longest prompt's length + 6: a shorter prompt leaves more room.
+    assert all(all(isinstance(t, int) for t in r["prediction_ids"]) for r in rows), rows
+    out = tmp_path / "eval.jsonl"
+    proc = launch_util.run("cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=8"], env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(4))
+    assert all(r["input"] and r["target"] and isinstance(r["prediction_ids"], list) for r in rows), rows

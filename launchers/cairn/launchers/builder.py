@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 
 from cairn.launchers import data as data_lib
+from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.validation import ConfigError, check_model, resolve_mesh
 
@@ -30,7 +31,7 @@ def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None) -> A
     """The network config: the preset (or the Hugging Face checkpoint's config) with
     `model.overrides`, its vocab size `model.vocab_size` or the vocabulary's rounded up to 128."""
     if config.init.hf_checkpoint:
-        net = hf_model_config(config.init.hf_checkpoint, to_plain(config.model.overrides))
+        net = hf_model_config(config.init.hf_checkpoint, to_plain(config.model.overrides), config.model.kind)
         vocab_size = net.vocab_size
     else:
         net = check_model(config)
@@ -42,12 +43,22 @@ def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None) -> A
     return dataclasses.replace(net, vocab_size=vocab_size)
 
 
-def hf_model_config(directory: str, overrides: dict) -> Any:
-    """The `T5Config` of a Hugging Face T5 directory (its config.json only), with overrides."""
-    from cairn import storage
-    from cairn.models.hf_interchange import config_from_hf
+def hf_converter(kind: str) -> Any:
+    """The Hugging Face converter of model family `kind` (`ConfigError` naming `init.hf_checkpoint`
+    when the family has none)."""
+    hf = model_family(kind).hf
+    if hf is None:
+        raise ConfigError("init.hf_checkpoint", f"model.kind {kind!r} has no Hugging Face import")
+    return hf
 
-    return config_from_hf(storage.read_json(storage.join(directory, "config.json")), **overrides)
+
+def hf_model_config(directory: str, overrides: dict, kind: str) -> Any:
+    """The network config of a Hugging Face directory (its config.json only), with overrides, by
+    the converter of model family `kind`."""
+    from cairn import storage
+
+    return hf_converter(kind).config_from_json(storage.read_json(storage.join(directory, "config.json")),
+                                               **overrides)
 
 
 def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
@@ -56,13 +67,14 @@ def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
 
 
 def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None) -> Any:
-    """`EncoderDecoderModel` or `DecoderOnlyModel` of the config (no parameters yet)."""
-    from cairn.models import DecoderOnlyModel, EncoderDecoderModel, flops_per_token
+    """The model family's model (`EncoderDecoderModel`, `DecoderOnlyModel`) of the config (no
+    parameters yet)."""
+    from cairn.models import flops_per_token
 
     net = model_config(config, vocabulary)
-    cls = EncoderDecoderModel if config.model.kind == "encoder_decoder" else DecoderOnlyModel
-    model = cls(net, label_smoothing=config.model.label_smoothing, z_loss=config.model.z_loss,
-                loss_normalizing_factor=loss_normalizing_factor(config))
+    model = model_family(config.model.kind).make_model(
+        net, label_smoothing=config.model.label_smoothing, z_loss=config.model.z_loss,
+        loss_normalizing_factor=loss_normalizing_factor(config))
     try:
         model.flops_per_token = flops_per_token(net, data_lib.sequence_length(config))
     except Exception:  # FLOPs are for MFU only
@@ -243,9 +255,7 @@ def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_bat
         from cairn.trainer import restore_params
 
         return restore_params(config.init.checkpoint, abstract, step=config.init.checkpoint_step)
-    from cairn.models import import_hf
-
-    _, params = import_hf(config.init.hf_checkpoint, **to_plain(config.model.overrides))
+    _, params = hf_converter(config.model.kind).import_dir(config.init.hf_checkpoint, **to_plain(config.model.overrides))
     shapes = jax.tree.map(np.shape, params)
     want = jax.tree.map(lambda a: a.shape, abstract)
     if shapes != want:

@@ -4,20 +4,20 @@ An experiment file (`launchers/configs/<exp>.py`) defines `get_config(arg=None)`
 `base_config()` with some values changed. Every key an experiment or a `--config.a.b=v`
 override may set is here, with its default and type; anything else is an error
 (`validation.validate`). Three sections are free-form mappings, checked on their own:
-`model.overrides` (fields of the preset's `T5Config` / `DecoderOnlyConfig`),
+`model.overrides` (fields of the preset's config, `T5Config` / `DecoderOnlyConfig`),
 `data.sequence_length` (task feature -> length) and `partitioning.mesh` (axis -> size).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
 FREE_FORM = ("model.overrides", "data.sequence_length", "partitioning.mesh")
 
-MODEL_KINDS = ("encoder_decoder", "decoder_only")
 VOCABULARY_KINDS = ("sentencepiece", "byte")
 OPTIMIZERS = ("adafactor", "adamw")
 SCHEDULES = ("factor", "cosine", "linear", "constant")
@@ -25,6 +25,33 @@ LOSS_NORMALIZING_FACTORS = ("NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS",
                             "none")
 DECODE_METHODS = ("greedy", "sample", "beam")
 MESH_AXES = ("data", "fsdp", "model")
+
+
+def model_kinds() -> tuple[str, ...]:
+    """The allowed `model.kind` values: the `cairn.models` model families (imported on first use,
+    so that experiment files stay light)."""
+    from cairn.models import families
+
+    return families.names()
+
+
+def model_family(kind: str) -> Any:
+    """The `cairn.models.ModelFamily` of a `model.kind` value (`ConfigError` naming `model.kind`
+    and the known kinds when there is none)."""
+    from cairn.models import UnknownFamilyError, get_family
+    from cairn.launchers.validation import ConfigError
+
+    try:
+        return get_family(kind)
+    except UnknownFamilyError as e:
+        raise ConfigError("model.kind", str(e)) from None
+
+
+def __getattr__(name: str) -> Any:
+    """`MODEL_KINDS` (= `model_kinds()`), derived from the `cairn.models` family registry."""
+    if name == "MODEL_KINDS":
+        return model_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -155,8 +182,9 @@ def tiny_run(config: ml_collections.ConfigDict, steps: int, learning_rate: float
 
 def pretrain(config: ml_collections.ConfigDict, preset: str, kind: str, task: str,
              lengths: dict, batch_size: int, steps: int) -> None:
-    """A pretraining run at scale: the preset, a user-registered task, t5x-style defaults
-    (Adafactor, `rsqrt_decay` with 10k warmup; decoder-only: AdamW, cosine)."""
+    """A pretraining run at scale: the preset, a user-registered task, and the model family's
+    `pretrain_optimizer` settings (t5x's Adafactor with `rsqrt_decay` and 10k warmup for T5;
+    AdamW with a cosine schedule for decoder-only)."""
     config.experiment = f"{preset}_pretrain"
     config.model.kind = kind
     config.model.preset = preset
@@ -167,20 +195,8 @@ def pretrain(config: ml_collections.ConfigDict, preset: str, kind: str, task: st
     config.num_train_steps = steps
     config.trainer.checkpoint_every = 5000
     config.trainer.log_every = 100
-    if kind == "encoder_decoder":
-        config.optimizer.name = "adafactor"
-        config.optimizer.schedule = "factor"
-        config.optimizer.learning_rate = 1.0
-        config.optimizer.warmup_steps = 10000
-    else:
-        config.optimizer.name = "adamw"
-        config.optimizer.schedule = "cosine"
-        config.optimizer.learning_rate = 3e-4
-        config.optimizer.warmup_steps = 2000
-        config.optimizer.final_learning_rate = 3e-5
-        config.optimizer.weight_decay = 0.1
-        config.optimizer.b2 = 0.95
-        config.optimizer.clip_grad_norm = 1.0
+    for key, value in model_family(kind).pretrain_optimizer:
+        config.optimizer[key] = value
 
 
 def model_parallel_mesh(config: ml_collections.ConfigDict, size: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
+from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.validation import ConfigError, close_names
 
@@ -56,18 +57,17 @@ def get_tasks(config: ml_collections.ConfigDict, key: str = "data.task") -> dict
 
 
 def feature_converter(config: ml_collections.ConfigDict, pack: bool | None = None) -> Any:
+    """The `cairn.datatasks` feature converter of the model family (`data.pack` unless `pack`)."""
     import cairn.datatasks as dt
 
     pack = config.data.pack if pack is None else pack
-    if config.model.kind == "encoder_decoder":
-        return dt.EncDecFeatureConverter(pack=pack)
-    return dt.LMFeatureConverter(pack=pack)
+    return getattr(dt, model_family(config.model.kind).feature_converter)(pack=pack)
 
 
 def sequence_length(config: ml_collections.ConfigDict) -> dict[str, int]:
-    keys = ("inputs", "targets") if config.model.kind == "encoder_decoder" else ("targets",)
+    """`data.sequence_length` of the features the model family reads."""
     lengths = to_plain(config.data.sequence_length)
-    return {k: int(lengths[k]) for k in keys}
+    return {k: int(lengths[k]) for k in model_family(config.model.kind).features}
 
 
 def cache_missing(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:

@@ -4,10 +4,11 @@
         --output=preds.jsonl [--checkpoint=DIR] [--step=N] [--chunk_size=64] \
         [--num_examples=N] [--input_file=prompts.txt]
 
-Encoder-decoder models predict the targets of the config's evaluation task (`eval.task`,
-default `data.task`; split `eval.split`; `--num_examples`, default `eval.num_examples`, 0 for
-all). Decoder-only models continue prompts: the lines of `--input_file`, or else the first half
-of each evaluation example's tokens. Decoding follows `post_training.decode_method` etc.
+Models conditioned on an input feature (the family's `input_feature`: encoder-decoder) predict
+the targets of the config's evaluation task (`eval.task`, default `data.task`; split
+`eval.split`; `--num_examples`, default `eval.num_examples`, 0 for all). Models that continue a
+prompt (`continues_prompt`: decoder-only) continue the lines of `--input_file`, or else the
+first half of each evaluation example's tokens. Decoding follows `post_training.decode_method` etc.
 
 Chunk `k` (examples `[k * chunk_size, (k + 1) * chunk_size)`) is written atomically to
 `<output>.parts/part-<k>.jsonl`; a rerun skips the chunks on disk, so an interrupted job
@@ -38,6 +39,7 @@ from absl import flags
 
 from cairn import storage
 from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
+from cairn.launchers.config_base import model_family
 from cairn.launchers.post_training import pad_rows
 from cairn.launchers.sharded_batches import ShardedBatches, check_batch_size
 from cairn.launchers.validation import ConfigError
@@ -57,7 +59,8 @@ OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and st
 def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Optional[int],
            input_file: str) -> list[dict]:
     """`[{"ids", "input", "target"}]`: what each prediction starts from, in order."""
-    if config.model.kind == "decoder_only" and input_file:
+    family = model_family(config.model.kind)
+    if family.continues_prompt and input_file:
         prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
         return [{"ids": vocabulary.encode(p), "input": p, "target": ""} for p in prompts]
     n = config.eval.num_examples if num_examples is None else num_examples
@@ -67,12 +70,13 @@ def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Opt
     task = sorted(evaluator.task_names)[0]
     rows = []
     for ex in evaluator.examples(task):
-        if config.model.kind == "decoder_only":
+        if family.continues_prompt:
             ids = [int(t) for t in ex["targets"]]
             ids, rest = ids[:len(ids) // 2], ids[len(ids) // 2:]
             rows.append({"ids": ids, "input": vocabulary.decode(ids), "target": vocabulary.decode(rest)})
         else:
-            rows.append({"ids": [int(t) for t in ex["inputs"]], "input": vocabulary.decode([int(t) for t in ex["inputs"]]),
+            ids = [int(t) for t in ex[family.input_feature]]
+            rows.append({"ids": ids, "input": vocabulary.decode(ids),
                          "target": vocabulary.decode([int(t) for t in ex["targets"]])})
     return rows
 
@@ -85,15 +89,15 @@ def make_decoder(config: ml_collections.ConfigDict, model: Any, partitioner: Any
     from cairn.models import DecodeOptions
 
     pt = config.post_training
+    family = model_family(config.model.kind)
     new = pt.max_decode_length or data_lib.sequence_length(config)["targets"]
-    length = new + (prompt_length if config.model.kind == "decoder_only" else 0)
+    length = new + (prompt_length if family.continues_prompt else 0)
     options = DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature,
                             top_k=pt.top_k)
 
     def fn(p, x):
         rng = jax.random.PRNGKey(config.seed)
-        batch = x if config.model.kind == "decoder_only" else {"encoder_input_tokens": x}
-        return model.predict_batch(p, batch, options, rng=rng)[0]
+        return model.predict_batch(p, family.decode_batch(x), options, rng=rng)[0]
     return ShardedBatches(partitioner, fn, batch_size, "decodes")
 
 
@@ -129,7 +133,8 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
         storage.check_writable(os.fspath(storage.path(output).parent) or ".")
     except storage.StorageError as e:
         raise ConfigError("output", str(e)) from None
-    ready = eval_setup.prepare(config, eval_task=not (config.model.kind == "decoder_only" and input_file))
+    family = model_family(config.model.kind)
+    ready = eval_setup.prepare(config, eval_task=not (family.continues_prompt and input_file))
     partitioner = ready["partitioner"]
     check_batch_size("chunk_size", chunk_size, partitioner)
     vocabulary = ready["vocabulary"]
@@ -143,8 +148,8 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
     chunks = range(0, len(rows), chunk_size)
     missing = eval_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
     lengths = data_lib.sequence_length(config)
-    prompt_length = (max([len(r["ids"]) for r in rows] + [1]) if config.model.kind == "decoder_only"
-                     else lengths["inputs"])
+    prompt_length = (max([len(r["ids"]) for r in rows] + [1]) if family.continues_prompt
+                     else lengths[family.input_feature])
     decode = make_decoder(config, model, partitioner, prompt_length, chunk_size)
     for k in missing:
         start = chunks[k]
@@ -155,7 +160,7 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
         lines = []
         for i, (r, t) in enumerate(zip(chunk, tokens)):
             pred = [int(x) for x in t]
-            if config.model.kind == "decoder_only":
+            if family.continues_prompt:  # the output starts with the prompt
                 pred = pred[len(r["ids"]):]
             end = pred.index(0) if 0 in pred else len(pred)
             lines.append(json.dumps({"index": start + i, "input": r["input"], "target": r["target"],

@@ -1,8 +1,10 @@
 """What a run does after training: the final evaluation and sample outputs, printed.
 
-* encoder-decoder: `post_training.num_samples` evaluation examples, each printed as the
-  input (with its sentinels), the target and the model's prediction, decoded;
-* decoder-only: each of `post_training.prompts` continued by the model.
+The model family's `samples` (`cairn.models.families`) says which samples:
+
+* `eval_predictions` (encoder-decoder): `post_training.num_samples` evaluation examples, each
+  printed as the input (with its sentinels), the target and the model's prediction, decoded;
+* `prompt_continuations` (decoder-only): each of `post_training.prompts` continued by the model.
 
 Every process of a multi-process run calls these with the same params: batches are sharded
 over the mesh (`ShardedBatches`, padded to a multiple of the data-parallel shards), so each
@@ -20,6 +22,7 @@ import numpy as np
 
 from cairn.launchers import builder
 from cairn.launchers import data as data_lib
+from cairn.launchers.config_base import model_family
 from cairn.launchers.sharded_batches import ShardedBatches
 
 log = logging.getLogger(__name__)
@@ -62,12 +65,14 @@ def final_evaluation(config: ml_collections.ConfigDict, model: Any, params: Any,
 
 
 def _decode(config: ml_collections.ConfigDict, model: Any, params: Any, partitioner: Any, rows: np.ndarray,
-            length: int, encoder_decoder: bool) -> np.ndarray:
-    """Decoded tokens of every row of `rows`, one sharded batch on the partitioner's mesh."""
+            length: int) -> np.ndarray:
+    """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), one
+    sharded batch on the partitioner's mesh."""
     options = _decode_options(config, length)
+    decode_batch = model_family(config.model.kind).decode_batch
 
     def fn(p, x):
-        batch = {"encoder_input_tokens": x} if encoder_decoder else x
+        batch = decode_batch(x)
         return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(config.seed))[0]
     return ShardedBatches(_partitioner(config, partitioner), fn, len(rows), "decodes", logging.DEBUG)(params, rows)
 
@@ -83,7 +88,7 @@ def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any
     examples = evaluator.examples(task)[:n]
     enc = pad_rows([ex["inputs"] for ex in examples], lengths["inputs"])
     length = config.post_training.max_decode_length or lengths["targets"]
-    tokens = _decode(config, model, params, partitioner, enc, length, encoder_decoder=True)
+    tokens = _decode(config, model, params, partitioner, enc, length)
     samples = []
     for i, (ex, pred) in enumerate(zip(examples, tokens)):
         sample = {"input": vocabulary.decode(list(map(int, ex["inputs"]))),
@@ -104,8 +109,7 @@ def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vo
     encoded = [vocabulary.encode(p) for p in prompts]
     longest = max(len(e) for e in encoded)
     new = config.post_training.max_decode_length or data_lib.sequence_length(config)["targets"]
-    tokens = _decode(config, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new,
-                     encoder_decoder=False)
+    tokens = _decode(config, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new)
     texts = []
     for i, (prompt, row) in enumerate(zip(prompts, tokens)):
         text = vocabulary.decode([int(t) for t in row])
@@ -118,12 +122,15 @@ def run(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: 
         step: int, out: Printer = print, partitioner: Any = None) -> dict:
     """The config's post-training actions; returns what they produced. `partitioner`: the run's
     (default: `builder.make_partitioner(config)`, the same mesh)."""
+    from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
+
     partitioner = _partitioner(config, partitioner)
     result: dict = {}
     if config.post_training.final_eval and evaluator is not None:
         result["metrics"] = final_evaluation(config, model, params, evaluator, step, out, partitioner)
-    if config.model.kind == "encoder_decoder" and evaluator is not None:
+    samples = model_family(config.model.kind).samples
+    if samples == SAMPLES_EVAL_PREDICTIONS and evaluator is not None:
         result["samples"] = denoising_samples(config, model, params, evaluator, vocabulary, out, partitioner)
-    if config.model.kind == "decoder_only":
+    if samples == SAMPLES_PROMPT_CONTINUATIONS:
         result["generated"] = generate_text(config, model, params, vocabulary, out, partitioner=partitioner)
     return result

@@ -23,7 +23,7 @@ from cairn.launchers.config_io import to_plain
 PLACEHOLDER_TYPES = {"optimizer.clip_grad_norm": float, "init.checkpoint_step": int,
                      "multihost.num_processes": int, "multihost.process_id": int}
 CHOICES = {
-    "model.kind": config_base.MODEL_KINDS,
+    "model.kind": config_base.model_kinds,  # called when checked: the cairn.models families
     "vocabulary.kind": config_base.VOCABULARY_KINDS,
     "optimizer.name": config_base.OPTIMIZERS,
     "optimizer.schedule": config_base.SCHEDULES,
@@ -106,6 +106,7 @@ def check_schema(config: Any, schema: Optional[Any] = None) -> None:
 
     walk(plain, schema_plain, "")
     for key, allowed in CHOICES.items():
+        allowed = allowed() if callable(allowed) else allowed
         value = _get(plain, key)
         if value not in allowed:
             raise ConfigError(key, f"unknown value {value!r}; {_suggest(str(value), allowed)}")
@@ -162,17 +163,16 @@ def _get(plain: Mapping, key: str) -> Any:
 def check_model(config: Any) -> Any:
     """The preset exists, fits `model.kind`, and `model.overrides` names its fields. Returns
     the preset's config with the overrides applied (vocab size not yet set)."""
-    from cairn.models import DecoderOnlyConfig, PRESETS, T5Config
+    from cairn.models import PRESETS
 
     preset = config.model.preset
     if preset not in PRESETS:
         raise ConfigError("model.preset", f"unknown preset {preset!r}; {_suggest(preset, list(PRESETS))}")
     base = PRESETS[preset]
-    want = T5Config if config.model.kind == "encoder_decoder" else DecoderOnlyConfig
-    if not isinstance(base, want):
-        fitting = [n for n, p in PRESETS.items() if isinstance(p, want)]
-        raise ConfigError("model.preset", f"{preset!r} is not a {config.model.kind} preset; "
-                                          f"{config.model.kind} presets: {', '.join(fitting)}")
+    family = config_base.model_family(config.model.kind)
+    if preset not in family.presets:
+        raise ConfigError("model.preset", f"{preset!r} is not a {family.name} preset; "
+                                          f"{family.name} presets: {', '.join(family.presets)}")
     fields = {f.name: f for f in dataclasses.fields(base)}
     overrides = to_plain(config.model.overrides)
     for name, value in overrides.items():
@@ -210,8 +210,12 @@ def check_paths(config: Any) -> None:
             raise ConfigError(key, f"no such path {path!r}")
     if config.init.checkpoint and config.init.hf_checkpoint:
         raise ConfigError("init.hf_checkpoint", "set init.checkpoint or init.hf_checkpoint, not both")
-    if config.init.hf_checkpoint and config.model.kind != "encoder_decoder":
-        raise ConfigError("init.hf_checkpoint", "Hugging Face import covers T5 (encoder_decoder) models only")
+    if config.init.hf_checkpoint and config_base.model_family(config.model.kind).hf is None:
+        from cairn.models import families
+
+        with_hf = [f.name for f in families.families() if f.hf is not None]
+        raise ConfigError("init.hf_checkpoint", f"Hugging Face import covers {', '.join(with_hf)} models only; "
+                                                f"model.kind is {config.model.kind!r}")
 
 
 def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
@@ -219,7 +223,7 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
 
     `tasks`: name -> Task of the data task (or mixture) and of the evaluation task."""
     lengths = to_plain(config.data.sequence_length)
-    needed = ("inputs", "targets") if config.model.kind == "encoder_decoder" else ("targets",)
+    needed = config_base.model_family(config.model.kind).features
     for name in needed:
         if name not in lengths:
             raise ConfigError(f"data.sequence_length.{name}",

@@ -4,7 +4,7 @@ optional prefix-LM attention (bidirectional over the inputs, causal over the tar
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import ClassVar, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -13,45 +13,21 @@ from cairn.models.attention import mask_to_bias, segment_mask
 from cairn.models.layers import Embed, RMSNorm, constrain, kernel
 from cairn.models.relative_position import RelativePositionBias
 from cairn.models.stacking import apply_layers
-from cairn.models.t5.config import ACTIVATIONS, REMAT_POLICIES
 from cairn.models.t5.network import ACT, DecoderLayer, decoder_positions_and_mask
+from cairn.models.transformer_config import TransformerConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderOnlyConfig:
-    """Hyperparameters of `decoder_only.Decoder` (field names as in `T5Config`)."""
+class DecoderOnlyConfig(TransformerConfig):
+    """Hyperparameters of `decoder_only.Decoder`: the shared `TransformerConfig` fields (as in
+    `T5Config`; defaults: `decoder_only_125m`) and the number of layers."""
 
-    vocab_size: int = 32128
+    LAYER_FIELDS: ClassVar[Tuple[str, ...]] = ("num_layers",)
+
     emb_dim: int = 768
     num_heads: int = 12
-    head_dim: int = 64
     mlp_dim: int = 2048
     num_layers: int = 12
-    mlp_activations: Tuple[str, ...] = ("gelu", "linear")
-    logits_via_embedding: bool = False
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
-    dropout_rate: float = 0.0
-    layer_norm_epsilon: float = 1e-6
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-
-    def __post_init__(self):
-        for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"DecoderOnlyConfig.{name} must be a positive int, got {value!r}")
-        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-        if len(self.mlp_activations) not in (1, 2) or any(a not in ACTIVATIONS for a in self.mlp_activations):
-            raise ValueError(f"DecoderOnlyConfig.mlp_activations must be 1 or 2 of {ACTIVATIONS}, "
-                             f"got {self.mlp_activations!r}")
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(f"DecoderOnlyConfig.remat_policy must be one of {REMAT_POLICIES}, "
-                             f"got {self.remat_policy!r}")
-
-    def replace(self, **changes) -> "DecoderOnlyConfig":
-        return dataclasses.replace(self, **changes)
 
 
 class Decoder(nn.Module):

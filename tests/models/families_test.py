@@ -1,0 +1,112 @@
+"""The model-family registry and the shared `TransformerConfig` of T5 and decoder-only configs."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cairn.models import (PRESETS, DecoderOnlyConfig, DecoderOnlyModel, EncoderDecoderModel, T5Config,
+                          TransformerConfig, UnknownFamilyError, count_params, export_hf, families, family_of,
+                          get_family, import_hf)
+from cairn.models.decoder_only import Decoder
+from cairn.models.hf_interchange import config_from_hf
+from cairn.models.t5.network import EncoderDecoder
+
+
+def test_names_and_lookup():
+    assert families.names() == ("encoder_decoder", "decoder_only")
+    assert [f.name for f in families.families()] == list(families.names())
+    for family in families.families():
+        assert get_family(family.name) is family
+
+
+def test_unknown_family_names_the_known_ones():
+    with pytest.raises(UnknownFamilyError) as e:
+        get_family("gpt")
+    assert str(e.value) == "unknown model family 'gpt'; known families: encoder_decoder, decoder_only"
+    assert isinstance(e.value, KeyError)
+
+
+def test_encoder_decoder_facts():
+    f = get_family("encoder_decoder")
+    assert (f.config_class, f.model_class, f.network_class) == (T5Config, EncoderDecoderModel, EncoderDecoder)
+    assert f.features == ("inputs", "targets") and f.input_feature == "inputs" and not f.continues_prompt
+    assert f.feature_converter == "EncDecFeatureConverter"
+    assert f.samples == families.SAMPLES_EVAL_PREDICTIONS
+    x = np.zeros((2, 3), np.int32)
+    assert f.decode_batch(x)["encoder_input_tokens"] is x
+    assert f.hf is not None and f.hf.import_dir is import_hf and f.hf.export_dir is export_hf
+    assert f.hf.config_from_json is config_from_hf
+    assert dict(f.pretrain_optimizer) == {"name": "adafactor", "schedule": "factor", "learning_rate": 1.0,
+                                          "warmup_steps": 10000}
+    assert "t5_1_1_base" in f.presets and "ul2_20b" in f.presets and "decoder_only_125m" not in f.presets
+
+
+def test_decoder_only_facts():
+    f = get_family("decoder_only")
+    assert (f.config_class, f.model_class, f.network_class) == (DecoderOnlyConfig, DecoderOnlyModel, Decoder)
+    assert f.features == ("targets",) and f.input_feature is None and f.continues_prompt
+    assert f.feature_converter == "LMFeatureConverter"
+    assert f.samples == families.SAMPLES_PROMPT_CONTINUATIONS
+    x = np.zeros((2, 3), np.int32)
+    assert f.decode_batch(x) is x
+    assert f.hf is None  # hf_interchange maps transformers' T5 layout only
+    assert dict(f.pretrain_optimizer) == {"name": "adamw", "schedule": "cosine", "learning_rate": 3e-4,
+                                          "warmup_steps": 2000, "final_learning_rate": 3e-5, "weight_decay": 0.1,
+                                          "b2": 0.95, "clip_grad_norm": 1.0}
+    assert f.presets == ("decoder_only_tiny", "decoder_only_125m", "decoder_only_350m", "decoder_only_1b",
+                         "decoder_only_3b", "decoder_only_8b")
+
+
+def test_every_preset_belongs_to_exactly_one_family():
+    owners = {name: [f.name for f in families.families() if name in f.presets] for name in PRESETS}
+    assert all(len(o) == 1 for o in owners.values()), owners
+    for name, config in PRESETS.items():
+        assert family_of(config).name == owners[name][0]
+
+
+def test_family_of_something_else_is_a_type_error():
+    with pytest.raises(TypeError, match="T5Config, DecoderOnlyConfig"):
+        family_of(TransformerConfig())
+
+
+def test_make_model_and_count_params(tiny):
+    for config in (tiny.t5_1_1, tiny.decoder_only):
+        family = family_of(config)
+        model = family.make_model(config, z_loss=0.0)
+        assert isinstance(model, family.model_class) and model.config is config
+        assert family.count_params(config) == count_params(config)
+    with pytest.raises(TypeError, match="needs a T5Config, got DecoderOnlyConfig"):
+        get_family("encoder_decoder").make_model(tiny.decoder_only)
+
+
+def test_configs_share_the_transformer_fields():
+    shared = [f.name for f in dataclasses.fields(TransformerConfig)]
+    for cls, own in ((T5Config, ["num_encoder_layers", "num_decoder_layers"]), (DecoderOnlyConfig, ["num_layers"])):
+        assert issubclass(cls, TransformerConfig)
+        assert [f.name for f in dataclasses.fields(cls)] == shared + own
+        assert cls.LAYER_FIELDS == tuple(own)
+    # Each keeps its family's default size (T5.1.1-small, decoder_only_125m).
+    assert (T5Config().emb_dim, T5Config().num_heads, T5Config().mlp_dim) == (512, 6, 1024)
+    assert DecoderOnlyConfig() == PRESETS["decoder_only_125m"].replace(vocab_size=32128)
+
+
+@pytest.mark.parametrize("cls", [T5Config, DecoderOnlyConfig])
+@pytest.mark.parametrize("field,value", [("dropout_rate", 1.0), ("dtype", "int8"), ("num_heads", 0),
+                                         ("relative_attention_num_buckets", 0), ("remat_policy", "some"),
+                                         ("mlp_activations", ("swish",))])
+def test_both_configs_validate_the_shared_fields_alike(cls, field, value):
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{field} "):
+        cls(**{field: value})
+
+
+@pytest.mark.parametrize("cls,field", [(T5Config, "num_encoder_layers"), (T5Config, "num_decoder_layers"),
+                                       (DecoderOnlyConfig, "num_layers")])
+def test_layer_counts_are_positive(cls, field):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field} must be a positive int"):
+        cls(**{field: 0})
+
+
+def test_replace_keeps_the_class():
+    c = DecoderOnlyConfig(num_layers=2).replace(dropout_rate=0.1)
+    assert type(c) is DecoderOnlyConfig and c.dropout_rate == 0.1 and c.num_layers == 2
