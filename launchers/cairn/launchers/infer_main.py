@@ -183,7 +183,12 @@ def _main(config: ml_collections.ConfigDict) -> None:
 
 
 def run() -> None:
-    cli.run_entry_point(_main)
+    """The program; bad data, a missing checkpoint or unusable storage exit 2 (one line)."""
+    from cairn import storage
+    from cairn.datatasks import DataTasksError
+    from cairn.trainer import NoCheckpointError
+
+    cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError))
 
 
 if __name__ == "__main__":
