@@ -9,7 +9,6 @@ variant resumes with the other.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
