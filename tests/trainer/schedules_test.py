@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from cairn.trainer import cosine_schedule, factor_schedule, linear_schedule
+from cairn.trainer import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 
 
 def t5x_reference(step, base=0.5, warmup=1000):
@@ -50,3 +50,22 @@ def test_cosine_and_linear():
     assert float(lin(20)) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="total_steps"):
         linear_schedule(1.0, total_steps=5, warmup_steps=5)
+
+
+@pytest.mark.parametrize("warmup", [1, 7, 1000])
+def test_one_warmup_shared_by_every_schedule(warmup):
+    """`factor_schedule`'s `linear_warmup` factor and the warmup of `cosine_schedule` and
+    `linear_schedule` are one function: bitwise equal during warmup (step 0 aside, where the
+    factor schedule keeps its `min_learning_rate` floor) and at its end."""
+    peak = 0.37
+    factor = factor_schedule("constant * linear_warmup", base_learning_rate=peak, warmup_steps=warmup)
+    cos = cosine_schedule(peak, total_steps=2 * warmup + 5, warmup_steps=warmup)
+    lin = linear_schedule(peak, total_steps=2 * warmup + 5, warmup_steps=warmup)
+    steps = sorted({1, warmup // 3, warmup // 2, warmup - 1, warmup} - {0})
+    for step in steps:
+        expected = np.float32(peak) * np.asarray(linear_warmup(step, warmup))
+        for sched in (factor, cos, lin):
+            assert np.asarray(sched(step)).tobytes() == expected.tobytes(), (sched, step)
+    assert float(linear_warmup(warmup // 2, warmup)) == pytest.approx((warmup // 2) / warmup)
+    assert float(cos(0)) == float(lin(0)) == 0.0 and float(factor(0)) == pytest.approx(1e-8)
+    assert float(linear_warmup(5, 0)) == float(linear_warmup(10 * warmup, warmup)) == 1.0

@@ -141,3 +141,39 @@ def test_step_hooks_must_be_callable(tmp_path):
     cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=1, tensorboard=False)
     with pytest.raises(TypeError, match="step_hooks"):
         Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg, step_hooks=[42])
+
+
+class _ReadCounter(CountingIterator):
+    def __init__(self, batch_size: int = 16):
+        super().__init__(batch_size=batch_size)
+        self.reads = 0
+
+    def __next__(self):
+        self.reads += 1
+        return super().__next__()
+
+
+def test_set_up_once_and_one_read_per_step(tmp_path):
+    """`setup` before `train` (as the launcher does for pretrained params) is not repeated and
+    no batch is peeked; without it, `train` peeks one. Both train the same numbers."""
+    def trainer(name):
+        cfg = TrainerConfig(model_dir=str(tmp_path / name), num_train_steps=3, log_every=1, tensorboard=False)
+        return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg)
+
+    set_up = trainer("set_up")
+    abstract = set_up.setup(make_batch(0, 0))
+    step_fn = set_up.train_step
+    assert set_up.setup(make_batch(0, 5)) is abstract and set_up.train_step is step_fn
+    data = _ReadCounter()
+    result = set_up.train(data)
+    assert result.step == 3 and data.reads == 3 and set_up.train_step is step_fn
+    peeked, data = trainer("peeked"), _ReadCounter()
+    other = peeked.train(data)
+    assert data.reads == 4  # the peek (put back), then one read per step
+    for a, b in zip(jax.tree.leaves(result.state), jax.tree.leaves(other.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    mismatched = trainer("mismatched")
+    mismatched.setup(make_batch(0, 0, batch_size=8))
+    with pytest.raises(ValueError, match="set up for"):
+        mismatched.train(_ReadCounter())

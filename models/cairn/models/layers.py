@@ -8,7 +8,7 @@ Every parameter carries logical axis names (`embed`, `vocab`, `heads`, `kv`, `ml
 from __future__ import annotations
 
 import functools
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -70,11 +70,47 @@ class Embed(nn.Module):
         return jnp.einsum("...e,ve->...v", x, jnp.asarray(self.embedding, self.dtype))
 
 
-def _dense_fwd(x, w, n):
-    return dense(x, w, n), (x, w)
+# Which backward `dense` uses, read each time a function calling `dense` is traced (set it before
+# tracing; a jitted function keeps the variant it was traced with): "auto" (the CPU layout below
+# when `jax.default_backend()` is "cpu", autodiff's plain VJP on GPU and TPU), "cpu" or "standard"
+# (either one on any platform: tests compare them).
+DENSE_VJP = "auto"
+DENSE_VJP_CHOICES = ("auto", "cpu", "standard")
 
 
-def _dense_bwd(n, res, g):
+def dense_vjp_variant(variant: Optional[str] = None) -> str:
+    """"cpu" or "standard": `variant`, else the module's `DENSE_VJP`, with "auto" decided by
+    `jax.default_backend()` (deterministic for a process: its default platform)."""
+    variant = DENSE_VJP if variant is None else variant
+    if variant not in DENSE_VJP_CHOICES:
+        raise ValueError(f"dense VJP variant must be one of {DENSE_VJP_CHOICES}, got {variant!r}")
+    if variant == "auto":
+        return "cpu" if jax.default_backend() == "cpu" else "standard"
+    return variant
+
+
+def dense(x, w, n: int = 1, *, vjp: Optional[str] = None):
+    """`tensordot(x, w, n)`: the last `n` axes of `x` against the first `n` of `w`.
+
+    The forward is the plain contraction either way. The backward (`vjp`, default `DENSE_VJP`)
+    is autodiff's on GPU and TPU ("standard"); on CPU ("cpu") the same two products (equal up
+    to float32 rounding) in the layout XLA:CPU multiplies fastest.
+    """
+    if dense_vjp_variant(vjp) == "cpu":
+        return _dense_cpu(x, w, n)
+    return jnp.tensordot(x, w, axes=n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dense_cpu(x, w, n: int):
+    return jnp.tensordot(x, w, axes=n)
+
+
+def _dense_cpu_fwd(x, w, n):
+    return jnp.tensordot(x, w, axes=n), (x, w)
+
+
+def _dense_cpu_bwd(n, res, g):
     x, w = res
     out_axes = list(range(g.ndim - (w.ndim - n), g.ndim))
     dx = jnp.tensordot(g, w, axes=(out_axes, list(range(n, w.ndim))))
@@ -89,17 +125,7 @@ def _dense_bwd(n, res, g):
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dense(x, w, n: int = 1):
-    """`tensordot(x, w, n)`: the last `n` axes of `x` against the first `n` of `w`.
-
-    The forward is the plain contraction; the backward computes the same two products as
-    autodiff (equal up to float32 rounding) in the layout XLA:CPU multiplies fastest.
-    """
-    return jnp.tensordot(x, w, axes=n)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
+_dense_cpu.defvjp(_dense_cpu_fwd, _dense_cpu_bwd)
 
 
 def kernel(module: nn.Module, name: str, shape: Sequence[int], axes: Tuple[str, ...],

@@ -13,7 +13,7 @@ from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
 from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
-from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule
+from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
 from cairn.trainer.trainer import TrainResult, Trainer, TrainerConfig, evaluator_callback
@@ -23,6 +23,6 @@ __all__ = [
     "NoCheckpointError", "NonFiniteLossError", "OptimizerConfig", "PEAK_BF16_TFLOPS", "TrainResult",
     "TfDataIterator", "TrainState", "TrainableModel", "Trainer", "TrainerConfig", "abstract_like", "adafactor_t5",
     "cosine_schedule", "cpu_matmul_peak_flops", "dropout_key", "evaluator_callback", "factor_schedule",
-    "init_params", "linear_schedule", "make_optimizer", "make_train_step", "mfu", "opt_state_specs",
+    "init_params", "linear_schedule", "linear_warmup", "make_optimizer", "make_train_step", "mfu", "opt_state_specs",
     "peak_flops", "published_peak_flops", "restore_params", "state_shardings", "tokens_in_batch",
 ]

@@ -6,6 +6,9 @@ import signal
 import threading
 from typing import Optional
 
+import jax
+import numpy as np
+
 
 class NonFiniteLossError(FloatingPointError):
     """The loss (or gradient norm) became NaN or Inf; training stopped."""
@@ -39,3 +42,35 @@ class SigtermFlag:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
             self._installed = False
+
+
+def stop_reason(sigterm: SigtermFlag, step: int) -> Optional[str]:
+    """Why to stop after `step` (None: go on): SIGTERM on this process or, with several
+    processes, on another (the flags are all-gathered after every step, so all hosts stop at
+    the same step).
+
+    With several processes, `jax.distributed.initialize` installs JAX's own SIGTERM handler
+    (its preemption notifier); `Trainer.train` replaces it with ours, but a SIGTERM that arrives
+    before goes to JAX, so JAX's preemption sync point is consulted too, every step."""
+    if jax.process_count() > 1:
+        if _any_process(sigterm.requested):
+            return "SIGTERM on this process" if sigterm.requested else "SIGTERM on another process"
+        return "JAX's preemption notice" if _preemption_sync_point(step) else None
+    return "SIGTERM" if sigterm.requested else None
+
+
+def _any_process(flag: bool) -> bool:
+    """True on every process if it is True on any (a tiny all-gather; multi-process runs only)."""
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag], np.int32))).any())
+
+
+def _preemption_sync_point(step: int) -> bool:
+    """JAX's preemption sync point (True on every host at one step after any got SIGTERM)."""
+    from jax.experimental import multihost_utils
+
+    try:
+        return bool(multihost_utils.reached_preemption_sync_point(step))
+    except RuntimeError:  # no preemption sync manager (distributed runtime without it)
+        return False

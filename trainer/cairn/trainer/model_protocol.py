@@ -96,3 +96,12 @@ def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple
 
     shapes = jax.eval_shape(init, rng)
     return shapes, captured["specs"]
+
+
+BatchSignature = Tuple[Tuple[str, Tuple[int, ...], str], ...]
+
+
+def batch_signature(batch: Mapping[str, Any]) -> BatchSignature:
+    """`(key path, shape, dtype)` of each array of a host batch: all `Trainer.setup` depends on."""
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    return tuple((jax.tree_util.keystr(path), tuple(np.shape(x)), str(np.asarray(x).dtype)) for path, x in leaves)

@@ -67,15 +67,38 @@ def _mean(x, axis: int):
     return jnp.mean(x, axis=axis)
 
 
-def scale_by_factored_rms(factored: bool = True, decay_rate: float = 0.8, step_offset: int = 0,
-                          min_dim_size_to_factor: int = 128, epsilon: float = 1e-30) -> optax.GradientTransformation:
-    """`optax.scale_by_factored_rms` (same state, same formulas), faster on CPU.
+# Which factored-RMS code Adafactor runs, when not given: "auto" (the CPU variant when
+# `jax.default_backend()` is "cpu" as the optimizer is built, `optax.scale_by_factored_rms` on GPU
+# and TPU), "cpu" or "optax" (either one on any platform: tests compare them).
+FACTORED_RMS = "auto"
+FACTORED_RMS_CHOICES = ("auto", "cpu", "optax")
 
-    Differences, all at float32 rounding level: `lax.rsqrt` instead of `x ** -0.5` (XLA:CPU
-    evaluates the power elementwise through exp/log), and `_mean` for row means of wide
-    matrices. State: optax's `FactoredState`, so checkpoints and sharding rules are unchanged.
+
+def factored_rms_variant(variant: Optional[str] = None) -> str:
+    """"cpu" or "optax": `variant`, else the module's `FACTORED_RMS`, with "auto" decided by
+    `jax.default_backend()` (deterministic for a process: its default platform)."""
+    variant = FACTORED_RMS if variant is None else variant
+    if variant not in FACTORED_RMS_CHOICES:
+        raise ValueError(f"factored RMS variant must be one of {FACTORED_RMS_CHOICES}, got {variant!r}")
+    if variant == "auto":
+        return "cpu" if jax.default_backend() == "cpu" else "optax"
+    return variant
+
+
+def scale_by_factored_rms(factored: bool = True, decay_rate: float = 0.8, step_offset: int = 0,
+                          min_dim_size_to_factor: int = 128, epsilon: float = 1e-30, *,
+                          variant: Optional[str] = None) -> optax.GradientTransformation:
+    """`optax.scale_by_factored_rms`, or on CPU the same state and formulas written to run faster
+    there (`variant`: "auto" (default, see `FACTORED_RMS`), "cpu" or "optax").
+
+    The CPU variant differs at float32 rounding level only: `lax.rsqrt` instead of `x ** -0.5`
+    (XLA:CPU evaluates the power elementwise through exp/log), and `_mean` for row means of wide
+    matrices. Its state is optax's `FactoredState` (its `init`), so checkpoints and sharding
+    rules are the same for both and a run may resume with the other variant.
     """
     reference = optax.scale_by_factored_rms(factored, decay_rate, step_offset, min_dim_size_to_factor, epsilon)
+    if factored_rms_variant(variant) == "optax":
+        return reference
 
     def update_fn(grads, state, params):
         if params is None:
@@ -112,9 +135,12 @@ def scale_by_factored_rms(factored: bool = True, decay_rate: float = 0.8, step_o
 def adafactor(learning_rate, min_dim_size_to_factor: int = 128, decay_rate: float = 0.8, decay_offset: int = 0,
               multiply_by_parameter_scale: bool = True, clipping_threshold: Optional[float] = 1.0,
               momentum: Optional[float] = None, dtype_momentum=jnp.float32, weight_decay_rate: Optional[float] = None,
-              eps: float = 1e-30, factored: bool = True, weight_decay_mask=None) -> optax.GradientTransformation:
-    """`optax.adafactor`, the same chain and state, with our `scale_by_factored_rms`."""
-    tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps)]
+              eps: float = 1e-30, factored: bool = True, weight_decay_mask=None,
+              factored_rms: Optional[str] = None) -> optax.GradientTransformation:
+    """`optax.adafactor`, the same chain and state, with `scale_by_factored_rms` above (its
+    CPU variant on CPU; `factored_rms` forces "cpu" or "optax")."""
+    tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps,
+                                variant=factored_rms)]
     if clipping_threshold is not None:
         tx.append(optax.clip_by_block_rms(clipping_threshold))
     if learning_rate is not None:
@@ -134,8 +160,9 @@ def adafactor_t5(learning_rate: Union[float, Schedule], **overrides) -> optax.Gr
     second moments for dims >= 128, decay rate 0.8, update clipping at RMS 1.0, no momentum,
     updates scaled by the parameter's RMS (floored at 1e-3), epsilon 1e-30.
 
-    optax's `adafactor` chain and state, with `scale_by_factored_rms` above (equal up to
-    float32 rounding, ~1.5x faster on CPU for T5.1.1-small).
+    optax's `adafactor` chain and state; on CPU with the CPU variant of `scale_by_factored_rms`
+    above (equal up to float32 rounding, ~1.5x faster on CPU for T5.1.1-small). `overrides` go
+    to `adafactor` (e.g. `factored_rms="optax"`).
     """
     kwargs = dict(min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
                   multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None,

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: t5x's factor strings, cosine and linear."""
+"""Learning-rate schedules: t5x's factor strings, cosine and linear, with one warmup (`linear_warmup`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,15 @@ import jax.numpy as jnp
 Schedule = Callable[[jnp.ndarray], jnp.ndarray]
 
 FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_normalized_decay", "decay_every", "cosine_decay")
+
+
+def linear_warmup(step: jnp.ndarray, warmup_steps: int) -> jnp.ndarray:
+    """The one warmup of every schedule here: `min(1, step / warmup_steps)` (1 without warmup,
+    `warmup_steps <= 0`). t5x's `linear_warmup` factor; `cosine_schedule` and `linear_schedule`
+    multiply their peak by it before `warmup_steps`."""
+    if warmup_steps <= 0:
+        return jnp.float32(1.0)
+    return jnp.minimum(1.0, jnp.asarray(step, jnp.float32) / warmup_steps)
 
 
 def factor_schedule(factors: str = "constant * linear_warmup * rsqrt_decay", base_learning_rate: float = 0.5,
@@ -37,7 +46,7 @@ def factor_schedule(factors: str = "constant * linear_warmup * rsqrt_decay", bas
             if name == "constant":
                 ret *= base_learning_rate
             elif name == "linear_warmup":
-                ret *= jnp.minimum(1.0, step / warmup_steps)
+                ret *= linear_warmup(step, warmup_steps)
             elif name == "rsqrt_decay":
                 ret /= jnp.sqrt(jnp.maximum(step, warmup_steps))
             elif name == "rsqrt_normalized_decay":
@@ -53,13 +62,9 @@ def factor_schedule(factors: str = "constant * linear_warmup * rsqrt_decay", bas
     return schedule
 
 
-def _warmup(step, warmup_steps: int):
-    return jnp.minimum(1.0, step / warmup_steps) if warmup_steps > 0 else jnp.float32(1.0)
-
-
 def cosine_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: int = 0,
                     final_learning_rate: float = 0.0) -> Schedule:
-    """Linear warmup to `peak_learning_rate`, then a cosine down to `final_learning_rate` at
+    """`linear_warmup` to `peak_learning_rate`, then a cosine down to `final_learning_rate` at
     `total_steps` (held after)."""
     if total_steps <= warmup_steps:
         raise ValueError(f"total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps})")
@@ -68,14 +73,15 @@ def cosine_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: i
         step = jnp.asarray(step, jnp.float32)
         progress = jnp.clip((step - warmup_steps) / (total_steps - warmup_steps), 0.0, 1.0)
         cos = final_learning_rate + (peak_learning_rate - final_learning_rate) * 0.5 * (1 + jnp.cos(jnp.pi * progress))
-        return jnp.where(step < warmup_steps, peak_learning_rate * _warmup(step, warmup_steps), cos).astype(jnp.float32)
+        warm = peak_learning_rate * linear_warmup(step, warmup_steps)
+        return jnp.where(step < warmup_steps, warm, cos).astype(jnp.float32)
 
     return schedule
 
 
 def linear_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: int = 0,
                     final_learning_rate: float = 0.0) -> Schedule:
-    """Linear warmup to `peak_learning_rate`, then linear decay to `final_learning_rate` at
+    """`linear_warmup` to `peak_learning_rate`, then linear decay to `final_learning_rate` at
     `total_steps` (held after)."""
     if total_steps <= warmup_steps:
         raise ValueError(f"total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps})")
@@ -84,6 +90,7 @@ def linear_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: i
         step = jnp.asarray(step, jnp.float32)
         progress = jnp.clip((step - warmup_steps) / (total_steps - warmup_steps), 0.0, 1.0)
         lin = peak_learning_rate + (final_learning_rate - peak_learning_rate) * progress
-        return jnp.where(step < warmup_steps, peak_learning_rate * _warmup(step, warmup_steps), lin).astype(jnp.float32)
+        warm = peak_learning_rate * linear_warmup(step, warmup_steps)
+        return jnp.where(step < warmup_steps, warm, lin).astype(jnp.float32)
 
     return schedule

@@ -5,25 +5,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
-import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
 import optax
 
-from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory, gather_row_digests
+from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory
 from cairn.partitioning.peer_watchdog import await_lost_peer
-from cairn.trainer.mfu import mfu as compute_mfu, peak_flops
 from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_like
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
-from cairn.trainer.faults import NonFiniteLossError, SigtermFlag
+from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
-from cairn.trainer.model_protocol import (abstract_init, init_params, model_flops_per_token, sequences_in_batch,
-                                          tokens_in_batch)
+from cairn.trainer.loop import TrainLoop, TrainResult
+from cairn.trainer.model_protocol import BatchSignature, abstract_init, batch_signature, init_params
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
-from cairn.trainer.summaries import ProgressLine, SummaryWriter
+from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import (batch_shardings, make_train_step, opt_state_specs, partitioned_train_step,
                                       state_shardings)
@@ -66,26 +63,6 @@ class TrainerConfig:
         for name in ("checkpoint_every", "eval_every", "log_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainerConfig.{name} must be >= 0, got {getattr(self, name)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainResult:
-    """How `train` ended: the final step, the state, whether SIGTERM stopped it, the last metrics."""
-
-    step: int
-    state: Any
-    preempted: bool
-    metrics: Mapping[str, float]
-
-
-def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict:
-    out = {}
-    for k, v in metrics.items():
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = float(v)
-    return out
 
 
 class Trainer:
@@ -134,14 +111,21 @@ class Trainer:
         for hook in self.step_hooks + self.batch_hooks:
             if not callable(hook):
                 raise TypeError(f"Trainer step_hooks and batch_hooks must be callables, got {hook!r}")
+        self.batch_signature: Optional[BatchSignature] = None  # the batch `setup` was given
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
         root = jax.random.PRNGKey(self.config.seed)
         return jax.random.fold_in(root, 0), jax.random.fold_in(root, 1)  # (init, dropout seed)
 
-    def setup(self, batch: Mapping[str, Any]):
-        """Abstract state, shardings, the partitioned step and the init function for this batch shape."""
+    def setup(self, batch: Mapping[str, Any]) -> TrainState:
+        """Abstract state, shardings, the partitioned step and the init function for this batch's
+        shapes; returns the abstract state. Done once: called again with a batch of the same
+        shapes and dtypes (`batch_signature`), it returns at once. `train` sets up from the data's
+        first batch unless `setup` was called before (then the first batch must match)."""
+        signature = batch_signature(batch)
+        if signature == self.batch_signature:
+            return self.abstract_state
         init_key, dropout_seed = self._keys()
         param_shapes, specs = abstract_init(self.model, init_key, batch)
         state_shapes = jax.eval_shape(lambda p: TrainState.create(p, self.optimizer, dropout_seed), param_shapes)
@@ -159,6 +143,7 @@ class Trainer:
         def create():
             return TrainState.create(init_params(self.model, init_key, zeros)[0], self.optimizer, dropout_seed)
         self._create = self.partitioner.partition(create, out_shardings=state_sh)
+        self.batch_signature = signature
         return self.abstract_state
 
     def initial_state(self, params: Any = None) -> TrainState:
@@ -179,22 +164,7 @@ class Trainer:
         log.info("estimated memory per device (mesh %s):\n%s", dict(self.partitioner.mesh.shape), est)
         self.memory_estimate = est
 
-    # -- the loop ------------------------------------------------------------------------
-    @staticmethod
-    def _stop_requested(sigterm: SigtermFlag, step: int) -> Optional[str]:
-        """Why to stop after `step` (None: go on): SIGTERM on this process or, with several
-        processes, on another (the flags are all-gathered after every step, so all hosts stop at
-        the same step).
-
-        With several processes, `jax.distributed.initialize` installs JAX's own SIGTERM handler
-        (its preemption notifier); `train` replaces it with ours, but a SIGTERM that arrives
-        before goes to JAX, so JAX's preemption sync point is consulted too, every step."""
-        if jax.process_count() > 1:
-            if _any_process(sigterm.requested):
-                return "SIGTERM on this process" if sigterm.requested else "SIGTERM on another process"
-            return "JAX's preemption notice" if _preemption_sync_point(step) else None
-        return "SIGTERM" if sigterm.requested else None
-
+    # -- train: set up once, then the loop -------------------------------------------------
     def train(self, data: Iterator[Mapping[str, Any]], init_params: Any = None) -> TrainResult:
         """Trains to `config.num_train_steps`, resuming from the latest checkpoint in model_dir.
 
@@ -234,151 +204,55 @@ class Trainer:
                 if lock is not None:
                     lock.release()
 
-    def _train(self, data, init_params, ckpt: Checkpointer, summaries: SummaryWriter, sigterm: SigtermFlag):
+    def _train(self, data: Any, init_params: Any, ckpt: Checkpointer, summaries: SummaryWriter,
+               sigterm: SigtermFlag) -> TrainResult:
+        """Set-up, once: the data, the partitioned step for its shapes, the state to continue
+        from (the latest checkpoint, with the data's position, or a fresh one); then the loop."""
+        set_up_before = self.batch_signature is not None
+        data, stateful = self._prepare_data(data)
+        self._log_memory()
+        state, step = self._restore_or_init(ckpt, data, stateful, init_params)
+        self.save_blocked_s: list = []  # seconds each save blocked the loop
+        loop = TrainLoop(self, data, stateful, state, step, ckpt, summaries, sigterm, check_shapes=set_up_before)
+        return loop.run()
+
+    def _prepare_data(self, data: Any) -> Tuple[Iterator[Mapping[str, Any]], bool]:
+        """The data as an iterator (a tf.data one made checkpointable) and whether its position can
+        be saved; sets up for its shapes unless `setup` was called before (then no batch is read)."""
         cfg = self.config
         if is_tf_iterator(data):
             data = TfDataIterator(data, cfg.model_dir, keep=(cfg.checkpoint.keep or 100) + 2)
         stateful = hasattr(data, "get_state") and hasattr(data, "set_state")
-        data = data if stateful else iter(data)
-        if stateful:
-            start_state = data.get_state()
-            first = next(data)
-            data.set_state(start_state)
-        else:
+        if not stateful:
             log.warning("the data iterator has no get_state/set_state: a resumed run restarts its data")
-            first = next(data)
-            data = itertools.chain([first], data)
+            data = iter(data)
+        if self.batch_signature is None:
+            data = self._set_up_from_first_batch(data, stateful)
+        return data, stateful
+
+    def _set_up_from_first_batch(self, data: Iterator, stateful: bool) -> Iterator:
+        """`setup` from the first batch, peeked: read, then put back (the position restored, or
+        the batch chained in front) so the first step reads it again."""
+        if stateful:
+            start = data.get_state()
+            self.setup(next(data))
+            data.set_state(start)
+            return data
+        first = next(data)
         self.setup(first)
-        self._log_memory()
-        if ckpt.latest_step() is not None:
-            step, state, data_state, _ = ckpt.restore(self.abstract_state)
-            if stateful and data_state:
-                data.set_state(data_state)
-            log.info("restored step %d from %s", step, ckpt.directory)
-        else:
-            state, step = self.initial_state(init_params), 0
-        flops = model_flops_per_token(self.model, cfg.flops_per_token)
-        peak = cfg.peak_flops or (peak_flops(list(self.partitioner.mesh.devices.flat)) if flops else None)
-        progress = ProgressLine(cfg.num_train_steps)
-        last_saved = ckpt.latest_step()
-        pending: list = []  # (step, metrics) not yet checked/logged
-        interval_start, interval_steps, tokens, seqs = time.perf_counter(), 0, 0, 0
-        last_metrics: dict = {}
-        eval_metrics: dict = {}
-        first_step = True
-        layout = self.partitioner.data_layout()
-        self.save_blocked_s: list = []  # seconds each save blocked the loop
+        return itertools.chain([first], data)
 
-        def check(items):
-            for s, m in items:
-                for name in ("loss", "grad_norm"):
-                    value = float(m[name])
-                    if not math.isfinite(value):
-                        ckpt.wait()  # a save in flight holds an earlier, good state
-                        raise NonFiniteLossError(s, value, name, ckpt.latest_step(), cfg.model_dir)
-
-        def save(step_num, state):
-            nonlocal last_saved
-            check([(s, jax.device_get(m)) for s, m in pending])  # nothing non-finite gets saved
-            data_state = data.get_state() if stateful else {}
-            to_save = jax.tree.map(lambda x: x.copy(), state) if cfg.donate_state else state
-            blocked = ckpt.save(step_num, to_save, data_state, self.experiment_config,
-                                metrics={**last_metrics, **eval_metrics})
-            last_saved = step_num
-            self.save_blocked_s.append(blocked)
-            log.info("checkpoint at step %d (blocked the loop %.3fs)", step_num, blocked)
-
-        while step < cfg.num_train_steps:
-            try:
-                batch = next(data)
-            except StopIteration:
-                log.warning("the data ran out at step %d", step)
-                break
-            hooks_due = self.batch_hooks and (step + 1) % self.batch_hook_every == 0
-            if hooks_due or (first_step and jax.process_count() > 1):
-                digests = gather_row_digests(batch, layout)
-                if first_step:
-                    digests.check(step + 1)
-                for batch_hook in self.batch_hooks if hooks_due else ():
-                    batch_hook(step + 1, digests)
-            gbatch = self.partitioner.shard_batch(batch)
-            state, metrics = self.train_step(state, gbatch)
-            step += 1
-            if first_step:
-                jax.block_until_ready(metrics)  # exclude compilation from the rates
-                interval_start, first_step = time.perf_counter(), False
-            else:
-                interval_steps += 1
-                tokens += tokens_in_batch(gbatch)
-                seqs += sequences_in_batch(gbatch)
-            # Check the previous step's loss now (it is done or nearly): one step of pipelining.
-            check([(s, jax.device_get(m)) for s, m in pending[-1:]])
-            pending.append((step, metrics))
-            is_last = step == cfg.num_train_steps
-            if (cfg.log_every and step % cfg.log_every == 0) or is_last or sigterm.requested:  # local flag: log early
-                fetched = [(s, jax.device_get(m)) for s, m in pending]
-                check(fetched)
-                pending.clear()
-                for s, m in fetched:
-                    last_metrics = {k: float(v) for k, v in m.items()}
-                    if s != step:
-                        summaries.scalars("train", s, last_metrics, quiet=True)
-                elapsed = time.perf_counter() - interval_start
-                timing = {}
-                if interval_steps and elapsed > 0:
-                    timing = {"step_time_s": elapsed / interval_steps, "steps_per_second": interval_steps / elapsed,
-                              "tokens_per_second": tokens / elapsed, "sequences_per_second": seqs / elapsed}
-                    if flops and peak:
-                        timing["mfu"] = compute_mfu(flops, tokens / elapsed, peak)
-                summaries.scalars("train", step, {**last_metrics, **timing})
-                progress.update(step, timing.get("steps_per_second", 0.0), f"loss {last_metrics.get('loss', 0):.4f}")
-                interval_start, interval_steps, tokens, seqs = time.perf_counter(), 0, 0, 0
-            if self.eval_fn is not None and cfg.eval_every and (step % cfg.eval_every == 0 or is_last):
-                eval_start = time.perf_counter()
-                eval_metrics = {f"eval/{k}": v for k, v in _flatten(self.eval_fn(state.params, step)).items()}
-                summaries.scalars("eval", step, {k[5:]: v for k, v in eval_metrics.items()})
-                interval_start += time.perf_counter() - eval_start  # evaluation is not train time
-            if self.step_hooks:
-                hook_start = time.perf_counter()
-                for hook in self.step_hooks:
-                    hook(step, state)
-                interval_start += time.perf_counter() - hook_start  # hooks are not train time
-            reason = self._stop_requested(sigterm, step)
-            if reason:
-                log.warning("%s: saving step %d and stopping", reason, step)
-                save(step, state)
-                ckpt.wait()
-                progress.close()
-                return TrainResult(step, state, True, last_metrics)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                save(step, state)
-        fetched = [(s, jax.device_get(m)) for s, m in pending]  # steps after the last log (data ran out)
-        check(fetched)
-        for s, m in fetched:
-            last_metrics = {k: float(v) for k, v in m.items()}
-            summaries.scalars("train", s, last_metrics, quiet=True)
-        if last_saved != step:
-            save(step, state)
-        ckpt.wait()
-        progress.close()
-        return TrainResult(step, state, False, last_metrics)
-
-
-def _any_process(flag: bool) -> bool:
-    """True on every process if it is True on any (a tiny all-gather; multi-process runs only)."""
-    from jax.experimental import multihost_utils
-
-    return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag], np.int32))).any())
-
-
-def _preemption_sync_point(step: int) -> bool:
-    """JAX's preemption sync point (True on every host at one step after any got SIGTERM)."""
-    from jax.experimental import multihost_utils
-
-    try:
-        return bool(multihost_utils.reached_preemption_sync_point(step))
-    except RuntimeError:  # no preemption sync manager (distributed runtime without it)
-        return False
+    def _restore_or_init(self, ckpt: Checkpointer, data: Any, stateful: bool,
+                         init_params: Any) -> Tuple[TrainState, int]:
+        """`(state, step)` of the latest usable checkpoint (the data moved to its position), else
+        a fresh state (from `init_params` if given) at step 0."""
+        if ckpt.latest_step() is None:
+            return self.initial_state(init_params), 0
+        step, state, data_state, _ = ckpt.restore(self.abstract_state)
+        if stateful and data_state:
+            data.set_state(data_state)
+        log.info("restored step %d from %s", step, ckpt.directory)
+        return state, step
 
 
 def evaluator_callback(evaluator: Any, make_predict_fn: Optional[Callable] = None,

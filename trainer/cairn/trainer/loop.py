@@ -1,0 +1,285 @@
+"""The body of `Trainer.train`, told as the story of one step: read the batch, train on it, log,
+evaluate, run the step hooks, then stop (saving) on SIGTERM or save when a checkpoint is due.
+
+`Trainer.train` sets up once (the data, the partitioned step, the state to continue from) and
+hands a `TrainLoop` what it set up. The loop's running figures live in two small helpers:
+`PendingMetrics` (step metrics still on the device, checked for NaN/Inf one step late) and
+`Rates` (train time, tokens and sequences since the last log, for the rates and MFU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any, Iterator, List, Mapping, Optional, Tuple
+
+import jax
+
+from cairn.partitioning import gather_row_digests
+from cairn.trainer.checkpoints import Checkpointer
+from cairn.trainer.faults import NonFiniteLossError, SigtermFlag, stop_reason
+from cairn.trainer.mfu import mfu as compute_mfu, peak_flops
+from cairn.trainer.model_protocol import (batch_signature, model_flops_per_token, sequences_in_batch,
+                                          tokens_in_batch)
+from cairn.trainer.summaries import ProgressLine, SummaryWriter
+
+if TYPE_CHECKING:  # the trainer module imports this one
+    from cairn.trainer.trainer import Trainer
+
+log = logging.getLogger("cairn.trainer")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """How `train` ended: the final step, the state, whether SIGTERM stopped it, the last metrics."""
+
+    step: int
+    state: Any
+    preempted: bool
+    metrics: Mapping[str, float]
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict:
+    """`{task: {metric: value}}` (any depth) as `{"task/metric": float}`."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, Mapping):
+            out.update(flatten_metrics(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = float(v)
+    return out
+
+
+class PendingMetrics:
+    """Step metrics not yet fetched from the device. The previous step's are checked once the
+    next step is dispatched (one step of pipelining), all of them at log steps and before saves.
+    A NaN/Inf loss or gradient norm raises `NonFiniteLossError` after the saves in flight (which
+    hold earlier, good states) are done."""
+
+    def __init__(self, ckpt: Checkpointer, model_dir: str):
+        self.ckpt, self.model_dir = ckpt, model_dir
+        self.items: List[Tuple[int, Any]] = []  # (step, metrics on the device)
+
+    def add(self, step: int, metrics: Any) -> None:
+        self.items.append((step, metrics))
+
+    def check_latest(self) -> None:
+        """Checks the latest step added (called before adding the next one)."""
+        self._check(_fetch(self.items[-1:]))
+
+    def check_all(self) -> None:
+        self._check(_fetch(self.items))
+
+    def take(self) -> List[Tuple[int, Mapping[str, Any]]]:
+        """Fetches, checks and forgets every pending step's metrics; returns them."""
+        fetched = _fetch(self.items)
+        self._check(fetched)
+        self.items.clear()
+        return fetched
+
+    def _check(self, fetched: List[Tuple[int, Mapping[str, Any]]]) -> None:
+        for step, metrics in fetched:
+            for name in ("loss", "grad_norm"):
+                value = float(metrics[name])
+                if not math.isfinite(value):
+                    self.ckpt.wait()  # a save in flight holds an earlier, good state
+                    raise NonFiniteLossError(step, value, name, self.ckpt.latest_step(), self.model_dir)
+
+
+def _fetch(items: List[Tuple[int, Any]]) -> List[Tuple[int, Mapping[str, Any]]]:
+    return [(step, jax.device_get(metrics)) for step, metrics in items]
+
+
+class Rates:
+    """Steps, tokens and sequences trained since the last `restart`, over the train time: the
+    first step of a `train` call (compilation) is not counted, nor time spent `paused()`
+    (evaluation, step hooks)."""
+
+    def __init__(self, flops_per_token: Optional[float], peak: Optional[float]):
+        self.flops_per_token, self.peak = flops_per_token, peak
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.steps, self.tokens, self.sequences = time.perf_counter(), 0, 0, 0
+
+    def count(self, global_batch: Mapping[str, Any]) -> None:
+        self.steps += 1
+        self.tokens += tokens_in_batch(global_batch)
+        self.sequences += sequences_in_batch(global_batch)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside is not train time."""
+        start = time.perf_counter()
+        yield
+        self.start += time.perf_counter() - start
+
+    def timing(self) -> dict:
+        """`step_time_s`, `steps_per_second`, `tokens_per_second`, `sequences_per_second` and `mfu`
+        (with FLOPs and a peak); empty before any counted step."""
+        elapsed = time.perf_counter() - self.start
+        if not (self.steps and elapsed > 0):
+            return {}
+        timing = {"step_time_s": elapsed / self.steps, "steps_per_second": self.steps / elapsed,
+                  "tokens_per_second": self.tokens / elapsed, "sequences_per_second": self.sequences / elapsed}
+        if self.flops_per_token and self.peak:
+            timing["mfu"] = compute_mfu(self.flops_per_token, self.tokens / elapsed, self.peak)
+        return timing
+
+
+class TrainLoop:
+    """Trains `trainer`'s set-up step from `state` at `step` up to `num_train_steps`, until the
+    data runs out, or until a stop is requested (then saved); in lockstep on every process.
+    `check_shapes`: the trainer was set up before `train` (no batch was peeked), so the first
+    batch must match the one `Trainer.setup` was given."""
+
+    def __init__(self, trainer: "Trainer", data: Iterator[Mapping[str, Any]], stateful: bool, state: Any,
+                 step: int, ckpt: Checkpointer, summaries: SummaryWriter, sigterm: SigtermFlag,
+                 check_shapes: bool = False):
+        cfg = self.cfg = trainer.config
+        self.trainer, self.data, self.stateful, self.check_shapes = trainer, data, stateful, check_shapes
+        self.state, self.step = state, step
+        self.ckpt, self.summaries, self.sigterm = ckpt, summaries, sigterm
+        flops = model_flops_per_token(trainer.model, cfg.flops_per_token)
+        peak = cfg.peak_flops or (peak_flops(list(trainer.partitioner.mesh.devices.flat)) if flops else None)
+        self.progress = ProgressLine(cfg.num_train_steps)
+        self.last_saved = ckpt.latest_step()
+        self.pending = PendingMetrics(ckpt, cfg.model_dir)
+        self.rates = Rates(flops, peak)
+        self.last_metrics: dict = {}
+        self.eval_metrics: dict = {}
+        self.first_step = True  # the first step of this `train` call
+        self.layout = trainer.partitioner.data_layout()
+
+    def run(self) -> TrainResult:
+        """Each step: get the batch, train, log, evaluate, step hooks, stop or save."""
+        while self.step < self.cfg.num_train_steps:
+            batch = self.next_batch()
+            if batch is None:
+                break
+            self.train_on(batch)
+            self.log_if_due()
+            self.evaluate_if_due()
+            self.run_step_hooks()
+            reason = stop_reason(self.sigterm, self.step)
+            if reason:
+                return self.stop(reason)
+            self.save_if_due()
+        return self.finish()
+
+    # -- the step ------------------------------------------------------------------------
+    def next_batch(self) -> Optional[Mapping[str, Any]]:
+        """The next host-local batch (one read per step); None when the data ran out."""
+        try:
+            batch = next(self.data)
+        except StopIteration:
+            log.warning("the data ran out at step %d", self.step)
+            return None
+        if self.first_step and self.check_shapes and batch_signature(batch) != self.trainer.batch_signature:
+            raise ValueError(f"the data's batches {batch_signature(batch)} differ from the batch the trainer was "
+                             f"set up for {self.trainer.batch_signature} (Trainer.setup)")
+        return batch
+
+    def train_on(self, batch: Mapping[str, Any]) -> None:
+        """Batch hooks, then one train step; meanwhile the previous step's loss is checked."""
+        self.run_batch_hooks(batch)
+        global_batch = self.trainer.partitioner.shard_batch(batch)
+        self.state, metrics = self.trainer.train_step(self.state, global_batch)
+        self.step += 1
+        if self.first_step:
+            jax.block_until_ready(metrics)  # exclude compilation from the rates
+            self.rates.restart()
+            self.first_step = False
+        else:
+            self.rates.count(global_batch)
+        self.pending.check_latest()  # the previous step: done or nearly
+        self.pending.add(self.step, metrics)
+
+    def run_batch_hooks(self, batch: Mapping[str, Any]) -> None:
+        """Before step `step + 1`: the global batch's row digests, gathered when batch hooks are
+        due or, on the first step with several processes, to check replicas feed identical rows."""
+        trainer, step = self.trainer, self.step + 1
+        hooks_due = bool(trainer.batch_hooks) and step % trainer.batch_hook_every == 0
+        if not (hooks_due or (self.first_step and jax.process_count() > 1)):
+            return
+        digests = gather_row_digests(batch, self.layout)
+        if self.first_step:
+            digests.check(step)
+        for hook in trainer.batch_hooks if hooks_due else ():
+            hook(step, digests)
+
+    def log_if_due(self) -> None:
+        """Every `log_every` steps, at the last step, and as soon as SIGTERM arrives here: every
+        pending step's metrics to the JSON lines, this step's with the rates to the log."""
+        cfg, step = self.cfg, self.step
+        if not ((cfg.log_every and step % cfg.log_every == 0) or step == cfg.num_train_steps
+                or self.sigterm.requested):  # the local flag: log early
+            return
+        self.record(self.pending.take(), logged_step=step)
+        timing = self.rates.timing()
+        self.summaries.scalars("train", step, {**self.last_metrics, **timing})
+        self.progress.update(step, timing.get("steps_per_second", 0.0), f"loss {self.last_metrics.get('loss', 0):.4f}")
+        self.rates.restart()
+
+    def record(self, fetched: List[Tuple[int, Mapping[str, Any]]], logged_step: Optional[int] = None) -> None:
+        """Keeps the latest metrics; JSON rows (quiet) for every step but `logged_step`."""
+        for step, metrics in fetched:
+            self.last_metrics = {k: float(v) for k, v in metrics.items()}
+            if step != logged_step:
+                self.summaries.scalars("train", step, self.last_metrics, quiet=True)
+
+    def evaluate_if_due(self) -> None:
+        """`eval_fn` every `eval_every` steps and at the last step (not train time)."""
+        eval_fn, cfg, step = self.trainer.eval_fn, self.cfg, self.step
+        if eval_fn is None or not cfg.eval_every or not (step % cfg.eval_every == 0 or step == cfg.num_train_steps):
+            return
+        with self.rates.paused():
+            metrics = flatten_metrics(eval_fn(self.state.params, step))
+            self.eval_metrics = {f"eval/{k}": v for k, v in metrics.items()}
+            self.summaries.scalars("eval", step, metrics)
+
+    def run_step_hooks(self) -> None:
+        """Each `hook(step, state)` in order, every step (not train time)."""
+        if not self.trainer.step_hooks:
+            return
+        with self.rates.paused():
+            for hook in self.trainer.step_hooks:
+                hook(self.step, self.state)
+
+    # -- saving and the end ----------------------------------------------------------------
+    def save_if_due(self) -> None:
+        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+            self.save()
+
+    def save(self) -> None:
+        """Saves this step with the data's position (every pending loss is checked first: nothing
+        non-finite gets saved)."""
+        self.pending.check_all()
+        data_state = self.data.get_state() if self.stateful else {}
+        state = jax.tree.map(lambda x: x.copy(), self.state) if self.cfg.donate_state else self.state
+        blocked = self.ckpt.save(self.step, state, data_state, self.trainer.experiment_config,
+                                 metrics={**self.last_metrics, **self.eval_metrics})
+        self.last_saved = self.step
+        self.trainer.save_blocked_s.append(blocked)
+        log.info("checkpoint at step %d (blocked the loop %.3fs)", self.step, blocked)
+
+    def stop(self, reason: str) -> TrainResult:
+        """Saves this step and stops (preempted)."""
+        log.warning("%s: saving step %d and stopping", reason, self.step)
+        self.save()
+        return self.close(preempted=True)
+
+    def finish(self) -> TrainResult:
+        """The metrics of steps after the last log (the data ran out), a final save if needed."""
+        self.record(self.pending.take())
+        if self.last_saved != self.step:
+            self.save()
+        return self.close(preempted=False)
+
+    def close(self, preempted: bool) -> TrainResult:
+        self.ckpt.wait()
+        self.progress.close()
+        return TrainResult(self.step, self.state, preempted, self.last_metrics)
