@@ -17,8 +17,11 @@ def model_and_params(tiny):
 
 def _lm_batch(tokens):
     tokens = np.asarray(tokens, np.int32)
-    return {"decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
-            "decoder_target_tokens": tokens, "decoder_loss_weights": (tokens > 0).astype(np.float32)}
+    return {
+        "decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
+        "decoder_target_tokens": tokens,
+        "decoder_loss_weights": (tokens > 0).astype(np.float32),
+    }
 
 
 def test_packed_loss_equals_unpacked(tiny, model_and_params):

@@ -103,12 +103,18 @@ def test_filter_logits_top_k_and_top_p():
 
 
 def test_gather_beams_uses_the_layer_axis_under_scan():
-    cache = {"decoder": {"layers": {"attn": {"cached_key": jnp.arange(2 * 4 * 3).reshape(2, 4, 3),
-                                             "cache_index": jnp.array([5, 5])}},
-                         "position": jnp.array(5)}}
+    cache = {
+        "decoder": {
+            "layers": {
+                "attn": {"cached_key": jnp.arange(2 * 4 * 3).reshape(2, 4, 3), "cache_index": jnp.array([5, 5])}
+            },
+            "position": jnp.array(5),
+        }
+    }
     out = gather_beams(cache, jnp.array([1, 1, 3, 0]))
-    np.testing.assert_array_equal(out["decoder"]["layers"]["attn"]["cached_key"][:, 0],
-                                  cache["decoder"]["layers"]["attn"]["cached_key"][:, 1])
+    np.testing.assert_array_equal(
+        out["decoder"]["layers"]["attn"]["cached_key"][:, 0], cache["decoder"]["layers"]["attn"]["cached_key"][:, 1]
+    )
     np.testing.assert_array_equal(out["decoder"]["layers"]["attn"]["cache_index"], [5, 5])
 
 
@@ -120,8 +126,11 @@ def test_length_penalty():
 def test_unscanned_tied_model_cache_equals_no_cache(tiny):
     """The unrolled layout (one cache per layer) and T5.1.0's tied logits, greedy and beam."""
     model = EncoderDecoderModel(tiny.t5_1_0)
-    setup = (model, model.init(jax.random.PRNGKey(1)),
-             {"encoder_input_tokens": tiny.random_tokens(5, (2, 7), tiny.t5_1_0.vocab_size)})
+    setup = (
+        model,
+        model.init(jax.random.PRNGKey(1)),
+        {"encoder_input_tokens": tiny.random_tokens(5, (2, 7), tiny.t5_1_0.vocab_size)},
+    )
     for options in ({}, {"method": "beam", "num_beams": 2}):
         cached, s1 = _predict(setup, **options)
         plain, s2 = _predict(setup, use_cache=False, **options)

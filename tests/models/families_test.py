@@ -5,9 +5,21 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cairn.models import (PRESETS, DecoderOnlyConfig, DecoderOnlyModel, EncoderDecoderModel, T5Config,
-                          TransformerConfig, UnknownFamilyError, count_params, export_hf, families, family_of,
-                          get_family, import_hf)
+from cairn.models import (
+    PRESETS,
+    DecoderOnlyConfig,
+    DecoderOnlyModel,
+    EncoderDecoderModel,
+    T5Config,
+    TransformerConfig,
+    UnknownFamilyError,
+    count_params,
+    export_hf,
+    families,
+    family_of,
+    get_family,
+    import_hf,
+)
 from cairn.models.decoder_only import Decoder
 from cairn.models.hf_interchange import config_from_hf
 from cairn.models.t5.network import EncoderDecoder
@@ -37,8 +49,12 @@ def test_encoder_decoder_facts():
     assert f.decode_batch(x)["encoder_input_tokens"] is x
     assert f.hf is not None and f.hf.import_dir is import_hf and f.hf.export_dir is export_hf
     assert f.hf.config_from_json is config_from_hf
-    assert dict(f.pretrain_optimizer) == {"name": "adafactor", "schedule": "factor", "learning_rate": 1.0,
-                                          "warmup_steps": 10000}
+    assert dict(f.pretrain_optimizer) == {
+        "name": "adafactor",
+        "schedule": "factor",
+        "learning_rate": 1.0,
+        "warmup_steps": 10000,
+    }
     assert "t5_1_1_base" in f.presets and "ul2_20b" in f.presets and "decoder_only_125m" not in f.presets
 
 
@@ -51,11 +67,24 @@ def test_decoder_only_facts():
     x = np.zeros((2, 3), np.int32)
     assert f.decode_batch(x) is x
     assert f.hf is None  # hf_interchange maps transformers' T5 layout only
-    assert dict(f.pretrain_optimizer) == {"name": "adamw", "schedule": "cosine", "learning_rate": 3e-4,
-                                          "warmup_steps": 2000, "final_learning_rate": 3e-5, "weight_decay": 0.1,
-                                          "b2": 0.95, "clip_grad_norm": 1.0}
-    assert f.presets == ("decoder_only_tiny", "decoder_only_125m", "decoder_only_350m", "decoder_only_1b",
-                         "decoder_only_3b", "decoder_only_8b")
+    assert dict(f.pretrain_optimizer) == {
+        "name": "adamw",
+        "schedule": "cosine",
+        "learning_rate": 3e-4,
+        "warmup_steps": 2000,
+        "final_learning_rate": 3e-5,
+        "weight_decay": 0.1,
+        "b2": 0.95,
+        "clip_grad_norm": 1.0,
+    }
+    assert f.presets == (
+        "decoder_only_tiny",
+        "decoder_only_125m",
+        "decoder_only_350m",
+        "decoder_only_1b",
+        "decoder_only_3b",
+        "decoder_only_8b",
+    )
 
 
 def test_every_preset_belongs_to_exactly_one_family():
@@ -92,16 +121,25 @@ def test_configs_share_the_transformer_fields():
 
 
 @pytest.mark.parametrize("cls", [T5Config, DecoderOnlyConfig])
-@pytest.mark.parametrize("field,value", [("dropout_rate", 1.0), ("dtype", "int8"), ("num_heads", 0),
-                                         ("relative_attention_num_buckets", 0), ("remat_policy", "some"),
-                                         ("mlp_activations", ("swish",))])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("dropout_rate", 1.0),
+        ("dtype", "int8"),
+        ("num_heads", 0),
+        ("relative_attention_num_buckets", 0),
+        ("remat_policy", "some"),
+        ("mlp_activations", ("swish",)),
+    ],
+)
 def test_both_configs_validate_the_shared_fields_alike(cls, field, value):
     with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{field} "):
         cls(**{field: value})
 
 
-@pytest.mark.parametrize("cls,field", [(T5Config, "num_encoder_layers"), (T5Config, "num_decoder_layers"),
-                                       (DecoderOnlyConfig, "num_layers")])
+@pytest.mark.parametrize(
+    "cls,field", [(T5Config, "num_encoder_layers"), (T5Config, "num_decoder_layers"), (DecoderOnlyConfig, "num_layers")]
+)
 def test_layer_counts_are_positive(cls, field):
     with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field} must be a positive int"):
         cls(**{field: 0})

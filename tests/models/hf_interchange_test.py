@@ -13,14 +13,14 @@ from cairn.models import EncoderDecoderModel, HFInterchangeError, export_hf, imp
 from cairn.models.hf_interchange import hf_config
 
 
-
 def _random_params(config, seed=0):
     params = EncoderDecoderModel(config).init(jax.random.PRNGKey(seed))
     # Norm scales start at 1: perturb every parameter so that no mapping error can hide.
     leaves, treedef = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
     return jax.tree_util.tree_unflatten(
-        treedef, [np.asarray(x + 0.2 * jax.random.normal(k, x.shape)) for x, k in zip(leaves, keys)])
+        treedef, [np.asarray(x + 0.2 * jax.random.normal(k, x.shape)) for x, k in zip(leaves, keys)]
+    )
 
 
 def _batch(config, random_tokens):
@@ -44,9 +44,11 @@ def test_transformers_logits_match_and_import_is_exact(name, tiny, tmp_path):
     hf = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
     assert hf.config.scale_decoder_outputs == config.logits_via_embedding
     with torch.no_grad():
-        theirs = hf(input_ids=torch.tensor(batch["encoder_input_tokens"], dtype=torch.long),
-                    attention_mask=torch.tensor(batch["encoder_input_tokens"] > 0, dtype=torch.long),
-                    decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long)).logits.numpy()
+        theirs = hf(
+            input_ids=torch.tensor(batch["encoder_input_tokens"], dtype=torch.long),
+            attention_mask=torch.tensor(batch["encoder_input_tokens"] > 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long),
+        ).logits.numpy()
     diff = np.abs(ours - theirs).max()
     assert diff < 1e-4, diff
     assert np.abs(ours).max() > 1.0  # the comparison is not between near-zero logits
@@ -62,8 +64,9 @@ def test_transformers_logits_match_and_import_is_exact(name, tiny, tmp_path):
 
 def test_transformers_saved_checkpoint_imports(tiny, tmp_path):
     """A checkpoint written by transformers itself (their layout, their config) loads and agrees."""
-    hf_cfg = transformers.T5Config(**{k: v for k, v in hf_config(tiny.t5_1_1).items()
-                                      if k not in ("architectures", "model_type")})
+    hf_cfg = transformers.T5Config(
+        **{k: v for k, v in hf_config(tiny.t5_1_1).items() if k not in ("architectures", "model_type")}
+    )
     torch.manual_seed(0)
     hf = transformers.T5ForConditionalGeneration(hf_cfg).eval()
     with torch.no_grad():
@@ -74,9 +77,11 @@ def test_transformers_saved_checkpoint_imports(tiny, tmp_path):
     batch = _batch(config, tiny.random_tokens)
     ours = np.asarray(jax.jit(EncoderDecoderModel(config).apply)(params, batch))
     with torch.no_grad():
-        theirs = hf(input_ids=torch.tensor(batch["encoder_input_tokens"], dtype=torch.long),
-                    attention_mask=torch.tensor(batch["encoder_input_tokens"] > 0, dtype=torch.long),
-                    decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long)).logits.numpy()
+        theirs = hf(
+            input_ids=torch.tensor(batch["encoder_input_tokens"], dtype=torch.long),
+            attention_mask=torch.tensor(batch["encoder_input_tokens"] > 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long),
+        ).logits.numpy()
     assert np.abs(ours - theirs).max() < 1e-4
 
 

@@ -37,18 +37,25 @@ def test_auto_follows_the_backend_and_switch_forces_either(monkeypatch):
 def test_cpu_vjp_has_the_barrier_and_standard_has_none():
     x, w = np.ones((2, 4, 8), np.float32), np.ones((8, 16), np.float32)
     for variant, barrier in (("cpu", True), ("standard", False)):
-        grad = jax.grad(lambda x, w: layers.dense(x, w, vjp=variant).sum(), argnums=1)
+        grad = jax.grad(lambda x, w, v=variant: layers.dense(x, w, vjp=v).sum(), argnums=1)
         assert ("optimization_barrier" in str(jax.make_jaxpr(grad)(x, w))) == barrier
 
 
-@pytest.mark.parametrize("x_shape,w_shape,n", [((2, 8, 16), (16, 32), 1), ((2, 8, 4, 8), (4, 8, 16), 2),
-                                               ((3, 5, 64), (64, 6, 8), 1), ((4, 128, 256), (256, 512), 1)])
+@pytest.mark.parametrize(
+    "x_shape,w_shape,n",
+    [
+        ((2, 8, 16), (16, 32), 1),
+        ((2, 8, 4, 8), (4, 8, 16), 2),
+        ((3, 5, 64), (64, 6, 8), 1),
+        ((4, 128, 256), (256, 512), 1),
+    ],
+)
 def test_both_vjps_give_the_same_numbers(x_shape, w_shape, n):
     kx, kw, kg = jax.random.split(jax.random.PRNGKey(0), 3)
     x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
     out = {}
     for variant in ("cpu", "standard"):
-        y, vjp = jax.vjp(jax.jit(lambda x, w: layers.dense(x, w, n, vjp=variant)), x, w)
+        y, vjp = jax.vjp(jax.jit(lambda x, w, v=variant: layers.dense(x, w, n, vjp=v)), x, w)
         out[variant] = (y,) + vjp(jax.random.normal(kg, y.shape))
     (y_cpu, dx_cpu, dw_cpu), (y_std, dx_std, dw_std) = out["cpu"], out["standard"]
     np.testing.assert_array_equal(y_cpu, y_std)
@@ -60,8 +67,12 @@ def test_model_gradients_agree_both_ways(monkeypatch, tiny):
     model = EncoderDecoderModel(tiny.t5_1_1)
     params = model.init(jax.random.PRNGKey(0))
     tokens = tiny.random_tokens(0, (2, 8), tiny.t5_1_1.vocab_size)
-    batch = {"encoder_input_tokens": tokens, "decoder_input_tokens": np.roll(tokens, 1, axis=1),
-             "decoder_target_tokens": tokens, "decoder_loss_weights": np.ones_like(tokens, np.float32)}
+    batch = {
+        "encoder_input_tokens": tokens,
+        "decoder_input_tokens": np.roll(tokens, 1, axis=1),
+        "decoder_target_tokens": tokens,
+        "decoder_loss_weights": np.ones_like(tokens, np.float32),
+    }
     grads = {}
     for variant in ("cpu", "standard"):
         monkeypatch.setattr(layers, "DENSE_VJP", variant)  # read when traced: a fresh jit each way

@@ -22,8 +22,9 @@ def test_cross_entropy_matches_optax(label_smoothing):
     weights = (targets > 0).astype(np.float32)
     total, z, weight_sum = losses.weighted_cross_entropy(logits, targets, weights, label_smoothing=label_smoothing)
     v = logits.shape[-1]
-    soft = optax.smooth_labels(jax.nn.one_hot(targets, v), 0.0) * (1 - label_smoothing) + \
-        (1 - jax.nn.one_hot(targets, v)) * label_smoothing / (v - 1)
+    soft = optax.smooth_labels(jax.nn.one_hot(targets, v), 0.0) * (1 - label_smoothing) + (
+        1 - jax.nn.one_hot(targets, v)
+    ) * label_smoothing / (v - 1)
     ref = optax.softmax_cross_entropy(logits, soft)
     if label_smoothing:
         c, low = 1 - label_smoothing, label_smoothing / (v - 1)
@@ -61,19 +62,38 @@ def _packed_batch(random_tokens, vocab):
     """Two examples packed into one row, and the same two examples as two rows."""
     encs = [random_tokens(1, (4,), vocab), random_tokens(2, (6,), vocab)]
     tgts = [random_tokens(3, (3,), vocab), random_tokens(4, (5,), vocab)]
-    packed = {k: np.zeros((1, 12 if k.startswith("encoder") else 10), np.int32) for k in (
-        "encoder_input_tokens", "encoder_segment_ids", "decoder_input_tokens", "decoder_target_tokens",
-        "decoder_segment_ids", "decoder_loss_weights")}
+    packed = {
+        k: np.zeros((1, 12 if k.startswith("encoder") else 10), np.int32)
+        for k in (
+            "encoder_input_tokens",
+            "encoder_segment_ids",
+            "decoder_input_tokens",
+            "decoder_target_tokens",
+            "decoder_segment_ids",
+            "decoder_loss_weights",
+        )
+    }
     rows = []
     ei = ti = 0
     for s, (enc, tgt) in enumerate(zip(encs, tgts)):
         dec_in = np.concatenate([[0], tgt[:-1]]).astype(np.int32)
-        for key, start, value in (("encoder_input_tokens", ei, enc), ("encoder_segment_ids", ei, s + 1 + 0 * enc),
-                                  ("decoder_input_tokens", ti, dec_in), ("decoder_target_tokens", ti, tgt),
-                                  ("decoder_segment_ids", ti, s + 1 + 0 * tgt), ("decoder_loss_weights", ti, 1 + 0 * tgt)):
-            packed[key][0, start:start + len(value)] = value
-        rows.append({"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-                     "decoder_target_tokens": tgt, "decoder_loss_weights": np.ones(len(tgt), np.float32)})
+        for key, start, value in (
+            ("encoder_input_tokens", ei, enc),
+            ("encoder_segment_ids", ei, s + 1 + 0 * enc),
+            ("decoder_input_tokens", ti, dec_in),
+            ("decoder_target_tokens", ti, tgt),
+            ("decoder_segment_ids", ti, s + 1 + 0 * tgt),
+            ("decoder_loss_weights", ti, 1 + 0 * tgt),
+        ):
+            packed[key][0, start : start + len(value)] = value
+        rows.append(
+            {
+                "encoder_input_tokens": enc,
+                "decoder_input_tokens": dec_in,
+                "decoder_target_tokens": tgt,
+                "decoder_loss_weights": np.ones(len(tgt), np.float32),
+            }
+        )
         ei, ti = ei + len(enc), ti + len(tgt)
     # Unpacked: one sequence per row, zero-padded (padding has weight 0 and segment 0).
     unpacked = {k: np.stack([np.pad(r[k], (0, 6 - len(r[k]))) for r in rows]) for k in rows[0]}
@@ -89,9 +109,19 @@ def test_packed_batch_loss_equals_unpacked_losses(tiny, factor):
     packed_loss, metrics = loss_fn(params, packed)
     # Each sequence's loss on its own, from the unpacked rows' logits.
     logits = jax.jit(model.apply)(params, unpacked)
-    row_losses = [float(losses.weighted_cross_entropy(
-        logits[i:i + 1], unpacked["decoder_target_tokens"][i:i + 1], unpacked["decoder_loss_weights"][i:i + 1],
-        label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor=factor)[0]) for i in range(2)]
+    row_losses = [
+        float(
+            losses.weighted_cross_entropy(
+                logits[i : i + 1],
+                unpacked["decoder_target_tokens"][i : i + 1],
+                unpacked["decoder_loss_weights"][i : i + 1],
+                label_smoothing=0.1,
+                z_loss=1e-3,
+                loss_normalizing_factor=factor,
+            )[0]
+        )
+        for i in range(2)
+    ]
     expected = sum(row_losses) if factor is None else np.mean(row_losses)
     np.testing.assert_allclose(packed_loss, expected, rtol=1e-5)
     np.testing.assert_allclose(loss_fn(params, unpacked)[0], expected, rtol=1e-5)
@@ -104,8 +134,11 @@ def test_score_batch_is_the_sum_of_token_log_probs(tiny):
     params = model.init(jax.random.PRNGKey(0))
     tgt = tiny.random_tokens(1, (2, 4), 67)
     tgt[1, 2:] = 0
-    batch = {"encoder_input_tokens": tiny.random_tokens(0, (2, 5), 67), "decoder_target_tokens": tgt,
-             "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0)))}
+    batch = {
+        "encoder_input_tokens": tiny.random_tokens(0, (2, 5), 67),
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+    }
     scores = jax.jit(model.score_batch)(params, batch)
     logp = jax.nn.log_softmax(jax.jit(model.apply)(params, batch))
     expected = [sum(float(logp[b, i, tgt[b, i]]) for i in range(4) if tgt[b, i] > 0) for b in range(2)]

@@ -20,8 +20,11 @@ def setup(tiny):
     model = EncoderDecoderModel(config)
     params = model.init(jax.random.PRNGKey(0))
     tgt = tiny.random_tokens(1, (4, 6), 64)
-    batch = {"encoder_input_tokens": tiny.random_tokens(0, (4, 8), 64), "decoder_target_tokens": tgt,
-             "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0)))}
+    batch = {
+        "encoder_input_tokens": tiny.random_tokens(0, (4, 8), 64),
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+    }
     rules = standard_logical_axis_rules()
     partitioner = Partitioner(create_mesh({"data": 2, "fsdp": 1, "model": 4}), rules, on_indivisible="error")
     param_shardings = partitioner.shardings_for(model.logical_axes(), params)
@@ -32,8 +35,9 @@ def test_loss_and_grads_match_one_device(setup):
     model, params, batch, rules, partitioner, param_shardings = setup
     grad_fn = jax.value_and_grad(lambda p, b: model.loss_fn(p, b)[0])
     want_loss, want_grads = jax.jit(grad_fn)(params, batch)
-    sharded = partitioner.partition(grad_fn, in_shardings=(param_shardings, None),
-                                    out_shardings=(None, param_shardings))
+    sharded = partitioner.partition(
+        grad_fn, in_shardings=(param_shardings, None), out_shardings=(None, param_shardings)
+    )
     with nn.logical_axis_rules(rules):
         loss, grads = sharded(jax.device_put(params, param_shardings), partitioner.shard_batch(batch))
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
@@ -49,5 +53,6 @@ def test_greedy_decoding_matches_one_device(setup):
     want, _ = jax.jit(predict)(params, enc)
     with nn.logical_axis_rules(rules):
         got, _ = partitioner.partition(predict, in_shardings=(param_shardings, None))(
-            jax.device_put(params, param_shardings), partitioner.shard_batch(enc))
+            jax.device_put(params, param_shardings), partitioner.shard_batch(enc)
+        )
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

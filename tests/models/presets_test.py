@@ -14,17 +14,34 @@ def test_t5_1_1_sizes_within_half_a_percent(size):
     assert abs(n / PUBLISHED_T5_1_1[size] - 1) < 0.005, (size, n)
 
 
-@pytest.mark.parametrize("name,expected", [("t5_1_0_small", 60.5e6), ("t5_1_0_11b", 11.3e9),
-                                           ("mt5_small", 300e6), ("byt5_small", 300e6),
-                                           ("decoder_only_125m", 134e6), ("decoder_only_8b", 8.0e9)])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("t5_1_0_small", 60.5e6),
+        ("t5_1_0_11b", 11.3e9),
+        ("mt5_small", 300e6),
+        ("byt5_small", 300e6),
+        ("decoder_only_125m", 134e6),
+        ("decoder_only_8b", 8.0e9),
+    ],
+)
 def test_other_families_in_the_right_range(name, expected):
     assert abs(count_params(get_preset(name)) / expected - 1) < 0.02
 
 
 def test_exact_count_of_a_tiny_config():
-    c = T5Config(vocab_size=10, emb_dim=4, num_heads=2, head_dim=3, mlp_dim=5, num_encoder_layers=1,
-                 num_decoder_layers=1, mlp_activations=("relu",), logits_via_embedding=True,
-                 relative_attention_num_buckets=8)
+    c = T5Config(
+        vocab_size=10,
+        emb_dim=4,
+        num_heads=2,
+        head_dim=3,
+        mlp_dim=5,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        mlp_activations=("relu",),
+        logits_via_embedding=True,
+        relative_attention_num_buckets=8,
+    )
     attn = 4 * 4 * 6
     expected = 10 * 4 + 2 * 2 * 8 + (attn + 2 * 4 * 5 + 2 * 4 + 4) + (2 * attn + 2 * 4 * 5 + 3 * 4 + 4)
     assert count_params(c) == expected

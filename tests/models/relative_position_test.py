@@ -32,4 +32,5 @@ def test_bias_shape_and_axes():
     variables = module.init(jax.random.PRNGKey(0), pos, pos)
     assert module.apply(variables, pos, pos).shape == (1, 3, 5, 5)
     assert nn.get_partition_spec(variables)["params"]["rel_embedding"] == jax.sharding.PartitionSpec(
-        "heads", "relpos_buckets")
+        "heads", "relpos_buckets"
+    )

@@ -48,23 +48,31 @@ def _packed_and_unpacked(random_tokens, vocab):
     enc_rows = [random_tokens(10 + i, (li,), vocab) for i, (li, _) in enumerate(lens)]
     tgt_rows = [random_tokens(20 + i, (lt,), vocab) for i, (_, lt) in enumerate(lens)]
     li_max, lt_max = 11, 9
-    packed = {k: np.zeros((1, n), np.int32) for k, n in [
-        ("encoder_input_tokens", li_max), ("encoder_segment_ids", li_max), ("decoder_input_tokens", lt_max),
-        ("decoder_target_tokens", lt_max), ("decoder_segment_ids", lt_max), ("decoder_loss_weights", lt_max)]}
+    packed = {
+        k: np.zeros((1, n), np.int32)
+        for k, n in [
+            ("encoder_input_tokens", li_max),
+            ("encoder_segment_ids", li_max),
+            ("decoder_input_tokens", lt_max),
+            ("decoder_target_tokens", lt_max),
+            ("decoder_segment_ids", lt_max),
+            ("decoder_loss_weights", lt_max),
+        ]
+    }
     unpacked = {k: np.zeros((2, v.shape[1]), np.int32) for k, v in packed.items() if "segment" not in k}
     ei = ti = 0
     for s, (enc, tgt) in enumerate(zip(enc_rows, tgt_rows)):
         dec_in = np.concatenate([[0], tgt[:-1]])
-        packed["encoder_input_tokens"][0, ei:ei + len(enc)] = enc
-        packed["encoder_segment_ids"][0, ei:ei + len(enc)] = s + 1
-        packed["decoder_input_tokens"][0, ti:ti + len(tgt)] = dec_in
-        packed["decoder_target_tokens"][0, ti:ti + len(tgt)] = tgt
-        packed["decoder_segment_ids"][0, ti:ti + len(tgt)] = s + 1
-        packed["decoder_loss_weights"][0, ti:ti + len(tgt)] = 1
-        unpacked["encoder_input_tokens"][s, :len(enc)] = enc
-        unpacked["decoder_input_tokens"][s, :len(tgt)] = dec_in
-        unpacked["decoder_target_tokens"][s, :len(tgt)] = tgt
-        unpacked["decoder_loss_weights"][s, :len(tgt)] = 1
+        packed["encoder_input_tokens"][0, ei : ei + len(enc)] = enc
+        packed["encoder_segment_ids"][0, ei : ei + len(enc)] = s + 1
+        packed["decoder_input_tokens"][0, ti : ti + len(tgt)] = dec_in
+        packed["decoder_target_tokens"][0, ti : ti + len(tgt)] = tgt
+        packed["decoder_segment_ids"][0, ti : ti + len(tgt)] = s + 1
+        packed["decoder_loss_weights"][0, ti : ti + len(tgt)] = 1
+        unpacked["encoder_input_tokens"][s, : len(enc)] = enc
+        unpacked["decoder_input_tokens"][s, : len(tgt)] = dec_in
+        unpacked["decoder_target_tokens"][s, : len(tgt)] = tgt
+        unpacked["decoder_loss_weights"][s, : len(tgt)] = 1
         ei, ti = ei + len(enc), ti + len(tgt)
     return packed, unpacked, [l for _, l in lens]
 
@@ -75,8 +83,8 @@ def test_packed_segments_do_not_see_each_other(tiny, unrolled_params):
     apply = jax.jit(model.apply)
     lp = np.asarray(apply(params, packed))[0]
     lu = np.asarray(apply(params, unpacked))
-    np.testing.assert_allclose(lp[:tlens[0]], lu[0, :tlens[0]], atol=1e-5)
-    np.testing.assert_allclose(lp[tlens[0]:sum(tlens)], lu[1, :tlens[1]], atol=1e-5)
+    np.testing.assert_allclose(lp[: tlens[0]], lu[0, : tlens[0]], atol=1e-5)
+    np.testing.assert_allclose(lp[tlens[0] : sum(tlens)], lu[1, : tlens[1]], atol=1e-5)
 
 
 def test_causal_decoder_ignores_future_tokens(tiny, unrolled_params):
@@ -101,8 +109,11 @@ def test_scan_and_remat_switches_give_equal_outputs(tiny, scanned_params, unroll
     base = tiny.t5_1_1
     enc = tiny.random_tokens(0, (2, 6), 67)
     tgt = tiny.random_tokens(1, (2, 5), 67)
-    batch = {"encoder_input_tokens": enc, "decoder_target_tokens": tgt,
-             "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0)))}
+    batch = {
+        "encoder_input_tokens": enc,
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+    }
     ref_loss, ref_grads = _loss_and_grads(base, unrolled_params, batch)
     # Each variant costs a compilation: against unrolled without remat, cover scan and both policies.
     for scan, remat in ((True, "full"), (False, "dots")):
@@ -112,8 +123,9 @@ def test_scan_and_remat_switches_give_equal_outputs(tiny, scanned_params, unroll
             loss, grads = _loss_and_grads(config, params, batch)
             np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, err_msg=f"scan={scan} remat={remat}")
             grads = _unscan(grads, base) if scan else grads
-            jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                                   grads, ref_grads)
+            jax.tree_util.tree_map(
+                lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, ref_grads
+            )
 
 
 def test_stack_and_unstack_are_inverse(scanned_params):
@@ -125,8 +137,10 @@ def test_stack_and_unstack_are_inverse(scanned_params):
 def test_dropout_is_active_only_with_a_key(tiny):
     model = EncoderDecoderModel(tiny.t5_1_1.replace(dropout_rate=0.3, num_encoder_layers=1, num_decoder_layers=1))
     params = model.init(jax.random.PRNGKey(0))
-    batch = {"encoder_input_tokens": tiny.random_tokens(0, (2, 6), 67),
-             "decoder_input_tokens": tiny.random_tokens(1, (2, 5), 67)}
+    batch = {
+        "encoder_input_tokens": tiny.random_tokens(0, (2, 6), 67),
+        "decoder_input_tokens": tiny.random_tokens(1, (2, 5), 67),
+    }
     apply = jax.jit(model.apply)
     a, b = apply(params, batch), apply(params, batch)
     np.testing.assert_array_equal(a, b)

@@ -12,12 +12,10 @@ losses and parameter sums agree within rtol 1e-5 (other layouts sum in other ord
 import json
 
 import pytest
-
 import train_runs
 
 STEPS = 12
-COMMON = ("--config.trainer.checkpoint_every=4", "--config.trainer.keep_checkpoints=0",
-          "--config.fingerprint_every=2")
+COMMON = ("--config.trainer.checkpoint_every=4", "--config.trainer.keep_checkpoints=0", "--config.fingerprint_every=2")
 
 
 def batches(model_dir):
@@ -28,12 +26,16 @@ def batches(model_dir):
 def segment(run, cache, processes, devices_each, kill_at=None, mesh=()):
     extra = COMMON + tuple(mesh)
     if processes == 1:
-        proc = train_runs.start(train_runs.overrides(run, cache, STEPS) + list(extra), devices_each,
-                                log := run.parent / f"{run.name}-{kill_at}.log")
+        proc = train_runs.start(
+            train_runs.overrides(run, cache, STEPS) + list(extra),
+            devices_each,
+            log := run.parent / f"{run.name}-{kill_at}.log",
+        )
         procs, logs = [proc], [log]
     else:
-        procs, logs = train_runs.start_multiprocess(run, cache, processes, devices_each, extra, STEPS,
-                                                    tag=f"-{kill_at}")
+        procs, logs = train_runs.start_multiprocess(
+            run, cache, processes, devices_each, extra, STEPS, tag=f"-{kill_at}"
+        )
     if kill_at is not None:
         train_runs.kill_after_checkpoint(run, procs, logs, kill_at)
         return

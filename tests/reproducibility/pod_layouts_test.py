@@ -9,7 +9,6 @@ reach the all-reduces in another order, so the last bits may differ."""
 import json
 
 import pytest
-
 import train_runs
 
 STEPS = 10
@@ -20,11 +19,23 @@ def batch_fingerprints(model_dir):
     return {r["step"]: r["batch_sha256"] for r in rows}
 
 
-@pytest.mark.parametrize("processes,devices_each,mesh", [
-    (4, 2, ["--config.partitioning.mesh.data=2", "--config.partitioning.mesh.model=4"]),
-    (2, 4, ["--config.partitioning.mesh.data=2", "--config.partitioning.mesh.fsdp=2",
-            "--config.partitioning.mesh.model=2", "--config.partitioning.fsdp_rules=True"]),
-], ids=["4x2_data2_model4", "2x4_data2_fsdp2_model2"])
+@pytest.mark.parametrize(
+    "processes,devices_each,mesh",
+    [
+        (4, 2, ["--config.partitioning.mesh.data=2", "--config.partitioning.mesh.model=4"]),
+        (
+            2,
+            4,
+            [
+                "--config.partitioning.mesh.data=2",
+                "--config.partitioning.mesh.fsdp=2",
+                "--config.partitioning.mesh.model=2",
+                "--config.partitioning.fsdp_rules=True",
+            ],
+        ),
+    ],
+    ids=["4x2_data2_model4", "2x4_data2_fsdp2_model2"],
+)
 def test_layout_matches_one_process(tmp_path, processes, devices_each, mesh):
     cache = tmp_path / "cache"
     mesh = mesh + ["--config.fingerprint_every=1"]  # batch fingerprints and checksums at every step

@@ -5,7 +5,6 @@ and the run fingerprints `//launchers:verify` reads."""
 import json
 
 import pytest
-
 import train_runs
 
 

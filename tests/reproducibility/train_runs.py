@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "launchers" / "configs" / "shakespeare_t5_tiny.py"
@@ -21,38 +20,56 @@ TIMEOUT_S = 600
 
 def overrides(model_dir: Path, cache_dir: Path, steps: int = STEPS) -> list[str]:
     """A 30-step run: checkpoints every 5 steps, a checksum every 5, no post-training work."""
-    return [f"--config={CONFIG}", f"--config.model_dir={model_dir}", f"--config.data.cache_dir={cache_dir}",
-            f"--config.num_train_steps={steps}", "--config.trainer.checkpoint_every=5",
-            "--config.trainer.keep_checkpoints=2", "--config.trainer.log_every=5",
-            "--config.fingerprint_every=5", "--config.post_training.final_eval=False",
-            "--config.post_training.num_samples=0", "--config.trainer.tensorboard=False"]
+    return [
+        f"--config={CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        f"--config.num_train_steps={steps}",
+        "--config.trainer.checkpoint_every=5",
+        "--config.trainer.keep_checkpoints=2",
+        "--config.trainer.log_every=5",
+        "--config.fingerprint_every=5",
+        "--config.post_training.final_eval=False",
+        "--config.post_training.num_samples=0",
+        "--config.trainer.tensorboard=False",
+    ]
 
 
 def env(devices: int = 8) -> dict:
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", TF_CPP_MIN_LOG_LEVEL="3")
+    e = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
     e.pop("BUILD_WORKING_DIRECTORY", None)
     return e
 
 
-def start(args: list[str], devices: int = 8, log: Optional[Path] = None) -> subprocess.Popen:
+def start(args: list[str], devices: int = 8, log: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main", *args], env=env(devices),
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cairn.launchers.train_main", *args],
+        env=env(devices),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
-def finish(proc: subprocess.Popen, log: Optional[Path] = None, timeout: float = TIMEOUT_S) -> None:
+def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIMEOUT_S) -> None:
     """Waits for `proc`; kills its process group and fails with the log's tail on timeout or error."""
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise AssertionError(f"train timed out after {timeout}s:\n{tail(log)}")
+        raise AssertionError(f"train timed out after {timeout}s:\n{tail(log)}") from None
     assert code == 0, f"train exited {code}:\n{tail(log)}"
 
 
-def tail(log: Optional[Path], n: int = 4000) -> str:
+def tail(log: Path | None, n: int = 4000) -> str:
     return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
 
 
@@ -105,16 +122,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_multiprocess(model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4,
-                       extra: tuple = (), steps: int = STEPS, tag: str = "") -> tuple[list, list]:
+def start_multiprocess(
+    model_dir: Path,
+    cache_dir: Path,
+    processes: int = 2,
+    devices_each: int = 4,
+    extra: tuple = (),
+    steps: int = STEPS,
+    tag: str = "",
+) -> tuple[list, list]:
     """Starts one run as `processes` processes x `devices_each` CPU devices, coordinator on
     127.0.0.1; returns `(procs, logs)`."""
     address = f"127.0.0.1:{free_port()}"
     logs = [model_dir.parent / f"{model_dir.name}{tag}-p{i}.log" for i in range(processes)]
-    procs = [start(overrides(model_dir, cache_dir, steps) + list(extra) + [
-        f"--config.multihost.coordinator_address={address}",
-        f"--config.multihost.num_processes={processes}", f"--config.multihost.process_id={i}"],
-        devices_each, logs[i]) for i in range(processes)]
+    procs = [
+        start(
+            overrides(model_dir, cache_dir, steps)
+            + list(extra)
+            + [
+                f"--config.multihost.coordinator_address={address}",
+                f"--config.multihost.num_processes={processes}",
+                f"--config.multihost.process_id={i}",
+            ],
+            devices_each,
+            logs[i],
+        )
+        for i in range(processes)
+    ]
     return procs, logs
 
 
@@ -125,8 +159,9 @@ def kill_all(procs: list) -> None:
             p.wait()
 
 
-def train_multiprocess(model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4,
-                       extra: tuple = (), steps: int = STEPS) -> None:
+def train_multiprocess(
+    model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4, extra: tuple = (), steps: int = STEPS
+) -> None:
     """One run as `processes` processes x `devices_each` CPU devices, coordinator on 127.0.0.1."""
     procs, logs = start_multiprocess(model_dir, cache_dir, processes, devices_each, extra, steps)
     try:
@@ -156,5 +191,10 @@ def kill_after_checkpoint(model_dir: Path, procs: list, logs: list, step: int) -
 
 def verify(a: Path, b: Path, *flags: str) -> subprocess.CompletedProcess:
     """`//launchers:verify` (its module) on two run directories."""
-    return subprocess.run([sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
-                          env=env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

@@ -4,7 +4,6 @@ run sees the same fingerprints for the same steps."""
 import hashlib
 
 import pytest
-
 from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel, make_batch
 
@@ -15,8 +14,15 @@ from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
 def run(model_dir, steps, every=1):
     seen = {}
     cfg = TrainerConfig(model_dir=str(model_dir), num_train_steps=steps, log_every=2, tensorboard=False)
-    trainer = Trainer(TinyModel(), OptimizerConfig(name="adamw"), 1e-3, make_partitioner(4, 2), cfg,
-                      batch_hooks=[lambda step, d: seen.setdefault(step, d.fingerprint())], batch_hook_every=every)
+    trainer = Trainer(
+        TinyModel(),
+        OptimizerConfig(name="adamw"),
+        1e-3,
+        make_partitioner(4, 2),
+        cfg,
+        batch_hooks=[lambda step, d: seen.setdefault(step, d.fingerprint())],
+        batch_hook_every=every,
+    )
     trainer.train(CountingIterator())
     return seen
 

@@ -7,12 +7,21 @@ import os
 import jax
 import numpy as np
 import pytest
-
 from mesh_util import make_partitioner
 from tiny_model import TinyModel, make_batch
 
-from cairn.trainer import (CheckpointConfig, Checkpointer, CorruptCheckpointError, ModelDirLock, ModelDirLockedError,
-                           NoCheckpointError, OptimizerConfig, Trainer, TrainerConfig, restore_params)
+from cairn.trainer import (
+    CheckpointConfig,
+    Checkpointer,
+    CorruptCheckpointError,
+    ModelDirLock,
+    ModelDirLockedError,
+    NoCheckpointError,
+    OptimizerConfig,
+    Trainer,
+    TrainerConfig,
+    restore_params,
+)
 
 
 def _trainer(tmp_path, shape):
@@ -68,8 +77,9 @@ def test_restore_onto_another_mesh(saved, shape, tmp_path):
 def test_params_only_restore_with_dtype_cast(saved, tmp_path):
     d, expected = saved
     t = _trainer(tmp_path, (8, 1))
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, "bfloat16", sharding=a.sharding),
-                            t.abstract_state.params)
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, "bfloat16", sharding=a.sharding), t.abstract_state.params
+    )
     params = restore_params(d, abstract)
     assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(params))
     np.testing.assert_allclose(np.asarray(params["wi"], np.float32), expected.params["wi"], rtol=1e-2)
@@ -80,9 +90,12 @@ def test_params_only_restore_with_dtype_cast(saved, tmp_path):
 
 def test_corrupt_latest_checkpoint_falls_back_to_previous(saved, tmp_path, caplog):
     import shutil
+
     d = tmp_path / "copy"
     shutil.copytree(saved[0], d)
-    victim = max((p for p in (d / "checkpoints" / "2" / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim = max(
+        (p for p in (d / "checkpoints" / "2" / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    )
     with open(victim, "r+b") as f:
         f.truncate(victim.stat().st_size // 2)
     t = _trainer(tmp_path / "t", (4, 2))
@@ -99,6 +112,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(saved, tmp_path, caplo
 
 def test_unreadable_checkpoint_without_manifest_falls_back(saved, tmp_path):
     import shutil
+
     d = tmp_path / "copy"
     shutil.copytree(saved[0], d)
     shutil.rmtree(d / "manifests")
@@ -144,8 +158,10 @@ def test_stale_lock_of_dead_process_is_taken_over(tmp_path):
     import socket
     import subprocess
     import sys
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          timeout=60)
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=60
+    )
     (tmp_path / "cairn.lock").write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
     lock = ModelDirLock(tmp_path).acquire()
     assert json.loads((tmp_path / "cairn.lock").read_text())["pid"] == os.getpid()

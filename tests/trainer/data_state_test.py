@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-
 from mesh_util import make_partitioner
 from tiny_model import LENGTH, VOCAB, TinyModel
 
@@ -12,6 +11,7 @@ from cairn.trainer import OptimizerConfig, TfDataIterator, Trainer, TrainerConfi
 
 def _tf_iterator():
     import tensorflow as tf
+
     ds = tf.data.Dataset.range(10_000).shuffle(256, seed=3, reshuffle_each_iteration=False)
     ds = ds.map(lambda i: tf.cast((i * 7 + tf.range(LENGTH, dtype=tf.int64)) % VOCAB, tf.int32))
     ds = ds.batch(16).map(lambda x: {"inputs": x, "targets": (x * 7 + 3) % VOCAB})
@@ -24,8 +24,9 @@ def _losses(model_dir):
 
 
 def _train(model_dir, steps):
-    cfg = TrainerConfig(model_dir=str(model_dir), num_train_steps=steps, log_every=1, checkpoint_every=2,
-                        tensorboard=False)
+    cfg = TrainerConfig(
+        model_dir=str(model_dir), num_train_steps=steps, log_every=1, checkpoint_every=2, tensorboard=False
+    )
     return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg).train(_tf_iterator())
 
 

@@ -5,7 +5,6 @@ import signal
 
 import numpy as np
 import pytest
-
 from mesh_util import make_partitioner
 from subprocess_util import wait_for_line, worker
 from tiny_model import CountingIterator, TinyModel
@@ -43,8 +42,9 @@ def test_second_run_on_the_same_model_dir_is_refused(tmp_path):
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=20, checkpoint_every=3, log_every=100,
-                        tensorboard=False)
+    cfg = TrainerConfig(
+        model_dir=str(tmp_path), num_train_steps=20, checkpoint_every=3, log_every=100, tensorboard=False
+    )
     trainer = Trainer(TinyModel(nan_at_step=7), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg)
     # Batch position 7 is poisoned: it is trained in step 8 (steps count from 1).
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 8; .*last good checkpoint \\(step 6\\)"):
@@ -61,16 +61,22 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
 
 
 def test_nan_right_before_a_checkpoint_is_not_saved(tmp_path):
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=20, checkpoint_every=4, log_every=100,
-                        tensorboard=False)
+    cfg = TrainerConfig(
+        model_dir=str(tmp_path), num_train_steps=20, checkpoint_every=4, log_every=100, tensorboard=False
+    )
     trainer = Trainer(TinyModel(nan_at_step=3), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg)
-    with pytest.raises(NonFiniteLossError, match="loss is nan at step 4; training stopped and no checkpoint was written"):
+    with pytest.raises(
+        NonFiniteLossError, match="loss is nan at step 4; training stopped and no checkpoint was written"
+    ):
         trainer.train(CountingIterator(poison_at=3))
     ckpt = Checkpointer(tmp_path)
     try:
         assert ckpt.all_steps() == []
     finally:
         ckpt.close()
-    rows = [json.loads(line) for line in open(tmp_path / "summaries" / "metrics.jsonl")] if (
-        tmp_path / "summaries" / "metrics.jsonl").exists() else []
+    rows = (
+        [json.loads(line) for line in open(tmp_path / "summaries" / "metrics.jsonl")]
+        if (tmp_path / "summaries" / "metrics.jsonl").exists()
+        else []
+    )
     assert all(np.isfinite(r["value"]) for r in rows)

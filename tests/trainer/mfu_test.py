@@ -9,9 +9,18 @@ from cairn.trainer import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flo
 from cairn.trainer.summaries import ProgressLine
 
 
-@pytest.mark.parametrize("kind,tflops", [("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5e", 197), ("TPU v5p", 459),
-                                         ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA H100 80GB HBM3", 989),
-                                         ("NVIDIA H200", 989)])
+@pytest.mark.parametrize(
+    "kind,tflops",
+    [
+        ("TPU v4", 275),
+        ("TPU v5 lite", 197),
+        ("TPU v5e", 197),
+        ("TPU v5p", 459),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H200", 989),
+    ],
+)
 def test_published_peaks(kind, tflops):
     assert published_peak_flops(kind) == tflops * 1e12
 
@@ -36,6 +45,7 @@ def test_progress_line_only_on_terminals():
     class Tty(io.StringIO):
         def isatty(self):
             return True
+
     tty, pipe = Tty(), io.StringIO()
     ProgressLine(100, tty).update(25, 5.0, "loss 1.0")
     ProgressLine(100, pipe).update(25, 5.0)

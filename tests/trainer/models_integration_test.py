@@ -1,13 +1,10 @@
 """cairn.models' EncoderDecoderModel trains through the Trainer (a T5.1.1-tiny with a small vocabulary)."""
 
 import numpy as np
-import pytest
-
 from mesh_util import make_partitioner
 
-from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
-
 import cairn.models as models
+from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
 
 
 class Batches:
@@ -21,8 +18,12 @@ class Batches:
         rng = np.random.default_rng([0, self.position])
         self.position += 1
         tgt = rng.integers(2, self.vocab, size=(self.batch, self.length), dtype=np.int32)
-        return {"encoder_input_tokens": tgt[:, ::-1].copy(), "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
-                "decoder_target_tokens": tgt, "decoder_loss_weights": np.ones(tgt.shape, np.float32)}
+        return {
+            "encoder_input_tokens": tgt[:, ::-1].copy(),
+            "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+            "decoder_target_tokens": tgt,
+            "decoder_loss_weights": np.ones(tgt.shape, np.float32),
+        }
 
     def get_state(self):
         return {"position": self.position}
@@ -34,8 +35,15 @@ class Batches:
 def test_t5_tiny_trains_with_accumulation_and_model_sharding(tmp_path):
     config = models.get_preset("t5_1_1_tiny", vocab_size=64)
     model = models.EncoderDecoderModel(config)
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=4, log_every=2, num_microbatches=2,
-                        microbatch_reduction="sum", tensorboard=False, flops_per_token=1e6)
+    cfg = TrainerConfig(
+        model_dir=str(tmp_path),
+        num_train_steps=4,
+        log_every=2,
+        num_microbatches=2,
+        microbatch_reduction="sum",
+        tensorboard=False,
+        flops_per_token=1e6,
+    )
     trainer = Trainer(model, OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg)
     result = trainer.train(Batches(config.vocab_size))
     assert result.step == 4 and np.isfinite(result.metrics["loss"])

@@ -35,8 +35,8 @@ def test_adafactor_first_step_matches_t5_formula():
     tx = adafactor_t5(lr)
     updates, _ = tx.update(grads, tx.init(params), params)
     g = np.asarray(grads["bias"], np.float64)
-    u = g / np.sqrt(g ** 2 + 1e-30)
-    u = u / max(1.0, np.sqrt(np.mean(u ** 2)) / 1.0)
+    u = g / np.sqrt(g**2 + 1e-30)
+    u = u / max(1.0, np.sqrt(np.mean(u**2)) / 1.0)
     param_scale = max(np.sqrt(np.mean(np.asarray(params["bias"]) ** 2)), 1e-3)
     np.testing.assert_allclose(np.asarray(updates["bias"]), -lr * param_scale * u, rtol=1e-5)
 
@@ -54,7 +54,7 @@ def test_adafactor_has_no_momentum_and_decay_08():
     g1, g2 = {"bias": jnp.full((4,), 1.0)}, {"bias": jnp.full((4,), 2.0)}
     _, st = tx.update(g1, st, p)
     _, st = tx.update(g2, st, p)
-    beta2 = 1 - 2.0 ** -0.8
+    beta2 = 1 - 2.0**-0.8
     np.testing.assert_allclose(np.asarray(_factored_state(st).v["bias"]), beta2 * 1 + (1 - beta2) * 4, rtol=1e-5)
 
 

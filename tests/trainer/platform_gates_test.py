@@ -12,8 +12,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-
-from conftest import make_partitioner
+from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel
 
 from cairn.trainer import Trainer, TrainerConfig, adafactor_t5, optimizers
@@ -23,8 +22,14 @@ RTOL = 2e-6
 
 def _params():
     key = jax.random.PRNGKey(0)
-    shapes = {"wide": (128, 512), "tall": (256, 128), "heads": (128, 6, 8), "small": (64, 32), "bias": (64,),
-              "three": (3, 130, 200)}
+    shapes = {
+        "wide": (128, 512),
+        "tall": (256, 128),
+        "heads": (128, 6, 8),
+        "small": (64, 32),
+        "bias": (64,),
+        "three": (3, 130, 200),
+    }
     return {k: jax.random.normal(jax.random.fold_in(key, i), s) * 0.05 for i, (k, s) in enumerate(shapes.items())}
 
 

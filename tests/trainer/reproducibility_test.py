@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
 from subprocess_util import run_worker, wait_for_line, worker
 
 STEPS = 20

@@ -10,8 +10,13 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_worker.
 
 @contextlib.contextmanager
 def worker(*args):
-    proc = subprocess.Popen([sys.executable, WORKER, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ),
+    )
     try:
         yield proc
     finally:
@@ -34,6 +39,7 @@ def wait_for_line(proc, text: str, timeout: float) -> list:
     """Reads the child's lines until one contains `text`; returns the lines read."""
     import selectors
     import time
+
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout

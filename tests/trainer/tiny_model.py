@@ -40,8 +40,12 @@ class TinyModel:
         return self.net.init(rng, jnp.asarray(batch["inputs"]), True)["params"]
 
     def loss_fn(self, params, batch, dropout_rng):
-        logits = self.net.apply({"params": params}, batch["inputs"], dropout_rng is None,
-                                rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
+        logits = self.net.apply(
+            {"params": params},
+            batch["inputs"],
+            dropout_rng is None,
+            rngs={"dropout": dropout_rng} if dropout_rng is not None else None,
+        )
         targets = batch["targets"]
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         z = 1e-4 * jnp.square(jax.nn.logsumexp(logits, -1))

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from mesh_util import make_partitioner
 from tiny_model import TinyModel, make_batch
 
@@ -18,8 +17,9 @@ from cairn.trainer import Checkpointer, OptimizerConfig, Trainer, TrainerConfig,
 
 
 def _trainer(tmp_path, num_microbatches=1, dropout=0.0, shape=(4, 2), optimizer=OptimizerConfig(), reduction="mean"):
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=4, num_microbatches=num_microbatches,
-                        microbatch_reduction=reduction)
+    cfg = TrainerConfig(
+        model_dir=str(tmp_path), num_train_steps=4, num_microbatches=num_microbatches, microbatch_reduction=reduction
+    )
     return Trainer(TinyModel(dropout=dropout, reduction=reduction), optimizer, 0.01, make_partitioner(*shape), cfg)
 
 
@@ -33,8 +33,11 @@ def _run(trainer, batches):
     return state, losses
 
 
-@pytest.mark.parametrize("optimizer,reduction", [(OptimizerConfig(), "mean"), (OptimizerConfig(name="adamw"), "mean"),
-                                                (OptimizerConfig(), "sum")], ids=["adafactor", "adamw", "sum-loss"])
+@pytest.mark.parametrize(
+    "optimizer,reduction",
+    [(OptimizerConfig(), "mean"), (OptimizerConfig(name="adamw"), "mean"), (OptimizerConfig(), "sum")],
+    ids=["adafactor", "adamw", "sum-loss"],
+)
 def test_four_microbatches_match_one_full_batch_step(tmp_path, optimizer, reduction):
     batches = [make_batch(0, i, batch_size=32) for i in range(2)]
     full, full_losses = _run(_trainer(tmp_path, 1, optimizer=optimizer, reduction=reduction), batches)
@@ -72,12 +75,12 @@ def test_dropout_key_is_fold_in_of_seed_and_step(tmp_path):
 # One param per case of the rule. optax's Adafactor factors a param whose two largest dims are
 # >= 128: v_row drops the largest, v_col the second largest; smaller params keep a full `v`.
 SHAPES = {
-    "embedding": ((256, 128), ("vocab", "embed")),      # v_row (embed,), v_col (vocab,)
-    "wi": ((128, 256), ("embed", "mlp")),               # v_row (embed,), v_col (mlp,)
+    "embedding": ((256, 128), ("vocab", "embed")),  # v_row (embed,), v_col (vocab,)
+    "wi": ((128, 256), ("embed", "mlp")),  # v_row (embed,), v_col (mlp,)
     "stack": ((2, 128, 256), ("layers", "embed", "mlp")),  # scanned: v_row (layers, embed), v_col (layers, mlp)
-    "square": ((128, 128), ("embed", "mlp")),           # which dim was dropped is ambiguous: replicated
-    "odd": ((128, 132), ("embed", "mlp")),              # v_col (mlp=132,): sharded where 132 divides
-    "scale": ((128,), ("embed",)),                      # not factored: v shaped like the param
+    "square": ((128, 128), ("embed", "mlp")),  # which dim was dropped is ambiguous: replicated
+    "odd": ((128, 132), ("embed", "mlp")),  # v_col (mlp=132,): sharded where 132 divides
+    "scale": ((128,), ("embed",)),  # not factored: v shaped like the param
 }
 
 
@@ -85,8 +88,10 @@ class _ShardedNet(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         init = nn.initializers.normal(0.02)
-        p = {name: self.param(name, nn.with_logical_partitioning(init, names), shape)
-             for name, (shape, names) in SHAPES.items()}
+        p = {
+            name: self.param(name, nn.with_logical_partitioning(init, names), shape)
+            for name, (shape, names) in SHAPES.items()
+        }
         x = p["embedding"][tokens]
         h = jax.nn.relu(x @ p["wi"]) + sum(jnp.tanh(x @ p["stack"][i]) for i in range(2))
         x = x + h @ p["wi"].T + x @ p["square"] + jnp.tanh(x @ p["odd"]) @ p["odd"].T
@@ -116,10 +121,20 @@ MESHES = {
 }
 # Expected mesh specs (trailing Nones dropped) of Adafactor's factored statistics per mesh.
 FACTORED = {
-    "2x2x2-fsdp": {"embedding": (("fsdp",), ("model",)), "wi": (("fsdp",), ("model",)),
-                   "stack": ((None, "fsdp"), (None, "model")), "square": ((), ()), "odd": (("fsdp",), ("model",))},
-    "1x8": {"embedding": ((), ("model",)), "wi": ((), ("model",)), "stack": ((), (None, "model")),
-            "square": ((), ()), "odd": ((), ())},
+    "2x2x2-fsdp": {
+        "embedding": (("fsdp",), ("model",)),
+        "wi": (("fsdp",), ("model",)),
+        "stack": ((None, "fsdp"), (None, "model")),
+        "square": ((), ()),
+        "odd": (("fsdp",), ("model",)),
+    },
+    "1x8": {
+        "embedding": ((), ("model",)),
+        "wi": ((), ("model",)),
+        "stack": ((), (None, "model")),
+        "square": ((), ()),
+        "odd": ((), ()),
+    },
 }
 
 
@@ -156,8 +171,14 @@ def test_opt_state_shardings_after_a_step_and_after_restore(tmp_path, mesh_name,
     # The only indivisible dimension is the param odd's mlp (132) on model=8: one warning,
     # naming the param; its optimizer statistics are replicated without another one.
     messages = _setup(t)
-    assert messages == (["parameter 'odd': dimension 1 ('mlp', size 132) is not divisible by mesh axes "
-                         "('model',) of size 8; replicating it"] if mesh_name == "1x8" else []), messages
+    assert messages == (
+        [
+            "parameter 'odd': dimension 1 ('mlp', size 132) is not divisible by mesh axes "
+            "('model',) of size 8; replicating it"
+        ]
+        if mesh_name == "1x8"
+        else []
+    ), messages
     state = t.initial_state()
     for step in range(2):
         state, _ = t.train_step(state, t.partitioner.shard_batch(_sharded_batch(step)))
@@ -183,8 +204,9 @@ def test_opt_state_shardings_after_a_step_and_after_restore(tmp_path, mesh_name,
         assert _spec(adam.count) == ()
     # The public name gives the logical specs behind these shardings.
     logical = opt_state_specs(t.optimizer, t.abstract_state.opt_state, t.abstract_state.params, t.param_specs)
-    assert jax.tree.structure(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)) == \
-        jax.tree.structure(state.opt_state)
+    assert jax.tree.structure(
+        logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+    ) == jax.tree.structure(state.opt_state)
 
     # A checkpoint restores onto the same shardings (the trainer restores onto abstract_state).
     ckpt = Checkpointer(tmp_path / "ckpt")

@@ -13,12 +13,12 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from tiny_model import CountingIterator, TinyModel  # noqa: E402
+import jax
+import numpy as np
+from tiny_model import CountingIterator, TinyModel
 
-from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
-from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig, factor_schedule  # noqa: E402
+from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
+from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig, factor_schedule
 
 
 class SlowIterator(CountingIterator):
@@ -43,13 +43,27 @@ def main() -> int:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     partitioner = Partitioner(create_mesh({"data": 4, "model": 2}), standard_logical_axis_rules())
-    cfg = TrainerConfig(model_dir=args.model_dir, num_train_steps=args.num_steps, seed=5, log_every=1,
-                        checkpoint_every=args.checkpoint_every, tensorboard=False)
-    trainer = Trainer(TinyModel(dropout=0.1), OptimizerConfig(), factor_schedule(base_learning_rate=1.0, warmup_steps=5),
-                      partitioner, cfg, experiment_config={"worker": True})
+    cfg = TrainerConfig(
+        model_dir=args.model_dir,
+        num_train_steps=args.num_steps,
+        seed=5,
+        log_every=1,
+        checkpoint_every=args.checkpoint_every,
+        tensorboard=False,
+    )
+    trainer = Trainer(
+        TinyModel(dropout=0.1),
+        OptimizerConfig(),
+        factor_schedule(base_learning_rate=1.0, warmup_steps=5),
+        partitioner,
+        cfg,
+        experiment_config={"worker": True},
+    )
     result = trainer.train(SlowIterator(args.sleep))
     if args.out:
-        flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(result.state.params)}
+        flat = {
+            jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(result.state.params)
+        }
         np.savez(args.out, **flat)
     print(f"DONE step={result.step} preempted={result.preempted}", flush=True)
     return 0

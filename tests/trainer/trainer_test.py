@@ -6,7 +6,6 @@ import logging
 import jax
 import numpy as np
 import pytest
-
 from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel, make_batch
 
@@ -25,10 +24,24 @@ def test_train_writes_summaries_evaluates_and_checkpoints(tmp_path, caplog):
         calls.append(step)
         return {"toy_task": {"accuracy": 0.5 + step / 100}}
 
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=6, log_every=3, checkpoint_every=4, eval_every=3,
-                        checkpoint=CheckpointConfig(keep=5), tensorboard=True)
-    trainer = Trainer(TinyModel(), OptimizerConfig(name="adamw", clip_grad_norm=1.0), 1e-3, make_partitioner(4, 2),
-                      cfg, eval_fn=eval_fn, experiment_config={"name": "toy"})
+    cfg = TrainerConfig(
+        model_dir=str(tmp_path),
+        num_train_steps=6,
+        log_every=3,
+        checkpoint_every=4,
+        eval_every=3,
+        checkpoint=CheckpointConfig(keep=5),
+        tensorboard=True,
+    )
+    trainer = Trainer(
+        TinyModel(),
+        OptimizerConfig(name="adamw", clip_grad_norm=1.0),
+        1e-3,
+        make_partitioner(4, 2),
+        cfg,
+        eval_fn=eval_fn,
+        experiment_config={"name": "toy"},
+    )
     with caplog.at_level(logging.INFO, logger="cairn.trainer"):
         result = trainer.train(CountingIterator())
     assert result.step == 6 and not result.preempted
@@ -37,8 +50,16 @@ def test_train_writes_summaries_evaluates_and_checkpoints(tmp_path, caplog):
     rows = _rows(tmp_path)
     train = {(r["step"], r["metric"]) for r in rows if r["task"] == "train"}
     assert {(s, "loss") for s in range(1, 7)} <= train
-    for name in ("accuracy", "z_loss", "learning_rate", "grad_norm", "tokens_per_second", "sequences_per_second",
-                 "step_time_s", "mfu"):
+    for name in (
+        "accuracy",
+        "z_loss",
+        "learning_rate",
+        "grad_norm",
+        "tokens_per_second",
+        "sequences_per_second",
+        "step_time_s",
+        "mfu",
+    ):
         assert (6, name) in train, name
     mfu = [r["value"] for r in rows if r["metric"] == "mfu"]
     assert all(0 < v < 1 for v in mfu)
@@ -57,6 +78,7 @@ def test_resume_continues_where_it_stopped(tmp_path):
     def run(steps):
         cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=steps, log_every=1, tensorboard=False)
         return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg).train(CountingIterator())
+
     assert run(3).step == 3
     result = run(5)
     assert result.step == 5 and int(result.state.step) == 5
@@ -69,8 +91,13 @@ def test_fine_tune_from_pretrained_params(tmp_path):
     cfg = TrainerConfig(model_dir=str(pre), num_train_steps=2, tensorboard=False)
     trainer = Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg)
     pretrained = trainer.train(CountingIterator()).state.params
-    ft = Trainer(TinyModel(), OptimizerConfig(name="adamw"), 1e-4, make_partitioner(2, 4),
-                 TrainerConfig(model_dir=str(tmp_path / "ft"), num_train_steps=1, tensorboard=False))
+    ft = Trainer(
+        TinyModel(),
+        OptimizerConfig(name="adamw"),
+        1e-4,
+        make_partitioner(2, 4),
+        TrainerConfig(model_dir=str(tmp_path / "ft"), num_train_steps=1, tensorboard=False),
+    )
     ft.setup(make_batch(0, 0))
     params = restore_params(pre, ft.abstract_state.params)
     np.testing.assert_array_equal(np.asarray(params["wi"]), np.asarray(pretrained["wi"]))
@@ -103,11 +130,17 @@ def test_pair_init_protocol(tmp_path):
 
         def init(self, rng, batch):
             import flax.linen as nn
+
             boxed = base.init(rng, batch)
             return nn.meta.unbox(boxed), nn.get_partition_spec(boxed)
 
-    t = Trainer(PairModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2),
-                TrainerConfig(model_dir=str(tmp_path), num_train_steps=1, tensorboard=False))
+    t = Trainer(
+        PairModel(),
+        OptimizerConfig(),
+        0.01,
+        make_partitioner(4, 2),
+        TrainerConfig(model_dir=str(tmp_path), num_train_steps=1, tensorboard=False),
+    )
     t.setup(make_batch(0, 0))
     state = t.initial_state()
     assert state.params["wi"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
@@ -128,11 +161,22 @@ def test_step_hooks_see_every_step_after_eval(tmp_path):
         events.append(("second", step))
 
     cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=4, eval_every=2, log_every=2, tensorboard=False)
-    result = Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg, eval_fn=eval_fn,
-                     step_hooks=[hook, second]).train(CountingIterator())
+    result = Trainer(
+        TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg, eval_fn=eval_fn, step_hooks=[hook, second]
+    ).train(CountingIterator())
     assert result.step == 4
-    assert [e[:2] for e in events] == [("hook", 1), ("second", 1), ("eval", 2), ("hook", 2), ("second", 2),
-                                      ("hook", 3), ("second", 3), ("eval", 4), ("hook", 4), ("second", 4)]
+    assert [e[:2] for e in events] == [
+        ("hook", 1),
+        ("second", 1),
+        ("eval", 2),
+        ("hook", 2),
+        ("second", 2),
+        ("hook", 3),
+        ("second", 3),
+        ("eval", 4),
+        ("hook", 4),
+        ("second", 4),
+    ]
     hooked = [e[2] for e in events if e[0] == "hook"]
     assert hooked[-1] == pytest.approx(float(np.asarray(result.state.params["scale"]).sum()))
 
@@ -156,6 +200,7 @@ class _ReadCounter(CountingIterator):
 def test_set_up_once_and_one_read_per_step(tmp_path):
     """`setup` before `train` (as the launcher does for pretrained params) is not repeated and
     no batch is peeked; without it, `train` peeks one. Both train the same numbers."""
+
     def trainer(name):
         cfg = TrainerConfig(model_dir=str(tmp_path / name), num_train_steps=3, log_every=1, tensorboard=False)
         return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg)

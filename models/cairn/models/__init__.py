@@ -11,8 +11,8 @@ from cairn.models.decoder_only_model import DecoderOnlyModel
 from cairn.models.encoder_decoder_model import EncoderDecoderModel
 from cairn.models.families import ModelFamily, UnknownFamilyError, family_of, get_family
 from cairn.models.flops import flops_per_token, training_flops_per_step
-from cairn.models.model_base import DecodeOptions
 from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
+from cairn.models.model_base import DecodeOptions
 from cairn.models.params import count_params, logical_axes
 from cairn.models.presets import PRESETS, get_preset
 from cairn.models.t5.config import T5Config

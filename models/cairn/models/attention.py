@@ -55,8 +55,8 @@ class MultiHeadAttention(nn.Module):
         h, d = self.num_heads, self.head_dim
         qk_axes = ("embed", "heads", "kv")
         wq = kernel(self, "query", (emb, h, d), qk_axes, (emb * d) ** -0.5, self.dtype)
-        wk = kernel(self, "key", (emb, h, d), qk_axes, emb ** -0.5, self.dtype)
-        wv = kernel(self, "value", (emb, h, d), qk_axes, emb ** -0.5, self.dtype)
+        wk = kernel(self, "key", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
+        wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
         q = dense(x_q, wq)
 
@@ -93,8 +93,7 @@ class MultiHeadAttention(nn.Module):
         index = self.variable("cache", "cache_index")
         if self.cross:
             # Encoder keys/values: computed on the first step, reused afterwards.
-            k, v = jax.lax.cond(index.value == 0, project_kv,
-                                lambda: (cached_key.value, cached_value.value))
+            k, v = jax.lax.cond(index.value == 0, project_kv, lambda: (cached_key.value, cached_value.value))
             cached_key.value, cached_value.value = k, v
             index.value = jnp.array(1, jnp.int32)
             return k, v

@@ -4,7 +4,7 @@ optional prefix-LM attention (bidirectional over the inputs, causal over the tar
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Tuple
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ class DecoderOnlyConfig(TransformerConfig):
     """Hyperparameters of `decoder_only.Decoder`: the shared `TransformerConfig` fields (as in
     `T5Config`; defaults: `decoder_only_125m`) and the number of layers."""
 
-    LAYER_FIELDS: ClassVar[Tuple[str, ...]] = ("num_layers",)
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("num_layers",)
 
     emb_dim: int = 768
     num_heads: int = 12
@@ -40,8 +40,14 @@ class Decoder(nn.Module):
     config: DecoderOnlyConfig
 
     @nn.compact
-    def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_causal_attention=None,
-                 deterministic: bool = True, decode: bool = False):
+    def __call__(
+        self,
+        decoder_input_tokens,
+        decoder_segment_ids=None,
+        decoder_causal_attention=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         embed = Embed(cfg.vocab_size, cfg.emb_dim, dt, name="token_embedder")
@@ -50,23 +56,37 @@ class Decoder(nn.Module):
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ACT)
         q_pos, k_pos, mask = decoder_positions_and_mask(self, tokens.shape[1], decode)
-        bias = RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
-                                    cfg.relative_attention_max_distance, False, dt,
-                                    nn.initializers.normal(cfg.emb_dim ** -0.5), name="relpos_bias")(q_pos, k_pos)
+        bias = RelativePositionBias(
+            cfg.num_heads,
+            cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance,
+            False,
+            dt,
+            nn.initializers.normal(cfg.emb_dim**-0.5),
+            name="relpos_bias",
+        )(q_pos, k_pos)
         if decoder_causal_attention is not None and not decode:
             prefix = decoder_causal_attention > 0
             mask = mask | (prefix[:, :, None] & prefix[:, None, :])[:, None]
         if decoder_segment_ids is not None and not decode:
             mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
         bias = bias + mask_to_bias(mask, dt)
-        x = apply_layers(DecoderLayer, cfg.num_layers, cfg.scan_layers, cfg.remat_policy,
-                         dict(config=cfg, deterministic=deterministic, decode=decode, cross=False),
-                         x, None, bias, None)
+        x = apply_layers(
+            DecoderLayer,
+            cfg.num_layers,
+            cfg.scan_layers,
+            cfg.remat_policy,
+            dict(config=cfg, deterministic=deterministic, decode=decode, cross=False),
+            x,
+            None,
+            bias,
+            None,
+        )
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
-            logits = embed.attend(x * (cfg.emb_dim ** -0.5))
+            logits = embed.attend(x * (cfg.emb_dim**-0.5))
         else:
-            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim ** -0.5, dt)
+            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim**-0.5, dt)
             logits = jnp.einsum("ble,ev->blv", x, w)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,13 @@ class DecoderOnlyModel(ModelBase):
     `decoder_loss_weights`, optional `decoder_segment_ids` (packing) and
     `decoder_causal_attention` (prefix LM: 1 on input positions)."""
 
-    def __init__(self, config: DecoderOnlyConfig, label_smoothing: float = 0.0, z_loss: float = 1e-4,
-                 loss_normalizing_factor: LossNormalizingFactor = None):
+    def __init__(
+        self,
+        config: DecoderOnlyConfig,
+        label_smoothing: float = 0.0,
+        z_loss: float = 1e-4,
+        loss_normalizing_factor: LossNormalizingFactor = None,
+    ):
         super().__init__(config, Decoder(config), label_smoothing, z_loss, loss_normalizing_factor)
 
     def init_boxed(self, rng: jax.Array, length: int = 8) -> Any:
@@ -30,14 +35,25 @@ class DecoderOnlyModel(ModelBase):
         """Random parameters (deterministic given `rng`)."""
         return super().init(rng, length)
 
-    def apply(self, params: Params, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
+    def apply(self, params: Params, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        return self.module.apply({"params": params}, batch["decoder_input_tokens"],
-                                 batch.get("decoder_segment_ids"), batch.get("decoder_causal_attention"),
-                                 deterministic=dropout_rng is None, rngs=rngs)
+        logits = self.module.apply(
+            {"params": params},
+            batch["decoder_input_tokens"],
+            batch.get("decoder_segment_ids"),
+            batch.get("decoder_causal_attention"),
+            deterministic=dropout_rng is None,
+            rngs=rngs,
+        )
+        return cast(jnp.ndarray, logits)
 
-    def predict_batch(self, params: Params, prompts: jnp.ndarray, options: DecodeOptions = DecodeOptions(),
-                      rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+    def predict_batch(
+        self,
+        params: Params,
+        prompts: jnp.ndarray,
+        options: DecodeOptions = DecodeOptions(),
+        rng: jax.Array | None = None,
+    ) -> tuple[jnp.ndarray, jnp.ndarray]:
         """Continues each row of `prompts` `[b, p]` (right-padded with 0; may be all 0).
 
         Returns `(tokens [b, max_decode_length], scores [b])`; each row starts with its prompt
@@ -47,22 +63,26 @@ class DecoderOnlyModel(ModelBase):
         check_predict_args(options, rng)
         prompts = jnp.asarray(prompts, jnp.int32)
         rows, length = prompts.shape[0], options.max_decode_length
-        prompt = prompts
+        prompt: jax.Array | None = prompts
         if options.method == "beam":
             if prompts.shape[1]:
                 raise NotImplementedError("beam search with a prompt is not supported: pass prompts of shape [b, 0]")
             prompt, rows = None, rows * options.num_beams
         variables = {"params": params}
         if options.use_cache:
+
             def make_cache():
-                _, mutated = self.module.apply(variables, jnp.zeros((rows, length), jnp.int32),
-                                               decode=True, mutable=["cache"])
+                _, mutated = self.module.apply(
+                    variables, jnp.zeros((rows, length), jnp.int32), decode=True, mutable=["cache"]
+                )
                 return mutated["cache"]
+
             cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
 
             def tokens_to_logits(tokens, cache, step):
-                logits, mutated = self.module.apply({"params": params, "cache": cache}, tokens[:, None],
-                                                    decode=True, mutable=["cache"])
+                logits, mutated = self.module.apply(
+                    {"params": params, "cache": cache}, tokens[:, None], decode=True, mutable=["cache"]
+                )
                 return logits[:, 0], mutated["cache"]
         else:
             cache = jnp.zeros((rows, length), jnp.int32)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +20,13 @@ class EncoderDecoderModel(ModelBase):
     `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`, and when packed
     `encoder_segment_ids` / `decoder_segment_ids`. `params` is the unboxed parameter tree."""
 
-    def __init__(self, config: T5Config, label_smoothing: float = 0.0, z_loss: float = 1e-4,
-                 loss_normalizing_factor: LossNormalizingFactor = None):
+    def __init__(
+        self,
+        config: T5Config,
+        label_smoothing: float = 0.0,
+        z_loss: float = 1e-4,
+        loss_normalizing_factor: LossNormalizingFactor = None,
+    ):
         super().__init__(config, EncoderDecoder(config), label_smoothing, z_loss, loss_normalizing_factor)
 
     def init_boxed(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Any:
@@ -34,16 +39,23 @@ class EncoderDecoderModel(ModelBase):
         """Random parameters (deterministic given `rng`)."""
         return super().init(rng, input_length, target_length)
 
-    def apply(self, params: Params, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
+    def apply(self, params: Params, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
         """Logits `[b, target_len, vocab]` (teacher forcing)."""
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        return self.module.apply(
-            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-            batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
-            deterministic=dropout_rng is None, rngs=rngs)
+        logits = self.module.apply(
+            {"params": params},
+            batch["encoder_input_tokens"],
+            batch["decoder_input_tokens"],
+            batch.get("encoder_segment_ids"),
+            batch.get("decoder_segment_ids"),
+            deterministic=dropout_rng is None,
+            rngs=rngs,
+        )
+        return cast(jnp.ndarray, logits)
 
-    def predict_batch(self, params: Params, batch: Batch, options: DecodeOptions = DecodeOptions(),
-                      rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+    def predict_batch(
+        self, params: Params, batch: Batch, options: DecodeOptions = DecodeOptions(), rng: jax.Array | None = None
+    ) -> tuple[jnp.ndarray, jnp.ndarray]:
         """`(tokens [b, max_decode_length], scores [b])` decoded from `encoder_input_tokens`.
 
         Tokens after EOS are 0. Scores: log-probabilities (beam: divided by the length penalty).
@@ -57,15 +69,31 @@ class EncoderDecoderModel(ModelBase):
         encoded = self.module.apply(variables, enc_tokens, method=EncoderDecoder.encode)
         decode = EncoderDecoder.decode
         if options.use_cache:
+
             def make_cache():
-                _, mutated = self.module.apply(variables, encoded, enc_tokens, jnp.zeros((rows, length), jnp.int32),
-                                               decode=True, mutable=["cache"], method=decode)
+                _, mutated = self.module.apply(
+                    variables,
+                    encoded,
+                    enc_tokens,
+                    jnp.zeros((rows, length), jnp.int32),
+                    decode=True,
+                    mutable=["cache"],
+                    method=decode,
+                )
                 return mutated["cache"]
+
             cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
 
             def tokens_to_logits(tokens, cache, step):
-                logits, mutated = self.module.apply({"params": params, "cache": cache}, encoded, enc_tokens,
-                                                    tokens[:, None], decode=True, mutable=["cache"], method=decode)
+                logits, mutated = self.module.apply(
+                    {"params": params, "cache": cache},
+                    encoded,
+                    enc_tokens,
+                    tokens[:, None],
+                    decode=True,
+                    mutable=["cache"],
+                    method=decode,
+                )
                 return logits[:, 0], mutated["cache"]
         else:
             cache = jnp.zeros((rows, length), jnp.int32)  # the decoder inputs so far

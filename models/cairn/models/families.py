@@ -17,7 +17,8 @@ config's family.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from cairn.models import hf_interchange, params
 from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
@@ -44,7 +45,7 @@ class UnknownFamilyError(KeyError):
 class HFConverter:
     """Hugging Face `transformers` interchange of a family (see `hf_interchange`)."""
 
-    import_dir: Callable[..., Tuple[Any, Any]]  # (directory, **config_overrides) -> (config, params)
+    import_dir: Callable[..., tuple[Any, Any]]  # (directory, **config_overrides) -> (config, params)
     export_dir: Callable[[Any, Any, str], str]  # (params, config, directory) -> directory
     config_from_json: Callable[..., Any]  # (config.json dict, **overrides) -> config
 
@@ -65,17 +66,17 @@ class ModelFamily:
 
     name: str
     description: str
-    config_class: Type[TransformerConfig]
+    config_class: type[TransformerConfig]
     model_class: type
     network_class: type
-    features: Tuple[str, ...]
+    features: tuple[str, ...]
     feature_converter: str
-    input_feature: Optional[str]
+    input_feature: str | None
     decode_batch: Callable[[Any], Any]
     samples: str
-    hf: Optional[HFConverter]
+    hf: HFConverter | None
     count_params: Callable[[Any], int]
-    pretrain_optimizer: Tuple[Tuple[str, Any], ...] = ()
+    pretrain_optimizer: tuple[tuple[str, Any], ...] = ()
 
     @property
     def continues_prompt(self) -> bool:
@@ -83,7 +84,7 @@ class ModelFamily:
         return self.input_feature is None
 
     @property
-    def presets(self) -> Tuple[str, ...]:
+    def presets(self) -> tuple[str, ...]:
         """The names of the presets (`cairn.models.PRESETS`) of this family, in registry order."""
         return tuple(name for name, config in PRESETS.items() if type(config) is self.config_class)
 
@@ -91,8 +92,9 @@ class ModelFamily:
         """`model_class(config, **kwargs)` (`label_smoothing`, `z_loss`, `loss_normalizing_factor`);
         TypeError when `config` belongs to another family."""
         if type(config) is not self.config_class:
-            raise TypeError(f"model family {self.name!r} needs a {self.config_class.__name__}, "
-                            f"got {type(config).__name__}")
+            raise TypeError(
+                f"model family {self.name!r} needs a {self.config_class.__name__}, got {type(config).__name__}"
+            )
         return self.model_class(config, **kwargs)
 
 
@@ -104,38 +106,67 @@ def _prompt_batch(prompts: Any) -> Any:
     return prompts
 
 
-_FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in (
-    ModelFamily(
-        name="encoder_decoder",
-        description="T5-family encoder-decoder (T5.1.0, T5.1.1, mT5, ByT5, UL2)",
-        config_class=T5Config, model_class=EncoderDecoderModel, network_class=EncoderDecoder,
-        features=("inputs", "targets"), feature_converter="EncDecFeatureConverter", input_feature="inputs",
-        decode_batch=_encoder_batch, samples=SAMPLES_EVAL_PREDICTIONS,
-        hf=HFConverter(import_dir=hf_interchange.import_hf, export_dir=hf_interchange.export_hf,
-                       config_from_json=hf_interchange.config_from_hf),
-        count_params=params.count_params,
-        pretrain_optimizer=(("name", "adafactor"), ("schedule", "factor"), ("learning_rate", 1.0),
-                            ("warmup_steps", 10000))),
-    ModelFamily(
-        name="decoder_only",
-        description="GPT-style decoder with T5 layers (prefix LM optional)",
-        config_class=DecoderOnlyConfig, model_class=DecoderOnlyModel, network_class=Decoder,
-        features=("targets",), feature_converter="LMFeatureConverter", input_feature=None,
-        decode_batch=_prompt_batch, samples=SAMPLES_PROMPT_CONTINUATIONS,
-        hf=None,  # hf_interchange maps transformers' T5 layout only
-        count_params=params.count_params,
-        pretrain_optimizer=(("name", "adamw"), ("schedule", "cosine"), ("learning_rate", 3e-4),
-                            ("warmup_steps", 2000), ("final_learning_rate", 3e-5), ("weight_decay", 0.1),
-                            ("b2", 0.95), ("clip_grad_norm", 1.0))),
-)}
+_FAMILIES: dict[str, ModelFamily] = {
+    f.name: f
+    for f in (
+        ModelFamily(
+            name="encoder_decoder",
+            description="T5-family encoder-decoder (T5.1.0, T5.1.1, mT5, ByT5, UL2)",
+            config_class=T5Config,
+            model_class=EncoderDecoderModel,
+            network_class=EncoderDecoder,
+            features=("inputs", "targets"),
+            feature_converter="EncDecFeatureConverter",
+            input_feature="inputs",
+            decode_batch=_encoder_batch,
+            samples=SAMPLES_EVAL_PREDICTIONS,
+            hf=HFConverter(
+                import_dir=hf_interchange.import_hf,
+                export_dir=hf_interchange.export_hf,
+                config_from_json=hf_interchange.config_from_hf,
+            ),
+            count_params=params.count_params,
+            pretrain_optimizer=(
+                ("name", "adafactor"),
+                ("schedule", "factor"),
+                ("learning_rate", 1.0),
+                ("warmup_steps", 10000),
+            ),
+        ),
+        ModelFamily(
+            name="decoder_only",
+            description="GPT-style decoder with T5 layers (prefix LM optional)",
+            config_class=DecoderOnlyConfig,
+            model_class=DecoderOnlyModel,
+            network_class=Decoder,
+            features=("targets",),
+            feature_converter="LMFeatureConverter",
+            input_feature=None,
+            decode_batch=_prompt_batch,
+            samples=SAMPLES_PROMPT_CONTINUATIONS,
+            hf=None,  # hf_interchange maps transformers' T5 layout only
+            count_params=params.count_params,
+            pretrain_optimizer=(
+                ("name", "adamw"),
+                ("schedule", "cosine"),
+                ("learning_rate", 3e-4),
+                ("warmup_steps", 2000),
+                ("final_learning_rate", 3e-5),
+                ("weight_decay", 0.1),
+                ("b2", 0.95),
+                ("clip_grad_norm", 1.0),
+            ),
+        ),
+    )
+}
 
 
-def families() -> Tuple[ModelFamily, ...]:
+def families() -> tuple[ModelFamily, ...]:
     """Every registered family, in registry order."""
     return tuple(_FAMILIES.values())
 
 
-def names() -> Tuple[str, ...]:
+def names() -> tuple[str, ...]:
     """The family names (the allowed `model.kind` values), in registry order."""
     return tuple(_FAMILIES)
 

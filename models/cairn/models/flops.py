@@ -14,7 +14,7 @@ norms, softmax and elementwise ops are not counted. A decoder-only model has `Li
 
 from __future__ import annotations
 
-from typing import Mapping, Union
+from collections.abc import Mapping
 
 from cairn.models.decoder_only import DecoderOnlyConfig
 from cairn.models.t5.config import T5Config
@@ -28,7 +28,7 @@ def _mlp_params(c) -> int:
     return (len(c.mlp_activations) + 1) * c.emb_dim * c.mlp_dim
 
 
-def training_flops_per_example(config: Union[T5Config, DecoderOnlyConfig], lengths: Mapping[str, int]) -> float:
+def training_flops_per_example(config: T5Config | DecoderOnlyConfig, lengths: Mapping[str, int]) -> float:
     """Training FLOPs (forward + backward) for one example; `lengths` has `inputs` and `targets`
     (decoder-only: `targets` only)."""
     c = config
@@ -54,6 +54,6 @@ def training_flops_per_step(config, batch_size: int, lengths: Mapping[str, int])
     return batch_size * training_flops_per_example(config, lengths)
 
 
-def flops_per_token(config: Union[T5Config, DecoderOnlyConfig], lengths: Mapping[str, int]) -> float:
+def flops_per_token(config: T5Config | DecoderOnlyConfig, lengths: Mapping[str, int]) -> float:
     """Training FLOPs per target token: `training_flops_per_example / lengths['targets']`."""
     return training_flops_per_example(config, lengths) / int(lengths["targets"])

@@ -9,7 +9,7 @@ rescaled by `d_model ** -0.5`), T5.1.1 and mT5 (gated GELU, separate `lm_head`).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Tuple
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -37,21 +37,25 @@ def _feed_forward_proj(config: T5Config) -> str:
 
 
 def _bad_acts(acts):
-    raise HFInterchangeError(f"mlp_activations={acts!r} has no transformers T5 equivalent "
-                             "(supported: ('relu',), ('gelu',), ('silu',), (act, 'linear'))")
+    raise HFInterchangeError(
+        f"mlp_activations={acts!r} has no transformers T5 equivalent "
+        "(supported: ('relu',), ('gelu',), ('silu',), (act, 'linear'))"
+    )
 
 
-def _activations(proj: str) -> Tuple[str, ...]:
+def _activations(proj: str) -> tuple[str, ...]:
     parts = proj.split("-")
     act = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "silu": "silu"}.get(parts[-1])
     # transformers maps "gated-gelu" to gelu_new (tanh); a plain "gelu" is the exact erf GELU.
     if act is None or (len(parts) == 1 and parts[0] == "gelu"):
-        raise HFInterchangeError(f"feed_forward_proj={proj!r} is not supported "
-                                 "(supported: relu, gelu_new, silu, gated-gelu, gated-silu, gated-relu)")
+        raise HFInterchangeError(
+            f"feed_forward_proj={proj!r} is not supported "
+            "(supported: relu, gelu_new, silu, gated-gelu, gated-silu, gated-relu)"
+        )
     return (act, "linear") if parts[0] == "gated" else (act,)
 
 
-def hf_config(config: T5Config) -> Dict[str, Any]:
+def hf_config(config: T5Config) -> dict[str, Any]:
     """The transformers `config.json` dict for `config`."""
     return {
         "architectures": ["T5ForConditionalGeneration"],
@@ -79,19 +83,25 @@ def hf_config(config: T5Config) -> Dict[str, Any]:
     }
 
 
-def config_from_hf(hf: Dict[str, Any], **overrides) -> T5Config:
+def config_from_hf(hf: dict[str, Any], **overrides) -> T5Config:
     """A `T5Config` from a transformers T5 `config.json` dict (untied unless it says tied)."""
     if hf.get("model_type", "t5") not in ("t5", "mt5"):
         raise HFInterchangeError(f"model_type={hf.get('model_type')!r} is not a T5 model")
     tied = bool(hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True)))
     fields = dict(
-        vocab_size=hf["vocab_size"], emb_dim=hf["d_model"], num_heads=hf["num_heads"], head_dim=hf["d_kv"],
-        mlp_dim=hf["d_ff"], num_encoder_layers=hf["num_layers"],
+        vocab_size=hf["vocab_size"],
+        emb_dim=hf["d_model"],
+        num_heads=hf["num_heads"],
+        head_dim=hf["d_kv"],
+        mlp_dim=hf["d_ff"],
+        num_encoder_layers=hf["num_layers"],
         num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
-        mlp_activations=_activations(hf.get("feed_forward_proj", "relu")), logits_via_embedding=tied,
+        mlp_activations=_activations(hf.get("feed_forward_proj", "relu")),
+        logits_via_embedding=tied,
         relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
-        layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6))
+        layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
+    )
     fields.update(overrides)
     return T5Config(**fields)
 
@@ -101,28 +111,29 @@ def _linear(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.T)
 
 
-def _attention_to_hf(p, prefix: str, out: Dict[str, np.ndarray]):
+def _attention_to_hf(p, prefix: str, out: dict[str, np.ndarray]):
     e, h, d = p["query"].shape
     for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
         out[f"{prefix}.{theirs}.weight"] = _linear(p[ours].reshape(e, h * d))
     out[f"{prefix}.o.weight"] = _linear(p["out"].reshape(h * d, e))
 
 
-def _mlp_to_hf(p, prefix: str, out: Dict[str, np.ndarray]):
+def _mlp_to_hf(p, prefix: str, out: dict[str, np.ndarray]):
     for name, w in p.items():
         out[f"{prefix}.{name}.weight"] = _linear(w)
 
 
-def to_hf_state_dict(params: Any, config: T5Config) -> Dict[str, np.ndarray]:
+def to_hf_state_dict(params: Any, config: T5Config) -> dict[str, np.ndarray]:
     """Our params (boxed or not, scanned or not) as a transformers T5 state dict of numpy arrays."""
     p = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), nn.meta.unbox(params))
     p = p.get("params", p)
     enc = unstack_layers(p["encoder"], config.num_encoder_layers)
     dec = unstack_layers(p["decoder"], config.num_decoder_layers)
-    out: Dict[str, np.ndarray] = {"shared.weight": p["token_embedder"]["embedding"]}
+    out: dict[str, np.ndarray] = {"shared.weight": p["token_embedder"]["embedding"]}
     for stack, tree in (("encoder", enc), ("decoder", dec)):
         out[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = _linear(
-            tree["relpos_bias"]["rel_embedding"])
+            tree["relpos_bias"]["rel_embedding"]
+        )
     for i in range(config.num_encoder_layers):
         lp, b = enc[f"layers_{i}"], f"encoder.block.{i}.layer"
         out[f"{b}.0.layer_norm.weight"] = lp["pre_attention_layer_norm"]["scale"]
@@ -147,7 +158,7 @@ def to_hf_state_dict(params: Any, config: T5Config) -> Dict[str, np.ndarray]:
 class _Reader:
     """Pops tensors from a state dict, naming the missing key when one is absent."""
 
-    def __init__(self, tensors: Dict[str, np.ndarray]):
+    def __init__(self, tensors: dict[str, np.ndarray]):
         self.tensors = dict(tensors)
 
     def take(self, key: str) -> np.ndarray:
@@ -155,39 +166,51 @@ class _Reader:
             raise HFInterchangeError(f"checkpoint has no tensor {key!r}")
         return np.asarray(self.tensors.pop(key), np.float32)
 
-    def attention(self, prefix: str, config: T5Config) -> Dict[str, np.ndarray]:
+    def attention(self, prefix: str, config: T5Config) -> dict[str, np.ndarray]:
         e, h, d = config.emb_dim, config.num_heads, config.head_dim
-        p = {ours: self.take(f"{prefix}.{theirs}.weight").T.reshape(e, h, d)
-             for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"))}
+        p = {
+            ours: self.take(f"{prefix}.{theirs}.weight").T.reshape(e, h, d)
+            for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"))
+        }
         p["out"] = self.take(f"{prefix}.o.weight").T.reshape(h, d, e)
         return p
 
-    def mlp(self, prefix: str, config: T5Config) -> Dict[str, np.ndarray]:
+    def mlp(self, prefix: str, config: T5Config) -> dict[str, np.ndarray]:
         names = ["wi"] if len(config.mlp_activations) == 1 else ["wi_0", "wi_1"]
         return {n: self.take(f"{prefix}.{n}.weight").T for n in names + ["wo"]}
 
 
-_IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-            "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
+_IGNORED = (
+    "encoder.embed_tokens.weight",
+    "decoder.embed_tokens.weight",
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+)
 
 
-def from_hf_state_dict(tensors: Dict[str, np.ndarray], config: T5Config) -> Dict[str, Any]:
+def from_hf_state_dict(tensors: dict[str, np.ndarray], config: T5Config) -> dict[str, Any]:
     """A transformers T5 state dict as our (unboxed) params tree."""
     r = _Reader(tensors)
     for k in _IGNORED:
         r.tensors.pop(k, None)
     shared = r.take("shared.weight")
-    enc: Dict[str, Any] = {"relpos_bias": {"rel_embedding": r.take(
-        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight").T}}
-    dec: Dict[str, Any] = {"relpos_bias": {"rel_embedding": r.take(
-        "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight").T}}
+    enc: dict[str, Any] = {
+        "relpos_bias": {
+            "rel_embedding": r.take("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight").T
+        }
+    }
+    dec: dict[str, Any] = {
+        "relpos_bias": {
+            "rel_embedding": r.take("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight").T
+        }
+    }
     for i in range(config.num_encoder_layers):
         b = f"encoder.block.{i}.layer"
         enc[f"layers_{i}"] = {
             "pre_attention_layer_norm": {"scale": r.take(f"{b}.0.layer_norm.weight")},
             "attention": r.attention(f"{b}.0.SelfAttention", config),
             "pre_mlp_layer_norm": {"scale": r.take(f"{b}.1.layer_norm.weight")},
-            "mlp": r.mlp(f"{b}.1.DenseReluDense", config)}
+            "mlp": r.mlp(f"{b}.1.DenseReluDense", config),
+        }
     for i in range(config.num_decoder_layers):
         b = f"decoder.block.{i}.layer"
         dec[f"layers_{i}"] = {
@@ -196,18 +219,23 @@ def from_hf_state_dict(tensors: Dict[str, np.ndarray], config: T5Config) -> Dict
             "pre_cross_attention_layer_norm": {"scale": r.take(f"{b}.1.layer_norm.weight")},
             "encoder_decoder_attention": r.attention(f"{b}.1.EncDecAttention", config),
             "pre_mlp_layer_norm": {"scale": r.take(f"{b}.2.layer_norm.weight")},
-            "mlp": r.mlp(f"{b}.2.DenseReluDense", config)}
+            "mlp": r.mlp(f"{b}.2.DenseReluDense", config),
+        }
     enc["encoder_norm"] = {"scale": r.take("encoder.final_layer_norm.weight")}
     dec["decoder_norm"] = {"scale": r.take("decoder.final_layer_norm.weight")}
     lm_head = r.tensors.pop("lm_head.weight", None)
     if config.logits_via_embedding:
         if lm_head is not None and not np.array_equal(lm_head, shared):
-            raise HFInterchangeError("config ties the logits to the embedding (scaled by d_model**-0.5) "
-                                     "but lm_head.weight differs from shared.weight")
+            raise HFInterchangeError(
+                "config ties the logits to the embedding (scaled by d_model**-0.5) "
+                "but lm_head.weight differs from shared.weight"
+            )
     else:
         if lm_head is None:
-            raise HFInterchangeError("config has untied logits (tie_word_embeddings/scale_decoder_outputs "
-                                     "false) but the checkpoint has no lm_head.weight")
+            raise HFInterchangeError(
+                "config has untied logits (tie_word_embeddings/scale_decoder_outputs "
+                "false) but the checkpoint has no lm_head.weight"
+            )
         dec["logits"] = np.asarray(lm_head, np.float32).T
     if r.tensors:
         raise HFInterchangeError(f"checkpoint has tensors with no place in the model: {sorted(r.tensors)[:10]}")
@@ -229,7 +257,7 @@ def export_hf(params: Any, config: T5Config, directory: str) -> str:
     return directory
 
 
-def import_hf(directory: str, **config_overrides) -> Tuple[T5Config, Dict[str, Any]]:
+def import_hf(directory: str, **config_overrides) -> tuple[T5Config, dict[str, Any]]:
     """Reads a transformers T5 directory (local or a URL); returns `(config, params)`.
 
     `config_overrides` (e.g. `scan_layers=True`, `dtype='bfloat16'`) adjust the config.

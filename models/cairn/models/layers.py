@@ -8,7 +8,7 @@ Every parameter carries logical axis names (`embed`, `vocab`, `heads`, `kv`, `ml
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -28,7 +28,7 @@ def normal(stddev: float) -> nn.initializers.Initializer:
     return nn.initializers.normal(stddev)
 
 
-def constrain(x, axes: Tuple[str, ...]):
+def constrain(x, axes: tuple[str, ...]):
     """Annotates an activation with logical axis names."""
     return nn.with_logical_constraint(x, axes)
 
@@ -41,8 +41,9 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                           (x.shape[-1],), jnp.float32)
+        scale = self.param(
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
+        )
         x32 = x.astype(jnp.float32)
         var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
         y = x32 * jax.lax.rsqrt(var + self.epsilon)
@@ -59,8 +60,11 @@ class Embed(nn.Module):
 
     def setup(self):
         self.embedding = self.param(
-            "embedding", nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
-            (self.num_embeddings, self.features), jnp.float32)
+            "embedding",
+            nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
+            (self.num_embeddings, self.features),
+            jnp.float32,
+        )
 
     def __call__(self, ids):
         return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
@@ -78,8 +82,8 @@ DENSE_VJP = "auto"
 DENSE_VJP_CHOICES = ("auto", "cpu", "standard")
 
 
-def dense_vjp_variant(variant: Optional[str] = None) -> str:
-    """"cpu" or "standard": `variant`, else the module's `DENSE_VJP`, with "auto" decided by
+def dense_vjp_variant(variant: str | None = None) -> str:
+    """ "cpu" or "standard": `variant`, else the module's `DENSE_VJP`, with "auto" decided by
     `jax.default_backend()` (deterministic for a process: its default platform)."""
     variant = DENSE_VJP if variant is None else variant
     if variant not in DENSE_VJP_CHOICES:
@@ -89,7 +93,7 @@ def dense_vjp_variant(variant: Optional[str] = None) -> str:
     return variant
 
 
-def dense(x, w, n: int = 1, *, vjp: Optional[str] = None):
+def dense(x, w, n: int = 1, *, vjp: str | None = None):
     """`tensordot(x, w, n)`: the last `n` axes of `x` against the first `n` of `w`.
 
     The forward is the plain contraction either way. The backward (`vjp`, default `DENSE_VJP`)
@@ -128,8 +132,9 @@ def _dense_cpu_bwd(n, res, g):
 _dense_cpu.defvjp(_dense_cpu_fwd, _dense_cpu_bwd)
 
 
-def kernel(module: nn.Module, name: str, shape: Sequence[int], axes: Tuple[str, ...],
-           stddev: float, dtype) -> jnp.ndarray:
+def kernel(
+    module: nn.Module, name: str, shape: Sequence[int], axes: tuple[str, ...], stddev: float, dtype
+) -> jnp.ndarray:
     """Declares a bias-free kernel with logical axes and returns it cast to `dtype`."""
     value = module.param(name, nn.with_logical_partitioning(normal(stddev), axes), tuple(shape), jnp.float32)
     return jnp.asarray(value, dtype)
@@ -139,7 +144,7 @@ class MlpBlock(nn.Module):
     """The position-wise MLP: `act(x Wi) Wo`, or gated `act0(x Wi0) * act1(x Wi1) Wo`."""
 
     mlp_dim: int
-    activations: Tuple[str, ...] = ("relu",)
+    activations: tuple[str, ...] = ("relu",)
     dropout_rate: float = 0.0
     dtype: jnp.dtype = jnp.float32
     deterministic: bool = True
@@ -153,12 +158,12 @@ class MlpBlock(nn.Module):
             names = [f"wi_{i}" for i in range(len(self.activations))]
         h = None
         for name, act in zip(names, self.activations):
-            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb ** -0.5, self.dtype)
+            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb**-0.5, self.dtype)
             y = ACTIVATION_FNS[act](dense(x, w))
             h = y if h is None else h * y
         h = constrain(h, ("batch", "length", "mlp"))
         h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
-        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim ** -0.5, self.dtype)
+        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim**-0.5, self.dtype)
         return dense(h, wo)
 
 

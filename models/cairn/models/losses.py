@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -13,10 +12,10 @@ NUM_TOTAL_TARGET_TOKENS = "NUM_TOTAL_TARGET_TOKENS"
 AVERAGE_PER_SEQUENCE = "AVERAGE_PER_SEQUENCE"
 NORMALIZING_MODES = (NUM_REAL_TARGET_TOKENS, NUM_TOTAL_TARGET_TOKENS, AVERAGE_PER_SEQUENCE)
 
-LossNormalizingFactor = Union[None, float, int, str]
+LossNormalizingFactor = None | float | int | str
 
 
-def cross_entropy_with_logits(logits, soft_targets, z_loss: float = 0.0) -> Tuple[jnp.ndarray, jnp.ndarray]:
+def cross_entropy_with_logits(logits, soft_targets, z_loss: float = 0.0) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Per-token `(-sum(targets * log_softmax) + z_loss * log_z**2, z_loss * log_z**2)`."""
     logits = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
@@ -29,8 +28,11 @@ def smoothed_targets(targets, vocab_size: int, label_smoothing: float):
     """Soft targets and the constant that makes a perfect prediction's loss 0."""
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab_size - 1)
-    constant = -(confidence * math.log(confidence) + (vocab_size - 1) * low * math.log(low + 1e-20)) \
-        if label_smoothing > 0 else 0.0
+    constant = (
+        -(confidence * math.log(confidence) + (vocab_size - 1) * low * math.log(low + 1e-20))
+        if label_smoothing > 0
+        else 0.0
+    )
     soft = jax.nn.one_hot(targets, vocab_size, dtype=jnp.float32) * (confidence - low) + low
     return soft, constant
 
@@ -47,9 +49,15 @@ def per_sequence_weights(weights, segment_ids=None):
 
 
 def weighted_cross_entropy(
-    logits, targets, weights=None, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
-    loss_normalizing_factor: LossNormalizingFactor = None, segment_ids=None,
-) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    logits,
+    targets,
+    weights=None,
+    *,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    loss_normalizing_factor: LossNormalizingFactor = None,
+    segment_ids=None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """`(loss, z_loss, weight_sum)` summed over tokens, then divided by the normalising factor.
 
     `loss_normalizing_factor`: None (a plain sum), a number (sum / number), or a mode:
@@ -75,8 +83,10 @@ def weighted_cross_entropy(
             weights = per_sequence_weights(weights, segment_ids)
             factor = jnp.sum(weights)
         else:
-            raise ValueError(f"unknown loss_normalizing_factor {loss_normalizing_factor!r}; "
-                             f"use a number, None or one of {NORMALIZING_MODES}")
+            raise ValueError(
+                f"unknown loss_normalizing_factor {loss_normalizing_factor!r}; "
+                f"use a number, None or one of {NORMALIZING_MODES}"
+            )
     elif loss_normalizing_factor is not None:
         factor = jnp.asarray(float(loss_normalizing_factor))
     total, total_z, weight_sum = jnp.sum(loss * weights), jnp.sum(z * weights), jnp.sum(weights)

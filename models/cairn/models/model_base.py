@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -38,19 +39,31 @@ class DecodeOptions:
             raise ValueError(f"DecodeOptions.max_decode_length must be >= 1, got {self.max_decode_length}")
 
 
-def loss_and_metrics(logits, batch: Batch, label_smoothing: float, z_loss: float,
-                     loss_normalizing_factor: LossNormalizingFactor) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+def loss_and_metrics(
+    logits, batch: Batch, label_smoothing: float, z_loss: float, loss_normalizing_factor: LossNormalizingFactor
+) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """The training loss of `logits` against `decoder_target_tokens`, and t5x-style metrics."""
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights")
     if weights is None:
         weights = (targets > 0).astype(jnp.float32)
     loss, z, weight_sum = weighted_cross_entropy(
-        logits, targets, weights, label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor, segment_ids=batch.get("decoder_segment_ids"))
+        logits,
+        targets,
+        weights,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+        segment_ids=batch.get("decoder_segment_ids"),
+    )
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * (weights > 0)
-    metrics = {"loss": loss, "z_loss": z, "cross_ent_loss": loss - z, "weight_sum": weight_sum,
-               "accuracy": jnp.sum(correct) / jnp.maximum(jnp.sum(weights > 0), 1)}
+    metrics = {
+        "loss": loss,
+        "z_loss": z,
+        "cross_ent_loss": loss - z,
+        "weight_sum": weight_sum,
+        "accuracy": jnp.sum(correct) / jnp.maximum(jnp.sum(weights > 0), 1),
+    }
     return loss, metrics
 
 
@@ -63,7 +76,7 @@ def sequence_log_likelihood(logits, targets, weights=None) -> jnp.ndarray:
     return jnp.sum(token * weights, axis=-1)
 
 
-def check_predict_args(options: DecodeOptions, rng: Optional[jax.Array]) -> None:
+def check_predict_args(options: DecodeOptions, rng: jax.Array | None) -> None:
     """Fails before any computation when `predict_batch`'s arguments cannot work."""
     if not isinstance(options, DecodeOptions):
         raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
@@ -71,21 +84,34 @@ def check_predict_args(options: DecodeOptions, rng: Optional[jax.Array]) -> None
         raise ValueError("predict_batch(method='sample') needs rng (a jax.random key)")
 
 
-def run_decoding(options: DecodeOptions, tokens_to_logits, cache: Any, batch_size: int,
-                 rng: Optional[jax.Array], prompt=None):
+def run_decoding(
+    options: DecodeOptions, tokens_to_logits, cache: Any, batch_size: int, rng: jax.Array | None, prompt=None
+):
     """Dispatches to the decoding algorithm; returns `(tokens [b, len], scores [b])`."""
     if options.method == "greedy":
-        return decoding.greedy_decode(tokens_to_logits, cache, batch_size, options.max_decode_length,
-                                      options.eos_id, prompt)
+        return decoding.greedy_decode(
+            tokens_to_logits, cache, batch_size, options.max_decode_length, options.eos_id, prompt
+        )
     if options.method == "sample":
         if rng is None:
             raise ValueError("predict_batch(method='sample') needs rng (a jax.random key)")
-        return decoding.sample_decode(tokens_to_logits, cache, batch_size, options.max_decode_length, rng,
-                                      options.temperature, options.top_k, options.top_p, options.eos_id, prompt)
+        return decoding.sample_decode(
+            tokens_to_logits,
+            cache,
+            batch_size,
+            options.max_decode_length,
+            rng,
+            options.temperature,
+            options.top_k,
+            options.top_p,
+            options.eos_id,
+            prompt,
+        )
     if prompt is not None:
         raise NotImplementedError("beam search with a forced prompt is not supported (decoder-only prompts)")
-    seqs, scores = decoding.beam_search(tokens_to_logits, cache, batch_size, options.num_beams,
-                                        options.max_decode_length, options.alpha, options.eos_id)
+    seqs, scores = decoding.beam_search(
+        tokens_to_logits, cache, batch_size, options.num_beams, options.max_decode_length, options.alpha, options.eos_id
+    )
     return seqs[:, 0], scores[:, 0]
 
 
@@ -97,35 +123,44 @@ class ModelBase:
 
     module: nn.Module
 
-    def __init__(self, config: Any, module: nn.Module, label_smoothing: float = 0.0,
-                 z_loss: float = 1e-4, loss_normalizing_factor: LossNormalizingFactor = None):
+    def __init__(
+        self,
+        config: Any,
+        module: nn.Module,
+        label_smoothing: float = 0.0,
+        z_loss: float = 1e-4,
+        loss_normalizing_factor: LossNormalizingFactor = None,
+    ):
         self.config = config
         self.module = module
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
         self.loss_normalizing_factor = loss_normalizing_factor
 
-    def init_boxed(self, rng: jax.Array, *lengths: int) -> Any:
+    def init_boxed(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
+        """Variables with logical axis metadata for inputs of the given lengths (per model)."""
         raise NotImplementedError
 
-    def apply(self, params: Any, batch: Batch, dropout_rng: Optional[jax.Array] = None) -> jnp.ndarray:
+    def apply(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
         raise NotImplementedError
 
-    def init(self, rng: jax.Array, *lengths: int) -> Any:
+    def init(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
         """Random parameters (deterministic given `rng`)."""
-        return nn.meta.unbox(self.init_boxed(rng, *lengths))
+        return nn.meta.unbox(self.init_boxed(rng, *args, **kwargs))
 
     def logical_axes(self) -> Any:
         """PartitionSpecs of logical axis names, shaped like the params."""
         return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
 
-    def loss_fn(self, params: Any, batch: Batch,
-                dropout_rng: Optional[jax.Array] = None) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+    def loss_fn(
+        self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None
+    ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
         """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured."""
         logits = self.apply(params, batch, dropout_rng)
         return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
 
     def score_batch(self, params: Any, batch: Batch) -> jnp.ndarray:
         """`[b]`: log-likelihood of each row's targets (weighted by `decoder_loss_weights` if given)."""
-        return sequence_log_likelihood(self.apply(params, batch), batch["decoder_target_tokens"],
-                                       batch.get("decoder_loss_weights"))
+        return sequence_log_likelihood(
+            self.apply(params, batch), batch["decoder_target_tokens"], batch.get("decoder_loss_weights")
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -14,7 +14,7 @@ from cairn.models.t5.config import T5Config
 from cairn.models.t5.network import EncoderDecoder
 
 
-def network_for(config: Union[T5Config, DecoderOnlyConfig]) -> nn.Module:
+def network_for(config: T5Config | DecoderOnlyConfig) -> nn.Module:
     """The Flax module a config describes."""
     if isinstance(config, T5Config):
         return EncoderDecoder(config)
@@ -23,7 +23,7 @@ def network_for(config: Union[T5Config, DecoderOnlyConfig]) -> nn.Module:
     raise TypeError(f"expected a T5Config or DecoderOnlyConfig, got {type(config).__name__}")
 
 
-def abstract_variables(config: Union[T5Config, DecoderOnlyConfig], batch: int = 1, length: int = 4) -> Any:
+def abstract_variables(config: T5Config | DecoderOnlyConfig, batch: int = 1, length: int = 4) -> Any:
     """The network's variables as `jax.ShapeDtypeStruct`s (boxed with logical axis names)."""
     module = network_for(config)
     tokens = jnp.ones((batch, length), jnp.int32)
@@ -34,12 +34,12 @@ def abstract_variables(config: Union[T5Config, DecoderOnlyConfig], batch: int = 
     return jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
-def count_params(config: Union[T5Config, DecoderOnlyConfig]) -> int:
+def count_params(config: T5Config | DecoderOnlyConfig) -> int:
     """The number of parameters of the network `config` describes."""
     params = nn.meta.unbox(abstract_variables(config)["params"])
     return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))
 
 
-def logical_axes(config: Union[T5Config, DecoderOnlyConfig]) -> Any:
+def logical_axes(config: T5Config | DecoderOnlyConfig) -> Any:
     """A tree of `PartitionSpec`s of logical axis names, shaped like the params."""
     return nn.get_partition_spec(abstract_variables(config))["params"]

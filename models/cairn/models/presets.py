@@ -6,8 +6,6 @@ Sizes follow the published checkpoints' `config.json` / gin files.
 
 from __future__ import annotations
 
-from typing import Dict, Union
-
 from cairn.models.decoder_only import DecoderOnlyConfig
 from cairn.models.t5.config import T5Config
 
@@ -18,23 +16,46 @@ GATED_GELU = ("gelu", "linear")
 
 
 def _t5_1_1(emb, heads, mlp, layers, vocab=T5_VOCAB, head_dim=64, dec_layers=None) -> T5Config:
-    return T5Config(vocab_size=vocab, emb_dim=emb, num_heads=heads, head_dim=head_dim, mlp_dim=mlp,
-                    num_encoder_layers=layers, num_decoder_layers=dec_layers or layers,
-                    mlp_activations=GATED_GELU, logits_via_embedding=False)
+    return T5Config(
+        vocab_size=vocab,
+        emb_dim=emb,
+        num_heads=heads,
+        head_dim=head_dim,
+        mlp_dim=mlp,
+        num_encoder_layers=layers,
+        num_decoder_layers=dec_layers or layers,
+        mlp_activations=GATED_GELU,
+        logits_via_embedding=False,
+    )
 
 
 def _t5_1_0(emb, heads, mlp, layers, head_dim=64) -> T5Config:
-    return T5Config(vocab_size=T5_VOCAB, emb_dim=emb, num_heads=heads, head_dim=head_dim, mlp_dim=mlp,
-                    num_encoder_layers=layers, num_decoder_layers=layers,
-                    mlp_activations=("relu",), logits_via_embedding=True)
+    return T5Config(
+        vocab_size=T5_VOCAB,
+        emb_dim=emb,
+        num_heads=heads,
+        head_dim=head_dim,
+        mlp_dim=mlp,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        mlp_activations=("relu",),
+        logits_via_embedding=True,
+    )
 
 
 def _decoder_only(emb, heads, head_dim, mlp, layers, vocab=T5_VOCAB) -> DecoderOnlyConfig:
-    return DecoderOnlyConfig(vocab_size=vocab, emb_dim=emb, num_heads=heads, head_dim=head_dim,
-                             mlp_dim=mlp, num_layers=layers, mlp_activations=GATED_GELU)
+    return DecoderOnlyConfig(
+        vocab_size=vocab,
+        emb_dim=emb,
+        num_heads=heads,
+        head_dim=head_dim,
+        mlp_dim=mlp,
+        num_layers=layers,
+        mlp_activations=GATED_GELU,
+    )
 
 
-PRESETS: Dict[str, Union[T5Config, DecoderOnlyConfig]] = {
+PRESETS: dict[str, T5Config | DecoderOnlyConfig] = {
     # T5.1.1 (gated GELU, untied logits).
     "t5_1_1_tiny": _t5_1_1(128, 4, 256, 2, head_dim=32),
     "t5_1_1_small": _t5_1_1(512, 6, 1024, 8),
@@ -61,8 +82,16 @@ PRESETS: Dict[str, Union[T5Config, DecoderOnlyConfig]] = {
     "byt5_xl": _t5_1_1(2560, 32, 6720, 36, BYT5_VOCAB, dec_layers=12),
     "byt5_xxl": _t5_1_1(4672, 64, 12352, 36, BYT5_VOCAB, dec_layers=12),
     # UL2 20B (gated SiLU).
-    "ul2_20b": T5Config(vocab_size=T5_VOCAB, emb_dim=4096, num_heads=16, head_dim=256, mlp_dim=16384,
-                        num_encoder_layers=32, num_decoder_layers=32, mlp_activations=("silu", "linear")),
+    "ul2_20b": T5Config(
+        vocab_size=T5_VOCAB,
+        emb_dim=4096,
+        num_heads=16,
+        head_dim=256,
+        mlp_dim=16384,
+        num_encoder_layers=32,
+        num_decoder_layers=32,
+        mlp_activations=("silu", "linear"),
+    ),
     # Decoder-only (GPT-style, gated GELU, T5 relative positions).
     "decoder_only_tiny": _decoder_only(128, 4, 32, 256, 2),
     "decoder_only_125m": _decoder_only(768, 12, 64, 2048, 12),
@@ -73,7 +102,7 @@ PRESETS: Dict[str, Union[T5Config, DecoderOnlyConfig]] = {
 }
 
 
-def get_preset(name: str, **overrides) -> Union[T5Config, DecoderOnlyConfig]:
+def get_preset(name: str, **overrides) -> T5Config | DecoderOnlyConfig:
     """The preset `name`, with `overrides` (e.g. `scan_layers=True`) applied."""
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")

@@ -8,8 +8,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
-def relative_position_bucket(relative_position, bidirectional: bool = True,
-                             num_buckets: int = 32, max_distance: int = 128):
+def relative_position_bucket(
+    relative_position, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+):
     """Maps `key_position - query_position` to a bucket in `[0, num_buckets)`.
 
     Half the buckets (per direction when `bidirectional`) hold exact small distances; the
@@ -52,8 +53,11 @@ class RelativePositionBias(nn.Module):
         table = self.param(
             "rel_embedding",
             nn.with_logical_partitioning(self.embedding_init, ("heads", "relpos_buckets")),
-            (self.num_heads, self.num_buckets), jnp.float32)
+            (self.num_heads, self.num_buckets),
+            jnp.float32,
+        )
         buckets = relative_position_bucket(
-            k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets, self.max_distance)
+            k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets, self.max_distance
+        )
         bias = jnp.take(jnp.asarray(table, self.dtype), buckets, axis=1)  # [heads, q, k]
         return bias[None]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from cairn.models.layers import remat_policy as _policy
 
 
-def apply_layers(layer_cls, num_layers: int, scan: bool, remat: str, layer_kwargs: Dict[str, Any], x, *args):
+def apply_layers(layer_cls, num_layers: int, scan: bool, remat: str, layer_kwargs: dict[str, Any], x, *args):
     """Runs `num_layers` layers on the carry `x`; `args` are the same for every layer.
 
     Must be called inside a compact method (the layers become its submodules).
@@ -35,7 +35,7 @@ def apply_layers(layer_cls, num_layers: int, scan: bool, remat: str, layer_kwarg
     return x
 
 
-def unstack_layers(tree: Dict[str, Any], num_layers: int) -> Dict[str, Any]:
+def unstack_layers(tree: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """Turns a scanned `{'layers': stacked}` subtree into `{'layers_i': ...}` (other keys kept)."""
     out = {k: v for k, v in tree.items() if k != "layers"}
     if "layers" in tree:
@@ -44,13 +44,13 @@ def unstack_layers(tree: Dict[str, Any], num_layers: int) -> Dict[str, Any]:
     return out
 
 
-def stack_layers(tree: Dict[str, Any], num_layers: int) -> Dict[str, Any]:
+def stack_layers(tree: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """The inverse of `unstack_layers`."""
     names = [f"layers_{i}" for i in range(num_layers)]
     missing = [n for n in names if n not in tree]
     if missing:
         raise KeyError(f"stack_layers: missing {missing} in {sorted(tree)}")
     out = {k: v for k, v in tree.items() if k not in names}
-    layers: List[Any] = [tree[n] for n in names]
+    layers: list[Any] = [tree[n] for n in names]
     out["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)
     return out

@@ -8,7 +8,7 @@ so the shared fields are declared, documented and validated once.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Tuple, TypeVar
+from typing import ClassVar, TypeVar
 
 REMAT_POLICIES = ("none", "full", "dots")
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
@@ -32,14 +32,14 @@ class TransformerConfig:
     `remat_policy` is one of `REMAT_POLICIES`; `dtype` (activations and parameters) one of `DTYPES`.
     """
 
-    LAYER_FIELDS: ClassVar[Tuple[str, ...]] = ()
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     vocab_size: int = 32128
     emb_dim: int = 512
     num_heads: int = 6
     head_dim: int = 64
     mlp_dim: int = 1024
-    mlp_activations: Tuple[str, ...] = ("gelu", "linear")
+    mlp_activations: tuple[str, ...] = ("gelu", "linear")
     logits_via_embedding: bool = False
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
@@ -68,4 +68,3 @@ class TransformerConfig:
     def replace(self: C, **changes) -> C:
         """A copy with `changes` applied (validated again)."""
         return dataclasses.replace(self, **changes)
-

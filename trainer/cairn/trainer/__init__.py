@@ -5,8 +5,14 @@ TensorFlow is imported only when TensorBoard files are written.
 
 __version__ = "0.1.0"
 
-from cairn.trainer.checkpoints import (CheckpointConfig, Checkpointer, CorruptCheckpointError, NoCheckpointError,
-                                       abstract_like, restore_params)
+from cairn.trainer.checkpoints import (
+    CheckpointConfig,
+    Checkpointer,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    abstract_like,
+    restore_params,
+)
 from cairn.trainer.data_state import TfDataIterator
 from cairn.trainer.faults import NonFiniteLossError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
@@ -16,13 +22,41 @@ from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimiz
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
-from cairn.trainer.trainer import TrainResult, Trainer, TrainerConfig, evaluator_callback
+from cairn.trainer.trainer import Trainer, TrainerConfig, TrainResult, evaluator_callback
 
 __all__ = [
-    "CheckpointConfig", "Checkpointer", "CorruptCheckpointError", "ModelDirLock", "ModelDirLockedError",
-    "NoCheckpointError", "NonFiniteLossError", "OptimizerConfig", "PEAK_BF16_TFLOPS", "TrainResult",
-    "TfDataIterator", "TrainState", "TrainableModel", "Trainer", "TrainerConfig", "abstract_like", "adafactor_t5",
-    "cosine_schedule", "cpu_matmul_peak_flops", "dropout_key", "evaluator_callback", "factor_schedule",
-    "init_params", "linear_schedule", "linear_warmup", "make_optimizer", "make_train_step", "mfu", "opt_state_specs",
-    "peak_flops", "published_peak_flops", "restore_params", "state_shardings", "tokens_in_batch",
+    "CheckpointConfig",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "ModelDirLock",
+    "ModelDirLockedError",
+    "NoCheckpointError",
+    "NonFiniteLossError",
+    "OptimizerConfig",
+    "PEAK_BF16_TFLOPS",
+    "TrainResult",
+    "TfDataIterator",
+    "TrainState",
+    "TrainableModel",
+    "Trainer",
+    "TrainerConfig",
+    "abstract_like",
+    "adafactor_t5",
+    "cosine_schedule",
+    "cpu_matmul_peak_flops",
+    "dropout_key",
+    "evaluator_callback",
+    "factor_schedule",
+    "init_params",
+    "linear_schedule",
+    "linear_warmup",
+    "make_optimizer",
+    "make_train_step",
+    "mfu",
+    "opt_state_specs",
+    "peak_flops",
+    "published_peak_flops",
+    "restore_params",
+    "state_shardings",
+    "tokens_in_batch",
 ]

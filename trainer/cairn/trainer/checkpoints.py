@@ -19,8 +19,9 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -56,11 +57,11 @@ class CheckpointConfig:
     save_dtype: cast floating params to this dtype when saving (e.g. 'bfloat16'); None keeps them.
     """
 
-    keep: Optional[int] = 3
-    best_metric: Optional[str] = None
+    keep: int | None = 3
+    best_metric: str | None = None
     best_mode: str = "min"
     asynchronous: bool = True
-    save_dtype: Optional[str] = None
+    save_dtype: str | None = None
 
     def __post_init__(self):
         if self.keep is not None and self.keep < 1:
@@ -73,7 +74,7 @@ def _state_dict(state: Any) -> dict:
     return {"params": state.params, "opt_state": state.opt_state, "step": state.step, "rng": state.rng}
 
 
-def _cast(tree: Any, dtype: Optional[str]) -> Any:
+def _cast(tree: Any, dtype: str | None) -> Any:
     if dtype is None:
         return tree
     return jax.tree.map(lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, tree)
@@ -113,32 +114,49 @@ class Checkpointer:
         self._pending: list[int] = []  # saved steps whose manifests are not written yet
         self._manager = self._make_manager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cairn-checkpoint")
-        self._future: Optional[Future] = None
+        self._future: Future | None = None
 
     def _make_manager(self) -> ocp.CheckpointManager:
         pp = ocp.checkpoint_managers.preservation_policy
         policies = [pp.LatestN(self.config.keep) if self.config.keep else pp.PreserveAll()]
         if self.config.best_metric:
             name = self.config.best_metric
-            policies.append(pp.BestN(get_metric_fn=lambda m: float(m[name]), reverse=self.config.best_mode == "min",
-                                     n=1, keep_checkpoints_without_metrics=False))
+            policies.append(
+                pp.BestN(
+                    get_metric_fn=lambda m: float(m[name]),
+                    reverse=self.config.best_mode == "min",
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                )
+            )
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=pp.AnyPreservationPolicy(policies), create=True, cleanup_tmp_directories=True,
-            enable_async_checkpointing=self._orbax_async)
+            preservation_policy=pp.AnyPreservationPolicy(policies),
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=self._orbax_async,
+        )
         return ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "config"))
 
     # -- saving ----------------------------------------------------------------------------
-    def save(self, step: int, state: Any, data_state: Optional[Mapping[str, Any]] = None,
-             config: Optional[Mapping[str, Any]] = None, metrics: Optional[Mapping[str, float]] = None) -> float:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        data_state: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> float:
         """Starts saving `state` (a TrainState) at `step`, on every process; returns the seconds the
         caller was blocked (waiting for the previous save, if it is still running)."""
         start = time.perf_counter()
         self._wait_future()
         state_tree = _state_dict(state)
         state_tree["params"] = _cast(state_tree["params"], self.config.save_dtype)  # a computation: this thread
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state_tree),
-                                  data=ocp.args.JsonSave(dict(data_state or {})),
-                                  config=ocp.args.JsonSave(dict(config or {})))
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state_tree),
+            data=ocp.args.JsonSave(dict(data_state or {})),
+            config=ocp.args.JsonSave(dict(config or {})),
+        )
         metrics = {k: float(v) for k, v in (metrics or {}).items()} or None
         if self._background:
             self._future = self._executor.submit(self._save, int(step), args, metrics)
@@ -151,7 +169,7 @@ class Checkpointer:
             future, self._future = self._future, None
             future.result()  # re-raises a failed background save
 
-    def _save(self, step: int, args: Any, metrics: Optional[dict]) -> None:
+    def _save(self, step: int, args: Any, metrics: dict | None) -> None:
         self._finish_pending()
         self._manager.save(step, args=args, metrics=metrics, force=True)
         self._pending.append(step)
@@ -176,7 +194,7 @@ class Checkpointer:
                 if step in kept:
                     storage.write_json(self._manifest(step), storage.file_sizes(self.directory / str(step)))
             for name in storage.sizes(self.model_dir / MANIFEST_DIR):
-                stem = name[:-len(".json")] if name.endswith(".json") else ""
+                stem = name[: -len(".json")] if name.endswith(".json") else ""
                 if stem.isdigit() and int(stem) not in kept:
                     storage.remove(self.model_dir / MANIFEST_DIR / name)
         self._pending.clear()
@@ -188,7 +206,7 @@ class Checkpointer:
     def all_steps(self) -> list:
         return sorted(self._manager.all_steps())
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
@@ -206,8 +224,12 @@ class Checkpointer:
             raise CorruptCheckpointError(f"checkpoint {self.directory / str(step)} is corrupt: {detail}")
 
     def _quarantine(self, step: int, error: Exception) -> None:
-        log.error("checkpoint at step %d is unusable (%s); moving it to %s and using the previous one",
-                  step, error, self.model_dir / CORRUPT_DIR)
+        log.error(
+            "checkpoint at step %d is unusable (%s); moving it to %s and using the previous one",
+            step,
+            error,
+            self.model_dir / CORRUPT_DIR,
+        )
         if jax.process_index() == 0:
             target = self.model_dir / CORRUPT_DIR / str(step)
             storage.remove_tree(target)
@@ -216,7 +238,7 @@ class Checkpointer:
         self._manager.close()
         self._manager = self._make_manager()
 
-    def restore(self, abstract_state: Any, step: Optional[int] = None) -> Tuple[int, Any, dict, dict]:
+    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict, dict]:
         """`(step, state, data_state, config)` from the latest usable checkpoint (or `step`).
 
         `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s with the target shardings, so
@@ -227,17 +249,23 @@ class Checkpointer:
         for s in candidates:
             try:
                 self.verify(s)
-                out = self._manager.restore(s, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(),
-                    config=ocp.args.JsonRestore()))
-            except Exception as e:  # noqa: BLE001 - any read failure means this checkpoint is unusable
+                out = self._manager.restore(
+                    s,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(target),
+                        data=ocp.args.JsonRestore(),
+                        config=ocp.args.JsonRestore(),
+                    ),
+                )
+            except Exception as e:
                 if step is not None:
                     raise CorruptCheckpointError(f"cannot restore step {s} from {self.directory}: {e}") from e
                 self._quarantine(s, e)
                 continue
             tree = out["state"]
-            state = type(abstract_state)(params=tree["params"], opt_state=tree["opt_state"],
-                                         step=tree["step"], rng=tree["rng"])
+            state = type(abstract_state)(
+                params=tree["params"], opt_state=tree["opt_state"], step=tree["step"], rng=tree["rng"]
+            )
             return s, state, dict(out["data"] or {}), dict(out["config"] or {})
         raise NoCheckpointError(f"no usable checkpoint in {self.directory}")
 
@@ -250,7 +278,7 @@ class Checkpointer:
             self._manager.close()
 
 
-def restore_params(path: str | os.PathLike, abstract_params: Any, step: Optional[int] = None) -> Any:
+def restore_params(path: str | os.PathLike, abstract_params: Any, step: int | None = None) -> Any:
     """Only the params of a checkpoint (a model_dir, its `checkpoints` folder, or one step's
     folder), cast and sharded as `abstract_params` (ShapeDtypeStructs with shardings) says.
     For fine-tuning from a pretrained run."""
@@ -265,8 +293,9 @@ def restore_params(path: str | os.PathLike, abstract_params: Any, step: Optional
     item = {"params": abstract_params}
     restore_args = ocp.checkpoint_utils.construct_restore_args(item)
     with ocp.PyTreeCheckpointer() as ckptr:
-        out = ckptr.restore(root / "state", args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
-                                                                        partial_restore=True))
+        out = ckptr.restore(
+            root / "state", args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+        )
     return out["params"]
 
 

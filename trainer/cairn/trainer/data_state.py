@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import jax
 
@@ -64,5 +65,5 @@ class TfDataIterator:
     def _prune(self) -> None:
         root = storage.path(storage.join(self.model_dir, TF_DATA_DIR))
         positions = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
-        for p in positions[:-self.keep]:
+        for p in positions[: -self.keep]:
             storage.remove_tree(storage.join(os.fspath(root), str(p)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Optional
 
 import jax
 import numpy as np
@@ -13,10 +12,13 @@ import numpy as np
 class NonFiniteLossError(FloatingPointError):
     """The loss (or gradient norm) became NaN or Inf; training stopped."""
 
-    def __init__(self, step: int, value: float, name: str, last_checkpoint: Optional[int], model_dir: str):
+    def __init__(self, step: int, value: float, name: str, last_checkpoint: int | None, model_dir: str):
         self.step, self.value, self.last_checkpoint = step, value, last_checkpoint
-        kept = (f"the last good checkpoint (step {last_checkpoint}) is kept in {model_dir}"
-                if last_checkpoint is not None else "no checkpoint was written")
+        kept = (
+            f"the last good checkpoint (step {last_checkpoint}) is kept in {model_dir}"
+            if last_checkpoint is not None
+            else "no checkpoint was written"
+        )
         super().__init__(f"{name} is {value} at step {step}; training stopped and {kept}")
 
 
@@ -32,7 +34,7 @@ class SigtermFlag:
     def _handle(self, signum, frame):
         self.requested = True
 
-    def install(self) -> "SigtermFlag":
+    def install(self) -> SigtermFlag:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
             self._installed = True
@@ -44,7 +46,7 @@ class SigtermFlag:
             self._installed = False
 
 
-def stop_reason(sigterm: SigtermFlag, step: int) -> Optional[str]:
+def stop_reason(sigterm: SigtermFlag, step: int) -> str | None:
     """Why to stop after `step` (None: go on): SIGTERM on this process or, with several
     processes, on another (the flags are all-gathered after every step, so all hosts stop at
     the same step).

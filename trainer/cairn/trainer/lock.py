@@ -42,7 +42,7 @@ class ModelDirLock:
         self.path = storage.join(self.model_dir, LOCK_NAME)
         self._held = False
 
-    def acquire(self) -> "ModelDirLock":
+    def acquire(self) -> ModelDirLock:
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for attempt in range(20):
             if not storage.create_exclusive(self.path, json.dumps(me).encode()):
@@ -56,7 +56,8 @@ class ModelDirLock:
                     raise ModelDirLockedError(
                         f"model_dir {self.model_dir} is in use by pid {owner.get('pid')} on host "
                         f"{owner.get('host')} (lock file {self.path}); two runs must not write one model_dir. "
-                        f"If that process is gone, delete the lock file.") from None
+                        f"If that process is gone, delete the lock file."
+                    ) from None
                 log.warning("taking over the stale lock %s of dead pid %s", self.path, owner.get("pid"))
                 storage.remove(self.path)
                 continue
@@ -74,7 +75,8 @@ class ModelDirLock:
             raise ModelDirLockedError(
                 f"model_dir {self.model_dir} is in use by pid {owner.get('pid')} on host {owner.get('host')} "
                 f"(lock file {self.path}); two runs must not write one model_dir. If that process is gone, "
-                f"delete the lock file.")
+                f"delete the lock file."
+            )
 
     def _owner(self):
         try:

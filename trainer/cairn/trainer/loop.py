@@ -14,16 +14,17 @@ import dataclasses
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Iterator, List, Mapping, Optional, Tuple
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from cairn.partitioning import gather_row_digests
 from cairn.trainer.checkpoints import Checkpointer
 from cairn.trainer.faults import NonFiniteLossError, SigtermFlag, stop_reason
-from cairn.trainer.mfu import mfu as compute_mfu, peak_flops
-from cairn.trainer.model_protocol import (batch_signature, model_flops_per_token, sequences_in_batch,
-                                          tokens_in_batch)
+from cairn.trainer.mfu import mfu as compute_mfu
+from cairn.trainer.mfu import peak_flops
+from cairn.trainer.model_protocol import batch_signature, model_flops_per_token, sequences_in_batch, tokens_in_batch
 from cairn.trainer.summaries import ProgressLine, SummaryWriter
 
 if TYPE_CHECKING:  # the trainer module imports this one
@@ -61,7 +62,7 @@ class PendingMetrics:
 
     def __init__(self, ckpt: Checkpointer, model_dir: str):
         self.ckpt, self.model_dir = ckpt, model_dir
-        self.items: List[Tuple[int, Any]] = []  # (step, metrics on the device)
+        self.items: list[tuple[int, Any]] = []  # (step, metrics on the device)
 
     def add(self, step: int, metrics: Any) -> None:
         self.items.append((step, metrics))
@@ -73,14 +74,14 @@ class PendingMetrics:
     def check_all(self) -> None:
         self._check(_fetch(self.items))
 
-    def take(self) -> List[Tuple[int, Mapping[str, Any]]]:
+    def take(self) -> list[tuple[int, Mapping[str, Any]]]:
         """Fetches, checks and forgets every pending step's metrics; returns them."""
         fetched = _fetch(self.items)
         self._check(fetched)
         self.items.clear()
         return fetched
 
-    def _check(self, fetched: List[Tuple[int, Mapping[str, Any]]]) -> None:
+    def _check(self, fetched: list[tuple[int, Mapping[str, Any]]]) -> None:
         for step, metrics in fetched:
             for name in ("loss", "grad_norm"):
                 value = float(metrics[name])
@@ -89,7 +90,7 @@ class PendingMetrics:
                     raise NonFiniteLossError(step, value, name, self.ckpt.latest_step(), self.model_dir)
 
 
-def _fetch(items: List[Tuple[int, Any]]) -> List[Tuple[int, Mapping[str, Any]]]:
+def _fetch(items: list[tuple[int, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
     return [(step, jax.device_get(metrics)) for step, metrics in items]
 
 
@@ -98,7 +99,7 @@ class Rates:
     first step of a `train` call (compilation) is not counted, nor time spent `paused()`
     (evaluation, step hooks)."""
 
-    def __init__(self, flops_per_token: Optional[float], peak: Optional[float]):
+    def __init__(self, flops_per_token: float | None, peak: float | None):
         self.flops_per_token, self.peak = flops_per_token, peak
         self.restart()
 
@@ -123,8 +124,12 @@ class Rates:
         elapsed = time.perf_counter() - self.start
         if not (self.steps and elapsed > 0):
             return {}
-        timing = {"step_time_s": elapsed / self.steps, "steps_per_second": self.steps / elapsed,
-                  "tokens_per_second": self.tokens / elapsed, "sequences_per_second": self.sequences / elapsed}
+        timing = {
+            "step_time_s": elapsed / self.steps,
+            "steps_per_second": self.steps / elapsed,
+            "tokens_per_second": self.tokens / elapsed,
+            "sequences_per_second": self.sequences / elapsed,
+        }
         if self.flops_per_token and self.peak:
             timing["mfu"] = compute_mfu(self.flops_per_token, self.tokens / elapsed, self.peak)
         return timing
@@ -136,9 +141,18 @@ class TrainLoop:
     `check_shapes`: the trainer was set up before `train` (no batch was peeked), so the first
     batch must match the one `Trainer.setup` was given."""
 
-    def __init__(self, trainer: "Trainer", data: Iterator[Mapping[str, Any]], stateful: bool, state: Any,
-                 step: int, ckpt: Checkpointer, summaries: SummaryWriter, sigterm: SigtermFlag,
-                 check_shapes: bool = False):
+    def __init__(
+        self,
+        trainer: Trainer,
+        data: Any,  # an iterator of batches; with get_state/set_state when `stateful`
+        stateful: bool,
+        state: Any,
+        step: int,
+        ckpt: Checkpointer,
+        summaries: SummaryWriter,
+        sigterm: SigtermFlag,
+        check_shapes: bool = False,
+    ):
         cfg = self.cfg = trainer.config
         self.trainer, self.data, self.stateful, self.check_shapes = trainer, data, stateful, check_shapes
         self.state, self.step = state, step
@@ -171,7 +185,7 @@ class TrainLoop:
         return self.finish()
 
     # -- the step ------------------------------------------------------------------------
-    def next_batch(self) -> Optional[Mapping[str, Any]]:
+    def next_batch(self) -> Mapping[str, Any] | None:
         """The next host-local batch (one read per step); None when the data ran out."""
         try:
             batch = next(self.data)
@@ -179,8 +193,10 @@ class TrainLoop:
             log.warning("the data ran out at step %d", self.step)
             return None
         if self.first_step and self.check_shapes and batch_signature(batch) != self.trainer.batch_signature:
-            raise ValueError(f"the data's batches {batch_signature(batch)} differ from the batch the trainer was "
-                             f"set up for {self.trainer.batch_signature} (Trainer.setup)")
+            raise ValueError(
+                f"the data's batches {batch_signature(batch)} differ from the batch the trainer was "
+                f"set up for {self.trainer.batch_signature} (Trainer.setup)"
+            )
         return batch
 
     def train_on(self, batch: Mapping[str, Any]) -> None:
@@ -215,8 +231,9 @@ class TrainLoop:
         """Every `log_every` steps, at the last step, and as soon as SIGTERM arrives here: every
         pending step's metrics to the JSON lines, this step's with the rates to the log."""
         cfg, step = self.cfg, self.step
-        if not ((cfg.log_every and step % cfg.log_every == 0) or step == cfg.num_train_steps
-                or self.sigterm.requested):  # the local flag: log early
+        if not (
+            (cfg.log_every and step % cfg.log_every == 0) or step == cfg.num_train_steps or self.sigterm.requested
+        ):  # the local flag: log early
             return
         self.record(self.pending.take(), logged_step=step)
         timing = self.rates.timing()
@@ -224,7 +241,7 @@ class TrainLoop:
         self.progress.update(step, timing.get("steps_per_second", 0.0), f"loss {self.last_metrics.get('loss', 0):.4f}")
         self.rates.restart()
 
-    def record(self, fetched: List[Tuple[int, Mapping[str, Any]]], logged_step: Optional[int] = None) -> None:
+    def record(self, fetched: list[tuple[int, Mapping[str, Any]]], logged_step: int | None = None) -> None:
         """Keeps the latest metrics; JSON rows (quiet) for every step but `logged_step`."""
         for step, metrics in fetched:
             self.last_metrics = {k: float(v) for k, v in metrics.items()}
@@ -260,8 +277,13 @@ class TrainLoop:
         self.pending.check_all()
         data_state = self.data.get_state() if self.stateful else {}
         state = jax.tree.map(lambda x: x.copy(), self.state) if self.cfg.donate_state else self.state
-        blocked = self.ckpt.save(self.step, state, data_state, self.trainer.experiment_config,
-                                 metrics={**self.last_metrics, **self.eval_metrics})
+        blocked = self.ckpt.save(
+            self.step,
+            state,
+            data_state,
+            self.trainer.experiment_config,
+            metrics={**self.last_metrics, **self.eval_metrics},
+        )
         self.last_saved = self.step
         self.trainer.save_blocked_s.append(blocked)
         log.info("checkpoint at step %d (blocked the loop %.3fs)", self.step, blocked)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ PEAK_BF16_TFLOPS = (
 )
 
 
-def published_peak_flops(device_kind: str) -> Optional[float]:
+def published_peak_flops(device_kind: str) -> float | None:
     """The published bf16 peak FLOP/s of one chip of this kind, or None if not in the table."""
     for name, tflops in PEAK_BF16_TFLOPS:
         if name.lower() in device_kind.lower():
@@ -29,7 +29,7 @@ def published_peak_flops(device_kind: str) -> Optional[float]:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_matmul_peak_flops(size: int = 1024, repeats: int = 5) -> float:
     """Measured float32 FLOP/s of a jitted `size`² matmul on this process's first CPU device,
     best of `repeats` (run once per process and cached). XLA's CPU matmul uses every core, so
@@ -43,10 +43,10 @@ def cpu_matmul_peak_flops(size: int = 1024, repeats: int = 5) -> float:
         start = time.perf_counter()
         matmul(a).block_until_ready()
         best = min(best, time.perf_counter() - start)
-    return 2.0 * size ** 3 / best
+    return 2.0 * size**3 / best
 
 
-def peak_flops(devices: Optional[Sequence[jax.Device]] = None) -> float:
+def peak_flops(devices: Sequence[jax.Device] | None = None) -> float:
     """Total peak FLOP/s of `devices` (default: all): the published per-chip peak times the
     chip count, or on CPU this host's measured matmul probe times the number of processes the
     devices belong to (one host each)."""
@@ -55,8 +55,10 @@ def peak_flops(devices: Optional[Sequence[jax.Device]] = None) -> float:
         return cpu_matmul_peak_flops() * len({d.process_index for d in devices})
     per_chip = published_peak_flops(devices[0].device_kind)
     if per_chip is None:
-        raise ValueError(f"no published peak for device kind {devices[0].device_kind!r}; known: "
-                         f"{[n for n, _ in PEAK_BF16_TFLOPS]}. Pass peak_flops explicitly.")
+        raise ValueError(
+            f"no published peak for device kind {devices[0].device_kind!r}; known: "
+            f"{[n for n, _ in PEAK_BF16_TFLOPS]}. Pass peak_flops explicitly."
+        )
     return per_chip * len(devices)
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
@@ -23,8 +24,7 @@ class TrainableModel(Protocol):
     (forward + backward) per target token.
     """
 
-    def loss_fn(self, params: Any, batch: Mapping[str, Any], dropout_rng: Any) -> Tuple[Any, Mapping[str, Any]]:
-        ...
+    def loss_fn(self, params: Any, batch: Mapping[str, Any], dropout_rng: Any) -> tuple[Any, Mapping[str, Any]]: ...
 
 
 def _is_box(x: Any) -> bool:
@@ -34,14 +34,15 @@ def _is_box(x: Any) -> bool:
 def _call_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Any:
     if hasattr(model, "init_boxed"):  # cairn.models.EncoderDecoderModel / DecoderOnlyModel
         if "encoder_input_tokens" in batch:
-            return model.init_boxed(rng, np.shape(batch["encoder_input_tokens"])[1],
-                                    np.shape(batch["decoder_target_tokens"])[1])
+            return model.init_boxed(
+                rng, np.shape(batch["encoder_input_tokens"])[1], np.shape(batch["decoder_target_tokens"])[1]
+            )
         key = "decoder_target_tokens" if "decoder_target_tokens" in batch else next(iter(batch))
         return model.init_boxed(rng, np.shape(batch[key])[1])
     return model.init(rng, batch)
 
 
-def init_params(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple[Any, Any]:
+def init_params(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> tuple[Any, Any]:
     """`(params, logical_specs)` from the model's init (see `TrainableModel`). Params without
     any axis metadata are replicated, with a warning."""
     out = _call_init(model, rng, batch)
@@ -52,12 +53,12 @@ def init_params(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple[A
     if not any(_is_box(x) for x in jax.tree.leaves(out, is_leaf=_is_box)):
         if hasattr(model, "logical_axes"):
             return params, model.logical_axes()
-        warnings.warn("the model's params carry no logical axis metadata: every parameter is replicated")
+        warnings.warn("the model's params carry no logical axis metadata: every parameter is replicated", stacklevel=2)
         specs = jax.tree.map(lambda _: PartitionSpec(), params)
     return params, specs
 
 
-def model_flops_per_token(model: Any, override: Optional[float] = None) -> Optional[float]:
+def model_flops_per_token(model: Any, override: float | None = None) -> float | None:
     """Training FLOPs per token: `override`, else the model's `flops_per_token`, else None."""
     if override is not None:
         return float(override)
@@ -85,7 +86,7 @@ def sequences_in_batch(batch: Mapping[str, Any]) -> int:
     return int(np.shape(next(iter(batch.values())))[0])
 
 
-def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple[Any, Any]:
+def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> tuple[Any, Any]:
     """`(param ShapeDtypeStructs, logical_specs)` without allocating the params."""
     captured = {}
 
@@ -98,7 +99,7 @@ def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Tuple
     return shapes, captured["specs"]
 
 
-BatchSignature = Tuple[Tuple[str, Tuple[int, ...], str], ...]
+BatchSignature = tuple[tuple[str, tuple[int, ...], str], ...]
 
 
 def batch_signature(batch: Mapping[str, Any]) -> BatchSignature:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,18 +27,18 @@ class OptimizerConfig:
     name: str = "adafactor"
     # Adafactor (T5): factored second moments, decay 0.8, update clipping 1.0, no momentum.
     decay_rate: float = 0.8
-    clipping_threshold: Optional[float] = 1.0
+    clipping_threshold: float | None = 1.0
     multiply_by_parameter_scale: bool = True
     factored: bool = True
     min_dim_size_to_factor: int = 128
-    momentum: Optional[float] = None
+    momentum: float | None = None
     # AdamW.
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
     # Both.
-    clip_grad_norm: Optional[float] = None
+    clip_grad_norm: float | None = None
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -74,8 +75,8 @@ FACTORED_RMS = "auto"
 FACTORED_RMS_CHOICES = ("auto", "cpu", "optax")
 
 
-def factored_rms_variant(variant: Optional[str] = None) -> str:
-    """"cpu" or "optax": `variant`, else the module's `FACTORED_RMS`, with "auto" decided by
+def factored_rms_variant(variant: str | None = None) -> str:
+    """ "cpu" or "optax": `variant`, else the module's `FACTORED_RMS`, with "auto" decided by
     `jax.default_backend()` (deterministic for a process: its default platform)."""
     variant = FACTORED_RMS if variant is None else variant
     if variant not in FACTORED_RMS_CHOICES:
@@ -85,9 +86,15 @@ def factored_rms_variant(variant: Optional[str] = None) -> str:
     return variant
 
 
-def scale_by_factored_rms(factored: bool = True, decay_rate: float = 0.8, step_offset: int = 0,
-                          min_dim_size_to_factor: int = 128, epsilon: float = 1e-30, *,
-                          variant: Optional[str] = None) -> optax.GradientTransformation:
+def scale_by_factored_rms(
+    factored: bool = True,
+    decay_rate: float = 0.8,
+    step_offset: int = 0,
+    min_dim_size_to_factor: int = 128,
+    epsilon: float = 1e-30,
+    *,
+    variant: str | None = None,
+) -> optax.GradientTransformation:
     """`optax.scale_by_factored_rms`, or on CPU the same state and formulas written to run faster
     there (`variant`: "auto" (default, see `FACTORED_RMS`), "cpu" or "optax").
 
@@ -126,21 +133,31 @@ def scale_by_factored_rms(factored: bool = True, decay_rate: float = 0.8, step_o
         out = jax.tree.map(one, grads, state.v_row, state.v_col, state.v, params)
         treedef = jax.tree.structure(grads)
         parts = [treedef.unflatten(x) for x in zip(*treedef.flatten_up_to(out))] if treedef.num_leaves else [grads] * 4
-        return parts[0], optax.FactoredState(count=optax.safe_increment(state.count), v_row=parts[1],
-                                             v_col=parts[2], v=parts[3])
+        return parts[0], optax.FactoredState(
+            count=optax.safe_increment(state.count), v_row=parts[1], v_col=parts[2], v=parts[3]
+        )
 
     return optax.GradientTransformation(reference.init, update_fn)
 
 
-def adafactor(learning_rate, min_dim_size_to_factor: int = 128, decay_rate: float = 0.8, decay_offset: int = 0,
-              multiply_by_parameter_scale: bool = True, clipping_threshold: Optional[float] = 1.0,
-              momentum: Optional[float] = None, dtype_momentum=jnp.float32, weight_decay_rate: Optional[float] = None,
-              eps: float = 1e-30, factored: bool = True, weight_decay_mask=None,
-              factored_rms: Optional[str] = None) -> optax.GradientTransformation:
+def adafactor(
+    learning_rate,
+    min_dim_size_to_factor: int = 128,
+    decay_rate: float = 0.8,
+    decay_offset: int = 0,
+    multiply_by_parameter_scale: bool = True,
+    clipping_threshold: float | None = 1.0,
+    momentum: float | None = None,
+    dtype_momentum=jnp.float32,
+    weight_decay_rate: float | None = None,
+    eps: float = 1e-30,
+    factored: bool = True,
+    weight_decay_mask=None,
+    factored_rms: str | None = None,
+) -> optax.GradientTransformation:
     """`optax.adafactor`, the same chain and state, with `scale_by_factored_rms` above (its
     CPU variant on CPU; `factored_rms` forces "cpu" or "optax")."""
-    tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps,
-                                variant=factored_rms)]
+    tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps, variant=factored_rms)]
     if clipping_threshold is not None:
         tx.append(optax.clip_by_block_rms(clipping_threshold))
     if learning_rate is not None:
@@ -155,7 +172,7 @@ def adafactor(learning_rate, min_dim_size_to_factor: int = 128, decay_rate: floa
     return optax.chain(*tx)
 
 
-def adafactor_t5(learning_rate: Union[float, Schedule], **overrides) -> optax.GradientTransformation:
+def adafactor_t5(learning_rate: float | Schedule, **overrides) -> optax.GradientTransformation:
     """Adafactor with T5's settings (t5x `adafactor.Adafactor` defaults): factored
     second moments for dims >= 128, decay rate 0.8, update clipping at RMS 1.0, no momentum,
     updates scaled by the parameter's RMS (floored at 1e-3), epsilon 1e-30.
@@ -164,21 +181,34 @@ def adafactor_t5(learning_rate: Union[float, Schedule], **overrides) -> optax.Gr
     above (equal up to float32 rounding, ~1.5x faster on CPU for T5.1.1-small). `overrides` go
     to `adafactor` (e.g. `factored_rms="optax"`).
     """
-    kwargs = dict(min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
-                  multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None,
-                  eps=1e-30, factored=True)
+    kwargs: dict[str, Any] = dict(
+        min_dim_size_to_factor=128,
+        decay_rate=0.8,
+        decay_offset=0,
+        multiply_by_parameter_scale=True,
+        clipping_threshold=1.0,
+        momentum=None,
+        eps=1e-30,
+        factored=True,
+    )
     kwargs.update(overrides)
     return adafactor(learning_rate, **kwargs)
 
 
-def make_optimizer(config: OptimizerConfig, schedule: Union[float, Schedule]) -> optax.GradientTransformation:
+def make_optimizer(config: OptimizerConfig, schedule: float | Schedule) -> optax.GradientTransformation:
     """The optax transformation for `config` with learning rate `schedule` (a float or a
     function of the step), preceded by global-norm clipping when configured."""
     if config.name == "adafactor":
-        tx = adafactor_t5(schedule, decay_rate=config.decay_rate, clipping_threshold=config.clipping_threshold,
-                          multiply_by_parameter_scale=config.multiply_by_parameter_scale,
-                          factored=config.factored, min_dim_size_to_factor=config.min_dim_size_to_factor,
-                          momentum=config.momentum, weight_decay_rate=config.weight_decay or None)
+        tx = adafactor_t5(
+            schedule,
+            decay_rate=config.decay_rate,
+            clipping_threshold=config.clipping_threshold,
+            multiply_by_parameter_scale=config.multiply_by_parameter_scale,
+            factored=config.factored,
+            min_dim_size_to_factor=config.min_dim_size_to_factor,
+            momentum=config.momentum,
+            weight_decay_rate=config.weight_decay or None,
+        )
     else:
         tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
     if config.clip_grad_norm is not None:
@@ -186,7 +216,7 @@ def make_optimizer(config: OptimizerConfig, schedule: Union[float, Schedule]) ->
     return tx
 
 
-def as_schedule(learning_rate: Union[float, Callable]) -> Callable:
+def as_schedule(learning_rate: float | Callable) -> Callable:
     """A function of the step, whether given a float or a schedule."""
     if callable(learning_rate):
         return learning_rate

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 
@@ -20,10 +20,16 @@ def linear_warmup(step: jnp.ndarray, warmup_steps: int) -> jnp.ndarray:
     return jnp.minimum(1.0, jnp.asarray(step, jnp.float32) / warmup_steps)
 
 
-def factor_schedule(factors: str = "constant * linear_warmup * rsqrt_decay", base_learning_rate: float = 0.5,
-                    warmup_steps: int = 1000, decay_factor: float = 0.5, steps_per_decay: int = 20000,
-                    steps_per_cycle: int = 100000, step_offset: int = 0,
-                    min_learning_rate: float = 1e-8) -> Schedule:
+def factor_schedule(
+    factors: str = "constant * linear_warmup * rsqrt_decay",
+    base_learning_rate: float = 0.5,
+    warmup_steps: int = 1000,
+    decay_factor: float = 0.5,
+    steps_per_decay: int = 20000,
+    steps_per_cycle: int = 100000,
+    step_offset: int = 0,
+    min_learning_rate: float = 1e-8,
+) -> Schedule:
     """t5x's `create_learning_rate_scheduler`: the product of the named factors.
 
     `constant` = base_learning_rate; `linear_warmup` = min(1, step / warmup_steps);
@@ -62,8 +68,9 @@ def factor_schedule(factors: str = "constant * linear_warmup * rsqrt_decay", bas
     return schedule
 
 
-def cosine_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: int = 0,
-                    final_learning_rate: float = 0.0) -> Schedule:
+def cosine_schedule(
+    peak_learning_rate: float, total_steps: int, warmup_steps: int = 0, final_learning_rate: float = 0.0
+) -> Schedule:
     """`linear_warmup` to `peak_learning_rate`, then a cosine down to `final_learning_rate` at
     `total_steps` (held after)."""
     if total_steps <= warmup_steps:
@@ -79,8 +86,9 @@ def cosine_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: i
     return schedule
 
 
-def linear_schedule(peak_learning_rate: float, total_steps: int, warmup_steps: int = 0,
-                    final_learning_rate: float = 0.0) -> Schedule:
+def linear_schedule(
+    peak_learning_rate: float, total_steps: int, warmup_steps: int = 0, final_learning_rate: float = 0.0
+) -> Schedule:
     """`linear_warmup` to `peak_learning_rate`, then linear decay to `final_learning_rate` at
     `total_steps` (held after)."""
     if total_steps <= warmup_steps:

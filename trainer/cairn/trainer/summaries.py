@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Mapping, Optional, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 from cairn import storage
 from cairn.evaluation import JsonLinesLogger
@@ -25,15 +26,16 @@ class SummaryWriter:
     logged (not quiet) step and at `close()`, and the event files are staged locally and
     uploaded whole after each flush (never a torn object)."""
 
-    def __init__(self, model_dir: str | os.PathLike, tensorboard: bool = True, *, primary: bool = True,
-                 log_prefix: str = ""):
+    def __init__(
+        self, model_dir: str | os.PathLike, tensorboard: bool = True, *, primary: bool = True, log_prefix: str = ""
+    ):
         self.dir = os.fspath(model_dir)
         self.primary = primary
         self.log_prefix = log_prefix
         self.jsonl = JsonLinesLogger(storage.join(self.dir, "summaries")) if primary else None
         self.tensorboard = tensorboard and primary
         self._writers: dict = {}
-        self._staged: Optional[storage.StagedDirectory] = None
+        self._staged: storage.StagedDirectory | None = None
 
     def _tb(self, task: str):
         if task not in self._writers:
@@ -81,7 +83,7 @@ def _fmt(v: float) -> str:
 class ProgressLine:
     """`step 120/1000  3.2 steps/s  ETA 4m35s` rewritten in place, only on a terminal."""
 
-    def __init__(self, total: int, stream: Optional[TextIO] = None):
+    def __init__(self, total: int, stream: TextIO | None = None):
         self.total = total
         self.stream = stream or sys.stderr
         self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -105,4 +107,3 @@ def _duration(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-

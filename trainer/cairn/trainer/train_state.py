@@ -20,7 +20,6 @@ class TrainState(flax.struct.PyTreeNode):
     rng: jax.Array
 
     @classmethod
-    def create(cls, params: Any, optimizer: optax.GradientTransformation, rng: jax.Array) -> "TrainState":
+    def create(cls, params: Any, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
         """Step 0 with the optimizer initialized on `params`."""
-        return cls(params=params, opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
-                   rng=rng)
+        return cls(params=params, opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32), rng=rng)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Tuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from cairn.partitioning import Partitioner, opt_state_logical_specs
 from cairn.trainer.train_state import TrainState
 
 Batch = Mapping[str, Any]
-LossFn = Callable[[Any, Batch, jax.Array], Tuple[jax.Array, Mapping[str, jax.Array]]]
+LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
 
 
 def dropout_key(rng: jax.Array, step: jax.Array) -> jax.Array:
@@ -25,17 +26,24 @@ def dropout_key(rng: jax.Array, step: jax.Array) -> jax.Array:
 def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
     """`[B, ...]` -> `[num_microbatches, B / num_microbatches, ...]`; microbatch i holds rows
     i, i + n, i + 2n, ..., so every data shard contributes to every microbatch."""
+
     def one(x):
         b = x.shape[0]
         if b % num_microbatches:
             raise ValueError(f"batch size {b} is not divisible by num_microbatches={num_microbatches}")
         x = x.reshape((b // num_microbatches, num_microbatches) + x.shape[1:])
         return jnp.swapaxes(x, 0, 1)
+
     return jax.tree.map(one, batch)
 
 
-def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                    learning_rate_fn: Callable, num_microbatches: int = 1, reduction: str = "mean") -> Callable:
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    learning_rate_fn: Callable,
+    num_microbatches: int = 1,
+    reduction: str = "mean",
+) -> Callable:
     """`step(state, batch) -> (state, metrics)`, unjitted.
 
     With `num_microbatches > 1` gradients are accumulated in float32 with a scan and combined
@@ -51,7 +59,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def step(state: TrainState, batch: Batch) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         key = dropout_key(state.rng, state.step)
         if num_microbatches == 1:
             (loss, aux), grads = grad_fn(state.params, batch, key)
@@ -65,8 +73,11 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                 return acc, None
 
             zeros_aux = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), key)[0][1])
-            init = (jnp.zeros((), jnp.float32), jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), dict(zeros_aux)),
-                    jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params))
+            init = (
+                jnp.zeros((), jnp.float32),
+                jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), dict(zeros_aux)),
+                jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
+            )
             (loss, aux, grads), _ = jax.lax.scan(body, init, (jnp.arange(num_microbatches), micro))
             scale = 1.0 / num_microbatches if reduction == "mean" else 1.0
             loss, aux = loss * scale, jax.tree.map(lambda v: v / num_microbatches, aux)
@@ -75,8 +86,11 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
-        metrics.update(loss=jnp.asarray(loss, jnp.float32), grad_norm=grad_norm,
-                       learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32))
+        metrics.update(
+            loss=jnp.asarray(loss, jnp.float32),
+            grad_norm=grad_norm,
+            learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32),
+        )
         new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
         return new_state, metrics
 
@@ -93,8 +107,9 @@ def opt_state_specs(optimizer: optax.GradientTransformation, opt_state: Any, par
     return opt_state_logical_specs(params, param_specs, opt_state)
 
 
-def state_shardings(partitioner: Partitioner, state_shapes: TrainState, param_specs: Any,
-                    optimizer: optax.GradientTransformation) -> TrainState:
+def state_shardings(
+    partitioner: Partitioner, state_shapes: TrainState, param_specs: Any, optimizer: optax.GradientTransformation
+) -> TrainState:
     """`NamedSharding`s for every leaf of the train state (shapes from `jax.eval_shape`): params
     by their logical specs, the optimizer state by `Partitioner.opt_state_shardings` (factored
     statistics sharded along the dimensions they keep where divisible, else replicated). The
@@ -103,21 +118,29 @@ def state_shardings(partitioner: Partitioner, state_shapes: TrainState, param_sp
     param_shardings = partitioner.shardings_for(param_specs, state_shapes.params)
     opt_shardings = partitioner.opt_state_shardings(state_shapes.params, param_specs, state_shapes.opt_state)
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
-    return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)
+    # A TrainState whose leaves are shardings, not arrays.
+    return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)  # type: ignore[arg-type]
 
 
 def batch_shardings(partitioner: Partitioner, batch: Batch) -> Any:
     """`NamedSharding`s for a global batch: rows over the batch axes, the rest replicated."""
+
     def one(x):
         ndim = np.ndim(x)
         names = tuple(partitioner.batch_spec[:ndim]) + (None,) * max(0, ndim - len(partitioner.batch_spec))
         return partitioner.sharding(names, np.shape(x), "batch")
+
     return jax.tree.map(one, batch)
 
 
-def partitioned_train_step(step_fn: Callable, partitioner: Partitioner, state_sh: TrainState, batch_sh: Any,
-                           donate: bool = False) -> Callable:
+def partitioned_train_step(
+    step_fn: Callable, partitioner: Partitioner, state_sh: TrainState, batch_sh: Any, donate: bool = False
+) -> Callable:
     """The step jitted with the state's and batch's shardings (metrics replicated)."""
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
-    return partitioner.partition(step_fn, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
-                                 donate_argnums=(0,) if donate else ())
+    return partitioner.partition(
+        step_fn,
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, replicated),
+        donate_argnums=(0,) if donate else (),
+    )

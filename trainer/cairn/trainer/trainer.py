@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,8 +23,13 @@ from cairn.trainer.model_protocol import BatchSignature, abstract_init, batch_si
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
-from cairn.trainer.train_step import (batch_shardings, make_train_step, opt_state_specs, partitioned_train_step,
-                                      state_shardings)
+from cairn.trainer.train_step import (
+    batch_shardings,
+    make_train_step,
+    opt_state_specs,
+    partitioned_train_step,
+    state_shardings,
+)
 
 log = logging.getLogger("cairn.trainer")
 EvalFn = Callable[[Any, int], Mapping[str, Any]]
@@ -51,15 +57,17 @@ class TrainerConfig:
     tensorboard: bool = True
     donate_state: bool = False
     handle_sigterm: bool = True
-    flops_per_token: Optional[float] = None
-    peak_flops: Optional[float] = None
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
 
     def __post_init__(self):
         for name in ("num_train_steps", "num_microbatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.microbatch_reduction not in ("mean", "sum"):
-            raise ValueError(f"TrainerConfig.microbatch_reduction must be 'mean' or 'sum', got {self.microbatch_reduction!r}")
+            raise ValueError(
+                f"TrainerConfig.microbatch_reduction must be 'mean' or 'sum', got {self.microbatch_reduction!r}"
+            )
         for name in ("checkpoint_every", "eval_every", "log_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainerConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -91,14 +99,25 @@ class Trainer:
     data-parallel replica feed identical rows (`ReplicaBatchMismatchError` otherwise).
     """
 
-    def __init__(self, model: Any, optimizer: Union[OptimizerConfig, optax.GradientTransformation],
-                 learning_rate: Union[float, Callable], partitioner: Partitioner, config: TrainerConfig,
-                 eval_fn: Optional[EvalFn] = None, experiment_config: Optional[Mapping[str, Any]] = None,
-                 *, step_hooks: Sequence[StepHook] = (), batch_hooks: Sequence[BatchHook] = (),
-                 batch_hook_every: int = 1):
+    def __init__(
+        self,
+        model: Any,
+        optimizer: OptimizerConfig | optax.GradientTransformation,
+        learning_rate: float | Callable,
+        partitioner: Partitioner,
+        config: TrainerConfig,
+        eval_fn: EvalFn | None = None,
+        experiment_config: Mapping[str, Any] | None = None,
+        *,
+        step_hooks: Sequence[StepHook] = (),
+        batch_hooks: Sequence[BatchHook] = (),
+        batch_hook_every: int = 1,
+    ):
         self.model = model
         self.schedule = as_schedule(learning_rate)
-        self.optimizer = make_optimizer(optimizer, learning_rate) if isinstance(optimizer, OptimizerConfig) else optimizer
+        self.optimizer = (
+            make_optimizer(optimizer, learning_rate) if isinstance(optimizer, OptimizerConfig) else optimizer
+        )
         self.partitioner = partitioner
         self.config = config
         self.eval_fn = eval_fn
@@ -111,7 +130,8 @@ class Trainer:
         for hook in self.step_hooks + self.batch_hooks:
             if not callable(hook):
                 raise TypeError(f"Trainer step_hooks and batch_hooks must be callables, got {hook!r}")
-        self.batch_signature: Optional[BatchSignature] = None  # the batch `setup` was given
+        self.batch_signature: BatchSignature | None = None  # the batch `setup` was given
+        self.abstract_state: Any = None  # a TrainState of ShapeDtypeStructs, once set up
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
@@ -130,18 +150,30 @@ class Trainer:
         param_shapes, specs = abstract_init(self.model, init_key, batch)
         state_shapes = jax.eval_shape(lambda p: TrainState.create(p, self.optimizer, dropout_seed), param_shapes)
         state_sh = state_shardings(self.partitioner, state_shapes, specs, self.optimizer)
-        gbatch_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            (np.shape(x)[0] * self.partitioner.data_layout().num_shards,) + np.shape(x)[1:], np.asarray(x).dtype), batch)
+        gbatch_shapes = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(
+                (np.shape(x)[0] * self.partitioner.data_layout().num_shards,) + np.shape(x)[1:], np.asarray(x).dtype
+            ),
+            batch,
+        )
         batch_sh = batch_shardings(self.partitioner, gbatch_shapes)
-        step_fn = make_train_step(self.model.loss_fn, self.optimizer, self.schedule, self.config.num_microbatches,
-                                  self.config.microbatch_reduction)
+        step_fn = make_train_step(
+            self.model.loss_fn,
+            self.optimizer,
+            self.schedule,
+            self.config.num_microbatches,
+            self.config.microbatch_reduction,
+        )
         self.param_specs, self.state_shardings = specs, state_sh
         self.abstract_state = abstract_like(state_shapes, state_sh)
-        self.train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
+        self.train_step = partitioned_train_step(
+            step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state
+        )
         zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), dict(batch))
 
         def create():
             return TrainState.create(init_params(self.model, init_key, zeros)[0], self.optimizer, dropout_seed)
+
         self._create = self.partitioner.partition(create, out_shardings=state_sh)
         self.batch_signature = signature
         return self.abstract_state
@@ -152,15 +184,22 @@ class Trainer:
             return self._create()
         _, dropout_seed = self._keys()
         params = jax.device_put(params, self.state_shardings.params)
-        state = self.partitioner.partition(lambda p: TrainState.create(p, self.optimizer, dropout_seed),
-                                           out_shardings=self.state_shardings)(params)
+        state = self.partitioner.partition(
+            lambda p: TrainState.create(p, self.optimizer, dropout_seed), out_shardings=self.state_shardings
+        )(params)
         return state
 
     def _log_memory(self) -> None:
-        ospecs = opt_state_specs(self.optimizer, self.abstract_state.opt_state, self.abstract_state.params,
-                                 self.param_specs)
-        est = estimate_memory(self.abstract_state.params, self.param_specs, self.partitioner,
-                              opt_state=self.abstract_state.opt_state, opt_state_specs=ospecs)
+        ospecs = opt_state_specs(
+            self.optimizer, self.abstract_state.opt_state, self.abstract_state.params, self.param_specs
+        )
+        est = estimate_memory(
+            self.abstract_state.params,
+            self.param_specs,
+            self.partitioner,
+            opt_state=self.abstract_state.opt_state,
+            opt_state_specs=ospecs,
+        )
         log.info("estimated memory per device (mesh %s):\n%s", dict(self.partitioner.mesh.shape), est)
         self.memory_estimate = est
 
@@ -183,8 +222,12 @@ class Trainer:
         try:
             ckpt = Checkpointer(cfg.model_dir, cfg.checkpoint)
             index, processes = jax.process_index(), jax.process_count()
-            summaries = SummaryWriter(cfg.model_dir, cfg.tensorboard, primary=index == 0,
-                                      log_prefix=f"process {index}/{processes}: " if processes > 1 else "")
+            summaries = SummaryWriter(
+                cfg.model_dir,
+                cfg.tensorboard,
+                primary=index == 0,
+                log_prefix=f"process {index}/{processes}: " if processes > 1 else "",
+            )
             return self._train(data, init_params, ckpt, summaries, sigterm)
         except jax.errors.JaxRuntimeError:
             # A peer that died mid-step surfaces here as a failed collective: let the peer
@@ -204,8 +247,9 @@ class Trainer:
                 if lock is not None:
                     lock.release()
 
-    def _train(self, data: Any, init_params: Any, ckpt: Checkpointer, summaries: SummaryWriter,
-               sigterm: SigtermFlag) -> TrainResult:
+    def _train(
+        self, data: Any, init_params: Any, ckpt: Checkpointer, summaries: SummaryWriter, sigterm: SigtermFlag
+    ) -> TrainResult:
         """Set-up, once: the data, the partitioned step for its shapes, the state to continue
         from (the latest checkpoint, with the data's position, or a fresh one); then the loop."""
         set_up_before = self.batch_signature is not None
@@ -216,7 +260,7 @@ class Trainer:
         loop = TrainLoop(self, data, stateful, state, step, ckpt, summaries, sigterm, check_shapes=set_up_before)
         return loop.run()
 
-    def _prepare_data(self, data: Any) -> Tuple[Iterator[Mapping[str, Any]], bool]:
+    def _prepare_data(self, data: Any) -> tuple[Iterator[Mapping[str, Any]], bool]:
         """The data as an iterator (a tf.data one made checkpointable) and whether its position can
         be saved; sets up for its shapes unless `setup` was called before (then no batch is read)."""
         cfg = self.config
@@ -230,7 +274,7 @@ class Trainer:
             data = self._set_up_from_first_batch(data, stateful)
         return data, stateful
 
-    def _set_up_from_first_batch(self, data: Iterator, stateful: bool) -> Iterator:
+    def _set_up_from_first_batch(self, data: Any, stateful: bool) -> Iterator:
         """`setup` from the first batch, peeked: read, then put back (the position restored, or
         the batch chained in front) so the first step reads it again."""
         if stateful:
@@ -242,8 +286,9 @@ class Trainer:
         self.setup(first)
         return itertools.chain([first], data)
 
-    def _restore_or_init(self, ckpt: Checkpointer, data: Any, stateful: bool,
-                         init_params: Any) -> Tuple[TrainState, int]:
+    def _restore_or_init(
+        self, ckpt: Checkpointer, data: Any, stateful: bool, init_params: Any
+    ) -> tuple[TrainState, int]:
         """`(state, step)` of the latest usable checkpoint (the data moved to its position), else
         a fresh state (from `init_params` if given) at step 0."""
         if ckpt.latest_step() is None:
@@ -255,15 +300,21 @@ class Trainer:
         return state, step
 
 
-def evaluator_callback(evaluator: Any, make_predict_fn: Optional[Callable] = None,
-                       make_score_fn: Optional[Callable] = None) -> EvalFn:
+def evaluator_callback(
+    evaluator: Any, make_predict_fn: Callable | None = None, make_score_fn: Callable | None = None
+) -> EvalFn:
     """An `eval_fn` from a `cairn.evaluation.Evaluator`: `make_predict_fn(params)` /
     `make_score_fn(params)` build the functions `Evaluator.evaluate` takes; returns
     `{task: {metric: value}}`."""
+
     def eval_fn(params, step):
-        result = evaluator.evaluate(predict_fn=make_predict_fn(params) if make_predict_fn else None,
-                                    score_fn=make_score_fn(params) if make_score_fn else None, step=step)
+        result = evaluator.evaluate(
+            predict_fn=make_predict_fn(params) if make_predict_fn else None,
+            score_fn=make_score_fn(params) if make_score_fn else None,
+            step=step,
+        )
         for task, errors in result.errors.items():
             log.warning("evaluation of %s at step %d: %s", task, step, "; ".join(errors))
         return result.metrics
+
     return eval_fn

@@ -5,5 +5,12 @@ from cairn.models.decoding.greedy import greedy_decode
 from cairn.models.decoding.loop import decode_loop
 from cairn.models.decoding.sampling import filter_logits, sample_decode
 
-__all__ = ["beam_search", "decode_loop", "filter_logits", "gather_beams", "greedy_decode",
-           "length_penalty", "sample_decode"]
+__all__ = [
+    "beam_search",
+    "decode_loop",
+    "filter_logits",
+    "gather_beams",
+    "greedy_decode",
+    "length_penalty",
+    "sample_decode",
+]

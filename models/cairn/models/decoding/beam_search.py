@@ -6,7 +6,7 @@ when beams are reselected (`gather_beams`).
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,15 +30,24 @@ def _batch_axis(path, leaf) -> int:
 
 def gather_beams(cache: Any, flat_indices: jnp.ndarray) -> Any:
     """Reorders every batch-carrying leaf of `cache` by `flat_indices` (into `b * beams`)."""
+
     def gather(path, leaf):
         axis = _batch_axis(path, leaf)
         return leaf if axis < 0 else jnp.take(leaf, flat_indices, axis=axis)
+
     return jax.tree_util.tree_map_with_path(gather, cache)
 
 
-def beam_search(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, num_beams: int,
-                max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
-                bos_id: int = 0) -> Tuple[jnp.ndarray, jnp.ndarray]:
+def beam_search(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    batch_size: int,
+    num_beams: int,
+    max_decode_len: int,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    bos_id: int = 0,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
     """`(sequences [b, beams, len], scores [b, beams])`, best first.
 
     `cache` must already hold `b * num_beams` rows (each example repeated `num_beams` times).
@@ -94,9 +103,15 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, n
         return jnp.where(step == 0, bos_id, prev)
 
     live_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))
-    state = (jnp.array(0, jnp.int32), jnp.zeros((b, k, L), jnp.int32), live_logp,
-             jnp.zeros((b, k, L), jnp.int32), jnp.full((b, k), NEG_INF, jnp.float32),
-             jnp.zeros((b, k), bool), cache)
+    state = (
+        jnp.array(0, jnp.int32),
+        jnp.zeros((b, k, L), jnp.int32),
+        live_logp,
+        jnp.zeros((b, k, L), jnp.int32),
+        jnp.full((b, k), NEG_INF, jnp.float32),
+        jnp.zeros((b, k), bool),
+        cache,
+    )
     step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, _ = jax.lax.while_loop(cond, body, state)
     # Rows where nothing finished return their live beams.
     none_finished = ~jnp.any(fin_flags, axis=1)

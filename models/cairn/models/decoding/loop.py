@@ -6,18 +6,26 @@ the token at position `step` (with a key-value cache, or on a buffer when there 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-TokensToLogits = Callable[[jnp.ndarray, Any, jnp.ndarray], Tuple[jnp.ndarray, Any]]
+TokensToLogits = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, Any]]
 ChooseFn = Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]
 
 
-def decode_loop(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, max_decode_len: int,
-                choose: ChooseFn, eos_id: int = 1, bos_id: int = 0,
-                prompt: Optional[jnp.ndarray] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+def decode_loop(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    batch_size: int,
+    max_decode_len: int,
+    choose: ChooseFn,
+    eos_id: int = 1,
+    bos_id: int = 0,
+    prompt: jnp.ndarray | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Decodes up to `max_decode_len` tokens; returns `(tokens [b, len], log_probs [b])`.
 
     `choose(logits, step)` picks the next tokens. `prompt` `[b, len]` (0 = free) forces
@@ -48,8 +56,13 @@ def decode_loop(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, m
         done = done | ((nxt == eos_id) & ~forced)
         return step + 1, nxt, cache, out, done, logp
 
-    state = (jnp.array(0, jnp.int32), jnp.full((batch_size,), bos_id, jnp.int32), cache,
-             jnp.zeros((batch_size, max_decode_len), jnp.int32), jnp.zeros((batch_size,), bool),
-             jnp.zeros((batch_size,), jnp.float32))
+    state = (
+        jnp.array(0, jnp.int32),
+        jnp.full((batch_size,), bos_id, jnp.int32),
+        cache,
+        jnp.zeros((batch_size, max_decode_len), jnp.int32),
+        jnp.zeros((batch_size,), bool),
+        jnp.zeros((batch_size,), jnp.float32),
+    )
     _, _, _, out, _, logp = jax.lax.while_loop(cond, body, state)
     return out, logp

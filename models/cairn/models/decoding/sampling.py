@@ -5,7 +5,7 @@ The key of step `s` is `fold_in(rng, s)`: the same `rng` gives the same tokens.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +32,18 @@ def filter_logits(logits, top_k: int = 0, top_p: float = 1.0):
     return logits
 
 
-def sample_decode(tokens_to_logits: TokensToLogits, cache: Any, batch_size: int, max_decode_len: int,
-                  rng: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                  eos_id: int = 1, prompt: Optional[jnp.ndarray] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+def sample_decode(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    batch_size: int,
+    max_decode_len: int,
+    rng: jax.Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int = 1,
+    prompt: jnp.ndarray | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
     """`(tokens, log_probs)` sampled from `softmax(filtered logits / temperature)`.
 
     `temperature=0` is greedy decoding. `log_probs` are under the unfiltered model.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Tuple
+from typing import ClassVar
 
 from cairn.models.transformer_config import ACTIVATIONS, REMAT_POLICIES, TransformerConfig
 
@@ -15,7 +15,7 @@ class T5Config(TransformerConfig):
     """Hyperparameters of `t5.EncoderDecoder`: the shared `TransformerConfig` fields (defaults:
     T5.1.1-small) and the depth of each stack."""
 
-    LAYER_FIELDS: ClassVar[Tuple[str, ...]] = ("num_encoder_layers", "num_decoder_layers")
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("num_encoder_layers", "num_decoder_layers")
 
     num_encoder_layers: int = 8
     num_decoder_layers: int = 8

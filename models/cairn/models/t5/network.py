@@ -35,8 +35,9 @@ class EncoderLayer(nn.Module):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
-        y = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic,
-                               name="attention")(y, y, bias)
+        y = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic, name="attention")(
+            y, y, bias
+        )
         x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
         y = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dt, self.deterministic, name="mlp")(y)
@@ -58,13 +59,22 @@ class DecoderLayer(nn.Module):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_self_attention_layer_norm")(x)
-        y = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic,
-                               self.decode, name="self_attention")(y, y, self_bias)
+        y = MultiHeadAttention(
+            cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic, self.decode, name="self_attention"
+        )(y, y, self_bias)
         x = constrain(x + drop(y), ACT)
         if self.cross:
             y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_cross_attention_layer_norm")(x)
-            y = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic,
-                                   self.decode, cross=True, name="encoder_decoder_attention")(y, encoded, cross_bias)
+            y = MultiHeadAttention(
+                cfg.num_heads,
+                cfg.head_dim,
+                cfg.dropout_rate,
+                dt,
+                self.deterministic,
+                self.decode,
+                cross=True,
+                name="encoder_decoder_attention",
+            )(y, encoded, cross_bias)
             x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
         y = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dt, self.deterministic, name="mlp")(y)
@@ -83,12 +93,25 @@ class Encoder(nn.Module):
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ACT)
         pos = jnp.arange(tokens.shape[1])
-        bias = RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
-                                    cfg.relative_attention_max_distance, True, dt,
-                                    nn.initializers.normal(cfg.emb_dim ** -0.5), name="relpos_bias")(pos, pos)
+        bias = RelativePositionBias(
+            cfg.num_heads,
+            cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance,
+            True,
+            dt,
+            nn.initializers.normal(cfg.emb_dim**-0.5),
+            name="relpos_bias",
+        )(pos, pos)
         bias = bias + mask_to_bias(segment_mask(segment_ids, segment_ids), dt)
-        x = apply_layers(EncoderLayer, cfg.num_encoder_layers, cfg.scan_layers, cfg.remat_policy,
-                         dict(config=cfg, deterministic=deterministic), x, bias)
+        x = apply_layers(
+            EncoderLayer,
+            cfg.num_encoder_layers,
+            cfg.scan_layers,
+            cfg.remat_policy,
+            dict(config=cfg, deterministic=deterministic),
+            x,
+            bias,
+        )
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="encoder_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
@@ -114,16 +137,29 @@ class Decoder(nn.Module):
     shared_embedding: nn.Module
 
     @nn.compact
-    def __call__(self, encoded, tokens, encoder_segment_ids, decoder_segment_ids,
-                 deterministic: bool = True, decode: bool = False):
+    def __call__(
+        self,
+        encoded,
+        tokens,
+        encoder_segment_ids,
+        decoder_segment_ids,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
         cfg, dt = self.config, _dtype(self.config)
         x = self.shared_embedding(tokens.astype(jnp.int32))
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ACT)
         q_pos, k_pos, causal = decoder_positions_and_mask(self, tokens.shape[1], decode)
-        self_bias = RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
-                                         cfg.relative_attention_max_distance, False, dt,
-                                         nn.initializers.normal(cfg.emb_dim ** -0.5), name="relpos_bias")(q_pos, k_pos)
+        self_bias = RelativePositionBias(
+            cfg.num_heads,
+            cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance,
+            False,
+            dt,
+            nn.initializers.normal(cfg.emb_dim**-0.5),
+            name="relpos_bias",
+        )(q_pos, k_pos)
         if decoder_segment_ids is None:
             self_mask = causal
             decoder_segment_ids = jnp.ones(tokens.shape, jnp.int32)
@@ -131,16 +167,23 @@ class Decoder(nn.Module):
             self_mask = causal & segment_mask(decoder_segment_ids, decoder_segment_ids)
         self_bias = self_bias + mask_to_bias(self_mask, dt)
         cross_bias = mask_to_bias(segment_mask(decoder_segment_ids, encoder_segment_ids), dt)
-        x = apply_layers(DecoderLayer, cfg.num_decoder_layers, cfg.scan_layers, cfg.remat_policy,
-                         dict(config=cfg, deterministic=deterministic, decode=decode),
-                         x, encoded, self_bias, cross_bias)
+        x = apply_layers(
+            DecoderLayer,
+            cfg.num_decoder_layers,
+            cfg.scan_layers,
+            cfg.remat_policy,
+            dict(config=cfg, deterministic=deterministic, decode=decode),
+            x,
+            encoded,
+            self_bias,
+            cross_bias,
+        )
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
-            logits = self.shared_embedding.attend(x * (cfg.emb_dim ** -0.5))
+            logits = self.shared_embedding.attend(x * (cfg.emb_dim**-0.5))
         else:
-            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"),
-                       cfg.emb_dim ** -0.5, dt)
+            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim**-0.5, dt)
             logits = dense(x, w)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
@@ -162,16 +205,39 @@ class EncoderDecoder(nn.Module):
             encoder_segment_ids = (encoder_input_tokens > 0).astype(jnp.int32)
         return self.encoder(encoder_input_tokens, encoder_segment_ids, deterministic)
 
-    def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
-               decoder_segment_ids=None, deterministic: bool = True, decode: bool = False):
+    def decode(
+        self,
+        encoded,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        encoder_segment_ids=None,
+        decoder_segment_ids=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
         """Logits for `decoder_input_tokens` given the encoder outputs (one step when `decode`)."""
         if encoder_segment_ids is None:
             encoder_segment_ids = (encoder_input_tokens > 0).astype(jnp.int32)
-        return self.decoder(encoded, decoder_input_tokens, encoder_segment_ids, decoder_segment_ids,
-                            deterministic, decode)
+        return self.decoder(
+            encoded, decoder_input_tokens, encoder_segment_ids, decoder_segment_ids, deterministic, decode
+        )
 
-    def __call__(self, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids=None,
-                 decoder_segment_ids=None, deterministic: bool = True, decode: bool = False):
+    def __call__(
+        self,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        encoder_segment_ids=None,
+        decoder_segment_ids=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, deterministic)
-        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids,
-                           decoder_segment_ids, deterministic, decode)
+        return self.decode(
+            encoded,
+            encoder_input_tokens,
+            decoder_input_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            deterministic,
+            decode,
+        )
