@@ -14,7 +14,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _tokenizer_measure as m  # noqa: E402
+import _tokenizer_measure as m
 
 
 def main() -> None:
@@ -34,10 +34,13 @@ def main() -> None:
     with open(args.lines_json, encoding="utf-8") as f:
         lines = json.load(f)
     vocab = seqio.SentencePieceVocabulary(args.model, extra_ids=args.extra_ids)
-    results = m.measure_all(vocab, lines, warmup=args.warmup, repeats=args.repeats,
-                            batch_size=args.batch_size)
-    info = {"seqio": seqio.__version__, "tensorflow": tf.__version__,
-            "tensorflow_text": tensorflow_text.__version__, "vocab_size": vocab.vocab_size}
+    results = m.measure_all(vocab, lines, warmup=args.warmup, repeats=args.repeats, batch_size=args.batch_size)
+    info = {
+        "seqio": seqio.__version__,
+        "tensorflow": tf.__version__,
+        "tensorflow_text": tensorflow_text.__version__,
+        "vocab_size": vocab.vocab_size,
+    }
     json.dump({"info": info, "results": results}, sys.stdout)
 
 

@@ -34,8 +34,7 @@ def _timed(fn: Callable[[], Any], warmup: int, repeats: int) -> tuple[list[float
 
 def _summary(n_lines: int, times: list[float], tokens: int) -> dict:
     rates = [n_lines / t for t in times]
-    return {"median_lines_per_s": statistics.median(rates), "rates": rates,
-            "seconds": times, "tokens": int(tokens)}
+    return {"median_lines_per_s": statistics.median(rates), "rates": rates, "seconds": times, "tokens": int(tokens)}
 
 
 def ids_digest(rows: Sequence[Sequence[int]]) -> str:
@@ -68,14 +67,13 @@ def _tf_dataset(lines: Sequence[str]):
 def _count_tokens(tf, ds, ragged: bool):
     """Consumes `ds` inside TensorFlow (no Python per element) and returns the token count."""
     if ragged:
-        size = lambda x: tf.size(x.flat_values, out_type=tf.int64)  # noqa: E731
+        size = lambda x: tf.size(x.flat_values, out_type=tf.int64)
     else:
-        size = lambda x: tf.size(x, out_type=tf.int64)  # noqa: E731
+        size = lambda x: tf.size(x, out_type=tf.int64)
     return ds.reduce(tf.constant(0, tf.int64), lambda acc, x: acc + size(x)).numpy()
 
 
-def measure_tf_batched(vocab, lines: Sequence[str], warmup: int, repeats: int,
-                       batch_size: int) -> dict:
+def measure_tf_batched(vocab, lines: Sequence[str], warmup: int, repeats: int, batch_size: int) -> dict:
     tf, ds = _tf_dataset(lines)
     ds = ds.batch(batch_size).map(vocab.encode_tf)
     times, tokens = _timed(lambda: _count_tokens(tf, ds, ragged=True), warmup, repeats)
@@ -89,13 +87,19 @@ def measure_tf_unbatched(vocab, lines: Sequence[str], warmup: int, repeats: int)
     return _summary(len(lines), times, tokens)
 
 
-def measure_all(vocab, lines: Sequence[str], *, warmup: int, repeats: int, batch_size: int,
-                extra: dict[str, Callable[[], dict]] | None = None) -> dict[str, dict]:
+def measure_all(
+    vocab,
+    lines: Sequence[str],
+    *,
+    warmup: int,
+    repeats: int,
+    batch_size: int,
+    extra: dict[str, Callable[[], dict]] | None = None,
+) -> dict[str, dict]:
     """Runs every measurement; returns {measurement name: summary}."""
     results = {
         PY_ENCODE: measure_python_encode(vocab, lines, warmup, repeats),
-        TF_BATCHED.format(batch=batch_size):
-            measure_tf_batched(vocab, lines, warmup, repeats, batch_size),
+        TF_BATCHED.format(batch=batch_size): measure_tf_batched(vocab, lines, warmup, repeats, batch_size),
         TF_UNBATCHED: measure_tf_unbatched(vocab, lines, warmup, repeats),
     }
     for name, fn in (extra or {}).items():

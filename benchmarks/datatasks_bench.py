@@ -48,10 +48,10 @@ def halves(ds):
         words = tf.strings.split(lines)
         half = words.row_lengths() // 2
         first = tf.ragged.range(words.row_lengths()) < tf.expand_dims(half, 1)
-        return {"inputs": tf.strings.reduce_join(tf.ragged.boolean_mask(words, first),
-                                                 axis=1, separator=" "),
-                "targets": tf.strings.reduce_join(tf.ragged.boolean_mask(words, ~first),
-                                                  axis=1, separator=" ")}
+        return {
+            "inputs": tf.strings.reduce_join(tf.ragged.boolean_mask(words, first), axis=1, separator=" "),
+            "targets": tf.strings.reduce_join(tf.ragged.boolean_mask(words, ~first), axis=1, separator=" "),
+        }
 
     return ds.batch(256).map(fn, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
@@ -64,10 +64,21 @@ def cairn_dataset(model: str, data: str, pack: bool):
 
     vocab = SentencePieceVocabulary(model, extra_ids=EXTRA_IDS)
     feats = {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}
-    task = dt.Task("shakespeare_halves", dt.TextLineDataSource({"train": data}), feats,
-                   [halves, pp.tokenize, pp.append_eos_after_trim])
-    return dt.get_dataset(task, LENGTHS, dt.EncDecFeatureConverter(pack=pack), shuffle=False,
-                          num_epochs=1, batch_size=BATCH, trim_output_features=True)
+    task = dt.Task(
+        "shakespeare_halves",
+        dt.TextLineDataSource({"train": data}),
+        feats,
+        [halves, pp.tokenize, pp.append_eos_after_trim],
+    )
+    return dt.get_dataset(
+        task,
+        LENGTHS,
+        dt.EncDecFeatureConverter(pack=pack),
+        shuffle=False,
+        num_epochs=1,
+        batch_size=BATCH,
+        trim_output_features=True,
+    )
 
 
 def seqio_dataset(model: str, data: str, pack: bool):
@@ -77,13 +88,21 @@ def seqio_dataset(model: str, data: str, pack: bool):
     name = f"shakespeare_halves_{int(pack)}"
     if name not in seqio.TaskRegistry.names():
         seqio.TaskRegistry.add(
-            name, source=seqio.TextLineDataSource({"train": data}),
-            preprocessors=[halves, seqio.preprocessors.tokenize,
-                           seqio.preprocessors.append_eos_after_trim],
-            output_features={"inputs": seqio.Feature(vocab), "targets": seqio.Feature(vocab)})
-    return seqio.get_dataset(name, LENGTHS, seqio.EncDecFeatureConverter(pack=pack),
-                             dataset_split="train", shuffle=False, num_epochs=1,
-                             batch_size=BATCH, seed=0)
+            name,
+            source=seqio.TextLineDataSource({"train": data}),
+            preprocessors=[halves, seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+            output_features={"inputs": seqio.Feature(vocab), "targets": seqio.Feature(vocab)},
+        )
+    return seqio.get_dataset(
+        name,
+        LENGTHS,
+        seqio.EncDecFeatureConverter(pack=pack),
+        dataset_split="train",
+        shuffle=False,
+        num_epochs=1,
+        batch_size=BATCH,
+        seed=0,
+    )
 
 
 def measure(make, warmup: int, batches: int, repeats: int) -> dict:
@@ -108,9 +127,14 @@ def measure(make, warmup: int, batches: int, repeats: int) -> dict:
             else:
                 examples += enc.shape[0]
         seconds = time.perf_counter() - start
-        runs.append({"batches_per_s": batches / seconds, "tokens_per_s": tokens / seconds,
-                     "examples_per_s": examples / seconds,
-                     "examples_per_row": examples / (batches * BATCH)})
+        runs.append(
+            {
+                "batches_per_s": batches / seconds,
+                "tokens_per_s": tokens / seconds,
+                "examples_per_s": examples / seconds,
+                "examples_per_row": examples / (batches * BATCH),
+            }
+        )
         time.sleep(3)  # the kept-alive iterator fills its buffers and goes quiet
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -135,13 +159,13 @@ def run_side(side: str, model: str, data: str, args) -> dict:
     out = {}
     for pack, n in ((True, args.packed_batches), (False, args.unpacked_batches)):
         out["packed" if pack else "unpacked"] = measure(
-            lambda pack=pack: build(model, data, pack), args.warmup, n, args.repeats)
+            lambda pack=pack: build(model, data, pack), args.warmup, n, args.repeats
+        )
     return out
 
 
 def median_of(runs: list) -> dict:
-    return {mode: {k: statistics.median(r[mode][k] for r in runs) for k in runs[0][mode]}
-            for mode in runs[0]}
+    return {mode: {k: statistics.median(r[mode][k] for r in runs) for k in runs[0][mode]} for mode in runs[0]}
 
 
 def print_table(cairn: dict, seqio: dict | str) -> None:
@@ -154,8 +178,10 @@ def print_table(cairn: dict, seqio: dict | str) -> None:
             ratio = f"{ours / theirs:8.2f}x" if theirs else "      -"
             peer = f"{theirs:14,.1f}" if theirs else f"{'-':>14s}"
             print(f"{mode:10s}{c:16s}{ours:12,.1f}{peer}{ratio}")
-        print(f"{mode:10s}{'examples/row':16s}{cairn[mode]['examples_per_row']:12.2f}"
-              + (f"{seqio[mode]['examples_per_row']:14.2f}" if isinstance(seqio, dict) else ""))
+        print(
+            f"{mode:10s}{'examples/row':16s}{cairn[mode]['examples_per_row']:12.2f}"
+            + (f"{seqio[mode]['examples_per_row']:14.2f}" if isinstance(seqio, dict) else "")
+        )
     if isinstance(seqio, str):
         print(f"seqio: {seqio}")
 
@@ -166,14 +192,17 @@ def main() -> None:
     p.add_argument("--unpacked-batches", type=int, default=600)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--parity-batches", type=int, default=3,
-                   help="compare the first N batches of each mode with seqio's (0: skip)")
+    p.add_argument(
+        "--parity-batches", type=int, default=3, help="compare the first N batches of each mode with seqio's (0: skip)"
+    )
     p.add_argument("--peer", action="store_true", help="internal: run seqio's side")
     p.add_argument("--dump", help="internal: where the peer writes its first batches")
     p.add_argument("--model")
     p.add_argument("--data")
-    p.add_argument("--cache-dir", default=os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"))
+    p.add_argument(
+        "--cache-dir",
+        default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"),
+    )
     args = p.parse_args()
     if args.peer:
         import seqio
@@ -182,8 +211,7 @@ def main() -> None:
         if args.dump and args.parity_batches:
             import numpy as np
 
-            np.savez(args.dump, **first_batches("seqio", args.model, args.data,
-                                                args.parity_batches))
+            np.savez(args.dump, **first_batches("seqio", args.model, args.data, args.parity_batches))
         json.dump({"version": seqio.__version__, "results": results}, sys.stdout)
         sys.stdout.flush()
         os._exit(0)
@@ -197,10 +225,12 @@ def main() -> None:
         data = os.path.join(tmp, "shakespeare.txt")
         with open(data, "w", encoding="utf-8") as f:
             f.write("".join(line.replace("\r", " ") + "\n" for line in lines))
-        print(f"{len(lines):,} lines; vocab 8000 + {EXTRA_IDS} sentinels "
-              f"({'cached' if train_s is None else f'trained in {train_s:.0f} s'}); "
-              f"lengths {LENGTHS}; batch {BATCH}; warm-up {args.warmup}, "
-              f"median of {args.repeats}")
+        print(
+            f"{len(lines):,} lines; vocab 8000 + {EXTRA_IDS} sentinels "
+            f"({'cached' if train_s is None else f'trained in {train_s:.0f} s'}); "
+            f"lengths {LENGTHS}; batch {BATCH}; warm-up {args.warmup}, "
+            f"median of {args.repeats}"
+        )
         # Repeats alternate cairn and seqio, so a change in machine load hits both sides.
         runs_cairn, runs_seqio, parity, seqio = [], [], None, None
         one = argparse.Namespace(**{**vars(args), "repeats": 1})
@@ -210,11 +240,27 @@ def main() -> None:
                 seqio = "peer venv missing: run `bash benchmarks/setup_peers.sh`, then rerun"
                 continue
             dump = os.path.join(tmp, "seqio.npz")
-            cmd = [PEER_PYTHON, os.path.abspath(__file__), "--peer", "--model", model,
-                   "--data", data, "--packed-batches", str(args.packed_batches),
-                   "--unpacked-batches", str(args.unpacked_batches), "--warmup",
-                   str(args.warmup), "--repeats", "1", "--parity-batches",
-                   str(args.parity_batches if r == 0 else 0), "--dump", dump]
+            cmd = [
+                PEER_PYTHON,
+                os.path.abspath(__file__),
+                "--peer",
+                "--model",
+                model,
+                "--data",
+                data,
+                "--packed-batches",
+                str(args.packed_batches),
+                "--unpacked-batches",
+                str(args.unpacked_batches),
+                "--warmup",
+                str(args.warmup),
+                "--repeats",
+                "1",
+                "--parity-batches",
+                str(args.parity_batches if r == 0 else 0),
+                "--dump",
+                dump,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 seqio = f"peer run failed ({proc.returncode}): {proc.stderr.strip()[-800:]}"

@@ -38,8 +38,7 @@ import numpy as np  # noqa: E402
 
 from cairn.models import DecoderOnlyModel, count_params, flops_per_token, get_preset  # noqa: E402
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
-from cairn.trainer import (CheckpointConfig, OptimizerConfig, Trainer, TrainerConfig,  # noqa: E402
-                           published_peak_flops)
+from cairn.trainer import CheckpointConfig, OptimizerConfig, Trainer, TrainerConfig, published_peak_flops  # noqa: E402
 
 
 class SyntheticTokens:
@@ -55,8 +54,11 @@ class SyntheticTokens:
         rng = np.random.default_rng([7, self.position])
         self.position += 1
         rows = rng.integers(2, self.vocab, size=(self.batch, self.length + 1), dtype=np.int32)
-        return {"decoder_input_tokens": rows[:, :-1], "decoder_target_tokens": rows[:, 1:],
-                "decoder_loss_weights": np.ones((self.batch, self.length), np.float32)}
+        return {
+            "decoder_input_tokens": rows[:, :-1],
+            "decoder_target_tokens": rows[:, 1:],
+            "decoder_loss_weights": np.ones((self.batch, self.length), np.float32),
+        }
 
     def get_state(self):
         return {"position": self.position}
@@ -74,29 +76,40 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", help="activation dtype")
     p.add_argument("--remat", default="dots", choices=("none", "full", "dots"))
     p.add_argument("--no_scan", action="store_true", help="unrolled layers instead of a scan")
-    p.add_argument("--peak_tflops", type=float, default=None,
-                   help="per-device dense peak; default: the published bf16 peak of the device kind")
+    p.add_argument(
+        "--peak_tflops",
+        type=float,
+        default=None,
+        help="per-device dense peak; default: the published bf16 peak of the device kind",
+    )
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
     devices = jax.devices()
     kind = devices[0].device_kind
-    peak_per_device = (args.peak_tflops * 1e12 if args.peak_tflops else published_peak_flops(kind))
+    peak_per_device = args.peak_tflops * 1e12 if args.peak_tflops else published_peak_flops(kind)
     if not peak_per_device:
         raise SystemExit(f"no published peak for device kind {kind!r}: pass --peak_tflops")
     peak = peak_per_device * len(devices)
-    config = get_preset(args.preset, dtype=args.dtype, scan_layers=not args.no_scan,
-                        remat_policy=args.remat)
+    config = get_preset(args.preset, dtype=args.dtype, scan_layers=not args.no_scan, remat_policy=args.remat)
     model = DecoderOnlyModel(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     fpt = flops_per_token(config, {"targets": args.length})
     partitioner = Partitioner(create_mesh({"data": -1, "model": 1}), standard_logical_axis_rules())
     with tempfile.TemporaryDirectory() as model_dir:
-        cfg = TrainerConfig(model_dir=model_dir, num_train_steps=args.steps, log_every=1,
-                            checkpoint_every=0, tensorboard=False, handle_sigterm=False,
-                            flops_per_token=fpt, peak_flops=peak,
-                            checkpoint=CheckpointConfig(keep=1, asynchronous=True))
-        trainer = Trainer(model, OptimizerConfig(name="adamw", weight_decay=0.1, clip_grad_norm=1.0),
-                          3e-4, partitioner, cfg)
+        cfg = TrainerConfig(
+            model_dir=model_dir,
+            num_train_steps=args.steps,
+            log_every=1,
+            checkpoint_every=0,
+            tensorboard=False,
+            handle_sigterm=False,
+            flops_per_token=fpt,
+            peak_flops=peak,
+            checkpoint=CheckpointConfig(keep=1, asynchronous=True),
+        )
+        trainer = Trainer(
+            model, OptimizerConfig(name="adamw", weight_decay=0.1, clip_grad_norm=1.0), 3e-4, partitioner, cfg
+        )
         start = time.perf_counter()
         trainer.train(SyntheticTokens(config.vocab_size, args.batch, args.length))
         total = time.perf_counter() - start
@@ -106,16 +119,32 @@ def main() -> None:
     median = statistics.median(step_times)
     tokens = args.batch * args.length
     mfu = fpt * tokens / median / peak
-    result = {"device": kind, "devices": len(devices), "preset": args.preset,
-              "params": count_params(config), "batch": args.batch, "length": args.length,
-              "dtype": args.dtype, "remat": args.remat, "scan": not args.no_scan,
-              "model_tflops_per_step": fpt * tokens / 1e12, "peak_tflops": peak / 1e12,
-              "median_step_s": median, "tokens_per_s": tokens / median, "mfu": mfu,
-              "first_loss": losses[0], "last_loss": losses[-1], "wall_s_incl_compile": total}
+    result = {
+        "device": kind,
+        "devices": len(devices),
+        "preset": args.preset,
+        "params": count_params(config),
+        "batch": args.batch,
+        "length": args.length,
+        "dtype": args.dtype,
+        "remat": args.remat,
+        "scan": not args.no_scan,
+        "model_tflops_per_step": fpt * tokens / 1e12,
+        "peak_tflops": peak / 1e12,
+        "median_step_s": median,
+        "tokens_per_s": tokens / median,
+        "mfu": mfu,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "wall_s_incl_compile": total,
+    }
     print(f"{'device':24s}{kind} x{len(devices)}")
     for k in ("preset", "params", "batch", "length", "dtype", "remat", "scan"):
-        print(f"{k:24s}{result[k]:,}" if isinstance(result[k], int) and not isinstance(result[k], bool)
-              else f"{k:24s}{result[k]}")
+        print(
+            f"{k:24s}{result[k]:,}"
+            if isinstance(result[k], int) and not isinstance(result[k], bool)
+            else f"{k:24s}{result[k]}"
+        )
     print(f"{'model TFLOP / step':24s}{result['model_tflops_per_step']:.2f}")
     print(f"{'step time (median)':24s}{median * 1e3:.1f} ms over {len(step_times)} steps")
     print(f"{'tokens/s':24s}{tokens / median:,.0f}")

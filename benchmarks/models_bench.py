@@ -34,12 +34,17 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path[:0] = [os.path.join(REPO, d) for d in ("models", "partitioning", "trainer", "evaluation", "datatasks",
-                                                 "tokenizers")]
+sys.path[:0] = [
+    os.path.join(REPO, d) for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers")
+]
 
 MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
-if __name__ == "__main__" and "--no-malloc-tuning" not in sys.argv and "GLIBC_TUNABLES" not in os.environ \
-        and sys.platform.startswith("linux"):
+if (
+    __name__ == "__main__"
+    and "--no-malloc-tuning" not in sys.argv
+    and "GLIBC_TUNABLES" not in os.environ
+    and sys.platform.startswith("linux")
+):
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES})
 
 import jax  # noqa: E402
@@ -67,17 +72,19 @@ def matmul_peak(repeats: int = 10, n: int = 2048) -> float:
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
     f = jax.jit(jnp.matmul)
-    return 2 * n ** 3 / median_time(lambda: f(a, b).block_until_ready(), repeats, warmup=2)
+    return 2 * n**3 / median_time(lambda: f(a, b).block_until_ready(), repeats, warmup=2)
 
 
 def make_batch():
     rng = np.random.default_rng(0)
     vocab = get_preset("t5_1_1_small").vocab_size
     tgt = rng.integers(2, vocab, (BATCH, TARGETS)).astype(np.int32)
-    return {"encoder_input_tokens": rng.integers(2, vocab, (BATCH, INPUTS)).astype(np.int32),
-            "decoder_target_tokens": tgt,
-            "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
-            "decoder_loss_weights": np.ones_like(tgt, np.float32)}
+    return {
+        "encoder_input_tokens": rng.integers(2, vocab, (BATCH, INPUTS)).astype(np.int32),
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+        "decoder_loss_weights": np.ones_like(tgt, np.float32),
+    }
 
 
 def cairn_train_step(config, batch, steps: int):
@@ -155,8 +162,7 @@ def torch_greedy(model, batch, repeats: int) -> float:
 
     def run():
         with torch.no_grad():
-            model.generate(input_ids=ids, max_new_tokens=TARGETS, min_new_tokens=TARGETS, do_sample=False,
-                           num_beams=1)
+            model.generate(input_ids=ids, max_new_tokens=TARGETS, min_new_tokens=TARGETS, do_sample=False, num_beams=1)
 
     return median_time(run, repeats)
 
@@ -166,8 +172,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed training steps (after one warm-up)")
     parser.add_argument("--decode-steps", type=int, default=3, help="timed greedy decodes (after one warm-up)")
     parser.add_argument("--skip-torch", action="store_true", help="only cairn's column")
-    parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="keep glibc's default allocator settings (see the docstring)")
+    parser.add_argument(
+        "--no-malloc-tuning", action="store_true", help="keep glibc's default allocator settings (see the docstring)"
+    )
     args = parser.parse_args()
 
     config = get_preset("t5_1_1_small")
@@ -181,15 +188,24 @@ def main() -> None:
     if not args.skip_torch:
         try:
             tm = torch_model(config, params)
-            rows.append(("transformers (torch)", torch_train_step(tm, batch, args.steps),
-                         torch_greedy(tm, batch, args.decode_steps)))
+            rows.append(
+                (
+                    "transformers (torch)",
+                    torch_train_step(tm, batch, args.steps),
+                    torch_greedy(tm, batch, args.decode_steps),
+                )
+            )
         except ImportError as e:  # torch/transformers are test-only dependencies
             print(f"transformers column skipped: {e}")
 
-    print(f"T5.1.1-small, batch {BATCH}, inputs {INPUTS}, targets {TARGETS}, float32, Adafactor; "
-          f"{jax.device_count()} {jax.default_backend()} device(s), {os.cpu_count()} cores")
-    print(f"model FLOPs/step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s; "
-          f"cairn compile {compile_s:.1f} s; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
+    print(
+        f"T5.1.1-small, batch {BATCH}, inputs {INPUTS}, targets {TARGETS}, float32, Adafactor; "
+        f"{jax.device_count()} {jax.default_backend()} device(s), {os.cpu_count()} cores"
+    )
+    print(
+        f"model FLOPs/step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s; "
+        f"cairn compile {compile_s:.1f} s; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}"
+    )
     print(f"{'':24}{'step s':>8}{'tokens/s':>10}{'MFU':>7}{'greedy tok/s':>14}")
     for name, s, d in rows:
         print(f"{name:24}{s:8.2f}{tokens / s:10.0f}{flops / s / peak:7.1%}{BATCH * TARGETS / d:14.0f}")

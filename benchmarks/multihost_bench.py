@@ -49,10 +49,15 @@ def free_port() -> int:
 
 
 def child_env(devices: int) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / lib) for lib in LIBS] +
-                                        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / lib) for lib in LIBS] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env.pop("BUILD_WORKING_DIRECTORY", None)
     return env
 
@@ -60,12 +65,20 @@ def child_env(devices: int) -> dict:
 def run_layout(name: str, processes: int, devices: int, args: argparse.Namespace, work: Path) -> dict:
     """One training run as `processes` x `devices`; returns its measurements."""
     model_dir = work / f"{name}-{processes}x{devices}-{time.monotonic_ns()}"
-    common = [f"--config={CONFIG}", f"--config.model_dir={model_dir}", f"--config.num_train_steps={args.steps}",
-              "--config.trainer.log_every=1", f"--config.trainer.checkpoint_every={args.checkpoint_every}",
-              "--config.trainer.keep_checkpoints=2", "--config.trainer.eval_every=0",
-              "--config.trainer.tensorboard=False", "--config.fingerprint_every=0",
-              "--config.post_training.final_eval=False", "--config.post_training.num_samples=0",
-              *CONFIGS[name]]
+    common = [
+        f"--config={CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.num_train_steps={args.steps}",
+        "--config.trainer.log_every=1",
+        f"--config.trainer.checkpoint_every={args.checkpoint_every}",
+        "--config.trainer.keep_checkpoints=2",
+        "--config.trainer.eval_every=0",
+        "--config.trainer.tensorboard=False",
+        "--config.fingerprint_every=0",
+        "--config.post_training.final_eval=False",
+        "--config.post_training.num_samples=0",
+        *CONFIGS[name],
+    ]
     if args.cache_dir:
         common.append(f"--config.data.cache_dir={args.cache_dir}")
     address = f"127.0.0.1:{free_port()}"
@@ -74,19 +87,34 @@ def run_layout(name: str, processes: int, devices: int, args: argparse.Namespace
     start = time.perf_counter()
     try:
         for i in range(processes):
-            extra = [] if processes == 1 else [
-                f"--config.multihost.coordinator_address={address}",
-                f"--config.multihost.num_processes={processes}", f"--config.multihost.process_id={i}"]
+            extra = (
+                []
+                if processes == 1
+                else [
+                    f"--config.multihost.coordinator_address={address}",
+                    f"--config.multihost.num_processes={processes}",
+                    f"--config.multihost.process_id={i}",
+                ]
+            )
             with open(logs[i], "w") as out:
-                procs.append(subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main", *common, *extra],
-                                              env=child_env(devices), cwd=REPO, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "cairn.launchers.train_main", *common, *extra],
+                        env=child_env(devices),
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + args.timeout
         for p, log in zip(procs, logs):
             code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
             if code != 0:
-                raise RuntimeError(f"{name} {processes}x{devices}: process exited {code}; log {log}:\n"
-                                   f"{log.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(
+                    f"{name} {processes}x{devices}: process exited {code}; log {log}:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}"
+                )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{name} {processes}x{devices}: over --timeout {args.timeout}s; logs {logs}") from None
     finally:
@@ -104,10 +132,19 @@ def run_layout(name: str, processes: int, devices: int, args: argparse.Namespace
     step_time = statistics.median(steps[s] for s in kept)
     save = statistics.median(saves) if saves else float("nan")
     worst = max(saves) if saves else float("nan")
-    return {"config": name, "layout": f"{processes}x{devices}", "step_time_s": step_time,
-            "tokens_per_s": statistics.median(tokens[s] for s in kept if s in tokens),
-            "save_blocked_s": save, "save_max_s": worst, "save_pct": 100.0 * save / step_time, "saves": len(saves),
-            "steps_timed": len(kept), "wall_s": wall, "load": os.getloadavg()[0]}
+    return {
+        "config": name,
+        "layout": f"{processes}x{devices}",
+        "step_time_s": step_time,
+        "tokens_per_s": statistics.median(tokens[s] for s in kept if s in tokens),
+        "save_blocked_s": save,
+        "save_max_s": worst,
+        "save_pct": 100.0 * save / step_time,
+        "saves": len(saves),
+        "steps_timed": len(kept),
+        "wall_s": wall,
+        "load": os.getloadavg()[0],
+    }
 
 
 def metric_by_step(model_dir: Path, metric: str) -> dict:
@@ -148,8 +185,11 @@ def main() -> int:
     if unknown or args.steps <= args.warmup + 1:
         ap.error(f"unknown configs {unknown}" if unknown else "--steps must exceed --warmup + 1")
     work = Path(tempfile.mkdtemp(prefix="cairn-multihost-bench-"))
-    print(f"{os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f}; {args.steps} steps per run, "
-          f"a save every {args.checkpoint_every}; runs in {work}", flush=True)
+    print(
+        f"{os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f}; {args.steps} steps per run, "
+        f"a save every {args.checkpoint_every}; runs in {work}",
+        flush=True,
+    )
     results = []
     try:
         for name in names:
@@ -157,9 +197,13 @@ def main() -> int:
             for r in range(args.rounds):
                 for processes, devices in layouts:
                     res = run_layout(name, processes, devices, args, work)
-                    print(f"  {name} {res['layout']} round {r}: step {res['step_time_s']:.3f}s, "
-                          f"{res['tokens_per_s']:.0f} tokens/s, save blocks {res['save_blocked_s']:.3f}s "
-                          f"(max {res['save_max_s']:.3f}s, {res['saves']} saves), {res['wall_s']:.0f}s wall, load {res['load']:.1f}", flush=True)
+                    print(
+                        f"  {name} {res['layout']} round {r}: step {res['step_time_s']:.3f}s, "
+                        f"{res['tokens_per_s']:.0f} tokens/s, save blocks {res['save_blocked_s']:.3f}s "
+                        f"(max {res['save_max_s']:.3f}s, {res['saves']} saves), {res['wall_s']:.0f}s wall, "
+                        f"load {res['load']:.1f}",
+                        flush=True,
+                    )
                     if res["layout"] not in best or res["step_time_s"] < best[res["layout"]]["step_time_s"]:
                         best[res["layout"]] = res
             ref = best[f"{layouts[0][0]}x{layouts[0][1]}"]["step_time_s"]
@@ -172,11 +216,16 @@ def main() -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     ref_name = f"{layouts[0][0]}x{layouts[0][1]}"
-    print(f"\n| config | layout | step time (s) | tokens/s | save blocks (s) | save / step | slowest save (s) | step time vs {ref_name} |")
+    print(
+        "\n| config | layout | step time (s) | tokens/s | save blocks (s) | save / step | slowest save (s) | "
+        f"step time vs {ref_name} |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['config']} | {r['layout']} | {r['step_time_s']:.3f} | {r['tokens_per_s']:.0f} | "
-              f"{r['save_blocked_s']:.3f} | {r['save_pct']:.1f} % | {r['save_max_s']:.3f} | {r['vs_ref']:.2f}x |")
+        print(
+            f"| {r['config']} | {r['layout']} | {r['step_time_s']:.3f} | {r['tokens_per_s']:.0f} | "
+            f"{r['save_blocked_s']:.3f} | {r['save_pct']:.1f} % | {r['save_max_s']:.3f} | {r['vs_ref']:.2f}x |"
+        )
     return 0
 
 

@@ -89,8 +89,10 @@ def pool():
     rng = np.random.default_rng(1234)
     specs = {"inputs": records.FeatureSpec("int32", 1), "targets": records.FeatureSpec("int32", 1)}
     lens = np.stack([rng.integers(4, 24, POOL), rng.integers(2, 14, POOL)], 1).astype(np.int32)
-    recs = [records.serialize({"inputs": rng.integers(3, 259, a),
-                               "targets": rng.integers(3, 259, b)}, specs) for a, b in lens]
+    recs = [
+        records.serialize({"inputs": rng.integers(3, 259, a), "targets": rng.integers(3, 259, b)}, specs)
+        for a, b in lens
+    ]
     return recs, lens
 
 
@@ -115,8 +117,9 @@ def write_shards(args: tuple) -> int:
         pick = np.random.default_rng([n, s]).integers(0, POOL, b - a)
         name = f"part-{s:05d}.txt"
         src = file_fingerprint(SourceFile(0, os.path.join(src_dir, name), name))
-        cache_writer.write_shard_files(path, s, shards, (recs[i] for i in pick.tolist()),
-                                       lens[pick], feats, ["inputs", "targets"], {}, src)
+        cache_writer.write_shard_files(
+            path, s, shards, (recs[i] for i in pick.tolist()), lens[pick], feats, ["inputs", "targets"], {}, src
+        )
     return len(todo)
 
 
@@ -179,10 +182,15 @@ def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None =
     base_rss = rss_mb()
 
     def make(**kwargs):
-        return DeterministicReader(task, cache_dir, seed=0, global_batch_size=BATCH,
-                                   sequence_length=LENGTHS,
-                                   feature_converter=dt.EncDecFeatureConverter(pack=pack),
-                                   **kwargs)
+        return DeterministicReader(
+            task,
+            cache_dir,
+            seed=0,
+            global_batch_size=BATCH,
+            sequence_length=LENGTHS,
+            feature_converter=dt.EncDecFeatureConverter(pack=pack),
+            **kwargs,
+        )
 
     walls, cpus = [], []
     for _ in range(repeats):
@@ -209,14 +217,22 @@ def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None =
         batch = next(reader)
         count += 1
     seconds = time.perf_counter() - start
-    examples = (int(batch["encoder_segment_ids"].max(axis=1).sum()) if pack else BATCH)
+    examples = int(batch["encoder_segment_ids"].max(axis=1).sum()) if pack else BATCH
     reader.close()
-    return {"n": n, "pack": pack, "where": "gcs" if "://" in cache_dir else "local", "bins": bins, "build_s": statistics.median(walls),
-            "build_cpu_s": statistics.median(cpus),
-            "first_0_s": statistics.median(firsts[0][1:]),
-            "first_far_s": statistics.median(firsts[FAR_STEP][1:]),
-            "rows_per_s": count * BATCH / seconds, "examples_per_row": examples / BATCH,
-            "base_rss_mb": base_rss, "peak_rss_mb": peak_rss_mb()}
+    return {
+        "n": n,
+        "pack": pack,
+        "where": "gcs" if "://" in cache_dir else "local",
+        "bins": bins,
+        "build_s": statistics.median(walls),
+        "build_cpu_s": statistics.median(cpus),
+        "first_0_s": statistics.median(firsts[0][1:]),
+        "first_far_s": statistics.median(firsts[FAR_STEP][1:]),
+        "rows_per_s": count * BATCH / seconds,
+        "examples_per_row": examples / BATCH,
+        "base_rss_mb": base_rss,
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def main() -> None:
@@ -227,8 +243,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="processes writing shards")
     p.add_argument("--modes", default="packed,unpacked")
-    p.add_argument("--storage", default="local",
-                   help="local and/or gcs (a fake-gcs-server bucket: the cache uploaded, read over HTTP)")
+    p.add_argument(
+        "--storage",
+        default="local",
+        help="local and/or gcs (a fake-gcs-server bucket: the cache uploaded, read over HTTP)",
+    )
     p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
     p.add_argument("--cache_dir", help="internal: the cache to measure")
     args = p.parse_args()
@@ -241,8 +260,9 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",")]
     root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
-                                        + [env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")] + [env.get("PYTHONPATH", "")]
+    )
     wheres = [w.strip() for w in args.storage.split(",")]
     emulator, bucket = None, None
     rows = []
@@ -258,17 +278,31 @@ def main() -> None:
         for n in sizes:
             seconds = build(root, n, args.shards, args.workers)
             if seconds is not None:
-                print(f"built {n:,} records in {args.shards} shards: {seconds:.1f} s "
-                      f"({n / seconds:,.0f} records/s)", flush=True)
+                print(
+                    f"built {n:,} records in {args.shards} shards: {seconds:.1f} s ({n / seconds:,.0f} records/s)",
+                    flush=True,
+                )
             if bucket:
                 print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket):.1f} s", flush=True)
             for where in wheres:
                 for mode in modes:
                     extra = ["--cache_dir", bucket_cache(bucket, n)] if where == "gcs" else []
                     proc = subprocess.run(
-                        [sys.executable, os.path.abspath(__file__), "--root", root, "--repeats",
-                         str(args.repeats), "--measure", f"{n},{int(mode == 'packed')}"] + extra,
-                        env=env, capture_output=True, text=True)
+                        [
+                            sys.executable,
+                            os.path.abspath(__file__),
+                            "--root",
+                            root,
+                            "--repeats",
+                            str(args.repeats),
+                            "--measure",
+                            f"{n},{int(mode == 'packed')}",
+                        ]
+                        + extra,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
                     if proc.returncode != 0:
                         raise SystemExit(f"measuring {n} {mode} {where} failed:\n{proc.stderr[-3000:]}")
                     rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -278,20 +312,23 @@ def main() -> None:
             emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{args.shards} shards; EncDec {LENGTHS}, global batch {BATCH}; medians of "
-          f"{args.repeats}\n")
+    print(f"\n{args.shards} shards; EncDec {LENGTHS}, global batch {BATCH}; medians of {args.repeats}\n")
     local = {(r["n"], r["pack"]): r["build_s"] for r in rows if r["where"] == "local"}
-    print("| records | storage | mode | bins | construction s (CPU s) | vs local | first batch step 0 s | "
-          f"step {FAR_STEP:,} s (ratio) | rows/s | peak RSS MB (above imports) |")
+    print(
+        "| records | storage | mode | bins | construction s (CPU s) | vs local | first batch step 0 s | "
+        f"step {FAR_STEP:,} s (ratio) | rows/s | peak RSS MB (above imports) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mode = f"packed ({r['examples_per_row']:.1f}/row)" if r["pack"] else "unpacked"
         ref = local.get((r["n"], r["pack"]))
         ratio = f"{r['build_s'] / ref:.1f}x" if ref else "-"
-        print(f"| {r['n']:,} | {r['where']} | {mode} | {r['bins']:,} | {r['build_s']:.2f} "
-              f"({r['build_cpu_s']:.2f}) | {ratio} | {r['first_0_s']:.3f} | {r['first_far_s']:.3f} "
-              f"({r['first_far_s'] / r['first_0_s']:.2f}x) | {r['rows_per_s']:,.0f} "
-              f"| {r['peak_rss_mb']:,.0f} ({r['peak_rss_mb'] - r['base_rss_mb']:+,.0f}) |")
+        print(
+            f"| {r['n']:,} | {r['where']} | {mode} | {r['bins']:,} | {r['build_s']:.2f} "
+            f"({r['build_cpu_s']:.2f}) | {ratio} | {r['first_0_s']:.3f} | {r['first_far_s']:.3f} "
+            f"({r['first_far_s'] / r['first_0_s']:.2f}x) | {r['rows_per_s']:,.0f} "
+            f"| {r['peak_rss_mb']:,.0f} ({r['peak_rss_mb'] - r['base_rss_mb']:+,.0f}) |"
+        )
 
 
 if __name__ == "__main__":

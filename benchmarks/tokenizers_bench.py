@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(REPO, "tokenizers"))
 sys.path.insert(0, HERE)
 
 import _tokenizer_measure as m  # noqa: E402
+
 from cairn.tokenizers import SentencePieceVocabulary, train_sentencepiece  # noqa: E402
 
 PEER_PYTHON = os.path.join(REPO, ".peer-venv", "bin", "python")
@@ -74,16 +75,30 @@ def trained_model(lines: list[str], cache_dir: str, retrain: bool) -> tuple[str,
 def run_peer(args, model: str, lines_json: str) -> dict | str:
     """seqio's results, or a string saying why there are none."""
     if not os.path.exists(PEER_PYTHON):
-        return ("peer venv missing: create it with `bash benchmarks/setup_peers.sh` "
-                "(about 1.5 minutes), then rerun")
-    cmd = [PEER_PYTHON, PEER_SCRIPT, "--model", model, "--lines-json", lines_json,
-           "--extra-ids", str(args.extra_ids), "--warmup", str(args.warmup),
-           "--repeats", str(args.repeats), "--batch-size", str(args.batch_size)]
+        return "peer venv missing: create it with `bash benchmarks/setup_peers.sh` (about 1.5 minutes), then rerun"
+    cmd = [
+        PEER_PYTHON,
+        PEER_SCRIPT,
+        "--model",
+        model,
+        "--lines-json",
+        lines_json,
+        "--extra-ids",
+        str(args.extra_ids),
+        "--warmup",
+        str(args.warmup),
+        "--repeats",
+        str(args.repeats),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        return (f"seqio run failed (exit {proc.returncode}); is the peer venv complete? "
-                f"try `bash benchmarks/setup_peers.sh`.\n{tail}")
+        return (
+            f"seqio run failed (exit {proc.returncode}); is the peer venv complete? "
+            f"try `bash benchmarks/setup_peers.sh`.\n{tail}"
+        )
     return json.loads(proc.stdout)
 
 
@@ -100,25 +115,26 @@ def print_table(cairn: dict, seqio: dict | None) -> None:
         rows.append((name, fmt_rate(c), fmt_rate(s), ratio))
     head = ("measurement", "cairn lines/s", "seqio lines/s", "cairn/seqio")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
-    line = "  ".join(h.ljust(widths[0]) if i == 0 else h.rjust(widths[i])
-                     for i, h in enumerate(head))
+    line = "  ".join(h.ljust(widths[0]) if i == 0 else h.rjust(widths[i]) for i, h in enumerate(head))
     print(line)
     print("-" * len(line))
     for r in rows:
-        print("  ".join(v.ljust(widths[0]) if i == 0 else v.rjust(widths[i])
-                        for i, v in enumerate(r)))
+        print("  ".join(v.ljust(widths[0]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(r)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lines", type=int, default=0,
-                   help="measure on the first N lines (0: all ~254k); training always uses all")
+    p.add_argument(
+        "--lines", type=int, default=0, help="measure on the first N lines (0: all ~254k); training always uses all"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--extra-ids", type=int, default=100, help="sentinels, as in T5")
-    p.add_argument("--cache-dir", default=os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"))
+    p.add_argument(
+        "--cache-dir",
+        default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"),
+    )
     p.add_argument("--retrain", action="store_true", help="ignore the cached model")
     p.add_argument("--no-peer", action="store_true", help="cairn's column only")
     p.add_argument("--json", help="also write all results (every repeat) to this file")
@@ -129,8 +145,10 @@ def main() -> None:
     lines = all_lines[: args.lines] if args.lines else all_lines
     trained = f"trained in {train_s:.1f} s" if train_s is not None else "cached"
     print(f"model: {model} (vocab {VOCAB_SIZE}, {trained}; {len(all_lines):,} training lines)")
-    print(f"measuring on {len(lines):,} lines; extra_ids={args.extra_ids}; "
-          f"warm-up {args.warmup}, median of {args.repeats} repeats; {os.cpu_count()} CPUs")
+    print(
+        f"measuring on {len(lines):,} lines; extra_ids={args.extra_ids}; "
+        f"warm-up {args.warmup}, median of {args.repeats} repeats; {os.cpu_count()} CPUs"
+    )
 
     vocab = SentencePieceVocabulary(model, extra_ids=args.extra_ids)
 
@@ -140,13 +158,18 @@ def main() -> None:
         out["ids_sha256"] = m.ids_digest(rows)
         return out
 
-    cairn = m.measure_all(vocab, lines, warmup=args.warmup, repeats=args.repeats,
-                          batch_size=args.batch_size, extra={ENCODE_BATCH: encode_batch})
+    cairn = m.measure_all(
+        vocab,
+        lines,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        batch_size=args.batch_size,
+        extra={ENCODE_BATCH: encode_batch},
+    )
 
     peer: dict | str = "skipped (--no-peer)"
     if not args.no_peer:
-        with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8",
-                                         delete=False) as f:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False) as f:
             json.dump(lines, f)
         try:
             peer = run_peer(args, model, f.name)
@@ -161,12 +184,16 @@ def main() -> None:
         print(f"seqio: {peer}")
     else:
         info = peer["info"]
-        print(f"seqio {info['seqio']}, tensorflow {info['tensorflow']}, "
-              f"tensorflow-text {info['tensorflow_text']} (peer venv)")
+        print(
+            f"seqio {info['seqio']}, tensorflow {info['tensorflow']}, "
+            f"tensorflow-text {info['tensorflow_text']} (peer venv)"
+        )
         same_ids = cairn[m.PY_ENCODE]["ids_sha256"] == seqio[m.PY_ENCODE]["ids_sha256"]
         same_tokens = all(cairn[k]["tokens"] == seqio[k]["tokens"] for k in seqio)
-        print(f"parity: python ids identical: {'yes' if same_ids else 'NO'}; "
-              f"token counts equal in every measurement: {'yes' if same_tokens else 'NO'}")
+        print(
+            f"parity: python ids identical: {'yes' if same_ids else 'NO'}; "
+            f"token counts equal in every measurement: {'yes' if same_tokens else 'NO'}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cairn": cairn, "seqio": peer}, f, indent=1)

@@ -22,12 +22,18 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
-from cairn.trainer import (CheckpointConfig, OptimizerConfig, Trainer, TrainerConfig,  # noqa: E402
-                           cpu_matmul_peak_flops, factor_schedule)
+from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
+from cairn.trainer import (
+    CheckpointConfig,
+    OptimizerConfig,
+    Trainer,
+    TrainerConfig,
+    cpu_matmul_peak_flops,
+    factor_schedule,
+)
 
 SHAPES = {"t5_1_1_tiny": (16, 64, 64), "t5_1_1_small": (4, 64, 64)}  # batch, input length, target length
 
@@ -60,10 +66,12 @@ def _make_batch(vocab: int, shape: tuple, position: int) -> dict:
     b, li, lt = shape
     rng = np.random.default_rng([0, position])
     tgt = rng.integers(2, vocab, size=(b, lt), dtype=np.int32)
-    return {"encoder_input_tokens": rng.integers(2, vocab, size=(b, li), dtype=np.int32),
-            "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
-            "decoder_target_tokens": tgt,
-            "decoder_loss_weights": np.ones((b, lt), np.float32)}
+    return {
+        "encoder_input_tokens": rng.integers(2, vocab, size=(b, li), dtype=np.int32),
+        "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+        "decoder_target_tokens": tgt,
+        "decoder_loss_weights": np.ones((b, lt), np.float32),
+    }
 
 
 def flops_per_target_token(model, params, inputs: int, targets: int) -> float:
@@ -78,17 +86,26 @@ def flops_per_target_token(model, params, inputs: int, targets: int) -> float:
     enc = sum(n for k, n in sizes.items() if "encoder" in k and "embed" not in k)
     dec = sum(n for k, n in sizes.items() if "encoder" not in k and "token_embedder" not in k)
     attn = 12 * cfg.num_heads * cfg.head_dim
-    total = 6 * (enc * inputs + dec * targets) + attn * (cfg.num_encoder_layers * inputs * inputs
-                                                          + cfg.num_decoder_layers * (targets * targets + targets * inputs))
+    total = 6 * (enc * inputs + dec * targets) + attn * (
+        cfg.num_encoder_layers * inputs * inputs + cfg.num_decoder_layers * (targets * targets + targets * inputs)
+    )
     return total / targets
 
 
 def _loop(model, partitioner, model_dir, shape, steps, flops, peak) -> tuple:
     """Steps/s and MFU of `Trainer.train` over one logging interval (compilation excluded)."""
-    cfg = TrainerConfig(model_dir=model_dir, num_train_steps=steps, log_every=steps, checkpoint_every=0,
-                        tensorboard=False, flops_per_token=flops, peak_flops=peak)
-    trainer = Trainer(model, OptimizerConfig(), factor_schedule(base_learning_rate=1.0, warmup_steps=100),
-                      partitioner, cfg)
+    cfg = TrainerConfig(
+        model_dir=model_dir,
+        num_train_steps=steps,
+        log_every=steps,
+        checkpoint_every=0,
+        tensorboard=False,
+        flops_per_token=flops,
+        peak_flops=peak,
+    )
+    trainer = Trainer(
+        model, OptimizerConfig(), factor_schedule(base_learning_rate=1.0, warmup_steps=100), partitioner, cfg
+    )
     rows = []
     handler = _Capture(rows)
     logging.getLogger("cairn.trainer").addHandler(handler)
@@ -135,14 +152,23 @@ def bench(name: str, steps: int, peak: float, rounds: int) -> dict:
                 loop_sps, mfu = sps, m
             bare = _bare(trainer, partitioner, model, shape, steps)
             bare_sps = max(bare_sps, bare)
-            print(f"  {name} round {r}: loop {sps:.3f} steps/s, bare {bare:.3f} steps/s, load {os.getloadavg()[0]:.1f}",
-                  flush=True)
+            print(
+                f"  {name} round {r}: loop {sps:.3f} steps/s, bare {bare:.3f} steps/s, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
         out.update(loop_steps_per_s=loop_sps, bare_steps_per_s=bare_sps, loop_over_bare=loop_sps / bare_sps, mfu=mfu)
 
         # Saves: a checkpoint every 2 steps; how long each blocked the loop, over the step time.
-        cfg = TrainerConfig(model_dir=os.path.join(tmp, "ckpt"), num_train_steps=9, log_every=100,
-                            checkpoint_every=2, tensorboard=False, checkpoint=CheckpointConfig(keep=2),
-                            flops_per_token=flops, peak_flops=peak)
+        cfg = TrainerConfig(
+            model_dir=os.path.join(tmp, "ckpt"),
+            num_train_steps=9,
+            log_every=100,
+            checkpoint_every=2,
+            tensorboard=False,
+            checkpoint=CheckpointConfig(keep=2),
+            flops_per_token=flops,
+            peak_flops=peak,
+        )
         saver = Trainer(model, OptimizerConfig(), 1e-3, partitioner, cfg)
         saver.train(Batches(model.config.vocab_size, *shape))
         blocked = saver.save_blocked_s[:-1]  # the last is the final save at the end of training
@@ -176,10 +202,21 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("cairn.trainer").setLevel(logging.INFO)
     peak = cpu_matmul_peak_flops()
-    print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; CPU matmul probe peak {peak / 1e9:.1f} GFLOP/s")
+    print(
+        f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
+        f"CPU matmul probe peak {peak / 1e9:.1f} GFLOP/s"
+    )
     results = [bench(name, args.steps, peak, args.rounds) for name in args.models.split(",")]
-    cols = ["model", "batch", "loop_steps_per_s", "bare_steps_per_s", "loop_over_bare", "mfu", "save_blocked_s",
-            "save_over_step"]
+    cols = [
+        "model",
+        "batch",
+        "loop_steps_per_s",
+        "bare_steps_per_s",
+        "loop_over_bare",
+        "mfu",
+        "save_blocked_s",
+        "save_over_step",
+    ]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in results:
