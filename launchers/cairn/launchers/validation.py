@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ _KEYS = {k.path: k for k in schema.keys()}
 _SECTIONS = set(schema.sections())
 # The last config whose schema passed, with its plain form: `check_schema` of the same,
 # unchanged config again (the entry point checked it when loading it) does nothing.
-_checked: list[tuple[Any, Any]] = []
+_checked: list[tuple[Any, str]] = []
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,7 @@ def check_type(key: str, value: Any, want: Any, optional: bool = False) -> None:
 
 
 def _check_range(path: str, value: Any, k: schema.Key) -> None:
+    # `or_minus_one` keys are sizes (mesh axes): min 1, or -1 for "the rest".
     if k.min is None or (k.or_minus_one and value == -1):
         return
     if k.or_minus_one:
@@ -123,11 +125,12 @@ def check_schema(config: Any) -> None:
     ones), types, allowed values and ranges of each key, then the slice keys together. A config
     checked before and unchanged since is not walked again."""
     plain = to_plain(config)
-    if _checked and _checked[0][0] is config and _checked[0][1] == plain:
+    text = json.dumps(plain, sort_keys=True, default=repr)  # tells 0 from False and 1 from 1.0
+    if _checked and _checked[0][0] is config and _checked[0][1] == text:
         return
     _walk(plain, "")
     _check_slices(plain.get("partitioning", {}))
-    _checked[:] = [(config, plain)]
+    _checked[:] = [(config, text)]
 
 
 def _check_slices(part: Mapping) -> None:
