@@ -93,13 +93,17 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     that many slices (DCN), the rest of it stays inside a slice (ICI). `ConfigError` naming the
     key when the slices do not fit the devices."""
     from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
+    from cairn.partitioning.mesh import resolve_axes
 
     devices = jax.devices()
     mesh = resolve_mesh(to_plain(config.partitioning.mesh), len(devices), jax.process_count())
     num_slices = int(config.partitioning.get("num_slices", 1))
     dcn = {a: int(s) for a, s in to_plain(config.partitioning.get("dcn_mesh", {"data": -1})).items()}
-    fixed = int(np.prod([s for s in dcn.values() if s != -1]))
-    dcn = {a: num_slices // fixed if s == -1 else s for a, s in dcn.items()}
+    try:  # its -1 axis: partitioning's own resolution, over slices instead of devices
+        dcn = resolve_axes(dcn, num_slices)
+    except MeshShapeError as e:
+        why = f"does not fit partitioning.num_slices={num_slices}: {e} (slices counted as devices)"
+        raise ConfigError("partitioning.dcn_mesh", why) from None
     layout = f"{jax.process_count()} process(es), {len(devices)} devices"
     if len(devices) % num_slices:
         raise ConfigError("partitioning.num_slices", f"{num_slices} slices do not divide the {layout}")
