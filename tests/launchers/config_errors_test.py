@@ -1,13 +1,10 @@
 """Bad configs fail before anything is compiled or written: exit status 2, a message naming
 the key and the allowed values, and a file already in model_dir left as it was (docs/design.md §5)."""
 
-import os
 import pathlib
-import sys
 
+import launch_util
 import pytest
-
-import launch_util  # noqa: E402
 
 SENTINEL = '{"written": "before the run"}\n'
 
@@ -21,8 +18,16 @@ def model_dir(tmp_path):
 
 
 def fails(model_dir: pathlib.Path, tmp_path, *overrides, config=launch_util.T5_CONFIG, env=None):
-    proc = launch_util.train([f"--config={config}", f"--config.model_dir={model_dir}",
-                              f"--config.data.cache_dir={tmp_path / 'cache'}", *overrides], env=env, timeout=180)
+    proc = launch_util.train(
+        [
+            f"--config={config}",
+            f"--config.model_dir={model_dir}",
+            f"--config.data.cache_dir={tmp_path / 'cache'}",
+            *overrides,
+        ],
+        env=env,
+        timeout=180,
+    )
     assert proc.returncode == 2, launch_util.tail(proc)
     assert (model_dir / "config.json").read_text() == SENTINEL, "model_dir was written"
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.json"]
@@ -40,14 +45,16 @@ def test_unknown_key_in_an_override(model_dir, tmp_path):
 
 def test_unknown_key_in_a_config_file(model_dir, tmp_path):
     cfg = tmp_path / "exp.py"
-    cfg.write_text("from cairn.launchers import config_base\n"
-                   f"import importlib.util as u\n"
-                   f"s = u.spec_from_file_location('base_exp', {launch_util.T5_CONFIG!r}); m = u.module_from_spec(s)\n"
-                   "s.loader.exec_module(m)\n"
-                   "def get_config():\n"
-                   "    c = m.get_config()\n"
-                   "    c.optimizer.learning_rat = 0.1\n"
-                   "    return c\n")
+    cfg.write_text(
+        "from cairn.launchers import config_base\n"
+        f"import importlib.util as u\n"
+        f"s = u.spec_from_file_location('base_exp', {launch_util.T5_CONFIG!r}); m = u.module_from_spec(s)\n"
+        "s.loader.exec_module(m)\n"
+        "def get_config():\n"
+        "    c = m.get_config()\n"
+        "    c.optimizer.learning_rat = 0.1\n"
+        "    return c\n"
+    )
     err = fails(model_dir, tmp_path, config=str(cfg))
     assert "'optimizer.learning_rat'" in err and "unknown key in section 'optimizer'" in err
     assert "did you mean 'optimizer.learning_rate'" in err
@@ -84,11 +91,13 @@ def test_unknown_preset(model_dir, tmp_path):
 def test_mesh_that_does_not_fit_the_devices(model_dir, tmp_path):
     err = fails(model_dir, tmp_path, "--config.partitioning.mesh.data=3", "--config.partitioning.mesh.model=2")
     assert "'partitioning.mesh'" in err
-    assert "needs 6 devices, but there are 1 process(es) x 8 device(s) = 8 devices" in err
+    assert "has 6 devices but 8 devices were given (1 process(es) x 8 device(s))" in err
     assert "a mesh that fits: {'data': 4, 'fsdp': 1, 'model': 2}" in err  # the model axis kept
 
 
 def test_batch_that_does_not_divide_over_the_data_shards(model_dir, tmp_path):
     err = fails(model_dir, tmp_path, "--config.data.batch_size=12", "--config.partitioning.mesh.model=1")
-    assert ("'data.batch_size': 12 does not divide over the 8 data-parallel shards of mesh "
-            "{'data': 8, 'fsdp': 1, 'model': 1} on 1 process(es); use a multiple of 8") in err
+    assert (
+        "'data.batch_size': 12 does not divide over the 8 data-parallel shards of mesh "
+        "{'data': 8, 'fsdp': 1, 'model': 1} on 1 process(es); use a multiple of 8"
+    ) in err

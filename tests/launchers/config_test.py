@@ -2,19 +2,20 @@
 
 import json
 import os
-import sys
 
+import launch_util
 import pytest
 
-import launch_util  # noqa: E402
-from cairn.launchers import config_base, config_io, train_main, validation  # noqa: E402
-from cairn.launchers.validation import ConfigError  # noqa: E402
+from cairn.launchers import config_base, config_io, train_main, validation
+from cairn.launchers.validation import ConfigError
 
-SIZED = {"t5_1_1_pretrain.py": ("tiny", "small", "base", "large", "xl", "xxl"),
-         "t5_1_1_finetune.py": ("tiny", "small", "base", "large", "xl", "xxl"),
-         "mt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
-         "byt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
-         "lm_pretrain.py": ("125m", "350m", "1b", "3b", "8b")}
+SIZED = {
+    "t5_1_1_pretrain.py": ("tiny", "small", "base", "large", "xl", "xxl"),
+    "t5_1_1_finetune.py": ("tiny", "small", "base", "large", "xl", "xxl"),
+    "mt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
+    "byt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
+    "lm_pretrain.py": ("125m", "350m", "1b", "3b", "8b"),
+}
 SHAKESPEARE_SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
 
 
@@ -75,10 +76,14 @@ def test_shakespeare_configs_validate_fully(name, tmp_path):
 
 def test_relative_paths_resolve_against_build_working_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
-    (tmp_path / "exp.py").write_text("from cairn.launchers import config_base\n"
-                                     "def get_config():\n    return config_base.base_config()\n")
+    (tmp_path / "exp.py").write_text(
+        "from cairn.launchers import config_base\ndef get_config():\n    return config_base.base_config()\n"
+    )
     assert config_io.resolve_argv(["prog", "--config=exp.py:x", "--config.model_dir=runs/a"]) == [
-        "prog", f"--config={tmp_path / 'exp.py'}:x", "--config.model_dir=runs/a"]
+        "prog",
+        f"--config={tmp_path / 'exp.py'}:x",
+        "--config.model_dir=runs/a",
+    ]
     assert config_io.resolve_argv(["prog", "--config", "missing.py"]) == ["prog", "--config", "missing.py"]
     config = config_base.base_config()
     config.model_dir = "runs/a"
@@ -149,14 +154,19 @@ def test_schema_checks_in_process():
 
 def test_mesh_shapes():
     assert validation.resolve_mesh({"data": -1, "model": 2}, 8) == {"data": 4, "fsdp": 1, "model": 2}
-    with pytest.raises(ConfigError, match=r"need a multiple of 3 devices, but there are 2 process\(es\) x 4 "
-                                          r"device\(s\) = 8 devices; a mesh that fits: \{'data': 8, 'fsdp': 1, "
-                                          r"'model': 1\}"):
+    with pytest.raises(
+        ConfigError,
+        match=r"need a multiple of 3 devices, but there are 8 devices \(2 process\(es\) "
+        r"x 4 device\(s\)\); a mesh that fits: \{'data': 8, 'fsdp': 1, "
+        r"'model': 1\}",
+    ):
         validation.resolve_mesh({"data": -1, "model": 3}, 8, process_count=2)
-    with pytest.raises(ConfigError, match=r"needs 16 devices.*a mesh that fits: \{'data': 1, 'fsdp': 2, 'model': 4\}"):
+    with pytest.raises(
+        ConfigError, match=r"has 16 devices but 8.*a mesh that fits: \{'data': 1, 'fsdp': 2, 'model': 4\}"
+    ):
         validation.resolve_mesh({"data": 2, "fsdp": 2, "model": 4}, 8)
     assert validation.suggest_mesh({"model": 8}, 12) == {"data": 3, "fsdp": 1, "model": 4}
-    with pytest.raises(ConfigError, match="at most one axis may be -1"):
+    with pytest.raises(ConfigError, match="only one mesh axis may be -1"):
         validation.resolve_mesh({"data": -1, "model": -1}, 8)
 
 
@@ -166,8 +176,11 @@ def test_multihost_from_config_and_environment(monkeypatch):
     config = config_base.base_config()
     env = {"CAIRN_COORDINATOR_ADDRESS": "127.0.0.1:4321", "CAIRN_NUM_PROCESSES": "2", "CAIRN_PROCESS_ID": "1"}
     assert multihost.multihost_args(config, env) == {
-        "coordinator_address": "127.0.0.1:4321", "coordinator_bind_address": "127.0.0.1:4321",
-        "num_processes": 2, "process_id": 1}
+        "coordinator_address": "127.0.0.1:4321",
+        "coordinator_bind_address": "127.0.0.1:4321",
+        "num_processes": 2,
+        "process_id": 1,
+    }
     config.multihost.process_id = 0
     config.multihost.coordinator_address = "10.0.0.1:99"
     args = multihost.multihost_args(config, env)
@@ -176,4 +189,8 @@ def test_multihost_from_config_and_environment(monkeypatch):
     with pytest.raises(ConfigError, match="multihost.num_processes"):
         multihost.multihost_args(config_base.base_config(), {"CAIRN_NUM_PROCESSES": "two"})
     assert multihost.multihost_args(config_base.base_config(), {}) == {
-        "coordinator_address": None, "coordinator_bind_address": None, "num_processes": None, "process_id": None}
+        "coordinator_address": None,
+        "coordinator_bind_address": None,
+        "num_processes": None,
+        "process_id": None,
+    }

@@ -2,7 +2,8 @@
 
 Modules (imported on use, so `import cairn.launchers` stays light):
 
-* `config_base` - `base_config()`, the schema every experiment starts from, and shared helpers;
+* `schema` - every config key once: type, default, allowed values, help (`describe()`);
+* `config_base` - `base_config()` (generated from the schema), where every experiment starts, and shared helpers;
 * `config_io` - loading experiment files, path resolution (`$BUILD_WORKING_DIRECTORY`), config.json;
 * `validation` - `ConfigError` and the checks run before anything is compiled or written;
 * `builder` - `load_model`, `make_partitioner`, `make_train_data`, `make_evaluator`, `make_trainer`, ...;

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -27,19 +28,21 @@ def round_up(n: int, multiple: int = 128) -> int:
     return -(-int(n) // multiple) * multiple
 
 
-def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None) -> Any:
+def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None, preset: Any = None) -> Any:
     """The network config: the preset (or the Hugging Face checkpoint's config) with
-    `model.overrides`, its vocab size `model.vocab_size` or the vocabulary's rounded up to 128."""
+    `model.overrides`, its vocab size `model.vocab_size` or the vocabulary's rounded up to 128.
+    `preset`: `validation.check_model(config)` when the caller has it already."""
     if config.init.hf_checkpoint:
         net = hf_model_config(config.init.hf_checkpoint, to_plain(config.model.overrides), config.model.kind)
         vocab_size = net.vocab_size
     else:
-        net = check_model(config)
+        net = preset if preset is not None else check_model(config)
         vocabulary = vocabulary if vocabulary is not None else make_vocabulary(config)
         vocab_size = config.model.vocab_size or round_up(vocabulary.vocab_size)
     if vocabulary is not None and vocab_size < vocabulary.vocab_size:
-        raise ConfigError("model.vocab_size", f"{vocab_size} is smaller than the vocabulary's "
-                                              f"{vocabulary.vocab_size} ids")
+        raise ConfigError(
+            "model.vocab_size", f"{vocab_size} is smaller than the vocabulary's {vocabulary.vocab_size} ids"
+        )
     return dataclasses.replace(net, vocab_size=vocab_size)
 
 
@@ -57,8 +60,7 @@ def hf_model_config(directory: str, overrides: dict, kind: str) -> Any:
     the converter of model family `kind`."""
     from cairn import storage
 
-    return hf_converter(kind).config_from_json(storage.read_json(storage.join(directory, "config.json")),
-                                               **overrides)
+    return hf_converter(kind).config_from_json(storage.read_json(storage.join(directory, "config.json")), **overrides)
 
 
 def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
@@ -66,15 +68,18 @@ def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
     return None if value == "none" else value
 
 
-def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None) -> Any:
+def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None, net: Any = None) -> Any:
     """The model family's model (`EncoderDecoderModel`, `DecoderOnlyModel`) of the config (no
-    parameters yet)."""
+    parameters yet). `net`: its `model_config` when the caller has it (`train_main.prepare`'s)."""
     from cairn.models import flops_per_token
 
-    net = model_config(config, vocabulary)
+    net = net if net is not None else model_config(config, vocabulary)
     model = model_family(config.model.kind).make_model(
-        net, label_smoothing=config.model.label_smoothing, z_loss=config.model.z_loss,
-        loss_normalizing_factor=loss_normalizing_factor(config))
+        net,
+        label_smoothing=config.model.label_smoothing,
+        z_loss=config.model.z_loss,
+        loss_normalizing_factor=loss_normalizing_factor(config),
+    )
     try:
         model.flops_per_token = flops_per_token(net, data_lib.sequence_length(config))
     except Exception:  # FLOPs are for MFU only
@@ -88,26 +93,34 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     that many slices (DCN), the rest of it stays inside a slice (ICI). `ConfigError` naming the
     key when the slices do not fit the devices."""
     from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
+    from cairn.partitioning.mesh import resolve_axes
 
     devices = jax.devices()
     mesh = resolve_mesh(to_plain(config.partitioning.mesh), len(devices), jax.process_count())
     num_slices = int(config.partitioning.get("num_slices", 1))
     dcn = {a: int(s) for a, s in to_plain(config.partitioning.get("dcn_mesh", {"data": -1})).items()}
-    fixed = int(np.prod([s for s in dcn.values() if s != -1]))
-    dcn = {a: num_slices // fixed if s == -1 else s for a, s in dcn.items()}
+    try:  # its -1 axis: partitioning's own resolution, over slices instead of devices
+        dcn = resolve_axes(dcn, num_slices)
+    except MeshShapeError as e:
+        why = f"does not fit partitioning.num_slices={num_slices}: {e} (slices counted as devices)"
+        raise ConfigError("partitioning.dcn_mesh", why) from None
     layout = f"{jax.process_count()} process(es), {len(devices)} devices"
     if len(devices) % num_slices:
         raise ConfigError("partitioning.num_slices", f"{num_slices} slices do not divide the {layout}")
     if devices[0].platform == "tpu":  # TPU devices know their slice (multislice: slice_index)
         found = len({getattr(d, "slice_index", 0) for d in devices})
         if found != num_slices:
-            raise ConfigError("partitioning.num_slices", f"is {num_slices}, but the TPU devices ({layout}) form "
-                                                         f"{found} slice(s); set it to {found}")
+            raise ConfigError(
+                "partitioning.num_slices",
+                f"is {num_slices}, but the TPU devices ({layout}) form {found} slice(s); set it to {found}",
+            )
     for axis, span in dcn.items():
         if mesh[axis] % span:
-            raise ConfigError(f"partitioning.dcn_mesh.{axis}",
-                              f"axis {axis!r} of mesh {mesh} cannot span {span} slices ({layout}): "
-                              f"{mesh[axis]} is not a multiple of {span}")
+            raise ConfigError(
+                f"partitioning.dcn_mesh.{axis}",
+                f"axis {axis!r} of mesh {mesh} cannot span {span} slices ({layout}): "
+                f"{mesh[axis]} is not a multiple of {span}",
+            )
     try:
         device_mesh = create_mesh(mesh, devices, num_slices=num_slices, dcn_axes=dcn)
     except MeshShapeError as e:
@@ -115,9 +128,15 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
     if num_slices > 1:
         shard = partitioner.data_layout()
-        log.info("hybrid mesh over %d slices, %s spanning them: %s; process %d reads data shard %d of %d",
-                 num_slices, {a: s for a, s in dcn.items() if s > 1}, dict(device_mesh.shape), jax.process_index(),
-                 shard.shard_id, shard.num_shards)
+        log.info(
+            "hybrid mesh over %d slices, %s spanning them: %s; process %d reads data shard %d of %d",
+            num_slices,
+            {a: s for a, s in dcn.items() if s > 1},
+            dict(device_mesh.shape),
+            jax.process_index(),
+            shard.shard_id,
+            shard.num_shards,
+        )
     return partitioner
 
 
@@ -127,8 +146,11 @@ def make_schedule(config: ml_collections.ConfigDict) -> Callable:
 
     opt = config.optimizer
     if opt.schedule in ("cosine", "linear") and config.num_train_steps <= opt.warmup_steps:
-        raise ConfigError("optimizer.warmup_steps", f"{opt.warmup_steps} must be below num_train_steps "
-                                                    f"({config.num_train_steps}) for a {opt.schedule} schedule")
+        raise ConfigError(
+            "optimizer.warmup_steps",
+            f"{opt.warmup_steps} must be below num_train_steps "
+            f"({config.num_train_steps}) for a {opt.schedule} schedule",
+        )
     try:
         if opt.schedule == "factor":
             return factor_schedule(opt.factors, base_learning_rate=opt.learning_rate, warmup_steps=opt.warmup_steps)
@@ -145,13 +167,20 @@ def make_optimizer(config: ml_collections.ConfigDict) -> Any:
     from cairn.trainer import OptimizerConfig
 
     opt = config.optimizer
-    return OptimizerConfig(name=opt.name, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay,
-                           clip_grad_norm=opt.clip_grad_norm)
+    return OptimizerConfig(
+        name=opt.name, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay, clip_grad_norm=opt.clip_grad_norm
+    )
 
 
-def predict_fn_factory(config: ml_collections.ConfigDict, model: Any, batch_size: int,
-                       max_decode_length: Optional[int] = None, *, partitioner: Any,
-                       log_level: int = logging.INFO) -> Callable:
+def predict_fn_factory(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    batch_size: int,
+    max_decode_length: int | None = None,
+    *,
+    partitioner: Any,
+    log_level: int = logging.INFO,
+) -> Callable:
     """`make_predict_fn(params)` for `Evaluator.evaluate`: greedy (or the configured) decoding of
     `encoder_input_tokens`, in global batches of `batch_size` rows sharded over the partitioner's
     mesh (`ShardedBatches`); on several processes each decodes its rows and all get every output."""
@@ -159,21 +188,26 @@ def predict_fn_factory(config: ml_collections.ConfigDict, model: Any, batch_size
     from cairn.models import DecodeOptions
 
     lengths = data_lib.sequence_length(config)
-    options = DecodeOptions(method=config.post_training.decode_method,
-                            max_decode_length=max_decode_length or config.post_training.max_decode_length
-                            or lengths["targets"], temperature=config.post_training.temperature,
-                            top_k=config.post_training.top_k)
+    options = DecodeOptions(
+        method=config.post_training.decode_method,
+        max_decode_length=max_decode_length or config.post_training.max_decode_length or lengths["targets"],
+        temperature=config.post_training.temperature,
+        top_k=config.post_training.top_k,
+    )
 
     def decode(p, enc):
         rng = jax.random.PRNGKey(config.seed)
         return model.predict_batch(p, {"encoder_input_tokens": enc}, options, rng=rng)[0]
+
     batches = ShardedBatches(partitioner, decode, batch_size, "decodes", log_level)
 
     def make(params):
         def predict(ds):
             idx, enc = _stacked(ds, "encoder_input_tokens")
             return [(int(i), t.tolist()) for i, t in zip(idx, batches(params, enc))]
+
         return predict
+
     return make
 
 
@@ -188,11 +222,13 @@ def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level
         def fn(ds):
             idx, feats = _stacked(ds, None)
             return list(zip(idx.tolist(), batches(params, feats).tolist()))
+
         return fn
+
     return make
 
 
-def _stacked(ds: Any, key: Optional[str]) -> tuple[np.ndarray, Any]:
+def _stacked(ds: Any, key: str | None) -> tuple[np.ndarray, Any]:
     """`(indices, features)` of an `(index, features)` dataset: every row stacked, in order
     (`features[key]` only, when `key` is given)."""
     rows = list(ds.as_numpy_iterator())
@@ -206,9 +242,15 @@ def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = ()) -> An
     from cairn.evaluation import Evaluator
 
     name = config.eval.task or config.data.task
-    return Evaluator(name, data_lib.feature_converter(config, pack=False), split=config.eval.split,
-                     num_examples=config.eval.num_examples or None, seed=config.seed,
-                     sequence_length=data_lib.sequence_length(config), loggers=loggers)
+    return Evaluator(
+        name,
+        data_lib.feature_converter(config, pack=False),
+        split=config.eval.split,
+        num_examples=config.eval.num_examples or None,
+        seed=config.seed,
+        sequence_length=data_lib.sequence_length(config),
+        loggers=loggers,
+    )
 
 
 def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, partitioner: Any = None) -> Callable:
@@ -217,32 +259,57 @@ def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, 
     from cairn.trainer import evaluator_callback
 
     partitioner = partitioner if partitioner is not None else make_partitioner(config)
-    return evaluator_callback(evaluator, make_score_fn=score_fn_factory(
-        model, config.eval.batch_size, partitioner=partitioner, log_level=logging.DEBUG))
+    return evaluator_callback(
+        evaluator,
+        make_score_fn=score_fn_factory(model, config.eval.batch_size, partitioner=partitioner, log_level=logging.DEBUG),
+    )
 
 
 def trainer_config(config: ml_collections.ConfigDict) -> Any:
     from cairn.trainer import CheckpointConfig, TrainerConfig
 
     t = config.trainer
-    return TrainerConfig(model_dir=config.model_dir, num_train_steps=config.num_train_steps, seed=config.seed,
-                         num_microbatches=t.num_microbatches,
-                         microbatch_reduction="sum" if loss_normalizing_factor(config) is None else "mean",
-                         checkpoint_every=t.checkpoint_every, eval_every=t.eval_every, log_every=t.log_every,
-                         checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True),
-                         tensorboard=t.tensorboard)
+    return TrainerConfig(
+        model_dir=config.model_dir,
+        num_train_steps=config.num_train_steps,
+        seed=config.seed,
+        num_microbatches=t.num_microbatches,
+        microbatch_reduction="sum" if loss_normalizing_factor(config) is None else "mean",
+        checkpoint_every=t.checkpoint_every,
+        eval_every=t.eval_every,
+        log_every=t.log_every,
+        checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True),
+        tensorboard=t.tensorboard,
+    )
 
 
-def make_trainer(config: ml_collections.ConfigDict, model: Any, partitioner: Any, eval_fn: Optional[Callable] = None,
-                 step_hooks: Sequence[Callable] = (), batch_hooks: Sequence[Callable] = ()) -> Any:
+def make_trainer(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    partitioner: Any,
+    eval_fn: Callable | None = None,
+    step_hooks: Sequence[Callable] = (),
+    batch_hooks: Sequence[Callable] = (),
+    schedule: Callable | None = None,
+) -> Any:
     """The `Trainer` (the resolved config is its `experiment_config`, stored in checkpoints);
     `step_hooks` run after every step and `batch_hooks` before every `fingerprint_every`-th
-    (the run fingerprint's)."""
+    (the run fingerprint's). `schedule`: `make_schedule(config)` when the caller has it."""
     from cairn.trainer import Trainer
 
-    return Trainer(model, make_optimizer(config), make_schedule(config), partitioner, trainer_config(config),
-                   eval_fn=eval_fn, experiment_config=to_plain(config), step_hooks=list(step_hooks),
-                   batch_hooks=list(batch_hooks), batch_hook_every=max(1, config.fingerprint_every))
+    schedule = schedule if schedule is not None else make_schedule(config)
+    return Trainer(
+        model,
+        make_optimizer(config),
+        schedule,
+        partitioner,
+        trainer_config(config),
+        eval_fn=eval_fn,
+        experiment_config=to_plain(config),
+        step_hooks=list(step_hooks),
+        batch_hooks=list(batch_hooks),
+        batch_hook_every=max(1, config.fingerprint_every),
+    )
 
 
 def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
@@ -255,10 +322,14 @@ def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_bat
         from cairn.trainer import restore_params
 
         return restore_params(config.init.checkpoint, abstract, step=config.init.checkpoint_step)
-    _, params = hf_converter(config.model.kind).import_dir(config.init.hf_checkpoint, **to_plain(config.model.overrides))
+    _, params = hf_converter(config.model.kind).import_dir(
+        config.init.hf_checkpoint, **to_plain(config.model.overrides)
+    )
     shapes = jax.tree.map(np.shape, params)
     want = jax.tree.map(lambda a: a.shape, abstract)
     if shapes != want:
-        raise ConfigError("init.hf_checkpoint", "the checkpoint's parameter shapes differ from the model's "
-                                                "(vocabulary or model.overrides?)")
+        raise ConfigError(
+            "init.hf_checkpoint",
+            "the checkpoint's parameter shapes differ from the model's (vocabulary or model.overrides?)",
+        )
     return jax.tree.map(lambda p, a: jax.device_put(np.asarray(p, a.dtype), a.sharding), params, abstract)

@@ -109,11 +109,14 @@ def fail(error: BaseException) -> NoReturn:
 
 
 def loaded_config() -> Any:
-    """The parsed `--config` with its paths resolved (`config_io.resolve_paths`)."""
+    """The parsed `--config` with its paths resolved (`config_io.resolve_paths`), its schema
+    checked: the one schema check of an entry point (the later `validation.check_static` /
+    `check_schema` of this unchanged config return at once)."""
     if CONFIG.value is None:
         fail(ConfigError("config", "--config=path/to/experiment.py[:arg] is required (see launchers/configs/)"))
-    check_schema(CONFIG.value)
-    return config_io.resolve_paths(CONFIG.value)
+    config = config_io.resolve_paths(CONFIG.value)
+    check_schema(config)
+    return config
 
 
 def run_entry_point(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import ml_collections
 from absl import flags
@@ -36,7 +36,9 @@ from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = flags.DEFINE_string("checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)")
+CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)"
+)
 STEP = flags.DEFINE_integer("step", None, "evaluate this step (default: the latest complete one)")
 WATCH = flags.DEFINE_bool("watch", False, "evaluate every new checkpoint as it appears")
 DECODE = flags.DEFINE_bool("decode", False, "also decode predictions (prediction metrics)")
@@ -51,7 +53,7 @@ class EvaluatedLog:
 
     def __init__(self, eval_dir: str):
         self.path = storage.join(eval_dir, "evaluated.jsonl")
-        self._writer: Optional[storage.JsonLinesWriter] = None
+        self._writer: storage.JsonLinesWriter | None = None
 
     def steps(self) -> set[int]:
         done = set()
@@ -68,8 +70,9 @@ class EvaluatedLog:
         self._writer.append([{"step": step, "metrics": metrics}], flush=True)
 
 
-def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool,
-                out: Callable[[str], None] = print) -> Callable[[str, Optional[int]], tuple]:
+def make_runner(
+    config: ml_collections.ConfigDict, eval_dir: str, decode: bool, out: Callable[[str], None] = print
+) -> Callable[[str, int | None], tuple]:
     """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them
     (on every process; only process 0 writes the Evaluator's files)."""
     from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
@@ -77,28 +80,40 @@ def make_runner(config: ml_collections.ConfigDict, eval_dir: str, decode: bool,
     ready = eval_setup.prepare(config)
     partitioner = ready["partitioner"]
     check_batch_size("eval.batch_size", config.eval.batch_size, partitioner)
-    model = builder.load_model(config, ready["vocabulary"])
-    loggers = ((JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))
-               if eval_setup.is_process_0() else ())
+    model = builder.load_model(config, ready["vocabulary"], net=ready["model_config"])
+    loggers = (
+        (JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))
+        if eval_setup.is_process_0()
+        else ()
+    )
     evaluator = builder.make_evaluator(config, loggers=loggers)
     abstract = checkpoint_params.abstract_params(config, model, partitioner)
     score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=partitioner)
-    predict = (builder.predict_fn_factory(config, model, config.eval.batch_size, partitioner=partitioner)
-               if decode else None)
+    predict = (
+        builder.predict_fn_factory(config, model, config.eval.batch_size, partitioner=partitioner) if decode else None
+    )
 
-    def run(path: str, step: Optional[int]) -> tuple:
+    def run(path: str, step: int | None) -> tuple:
         step, params = checkpoint_params.load_params(config, model, partitioner, path, step, abstract)
-        result = evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None,
-                                    step=step)
+        result = evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None, step=step)
         for task, errors in result.errors.items():
             out(f"step {step}: {task}: {'; '.join(errors)}")
         return step, {t: {k: float(v) for k, v in m.items()} for t, m in result.metrics.items()}
+
     return run
 
 
-def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] = None, watch: bool = False,
-             decode: bool = False, eval_dir: str = "", poll_seconds: float = 10.0,
-             idle_timeout_seconds: float = 3600.0, out: Callable[[str], None] = print) -> dict[int, dict]:
+def evaluate(
+    config: ml_collections.ConfigDict,
+    path: str,
+    step: int | None = None,
+    watch: bool = False,
+    decode: bool = False,
+    eval_dir: str = "",
+    poll_seconds: float = 10.0,
+    idle_timeout_seconds: float = 3600.0,
+    out: Callable[[str], None] = print,
+) -> dict[int, dict]:
     """Evaluates checkpoints under `path`; returns `{step: {task: {metric: value}}}` of this call.
     Every process of the job calls it; process 0 writes `evaluated.jsonl` and decides, with
     `--watch`, which steps to evaluate and when to stop."""
@@ -107,20 +122,24 @@ def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] =
         storage.check_writable(eval_dir)
     except storage.StorageError as e:
         raise ConfigError("eval_dir", str(e)) from None
-    if (not watch and not checkpoint_params.complete_steps(path)
-            and not storage.path(storage.join(path, "state")).is_dir()):
+    if (
+        not watch
+        and not checkpoint_params.complete_steps(path)
+        and not storage.path(storage.join(path, "state")).is_dir()
+    ):
         raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
     run = make_runner(config, eval_dir, decode, out)
     done_log = EvaluatedLog(eval_dir)
     results: dict[int, dict] = {}
 
-    def one(p: str, s: Optional[int]) -> int:
+    def one(p: str, s: int | None) -> int:
         s, metrics = run(p, s)
         if eval_setup.is_process_0():
             done_log.add(s, metrics)
         results[s] = metrics
-        shown = "; ".join(f"{t}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(m.items()))
-                          for t, m in sorted(metrics.items()))
+        shown = "; ".join(
+            f"{t}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(m.items())) for t, m in sorted(metrics.items())
+        )
         out(f"step {s}: {shown}")
         return s
 
@@ -151,8 +170,17 @@ def evaluate(config: ml_collections.ConfigDict, path: str, step: Optional[int] =
 
 def _main(config: ml_collections.ConfigDict) -> None:
     path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
-    evaluate(config, path, STEP.value, WATCH.value, DECODE.value, config_io.resolve_path(EVAL_DIR.value),
-             POLL.value, IDLE.value, out=eval_setup.print_on_process_0)
+    evaluate(
+        config,
+        path,
+        STEP.value,
+        WATCH.value,
+        DECODE.value,
+        config_io.resolve_path(EVAL_DIR.value),
+        POLL.value,
+        IDLE.value,
+        out=eval_setup.print_on_process_0,
+    )
 
 
 def run() -> None:

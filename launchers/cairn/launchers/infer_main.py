@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -47,7 +48,9 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 OUTPUT = flags.DEFINE_string("output", "", "the JSON-lines file to write (required)")
-CHECKPOINT = flags.DEFINE_string("checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)")
+CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)"
+)
 STEP = flags.DEFINE_integer("step", None, "this step's checkpoint (default: the latest complete one)")
 CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
 NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
@@ -55,9 +58,7 @@ INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one p
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and start again")
 
 
-
-def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Optional[int],
-           input_file: str) -> list[dict]:
+def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: int | None, input_file: str) -> list[dict]:
     """`[{"ids", "input", "target"}]`: what each prediction starts from, in order."""
     family = model_family(config.model.kind)
     if family.continues_prompt and input_file:
@@ -72,17 +73,23 @@ def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: Opt
     for ex in evaluator.examples(task):
         if family.continues_prompt:
             ids = [int(t) for t in ex["targets"]]
-            ids, rest = ids[:len(ids) // 2], ids[len(ids) // 2:]
+            ids, rest = ids[: len(ids) // 2], ids[len(ids) // 2 :]
             rows.append({"ids": ids, "input": vocabulary.decode(ids), "target": vocabulary.decode(rest)})
         else:
             ids = [int(t) for t in ex[family.input_feature]]
-            rows.append({"ids": ids, "input": vocabulary.decode(ids),
-                         "target": vocabulary.decode([int(t) for t in ex["targets"]])})
+            rows.append(
+                {
+                    "ids": ids,
+                    "input": vocabulary.decode(ids),
+                    "target": vocabulary.decode([int(t) for t in ex["targets"]]),
+                }
+            )
     return rows
 
 
-def make_decoder(config: ml_collections.ConfigDict, model: Any, partitioner: Any, prompt_length: int,
-                 batch_size: int) -> Callable:
+def make_decoder(
+    config: ml_collections.ConfigDict, model: Any, partitioner: Any, prompt_length: int, batch_size: int
+) -> Callable:
     """`decode(params, ids [n, prompt_length], first_index, total) -> tokens [n, length]` with the
     config's decoding options, in sharded global batches of `batch_size` rows (`ShardedBatches`)."""
     from cairn.launchers import data as data_lib
@@ -92,12 +99,14 @@ def make_decoder(config: ml_collections.ConfigDict, model: Any, partitioner: Any
     family = model_family(config.model.kind)
     new = pt.max_decode_length or data_lib.sequence_length(config)["targets"]
     length = new + (prompt_length if family.continues_prompt else 0)
-    options = DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature,
-                            top_k=pt.top_k)
+    options = DecodeOptions(
+        method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k
+    )
 
     def fn(p, x):
         rng = jax.random.PRNGKey(config.seed)
         return model.predict_batch(p, family.decode_batch(x), options, rng=rng)[0]
+
     return ShardedBatches(partitioner, fn, batch_size, "decodes")
 
 
@@ -111,15 +120,25 @@ def _plan(parts: str, meta: dict, chunks: int, overwrite: bool) -> list[int]:
         old = storage.read_json(meta_path)
         if old != meta:
             diff = sorted(k for k in meta if old.get(k) != meta[k])
-            raise ConfigError("output", f"{parts} holds parts of other predictions (differs in {diff}); "
-                                        f"use another --output or --overwrite")
+            raise ConfigError(
+                "output",
+                f"{parts} holds parts of other predictions (differs in {diff}); use another --output or --overwrite",
+            )
     storage.write_json(meta_path, meta)
     return [k for k in range(chunks) if f"part-{k:05d}.jsonl" not in present]
 
 
-def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optional[int] = None,
-          chunk_size: int = 64, num_examples: Optional[int] = None, input_file: str = "",
-          overwrite: bool = False, out: Callable[[str], None] = print) -> str:
+def infer(
+    config: ml_collections.ConfigDict,
+    output: str,
+    path: str,
+    step: int | None = None,
+    chunk_size: int = 64,
+    num_examples: int | None = None,
+    input_file: str = "",
+    overwrite: bool = False,
+    out: Callable[[str], None] = print,
+) -> str:
     """Writes the predictions to `output` (resuming from its parts); returns the path. Every
     process of the job calls it; process 0 writes the files."""
     from cairn.launchers import data as data_lib
@@ -138,22 +157,28 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
     partitioner = ready["partitioner"]
     check_batch_size("chunk_size", chunk_size, partitioner)
     vocabulary = ready["vocabulary"]
-    model = builder.load_model(config, vocabulary)
+    model = builder.load_model(config, vocabulary, net=ready["model_config"])
     step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
     rows = inputs(config, vocabulary, num_examples, input_file)
     parts = output + ".parts"
-    meta = {"checkpoint": storage.absolute(path), "step": step, "num_examples": len(rows),
-            "chunk_size": chunk_size, "config_hash": config_hash(config_io.hashable_config(config)),
-            "input_file": storage.absolute(input_file) if input_file else ""}
+    meta = {
+        "checkpoint": storage.absolute(path),
+        "step": step,
+        "num_examples": len(rows),
+        "chunk_size": chunk_size,
+        "config_hash": config_hash(config_io.hashable_config(config)),
+        "input_file": storage.absolute(input_file) if input_file else "",
+    }
     chunks = range(0, len(rows), chunk_size)
     missing = eval_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
     lengths = data_lib.sequence_length(config)
-    prompt_length = (max([len(r["ids"]) for r in rows] + [1]) if family.continues_prompt
-                     else lengths[family.input_feature])
+    prompt_length = (
+        max([len(r["ids"]) for r in rows] + [1]) if family.continues_prompt else lengths[family.input_feature]
+    )
     decode = make_decoder(config, model, partitioner, prompt_length, chunk_size)
     for k in missing:
         start = chunks[k]
-        chunk = rows[start:start + chunk_size]
+        chunk = rows[start : start + chunk_size]
         tokens = decode(params, pad_rows([r["ids"] for r in chunk], prompt_length), start, len(rows))
         if not eval_setup.is_process_0():
             continue
@@ -161,25 +186,45 @@ def infer(config: ml_collections.ConfigDict, output: str, path: str, step: Optio
         for i, (r, t) in enumerate(zip(chunk, tokens)):
             pred = [int(x) for x in t]
             if family.continues_prompt:  # the output starts with the prompt
-                pred = pred[len(r["ids"]):]
+                pred = pred[len(r["ids"]) :]
             end = pred.index(0) if 0 in pred else len(pred)
-            lines.append(json.dumps({"index": start + i, "input": r["input"], "target": r["target"],
-                                     "prediction": vocabulary.decode(pred[:end]),
-                                     "prediction_ids": pred[:end]}, ensure_ascii=False))
+            lines.append(
+                json.dumps(
+                    {
+                        "index": start + i,
+                        "input": r["input"],
+                        "target": r["target"],
+                        "prediction": vocabulary.decode(pred[:end]),
+                        "prediction_ids": pred[:end],
+                    },
+                    ensure_ascii=False,
+                )
+            )
         storage.write_text(storage.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))
         out(f"chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
     if eval_setup.is_process_0():
         text = "".join(storage.read_text(storage.join(parts, f"part-{k:05d}.jsonl")) for k in range(len(chunks)))
         storage.write_text(output, text)
-    out(f"{len(rows)} predictions of step {step} in {output} ({len(missing)} chunks computed, "
-        f"{len(chunks) - len(missing)} resumed)")
+    out(
+        f"{len(rows)} predictions of step {step} in {output} ({len(missing)} chunks computed, "
+        f"{len(chunks) - len(missing)} resumed)"
+    )
     return output
 
 
 def _main(config: ml_collections.ConfigDict) -> None:
     path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
-    infer(config, config_io.resolve_path(OUTPUT.value), path, STEP.value, CHUNK.value, NUM.value,
-          config_io.resolve_path(INPUT_FILE.value), OVERWRITE.value, out=eval_setup.print_on_process_0)
+    infer(
+        config,
+        config_io.resolve_path(OUTPUT.value),
+        path,
+        STEP.value,
+        CHUNK.value,
+        NUM.value,
+        config_io.resolve_path(INPUT_FILE.value),
+        OVERWRITE.value,
+        out=eval_setup.print_on_process_0,
+    )
 
 
 def run() -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 
@@ -27,28 +28,40 @@ log = logging.getLogger(__name__)
 def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("data.batch_size",)) -> dict[str, Any]:
     """Joins the job and validates everything before anything is compiled or written; the
     batch sizes at `batch_keys` (those the caller uses) are checked against the mesh's data
-    shards. Returns `{"vocabulary", "tasks", "eval_tasks", "mesh", "partitioner"}`."""
+    shards. Returns `{"vocabulary", "tasks", "eval_tasks", "mesh", "partitioner", "model_config",
+    "schedule"}`: the network config and the learning-rate schedule built while checking, for
+    `builder.load_model(..., net=)` and `builder.make_trainer(..., schedule=)`."""
     import jax
 
-    validation.check_static(config)
+    preset = validation.check_static(config)
     multihost.initialize(config)
     multihost.check_same_config(config)
     check_model_dir(config)
     vocabulary = data_lib.make_vocabulary(config)
     data_lib.register_tasks(config, vocabulary)
     tasks = data_lib.get_tasks(config, "data.task")
-    eval_tasks = data_lib.get_tasks(config, "eval.task") if (config.post_training.final_eval or
-                                                              config.trainer.eval_every) else {}
+    eval_tasks = (
+        data_lib.get_tasks(config, "eval.task")
+        if (config.post_training.final_eval or config.trainer.eval_every)
+        else {}
+    )
     validation.check_data(config, {**tasks, **eval_tasks})
-    builder.model_config(config, vocabulary)  # vocab size against the vocabulary
+    net = builder.model_config(config, vocabulary, preset=preset)  # vocab size against the vocabulary
     mesh = validation.check_mesh(config, jax.device_count(), jax.process_count())
     partitioner = builder.make_partitioner(config)
     parts, shards = partitioner.batch_parts(), partitioner.data_layout().num_shards
     for key in batch_keys:
         validation.check_batch_size(config, key, parts, shards, mesh, jax.process_count())
-    builder.make_schedule(config)  # schedule arguments
-    return {"vocabulary": vocabulary, "tasks": tasks, "eval_tasks": eval_tasks, "mesh": mesh,
-            "partitioner": partitioner}
+    schedule = builder.make_schedule(config)  # schedule arguments
+    return {
+        "vocabulary": vocabulary,
+        "tasks": tasks,
+        "eval_tasks": eval_tasks,
+        "mesh": mesh,
+        "partitioner": partitioner,
+        "model_config": net,
+        "schedule": schedule,
+    }
 
 
 def check_model_dir(config: ml_collections.ConfigDict) -> None:
@@ -60,19 +73,19 @@ def check_model_dir(config: ml_collections.ConfigDict) -> None:
     from cairn import storage
     from cairn.trainer import ModelDirLock
 
-    error: Optional[Exception] = None
+    error: Exception | None = None
     try:
         storage.check_writable(config.model_dir)
         if jax.process_index() == 0:
             ModelDirLock(config.model_dir).check_free()  # before config.json is rewritten
     except storage.StorageError as e:
         error = ConfigError("model_dir", str(e))
-    except Exception as e:  # noqa: BLE001 - the lock held; re-raised by stop_together
+    except Exception as e:
         error = e
     multihost.stop_together(error, "checking model_dir")
 
 
-def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Optional[Any]:
+def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Any | None:
     """Writes the run fingerprint's header; returns the `RunFingerprint` (None when off)."""
     if not config.fingerprint_every:
         return None
@@ -81,9 +94,14 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> O
     from cairn.launchers.fingerprint import RunFingerprint, config_hash
 
     fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every)
-    fp.write_header(config_hash=config_hash(config_io.hashable_config(config)),
-                    data_fingerprint=data_lib.data_fingerprint(config, tasks), seed=int(config.seed),
-                    process_count=jax.process_count(), device_count=jax.device_count(), mesh=dict(mesh))
+    fp.write_header(
+        config_hash=config_hash(config_io.hashable_config(config)),
+        data_fingerprint=data_lib.data_fingerprint(config, tasks),
+        seed=int(config.seed),
+        process_count=jax.process_count(),
+        device_count=jax.device_count(),
+        mesh=dict(mesh),
+    )
     return fp
 
 
@@ -99,13 +117,23 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
     out(f"model_dir: {config.model_dir}")
     partitioner = ready["partitioner"]
     reader = data_lib.make_train_data(config, partitioner, tasks)
-    model = builder.load_model(config, vocabulary)
+    model = builder.load_model(config, vocabulary, net=ready["model_config"])
     evaluator = builder.make_evaluator(config) if ready["eval_tasks"] else None
-    eval_fn = (builder.make_eval_fn(config, model, evaluator, partitioner)
-               if (evaluator and config.trainer.eval_every) else None)
+    eval_fn = (
+        builder.make_eval_fn(config, model, evaluator, partitioner)
+        if (evaluator and config.trainer.eval_every)
+        else None
+    )
     fp = _fingerprint(config, tasks, ready["mesh"])
-    trainer = builder.make_trainer(config, model, partitioner, eval_fn, step_hooks=(fp.step_hook,) if fp else (),
-                                   batch_hooks=(fp.batch_hook,) if fp else ())
+    trainer = builder.make_trainer(
+        config,
+        model,
+        partitioner,
+        eval_fn,
+        step_hooks=(fp.step_hook,) if fp else (),
+        batch_hooks=(fp.batch_hook,) if fp else (),
+        schedule=ready["schedule"],
+    )
     init = None
     if config.init.checkpoint or config.init.hf_checkpoint:
         state = reader.get_state()
@@ -115,13 +143,16 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
         source = config.init.checkpoint or config.init.hf_checkpoint
         out(f"initial params from {source} (used unless model_dir has a checkpoint)")
     result = trainer.train(reader, init_params=init)
-    out(f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
+    out(
+        f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
         f"{' (preempted: checkpoint saved)' if result.preempted else ''}; "
-        f"loss {result.metrics.get('loss', float('nan')):.4f}")
+        f"loss {result.metrics.get('loss', float('nan')):.4f}"
+    )
     post = {}
     if not result.preempted:
-        post = post_training.run(config, model, result.state.params, vocabulary, evaluator, result.step, out,
-                                 partitioner=partitioner)
+        post = post_training.run(
+            config, model, result.state.params, vocabulary, evaluator, result.step, out, partitioner=partitioner
+        )
     out(f"model_dir: {config.model_dir}")
     return {"result": result, "post": post}
 

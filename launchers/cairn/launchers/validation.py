@@ -8,34 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import itertools
+import json
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ml_collections
 
-from cairn.launchers import config_base
+from cairn.launchers import config_base, schema
 from cairn.launchers.config_io import to_plain
 
-# Keys whose default is None: their type.
-PLACEHOLDER_TYPES = {"optimizer.clip_grad_norm": float, "init.checkpoint_step": int,
-                     "multihost.num_processes": int, "multihost.process_id": int}
-CHOICES = {
-    "model.kind": config_base.model_kinds,  # called when checked: the cairn.models families
-    "vocabulary.kind": config_base.VOCABULARY_KINDS,
-    "optimizer.name": config_base.OPTIMIZERS,
-    "optimizer.schedule": config_base.SCHEDULES,
-    "model.loss_normalizing_factor": config_base.LOSS_NORMALIZING_FACTORS,
-    "post_training.decode_method": config_base.DECODE_METHODS,
-}
-POSITIVE = ("num_train_steps", "data.batch_size", "trainer.num_microbatches", "eval.batch_size",
-            "multihost.initialization_timeout_seconds")
-NON_NEGATIVE = ("fingerprint_every", "multihost.heartbeat_timeout_seconds", "trainer.checkpoint_every", "trainer.keep_checkpoints",
-                "trainer.eval_every", "trainer.log_every", "eval.num_examples", "post_training.num_samples",
-                "post_training.max_decode_length", "optimizer.warmup_steps", "vocabulary.extra_ids",
-                "model.vocab_size")
+_KEYS = {k.path: k for k in schema.keys()}
+_SECTIONS = set(schema.sections())
+# The last config whose schema passed, with its plain form: `check_schema` of the same,
+# unchanged config again (the entry point checked it when loading it) does nothing.
+_checked: list[tuple[Any, str]] = []
 
 
 class ConfigError(ValueError):
@@ -56,83 +44,99 @@ def _suggest(name: str, names: Sequence[str]) -> str:
     return f"{hint}allowed: {', '.join(sorted(names))}"
 
 
-def _type_name(t: type) -> str:
-    return {bool: "bool", int: "int", float: "float", str: "str", tuple: "tuple", dict: "mapping"}.get(t, t.__name__)
+_TYPE_CHECKS: dict[Any, Callable[[Any], bool]] = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+    tuple: lambda v: isinstance(v, (list, tuple)),
+    dict: lambda v: isinstance(v, dict),
+}
 
 
-def _check_type(key: str, value: Any, default: Any) -> None:
-    if key in PLACEHOLDER_TYPES:
-        want = PLACEHOLDER_TYPES[key]
-        if value is None:
-            return
-    elif default is None:
+def check_type(key: str, value: Any, want: Any, optional: bool = False) -> None:
+    """`ConfigError` naming `key` unless `value` is a `want` (an int passes as a float, a list as
+    a tuple; None only when `optional`; `typing.Any` anything)."""
+    if want is Any or (optional and value is None):
         return
-    else:
-        want = type(default)
-    if want is list:
-        want = tuple
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str),
-          tuple: lambda v: isinstance(v, (list, tuple)),
-          dict: lambda v: isinstance(v, dict)}.get(want, lambda v: isinstance(v, want))
+    ok = _TYPE_CHECKS.get(want, lambda v: isinstance(v, want))
     if not ok(value):
-        raise ConfigError(key, f"must be {_type_name(want)}, got {type(value).__name__} {value!r}")
+        raise ConfigError(key, f"must be {schema.type_name(want)}, got {type(value).__name__} {value!r}")
 
 
-def check_schema(config: Any, schema: Optional[Any] = None) -> None:
-    """Unknown keys (with the closest known ones), wrong types, values outside their choices."""
+def _check_range(path: str, value: Any, k: schema.Key) -> None:
+    # `or_minus_one` keys are sizes (mesh axes): min 1, or -1 for "the rest".
+    if k.min is None or (k.or_minus_one and value == -1):
+        return
+    if k.or_minus_one:
+        if not _TYPE_CHECKS[int](value) or value < k.min:
+            raise ConfigError(path, f"must be a positive int or -1, got {value!r}")
+    elif value < k.min:
+        raise ConfigError(path, f"must be >= {k.min:g}, got {value}")
+
+
+def check_value(k: schema.Key, value: Any) -> None:
+    """One value against its schema key: type, items of a tuple or mapping, allowed values,
+    range. Each failure is a `ConfigError` naming the key (or `key.item`)."""
+    if k.or_minus_one and k.type is dict:
+        check_type(k.path, value, dict)
+    else:
+        check_type(k.path, value, k.type, k.optional)
+    if value is None:
+        return
+    if k.type is tuple:
+        for i, item in enumerate(value):
+            check_type(f"{k.path}[{i}]", item, k.item)
+    elif k.type is dict:
+        allowed_keys = k.allowed_keys()
+        for name, item in value.items():
+            path = f"{k.path}.{name}"
+            if allowed_keys is not None and name not in allowed_keys:
+                raise ConfigError(path, f"unknown key of {k.path!r}; {_suggest(name, allowed_keys)}")
+            if not k.or_minus_one:
+                check_type(path, item, k.item)
+            _check_range(path, item, k)
+        return
+    allowed = k.allowed()
+    if allowed is not None and value not in allowed:
+        raise ConfigError(k.path, f"unknown value {value!r}; {_suggest(str(value), allowed)}")
+    _check_range(k.path, value, k)
+
+
+def _walk(node: Mapping, prefix: str) -> None:
+    for name, value in node.items():
+        path = f"{prefix}{name}"
+        if path in _SECTIONS:
+            children = sorted(p[len(path) + 1 :] for p in (*_KEYS, *_SECTIONS) if p.rpartition(".")[0] == path)
+            if not isinstance(value, dict):
+                raise ConfigError(path, f"must be a section (keys {', '.join(children)}), got {value!r}")
+            _walk(value, path + ".")
+        elif path in _KEYS:
+            check_value(_KEYS[path], value)
+        else:
+            parent = prefix[:-1]
+            siblings = [p for p in (*_KEYS, *_SECTIONS) if p.rpartition(".")[0] == parent]
+            where = f"section {parent!r}" if parent else "the config"
+            raise ConfigError(path, f"unknown key in {where}; {_suggest(path, siblings)}")
+
+
+def check_schema(config: Any) -> None:
+    """The config against `schema.Config`, walking it: unknown keys (with the closest known
+    ones), types, allowed values and ranges of each key, then the slice keys together. A config
+    checked before and unchanged since is not walked again."""
     plain = to_plain(config)
-    schema_plain = to_plain(schema if schema is not None else config_base.base_config())
+    text = json.dumps(plain, sort_keys=True, default=repr)  # tells 0 from False and 1 from 1.0
+    if _checked and _checked[0][0] is config and _checked[0][1] == text:
+        return
+    _walk(plain, "")
+    _check_slices(plain.get("partitioning", {}))
+    _checked[:] = [(config, text)]
 
-    def walk(node: Mapping, ref: Mapping, prefix: str) -> None:
-        for k, v in node.items():
-            key = f"{prefix}{k}"
-            if k not in ref:
-                siblings = [f"{prefix}{s}" for s in ref]
-                where = f"section {prefix[:-1]!r}" if prefix else "the config"
-                raise ConfigError(key, f"unknown key in {where}; {_suggest(key, siblings)}")
-            if key in config_base.FREE_FORM:
-                if not isinstance(v, dict):
-                    raise ConfigError(key, f"must be a mapping, got {type(v).__name__} {v!r}")
-                continue
-            if isinstance(ref[k], dict):
-                if not isinstance(v, dict):
-                    raise ConfigError(key, f"must be a section (keys {', '.join(sorted(ref[k]))}), got {v!r}")
-                walk(v, ref[k], key + ".")
-            else:
-                _check_type(key, v, ref[k])
 
-    walk(plain, schema_plain, "")
-    for key, allowed in CHOICES.items():
-        allowed = allowed() if callable(allowed) else allowed
-        value = _get(plain, key)
-        if value not in allowed:
-            raise ConfigError(key, f"unknown value {value!r}; {_suggest(str(value), allowed)}")
-    for key in POSITIVE:
-        if _get(plain, key) < 1:
-            raise ConfigError(key, f"must be >= 1, got {_get(plain, key)}")
-    for key in NON_NEGATIVE:
-        if _get(plain, key) < 0:
-            raise ConfigError(key, f"must be >= 0, got {_get(plain, key)}")
-    for name, length in plain["data"]["sequence_length"].items():
-        if not isinstance(length, int) or isinstance(length, bool):
-            raise ConfigError(f"data.sequence_length.{name}", f"must be int, got {length!r}")
-    for axis, size in plain["partitioning"]["mesh"].items():
-        if axis not in config_base.MESH_AXES:
-            raise ConfigError(f"partitioning.mesh.{axis}", f"unknown mesh axis; {_suggest(axis, config_base.MESH_AXES)}")
-        if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
-            raise ConfigError(f"partitioning.mesh.{axis}", f"must be a positive int or -1, got {size!r}")
-    # Multi-slice: the slice count, and how many slices each mesh axis spans (sizes against the
-    # device count are checked when the mesh is built, `builder.make_partitioner`).
-    slices = plain["partitioning"].get("num_slices", 1)
-    if slices < 1:
-        raise ConfigError("partitioning.num_slices", f"must be >= 1, got {slices}")
-    dcn = plain["partitioning"].get("dcn_mesh", {})
-    for axis, size in dcn.items():
-        if size < 1 and size != -1:
-            raise ConfigError(f"partitioning.dcn_mesh.{axis}", f"must be a positive int or -1, got {size!r}")
+def _check_slices(part: Mapping) -> None:
+    """Multi-slice: how many slices each mesh axis spans against the slice count (sizes against
+    the device count are checked when the mesh is built, `builder.make_partitioner`)."""
+    slices, dcn = part.get("num_slices", 1), part.get("dcn_mesh", {})
     free = [axis for axis, size in dcn.items() if size == -1]
     spanned = 1
     for size in dcn.values():
@@ -140,17 +144,24 @@ def check_schema(config: Any, schema: Optional[Any] = None) -> None:
     if len(free) > 1:
         raise ConfigError("partitioning.dcn_mesh", f"at most one axis may be -1, got {dcn}")
     if free and slices % spanned:
-        raise ConfigError("partitioning.dcn_mesh", f"{dcn}: the fixed axes span {spanned} slices, which does not "
-                                                   f"divide partitioning.num_slices={slices}")
+        raise ConfigError(
+            "partitioning.dcn_mesh",
+            f"{dcn}: the fixed axes span {spanned} slices, which does not divide partitioning.num_slices={slices}",
+        )
     if not free and spanned != slices:
-        raise ConfigError("partitioning.dcn_mesh", f"{dcn} spans {spanned} slices, but partitioning.num_slices is "
-                                                   f"{slices}; the product of its sizes must be {slices}")
+        raise ConfigError(
+            "partitioning.dcn_mesh",
+            f"{dcn} spans {spanned} slices, but partitioning.num_slices is "
+            f"{slices}; the product of its sizes must be {slices}",
+        )
     for axis, size in dcn.items():
-        span, mesh_size = (slices // spanned if size == -1 else size), plain["partitioning"]["mesh"].get(axis, 1)
+        span, mesh_size = (slices // spanned if size == -1 else size), part.get("mesh", {}).get(axis, 1)
         if mesh_size != -1 and mesh_size % span:
-            raise ConfigError(f"partitioning.dcn_mesh.{axis}",
-                              f"axis {axis!r} spans {span} slices, but partitioning.mesh.{axis}={mesh_size} is not "
-                              f"a multiple of {span} (each slice holds mesh.{axis} / dcn_mesh.{axis} of it)")
+            raise ConfigError(
+                f"partitioning.dcn_mesh.{axis}",
+                f"axis {axis!r} spans {span} slices, but partitioning.mesh.{axis}={mesh_size} is not "
+                f"a multiple of {span} (each slice holds mesh.{axis} / dcn_mesh.{axis} of it)",
+            )
 
 
 def _get(plain: Mapping, key: str) -> Any:
@@ -168,18 +179,22 @@ def check_model(config: Any) -> Any:
     preset = config.model.preset
     if preset not in PRESETS:
         raise ConfigError("model.preset", f"unknown preset {preset!r}; {_suggest(preset, list(PRESETS))}")
-    base = PRESETS[preset]
+    base: Any = PRESETS[preset]
     family = config_base.model_family(config.model.kind)
     if preset not in family.presets:
-        raise ConfigError("model.preset", f"{preset!r} is not a {family.name} preset; "
-                                          f"{family.name} presets: {', '.join(family.presets)}")
+        raise ConfigError(
+            "model.preset",
+            f"{preset!r} is not a {family.name} preset; {family.name} presets: {', '.join(family.presets)}",
+        )
     fields = {f.name: f for f in dataclasses.fields(base)}
     overrides = to_plain(config.model.overrides)
     for name, value in overrides.items():
         key = f"model.overrides.{name}"
         if name not in fields:
             raise ConfigError(key, f"{type(base).__name__} has no field {name!r}; {_suggest(name, list(fields))}")
-        _check_type(key, tuple(value) if isinstance(value, list) else value, getattr(base, name))
+        default = getattr(base, name)
+        if default is not None:
+            check_type(key, value, tuple if isinstance(default, list) else type(default))
     try:
         return dataclasses.replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
     except (ValueError, TypeError) as e:
@@ -214,8 +229,10 @@ def check_paths(config: Any) -> None:
         from cairn.models import families
 
         with_hf = [f.name for f in families.families() if f.hf is not None]
-        raise ConfigError("init.hf_checkpoint", f"Hugging Face import covers {', '.join(with_hf)} models only; "
-                                                f"model.kind is {config.model.kind!r}")
+        raise ConfigError(
+            "init.hf_checkpoint",
+            f"Hugging Face import covers {', '.join(with_hf)} models only; model.kind is {config.model.kind!r}",
+        )
 
 
 def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
@@ -226,9 +243,11 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
     needed = config_base.model_family(config.model.kind).features
     for name in needed:
         if name not in lengths:
-            raise ConfigError(f"data.sequence_length.{name}",
-                              f"missing: a {config.model.kind} model needs lengths for {', '.join(needed)}; "
-                              f"given: {', '.join(sorted(lengths)) or 'none'}")
+            raise ConfigError(
+                f"data.sequence_length.{name}",
+                f"missing: a {config.model.kind} model needs lengths for {', '.join(needed)}; "
+                f"given: {', '.join(sorted(lengths)) or 'none'}",
+            )
     for task in tasks.values():
         for feature_name, feature in task.output_features.items():
             if feature_name not in needed:
@@ -236,9 +255,11 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
             length = lengths[feature_name]
             least = 2 if feature.add_eos else 1
             if length < least:
-                raise ConfigError(f"data.sequence_length.{feature_name}",
-                                  f"{length} cannot hold one token{' and EOS' if feature.add_eos else ''} "
-                                  f"of task {task.name!r}; it must be >= {least}")
+                raise ConfigError(
+                    f"data.sequence_length.{feature_name}",
+                    f"{length} cannot hold one token{' and EOS' if feature.add_eos else ''} "
+                    f"of task {task.name!r}; it must be >= {least}",
+                )
         for fn in task.preprocessors:
             # Each preprocessor states its own length rule (a `Preprocessor`; plain functions
             # are wrapped, partials keep their bound arguments).
@@ -252,8 +273,11 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
 def mesh_shapes(device_count: int) -> list[dict[str, int]]:
     """Every (data, fsdp, model) shape whose product is `device_count`."""
     divisors = [d for d in range(1, device_count + 1) if device_count % d == 0]
-    shapes = [{"data": d, "fsdp": f, "model": device_count // (d * f)}
-              for d, f in itertools.product(divisors, divisors) if device_count % (d * f) == 0]
+    shapes = [
+        {"data": d, "fsdp": f, "model": device_count // (d * f)}
+        for d, f in itertools.product(divisors, divisors)
+        if device_count % (d * f) == 0
+    ]
     return sorted(shapes, key=lambda s: (-s["data"], -s["fsdp"]))
 
 
@@ -268,27 +292,20 @@ def suggest_mesh(mesh: Mapping[str, int], device_count: int) -> dict[str, int]:
 
 
 def resolve_mesh(mesh: Mapping[str, int], device_count: int, process_count: int = 1) -> dict[str, int]:
-    """The mesh with its -1 axis filled in; `ConfigError` naming the mesh, the process and device
-    counts and a mesh that fits when it does not fit the devices."""
-    mesh = {a: int(mesh.get(a, 1)) for a in config_base.MESH_AXES}
-    free = [a for a, s in mesh.items() if s == -1]
-    where = (f"{process_count} process(es) x {device_count // max(1, process_count)} device(s) = "
-             f"{device_count} devices")
-    fits = f"a mesh that fits: {suggest_mesh({a: s for a, s in mesh.items() if s != -1}, device_count)}"
-    if len(free) > 1:
-        raise ConfigError("partitioning.mesh", f"at most one axis may be -1, got {mesh}; {fits}")
-    fixed = 1
-    for a, s in mesh.items():
-        if s != -1:
-            fixed *= s
-    if free:
-        if device_count % fixed:
-            raise ConfigError("partitioning.mesh", f"{mesh}: the fixed axes need a multiple of {fixed} devices, "
-                                                   f"but there are {where}; {fits}")
-        mesh[free[0]] = device_count // fixed
-    elif fixed != device_count:
-        raise ConfigError("partitioning.mesh", f"{mesh} needs {fixed} devices, but there are {where}; {fits}")
-    return mesh
+    """The mesh with its -1 axis filled in by `cairn.partitioning`'s own resolution (the one
+    `create_mesh` uses); `ConfigError` naming the mesh, the process and device counts and a mesh
+    that fits when it does not fit the devices."""
+    from cairn.partitioning.mesh import DEFAULT_AXES, MeshShapeError, resolve_axes
+
+    axes = {a: int(mesh.get(a, 1)) for a in DEFAULT_AXES}
+    try:
+        return resolve_axes(axes, device_count)
+    except MeshShapeError as e:
+        per = device_count // max(1, process_count)
+        fits = suggest_mesh({a: s for a, s in axes.items() if s != -1}, device_count)
+        raise ConfigError(
+            "partitioning.mesh", f"{e} ({process_count} process(es) x {per} device(s)); a mesh that fits: {fits}"
+        ) from None
 
 
 def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[str, int]:
@@ -296,23 +313,28 @@ def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[s
     return resolve_mesh(to_plain(config.partitioning.mesh), device_count, process_count)
 
 
-def check_batch_size(config: Any, key: str, parts: int, shards: int, mesh: Mapping[str, int],
-                     process_count: int = 1) -> None:
+def check_batch_size(
+    config: Any, key: str, parts: int, shards: int, mesh: Mapping[str, int], process_count: int = 1
+) -> None:
     """The batch size at `key` splits evenly over the `parts` devices the batch dimension is
     sharded over and the `shards` data-parallel host shards (`DataLayout.num_shards`); the
     training batch also over its microbatches."""
     batch = _get(to_plain(config), key)
     layout = f"mesh {dict(mesh)} on {process_count} process(es)"
     if batch % parts:
-        raise ConfigError(key, f"{batch} does not divide over the {parts} data-parallel shards of {layout}; "
-                               f"use a multiple of {parts}")
+        raise ConfigError(
+            key, f"{batch} does not divide over the {parts} data-parallel shards of {layout}; use a multiple of {parts}"
+        )
     if batch % shards:
-        raise ConfigError(key, f"{batch} does not divide over the {shards} host data shards of {layout}; "
-                               f"use a multiple of {shards}")
+        raise ConfigError(
+            key, f"{batch} does not divide over the {shards} host data shards of {layout}; use a multiple of {shards}"
+        )
     if key == "data.batch_size" and batch % (parts * config.trainer.num_microbatches):
-        raise ConfigError("trainer.num_microbatches",
-                          f"{config.trainer.num_microbatches} microbatches of a {batch}-row batch over "
-                          f"{parts} data-parallel shards of {layout} do not divide evenly")
+        raise ConfigError(
+            "trainer.num_microbatches",
+            f"{config.trainer.num_microbatches} microbatches of a {batch}-row batch over "
+            f"{parts} data-parallel shards of {layout} do not divide evenly",
+        )
 
 
 def check_static(config: ml_collections.ConfigDict) -> Any:

@@ -1,0 +1,395 @@
+"""The config schema: every key of an experiment config declared once (docs/design.md §8).
+
+Each section is a dataclass whose fields are the section's keys; a field's annotation is the
+key's type (`X | None`: the default is None, a placeholder of type X), and its metadata
+(`knob(...)`) holds the default, a one-line help string and what values are allowed: `choices`
+(a tuple, or a `library(...)` reference read from the library that owns the list when the config
+is checked), `min` (a lower bound; with `or_minus_one` -1 is allowed too, "the rest"), and for
+mappings `keys` (allowed keys) and `free_form` (an experiment file may add keys). `owner` names
+the library dataclass field a key feeds (`module:Class.field`); tests/launchers/schema_test.py
+checks that the schema's default is the library's.
+
+`config_base.base_config()` is generated from `Config`; `validation.check_schema` walks it;
+`describe()` lists the keys with their help. This module imports no JAX, Flax or TensorFlow
+(experiment files import it through `config_base`): library-owned lists load on first use.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any, Union
+
+import ml_collections
+from ml_collections import config_dict
+
+Choices = tuple[str, ...] | Callable[[], tuple[str, ...]]
+
+
+def library(module: str, name: str, extra: tuple[str, ...] = ()) -> Callable[[], tuple[str, ...]]:
+    """Allowed values owned by a library: `module.name` (a tuple, the keys of a mapping, or a
+    function returning names), plus `extra`, imported only when called."""
+
+    def load() -> tuple[str, ...]:
+        value = getattr(importlib.import_module(module), name)
+        return tuple(value() if callable(value) else value) + extra
+
+    load.__doc__ = f"{module}.{name}" + (f" + {extra}" if extra else "")
+    return load
+
+
+def knob(
+    default: Any,
+    help: str,
+    *,
+    choices: Choices | None = None,
+    min: float | None = None,
+    or_minus_one: bool = False,
+    keys: Choices | None = None,
+    free_form: bool = False,
+    owner: str = "",
+) -> Any:
+    """A config key: a dataclass field whose metadata describes it (see the module docstring)."""
+    meta = {
+        "default": default,
+        "help": help,
+        "choices": choices,
+        "min": min,
+        "or_minus_one": or_minus_one,
+        "keys": keys,
+        "free_form": free_form,
+        "owner": owner,
+    }
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def section(cls: type, help: str) -> Any:
+    """A section of keys (the dataclass `cls`)."""
+    return dataclasses.field(default_factory=cls, metadata={"section": cls, "help": help})
+
+
+MODEL_KINDS = library("cairn.models.families", "names")
+MESH_AXES = library("cairn.partitioning.mesh", "DEFAULT_AXES")
+
+
+@dataclasses.dataclass
+class Model:
+    kind: str = knob("encoder_decoder", "a cairn.models model family", choices=MODEL_KINDS)
+    preset: str = knob("t5_1_1_tiny", "a cairn.models preset of that family")
+    overrides: dict[str, Any] = knob(
+        {}, "preset fields to change, e.g. dropout_rate=0.0 (checked against the preset's config)", free_form=True
+    )
+    vocab_size: int = knob(0, "0: the vocabulary's size rounded up to a multiple of 128", min=0)
+    label_smoothing: float = knob(0.0, "label smoothing of the cross-entropy loss")
+    z_loss: float = knob(1e-4, "auxiliary z-loss coefficient (log of the softmax normalizer squared)")
+    loss_normalizing_factor: str = knob(
+        "NUM_REAL_TARGET_TOKENS",
+        "how the summed loss is normalized ('none': a sum, as t5x's constant factor)",
+        choices=library("cairn.models.losses", "NORMALIZING_MODES", extra=("none",)),
+    )
+
+
+@dataclasses.dataclass
+class Vocabulary:
+    kind: str = knob("sentencepiece", "sentencepiece (a .model file) or byte (ByT5)", choices=("sentencepiece", "byte"))
+    path: str = knob("", "the SentencePiece .model")
+    extra_ids: int = knob(100, "T5 sentinels <extra_id_0>... at the top of the ids", min=0)
+
+
+@dataclasses.dataclass
+class Data:
+    task: str = knob("", "a registered task or mixture")
+    task_modules: tuple[str, ...] = knob(
+        (), "modules imported first; their register_tasks(vocabulary) is called if defined"
+    )
+    split: str = knob("train", "the training split")
+    sequence_length: dict[str, int] = knob({"inputs": 512, "targets": 114}, "task feature -> length", free_form=True)
+    batch_size: int = knob(128, "the global batch (all hosts)", min=1)
+    pack: bool = knob(False, "pack several examples into each row")
+    cache_dir: str = knob("", "where task caches live (default ~/.cache/cairn/tasks)")
+    check_source_files: bool = knob(
+        True, "compare the source files' names and sizes with the cache's record (//launchers:verify_cache hashes them)"
+    )
+    cache_with_beam: bool = knob(False, "cache_tasks: Apache Beam instead of in-process")
+
+
+@dataclasses.dataclass
+class Partitioning:
+    mesh: dict[str, int] = knob(
+        {"data": -1, "fsdp": 1, "model": 1},
+        "mesh axis -> size; one size may be -1 (the rest of the devices)",
+        keys=MESH_AXES,
+        free_form=True,
+        min=1,
+        or_minus_one=True,
+        owner="cairn.partitioning.mesh:DEFAULT_AXES",
+    )
+    fsdp_rules: bool = knob(False, "shard params' embed dim over fsdp (and the batch over data x fsdp)")
+    num_slices: int = knob(1, "TPU slices (multislice, DCN between them) or groups of hosts", min=1)
+    dcn_mesh: dict[str, int] = knob(
+        {"data": -1, "fsdp": 1, "model": 1},
+        "how many slices each mesh axis spans (-1: the rest); each mesh size must be a multiple of it",
+        keys=MESH_AXES,
+        min=1,
+        or_minus_one=True,
+    )
+
+
+_OPT = "cairn.trainer.optimizers:OptimizerConfig."
+
+
+@dataclasses.dataclass
+class Optimizer:
+    name: str = knob(
+        "adafactor", "the optimizer", choices=library("cairn.trainer.optimizers", "OPTIMIZERS"), owner=_OPT + "name"
+    )
+    schedule: str = knob(
+        "factor",
+        "learning-rate schedule: factor (t5x's factors string), cosine, linear, constant",
+        choices=("factor", "cosine", "linear", "constant"),
+    )
+    learning_rate: float = knob(1.0, "factor: base_learning_rate; else the peak")
+    factors: str = knob("constant * linear_warmup * rsqrt_decay", "t5x factors of the factor schedule")
+    warmup_steps: int = knob(1000, "linear warmup steps", min=0)
+    final_learning_rate: float = knob(0.0, "cosine / linear: the learning rate at the last step")
+    clip_grad_norm: float | None = knob(
+        None, "clip the global gradient norm (None: off)", owner=_OPT + "clip_grad_norm"
+    )
+    weight_decay: float = knob(0.0, "decoupled weight decay", owner=_OPT + "weight_decay")
+    b1: float = knob(0.9, "AdamW beta1", owner=_OPT + "b1")
+    b2: float = knob(0.999, "AdamW beta2", owner=_OPT + "b2")
+
+
+_TRAINER = "cairn.trainer:TrainerConfig."
+
+
+@dataclasses.dataclass
+class Trainer:
+    num_microbatches: int = knob(
+        1, "gradient accumulation: microbatches per step", min=1, owner=_TRAINER + "num_microbatches"
+    )
+    checkpoint_every: int = knob(
+        1000, "steps between checkpoints (0: the final one only)", min=0, owner=_TRAINER + "checkpoint_every"
+    )
+    keep_checkpoints: int = knob(
+        3, "latest checkpoints kept (0: all)", min=0, owner="cairn.trainer:CheckpointConfig.keep"
+    )
+    eval_every: int = knob(
+        0, "steps between evaluations (0: only the final evaluation)", min=0, owner=_TRAINER + "eval_every"
+    )
+    log_every: int = knob(100, "steps between metric logs", min=0, owner=_TRAINER + "log_every")
+    tensorboard: bool = knob(True, "write TensorBoard event files", owner=_TRAINER + "tensorboard")
+
+
+@dataclasses.dataclass
+class Eval:
+    task: str = knob("", "the evaluation task (default: data.task)")
+    split: str = knob("validation", "the evaluation split")
+    num_examples: int = knob(64, "examples evaluated (0: all)", min=0)
+    batch_size: int = knob(16, "the global evaluation batch", min=1)
+
+
+_DECODE = "cairn.models.model_base:DecodeOptions."
+
+
+@dataclasses.dataclass
+class PostTraining:
+    final_eval: bool = knob(True, "evaluate after the last step")
+    num_samples: int = knob(4, "examples printed with the model's predictions", min=0)
+    prompts: tuple[str, ...] = knob((), "decoder-only: texts to continue")
+    decode_method: str = knob(
+        "greedy",
+        "how predictions are decoded",
+        choices=library("cairn.models.model_base", "DECODE_METHODS"),
+        owner=_DECODE + "method",
+    )
+    max_decode_length: int = knob(0, "0: the targets length", min=0)
+    temperature: float = knob(1.0, "sampling temperature", owner=_DECODE + "temperature")
+    top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)", owner=_DECODE + "top_k")
+
+
+@dataclasses.dataclass
+class Init:
+    checkpoint: str = knob("", "a cairn checkpoint whose params the run starts from")
+    checkpoint_step: int | None = knob(None, "its step (None: the latest)")
+    hf_checkpoint: str = knob("", "a Hugging Face T5 directory (config.json + model.safetensors)")
+
+
+@dataclasses.dataclass
+class Multihost:
+    coordinator_address: str = knob("", "host:port of process 0 (or $CAIRN_COORDINATOR_ADDRESS)")
+    coordinator_bind_address: str = knob("", "the address process 0 binds (default: coordinator_address)")
+    num_processes: int | None = knob(None, "processes in the job (or $CAIRN_NUM_PROCESSES / SLURM_NTASKS)")
+    process_id: int | None = knob(None, "this process (or $CAIRN_PROCESS_ID / SLURM_PROCID)")
+    initialization_timeout_seconds: int = knob(300, "exit 2 if the job is not joined by then", min=1)
+    heartbeat_timeout_seconds: int = knob(
+        100, "a peer silent this long stops the others, exit 3 (0: JAX's default, SIGABRT)", min=0
+    )
+
+
+@dataclasses.dataclass
+class Config:
+    """The whole config: top-level keys, then the sections."""
+
+    experiment: str = knob("experiment", "a name; the default model_dir is ~/.cache/cairn/runs/<experiment>")
+    model_dir: str = knob("", "where checkpoints, TensorBoard logs and config.json go")
+    seed: int = knob(0, "init, dropout and the data order", owner=_TRAINER + "seed")
+    num_train_steps: int = knob(1000, "training steps", min=1)
+    fingerprint_every: int = knob(10, "steps between run-fingerprint checksums (0: off)", min=0)
+    model: Model = section(Model, "the network: family, preset, loss")
+    vocabulary: Vocabulary = section(Vocabulary, "the tokenizer")
+    data: Data = section(Data, "the training task and its batches")
+    partitioning: Partitioning = section(Partitioning, "the device mesh and slices")
+    optimizer: Optimizer = section(Optimizer, "optimizer and learning-rate schedule")
+    trainer: Trainer = section(Trainer, "the training loop")
+    eval: Eval = section(Eval, "evaluation")
+    post_training: PostTraining = section(PostTraining, "what runs after training")
+    init: Init = section(Init, "parameters to start from")
+    multihost: Multihost = section(Multihost, "joining a multi-process job")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One config key: its dotted `path`, Python `type` (None allowed when `optional`), `item` type
+    of a tuple's or mapping's values, and the field's metadata."""
+
+    path: str
+    type: Any
+    optional: bool
+    item: Any
+    default: Any
+    help: str
+    choices: Choices | None = None
+    min: float | None = None
+    or_minus_one: bool = False
+    keys: Choices | None = None
+    free_form: bool = False
+    owner: str = ""
+
+    def allowed(self) -> tuple[str, ...] | None:
+        """The allowed values (library-owned lists loaded now), or None when any value of the type is."""
+        return _resolve(self.choices)
+
+    def allowed_keys(self) -> tuple[str, ...] | None:
+        """A mapping's allowed keys, or None when any key is."""
+        return _resolve(self.keys)
+
+
+def _resolve(choices: Choices | None) -> tuple[str, ...] | None:
+    return choices() if callable(choices) else choices
+
+
+def _unpack(hint: Any) -> tuple[Any, bool, Any]:
+    """`(type, optional, item type)` of an annotation."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return inner[0], True, None
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return tuple, False, args[0]
+    if origin is dict:
+        return dict, False, args[1]
+    return hint, False, None
+
+
+def _fields(cls: type) -> Iterator[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield f, hints[f.name]
+
+
+def sections(cls: type = Config, prefix: str = "") -> list[str]:
+    """The dotted names of the sections (under `prefix`)."""
+    out = []
+    for f, hint in _fields(cls):
+        if "section" in f.metadata:
+            out += [prefix + f.name, *sections(hint, f"{prefix}{f.name}.")]
+    return out
+
+
+def keys(cls: type = Config, prefix: str = "") -> list[Key]:
+    """Every key of the schema (sections flattened, in declaration order)."""
+    out = []
+    for f, hint in _fields(cls):
+        if "section" in f.metadata:
+            out += keys(hint, f"{prefix}{f.name}.")
+            continue
+        t, optional, item = _unpack(hint)
+        meta = {k: v for k, v in f.metadata.items() if k in {x.name for x in dataclasses.fields(Key)}}
+        out.append(Key(path=prefix + f.name, type=t, optional=optional, item=item, **meta))
+    return out
+
+
+def key(path: str) -> Key:
+    """The `Key` at a dotted path (`KeyError` if there is none)."""
+    found = [k for k in keys() if k.path == path]
+    if not found:
+        raise KeyError(path)
+    return found[0]
+
+
+FREE_FORM: tuple[str, ...] = tuple(k.path for k in keys() if k.free_form)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every key with its default, as a ConfigDict (None defaults are typed placeholders)."""
+    return _config_dict(Config)
+
+
+def _config_dict(cls: type) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    for f, hint in _fields(cls):
+        if "section" in f.metadata:
+            c[f.name] = _config_dict(hint)
+            continue
+        t, optional, _ = _unpack(hint)
+        default = f.metadata["default"]
+        if default is None:
+            c[f.name] = config_dict.placeholder(t)
+        elif isinstance(default, dict):
+            c[f.name] = ml_collections.ConfigDict(copy.deepcopy(default))
+        else:
+            c[f.name] = default
+    return c
+
+
+def type_name(t: Any) -> str:
+    """How messages and `describe` name a type."""
+    return {dict: "mapping"}.get(t, getattr(t, "__name__", str(t)))
+
+
+def _describe_type(k: Key) -> str:
+    if k.type is tuple:
+        name = f"tuple of {type_name(k.item)}"
+    elif k.type is dict:
+        name = "mapping" if k.item is Any else f"mapping of {type_name(k.item)}"
+    else:
+        name = type_name(k.type)
+    return f"{name} or None" if k.optional else name
+
+
+def describe_range(k: Key) -> str:
+    """The allowed values or range of `k` in words ('' when any value of its type is allowed)."""
+    parts = []
+    allowed = k.allowed()
+    if allowed is not None:
+        parts.append("one of " + ", ".join(allowed))
+    if k.keys is not None:
+        parts.append("keys " + ", ".join(k.allowed_keys() or ()))
+    if k.min is not None:
+        bound = f">= {k.min:g}"
+        parts.append(f"{bound} or -1" if k.or_minus_one else bound)
+    return "; ".join(parts)
+
+
+def describe() -> list[tuple[str, str, str, str, str]]:
+    """Rows `(key, type, default, allowed values or range, help)` of every key, for `--help`
+    texts and docs. Library-owned choices are loaded (this imports `cairn.models`, ...)."""
+    return [(k.path, _describe_type(k), repr(k.default), describe_range(k), k.help) for k in keys()]

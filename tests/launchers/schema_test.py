@@ -1,0 +1,250 @@
+"""The config schema (cairn.launchers.schema): each key declared once, `base_config()` generated
+from it, validation walking it, help for every key, library-owned choices and defaults."""
+
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import launch_util
+import pytest
+
+from cairn.launchers import config_base, config_io, schema, validation
+from cairn.launchers.validation import ConfigError
+
+# `base_config()` as it was written by hand before the schema (keys and defaults).
+HAND_WRITTEN = {
+    "experiment": "experiment",
+    "model_dir": "",
+    "seed": 0,
+    "num_train_steps": 1000,
+    "fingerprint_every": 10,
+    "model": {
+        "kind": "encoder_decoder",
+        "preset": "t5_1_1_tiny",
+        "overrides": {},
+        "vocab_size": 0,
+        "label_smoothing": 0.0,
+        "z_loss": 1e-4,
+        "loss_normalizing_factor": "NUM_REAL_TARGET_TOKENS",
+    },
+    "vocabulary": {"kind": "sentencepiece", "path": "", "extra_ids": 100},
+    "data": {
+        "task": "",
+        "task_modules": [],
+        "split": "train",
+        "sequence_length": {"inputs": 512, "targets": 114},
+        "batch_size": 128,
+        "pack": False,
+        "cache_dir": "",
+        "check_source_files": True,
+        "cache_with_beam": False,
+    },
+    "partitioning": {
+        "mesh": {"data": -1, "fsdp": 1, "model": 1},
+        "fsdp_rules": False,
+        "num_slices": 1,
+        "dcn_mesh": {"data": -1, "fsdp": 1, "model": 1},
+    },
+    "optimizer": {
+        "name": "adafactor",
+        "schedule": "factor",
+        "learning_rate": 1.0,
+        "factors": "constant * linear_warmup * rsqrt_decay",
+        "warmup_steps": 1000,
+        "final_learning_rate": 0.0,
+        "clip_grad_norm": None,
+        "weight_decay": 0.0,
+        "b1": 0.9,
+        "b2": 0.999,
+    },
+    "trainer": {
+        "num_microbatches": 1,
+        "checkpoint_every": 1000,
+        "keep_checkpoints": 3,
+        "eval_every": 0,
+        "log_every": 100,
+        "tensorboard": True,
+    },
+    "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16},
+    "post_training": {
+        "final_eval": True,
+        "num_samples": 4,
+        "prompts": [],
+        "decode_method": "greedy",
+        "max_decode_length": 0,
+        "temperature": 1.0,
+        "top_k": 0,
+    },
+    "init": {"checkpoint": "", "checkpoint_step": None, "hf_checkpoint": ""},
+    "multihost": {
+        "coordinator_address": "",
+        "coordinator_bind_address": "",
+        "num_processes": None,
+        "process_id": None,
+        "initialization_timeout_seconds": 300,
+        "heartbeat_timeout_seconds": 100,
+    },
+}
+PLACEHOLDERS = {
+    ("optimizer", "clip_grad_norm"): float,
+    ("init", "checkpoint_step"): int,
+    ("multihost", "num_processes"): int,
+    ("multihost", "process_id"): int,
+}
+
+
+def _leaves(node, prefix=""):
+    for k, v in node.items():
+        if isinstance(v, dict) and f"{prefix}{k}" not in config_base.FREE_FORM + ("partitioning.dcn_mesh",):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def test_generated_base_config_has_the_hand_written_keys_and_defaults():
+    config = config_base.base_config()
+    assert config_io.to_plain(config) == HAND_WRITTEN
+    for (section, name), want in PLACEHOLDERS.items():
+        assert config[section].get_ref(name).get_type() is want
+    assert config_base.FREE_FORM == ("model.overrides", "data.sequence_length", "partitioning.mesh")
+    assert isinstance(config.data.task_modules, tuple)
+    # Two calls give independent configs (mutable defaults are copied).
+    config.data.sequence_length.inputs = 1
+    assert config_base.base_config().data.sequence_length.inputs == 512
+
+
+def test_every_key_has_a_one_line_help_string():
+    keys = {k.path: k for k in schema.keys()}
+    assert set(_leaves(config_io.to_plain(config_base.base_config()))) == set(keys)
+    for k in keys.values():
+        assert k.help and "\n" not in k.help, k.path
+    for name in schema.sections():
+        assert name in {f.name for f in dataclasses.fields(schema.Config)}
+
+
+def test_describe_lists_every_key_with_type_default_range_and_help():
+    rows = {row[0]: row for row in schema.describe()}
+    assert set(rows) == {k.path for k in schema.keys()}
+    assert rows["optimizer.name"] == (
+        "optimizer.name",
+        "str",
+        "'adafactor'",
+        "one of adafactor, adamw",
+        "the optimizer",
+    )
+    assert rows["trainer.num_microbatches"][3] == ">= 1"
+    assert rows["optimizer.clip_grad_norm"][1:3] == ("float or None", "None")
+    assert rows["partitioning.mesh"][1] == "mapping of int"
+    assert rows["partitioning.mesh"][3] == "keys data, fsdp, model; >= 1 or -1"
+    assert rows["model.kind"][3] == "one of encoder_decoder, decoder_only"
+    assert all(len(row) == 5 and all(isinstance(x, str) for x in row) for row in rows.values())
+
+
+def _library_value(owner):
+    module, _, attr = owner.partition(":")
+    cls_name, _, field = attr.partition(".")
+    value = getattr(importlib.import_module(module), cls_name)
+    if not field:
+        return value
+    return {f.name: f.default for f in dataclasses.fields(value)}[field]
+
+
+def test_keys_a_library_owns_have_its_defaults_and_choices():
+    owned = [k for k in schema.keys() if k.owner]
+    assert len(owned) >= 15
+    for k in owned:
+        assert _library_value(k.owner) == k.default, k.path
+    from cairn.models import families, losses, model_base
+    from cairn.partitioning import DEFAULT_AXES
+    from cairn.trainer import optimizers
+
+    assert schema.key("optimizer.name").allowed() == optimizers.OPTIMIZERS
+    assert schema.key("model.kind").allowed() == families.names()
+    assert schema.key("model.loss_normalizing_factor").allowed() == (*losses.NORMALIZING_MODES, "none")
+    assert schema.key("post_training.decode_method").allowed() == model_base.DECODE_METHODS
+    assert schema.key("partitioning.mesh").allowed_keys() == tuple(DEFAULT_AXES)
+
+
+def test_importing_the_schema_and_an_experiment_loads_no_jax():
+    code = (
+        "import json, sys; from cairn.launchers import config_base, config_io, schema; "
+        f"config_io.load_config_file({launch_util.T5_CONFIG!r}); schema.keys(); config_base.base_config(); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120, check=True
+    ).stdout
+    assert set(json.loads(out.strip().splitlines()[-1])) & {"jax", "flax", "tensorflow", "optax"} == set()
+
+
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        ("trainer.log_every", -1, "'trainer.log_every': must be >= 0, got -1"),
+        ("data.batch_size", 0, "'data.batch_size': must be >= 1, got 0"),
+        (
+            "optimizer.schedule",
+            "cosin",
+            "'optimizer.schedule': unknown value 'cosin'; did you mean 'cosine'? allowed: "
+            "constant, cosine, factor, linear",
+        ),
+        ("optimizer.clip_grad_norm", "1", "'optimizer.clip_grad_norm': must be float, got str '1'"),
+        ("data.task_modules", ["a", 3], "'data.task_modules[1]': must be str, got int 3"),
+        ("data.sequence_length", {"inputs": "64"}, "'data.sequence_length.inputs': must be int, got str '64'"),
+        (
+            "partitioning.mesh",
+            {"dta": 2},
+            "'partitioning.mesh.dta': unknown key of 'partitioning.mesh'; did you mean 'data'?",
+        ),
+        ("partitioning.mesh", {"model": 0}, "'partitioning.mesh.model': must be a positive int or -1, got 0"),
+        ("eval", 3, "'eval': must be a section (keys batch_size, num_examples, split, task), got 3"),
+    ],
+)
+def test_errors_come_from_the_field_and_name_the_key(path, value, message):
+    config = config_io.to_plain(config_base.base_config())
+    config_io.set_path(config, path, value)
+    with pytest.raises(ConfigError) as e:
+        validation.check_schema(config)
+    assert message in str(e.value)
+
+
+def test_none_is_allowed_only_for_placeholders():
+    config = config_io.to_plain(config_base.base_config())
+    config["optimizer"]["clip_grad_norm"] = 1  # an int passes as a float
+    validation.check_schema(config)
+    config["seed"] = None
+    with pytest.raises(ConfigError, match="'seed': must be int, got NoneType None"):
+        validation.check_schema(config)
+
+
+def test_the_schema_is_walked_once_per_unchanged_config(monkeypatch):
+    walks = []
+    real = validation._walk
+    monkeypatch.setattr(validation, "_walk", lambda node, prefix: (walks.append(prefix), real(node, prefix)))
+    config = config_base.base_config()
+    validation.check_schema(config)
+    validation.check_schema(config)
+    assert walks.count("") == 1  # the top level (sections recurse through _walk too)
+    config.seed = 1  # changed: walked again
+    validation.check_schema(config)
+    assert walks.count("") == 2
+
+
+def test_prepare_checks_the_schema_and_builds_the_model_config_once(tmp_path, monkeypatch):
+    from cairn.launchers import builder, train_main
+
+    config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
+    config.model_dir = str(tmp_path / "run")
+    validation.check_schema(config)  # as cli.loaded_config does
+    walks, models = [], []
+    real_walk, real_model = validation._walk, validation.check_model
+    monkeypatch.setattr(validation, "_walk", lambda node, prefix: (walks.append(prefix), real_walk(node, prefix)))
+    counted = lambda c: (models.append(1), real_model(c))[1]
+    monkeypatch.setattr(validation, "check_model", counted)
+    monkeypatch.setattr(builder, "check_model", counted)
+    ready = train_main.prepare(config)
+    assert walks == [] and len(models) == 1
+    assert ready["model_config"].vocab_size == 2176 and callable(ready["schedule"])
