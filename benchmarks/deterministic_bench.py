@@ -32,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PEER_PYTHON = os.path.join(REPO, ".peer-venv", "bin", "python")
+LIB_PATHS = [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
 LENGTHS = {"inputs": 512, "targets": 128}
 BATCH = 32
 FAR_STEP = 1_000_000
@@ -92,7 +93,7 @@ def cache_job(root: str, model: str, lines: list, files: int) -> tuple[float, in
     for i in range(files):
         with open(os.path.join(data_dir, f"part-{i:03d}.txt"), "w", encoding="utf-8") as f:
             f.write("".join(line.replace("\r", " ") + "\n" for line in lines[i::files]))
-    paths = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks"), HERE]
+    paths = LIB_PATHS + [HERE]
     with open(os.path.join(root, "det_bench_tasks.py"), "w", encoding="utf-8") as f:
         f.write(TASKS_MODULE.format(paths=paths, model=model,
                                     data=os.path.join(data_dir, "*.txt")))
@@ -159,7 +160,7 @@ def main() -> None:
                                                      False: args.unpacked_batches},
                              args.warmup), sys.stdout)
         return
-    sys.path[:0] = [os.path.join(REPO, "tokenizers"), os.path.join(REPO, "datatasks"), HERE]
+    sys.path[:0] = LIB_PATHS + [HERE]
     from tokenizers_bench import shakespeare_lines, trained_model
 
     lines = shakespeare_lines()[:args.lines]
