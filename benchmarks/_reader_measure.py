@@ -41,7 +41,17 @@ class TreeRss:
 
 
 def max_rss_mb(children: bool = False) -> float:
-    """`ru_maxrss` of this process (or of its largest waited-for child), in MiB."""
+    """Peak RSS of this process in MiB: `VmHWM` of /proc/self/status, which starts afresh at
+    `exec` (`ru_maxrss` does not: a child started by a big process would report its
+    parent's size); with `children`, `ru_maxrss` of the largest waited-for child."""
+    if not children:
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024  # kB
+        except OSError:
+            pass
     who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
     return resource.getrusage(who).ru_maxrss / 1024  # KiB on Linux
 

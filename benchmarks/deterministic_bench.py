@@ -1,6 +1,7 @@
 """Deterministic pipelines of cairn.datatasks: cache job, resume cost and throughput.
 
-  .venv/bin/python benchmarks/deterministic_bench.py [--lines N] [--files F] [--batches N] [--unpacked-batches N]
+  .venv/bin/python benchmarks/deterministic_bench.py [--lines N] [--files F] [--batches N]
+      [--unpacked-batches N] [--repeats R] [--no-grain]
 
 The task is datatasks_bench.py's: the `shakespeare` package's non-empty lines (the first
 `--lines`, split into `--files` text files), `inputs` / `targets` = the two halves of each
@@ -14,7 +15,12 @@ with lengths inputs 512 / targets 128, global batch 32. It reports:
     unpacked, and their ratio (median of 3 fresh readers each, after one warm-up round);
   * steady-state batches/s of the deterministic reader (default prefetch), of the streaming
     `cairn.datatasks.get_dataset` (shuffle buffer, seeded) and of seqio 0.0.20's streaming
-    `get_dataset` (run in `.peer-venv` by this same file with `--peer`), as ratios.
+    `get_dataset` (run in `.peer-venv` by this same file with `--peer`), as ratios;
+  * each reader alone in a fresh process, measured by the same code (`_reader_measure.py`):
+    Cairn's deterministic reader (this file with `--reader-child`) and Grain 0.2.18 reading
+    the same cached ArrayRecord shards (`_grain_peer.py` in `.peer-venv`: unpacked with 0
+    workers, packed with 2 and 0 worker processes): batches/s, non-pad target tokens/s,
+    target fill, peak RSS, and Cairn/Grain per non-pad target token and in peak RSS.
 """
 
 from __future__ import annotations
@@ -141,6 +147,71 @@ def reader_figures(root: str, batches: dict, warmup: int) -> dict:
     return out
 
 
+def reader_child(root: str, mode: str, batches: int, warmup: int, repeats: int) -> dict:
+    """Cairn's deterministic reader (default prefetch) alone in this process, measured with
+    the same code as the Grain peer (`_reader_measure`): rates, fill and peak RSS."""
+    sys.path[:0] = [root] + LIB_PATHS + [HERE]
+    from _reader_measure import TreeRss, max_rss_mb, measure, rss_report
+
+    import det_bench_tasks  # noqa: F401  (registers the task)
+    import cairn.datatasks as dt
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    base = max_rss_mb()
+    sampler = TreeRss()
+    reader = DeterministicReader("det_bench", os.path.join(root, "cache"), seed=0,
+                                 global_batch_size=BATCH, sequence_length=LENGTHS,
+                                 feature_converter=dt.EncDecFeatureConverter(pack=mode == "packed"))
+    out = measure(reader, batches, warmup, repeats, LENGTHS["targets"])
+    tree = sampler.stop()
+    reader.close()
+    out.update(rss_report(base, tree))
+    return out
+
+
+def child_json(argv: list, what: str) -> dict:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode:
+        return {"error": f"{what} failed: " + proc.stderr[-800:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def side_rows(mode: str, name: str, f: dict, workers: int = 0) -> list:
+    if "error" in f:
+        return [(mode, f"{name}: {f['error'][-300:]}", "")]
+    rows = [(mode, f"{name} batches/s", f"{f['batches_per_s']:.1f}"),
+            (mode, "  non-pad target tokens/s", f"{f['tokens_per_s']:,.0f}"),
+            (mode, "  target fill (of batch x 128)", f"{f['fill']:.3f}"),
+            (mode, "  peak RSS MB (after imports)",
+             f"{f['rss_self_mb']:,.0f} ({f['rss_imports_mb']:,.0f})")]
+    if workers:  # sampled sum over the process tree (ru_maxrss of children is per child)
+        rows.append((mode, "  peak RSS MB, with workers", f"{f['rss_tree_peak_mb']:,.0f}"))
+    return rows
+
+
+def token_rows(cairn: dict, grain: dict) -> list:
+    """Rows (mode, metric, text): Cairn's reader and Grain, each in its own process, and
+    Cairn/Grain per non-pad target token (targets: >= 3 unpacked, >= 2.5 packed vs 2
+    workers) and in peak RSS (<= Grain's 0-worker process)."""
+    rows = []
+    for mode, c in cairn.items():
+        rows += side_rows(mode, "cairn reader, own process", c)
+        for g_mode, g in grain.items():
+            if not g_mode.startswith(mode):
+                continue
+            workers = 0 if g_mode == "unpacked" else int(g_mode.removeprefix("packed_mp"))
+            rows += side_rows(mode, f"grain 0.2.18, {workers} workers", g, workers)
+            if "error" in c or "error" in g:
+                continue
+            target = {"unpacked": " (>= 3)", "packed_mp2": " (>= 2.5)"}.get(g_mode, "")
+            rows.append((mode, f"  cairn/grain per token{target}",
+                         f"{c['tokens_per_s'] / g['tokens_per_s']:.2f}"))
+            if workers == 0:
+                rows.append((mode, "  cairn/grain peak RSS (<= 1)",
+                             f"{c['rss_self_mb'] / g['rss_self_mb']:.2f}"))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lines", type=int, default=100_000)
@@ -149,7 +220,13 @@ def main() -> None:
     p.add_argument("--unpacked-batches", type=int, default=2000,
                    help="unpacked batches timed (many: the reader computes ~1,024 rows ahead)")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed windows of the per-process reader and Grain measurements (median)")
+    p.add_argument("--no-grain", action="store_true", help="skip the Grain peer")
     p.add_argument("--peer", action="store_true", help="internal: run seqio's side")
+    p.add_argument("--reader-child", choices=("packed", "unpacked"),
+                   help="internal: measure Cairn's reader alone in this process")
+    p.add_argument("--root", help="internal: the benchmark's temporary directory")
     p.add_argument("--model")
     p.add_argument("--data")
     p.add_argument("--cache-dir", default=os.path.join(
@@ -159,6 +236,11 @@ def main() -> None:
         json.dump(peer_rates(args.model, args.data, {True: args.batches,
                                                      False: args.unpacked_batches},
                              args.warmup), sys.stdout)
+        return
+    counts = {"packed": args.batches, "unpacked": args.unpacked_batches}
+    if args.reader_child:
+        json.dump(reader_child(args.root, args.reader_child, counts[args.reader_child],
+                               args.warmup, args.repeats), sys.stdout)
         return
     sys.path[:0] = LIB_PATHS + [HERE]
     from tokenizers_bench import shakespeare_lines, trained_model
@@ -182,6 +264,21 @@ def main() -> None:
                                    str(args.warmup)], capture_output=True, text=True)
             peer = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
                     else "seqio failed: " + proc.stderr[-500:])
+        common = ["--batches", str(args.batches), "--unpacked-batches", str(args.unpacked_batches),
+                  "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+        cairn = {mode: child_json([sys.executable, os.path.abspath(__file__), "--reader-child",
+                                   mode, "--root", root, *common], "cairn reader")
+                 for mode in ("unpacked", "packed")}
+        grain = {}
+        if os.path.exists(PEER_PYTHON) and not args.no_grain:
+            from cairn.datatasks.deterministic import task_dir
+            from cairn.tokenizers import SentencePieceVocabulary
+
+            grain = child_json([PEER_PYTHON, os.path.join(HERE, "_grain_peer.py"), "--task-dir",
+                                task_dir(os.path.join(root, "cache"), "det_bench", "train"),
+                                "--inputs-len", str(LENGTHS["inputs"]), "--targets-len",
+                                str(LENGTHS["targets"]), "--batch", str(BATCH), "--eos-id",
+                                str(SentencePieceVocabulary(model).eos_id), *common], "grain")
     print(f"{'mode':10s}{'metric':34s}{'value':>12s}")
     for mode, f in figures.items():
         print(f"{mode:10s}{'reader build (plan) s':34s}{f['build_s']:12.3f}")
@@ -197,6 +294,13 @@ def main() -> None:
             print(f"{mode:10s}{'  ratio det/seqio':34s}{f['deterministic'] / peer[mode]:12.2f}")
     if not isinstance(peer, dict):
         print(f"seqio: {peer}")
+    if "error" in grain:
+        print(grain["error"])
+        grain = {}
+    print(f"\nEach reader alone in a fresh process (median of {args.repeats} windows of "
+          f"{args.batches} packed / {args.unpacked_batches} unpacked batches):")
+    for mode, metric, text in token_rows(cairn, grain):
+        print(f"{mode:10s}{metric:38s}{text:>14s}")
 
 
 if __name__ == "__main__":
