@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _reader_measure import TreeRss, max_rss_mb, measure, rss_report  # noqa: E402
+from _reader_measure import TreeRss, max_rss_mb, measure, rss_report
 
 
 def example_class():

@@ -151,9 +151,9 @@ def reader_child(root: str, mode: str, batches: int, warmup: int, repeats: int) 
     """Cairn's deterministic reader (default prefetch) alone in this process, measured with
     the same code as the Grain peer (`_reader_measure`): rates, fill and peak RSS."""
     sys.path[:0] = [root] + LIB_PATHS + [HERE]
+    import det_bench_tasks  # noqa: F401  (registers the task)
     from _reader_measure import TreeRss, max_rss_mb, measure, rss_report
 
-    import det_bench_tasks  # noqa: F401  (registers the task)
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
