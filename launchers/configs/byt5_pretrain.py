@@ -15,8 +15,15 @@ def get_config(size: str = "small"):
     if size not in SIZES:
         raise ValueError(f"byt5_pretrain.py:SIZE takes one of {', '.join(SIZES)}, got {size!r}")
     config = config_base.base_config()
-    config_base.pretrain(config, f"byt5_{size}", "encoder_decoder", "mc4_byte_span_corruption",
-                         {"inputs": 1024, "targets": 229}, batch_size=1024, steps=1000000)
+    config_base.pretrain(
+        config,
+        f"byt5_{size}",
+        "encoder_decoder",
+        "mc4_byte_span_corruption",
+        {"inputs": 1024, "targets": 229},
+        batch_size=1024,
+        steps=1000000,
+    )
     config.vocabulary.kind = "byte"
     config.vocabulary.extra_ids = 125
     config_base.model_parallel_mesh(config, size)

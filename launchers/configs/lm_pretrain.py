@@ -16,8 +16,9 @@ def get_config(size: str = "125m"):
     if size not in SIZES:
         raise ValueError(f"lm_pretrain.py:SIZE takes one of {', '.join(SIZES)}, got {size!r}")
     config = config_base.base_config()
-    config_base.pretrain(config, f"decoder_only_{size}", "decoder_only", "my_lm",
-                         {"targets": 2048}, batch_size=256, steps=100000)
+    config_base.pretrain(
+        config, f"decoder_only_{size}", "decoder_only", "my_lm", {"targets": 2048}, batch_size=256, steps=100000
+    )
     config.optimizer.learning_rate = 6e-4 if size in ("125m", "350m") else 3e-4
     config.optimizer.final_learning_rate = config.optimizer.learning_rate / 10
     config_base.model_parallel_mesh(config, size)

@@ -15,7 +15,14 @@ def get_config(size: str = "small"):
     if size not in SIZES:
         raise ValueError(f"mt5_pretrain.py:SIZE takes one of {', '.join(SIZES)}, got {size!r}")
     config = config_base.base_config()
-    config_base.pretrain(config, f"mt5_{size}", "encoder_decoder", "mc4_span_corruption",
-                         {"inputs": 1024, "targets": 229}, batch_size=1024, steps=1000000)
+    config_base.pretrain(
+        config,
+        f"mt5_{size}",
+        "encoder_decoder",
+        "mc4_span_corruption",
+        {"inputs": 1024, "targets": 229},
+        batch_size=1024,
+        steps=1000000,
+    )
     config_base.model_parallel_mesh(config, size)
     return config

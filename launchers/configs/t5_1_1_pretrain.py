@@ -18,7 +18,14 @@ def get_config(size: str = "small"):
     if size not in SIZES:
         raise ValueError(f"t5_1_1_pretrain.py:SIZE takes one of {', '.join(SIZES)}, got {size!r}")
     config = config_base.base_config()
-    config_base.pretrain(config, f"t5_1_1_{size}", "encoder_decoder", "c4_span_corruption",
-                         {"inputs": 512, "targets": 114}, batch_size=2048, steps=524288)
+    config_base.pretrain(
+        config,
+        f"t5_1_1_{size}",
+        "encoder_decoder",
+        "c4_span_corruption",
+        {"inputs": 512, "targets": 114},
+        batch_size=2048,
+        steps=524288,
+    )
     config_base.model_parallel_mesh(config, size)
     return config

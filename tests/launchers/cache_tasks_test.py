@@ -2,9 +2,8 @@
 Beam give the same records; a complete cache is left alone; the entry point exits 0."""
 
 import os
-import sys
 
-import launch_util  # noqa: E402
+import launch_util
 
 
 def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch):
@@ -28,8 +27,11 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch):
 
 def test_entry_point(tmp_path):
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    proc = launch_util.run("cairn.launchers.cache_main", [f"--config={launch_util.T5_CONFIG}",
-                                                          f"--config.data.cache_dir={tmp_path / 'c'}"], env=env)
+    proc = launch_util.run(
+        "cairn.launchers.cache_main",
+        [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp_path / 'c'}"],
+        env=env,
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"shakespeare_span_corruption: cached in {tmp_path / 'c'}" in proc.stdout
     assert os.path.exists(tmp_path / "c" / "shakespeare_span_corruption" / "train" / "COMPLETED")

@@ -14,13 +14,12 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import launch_util
 import pytest
 
-import launch_util  # noqa: E402
-
 EXAMPLES = 101
-BATCH = 6          # eval.batch_size and infer's --chunk_size: 17 batches, the last with 5 rows
-TIMEOUT = 600      # per launch (three processes compiling on a loaded 2-core machine)
+BATCH = 6  # eval.batch_size and infer's --chunk_size: 17 batches, the last with 5 rows
+TIMEOUT = 600  # per launch (three processes compiling on a loaded 2-core machine)
 LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
 
 
@@ -47,8 +46,13 @@ def free_port():
 def launch(module, args, tmp, name, processes=1, devices=3, env=None):
     """Runs `python -m module args` as `processes` processes x `devices` CPU devices; returns
     `[(returncode, stdout, stderr)]` per process. Process groups are killed on the way out."""
-    base = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(env or {}))
+    base = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        **(env or {}),
+    )
     base.pop("BUILD_WORKING_DIRECTORY", None)
     if processes > 1:
         base.update(CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}", CAIRN_NUM_PROCESSES=str(processes))
@@ -58,8 +62,16 @@ def launch(module, args, tmp, name, processes=1, devices=3, env=None):
             out, err = open(tmp / f"{name}-p{i}.out", "w+"), open(tmp / f"{name}-p{i}.err", "w+")
             logs.append((out, err))
             env_i = dict(base, CAIRN_PROCESS_ID=str(i)) if processes > 1 else base
-            procs.append(subprocess.Popen([sys.executable, "-m", module] + list(args), env=env_i, stdout=out,
-                                          stderr=err, cwd=str(launch_util.REPO), start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module] + list(args),
+                    env=env_i,
+                    stdout=out,
+                    stderr=err,
+                    cwd=str(launch_util.REPO),
+                    start_new_session=True,
+                )
+            )
         for p in procs:
             p.wait(timeout=TIMEOUT)
     finally:
@@ -82,8 +94,11 @@ def ok(results):
 
 def own_lines(stdout):
     """stdout without Gloo's start-up messages (which can come in pieces)."""
-    return [line for line in stdout.splitlines()
-            if line.strip() and not line.startswith("[Gloo]") and "peer ranks" not in line]
+    return [
+        line
+        for line in stdout.splitlines()
+        if line.strip() and not line.startswith("[Gloo]") and "peer ranks" not in line
+    ]
 
 
 def shares(results, what):
@@ -114,12 +129,30 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("evalinfer_mp")
     env = {"CAIRN_SHAKESPEARE_DIR": texts(tmp)}
     model_dir = tmp / "run"
-    common = [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
-              f"--config.data.cache_dir={tmp / 'cache'}", "--config.num_train_steps=2",
-              f"--config.eval.num_examples={EXAMPLES}", f"--config.eval.batch_size={BATCH}"]
-    ok(launch("cairn.launchers.train_main", common + [
-        "--config.data.batch_size=6", "--config.trainer.checkpoint_every=2", "--config.post_training.final_eval=false",
-        "--config.post_training.num_samples=0", "--config.trainer.tensorboard=false"], tmp, "train", env=env))
+    common = [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={tmp / 'cache'}",
+        "--config.num_train_steps=2",
+        f"--config.eval.num_examples={EXAMPLES}",
+        f"--config.eval.batch_size={BATCH}",
+    ]
+    ok(
+        launch(
+            "cairn.launchers.train_main",
+            common
+            + [
+                "--config.data.batch_size=6",
+                "--config.trainer.checkpoint_every=2",
+                "--config.post_training.final_eval=false",
+                "--config.post_training.num_samples=0",
+                "--config.trainer.tensorboard=false",
+            ],
+            tmp,
+            "train",
+            env=env,
+        )
+    )
     return tmp, common, env
 
 
@@ -128,8 +161,15 @@ def test_eval_on_three_processes_equals_one(run):
     args = common  # the task's metric (perplexity) scores; decoding is covered by infer below
     one = launch("cairn.launchers.eval_main", args + [f"--eval_dir={tmp / 'eval1'}"], tmp, "eval1", env=env)
     ok(one)
-    three = launch("cairn.launchers.eval_main", args + [f"--eval_dir={tmp / 'eval3'}"], tmp, "eval3",
-                   processes=3, devices=1, env=env)
+    three = launch(
+        "cairn.launchers.eval_main",
+        args + [f"--eval_dir={tmp / 'eval3'}"],
+        tmp,
+        "eval3",
+        processes=3,
+        devices=1,
+        env=env,
+    )
     ok(three)
     for name in ("evaluated.jsonl", "metrics.jsonl"):
         a, b = (tmp / "eval1" / name).read_bytes(), (tmp / "eval3" / name).read_bytes()
@@ -154,15 +194,24 @@ def test_infer_on_three_processes_equals_one(run):
     args = common + [f"--chunk_size={BATCH}", f"--num_examples={EXAMPLES}"]
     one = launch("cairn.launchers.infer_main", args + [f"--output={tmp / 'one.jsonl'}"], tmp, "infer1", env=env)
     ok(one)
-    three = launch("cairn.launchers.infer_main", args + [f"--output={tmp / 'three.jsonl'}"], tmp, "infer3",
-                   processes=3, devices=1, env=env)
+    three = launch(
+        "cairn.launchers.infer_main",
+        args + [f"--output={tmp / 'three.jsonl'}"],
+        tmp,
+        "infer3",
+        processes=3,
+        devices=1,
+        env=env,
+    )
     ok(three)
     a, b = (tmp / "one.jsonl").read_bytes(), (tmp / "three.jsonl").read_bytes()
     assert a == b, "3-process predictions differ from 1-process ones"
     rows = [json.loads(line) for line in a.decode().splitlines()]
     assert [r["index"] for r in rows] == list(range(EXAMPLES))
     assert len(os.listdir(tmp / "three.jsonl.parts")) == 17 + 1  # 17 parts and meta.json
-    assert (tmp / "one.jsonl.parts" / "meta.json").read_bytes() == (tmp / "three.jsonl.parts" / "meta.json").read_bytes()
+    assert (tmp / "one.jsonl.parts" / "meta.json").read_bytes() == (
+        tmp / "three.jsonl.parts" / "meta.json"
+    ).read_bytes()
     assert f"{EXAMPLES} predictions of step 2" in three[0][1]
     assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
     check_shares(three, "decodes")
@@ -172,9 +221,14 @@ def test_infer_on_three_processes_equals_one(run):
 def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_path):
     tmp, common, env = run
     for name, module, extra, key in (
-            ("bad-infer", "cairn.launchers.infer_main", [f"--output={tmp_path / 'p.jsonl'}", "--chunk_size=64"],
-             "chunk_size"),
-            ("bad-eval", "cairn.launchers.eval_main", ["--config.eval.batch_size=16"], "eval.batch_size")):
+        (
+            "bad-infer",
+            "cairn.launchers.infer_main",
+            [f"--output={tmp_path / 'p.jsonl'}", "--chunk_size=64"],
+            "chunk_size",
+        ),
+        ("bad-eval", "cairn.launchers.eval_main", ["--config.eval.batch_size=16"], "eval.batch_size"),
+    ):
         results = launch(module, common + extra, tmp, name, processes=3, devices=1, env=env)
         for rc, _, err in results:
             assert rc == 2, err[-3000:]

@@ -5,11 +5,9 @@ continuing prompts."""
 
 import json
 import os
-import sys
 
+import launch_util
 import pytest
-
-import launch_util  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +16,24 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("evalinfer")
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)}
     model_dir = tmp / "run"
-    common = [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
-              f"--config.data.cache_dir={tmp / 'cache'}", "--config.num_train_steps=6",
-              "--config.data.batch_size=8", "--config.eval.num_examples=8", "--config.eval.batch_size=4"]
-    proc = launch_util.train(common + ["--config.trainer.checkpoint_every=2", "--config.trainer.keep_checkpoints=0",
-                                       "--config.post_training.num_samples=0"], env=env)
+    common = [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={tmp / 'cache'}",
+        "--config.num_train_steps=6",
+        "--config.data.batch_size=8",
+        "--config.eval.num_examples=8",
+        "--config.eval.batch_size=4",
+    ]
+    proc = launch_util.train(
+        common
+        + [
+            "--config.trainer.checkpoint_every=2",
+            "--config.trainer.keep_checkpoints=0",
+            "--config.post_training.num_samples=0",
+        ],
+        env=env,
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     final = [line for line in proc.stdout.splitlines() if line.startswith("final evaluation at step 6")]
     return model_dir, common, env, final
@@ -47,8 +58,9 @@ def test_eval_one_checkpoint_and_watch(run):
     # The same numbers as the train entry point's own final evaluation.
     six = eval_rows(log)[-1]["metrics"]["shakespeare_span_corruption"]
     assert final and f"perplexity {six['perplexity']:.4g}" in final[0], (final, six)
-    assert any(f.startswith("events.") for _, _, fs in os.walk(model_dir / "eval" / "validation" / "tensorboard")
-               for f in fs)
+    assert any(
+        f.startswith("events.") for _, _, fs in os.walk(model_dir / "eval" / "validation" / "tensorboard") for f in fs
+    )
 
 
 def test_eval_without_checkpoints_is_a_clear_error(run, tmp_path):
@@ -91,16 +103,23 @@ def test_infer_of_the_lm_twin_continues_prompts(tmp_path):
     """A decoder-only model (the family's `continues_prompt`): `--input_file`'s lines, else the
     first half of each evaluation example, continued; the prediction excludes the prompt."""
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    common = [f"--config={launch_util.LM_CONFIG}", f"--config.model_dir={tmp_path / 'lm'}",
-              f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.num_train_steps=2",
-              "--config.data.batch_size=8", "--config.eval.num_examples=4", "--config.post_training.max_decode_length=6"]
+    common = [
+        f"--config={launch_util.LM_CONFIG}",
+        f"--config.model_dir={tmp_path / 'lm'}",
+        f"--config.data.cache_dir={tmp_path / 'cache'}",
+        "--config.num_train_steps=2",
+        "--config.data.batch_size=8",
+        "--config.eval.num_examples=4",
+        "--config.post_training.max_decode_length=6",
+    ]
     proc = launch_util.train(common + ["--config.post_training.final_eval=false"], env=env)
     assert proc.returncode == 0, launch_util.tail(proc)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("ROMEO. O, she\n\nTo be, or not\n")
     out = tmp_path / "file.jsonl"
-    proc = launch_util.run("cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=8",
-                                                                   f"--input_file={prompts}"], env=env)
+    proc = launch_util.run(
+        "cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=8", f"--input_file={prompts}"], env=env
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["index"], r["input"], r["target"]) for r in rows] == [(0, "ROMEO. O, she", ""), (1, "To be, or not", "")]

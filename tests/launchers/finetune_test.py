@@ -4,11 +4,9 @@
 
 import json
 import os
-import sys
 
+import launch_util
 import numpy as np
-
-import launch_util  # noqa: E402
 
 FINETUNE = str(launch_util.CONFIGS / "t5_1_1_finetune.py") + ":tiny"
 SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
@@ -20,12 +18,22 @@ def first_loss(model_dir):
 
 
 def args(model_dir, cache_dir, *extra):
-    return [f"--config={FINETUNE}", f"--config.model_dir={model_dir}", f"--config.data.cache_dir={cache_dir}",
-            f"--config.vocabulary.path={SPM}", "--config.data.task_modules=('cairn.launchers.tasks.shakespeare',)",
-            "--config.data.task=shakespeare_span_corruption", "--config.data.sequence_length.inputs=64",
-            "--config.data.sequence_length.targets=16", "--config.data.batch_size=8", "--config.num_train_steps=2",
-            "--config.trainer.eval_every=0", "--config.post_training.final_eval=false",
-            "--config.post_training.num_samples=0", *extra]
+    return [
+        f"--config={FINETUNE}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        f"--config.vocabulary.path={SPM}",
+        "--config.data.task_modules=('cairn.launchers.tasks.shakespeare',)",
+        "--config.data.task=shakespeare_span_corruption",
+        "--config.data.sequence_length.inputs=64",
+        "--config.data.sequence_length.targets=16",
+        "--config.data.batch_size=8",
+        "--config.num_train_steps=2",
+        "--config.trainer.eval_every=0",
+        "--config.post_training.final_eval=false",
+        "--config.post_training.num_samples=0",
+        *extra,
+    ]
 
 
 def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
@@ -49,8 +57,9 @@ def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
     assert f"initial params from {hf_dir}" in proc.stdout and "trained to step 2" in proc.stdout
     assert abs(first_loss(a) - uniform) < 1e-3, first_loss(a)
 
-    proc = launch_util.train(args(c, cache, f"--config.init.checkpoint={a}", "--config.init.checkpoint_step=2"),
-                             env=env)
+    proc = launch_util.train(
+        args(c, cache, f"--config.init.checkpoint={a}", "--config.init.checkpoint_step=2"), env=env
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"initial params from {a}" in proc.stdout
     assert first_loss(c) < first_loss(a)  # two steps of training (on these batches) already in the params

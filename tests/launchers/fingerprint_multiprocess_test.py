@@ -27,9 +27,23 @@ def _run_workers(num_processes: int, model_dir: pathlib.Path) -> None:
     port, procs = _free_port(), []
     try:
         for pid in range(num_processes):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), str(num_processes), str(pid), str(port), str(8 // num_processes),
-                 str(model_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        str(num_processes),
+                        str(pid),
+                        str(port),
+                        str(8 // num_processes),
+                        str(model_dir),
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         deadline = time.monotonic() + TIMEOUT_S
         for p in procs:
             out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))

@@ -3,7 +3,8 @@ fake-gcs-server this module starts on a free port and kills at the end): `cache_
 DirectRunner) writes the cache into the bucket, record for record what the in-process writer
 puts on local disk; the run is trained, SIGKILLed after a checkpoint, resumed, and bit-exact
 with the same run on local disk (`verify` across the two model_dirs); 2 processes on the bucket
-match 1 on local disk; no torn object after the kill; eval and infer reading that model_dir and writing there; the lock refusing a second run;
+match 1 on local disk; no torn object after the kill; eval and infer reading that model_dir and writing
+there; the lock refusing a second run;
 a missing bucket and an unreachable endpoint as one line, exit 2."""
 
 import json
@@ -15,12 +16,11 @@ import sys
 import threading
 import time
 
+import launch_util
 import pytest
 
 from cairn import storage
 from cairn.storage.testing import GcsEmulator
-
-import launch_util  # noqa: E402
 
 STEPS = 8
 
@@ -33,19 +33,34 @@ def world(tmp_path_factory):
         emu.activate()  # this process reads the bucket too
         bucket = emu.create_bucket("cairn-test")
         env = emu.environ({"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)})
-        yield {"tmp": tmp, "emu": emu, "bucket": bucket, "env": env, "local_cache": str(tmp / "cache"),
-               "gs_cache": bucket + "/cache"}
+        yield {
+            "tmp": tmp,
+            "emu": emu,
+            "bucket": bucket,
+            "env": env,
+            "local_cache": str(tmp / "cache"),
+            "gs_cache": bucket + "/cache",
+        }
     finally:
         emu.stop()
 
 
 def args(world, model_dir, steps=STEPS, *extra):
     cache = world["gs_cache"] if str(model_dir).startswith("gs://") else world["local_cache"]
-    return [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
-            f"--config.data.cache_dir={cache}", f"--config.num_train_steps={steps}",
-            "--config.data.batch_size=8", "--config.eval.num_examples=8", "--config.eval.batch_size=4",
-            "--config.trainer.log_every=1", "--config.trainer.checkpoint_every=2", "--config.fingerprint_every=2",
-            "--config.post_training.num_samples=0", *extra]
+    return [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache}",
+        f"--config.num_train_steps={steps}",
+        "--config.data.batch_size=8",
+        "--config.eval.num_examples=8",
+        "--config.eval.batch_size=4",
+        "--config.trainer.log_every=1",
+        "--config.trainer.checkpoint_every=2",
+        "--config.fingerprint_every=2",
+        "--config.post_training.num_samples=0",
+        *extra,
+    ]
 
 
 def child_env(env):
@@ -59,9 +74,15 @@ def child_env(env):
 
 def train_until_killed(world, model_dir, pattern, timeout=400):
     """Starts a run, SIGKILLs its process group once `pattern` is in its stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main"] + args(world, model_dir),
-                            env=child_env(world["env"]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd=str(launch_util.REPO), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cairn.launchers.train_main"] + args(world, model_dir),
+        env=child_env(world["env"]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(launch_util.REPO),
+        start_new_session=True,
+    )
     seen, lines = threading.Event(), []
 
     def read():
@@ -70,6 +91,7 @@ def train_until_killed(world, model_dir, pattern, timeout=400):
             if pattern in line:
                 seen.set()
         seen.set()  # the run ended without it: the assertion below says why
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
@@ -86,8 +108,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world):
     from cairn.datatasks.deterministic.store import CachedTask
 
     common = [f"--config={launch_util.T5_CONFIG}", "--beam"]
-    proc = launch_util.run("cairn.launchers.cache_main", common + [f"--config.data.cache_dir={world['gs_cache']}"],
-                           env=world["env"], timeout=900)
+    proc = launch_util.run(
+        "cairn.launchers.cache_main",
+        common + [f"--config.data.cache_dir={world['gs_cache']}"],
+        env=world["env"],
+        timeout=900,
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"shakespeare_span_corruption: cached in {world['gs_cache']}" in proc.stdout
     gs_path = task_dir(world["gs_cache"], "shakespeare_span_corruption", "train")
@@ -96,9 +122,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world):
     # The in-process writer, on local disk and into the bucket: the same records everywhere.
     in_process = world["bucket"] + "/cache-in-process"
     for cache_dir in (world["local_cache"], in_process):
-        proc = launch_util.run("cairn.launchers.cache_main", [f"--config={launch_util.T5_CONFIG}",
-                                                              f"--config.data.cache_dir={cache_dir}"],
-                               env=world["env"], timeout=900)
+        proc = launch_util.run(
+            "cairn.launchers.cache_main",
+            [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={cache_dir}"],
+            env=world["env"],
+            timeout=900,
+        )
         assert proc.returncode == 0, launch_util.tail(proc)
     local = CachedTask(task_dir(world["local_cache"], "shakespeare_span_corruption", "train"))
     for path in (gs_path, task_dir(in_process, "shakespeare_span_corruption", "train")):
@@ -107,9 +136,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world):
         assert remote.info["fingerprint"] == local.info["fingerprint"]
         assert remote.read(range(remote.num_records)) == local.read(range(local.num_records))
         assert (remote.lengths == local.lengths).all()
-    verify = launch_util.run("cairn.launchers.verify_cache_main", [f"--config={launch_util.T5_CONFIG}",
-                                                                   f"--config.data.cache_dir={world['gs_cache']}"],
-                             env=world["env"], timeout=300)
+    verify = launch_util.run(
+        "cairn.launchers.verify_cache_main",
+        [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={world['gs_cache']}"],
+        env=world["env"],
+        timeout=300,
+    )
     assert verify.returncode == 0 and "shakespeare_span_corruption/train: ok" in verify.stdout, launch_util.tail(verify)
 
 
@@ -140,8 +172,9 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
     assert f"trained to step {STEPS}" in proc.stdout
     assert "cairn.lock" not in storage.file_sizes(gs_run)  # released at the end
     assert any(n.startswith("tensorboard/train/events.") for n in storage.file_sizes(gs_run))
-    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={local}", f"--run_b={gs_run}"],
-                             env=world["env"], timeout=300)
+    verify = launch_util.run(
+        "cairn.launchers.verify", [f"--run_a={local}", f"--run_b={gs_run}"], env=world["env"], timeout=300
+    )
     assert verify.returncode == 0, launch_util.tail(verify)
     assert "bitwise" in verify.stdout or "identical" in verify.stdout, verify.stdout
     world["gs_run"] = gs_run
@@ -157,13 +190,24 @@ def test_two_processes_on_the_bucket_match_one(world):
     if "gs_run" not in world:
         pytest.fail("needs the local run of test_train_on_gs_killed_resumed_matches_local_disk")
     run = world["bucket"] + "/runs/t5-2x4"
-    pod = pod_runs.Pod(run, args(world, run), processes=2, devices=4, texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
-                       log_name="t5-2x4", log_dir=world["tmp"])
+    pod = pod_runs.Pod(
+        run,
+        args(world, run),
+        processes=2,
+        devices=4,
+        texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
+        log_name="t5-2x4",
+        log_dir=world["tmp"],
+    )
     with pod:
         pod.finish()
     assert "checkpoints/8/commit_success.txt" in storage.file_sizes(run)
-    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={world['tmp'] / 'local'}", f"--run_b={run}",
-                                                        "--rtol=1e-5"], env=world["env"], timeout=300)
+    verify = launch_util.run(
+        "cairn.launchers.verify",
+        [f"--run_a={world['tmp'] / 'local'}", f"--run_b={run}", "--rtol=1e-5"],
+        env=world["env"],
+        timeout=300,
+    )
     assert verify.returncode == 0, launch_util.tail(verify)
 
 
@@ -178,9 +222,12 @@ def test_eval_and_infer_read_and_write_the_bucket(world):
     assert [r["step"] for r in done] == [STEPS] and bad == 0
     assert storage.read_json_lines(f"{gs_run}/eval/validation/metrics.jsonl")[0]
     out = f"{gs_run}/predictions.jsonl"
-    proc = launch_util.run("cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=4",
-                                                                    "--num_examples=8"],
-                           env=world["env"], timeout=600)
+    proc = launch_util.run(
+        "cairn.launchers.infer_main",
+        common + [f"--output={out}", "--chunk_size=4", "--num_examples=8"],
+        env=world["env"],
+        timeout=600,
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     rows = [json.loads(line) for line in storage.read_text(out).splitlines()]
     assert [r["index"] for r in rows] == list(range(8))
@@ -222,8 +269,10 @@ def test_an_unreachable_endpoint_is_one_line(world):
 
 def test_eval_and_infer_into_a_missing_bucket_are_one_line(world):
     common = args(world, world["bucket"] + "/runs/t5")
-    for module, extra, key in (("cairn.launchers.eval_main", ["--eval_dir=gs://no-such-bucket/eval"], "eval_dir"),
-                               ("cairn.launchers.infer_main", ["--output=gs://no-such-bucket/p.jsonl"], "output")):
+    for module, extra, key in (
+        ("cairn.launchers.eval_main", ["--eval_dir=gs://no-such-bucket/eval"], "eval_dir"),
+        ("cairn.launchers.infer_main", ["--output=gs://no-such-bucket/p.jsonl"], "output"),
+    ):
         proc = launch_util.run(module, common + extra, env=world["env"], timeout=300)
         assert proc.returncode == 2, launch_util.tail(proc)
         last = proc.stderr.strip().splitlines()[-1]

@@ -8,12 +8,12 @@ import subprocess
 import sys
 import time
 
+import launch_util
 import pytest
 import yaml
 
-import launch_util  # noqa: E402
-from cairn.launchers import jobset, yaml_text  # noqa: E402
-from cairn.launchers.validation import ConfigError  # noqa: E402
+from cairn.launchers import jobset, yaml_text
+from cairn.launchers.validation import ConfigError
 
 CONFIG = "launchers/configs/shakespeare_t5_tiny.py"
 POD_DIR = launch_util.REPO / "launchers" / "pod"
@@ -45,11 +45,13 @@ def test_tpu_layouts():
     v4 = jobset.layout("tpu-v4-podslice", "2x2x4")
     assert (v4.hosts, v4.devices_per_host) == (4, 4)
     assert jobset.layout("tpu-v5p-slice", "2x2x1").hosts == 1
-    for args, flag, words in ((("tpu-v5-lite-podslice", "3x3"), "topology", "multiple of 4"),
-                              (("tpu-v4-podslice", "4x4"), "topology", "2x2x2"),
-                              (("tpu-v5-lite-podslice", ""), "topology", "not a topology"),
-                              (("tpu-v5-lite-podslice", "4x4", 2), "num_hosts", "4 host(s) of 4 chips"),
-                              (("tpu-v5-lite-podslice", "4x4", None, 8), "gpus_per_host", "GPU node pools")):
+    for args, flag, words in (
+        (("tpu-v5-lite-podslice", "3x3"), "topology", "multiple of 4"),
+        (("tpu-v4-podslice", "4x4"), "topology", "2x2x2"),
+        (("tpu-v5-lite-podslice", ""), "topology", "not a topology"),
+        (("tpu-v5-lite-podslice", "4x4", 2), "num_hosts", "4 host(s) of 4 chips"),
+        (("tpu-v5-lite-podslice", "4x4", None, 8), "gpus_per_host", "GPU node pools"),
+    ):
         with pytest.raises(jobset.JobSetError, match=r"^--" + flag) as e:
             jobset.layout(*args)
         assert words in str(e.value)
@@ -68,12 +70,42 @@ def test_gpu_layouts():
 
 def test_yaml_round_trip_of_awkward_values():
     """The manifest's emitter (`yaml_text`): what PyYAML reads back is what was written."""
-    value = {"plain": "gs://b/x", "words": ["true", "No", "null", "~", "8", "2x4", "1e3", "-1", "-.inf", "0x1f",
-                                            "", " lead", "trail ", "a: b", "key:", "#c", "-c", "--config.a=b:c",
-                                            "$(HOME)", "é", "tab\there", "quote\"s", "back\\slash"],
-             "nums": [0, -3, 10 ** 12], "flags": [True, False], "empty": {}, "none": [],
-             "block": "line 1\n  indented\n\nafter a blank", "ends_nl": "x\ny\n",
-             "nested": [{"a": [{"b": 1, "c": ["d"]}], "e": "f"}, [1, [2]]], "weird key: x": 1}
+    value = {
+        "plain": "gs://b/x",
+        "words": [
+            "true",
+            "No",
+            "null",
+            "~",
+            "8",
+            "2x4",
+            "1e3",
+            "-1",
+            "-.inf",
+            "0x1f",
+            "",
+            " lead",
+            "trail ",
+            "a: b",
+            "key:",
+            "#c",
+            "-c",
+            "--config.a=b:c",
+            "$(HOME)",
+            "é",
+            "tab\there",
+            'quote"s',
+            "back\\slash",
+        ],
+        "nums": [0, -3, 10**12],
+        "flags": [True, False],
+        "empty": {},
+        "none": [],
+        "block": "line 1\n  indented\n\nafter a blank",
+        "ends_nl": "x\ny\n",
+        "nested": [{"a": [{"b": 1, "c": ["d"]}], "e": "f"}, [1, [2]]],
+        "weird key: x": 1,
+    }
     assert yaml.safe_load(yaml_text.to_yaml(value, header="a comment\nsecond line")) == value
     assert "|-" in yaml_text.to_yaml({"s": jobset.WRAPPER})  # the script stays readable
 
@@ -84,8 +116,19 @@ def test_train_args_carry_config_and_overrides(tmp_path, monkeypatch):
     (repo / "exp" / "e.py").write_text("")
     monkeypatch.chdir(repo / "exp")
     monkeypatch.delenv("BUILD_WORKING_DIRECTORY", raising=False)
-    args = jobset.train_args(["--config", "e.py:small", "--image=x", "--config.a.b", "3", "--config.c=d e",
-                              "--noconfig.flag", "--output=o.yaml"], root=str(repo))
+    args = jobset.train_args(
+        [
+            "--config",
+            "e.py:small",
+            "--image=x",
+            "--config.a.b",
+            "3",
+            "--config.c=d e",
+            "--noconfig.flag",
+            "--output=o.yaml",
+        ],
+        root=str(repo),
+    )
     assert args == ["--config=exp/e.py:small", "--config.a.b=3", "--config.c=d e", "--noconfig.flag"]
     # A path not found here is left for the runfiles tree (as train does); outside the repository: refused.
     assert jobset.train_args([f"--config={CONFIG}"], root=str(repo)) == [f"--config={CONFIG}"]
@@ -98,12 +141,19 @@ def test_train_args_carry_config_and_overrides(tmp_path, monkeypatch):
 def test_wrapper_turns_a_saved_preemption_into_a_failure(exit_after_term, save_s, want):
     """The pods' PID 1: SIGTERM -> the trainer saves and exits 0 -> the pod exits 143 (restart);
     any other status after SIGTERM passes through."""
-    child = ("import signal, sys, time\n"
-             f"signal.signal(signal.SIGTERM, lambda *a: (time.sleep({save_s}), print('saved', flush=True), "
-             f"sys.exit({exit_after_term})))\n"
-             "print('ready', flush=True)\ntime.sleep(60)")
-    proc = subprocess.Popen(["sh", "-c", jobset.WRAPPER, "cairn-train", sys.executable, "-c", child],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    child = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (time.sleep({save_s}), print('saved', flush=True), "
+        f"sys.exit({exit_after_term})))\n"
+        "print('ready', flush=True)\ntime.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        ["sh", "-c", jobset.WRAPPER, "cairn-train", sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         # As on a pod, the signal comes once the wrapper waits for the trainer: dash can miss a
@@ -118,23 +168,37 @@ def test_wrapper_turns_a_saved_preemption_into_a_failure(exit_after_term, save_s
     assert "saved" in out
     assert proc.returncode == want, err
     for code in (0, 3):  # no signal: the trainer's exit status
-        done = subprocess.run(["sh", "-c", jobset.WRAPPER, "x", sys.executable, "-c", f"raise SystemExit({code})"],
-                              timeout=60)
+        done = subprocess.run(
+            ["sh", "-c", jobset.WRAPPER, "x", sys.executable, "-c", f"raise SystemExit({code})"], timeout=60
+        )
         assert done.returncode == code
 
 
 def test_tpu_manifest(tmp_path):
     out = tmp_path / "jobset.yaml"
     config = str(launch_util.REPO / CONFIG)  # an absolute path becomes repository-relative
-    result = _render([f"--config={config}", "--config.model_dir=gs://bucket/runs/tiny", "--config.seed", "7",
-                      "--config.experiment=tiny$(x)", "--image=registry.example/cairn:1",
-                      "--accelerator=tpu-v5-lite-podslice", "--topology=4x4", "--max_restarts=5", f"--output={out}"])
+    result = _render(
+        [
+            f"--config={config}",
+            "--config.model_dir=gs://bucket/runs/tiny",
+            "--config.seed",
+            "7",
+            "--config.experiment=tiny$(x)",
+            "--image=registry.example/cairn:1",
+            "--accelerator=tpu-v5-lite-podslice",
+            "--topology=4x4",
+            "--max_restarts=5",
+            f"--output={out}",
+        ]
+    )
     assert result.returncode == 0, launch_util.tail(result)
     m = yaml.safe_load(out.read_text())
     assert (m["apiVersion"], m["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
     name = m["metadata"]["name"]
     assert name == "tiny-x"
-    assert m["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    assert (
+        m["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    )
     assert m["spec"]["failurePolicy"] == {"maxRestarts": 5}
     assert m["spec"]["network"]["enableDNSHostnames"] is True
     rjob = m["spec"]["replicatedJobs"][0]
@@ -143,17 +207,26 @@ def test_tpu_manifest(tmp_path):
     assert job["completionMode"] == "Indexed"
     pod, container = _pod(m), _container(m)
     assert pod["restartPolicy"] == "Never"
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
-                                   "cloud.google.com/gke-tpu-topology": "4x4"}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
     assert container["resources"]["limits"] == {"google.com/tpu": 4}
     assert container["image"] == "registry.example/cairn:1"
     assert container["command"][:2] == ["/bin/sh", "-c"]
-    assert container["args"] == ["python", "-m", "cairn.launchers.train_main", f"--config={CONFIG}",
-                                 "--config.model_dir=gs://bucket/runs/tiny", "--config.seed=7",
-                                 "--config.experiment=tiny$$(x)"]  # $$: no Kubernetes variable expansion
+    assert container["args"] == [
+        "python",
+        "-m",
+        "cairn.launchers.train_main",
+        f"--config={CONFIG}",
+        "--config.model_dir=gs://bucket/runs/tiny",
+        "--config.seed=7",
+        "--config.experiment=tiny$$(x)",
+    ]  # $$: no Kubernetes variable expansion
     env = _env(m)
-    assert env["CAIRN_PROCESS_ID"] == {"fieldRef": {"fieldPath":
-                                                    "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["CAIRN_PROCESS_ID"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
     assert env["CAIRN_NUM_PROCESSES"] == "4"
     subdomain = m["spec"]["network"]["subdomain"]
     assert env["CAIRN_COORDINATOR_ADDRESS"] == f"{name}-{rjob['name']}-0-0.{subdomain}:8476"
@@ -161,19 +234,33 @@ def test_tpu_manifest(tmp_path):
 
 
 def test_gpu_manifest_on_stdout():
-    result = _render(BASE + ["--accelerator=nvidia-h100-80gb", "--num_hosts=2", "--config.data.batch_size=64",
-                             "--name=gpu-run", "--namespace=ml"])
+    result = _render(
+        BASE
+        + [
+            "--accelerator=nvidia-h100-80gb",
+            "--num_hosts=2",
+            "--config.data.batch_size=64",
+            "--name=gpu-run",
+            "--namespace=ml",
+        ]
+    )
     assert result.returncode == 0, launch_util.tail(result)
     m = yaml.safe_load(result.stdout)
     assert m["metadata"]["name"] == "gpu-run" and m["metadata"]["namespace"] == "ml"
-    assert "annotations" not in m["metadata"] or "alpha.jobset.sigs.k8s.io/exclusive-topology" not in m["metadata"]["annotations"]
+    assert (
+        "annotations" not in m["metadata"]
+        or "alpha.jobset.sigs.k8s.io/exclusive-topology" not in m["metadata"]["annotations"]
+    )
     job = m["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert (job["parallelism"], job["completions"]) == (2, 2)
     pod, container = _pod(m), _container(m)
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    assert container["args"][3:] == [f"--config={CONFIG}", "--config.model_dir=gs://bucket/runs/tiny",
-                                     "--config.data.batch_size=64"]
+    assert container["args"][3:] == [
+        f"--config={CONFIG}",
+        "--config.model_dir=gs://bucket/runs/tiny",
+        "--config.data.batch_size=64",
+    ]
     assert _env(m)["CAIRN_NUM_PROCESSES"] == "2"
     assert _env(m)["CAIRN_COORDINATOR_ADDRESS"] == "gpu-run-workers-0-0.gpu-run:8476"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
@@ -185,16 +272,22 @@ BAD = [
     (["--accelerator=tpu-v5-lite-podslice", "--topology=3x5"], "--topology: 3x5 (15 chips)"),
     (["--accelerator=nvidia-h200-141gb", "--gpus_per_host=4"], "--gpus_per_host: 4: a nvidia-h200-141gb node has 8"),
     (["--accelerator=nvidia-h100-80gb", "--config.partitioning.mesh.model=3"], "'partitioning.mesh'"),
-    (["--accelerator=nvidia-h100-80gb", "--config.multihost.process_id=1"], "'multihost.process_id': set by the JobSet"),
+    (
+        ["--accelerator=nvidia-h100-80gb", "--config.multihost.process_id=1"],
+        "'multihost.process_id': set by the JobSet",
+    ),
     (["--accelerator=nvidia-h100-80gb", "--name=Bad_Name"], "--name: 'Bad_Name' is not a DNS label"),
     (["--accelerator=nvidia-l4", "--num_hosts=5"], "'data.batch_size': 32 does not divide over the 40"),
-    (["--accelerator=tpu-v5-lite-podslice", "--topology=4x4", "--config.partitioning.num_slices=2"],
-     "'partitioning.num_slices': 2: the manifest holds one slice"),
+    (
+        ["--accelerator=tpu-v5-lite-podslice", "--topology=4x4", "--config.partitioning.num_slices=2"],
+        "'partitioning.num_slices': 2: the manifest holds one slice",
+    ),
 ]
 
 
-@pytest.mark.parametrize("extra, message", BAD + [
-    ("missing image", "--image: required"), ("missing model_dir", "'model_dir': empty")])
+@pytest.mark.parametrize(
+    "extra, message", BAD + [("missing image", "--image: required"), ("missing model_dir", "'model_dir': empty")]
+)
 def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
     out = tmp_path / "jobset.yaml"
     if extra == "missing image":

@@ -32,8 +32,14 @@ def run(module: str, args: list, env: dict = None, timeout: int = 300, cwd: str 
     full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     full_env.setdefault("JAX_PLATFORMS", "cpu")
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return subprocess.run([sys.executable, "-m", module] + list(args), capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=cwd or str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", module] + list(args),
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd or str(REPO),
+    )
 
 
 def train(args: list, **kwargs) -> subprocess.CompletedProcess:

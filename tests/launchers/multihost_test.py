@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-import launch_util  # noqa: E402
+import launch_util
 
 
 def free_port() -> int:
@@ -22,22 +22,42 @@ def losses(model_dir):
 
 
 def args(model_dir, cache_dir):
-    return [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
-            f"--config.data.cache_dir={cache_dir}", "--config.num_train_steps=4", "--config.data.batch_size=8",
-            "--config.post_training.final_eval=false", "--config.post_training.num_samples=0",
-            "--config.trainer.log_every=1"]
+    return [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        "--config.num_train_steps=4",
+        "--config.data.batch_size=8",
+        "--config.post_training.final_eval=false",
+        "--config.post_training.num_samples=0",
+        "--config.trainer.log_every=1",
+    ]
 
 
 def test_two_processes_match_one(tmp_path):
     texts = launch_util.small_texts(tmp_path)
     cache = tmp_path / "cache"
     port = free_port()
-    env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4", CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-               CAIRN_NUM_PROCESSES="2")
-    procs = [subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main"] + args(tmp_path / "two", cache),
-                              env=dict(env, CAIRN_PROCESS_ID=str(i)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=str(launch_util.REPO)) for i in range(2)]
+    env = dict(
+        os.environ,
+        CAIRN_SHAKESPEARE_DIR=texts,
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        CAIRN_NUM_PROCESSES="2",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "cairn.launchers.train_main"] + args(tmp_path / "two", cache),
+            env=dict(env, CAIRN_PROCESS_ID=str(i)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(launch_util.REPO),
+        )
+        for i in range(2)
+    ]
     outs = []
     try:
         for p in procs:
@@ -47,13 +67,16 @@ def test_two_processes_match_one(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert "trained to step 4" in outs[0][0] and "model_dir:" in outs[0][0]
     # Gloo's start-up message ("[Gloo] Rank 1 is connected to 1 peer ranks...") comes in
     # pieces that can land on separate lines.
-    ours = [line for line in outs[1][0].splitlines()
-            if line.strip() and not line.startswith("[Gloo]") and "peer ranks" not in line]
+    ours = [
+        line
+        for line in outs[1][0].splitlines()
+        if line.strip() and not line.startswith("[Gloo]") and "peer ranks" not in line
+    ]
     assert ours == [], ours  # process 1 computes, process 0 prints
     config = json.loads((tmp_path / "two" / "config.json").read_text())
     assert config["multihost"]["num_processes"] is None  # from the environment, not the config

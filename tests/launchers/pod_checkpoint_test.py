@@ -2,13 +2,11 @@
 saves run in the background on every process while training goes on; SIGKILL of every process
 during a save, then a resume, ends bit-identical to an uninterrupted run (`verify`, exact)."""
 
-import os
 import re
 import signal
-import sys
 
-import launch_util  # noqa: E402
-import pod_runs  # noqa: E402
+import launch_util
+import pod_runs
 
 STEPS = 12  # checkpoints at 4, 8, 12
 PROCESSES, DEVICES = 4, 2

@@ -6,17 +6,14 @@ line naming it, exit status 3, no C++ stack trace. Also: only process 0 writes s
 process 1 logs an MFU comparable to process 0's."""
 
 import collections
-import os
 import re
 import signal
 import statistics
-import sys
 import time
 
+import launch_util
+import pod_runs
 import pytest
-
-import launch_util  # noqa: E402
-import pod_runs  # noqa: E402
 
 STEPS = 10
 PROCESSES, DEVICES = 2, 2
@@ -69,8 +66,10 @@ def test_sigterm_stops_every_process_at_one_saved_step_and_resume_is_bit_exact(d
         pod.kill(signal.SIGTERM, which=None if who == "all" else [1], group=False)
         codes = pod.wait()
         assert codes == [0] * PROCESSES, f"exit statuses {codes}:\n{pod.tails()}"
-        stops = [re.findall(r"SIGTERM on (this|another) process: saving step (\d+) and stopping", pod.stderr(i))
-                 for i in range(PROCESSES)]
+        stops = [
+            re.findall(r"SIGTERM on (this|another) process: saving step (\d+) and stopping", pod.stderr(i))
+            for i in range(PROCESSES)
+        ]
         assert all(len(s) == 1 for s in stops), (stops, pod.tails())
         saved = {int(s[0][1]) for s in stops}
         assert len(saved) == 1, stops  # every process saved the same step
@@ -102,8 +101,9 @@ def test_sigkill_of_one_process_stops_the_other_within_the_bound(data):
         stderr = pod.stderr(0)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 3, f"exit status {code}:\n{stderr[-3000:]}"
-    assert re.fullmatch(r"error: process 1 of 2 stopped responding \(no heartbeat for \d+ s\); stopping",
-                        lines[-1]), lines[-3:]
+    assert re.fullmatch(r"error: process 1 of 2 stopped responding \(no heartbeat for \d+ s\); stopping", lines[-1]), (
+        lines[-3:]
+    )
     assert elapsed < BOUND_S + MARGIN_S, elapsed
     for trace in ("Check failure", "Traceback", "Fatal Python error", "stack trace"):
         assert trace not in stderr, stderr[-3000:]

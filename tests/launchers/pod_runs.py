@@ -13,8 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import launch_util
 
@@ -31,42 +31,74 @@ def overrides(model_dir: Path, cache_dir: Path, steps: int, extra: Sequence[str]
     """A short run of the default experiment: batch 8, a loss per step and a fingerprint (batch
     hashes, losses, param checksums every 4 steps) for `verify`, checkpoints every 4 steps, no
     post-training work."""
-    return [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={model_dir}",
-            f"--config.data.cache_dir={cache_dir}", f"--config.num_train_steps={steps}",
-            "--config.data.batch_size=8", "--config.trainer.checkpoint_every=4",
-            "--config.trainer.keep_checkpoints=2", "--config.trainer.log_every=1", "--config.fingerprint_every=4",
-            "--config.post_training.final_eval=False", "--config.post_training.num_samples=0",
-            "--config.trainer.tensorboard=False", *extra]
+    return [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        f"--config.num_train_steps={steps}",
+        "--config.data.batch_size=8",
+        "--config.trainer.checkpoint_every=4",
+        "--config.trainer.keep_checkpoints=2",
+        "--config.trainer.log_every=1",
+        "--config.fingerprint_every=4",
+        "--config.post_training.final_eval=False",
+        "--config.post_training.num_samples=0",
+        "--config.trainer.tensorboard=False",
+        *extra,
+    ]
 
 
 class Pod:
     """`processes` train processes of one job (process i logs to `<log_name>-p<i>.out/.err` next
     to the model_dir; `log_name` defaults to the model_dir's name)."""
 
-    def __init__(self, model_dir: Path, args: list[str], processes: int, devices: int, texts: str,
-                 log_name: Optional[str] = None, log_dir: Optional[Path] = None):
+    def __init__(
+        self,
+        model_dir: Path,
+        args: list[str],
+        processes: int,
+        devices: int,
+        texts: str,
+        log_name: str | None = None,
+        log_dir: Path | None = None,
+    ):
         """`log_dir` (default: the model_dir's parent) holds the logs; give it (and `log_name`)
         when the model_dir is a URL."""
         self.model_dir, self.processes = model_dir, processes
         name = log_name or model_dir.name
         log_dir = log_dir or model_dir.parent
         self.logs = [(log_dir / f"{name}-p{i}.out", log_dir / f"{name}-p{i}.err") for i in range(processes)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", TF_CPP_MIN_LOG_LEVEL="3",
-                   CAIRN_SHAKESPEARE_DIR=texts)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            TF_CPP_MIN_LOG_LEVEL="3",
+            CAIRN_SHAKESPEARE_DIR=texts,
+        )
         env.pop("BUILD_WORKING_DIRECTORY", None)
         address = f"127.0.0.1:{free_port()}"
         self.procs = []
         for i, (out, err) in enumerate(self.logs):
-            flags = [f"--config.multihost.coordinator_address={address}",
-                     f"--config.multihost.num_processes={processes}", f"--config.multihost.process_id={i}"]
+            flags = [
+                f"--config.multihost.coordinator_address={address}",
+                f"--config.multihost.num_processes={processes}",
+                f"--config.multihost.process_id={i}",
+            ]
             with open(out, "w") as o, open(err, "w") as e:
-                self.procs.append(subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main", *args, *flags],
-                                                   env=env, stdout=o, stderr=e, cwd=str(launch_util.REPO),
-                                                   start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "cairn.launchers.train_main", *args, *flags],
+                        env=env,
+                        stdout=o,
+                        stderr=e,
+                        cwd=str(launch_util.REPO),
+                        start_new_session=True,
+                    )
+                )
         self.deadline = time.monotonic() + TIMEOUT_S
 
-    def __enter__(self) -> "Pod":
+    def __enter__(self) -> Pod:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -79,13 +111,14 @@ class Pod:
         return self.logs[i][0].read_text(errors="replace")
 
     def tails(self, n: int = 2500) -> str:
-        return "\n".join(f"--- process {i} (rc {p.poll()}) stderr:\n{self.stderr(i)[-n:]}"
-                         for i, p in enumerate(self.procs))
+        return "\n".join(
+            f"--- process {i} (rc {p.poll()}) stderr:\n{self.stderr(i)[-n:]}" for i, p in enumerate(self.procs)
+        )
 
-    def kill(self, sig: int, which: Optional[Sequence[int]] = None, group: bool = True) -> None:
+    def kill(self, sig: int, which: Sequence[int] | None = None, group: bool = True) -> None:
         """Sends `sig` to the processes `which` (default all) still running: to the process
         group (the process and anything it started), or with `group=False` to the process only."""
-        for i in (range(self.processes) if which is None else which):
+        for i in range(self.processes) if which is None else which:
             p = self.procs[i]
             if p.poll() is None:
                 try:
@@ -107,11 +140,11 @@ class Pod:
             time.sleep(0.01)
         raise AssertionError(f"no {pattern!r} within {TIMEOUT_S}s:\n{self.tails()}")
 
-    def wait(self, which: Optional[Sequence[int]] = None) -> list:
+    def wait(self, which: Sequence[int] | None = None) -> list:
         """Waits for the processes `which` (default all); returns their exit statuses. Kills the job
         and fails when the run's deadline passes."""
         codes = []
-        for i in (range(self.processes) if which is None else which):
+        for i in range(self.processes) if which is None else which:
             try:
                 codes.append(self.procs[i].wait(timeout=max(1.0, self.deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
@@ -133,5 +166,11 @@ def metric_rows(model_dir: Path) -> list:
 def verify(a: Path, b: Path, *flags: str) -> subprocess.CompletedProcess:
     """`//launchers:verify` (its module) on two run directories."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=str(launch_util.REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(launch_util.REPO),
+    )

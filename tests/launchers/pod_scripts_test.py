@@ -21,15 +21,16 @@ def fake_path(tmp_path):
     marker = tmp_path / "executed"
     for name in ("gcloud", "scontrol", "srun", "tar"):
         tool = bin_dir / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {marker}\nexit 1\n")
+        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {marker}\nexit 1\n')
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}", marker
 
 
 def _run(script, args, env_path, extra_env=None, cwd=None):
     env = {"PATH": env_path, "HOME": os.environ.get("HOME", "/tmp"), **(extra_env or {})}
-    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=60,
-                          cwd=cwd or ROOT)
+    return subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=60, cwd=cwd or ROOT
+    )
 
 
 def _commands(stdout):
@@ -38,9 +39,21 @@ def _commands(stdout):
 
 def test_tpu_dry_run_prints_every_command_and_runs_none(fake_path, tmp_path):
     path, marker = fake_path
-    result = _run(TPU, ["--name=pod-1", "--zone=us-central2-b", "--accelerator_type=v4-32", f"--config={CONFIG}",
-                        "--dry_run", "--", "--config.train.num_train_steps=100", "--config.name=it's mine"], path,
-                  cwd=tmp_path)
+    result = _run(
+        TPU,
+        [
+            "--name=pod-1",
+            "--zone=us-central2-b",
+            "--accelerator_type=v4-32",
+            f"--config={CONFIG}",
+            "--dry_run",
+            "--",
+            "--config.train.num_train_steps=100",
+            "--config.name=it's mine",
+        ],
+        path,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     commands = _commands(result.stdout)
     assert not marker.exists(), marker.read_text()
@@ -70,8 +83,9 @@ def test_tpu_skip_setup_and_missing_flags(fake_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("nodelist,host", [("node[01-02]", "node01"), ("gpu7", "gpu7"),
-                                           ("a100-[3,5-6]", "a100-3"), ("hostb,hosta", "hostb")])
+@pytest.mark.parametrize(
+    "nodelist,host", [("node[01-02]", "node01"), ("gpu7", "gpu7"), ("a100-[3,5-6]", "a100-3"), ("hostb,hosta", "hostb")]
+)
 def test_slurm_dry_run_derives_the_coordinator(fake_path, nodelist, host):
     path, marker = fake_path
     env = {"SLURM_JOB_NODELIST": nodelist, "SLURM_NTASKS": "2", "DRY_RUN": "1"}
@@ -87,8 +101,13 @@ def test_slurm_dry_run_derives_the_coordinator(fake_path, nodelist, host):
 
 def test_slurm_flag_dry_run_override_nodelist_and_errors(fake_path):
     path, marker = fake_path
-    env = {"SLURM_JOB_NODELIST": "ignored[1-2]", "CAIRN_NODELIST_OVERRIDE": "n[10-11]", "SLURM_NTASKS": "4",
-           "CAIRN_COORDINATOR_PORT": "7000", "CAIRN_TRAIN_BINARY": "/opt/train"}
+    env = {
+        "SLURM_JOB_NODELIST": "ignored[1-2]",
+        "CAIRN_NODELIST_OVERRIDE": "n[10-11]",
+        "SLURM_NTASKS": "4",
+        "CAIRN_COORDINATOR_PORT": "7000",
+        "CAIRN_TRAIN_BINARY": "/opt/train",
+    }
     result = _run(SLURM, ["--dry_run", "--config", CONFIG], path, env)
     assert result.returncode == 0, result.stderr
     assert "export CAIRN_COORDINATOR_ADDRESS=n10:7000" in result.stdout

@@ -10,9 +10,8 @@ import subprocess
 import sys
 import time
 
+import launch_util
 import pytest
-
-import launch_util  # noqa: E402
 
 TIMEOUT_S = 300
 
@@ -24,15 +23,27 @@ def free_port() -> int:
 
 
 def start(args, process_id, num_processes, port, env=None):
-    full = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-                XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    full = dict(
+        os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
     full.update(env or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.train_main", *args,
-         f"--config.multihost.coordinator_address=127.0.0.1:{port}",
-         f"--config.multihost.num_processes={num_processes}", f"--config.multihost.process_id={process_id}"],
-        env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(launch_util.REPO),
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "cairn.launchers.train_main",
+            *args,
+            f"--config.multihost.coordinator_address=127.0.0.1:{port}",
+            f"--config.multihost.num_processes={num_processes}",
+            f"--config.multihost.process_id={process_id}",
+        ],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(launch_util.REPO),
+        start_new_session=True,
+    )
 
 
 def wait_all(procs, timeout=TIMEOUT_S):
@@ -58,10 +69,16 @@ def error_line(stderr: str) -> str:
 @pytest.fixture
 def base(tmp_path):
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    args = [f"--config={launch_util.T5_CONFIG}", f"--config.model_dir={tmp_path / 'run'}",
-            f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.num_train_steps=2",
-            "--config.data.batch_size=8", "--config.post_training.final_eval=false",
-            "--config.post_training.num_samples=0", "--config.multihost.initialization_timeout_seconds=20"]
+    args = [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={tmp_path / 'run'}",
+        f"--config.data.cache_dir={tmp_path / 'cache'}",
+        "--config.num_train_steps=2",
+        "--config.data.batch_size=8",
+        "--config.post_training.final_eval=false",
+        "--config.post_training.num_samples=0",
+        "--config.multihost.initialization_timeout_seconds=20",
+    ]
     return args, env
 
 
@@ -69,7 +86,7 @@ def test_coordinator_never_answers(base):
     args, env = base
     port = free_port()  # nothing listens there
     start_time = time.monotonic()
-    (out, err), = wait_all([start(args + ["--config.multihost.initialization_timeout_seconds=5"], 1, 2, port, env)])
+    ((out, err),) = wait_all([start(args + ["--config.multihost.initialization_timeout_seconds=5"], 1, 2, port, env)])
     elapsed = time.monotonic() - start_time
     line = error_line(err)
     assert f"process 1 of 2 could not join the job at coordinator 127.0.0.1:{port}" in line, line
@@ -80,10 +97,12 @@ def test_coordinator_never_answers(base):
 def test_processes_with_different_configs(base):
     args, env = base
     port = free_port()
-    procs = [start(args, 0, 2, port, env),
-             start(args + ["--config.data.batch_size=16", "--config.seed=3"], 1, 2, port, env)]
+    procs = [
+        start(args, 0, 2, port, env),
+        start(args + ["--config.data.batch_size=16", "--config.seed=3"], 1, 2, port, env),
+    ]
     outs = wait_all(procs)
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 2, err[-3000:]
         line = error_line(err)
         assert "started with different configs: process 1 differs from process 0 in data.batch_size, seed" in line
@@ -98,8 +117,7 @@ def test_one_host_with_other_task_data(base, tmp_path):
     launch_util.small_texts(other)
     (other / "texts" / "sonnets_gut.txt").write_text("Other words entirely.\n" * 50, encoding="utf-8")
     port = free_port()
-    procs = [start(args, 0, 2, port, env),
-             start(args, 1, 2, port, {"CAIRN_SHAKESPEARE_DIR": str(other / "texts")})]
+    procs = [start(args, 0, 2, port, env), start(args, 1, 2, port, {"CAIRN_SHAKESPEARE_DIR": str(other / "texts")})]
     outs = wait_all(procs)
     assert [p.returncode for p in procs] == [2, 2], [e[-2000:] for _, e in outs]
     assert "process(es) [1] of 2 failed while opening the task cache" in error_line(outs[0][1])

@@ -9,9 +9,8 @@ import subprocess
 import sys
 import time
 
+import launch_util
 import pytest
-
-import launch_util  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +24,17 @@ def cache_dir(tmp_path_factory):
 
 
 def small(config, model_dir, cache_dir, steps, *extra):
-    return [f"--config={config}", f"--config.model_dir={model_dir}", f"--config.data.cache_dir={cache_dir}",
-            f"--config.num_train_steps={steps}", "--config.data.batch_size=8", "--config.eval.num_examples=8",
-            "--config.trainer.log_every=2", "--config.fingerprint_every=2", *extra]
+    return [
+        f"--config={config}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        f"--config.num_train_steps={steps}",
+        "--config.data.batch_size=8",
+        "--config.eval.num_examples=8",
+        "--config.trainer.log_every=2",
+        "--config.fingerprint_every=2",
+        *extra,
+    ]
 
 
 def losses(model_dir):
@@ -38,8 +45,9 @@ def losses(model_dir):
 def test_default_experiment_trains_evaluates_samples_and_resumes(tmp_path, texts, cache_dir):
     model_dir = tmp_path / "run"
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    proc = launch_util.train(small(launch_util.T5_CONFIG, model_dir, cache_dir, 6,
-                                   "--config.post_training.num_samples=2"), env=env)
+    proc = launch_util.train(
+        small(launch_util.T5_CONFIG, model_dir, cache_dir, 6, "--config.post_training.num_samples=2"), env=env
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     out = proc.stdout
     assert f"model_dir: {model_dir}" in out
@@ -47,7 +55,7 @@ def test_default_experiment_trains_evaluates_samples_and_resumes(tmp_path, texts
     assert "final evaluation at step 6: shakespeare_span_corruption (validation): " in out and "perplexity" in out
     for i in range(2):
         assert f"sample {i}:" in out
-    sample = out[out.index("sample 0:"):]
+    sample = out[out.index("sample 0:") :]
     assert "input:" in sample and "target:" in sample and "prediction:" in sample
     assert "<extra_id_0>" in sample.split("target:")[0]  # the input has its sentinels
     assert sorted(os.listdir(model_dir / "checkpoints")) == ["4", "6"]  # checkpoint_every = 6 // 2 + 1
@@ -61,8 +69,9 @@ def test_default_experiment_trains_evaluates_samples_and_resumes(tmp_path, texts
 
     # Resume: the same experiment to step 9 continues from checkpoint 6 (the cache is reused).
     before = losses(model_dir)
-    proc = launch_util.train(small(launch_util.T5_CONFIG, model_dir, cache_dir, 9,
-                                   "--config.post_training.num_samples=0"), env=env)
+    proc = launch_util.train(
+        small(launch_util.T5_CONFIG, model_dir, cache_dir, 9, "--config.post_training.num_samples=0"), env=env
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "restored step 6" in proc.stderr and "caching task" not in proc.stdout
     assert "trained to step 9" in proc.stdout
@@ -73,12 +82,24 @@ def test_default_experiment_trains_evaluates_samples_and_resumes(tmp_path, texts
 
 def test_sigterm_saves_and_exits_0_then_the_run_resumes(tmp_path, texts, cache_dir):
     model_dir = tmp_path / "run"
-    args = small(launch_util.T5_CONFIG, model_dir, cache_dir, 100000, "--config.post_training.num_samples=0",
-                 "--config.trainer.log_every=1")
+    args = small(
+        launch_util.T5_CONFIG,
+        model_dir,
+        cache_dir,
+        100000,
+        "--config.post_training.num_samples=0",
+        "--config.trainer.log_every=1",
+    )
     env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts)
     env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    proc = subprocess.Popen([sys.executable, "-m", "cairn.launchers.train_main"] + args, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(launch_util.REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cairn.launchers.train_main"] + args,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(launch_util.REPO),
+    )
     try:
         metrics = model_dir / "summaries" / "metrics.jsonl"
         deadline = time.time() + 240
@@ -97,18 +118,27 @@ def test_sigterm_saves_and_exits_0_then_the_run_resumes(tmp_path, texts, cache_d
     assert "preempted: checkpoint saved" in out
     (step,) = [int(s) for s in os.listdir(model_dir / "checkpoints")]
     assert step >= 3
-    proc = launch_util.train(small(launch_util.T5_CONFIG, model_dir, cache_dir, step + 2,
-                                   "--config.post_training.num_samples=0", "--config.post_training.final_eval=false"),
-                             env={"CAIRN_SHAKESPEARE_DIR": texts})
+    proc = launch_util.train(
+        small(
+            launch_util.T5_CONFIG,
+            model_dir,
+            cache_dir,
+            step + 2,
+            "--config.post_training.num_samples=0",
+            "--config.post_training.final_eval=false",
+        ),
+        env={"CAIRN_SHAKESPEARE_DIR": texts},
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"restored step {step}" in proc.stderr and f"trained to step {step + 2}" in proc.stdout
 
 
 def test_lm_twin_generates_text(tmp_path, texts, cache_dir):
     model_dir = tmp_path / "lm"
-    proc = launch_util.train(small(launch_util.LM_CONFIG, model_dir, cache_dir, 4,
-                                   "--config.post_training.max_decode_length=8"),
-                             env={"CAIRN_SHAKESPEARE_DIR": texts})
+    proc = launch_util.train(
+        small(launch_util.LM_CONFIG, model_dir, cache_dir, 4, "--config.post_training.max_decode_length=8"),
+        env={"CAIRN_SHAKESPEARE_DIR": texts},
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "generated 0: ROMEO. O, she doth teach" in proc.stdout
     assert "generated 1: To be, or not to be" in proc.stdout

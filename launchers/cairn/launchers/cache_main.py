@@ -18,7 +18,6 @@ from absl import flags
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 
-
 BEAM = flags.DEFINE_bool("beam", False, "Cache with Apache Beam (cache_tasks) instead of in this process.")
 PIPELINE_OPTIONS = flags.DEFINE_string("pipeline_options", "", "Beam pipeline options (implies --beam).")
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "Rebuild complete caches too.")
@@ -34,15 +33,23 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     data_lib.register_tasks(config, vocabulary)
     tasks = data_lib.get_tasks(config)
     if beam or pipeline_options:
-        return cache_tasks(list(tasks.values()), config.data.cache_dir, split=config.data.split,
-                           module_import=list(config.data.task_modules),
-                           pipeline_options=shlex.split(pipeline_options) or None, overwrite=overwrite)
+        return cache_tasks(
+            list(tasks.values()),
+            config.data.cache_dir,
+            split=config.data.split,
+            module_import=list(config.data.task_modules),
+            pipeline_options=shlex.split(pipeline_options) or None,
+            overwrite=overwrite,
+        )
     done = {}
     for name, task in sorted(tasks.items()):
         path = task_dir(config.data.cache_dir, name, config.data.split)
         stale = name in data_lib.cache_missing(config, {name: task})
-        done[name] = "cached" if cache_task_in_process(task, config.data.split, path,
-                                                       overwrite=overwrite or stale) else "already cached"
+        done[name] = (
+            "cached"
+            if cache_task_in_process(task, config.data.split, path, overwrite=overwrite or stale)
+            else "already cached"
+        )
     return done
 
 

@@ -4,7 +4,7 @@ complete, and the params of one, sharded on the mesh as the trainer lays them ou
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import ml_collections
 import numpy as np
@@ -28,8 +28,13 @@ def complete_steps(path: str) -> list[int]:
     `path` may be a URL; one listing of the folder's files (no reads)."""
     root = checkpoint_root(path)
     files = storage.file_sizes(root)
-    steps = sorted({int(name.split("/", 1)[0]) for name in files
-                    if name.split("/", 1)[0].isdigit() and name.split("/")[1:2] == ["state"]})
+    steps = sorted(
+        {
+            int(name.split("/", 1)[0])
+            for name in files
+            if name.split("/", 1)[0].isdigit() and name.split("/")[1:2] == ["state"]
+        }
+    )
     manifests = storage.sizes(storage.join(os.fspath(storage.path(root).parent), "manifests"))
     if manifests:
         steps = [s for s in steps if f"{s}.json" in manifests]
@@ -40,8 +45,7 @@ def zero_batch(config: ml_collections.ConfigDict, rows: int) -> dict[str, np.nda
     """A host batch of zeros with the model features and lengths of the config's converter."""
     converter = data_lib.feature_converter(config)
     lengths = converter.get_model_feature_lengths(data_lib.sequence_length(config))
-    return {k: np.zeros((rows, n), np.float32 if k.endswith("loss_weights") else np.int32)
-            for k, n in lengths.items()}
+    return {k: np.zeros((rows, n), np.float32 if k.endswith("loss_weights") else np.int32) for k, n in lengths.items()}
 
 
 def abstract_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any) -> Any:
@@ -52,8 +56,14 @@ def abstract_params(config: ml_collections.ConfigDict, model: Any, partitioner: 
     return trainer.setup(zero_batch(config, rows)).params
 
 
-def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any, path: str,
-                step: Optional[int] = None, abstract: Any = None) -> tuple[int, Any]:
+def load_params(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    partitioner: Any,
+    path: str,
+    step: int | None = None,
+    abstract: Any = None,
+) -> tuple[int, Any]:
     """`(step, params)` of the checkpoint at `path` (a model_dir, its checkpoints folder, or one
     step's folder); the latest complete step unless `step` is given. On several processes,
     process 0 chooses the step (a checkpoint may complete while they look) and all restore it."""
@@ -63,6 +73,7 @@ def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any,
         chosen = int(storage.path(path).name) if step is None else step
         target = path
     else:
+
         def choose() -> list[int]:
             steps = complete_steps(path)
             if not steps:
@@ -70,6 +81,7 @@ def load_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any,
             if step is not None and step not in steps:
                 raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
             return [steps[-1] if step is None else step]
+
         chosen = eval_setup.from_process_0(choose)[0]
         target = storage.join(checkpoint_root(path), str(chosen))
     abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 import ml_collections
 
@@ -55,7 +55,7 @@ def resolve_argv(argv: list[str]) -> list[str]:
     while i < len(argv):
         a = argv[i]
         if a.startswith("--config="):
-            out.append("--config=" + resolve_config_arg(a[len("--config="):]))
+            out.append("--config=" + resolve_config_arg(a[len("--config=") :]))
         elif a == "--config" and i + 1 < len(argv):
             out += [a, resolve_config_arg(argv[i + 1])]
             i += 1
@@ -143,7 +143,7 @@ def hashable_config(config: ml_collections.ConfigDict) -> dict:
     return plain
 
 
-def write_config_json(config: ml_collections.ConfigDict, model_dir: Optional[str] = None) -> str:
+def write_config_json(config: ml_collections.ConfigDict, model_dir: str | None = None) -> str:
     """Writes `<model_dir>/config.json` atomically (a rename locally, one upload on a bucket);
     returns its path."""
     model_dir = model_dir or config.model_dir

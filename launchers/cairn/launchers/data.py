@@ -8,7 +8,8 @@ import importlib
 import json
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
@@ -50,8 +51,11 @@ def get_tasks(config: ml_collections.ConfigDict, key: str = "data.task") -> dict
         close = close_names(name, known)
         hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
         listing = ", ".join(known[:30]) + (" ..." if len(known) > 30 else "")
-        raise ConfigError(key, f"unknown task or mixture {name!r}; {hint}registered: {listing or 'none'} "
-                               f"(modules in data.task_modules register tasks: {list(config.data.task_modules)})")
+        raise ConfigError(
+            key,
+            f"unknown task or mixture {name!r}; {hint}registered: {listing or 'none'} "
+            f"(modules in data.task_modules register tasks: {list(config.data.task_modules)})",
+        )
     obj = DEFAULT_REGISTRY.get(name)
     return dict(obj.tasks) if isinstance(obj, Mixture) else {obj.name: obj}
 
@@ -84,7 +88,6 @@ def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
     import jax
 
     from cairn.datatasks.deterministic import cache_task_in_process, task_dir
-
     from cairn.launchers.multihost import stop_together
 
     todo = cache_missing(config, tasks)
@@ -95,14 +98,13 @@ def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
                 path = task_dir(config.data.cache_dir, name, config.data.split)
                 print(f"caching task {name} ({config.data.split}) in {path}", flush=True)
                 cache_task_in_process(tasks[name], config.data.split, path, overwrite=True)
-        except Exception as e:  # noqa: BLE001 - re-raised here; the others stop instead of waiting
+        except Exception as e:
             error = e
     stop_together(error, "caching the tasks")  # also the barrier: the others wait for the cache
     return todo
 
 
-def make_train_data(config: ml_collections.ConfigDict, partitioner: Any,
-                    tasks: Mapping[str, Any] | None = None) -> Any:
+def make_train_data(config: ml_collections.ConfigDict, partitioner: Any, tasks: Mapping[str, Any] | None = None) -> Any:
     """The `DeterministicReader` of this host's rows (caching the tasks first if needed).
 
     The rows follow the mesh, not the process id: a host reads the rows of its
@@ -118,12 +120,18 @@ def make_train_data(config: ml_collections.ConfigDict, partitioner: Any,
     ensure_cached(config, tasks)
     reader, error = None, None
     try:
-        reader = DeterministicReader(config.data.task, config.data.cache_dir, seed=config.seed,
-                                     global_batch_size=config.data.batch_size,
-                                     sequence_length=sequence_length(config),
-                                     feature_converter=feature_converter(config), host_index=layout.shard_id,
-                                     host_count=layout.num_shards, split=config.data.split,
-                                     check_source_files=config.data.check_source_files)
+        reader = DeterministicReader(
+            config.data.task,
+            config.data.cache_dir,
+            seed=config.seed,
+            global_batch_size=config.data.batch_size,
+            sequence_length=sequence_length(config),
+            feature_converter=feature_converter(config),
+            host_index=layout.shard_id,
+            host_count=layout.num_shards,
+            split=config.data.split,
+            check_source_files=config.data.check_source_files,
+        )
     except DataTasksError as e:  # e.g. this host's task cache is missing: every process stops
         error = e
     stop_together(error, "opening the task cache")
@@ -140,7 +148,13 @@ def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]
     for name in sorted(tasks):
         info = read_json(os.path.join(task_dir(config.data.cache_dir, name, config.data.split), INFO))
         parts[name] = {"fingerprint": info.get("fingerprint"), "num_records": info.get("num_records")}
-    payload = {"tasks": parts, "mixture": config.data.task, "seed": int(config.seed),
-               "global_batch_size": int(config.data.batch_size), "sequence_length": sequence_length(config),
-               "split": config.data.split, "pack": bool(config.data.pack)}
+    payload = {
+        "tasks": parts,
+        "mixture": config.data.task,
+        "seed": int(config.seed),
+        "global_batch_size": int(config.data.batch_size),
+        "sequence_length": sequence_length(config),
+        "split": config.data.split,
+        "pack": bool(config.data.pack),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

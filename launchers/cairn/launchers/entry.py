@@ -51,9 +51,10 @@ def run(
     def main(argv: list[str]) -> None:
         if len(argv) > 1:
             fail(UsageError(f"unexpected arguments {argv[1:]}"), prefix)
+        caught: tuple[type[BaseException], ...] = (UsageError, *expected)
         try:
             code = body()
-        except (UsageError, *expected) as e:
+        except caught as e:
             if VERBOSE.value:
                 traceback.print_exc()
             fail(describe(e) if describe else e, prefix)

@@ -5,13 +5,14 @@ collectives."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ml_collections
 import numpy as np
 
-from cairn.launchers import train_main, validation
 from cairn.launchers import data as data_lib
+from cairn.launchers import train_main, validation
 from cairn.launchers.validation import ConfigError
 
 
@@ -60,8 +61,11 @@ def from_process_0(decide: Callable[[], Sequence[int]]) -> list[int]:
             error = e
     count = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if error else len(values))))
     if count < 0:
-        raise error if error is not None else ConfigError("multihost", "process 0 stopped with a config error "
-                                                                       "(see its output)")
+        raise (
+            error
+            if error is not None
+            else ConfigError("multihost", "process 0 stopped with a config error (see its output)")
+        )
     if count == 0:
         return []
     sent = np.asarray(values if values else [0] * count, np.int32)

@@ -21,7 +21,8 @@ import logging
 import math
 import os
 import re
-from typing import Any, Mapping, Union
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from cairn import storage
 from cairn.evaluation import read_metrics
 
 log = logging.getLogger("cairn.launchers")
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 FINGERPRINT_DIR = "fingerprint"
 HEADER = "header.json"
 CHECKSUMS = "checksums.jsonl"
@@ -87,8 +88,12 @@ class Checksum:
     param_abs_sum: float
 
     def to_json(self) -> dict:
-        return {"step": self.step, "param_sha256": self.param_sha256, "param_sum": self.param_sum,
-                "param_abs_sum": self.param_abs_sum}
+        return {
+            "step": self.step,
+            "param_sha256": self.param_sha256,
+            "param_sum": self.param_sum,
+            "param_abs_sum": self.param_abs_sum,
+        }
 
 
 def _host_array(leaf: Any) -> np.ndarray:
@@ -142,18 +147,33 @@ class RunFingerprint:
 
         return jax.process_index() == 0
 
-    def write_header(self, *, config_hash: str, data_fingerprint: str, seed: int, process_count: int,
-                     device_count: int, mesh: Mapping[str, int]) -> None:
+    def write_header(
+        self,
+        *,
+        config_hash: str,
+        data_fingerprint: str,
+        seed: int,
+        process_count: int,
+        device_count: int,
+        mesh: Mapping[str, int],
+    ) -> None:
         """Writes header.json atomically (process 0). A resumed run rewrites it; a changed config
         hash or data fingerprint is logged as a warning."""
         if not self._is_writer():
             return
         import jax
 
-        header = {"version": HEADER_VERSION, "config_hash": str(config_hash),
-                  "data_fingerprint": str(data_fingerprint), "seed": int(seed), "process_count": int(process_count),
-                  "device_count": int(device_count), "mesh": {str(k): int(v) for k, v in dict(mesh).items()},
-                  "jax_version": jax.__version__, "platform": jax.default_backend()}
+        header = {
+            "version": HEADER_VERSION,
+            "config_hash": str(config_hash),
+            "data_fingerprint": str(data_fingerprint),
+            "seed": int(seed),
+            "process_count": int(process_count),
+            "device_count": int(device_count),
+            "mesh": {str(k): int(v) for k, v in dict(mesh).items()},
+            "jax_version": jax.__version__,
+            "platform": jax.default_backend(),
+        }
         path = storage.join(self.directory, HEADER)
         try:
             old = storage.read_json(path)
@@ -162,8 +182,14 @@ class RunFingerprint:
         if old:
             for key in ("config_hash", "data_fingerprint"):
                 if key in old and old[key] != header[key]:
-                    log.warning("%s: %s changed from %s to %s (a resumed run with another %s)", path, key, old[key],
-                                header[key], key.split("_")[0])
+                    log.warning(
+                        "%s: %s changed from %s to %s (a resumed run with another %s)",
+                        path,
+                        key,
+                        old[key],
+                        header[key],
+                        key.split("_")[0],
+                    )
         storage.write_text(path, json.dumps(header, sort_keys=True, indent=1) + "\n")
 
     def step_hook(self, step: int, state: Any) -> None:
@@ -194,6 +220,7 @@ class RunFingerprint:
 
 # -- reading ------------------------------------------------------------------------------
 
+
 class FingerprintError(ValueError):
     """A run directory that cannot be compared (missing, or without a fingerprint)."""
 
@@ -223,8 +250,10 @@ def load_run(model_dir: PathLike, metric: str = "loss") -> Run:
     try:
         header = storage.read_json(header_path)
     except FileNotFoundError:
-        raise FingerprintError(f"{header_path} not found: {root} has no run fingerprint "
-                               "(train with the fingerprint step hook to write one)") from None
+        raise FingerprintError(
+            f"{header_path} not found: {root} has no run fingerprint "
+            "(train with the fingerprint step hook to write one)"
+        ) from None
     except ValueError as e:
         raise FingerprintError(f"{header_path} is not valid JSON: {e}") from None
     rows, bad_metrics = read_metrics(storage.join(root, "summaries"))
@@ -237,8 +266,9 @@ def load_run(model_dir: PathLike, metric: str = "loss") -> Run:
     checksums: dict = {}
     for row in checks:
         try:
-            c = Checksum(int(row["step"]), str(row["param_sha256"]), float(row["param_sum"]),
-                         float(row["param_abs_sum"]))
+            c = Checksum(
+                int(row["step"]), str(row["param_sha256"]), float(row["param_sum"]), float(row["param_abs_sum"])
+            )
         except (KeyError, TypeError, ValueError):
             bad_checks += 1
             continue
@@ -250,16 +280,33 @@ def load_run(model_dir: PathLike, metric: str = "loss") -> Run:
             batches[int(row["step"])] = str(row["batch_sha256"])
         except (KeyError, TypeError, ValueError):
             bad_batches += 1
-    return Run(root, header, dict(sorted(losses.items())), dict(sorted(checksums.items())),
-               bad_metrics + bad_checks + bad_batches, dict(sorted(batches.items())))
+    return Run(
+        root,
+        header,
+        dict(sorted(losses.items())),
+        dict(sorted(checksums.items())),
+        bad_metrics + bad_checks + bad_batches,
+        dict(sorted(batches.items())),
+    )
 
 
 def header_summary(run: Run) -> str:
     h = run.header
-    return (f"config {str(h.get('config_hash', '?'))[:12]}, data {str(h.get('data_fingerprint', '?'))[:12]}, "
-            f"seed {h.get('seed', '?')}, {h.get('process_count', '?')} process(es), "
-            f"{h.get('device_count', '?')} device(s), mesh {h.get('mesh', '?')}")
+    return (
+        f"config {str(h.get('config_hash', '?'))[:12]}, data {str(h.get('data_fingerprint', '?'))[:12]}, "
+        f"seed {h.get('seed', '?')}, {h.get('process_count', '?')} process(es), "
+        f"{h.get('device_count', '?')} device(s), mesh {h.get('mesh', '?')}"
+    )
 
 
-__all__ = ["Checksum", "FingerprintError", "Run", "RunFingerprint", "canonical_json", "config_hash",
-           "header_summary", "load_run", "params_checksum"]
+__all__ = [
+    "Checksum",
+    "FingerprintError",
+    "Run",
+    "RunFingerprint",
+    "canonical_json",
+    "config_hash",
+    "header_summary",
+    "load_run",
+    "params_checksum",
+]

@@ -22,126 +22,19 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from absl import flags
 
 from cairn.launchers import cli, config_io, validation
-from cairn.launchers.yaml_text import to_yaml
+from cairn.launchers.pod_layout import GPUS, TPUS, JobSetError, Layout, TpuKind, layout  # noqa: F401 (re-exported)
 from cairn.launchers.validation import ConfigError
+from cairn.launchers.yaml_text import to_yaml
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "workers"  # pod hostnames: <name>-workers-0-<index>.<name>
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # what $JOB_COMPLETION_INDEX is read from
-
-
-@dataclasses.dataclass(frozen=True)
-class TpuKind:
-    """A GKE TPU node pool kind (`cloud.google.com/gke-tpu-accelerator`)."""
-
-    dims: int  # topology dimensions: 2x4 or 2x2x4
-    single_host_chips: tuple  # chip counts of single-host slices
-    chips_per_host: int  # chips per VM in multi-host slices
-
-
-TPUS = {
-    "tpu-v4-podslice": TpuKind(3, (4,), 4),
-    "tpu-v5p-slice": TpuKind(3, (4,), 4),
-    "tpu-v5-lite-podslice": TpuKind(2, (1, 4, 8), 4),
-    "tpu-v6e-slice": TpuKind(2, (1, 4, 8), 4),
-}
-# GKE GPU node pools (`cloud.google.com/gke-accelerator`): the GPU counts a node can have.
-GPUS = {
-    "nvidia-h100-80gb": (1, 2, 4, 8),
-    "nvidia-h100-mega-80gb": (8,),
-    "nvidia-h200-141gb": (8,),
-    "nvidia-b200": (8,),
-    "nvidia-a100-80gb": (1, 2, 4, 8),
-    "nvidia-tesla-a100": (1, 2, 4, 8, 16),
-    "nvidia-l4": (1, 2, 4, 8),
-    "nvidia-tesla-t4": (1, 2, 4),
-    "nvidia-tesla-v100": (1, 2, 4, 8),
-}
-
-
-class JobSetError(ValueError):
-    """A flag of the renderer that cannot work: `flag` names it."""
-
-    def __init__(self, flag: str, message: str):
-        super().__init__(f"--{flag}: {message}")
-        self.flag = flag
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Hosts (pods) and accelerators per host of one slice or node pool."""
-
-    accelerator: str
-    hosts: int
-    devices_per_host: int
-    topology: str = ""  # TPU only
-
-    @property
-    def tpu(self) -> bool:
-        return self.accelerator in TPUS
-
-    @property
-    def devices(self) -> int:
-        return self.hosts * self.devices_per_host
-
-    @property
-    def node_selector(self) -> dict:
-        if self.tpu:
-            return {"cloud.google.com/gke-tpu-accelerator": self.accelerator,
-                    "cloud.google.com/gke-tpu-topology": self.topology}
-        return {"cloud.google.com/gke-accelerator": self.accelerator}
-
-    @property
-    def resource(self) -> str:
-        return "google.com/tpu" if self.tpu else "nvidia.com/gpu"
-
-
-def layout(accelerator: str, topology: str = "", num_hosts: Optional[int] = None,
-           gpus_per_host: Optional[int] = None) -> Layout:
-    """The layout of a TPU slice (`topology`; `num_hosts`, if given, must match it) or of
-    `num_hosts` GPU nodes (`gpus_per_host` defaults to the most the node kind has)."""
-    if accelerator in TPUS:
-        kind = TPUS[accelerator]
-        if gpus_per_host is not None:
-            raise JobSetError("gpus_per_host", f"is for GPU node pools, not {accelerator}")
-        shape = f"{'x'.join(['N'] * kind.dims)}"
-        if not re.fullmatch(r"[1-9][0-9]*(x[1-9][0-9]*)*", topology or "") or topology.count("x") + 1 != kind.dims:
-            raise JobSetError("topology", f"{topology!r} is not a topology of {accelerator} ({shape}, e.g. "
-                                          f"{'2x2x2' if kind.dims == 3 else '4x4'})")
-        chips = math.prod(int(n) for n in topology.split("x"))
-        if chips in kind.single_host_chips:
-            hosts = 1
-        elif chips % kind.chips_per_host:
-            raise JobSetError("topology", f"{topology} ({chips} chips) of {accelerator}: single-host slices have "
-                                          f"{' or '.join(map(str, kind.single_host_chips))} chips, multi-host ones "
-                                          f"a multiple of {kind.chips_per_host}")
-        else:
-            hosts = chips // kind.chips_per_host
-        if num_hosts is not None and num_hosts != hosts:
-            raise JobSetError("num_hosts", f"{num_hosts} does not match topology {topology} of {accelerator}: "
-                                           f"{chips} chips on {hosts} host(s) of {chips // hosts} chips")
-        return Layout(accelerator, hosts, chips // hosts, topology)
-    if accelerator in GPUS:
-        if topology:
-            raise JobSetError("topology", f"is for TPU slices, not {accelerator} (use --num_hosts, --gpus_per_host)")
-        counts = GPUS[accelerator]
-        per_host = counts[-1] if gpus_per_host is None else gpus_per_host
-        if per_host not in counts:
-            raise JobSetError("gpus_per_host", f"{per_host}: a {accelerator} node has "
-                                               f"{', '.join(map(str, counts))} GPUs")
-        hosts = 1 if num_hosts is None else num_hosts
-        if hosts < 1:
-            raise JobSetError("num_hosts", f"{hosts}: must be >= 1")
-        return Layout(accelerator, hosts, per_host)
-    known = sorted(TPUS) + sorted(GPUS)
-    close = validation.close_names(accelerator or "", known)
-    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-    raise JobSetError("accelerator", f"unknown accelerator {accelerator!r}; {hint}known: {', '.join(known)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,17 +92,30 @@ def render(train_args: Sequence[str], lay: Layout, options: PodOptions, experime
     """The JobSet as a dict: one replicated Job of `lay.hosts` indexed pods, each running
     `options.train_command + train_args`."""
     escaped = [a.replace("$", "$$") for a in (*options.train_command, *train_args)]  # no $(VAR) expansion
-    env = [{"name": "CAIRN_PROCESS_ID",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
-           {"name": "CAIRN_NUM_PROCESSES", "value": str(lay.hosts)},
-           {"name": "CAIRN_COORDINATOR_ADDRESS", "value": coordinator_address(options)}]
+    env = [
+        {
+            "name": "CAIRN_PROCESS_ID",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
+        },
+        {"name": "CAIRN_NUM_PROCESSES", "value": str(lay.hosts)},
+        {"name": "CAIRN_COORDINATOR_ADDRESS", "value": coordinator_address(options)},
+    ]
     container: dict[str, Any] = {
-        "name": "train", "image": options.image, "workingDir": options.workdir,
-        "command": ["/bin/sh", "-c", WRAPPER, "cairn-train"], "args": escaped, "env": env,
+        "name": "train",
+        "image": options.image,
+        "workingDir": options.workdir,
+        "command": ["/bin/sh", "-c", WRAPPER, "cairn-train"],
+        "args": escaped,
+        "env": env,
         "ports": [{"name": "coordinator", "containerPort": options.coordinator_port}],
-        "resources": {"limits": {lay.resource: lay.devices_per_host}}}
-    pod: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": options.grace_period_s,
-                           "nodeSelector": lay.node_selector, "containers": [container]}
+        "resources": {"limits": {lay.resource: lay.devices_per_host}},
+    }
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": options.grace_period_s,
+        "nodeSelector": lay.node_selector,
+        "containers": [container],
+    }
     if not lay.tpu:  # NCCL needs more shared memory than a container's default 64 MB
         container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
         pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
@@ -222,13 +128,23 @@ def render(train_args: Sequence[str], lay: Layout, options: PodOptions, experime
         annotations["alpha.jobset.sigs.k8s.io/exclusive-topology"] = "cloud.google.com/gke-nodepool"
     if annotations:
         metadata["annotations"] = annotations
-    job = {"parallelism": lay.hosts, "completions": lay.hosts, "completionMode": "Indexed", "backoffLimit": 0,
-           "template": {"metadata": {"labels": {"app.kubernetes.io/name": "cairn-train"}}, "spec": pod}}
-    return {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": metadata,
-            "spec": {"failurePolicy": {"maxRestarts": options.max_restarts},
-                     "network": {"enableDNSHostnames": True, "subdomain": options.name,
-                                 "publishNotReadyAddresses": True},
-                     "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job}}]}}
+    job = {
+        "parallelism": lay.hosts,
+        "completions": lay.hosts,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": {"app.kubernetes.io/name": "cairn-train"}}, "spec": pod},
+    }
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            "failurePolicy": {"maxRestarts": options.max_restarts},
+            "network": {"enableDNSHostnames": True, "subdomain": options.name, "publishNotReadyAddresses": True},
+            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job}}],
+        },
+    }
 
 
 def default_name(experiment: str, hosts: int) -> str:
@@ -243,12 +159,14 @@ def default_name(experiment: str, hosts: int) -> str:
 def check_name(name: str, hosts: int) -> None:
     """`JobSetError` unless `name` is a DNS label that keeps every pod hostname within 63 characters."""
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
-        raise JobSetError("name", f"{name!r} is not a DNS label (lowercase letters, digits and '-', starting "
-                                  f"with a letter)")
+        raise JobSetError(
+            "name", f"{name!r} is not a DNS label (lowercase letters, digits and '-', starting with a letter)"
+        )
     longest = pod_hostname(name, hosts - 1)
     if len(longest) > 63:
-        raise JobSetError("name", f"{name!r} is too long: the pod hostname {longest!r} has {len(longest)} "
-                                  f"characters (at most 63)")
+        raise JobSetError(
+            "name", f"{name!r} is too long: the pod hostname {longest!r} has {len(longest)} characters (at most 63)"
+        )
 
 
 # --- the command line --------------------------------------------------------------------
@@ -262,13 +180,16 @@ OUTPUT = flags.DEFINE_string("output", "-", "the manifest to write ('-': stdout)
 NAME = flags.DEFINE_string("name", "", "JobSet name (default: from config.experiment)")
 NAMESPACE = flags.DEFINE_string("namespace", "", "Kubernetes namespace (default: kubectl's)")
 WORKDIR = flags.DEFINE_string("workdir", PodOptions.workdir, "the repository root inside the image")
-TRAIN_COMMAND = flags.DEFINE_string("train_command", shlex.join(PodOptions.train_command),
-                                    "what runs the train entry point in the image")
+TRAIN_COMMAND = flags.DEFINE_string(
+    "train_command", shlex.join(PodOptions.train_command), "what runs the train entry point in the image"
+)
 PORT = flags.DEFINE_integer("coordinator_port", PodOptions.coordinator_port, "jax.distributed coordinator port")
-MAX_RESTARTS = flags.DEFINE_integer("max_restarts", PodOptions.max_restarts,
-                                    "JobSet restarts (preemptions included) before it fails")
-GRACE = flags.DEFINE_integer("grace_period_s", PodOptions.grace_period_s,
-                             "seconds between SIGTERM and SIGKILL (the final checkpoint must fit)")
+MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts", PodOptions.max_restarts, "JobSet restarts (preemptions included) before it fails"
+)
+GRACE = flags.DEFINE_integer(
+    "grace_period_s", PodOptions.grace_period_s, "seconds between SIGTERM and SIGKILL (the final checkpoint must fit)"
+)
 
 _RAW_ARGV: list = []
 
@@ -278,7 +199,7 @@ def repo_root() -> str:
     return os.environ.get("BUILD_WORKSPACE_DIRECTORY") or config_io.user_dir()
 
 
-def train_args(argv: Sequence[str], root: Optional[str] = None) -> list:
+def train_args(argv: Sequence[str], root: str | None = None) -> list:
     """The train entry point's flags from the renderer's command line, as every pod must see
     them: `--config=` with the file's path relative to the repository root, then each
     `--config.a.b=v` override as given."""
@@ -290,7 +211,7 @@ def train_args(argv: Sequence[str], root: Optional[str] = None) -> list:
         if a == "--config" and nxt is not None:
             spec, i = nxt, i + 1
         elif a.startswith("--config="):
-            spec = a[len("--config="):]
+            spec = a[len("--config=") :]
         elif re.match(r"--(no)?config\.", a):
             if "=" not in a and a.startswith("--config.") and nxt is not None and not nxt.startswith("-"):
                 a, i = f"{a}={nxt}", i + 1
@@ -303,8 +224,11 @@ def train_args(argv: Sequence[str], root: Optional[str] = None) -> list:
     if os.path.exists(full):
         rel = os.path.relpath(full, root)
         if rel == ".." or rel.startswith(".." + os.sep):
-            raise ConfigError("config", f"{full} is outside the repository {root}: the pods see only the "
-                                        f"repository (in the image); put the experiment file in it")
+            raise ConfigError(
+                "config",
+                f"{full} is outside the repository {root}: the pods see only the "
+                f"repository (in the image); put the experiment file in it",
+            )
         path = rel
     return [f"--config={path}{sep}{arg}", *overrides]
 
@@ -313,11 +237,15 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
     """Checks everything; returns `(manifest dict, layout, options)`. `config` is the loaded,
     path-resolved config; `raw_config` the config as given (before default paths)."""
     if not IMAGE.value:
-        raise JobSetError("image", "required: a container image with the repository at --workdir "
-                                   "(launchers/README.md, 'Kubernetes')")
+        raise JobSetError(
+            "image", "required: a container image with the repository at --workdir (launchers/README.md, 'Kubernetes')"
+        )
     lay = layout(ACCELERATOR.value, TOPOLOGY.value, NUM_HOSTS.value, GPUS_PER_HOST.value)
-    for flag, value, least in (("coordinator_port", PORT.value, 1), ("max_restarts", MAX_RESTARTS.value, 0),
-                               ("grace_period_s", GRACE.value, 0)):
+    for flag, value, least in (
+        ("coordinator_port", PORT.value, 1),
+        ("max_restarts", MAX_RESTARTS.value, 0),
+        ("grace_period_s", GRACE.value, 0),
+    ):
         if value < least:
             raise JobSetError(flag, f"{value}: must be >= {least}")
     name = NAME.value or default_name(raw_config.experiment, lay.hosts)
@@ -326,23 +254,38 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
     if not command:
         raise JobSetError("train_command", "empty")
     if not raw_config.model_dir:
-        raise ConfigError("model_dir", "empty: the pods need one model_dir they all reach and that outlives them "
-                                       "(a restarted JobSet resumes from it), e.g. --config.model_dir=gs://BUCKET/EXP")
+        raise ConfigError(
+            "model_dir",
+            "empty: the pods need one model_dir they all reach and that outlives them "
+            "(a restarted JobSet resumes from it), e.g. --config.model_dir=gs://BUCKET/EXP",
+        )
     for key in ("coordinator_address", "num_processes", "process_id"):
         if raw_config.multihost[key] not in (None, ""):
-            raise ConfigError(f"multihost.{key}", "set by the JobSet for every pod ($CAIRN_* from the pod's index); "
-                                                  "remove it from the config")
+            raise ConfigError(
+                f"multihost.{key}",
+                "set by the JobSet for every pod ($CAIRN_* from the pod's index); remove it from the config",
+            )
     slices = raw_config.partitioning.get("num_slices", 1)
     if slices != 1:
-        raise ConfigError("partitioning.num_slices", f"{slices}: the manifest holds one slice (one Job of "
-                                                     f"--num_hosts pods); multi-slice JobSets are not written yet")
+        raise ConfigError(
+            "partitioning.num_slices",
+            f"{slices}: the manifest holds one slice (one Job of "
+            f"--num_hosts pods); multi-slice JobSets are not written yet",
+        )
     validation.check_static(config)
     mesh = validation.check_mesh(config, lay.devices, lay.hosts)
     parts = mesh["data"] * mesh["fsdp"]  # the batch dimension's devices; host shards divide them
     validation.check_batch_size(config, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
-    options = PodOptions(name=name, image=IMAGE.value, namespace=NAMESPACE.value, workdir=WORKDIR.value,
-                         train_command=command, coordinator_port=PORT.value, max_restarts=MAX_RESTARTS.value,
-                         grace_period_s=GRACE.value)
+    options = PodOptions(
+        name=name,
+        image=IMAGE.value,
+        namespace=NAMESPACE.value,
+        workdir=WORKDIR.value,
+        train_command=command,
+        coordinator_port=PORT.value,
+        max_restarts=MAX_RESTARTS.value,
+        grace_period_s=GRACE.value,
+    )
     return render(train_args(argv), lay, options, raw_config.experiment), lay, options
 
 
@@ -350,16 +293,20 @@ def _main(config: Any) -> None:
     raw = cli.CONFIG.value
     manifest, lay, options = build(_RAW_ARGV[1:], config, raw)
     shown = [a for a in _RAW_ARGV[1:] if not a.startswith("--output")]
-    header = (f"Rendered by //launchers:jobset from: {shlex.join(shown)}\n"
-              f"{lay.hosts} host(s) x {lay.devices_per_host} {lay.accelerator}"
-              f"{' (topology ' + lay.topology + ')' if lay.topology else ''}; kubectl apply -f this file")
+    header = (
+        f"Rendered by //launchers:jobset from: {shlex.join(shown)}\n"
+        f"{lay.hosts} host(s) x {lay.devices_per_host} {lay.accelerator}"
+        f"{' (topology ' + lay.topology + ')' if lay.topology else ''}; kubectl apply -f this file"
+    )
     text = to_yaml(manifest, header)
     notes = []
     if "://" not in raw.model_dir:
         notes.append(f"model_dir {raw.model_dir!r} is not a URL: every pod must mount it at that path")
     if lay.hosts > 1 and not raw.data.cache_dir:
-        notes.append("data.cache_dir is the default (in each pod's home): every host needs the task cache; "
-                     "set a shared one or cache it into the image")
+        notes.append(
+            "data.cache_dir is the default (in each pod's home): every host needs the task cache; "
+            "set a shared one or cache it into the image"
+        )
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     if OUTPUT.value == "-":
@@ -368,8 +315,7 @@ def _main(config: Any) -> None:
         path = config_io.resolve_path(OUTPUT.value)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
-        print(f"wrote {path}: JobSet {options.name!r}, {lay.hosts} pod(s); coordinator "
-              f"{coordinator_address(options)}")
+        print(f"wrote {path}: JobSet {options.name!r}, {lay.hosts} pod(s); coordinator {coordinator_address(options)}")
 
 
 def _parse(argv: list) -> list:

@@ -23,18 +23,22 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
 from cairn.launchers.validation import ConfigError
 
-ENV = {"coordinator_address": "CAIRN_COORDINATOR_ADDRESS",
-       "coordinator_bind_address": "CAIRN_COORDINATOR_BIND_ADDRESS",
-       "num_processes": "CAIRN_NUM_PROCESSES", "process_id": "CAIRN_PROCESS_ID"}
+ENV = {
+    "coordinator_address": "CAIRN_COORDINATOR_ADDRESS",
+    "coordinator_bind_address": "CAIRN_COORDINATOR_BIND_ADDRESS",
+    "num_processes": "CAIRN_NUM_PROCESSES",
+    "process_id": "CAIRN_PROCESS_ID",
+}
 
 
-def multihost_args(config: ml_collections.ConfigDict, env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+def multihost_args(config: ml_collections.ConfigDict, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The keyword arguments for `initialize_distributed` (None where unset)."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
@@ -68,12 +72,11 @@ class _StartupWatchdog:
 
     def _fire(self) -> None:
         waited = time.monotonic() - self._start
-        sys.stderr.write(f"error: {self._message} (waited {waited:.0f} s; "
-                         f"multihost.initialization_timeout_seconds)\n")
+        sys.stderr.write(f"error: {self._message} (waited {waited:.0f} s; multihost.initialization_timeout_seconds)\n")
         sys.stderr.flush()
         os._exit(2)
 
-    def __enter__(self) -> "_StartupWatchdog":
+    def __enter__(self) -> _StartupWatchdog:
         self._timer.start()
         return self
 
@@ -93,14 +96,20 @@ def initialize(config: ml_collections.ConfigDict) -> Any:
         decided = resolve_distributed(**args)
         if decided.mode == "single":
             return decided
-        where = (f"coordinator {decided.coordinator_address}" if decided.coordinator_address
-                 else "the cluster's coordinator")
-        message = (f"process {decided.process_id} of {decided.num_processes} could not join the job at {where}: "
-                   f"it never answered, or not all {decided.num_processes} processes started")
+        where = (
+            f"coordinator {decided.coordinator_address}" if decided.coordinator_address else "the cluster's coordinator"
+        )
+        message = (
+            f"process {decided.process_id} of {decided.num_processes} could not join the job at {where}: "
+            f"it never answered, or not all {decided.num_processes} processes started"
+        )
         with _StartupWatchdog(bound, message):
             # JAX's own bound is later than ours, so ours always fires first.
-            return initialize_distributed(**args, initialization_timeout=int(bound) + 60,
-                                          heartbeat_timeout_seconds=config.multihost.heartbeat_timeout_seconds or None)
+            return initialize_distributed(
+                **args,
+                initialization_timeout=int(bound) + 60,
+                heartbeat_timeout_seconds=config.multihost.heartbeat_timeout_seconds or None,
+            )
     except ValueError as e:
         raise ConfigError("multihost", str(e)) from None
 
@@ -133,17 +142,20 @@ def check_same_config(config: ml_collections.ConfigDict) -> None:
     mine = np.frombuffer(json.dumps(plain, sort_keys=True).encode(), np.uint8)
     lengths = np.asarray(multihost_utils.process_allgather(np.array([mine.size], np.int32))).reshape(-1)
     padded = np.zeros(int(lengths.max()), np.uint8)
-    padded[:mine.size] = mine
+    padded[: mine.size] = mine
     texts = np.asarray(multihost_utils.process_allgather(padded))
-    configs = [json.loads(bytes(texts[p, :lengths[p]]).decode()) for p in range(len(lengths))]
+    configs = [json.loads(bytes(texts[p, : lengths[p]]).decode()) for p in range(len(lengths))]
     differing = [(p, _differences(configs[0], c)) for p, c in enumerate(configs) if p and c != configs[0]]
     if differing:
-        shown = "; ".join(f"process {p} differs from process 0 in {', '.join(keys[:8])}"
-                          + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "") for p, keys in differing)
+        shown = "; ".join(
+            f"process {p} differs from process 0 in {', '.join(keys[:8])}"
+            + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+            for p, keys in differing
+        )
         raise ConfigError("multihost", f"the processes were started with different configs: {shown}")
 
 
-def stop_together(error: Optional[BaseException], what: str) -> None:
+def stop_together(error: BaseException | None, what: str) -> None:
     """With several processes: every process calls this at the same point with the error it
     met (or None). The process that failed re-raises its own error; the others raise a
     `ConfigError` naming the processes that failed, so no process is left waiting in a
@@ -162,5 +174,8 @@ def stop_together(error: Optional[BaseException], what: str) -> None:
         raise error
     failed = [int(p) for p in np.nonzero(flags)[0]]
     if failed:
-        raise ConfigError("multihost", f"process(es) {failed} of {len(flags)} failed while {what} "
-                                       f"(see their error); stopping process {jax.process_index()} too")
+        raise ConfigError(
+            "multihost",
+            f"process(es) {failed} of {len(flags)} failed while {what} "
+            f"(see their error); stopping process {jax.process_index()} too",
+        )

@@ -118,7 +118,7 @@ def run() -> None:
     """The program (exit status 2 on unusable input)."""
     flags.mark_flags_as_required(["model_dir", "output"])
     entry.run(
-        lambda: _exit_status(plot_run(MODEL_DIR.value, OUTPUT.value, METRIC.value, TITLE.value)),
+        lambda: _exit_status(plot_run(str(MODEL_DIR.value), str(OUTPUT.value), METRIC.value, TITLE.value)),
         expected=(FileNotFoundError, ValueError, ImportError),
         prefix="plot_loss",
         describe=_describe,

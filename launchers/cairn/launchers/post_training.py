@@ -14,7 +14,8 @@ process computes its rows and all get every output; pass an `out` that prints on
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -33,8 +34,7 @@ def _decode_options(config: ml_collections.ConfigDict, length: int) -> Any:
     from cairn.models import DecodeOptions
 
     pt = config.post_training
-    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature,
-                         top_k=pt.top_k)
+    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k)
 
 
 def pad_rows(rows: list, length: int) -> np.ndarray:
@@ -42,7 +42,7 @@ def pad_rows(rows: list, length: int) -> np.ndarray:
     out = np.zeros((len(rows), length), np.int32)
     for i, r in enumerate(rows):
         r = list(r)[:length]
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
@@ -50,11 +50,19 @@ def _partitioner(config: ml_collections.ConfigDict, partitioner: Any) -> Any:
     return partitioner if partitioner is not None else builder.make_partitioner(config)
 
 
-def final_evaluation(config: ml_collections.ConfigDict, model: Any, params: Any, evaluator: Any, step: int,
-                     out: Printer = print, partitioner: Any = None) -> dict:
+def final_evaluation(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    params: Any,
+    evaluator: Any,
+    step: int,
+    out: Printer = print,
+    partitioner: Any = None,
+) -> dict:
     """Score metrics (e.g. perplexity) of the evaluation task at the end of training."""
-    score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=_partitioner(config, partitioner),
-                                     log_level=logging.DEBUG)
+    score = builder.score_fn_factory(
+        model, config.eval.batch_size, partitioner=_partitioner(config, partitioner), log_level=logging.DEBUG
+    )
     result = evaluator.evaluate(score_fn=score(params), step=step)
     for task, metrics in sorted(result.metrics.items()):
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
@@ -64,8 +72,9 @@ def final_evaluation(config: ml_collections.ConfigDict, model: Any, params: Any,
     return result.metrics
 
 
-def _decode(config: ml_collections.ConfigDict, model: Any, params: Any, partitioner: Any, rows: np.ndarray,
-            length: int) -> np.ndarray:
+def _decode(
+    config: ml_collections.ConfigDict, model: Any, params: Any, partitioner: Any, rows: np.ndarray, length: int
+) -> np.ndarray:
     """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), one
     sharded batch on the partitioner's mesh."""
     options = _decode_options(config, length)
@@ -74,11 +83,19 @@ def _decode(config: ml_collections.ConfigDict, model: Any, params: Any, partitio
     def fn(p, x):
         batch = decode_batch(x)
         return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(config.seed))[0]
+
     return ShardedBatches(_partitioner(config, partitioner), fn, len(rows), "decodes", logging.DEBUG)(params, rows)
 
 
-def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any, evaluator: Any,
-                      vocabulary: Any, out: Printer = print, partitioner: Any = None) -> list[dict]:
+def denoising_samples(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    params: Any,
+    evaluator: Any,
+    vocabulary: Any,
+    out: Printer = print,
+    partitioner: Any = None,
+) -> list[dict]:
     """Prints `num_samples` evaluation examples with the model's decoded prediction."""
     n = config.post_training.num_samples
     if not n:
@@ -91,17 +108,28 @@ def denoising_samples(config: ml_collections.ConfigDict, model: Any, params: Any
     tokens = _decode(config, model, params, partitioner, enc, length)
     samples = []
     for i, (ex, pred) in enumerate(zip(examples, tokens)):
-        sample = {"input": vocabulary.decode(list(map(int, ex["inputs"]))),
-                  "target": vocabulary.decode(list(map(int, ex["targets"]))),
-                  "prediction": vocabulary.decode([int(t) for t in pred])}
+        sample = {
+            "input": vocabulary.decode(list(map(int, ex["inputs"]))),
+            "target": vocabulary.decode(list(map(int, ex["targets"]))),
+            "prediction": vocabulary.decode([int(t) for t in pred]),
+        }
         samples.append(sample)
-        out(f"sample {i}:\n  input:      {sample['input']}\n  target:     {sample['target']}\n"
-            f"  prediction: {sample['prediction']}")
+        out(
+            f"sample {i}:\n  input:      {sample['input']}\n  target:     {sample['target']}\n"
+            f"  prediction: {sample['prediction']}"
+        )
     return samples
 
 
-def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: Any,
-                  out: Printer = print, prompts: Optional[list[str]] = None, partitioner: Any = None) -> list[str]:
+def generate_text(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    params: Any,
+    vocabulary: Any,
+    out: Printer = print,
+    prompts: list[str] | None = None,
+    partitioner: Any = None,
+) -> list[str]:
     """Continues each prompt (decoder-only models); prints and returns prompt + continuation."""
     prompts = list(prompts if prompts is not None else config.post_training.prompts)
     if not prompts:
@@ -111,15 +139,23 @@ def generate_text(config: ml_collections.ConfigDict, model: Any, params: Any, vo
     new = config.post_training.max_decode_length or data_lib.sequence_length(config)["targets"]
     tokens = _decode(config, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new)
     texts = []
-    for i, (prompt, row) in enumerate(zip(prompts, tokens)):
+    for i, (_prompt, row) in enumerate(zip(prompts, tokens)):
         text = vocabulary.decode([int(t) for t in row])
         texts.append(text)
         out(f"generated {i}: {text}")
     return texts
 
 
-def run(config: ml_collections.ConfigDict, model: Any, params: Any, vocabulary: Any, evaluator: Any,
-        step: int, out: Printer = print, partitioner: Any = None) -> dict:
+def run(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    params: Any,
+    vocabulary: Any,
+    evaluator: Any,
+    step: int,
+    out: Printer = print,
+    partitioner: Any = None,
+) -> dict:
     """The config's post-training actions; returns what they produced. `partitioner`: the run's
     (default: `builder.make_partitioner(config)`, the same mesh)."""
     from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS

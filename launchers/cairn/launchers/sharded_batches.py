@@ -13,7 +13,8 @@ process would with the same mesh.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -31,9 +32,12 @@ def check_batch_size(key: str, batch_size: int, partitioner: Any) -> None:
     a size: `ShardedBatches` pads a batch to a multiple of the data-parallel devices."""
     shards = partitioner.data_layout().num_shards
     if batch_size < 1 or batch_size % shards:
-        raise ConfigError(key, f"{batch_size} does not divide over the {shards} host data shards of mesh "
-                               f"{dict(partitioner.mesh.shape)} on {jax.process_count()} process(es); "
-                               f"use a multiple of {shards}")
+        raise ConfigError(
+            key,
+            f"{batch_size} does not divide over the {shards} host data shards of mesh "
+            f"{dict(partitioner.mesh.shape)} on {jax.process_count()} process(es); "
+            f"use a multiple of {shards}",
+        )
 
 
 def _param_shardings(partitioner: Any, params: Any) -> Any:
@@ -43,6 +47,7 @@ def _param_shardings(partitioner: Any, params: Any) -> Any:
     def one(x):
         s = getattr(x, "sharding", None)
         return s if isinstance(s, NamedSharding) and s.mesh == partitioner.mesh else replicated
+
     return jax.tree.map(one, params)
 
 
@@ -65,8 +70,14 @@ class ShardedBatches:
       log_level: the level of that line (one per batch on every process).
     """
 
-    def __init__(self, partitioner: Any, fn: Callable[[Any, Any], Any], batch_size: int, what: str = "computes",
-                 log_level: int = logging.INFO):
+    def __init__(
+        self,
+        partitioner: Any,
+        fn: Callable[[Any, Any], Any],
+        batch_size: int,
+        what: str = "computes",
+        log_level: int = logging.INFO,
+    ):
         shards = partitioner.batch_parts()
         self.partitioner = partitioner
         self.fn = fn
@@ -79,15 +90,20 @@ class ShardedBatches:
 
     def _jitted(self, param_sh: Any, batch: Any) -> Callable:
         batch_sh = jax.tree.map(lambda x: x.sharding, batch)
-        key = (jax.tree.structure(param_sh), tuple(jax.tree.leaves(param_sh)),
-               jax.tree.structure(batch_sh), tuple(jax.tree.leaves(batch_sh)))
+        key = (
+            jax.tree.structure(param_sh),
+            tuple(jax.tree.leaves(param_sh)),
+            jax.tree.structure(batch_sh),
+            tuple(jax.tree.leaves(batch_sh)),
+        )
         if key not in self._compiled:
             replicated = NamedSharding(self.partitioner.mesh, PartitionSpec())
-            self._compiled[key] = self.partitioner.partition(self.fn, in_shardings=(param_sh, batch_sh),
-                                                             out_shardings=replicated)
+            self._compiled[key] = self.partitioner.partition(
+                self.fn, in_shardings=(param_sh, batch_sh), out_shardings=replicated
+            )
         return self._compiled[key]
 
-    def __call__(self, params: Any, features: Any, first_index: int = 0, total: Optional[int] = None) -> Any:
+    def __call__(self, params: Any, features: Any, first_index: int = 0, total: int | None = None) -> Any:
         """The outputs of every row of `features` (a pytree of arrays with the same number of
         rows, at least one), as numpy arrays in row order, identical on every process.
         `first_index` and `total` only number the rows in the log line (e.g. a chunk's rows
@@ -104,10 +120,11 @@ class ShardedBatches:
             real = min(self.batch_size, n - start)
             lo, hi = min(real, self._rows.start), min(real, self._rows.stop)  # this host's examples
 
-            def rows(x):
-                x = np.asarray(x[start + lo:start + hi])
+            def rows(x, first=start + lo, last=start + hi):
+                x = np.asarray(x[first:last])
                 pad = self._rows.stop - self._rows.start - len(x)
                 return np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]) if pad else x
+
             batch = self.partitioner.shard_batch(jax.tree.map(rows, features))
             self._log(b, batches, start + lo, start + hi, first_index, total)
             out = self._jitted(param_sh, batch)(params, batch)
@@ -118,7 +135,8 @@ class ShardedBatches:
         who = f"process {jax.process_index()}/{jax.process_count()}"
         where = f" (batch {b + 1}/{batches})" if batches > 1 else ""
         if lo < hi:
-            log.log(self.log_level, "%s %s rows %d-%d of %d%s", who, self.what, first + lo, first + hi - 1, total,
-                    where)
+            log.log(
+                self.log_level, "%s %s rows %d-%d of %d%s", who, self.what, first + lo, first + hi - 1, total, where
+            )
         else:
             log.log(self.log_level, "%s %s no rows of %d (padding only)%s", who, self.what, total, where)

@@ -280,7 +280,7 @@ def run() -> None:
     """The program (exit status 0 identical, 1 divergent, 2 unusable input)."""
     flags.mark_flags_as_required(["run_a", "run_b"])
     entry.run(
-        lambda: verify_runs(RUN_A.value, RUN_B.value, RTOL.value, ATOL.value, ALLOW_CONFIG_DIFF.value),
+        lambda: verify_runs(str(RUN_A.value), str(RUN_B.value), RTOL.value, ATOL.value, ALLOW_CONFIG_DIFF.value),
         expected=(FingerprintError,),
         prefix="verify",
     )

@@ -13,11 +13,10 @@ with --verbose).
 
 from __future__ import annotations
 
-
-
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
+
 
 def verify(config) -> dict[str, list[str]]:
     """`{task: [problem, ...]}` for the config's training tasks (all empty: all match)."""
@@ -38,8 +37,11 @@ def _main(config) -> int:
 
 def run() -> None:
     """The program: any failure to read a cache is one line, exit 2 (a traceback with --verbose)."""
-    cli.run_entry_point(_main, expected=(Exception,),
-                        describe=lambda e: e if isinstance(e, ConfigError) else RuntimeError(f"{type(e).__name__}: {e}"))
+    cli.run_entry_point(
+        _main,
+        expected=(Exception,),
+        describe=lambda e: e if isinstance(e, ConfigError) else RuntimeError(f"{type(e).__name__}: {e}"),
+    )
 
 
 if __name__ == "__main__":

