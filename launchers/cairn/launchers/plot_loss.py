@@ -110,15 +110,15 @@ def _describe(error: BaseException) -> BaseException | str:
     return error
 
 
-def _exit_status(_written: str) -> int:
-    return 0
+def _main() -> None:
+    plot_run(str(MODEL_DIR.value), str(OUTPUT.value), METRIC.value, TITLE.value)
 
 
 def run() -> None:
     """The program (exit status 2 on unusable input)."""
     flags.mark_flags_as_required(["model_dir", "output"])
     entry.run(
-        lambda: _exit_status(plot_run(str(MODEL_DIR.value), str(OUTPUT.value), METRIC.value, TITLE.value)),
+        _main,
         expected=(FileNotFoundError, ValueError, ImportError),
         prefix="plot_loss",
         describe=_describe,

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cairn.partitioning.platform import platform_variant
+
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=True),  # transformers' gelu_new
@@ -85,12 +87,9 @@ DENSE_VJP_CHOICES = ("auto", "cpu", "standard")
 def dense_vjp_variant(variant: str | None = None) -> str:
     """ "cpu" or "standard": `variant`, else the module's `DENSE_VJP`, with "auto" decided by
     `jax.default_backend()` (deterministic for a process: its default platform)."""
-    variant = DENSE_VJP if variant is None else variant
-    if variant not in DENSE_VJP_CHOICES:
-        raise ValueError(f"dense VJP variant must be one of {DENSE_VJP_CHOICES}, got {variant!r}")
-    if variant == "auto":
-        return "cpu" if jax.default_backend() == "cpu" else "standard"
-    return variant
+    return platform_variant(
+        DENSE_VJP if variant is None else variant, DENSE_VJP_CHOICES, "dense VJP variant", "standard"
+    )
 
 
 def dense(x, w, n: int = 1, *, vjp: str | None = None):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from cairn.partitioning.platform import platform_variant
 from cairn.trainer.schedules import Schedule
 
 OPTIMIZERS = ("adafactor", "adamw")
@@ -78,12 +79,8 @@ FACTORED_RMS_CHOICES = ("auto", "cpu", "optax")
 def factored_rms_variant(variant: str | None = None) -> str:
     """ "cpu" or "optax": `variant`, else the module's `FACTORED_RMS`, with "auto" decided by
     `jax.default_backend()` (deterministic for a process: its default platform)."""
-    variant = FACTORED_RMS if variant is None else variant
-    if variant not in FACTORED_RMS_CHOICES:
-        raise ValueError(f"factored RMS variant must be one of {FACTORED_RMS_CHOICES}, got {variant!r}")
-    if variant == "auto":
-        return "cpu" if jax.default_backend() == "cpu" else "optax"
-    return variant
+    setting = FACTORED_RMS if variant is None else variant
+    return platform_variant(setting, FACTORED_RMS_CHOICES, "factored RMS variant", "optax")
 
 
 def scale_by_factored_rms(
