@@ -4,11 +4,14 @@ Each test target runs pytest on its own file (`<name>.py`) through one shared ma
 `pytest tests/<library>` works outside Bazel too. `size` is required, so every test
 has a timeout.
 
-Every test also reads `//:requirements.lock`: the pip packages live in `.venv` (outside
-Bazel's view), and `./bazelw` rebuilds `.venv` whenever the lock changes, so making the
-lock an input of each test is what lets Bazel cache test results and rerun them when the
-pinned packages change.
+Every test also reads `//:requirements.lock` and `//:requirements-test.lock`: the pip
+packages live in `.venv` (outside Bazel's view), and `./bazelw` rebuilds `.venv` whenever
+either lock changes, so making both locks inputs of each test is what lets Bazel cache test
+results and rerun them when the pinned packages change.
 """
+
+# The pins of .venv: the runtime lock and the test-only lock (./bazelw installs both).
+LOCKS = ["//:requirements.lock", "//:requirements-test.lock"]
 
 def cairn_py_test(name, size, deps = [], data = [], **kwargs):
     native.py_test(
@@ -16,7 +19,7 @@ def cairn_py_test(name, size, deps = [], data = [], **kwargs):
         srcs = [name + ".py", "//tools/testing:pytest_main.py"],
         main = "//tools/testing:pytest_main.py",
         deps = deps,
-        data = data + ["//:requirements.lock"],
+        data = data + LOCKS,
         size = size,
         python_version = "PY3",
         srcs_version = "PY3",
