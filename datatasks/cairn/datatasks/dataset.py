@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import tensorflow as tf
-
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import EncDecFeatureConverter, FeatureConverter
 from cairn.datatasks.inline import pipeline_options
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.mixture import Mixture
 from cairn.datatasks.registry import Registry, get_mixture_or_task
 from cairn.datatasks.sources import ShardInfo

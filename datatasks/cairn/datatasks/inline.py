@@ -18,16 +18,22 @@ does not re-parallelize it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
-import tensorflow as tf
+from cairn.datatasks.lazy_tf import tf
 
-try:  # the flag is not in the public `Dataset.map` signature
-    from tensorflow.python.data.ops import map_op as _map_op
 
-    _MapDataset = _map_op._MapDataset  # pylint: disable=protected-access
-except (ImportError, AttributeError):  # pragma: no cover - other TensorFlow versions
-    _MapDataset = None
+@functools.cache
+def _map_dataset_class() -> type | None:
+    """TensorFlow's `_MapDataset` (the flag is not in the public `Dataset.map` signature)."""
+    try:
+        from tensorflow.python.data.ops import map_op
+
+        return map_op._MapDataset  # pylint: disable=protected-access
+    except (ImportError, AttributeError):  # pragma: no cover - other TensorFlow versions
+        return None
+
 
 # Ops the single-threaded executor rejects (control flow is lowered to Switch/Merge) or
 # that run nested functions, whose bodies are not inspected here.
@@ -60,8 +66,9 @@ def runs_inline(graph: tf.Graph) -> bool:
 
 def map_inline(ds: tf.data.Dataset, fn: Callable) -> tf.data.Dataset:
     """`ds.map(fn)` run in the calling thread; a parallel map when `fn` cannot be inlined."""
-    if _MapDataset is not None:
-        mapped = _MapDataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
+    map_dataset = _map_dataset_class()
+    if map_dataset is not None:
+        mapped = map_dataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
         if runs_inline(mapped._map_func.function.graph):  # pylint: disable=protected-access
             return mapped
     return ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

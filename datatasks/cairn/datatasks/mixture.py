@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import tensorflow as tf
-
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline, pipeline_options
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats

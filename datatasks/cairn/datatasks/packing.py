@@ -6,8 +6,10 @@ current row when every feature still fits, otherwise the row is emitted and a ne
 starts; the last row of a group is emitted at the group's end. Each feature of an example
 is first cut at its count of non-zero ids, then to the feature's length. `<k>_positions`
 restart at 0 for every example and `<k>_segment_ids` count examples from 1 (0 on padding).
-The packing loop runs in NumPy inside one `tf.numpy_function` per group (stateful=False, so
-iterators stay checkpointable) instead of a `tf.while_loop`: same rows, much faster.
+The packing runs in NumPy (`pack_rows`, vectorised over a group) inside one
+`tf.numpy_function` per group (stateful=False, so iterators stay checkpointable) instead of
+a `tf.while_loop`: same rows, much faster. The deterministic reader packs with the same
+`pack_rows`, through the converters' `convert_numpy`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import tensorflow as tf
 
+from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.ragged import Ragged
 
 _PAD_BATCH = 256
 
@@ -58,42 +62,95 @@ def _pad_one(x: dict, feature_lengths: Mapping[str, int]) -> dict:
     return out
 
 
+def nonzero_counts(r: Ragged) -> np.ndarray:
+    """The number of non-zero ids of each example."""
+    cum = np.zeros(r.values.size + 1, np.int64)
+    np.cumsum(r.values != 0, out=cum[1:])
+    offsets = r.offsets
+    return cum[offsets[1:]] - cum[offsets[:-1]]
+
+
+def pack_rows(
+    examples: Mapping[str, Ragged], row_sizes: np.ndarray, lengths: Mapping[str, int]
+) -> dict[str, np.ndarray]:
+    """Packs consecutive examples into rows: row `r` holds the next `row_sizes[r]` examples.
+
+    Each feature `k` of an example keeps its first `count of non-zero ids` values (at most
+    `lengths[k]`); the row gets `k`, `k_positions` and `k_segment_ids`, each `[rows,
+    lengths[k]]` int32 (see the module docstring). The one packer of the library: the
+    streaming path (`pack_group`) and the deterministic reader (through the converters'
+    `convert_numpy`) both call it. Raises `DataTasksError` when a row overflows.
+    """
+    row_sizes = np.asarray(row_sizes, np.int64)
+    n_rows = row_sizes.size
+    row_of = np.repeat(np.arange(n_rows), row_sizes)
+    first = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(row_sizes, out=first[1:])
+    out: dict[str, np.ndarray] = {}
+    for k, width in lengths.items():
+        r = examples[k]
+        if len(r) != row_of.size:
+            raise DataTasksError(f"pack_rows: {len(r)} examples of {k!r}, the rows hold {row_of.size}")
+        r = r.head(np.minimum(nonzero_counts(r), width))
+        ends = np.cumsum(r.lengths)
+        row_start = np.concatenate([[0], ends])[first[:-1]]  # tokens before each row
+        used = np.concatenate([[0], ends])[first[1:]] - row_start
+        if (used > width).any():
+            bad = int(np.argmax(used > width))
+            raise DataTasksError(f"packed row {bad} needs {int(used[bad])} {k!r} ids, more than its length {width}")
+        offsets = r.offsets[:-1]
+        pos = np.arange(r.values.size, dtype=np.int64) - np.repeat(offsets, r.lengths)
+        col = np.repeat(offsets - row_start[row_of], r.lengths) + pos
+        row = np.repeat(row_of, r.lengths)
+        tokens = np.zeros((n_rows, width), np.int32)
+        positions = np.zeros((n_rows, width), np.int32)
+        tokens[row, col] = r.values
+        positions[row, col] = pos
+        out[k] = tokens
+        out[k + "_positions"] = positions
+        out[k + "_segment_ids"] = np.cumsum(positions == 0, axis=1, dtype=np.int32) * (tokens != 0)
+    return out
+
+
+def greedy_row_sizes(units: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Sizes of the rows greedy in-order packing makes of examples with `units` [N, K]
+    (per feature) in rows of `capacity` [K]: a row closes when the next example does not fit."""
+    sizes: list[int] = []
+    used = np.zeros_like(capacity)
+    count = 0
+    for u in units:
+        if count and (used + u > capacity).any():
+            sizes.append(count)
+            used, count = np.zeros_like(capacity), 0
+        used = used + u
+        count += 1
+    if count:
+        sizes.append(count)
+    return np.asarray(sizes, np.int64)
+
+
 def pack_group(batch: Mapping[str, np.ndarray], lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
     """Packs one padded batch `{k: [B, L_k]}` into rows; see the module docstring."""
     keys = list(lengths)
-    n = batch[keys[0]].shape[0]
-    rows: list[dict[str, list]] = []
-    partial: dict[str, list] = {k: [] for k in keys}
-    used = {k: 0 for k in keys}
-
-    for i in range(n):
-        one = {}
-        for k in keys:
-            v = batch[k][i]
-            one[k] = v[: int(np.count_nonzero(v))][: lengths[k]]
-        if any(used[k] + len(one[k]) > lengths[k] for k in keys):
-            rows.append(partial)
-            partial = {k: [] for k in keys}
-            used = {k: 0 for k in keys}
-        for k in keys:
-            partial[k].append(one[k])
-            used[k] += len(one[k])
-    if n:
-        rows.append(partial)
-    out: dict[str, np.ndarray] = {}
+    examples, units = {}, []
     for k in keys:
-        tokens = np.zeros((len(rows), lengths[k]), np.int32)
-        positions = np.zeros((len(rows), lengths[k]), np.int32)
-        for r, row in enumerate(rows):
-            at = 0
-            for seq in row[k]:
-                tokens[r, at : at + len(seq)] = seq
-                positions[r, at : at + len(seq)] = np.arange(len(seq), dtype=np.int32)
-                at += len(seq)
-        starts = (positions == 0).astype(np.int32)
-        out[k] = tokens
-        out[k + "_positions"] = positions
-        out[k + "_segment_ids"] = np.cumsum(starts, axis=1, dtype=np.int32) * (tokens != 0)
+        v = np.asarray(batch[k], np.int32)
+        examples[k] = Ragged(v.reshape(-1), np.full(v.shape[0], v.shape[1], np.int64))
+        units.append(np.minimum(np.count_nonzero(v, axis=1), lengths[k]))
+    sizes = greedy_row_sizes(np.stack(units, 1), np.array([lengths[k] for k in keys], np.int64))
+    return pack_rows(examples, sizes, lengths)
+
+
+def autoregressive_inputs(targets: np.ndarray, segment_ids: np.ndarray | None = None, bos_id: int = 0) -> np.ndarray:
+    """`make_autoregressive_inputs` on `[rows, L]` arrays in NumPy: targets shifted right,
+    `bos_id` at the start of every row and (with `segment_ids`) of every segment."""
+    out = np.empty_like(targets)
+    out[:, 0] = bos_id
+    out[:, 1:] = targets[:, :-1]
+    if segment_ids is not None:
+        prev = np.zeros_like(segment_ids)
+        prev[:, 1:] = segment_ids[:, :-1]
+        out = np.where(segment_ids == prev, out, np.asarray(bos_id, out.dtype))
     return out
 
 

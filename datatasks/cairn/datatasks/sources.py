@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import glob
 import inspect
 import json
 import os
@@ -18,10 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError, unknown
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.stats import DataStats, counted_filter
 
 
@@ -119,6 +120,14 @@ def _seeded_order(n: int, seed: int | None) -> np.ndarray:
     return np.random.default_rng(0 if seed is None else seed).permutation(n)
 
 
+def _glob(pattern: str) -> list[str]:
+    """Files matching `pattern`: local ones with Python's glob (dot-files too, as
+    `tf.io.gfile.glob`, so no TensorFlow is imported to list them), URLs with TensorFlow."""
+    if "://" not in pattern:
+        return glob.glob(pattern, include_hidden=True)
+    return tf.io.gfile.glob(pattern)
+
+
 class FileDataSource(DataSource):
     """A source reading files matched by a glob pattern (or a list of them) per split."""
 
@@ -141,7 +150,7 @@ class FileDataSource(DataSource):
         self._check_split(split)
         files: list[SourceFile] = []
         for i, pattern in enumerate(self._patterns[split]):
-            matched = sorted(tf.io.gfile.glob(pattern))
+            matched = sorted(_glob(pattern))
             if not matched:
                 raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
             root = pattern_root(pattern)
@@ -241,14 +250,14 @@ class TFExampleDataSource(FileDataSource):
         split_to_filepattern: Mapping[str, str | Sequence[str]],
         feature_description: Mapping[str, Any],
         num_input_examples: Mapping[str, int] | None = None,
-        reader_cls: Callable[..., tf.data.Dataset] = tf.data.TFRecordDataset,
+        reader_cls: Callable[..., tf.data.Dataset] | None = None,
     ):
         super().__init__(split_to_filepattern, num_input_examples)
         self._description = dict(feature_description)
-        self._reader = reader_cls
+        self._reader = reader_cls  # None: tf.data.TFRecordDataset
 
     def _read_file(self, path):
-        return self._reader(path)
+        return (self._reader or tf.data.TFRecordDataset)(path)
 
     def _postprocess(self, ds, stats):
         return map_inline(ds, lambda r: tf.io.parse_single_example(r, self._description))

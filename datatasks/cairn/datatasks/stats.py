@@ -20,7 +20,8 @@ import dataclasses
 import threading
 
 import numpy as np
-import tensorflow as tf
+
+from cairn.datatasks.lazy_tf import tf
 
 _UNDECODABLE = ("replace", "skip")
 _OVERLONG = ("trim", "skip")

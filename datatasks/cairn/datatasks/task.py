@@ -6,11 +6,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import tensorflow as tf
-
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature import Feature
 from cairn.datatasks.inline import pipeline_options
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors.base import cacheable_prefix, call_preprocessor
 from cairn.datatasks.sources import DataSource, ShardInfo
 from cairn.datatasks.stats import BadDataPolicy, DataStats

@@ -14,10 +14,9 @@ import json
 import os
 from collections.abc import Sequence
 
-import tensorflow as tf
-
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.sources import TFExampleDataSource
 
 

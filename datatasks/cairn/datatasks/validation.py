@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
 
 
 def validate_spec(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, Any]) -> None:
@@ -32,10 +32,10 @@ def validate_spec(task_name: str, ds: tf.data.Dataset, output_features: Mapping[
                 )
             continue
         s = spec[k]
-        if s.dtype != feat.dtype:
+        if s.dtype != feat.tf_dtype:
             raise DataTasksError(
                 f"task {task_name!r}: feature {k!r} has dtype {s.dtype.name} after "
-                f"preprocessing, expected {feat.dtype.name} (did you forget `tokenize`?)"
+                f"preprocessing, expected {feat.dtype} (did you forget `tokenize`?)"
             )
         if s.shape.rank is not None and s.shape.rank != feat.rank:
             raise DataTasksError(
@@ -60,7 +60,7 @@ def finalize(
     (`"skip"`), and counted in `stats` as `overlong_trimmed/<f>` or `overlong_skipped/<f>`.
     """
     spec = ds.element_spec
-    check = [k for k, f in output_features.items() if k in spec and f.dtype.is_integer and spec[k].shape.rank == 1]
+    check = [k for k, f in output_features.items() if k in spec and f.tf_dtype.is_integer and spec[k].shape.rank == 1]
     trim = [
         k
         for k in output_features

@@ -99,8 +99,8 @@ def test_default_is_greedy(det_env):
     plan = default.streams[0].plan
     assert plan.order is None
     stream = default.streams[0]
-    units = plan_lib.packing_lengths(
-        default.converter, stream.expected_lengths(stream.base.range(0, stream.cache.num_records)), default.lengths
+    units = default.converter.packing_units(
+        stream.expected_lengths(stream.base.range(0, stream.cache.num_records)), default.lengths
     )[0]
     greedy = plan_lib.greedy_bins(units, np.array([48, 16]))
     np.testing.assert_array_equal(plan.starts, greedy.starts)

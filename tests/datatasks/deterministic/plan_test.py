@@ -34,19 +34,19 @@ def test_greedy_bins_match_the_converters_greedy_packing():
     assert rows["inputs"].shape[0] == len(first) - 1
 
 
-def test_packing_lengths_per_converter():
+def test_packing_units_per_converter():
     lengths = {"inputs": np.array([3, 60, 0]), "targets": np.array([2, 0, 40])}
     seq = {"inputs": 50, "targets": 30}
-    u, cap = plan_lib.packing_lengths(dt.EncDecFeatureConverter(), lengths, seq)
+    u, cap = dt.EncDecFeatureConverter().packing_units(lengths, seq)
     np.testing.assert_array_equal(u, [[3, 2], [50, 0], [0, 30]])
     np.testing.assert_array_equal(cap, [50, 30])
-    u, cap = plan_lib.packing_lengths(dt.PrefixLMFeatureConverter(), lengths, seq)
+    u, cap = dt.PrefixLMFeatureConverter().packing_units(lengths, seq)
     np.testing.assert_array_equal(u[:, 0], [5, 51, 30])
     assert cap.tolist() == [80]
-    u, cap = plan_lib.packing_lengths(dt.LMFeatureConverter(), lengths, seq)
+    u, cap = dt.LMFeatureConverter().packing_units(lengths, seq)
     np.testing.assert_array_equal(u[:, 0], [2, 0, 30])
     with pytest.raises(DataTasksError, match="'inputs'"):
-        plan_lib.packing_lengths(dt.EncDecFeatureConverter(), {"targets": lengths["targets"]}, seq)
+        dt.EncDecFeatureConverter().packing_units({"targets": lengths["targets"]}, seq)
 
 
 def test_post_cache_lengths_known_and_unknown():

@@ -187,7 +187,7 @@ def task_fingerprint(
     `source_description` computed already, is hashed instead of reading the files again.
     """
     feats = {
-        k: {"add_eos": f.add_eos, "required": f.required, "dtype": f.dtype.name, "rank": f.rank}
+        k: {"add_eos": f.add_eos, "required": f.required, "dtype": f.dtype, "rank": f.rank}
         for k, f in sorted(task.output_features.items())
     }
     vocabs = {k: vocabulary_fingerprint(f.vocabulary) for k, f in sorted(task.output_features.items())}

@@ -26,12 +26,6 @@ import numpy as np
 
 from cairn.datatasks import preprocessors as pp
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.feature_converters import (
-    EncDecFeatureConverter,
-    FeatureConverter,
-    LMFeatureConverter,
-    PrefixLMFeatureConverter,
-)
 
 Lengths = dict  # {feature: int array [N]}
 
@@ -55,35 +49,6 @@ def post_cache_lengths(task: Any, lengths: Lengths, sequence_length: Mapping[str
             )
         lengths = dict(length_fn(lengths, sequence_length, task.output_features))
     return pp.trim_lengths(lengths, sequence_length, task.output_features)
-
-
-def packing_lengths(
-    converter: FeatureConverter, lengths: Lengths, sequence_length: Mapping[str, int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """`([N, K] lengths, [K] capacities)` in the units the converter packs."""
-
-    def get(k):
-        if k not in lengths:
-            raise DataTasksError(
-                f"{type(converter).__name__} packs feature {k!r}, which the "
-                f"task does not produce; it has {sorted(lengths)}"
-            )
-        return np.minimum(np.asarray(lengths[k], np.int64), sequence_length[k])
-
-    if isinstance(converter, PrefixLMFeatureConverter):
-        total = sequence_length["inputs"] + sequence_length["targets"]
-        return (get("inputs") + np.maximum(get("targets"), 1))[:, None], np.array([total])
-    if isinstance(converter, EncDecFeatureConverter):
-        return (
-            np.stack([get("inputs"), get("targets")], 1),
-            np.array([sequence_length["inputs"], sequence_length["targets"]]),
-        )
-    if isinstance(converter, LMFeatureConverter):
-        return get("targets")[:, None], np.array([sequence_length["targets"]])
-    raise DataTasksError(
-        f"packing is planned for EncDec, LM and PrefixLM converters; got "
-        f"{type(converter).__name__} (read it with pack=False)"
-    )
 
 
 PACKING_MODES = ("greedy", "first_fit")

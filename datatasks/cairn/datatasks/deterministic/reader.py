@@ -18,14 +18,15 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
-from cairn.datatasks.deterministic.convert import ConvertStage
+from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
 from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.seeds import derive, record_key
-from cairn.datatasks.deterministic.stages import RecordStage
 from cairn.datatasks.deterministic.store import CachedTask, task_dir
+from cairn.datatasks.deterministic.wire import WireFormatError
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
+from cairn.datatasks.ragged import Ragged
 from cairn.datatasks.registry import Registry, get_mixture_or_task
 from cairn.datatasks.task import Task
 
@@ -52,17 +53,34 @@ class _TaskStream:
         if converter.pack:
             # Block by block over the base order: never an [N, K] array or the whole order.
             def units(a: int, b: int) -> np.ndarray:
-                expected = self.expected_lengths(self.base.range(a, b))
-                return plan_lib.packing_lengths(converter, expected, lengths)[0]
+                return converter.packing_units(self.expected_lengths(self.base.range(a, b)), lengths)[0]
 
-            _, capacity = plan_lib.packing_lengths(converter, self.expected_lengths(np.zeros(1, np.int64)), lengths)
+            _, capacity = converter.packing_units(self.expected_lengths(np.zeros(1, np.int64)), lengths)
             self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
             cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
         self._perms: dict[int, Permutation] = {}
         self._lock = threading.Lock()
-        self.stage = RecordStage(task, cache.specs, len(task.cacheable_preprocessors), lengths, keys, converter)
+        self._converter, self._keys = converter, keys
+        start = len(task.cacheable_preprocessors)
+        fns = numpy_fns(task, start)
+        # The NumPy path when the post-cache preprocessors allow it; TensorFlow otherwise.
+        self.numpy_stage = NumpyRecordStage(task, cache.specs, fns, lengths, keys) if fns is not None else None
+        self._tf_stage: Any = None
+
+    @property
+    def tf_stage(self) -> Any:
+        """The TensorFlow record stage (built, and TensorFlow imported, on first use)."""
+        with self._lock:
+            if self._tf_stage is None:
+                from cairn.datatasks.deterministic.stages import RecordStage
+
+                start = len(self.task.cacheable_preprocessors)
+                self._tf_stage = RecordStage(
+                    self.task, self.cache.specs, start, self.sequence_length, self._keys, self._converter
+                )
+            return self._tf_stage
 
     def expected_lengths(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """The lengths of records `ids` after the post-cache preprocessors and the trim,
@@ -96,17 +114,31 @@ class _TaskStream:
         return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
 
     def examples(self, rows: list[tuple[int, np.ndarray]]) -> dict[str, Any]:
-        """The post-processed, trimmed examples of `rows`, flattened in row order (already
-        converted, `{model feature: [rows, L]}`, when the stage is fused)."""
+        """The post-processed, trimmed examples of `rows`, flattened in row order
+        (`{feature: Ragged}`), or with a fused TensorFlow stage the converted rows
+        (`{model feature: [rows, L]}`)."""
         ids = np.concatenate([r for _, r in rows])
-        epoch_keys = {e: record_key(self.seed, self.task.name, e, 0)[0] for e, _ in rows}
-        keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64) for e, r in rows]), ids], 1)
-        out = self.stage(self.cache.read(ids), keys)
+        records = self.cache.read(ids)
+        out: dict[str, Any] | None = None
+        if self.numpy_stage is not None:
+            try:
+                out = self.numpy_stage(records)
+            except WireFormatError:
+                self.numpy_stage = None  # records of another layout: TensorFlow parses them
+        if out is None:
+            stage = self.tf_stage
+            keys: np.ndarray | None = None
+            if stage.per_record:  # each record's own seed, from (seed, epoch, record index)
+                epoch_keys = {e: record_key(self.seed, self.task.name, e, 0)[0] for e, _ in rows}
+                keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64) for e, r in rows]), ids], 1)
+            out = stage(records, keys if keys is not None else np.zeros((len(ids), 2), np.int64))
+            if stage.fused:
+                return out
         if self.check_lengths:
             expected = self.expected_lengths(ids)
             for k, vals in out.items():
                 if k in expected:
-                    got = np.array([len(v) for v in vals])
+                    got = vals.lengths
                     want = np.asarray(expected[k])
                     if not np.array_equal(got, want):
                         raise DataTasksError(
@@ -201,7 +233,7 @@ class DeterministicReader:
             for t in tasks
         ]
         self.schedule = MixtureSchedule([t.name for t in tasks], rates, self.seed)
-        self.convert = ConvertStage(feature_converter, self.lengths, keys)
+        self._convert: Any = None
         self._keys = keys
         self._step = 0
         self._prefetch = max(0, int(prefetch))
@@ -268,25 +300,30 @@ class DeterministicReader:
         tasks = [name for name, _, _ in rows]
         per_row: dict[str, list] = {k: [None] * len(rows) for k in self._keys}
         parts: list[tuple[list[int], dict[str, np.ndarray]]] = []
-        unfused: list[int] = []
+        unconverted: list[int] = []
         for stream in self.streams:
             mine = [i for i, n in enumerate(tasks) if n == stream.task.name]
             if not mine:
                 continue
             ex = stream.examples([rows[i][1:] for i in mine])
-            if stream.stage.fused:
+            if not isinstance(next(iter(ex.values())), Ragged):  # converted by a fused stage
                 parts.append((mine, ex))
-                continue
-            unfused += mine
-            at = 0
-            for i in mine:
-                n = len(rows[i][2])
-                for k in self._keys:
-                    per_row[k][i] = ex[k][at : at + n]
-                at += n
-        if unfused:
-            unfused.sort()
-            parts.append((unfused, self.convert({k: [per_row[k][i] for i in unfused] for k in self._keys})))
+            elif self.converter.converts_numpy:
+                sizes = np.array([len(rows[i][2]) for i in mine], np.int64)
+                parts.append((mine, self.converter.convert_numpy(ex, sizes, self.lengths)))
+            else:
+                unconverted += mine
+                split = {k: ex[k].to_list() for k in self._keys}
+                at = 0
+                for i in mine:
+                    n = len(rows[i][2])
+                    for k in self._keys:
+                        per_row[k][i] = split[k][at : at + n]
+                    at += n
+        if unconverted:
+            unconverted.sort()
+            convert = self._convert_stage()
+            parts.append((unconverted, convert({k: [per_row[k][i] for i in unconverted] for k in self._keys})))
         out = {k: np.empty((len(rows),) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
         for where, arrays in parts:
             for k in out:
@@ -298,6 +335,14 @@ class DeterministicReader:
                 f"planned rows at steps {step}..{step + count - 1}"
             )
         return [{k: v[i * self.per_host : (i + 1) * self.per_host] for k, v in out.items()} for i in range(count)]
+
+    def _convert_stage(self) -> Any:
+        """The TensorFlow conversion, for converters without a NumPy one (built on first use)."""
+        if self._convert is None:
+            from cairn.datatasks.deterministic.convert import ConvertStage
+
+            self._convert = ConvertStage(self.converter, self.lengths, self._keys)
+        return self._convert
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of the global batch at `step` (does not move the state)."""

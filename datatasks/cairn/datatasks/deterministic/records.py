@@ -10,9 +10,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.lazy_tf import tf
+
+_FLOATS = frozenset({"bfloat16", "float16", "float32", "float64", "half", "float", "double"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +26,10 @@ class FeatureSpec:
 
     @property
     def kind(self) -> str:
-        dt = tf.dtypes.as_dtype(self.dtype)
-        if dt == tf.string:
+        """The `tf.train.Feature` list it is stored in: "bytes", "float" or "int64"."""
+        if self.dtype == "string":
             return "bytes"
-        return "float" if dt.is_floating else "int64"
+        return "float" if self.dtype in _FLOATS else "int64"
 
 
 def specs_of(element_spec: Mapping[str, tf.TensorSpec], task_name: str) -> dict[str, FeatureSpec]:

@@ -1,8 +1,11 @@
-"""The TensorFlow stages of the deterministic reader, each one `tf.function` traced once:
+"""The TensorFlow record stage of the deterministic reader, one `tf.function` traced once:
 
 * `RecordStage`: serialized records -> parsed -> the task's post-cache preprocessors, each
-  record seeded by its own key (from (seed, epoch, record index)) -> trimmed features;
-(`convert.ConvertStage` turns the rows into model features.)
+  record seeded by its own key (from (seed, epoch, record index)) -> trimmed features.
+
+The reader uses it only where the NumPy path (`examples.NumpyRecordStage`) cannot serve:
+a post-cache preprocessor without a `numpy_fn` (or not deterministic), or records that
+are not in the cache's own layout.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from cairn.datatasks.deterministic.records import FeatureSpec
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
 from cairn.datatasks.inline import map_inline, pipeline_options
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors import is_deterministic
+from cairn.datatasks.ragged import Ragged
 
 
 def _description(specs: Mapping[str, FeatureSpec]) -> dict:
@@ -61,8 +65,11 @@ class RecordStage:
         lengths = dict(sequence_length)
         post = task.preprocessors[start:]
         self.per_record = not all(is_deterministic(p) for p in post)
-        # Unpacked and batch-wide: the converter runs in the same pass (model features out).
-        self.fused = converter is not None and not converter.pack and not self.per_record
+        # Unpacked and batch-wide, with a converter that has no NumPy conversion: it runs in
+        # the same pass (model features out).
+        self.fused = (
+            converter is not None and not converter.pack and not converter.converts_numpy and not self.per_record
+        )
 
         def select(x):
             missing = [k for k in self.keys if k not in x]
@@ -130,7 +137,7 @@ class RecordStage:
         self._run = run
 
     def __call__(self, serialized: list[bytes], keys: np.ndarray) -> dict[str, Any]:
-        """`{feature: [one array per record]}`, or `{model feature: [records, L]}` if fused."""
+        """`{feature: Ragged}` (one row per record), or `{model feature: [records, L]}` if fused."""
         try:
             idx, out = self._run(tf.constant(serialized, tf.string), tf.constant(keys, tf.int64))
         except (tf.errors.InvalidArgumentError, KeyError) as e:
@@ -145,7 +152,4 @@ class RecordStage:
             )
         if self.fused:
             return {k: v.numpy() for k, v in out.items()}
-        result = {}
-        for k, (values, lengths) in out.items():
-            result[k] = np.split(values.numpy(), np.cumsum(lengths.numpy())[:-1])
-        return result
+        return {k: Ragged(values.numpy(), lengths.numpy().astype(np.int64)) for k, (values, lengths) in out.items()}

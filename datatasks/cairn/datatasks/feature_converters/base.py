@@ -11,11 +11,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 
-import tensorflow as tf
+import numpy as np
 
 from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.ragged import Ragged
 
 
 class FeatureConverter(metaclass=abc.ABCMeta):
@@ -77,6 +79,60 @@ class FeatureConverter(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def _convert_features(self, ds: tf.data.Dataset, lengths: Mapping[str, int]) -> tf.data.Dataset: ...
 
+    # -- the NumPy path (the deterministic reader) -------------------------------------
+    @property
+    def converts_numpy(self) -> bool:
+        """Whether `convert_numpy` gives this converter's output: the class itself (not a
+        subclass, which may change the TensorFlow conversion) defines it, and no
+        passthrough features are asked for."""
+        return "_convert_numpy" in type(self).__dict__ and not self._passthrough
+
+    def convert_numpy(
+        self, features: Mapping[str, Ragged], row_sizes: np.ndarray, task_feature_lengths: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        """The model features of rows of examples, in NumPy: row `r` holds the next
+        `row_sizes[r]` examples of `features` (`{task feature: Ragged}`, trimmed to the task
+        lengths; one example per row unpacked). Equal to `__call__` on those examples when
+        packing puts exactly those examples in each row (what a packing plan guarantees)."""
+        if not self.converts_numpy:
+            raise DataTasksError(f"{type(self).__name__} has no NumPy conversion")
+        sizes = np.asarray(row_sizes, np.int64)
+        if not self._pack and (sizes != 1).any():
+            raise DataTasksError(f"{type(self).__name__}(pack=False) converts one example per row")
+        lengths = {k: task_feature_lengths[k] for k in self.TASK_FEATURES}
+        return self._convert_numpy({k: features[k].astype(np.int32) for k in self.TASK_FEATURES}, sizes, lengths)
+
+    def _convert_numpy(
+        self, features: Mapping[str, Ragged], row_sizes: np.ndarray, lengths: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _pack_or_pad_numpy(
+        self, features: Mapping[str, Ragged], row_sizes: np.ndarray, lengths: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        """`_pack_or_pad` in NumPy: packed rows (`packing.pack_rows`) or trimmed, padded ones."""
+        if self._pack:
+            return packing.pack_rows(features, row_sizes, lengths)
+        return {k: features[k].padded(n) for k, n in lengths.items()}
+
+    def packing_units(
+        self, lengths: Mapping[str, np.ndarray], sequence_length: Mapping[str, int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`([N, K] units, [K] capacities)`: what each example takes of a packed row, per
+        packed sequence, from the task features' lengths (how packing plans are made)."""
+        raise DataTasksError(
+            f"packing is planned for EncDec, LM and PrefixLM converters; got "
+            f"{type(self).__name__} (read it with pack=False)"
+        )
+
+    @staticmethod
+    def _units_of(lengths: Mapping[str, np.ndarray], k: str, sequence_length: Mapping[str, int]) -> np.ndarray:
+        if k not in lengths:
+            raise DataTasksError(
+                f"the converter packs feature {k!r}, which the task does not produce; it has {sorted(lengths)}"
+            )
+        return np.minimum(np.asarray(lengths[k], np.int64), sequence_length[k])
+
     @abc.abstractmethod
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         """The length of every model feature."""
@@ -85,3 +141,8 @@ class FeatureConverter(metaclass=abc.ABCMeta):
 def non_padding(x: tf.Tensor) -> tf.Tensor:
     """1 where `x` is not padding (0), else 0."""
     return tf.cast(tf.not_equal(x, 0), tf.int32)
+
+
+def non_padding_numpy(x: np.ndarray) -> np.ndarray:
+    """`non_padding` in NumPy."""
+    return (x != 0).astype(np.int32)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding
+import numpy as np
+
+from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding, non_padding_numpy
 from cairn.datatasks.inline import map_inline
-from cairn.datatasks.packing import make_autoregressive_inputs
+from cairn.datatasks.packing import autoregressive_inputs, make_autoregressive_inputs
 
 
 class EncDecFeatureConverter(FeatureConverter):
@@ -44,6 +46,26 @@ class EncDecFeatureConverter(FeatureConverter):
             return d
 
         return map_inline(ds, convert)
+
+    def _convert_numpy(self, features, row_sizes, lengths):
+        x = self._pack_or_pad_numpy(features, row_sizes, lengths)
+        targets = x["targets"]
+        d = {
+            "encoder_input_tokens": x["inputs"],
+            "decoder_target_tokens": targets,
+            "decoder_input_tokens": autoregressive_inputs(targets, x.get("targets_segment_ids"), self._bos_id),
+            "decoder_loss_weights": non_padding_numpy(targets),
+        }
+        if self._pack:
+            d["encoder_segment_ids"] = x["inputs_segment_ids"]
+            d["decoder_segment_ids"] = x["targets_segment_ids"]
+            d["encoder_positions"] = x["inputs_positions"]
+            d["decoder_positions"] = x["targets_positions"]
+        return d
+
+    def packing_units(self, lengths, sequence_length):
+        units = np.stack([self._units_of(lengths, k, sequence_length) for k in ("inputs", "targets")], 1)
+        return units, np.array([sequence_length["inputs"], sequence_length["targets"]])
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         enc, dec = task_feature_lengths["inputs"], task_feature_lengths["targets"]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import tensorflow as tf
+import numpy as np
 
-from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding
+from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding, non_padding_numpy
 from cairn.datatasks.inline import map_inline
-from cairn.datatasks.packing import make_autoregressive_inputs
+from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.packing import autoregressive_inputs, make_autoregressive_inputs
+from cairn.datatasks.ragged import Ragged, concat
 
 
 class LMFeatureConverter(FeatureConverter):
@@ -41,6 +43,24 @@ class LMFeatureConverter(FeatureConverter):
             return d
 
         return map_inline(ds, convert)
+
+    def _lm_features_numpy(self, x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        targets = x["targets"]
+        d = {
+            "decoder_target_tokens": targets,
+            "decoder_input_tokens": autoregressive_inputs(targets, x.get("targets_segment_ids"), self._bos_id),
+            "decoder_loss_weights": non_padding_numpy(targets),
+        }
+        if self._pack:
+            d["decoder_segment_ids"] = x["targets_segment_ids"]
+            d["decoder_positions"] = x["targets_positions"]
+        return d
+
+    def _convert_numpy(self, features, row_sizes, lengths):
+        return self._lm_features_numpy(self._pack_or_pad_numpy(features, row_sizes, lengths))
+
+    def packing_units(self, lengths, sequence_length):
+        return self._units_of(lengths, "targets", sequence_length)[:, None], np.array([sequence_length["targets"]])
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         n = task_feature_lengths["targets"]
@@ -110,6 +130,42 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
             return d
 
         return map_inline(ds, convert)
+
+    def _convert_numpy(self, features, row_sizes, lengths):
+        total = lengths["inputs"] + lengths["targets"]
+        inputs, targets = features["inputs"], features["targets"]
+        empty = targets.lengths == 0
+        if empty.any():  # an empty target becomes one 0 (as the TensorFlow path)
+            targets = Ragged(
+                np.insert(targets.values, targets.offsets[:-1][empty], 0).astype(np.int32), targets.lengths + empty
+            )
+        width = inputs.lengths
+        size = width + targets.lengths
+        both = concat([inputs, targets])
+        n = len(inputs)
+        x = {
+            "targets": both.take(np.stack([np.arange(n), np.arange(n) + n], 1).reshape(-1)),
+            # 0 widths become -1 so that packing does not cut them as padding.
+            "inputs_width": Ragged(np.repeat(np.where(width == 0, -1, width), size).astype(np.int32), size),
+            "inputs_width_add_pos": Ragged(np.repeat(width + 1, size).astype(np.int32), size),
+        }
+        x["targets"] = Ragged(x["targets"].values, size)
+        x = self._pack_or_pad_numpy(x, row_sizes, dict.fromkeys(x, total))
+        x["inputs_width"] = np.where(x["inputs_width"] == -1, 0, x["inputs_width"])
+        d = self._lm_features_numpy(x)
+        positions = x["targets_positions"] if self._pack else np.arange(total, dtype=np.int32)[None, :]
+        d["decoder_causal_attention"] = (positions < x["inputs_width_add_pos"]).astype(np.int32)
+        if self._loss_on_targets_only:
+            is_input = positions < x["inputs_width"]
+            d["decoder_loss_weights"] = (is_input ^ (d["decoder_loss_weights"] != 0)).astype(np.int32)
+        return d
+
+    def packing_units(self, lengths, sequence_length):
+        total = sequence_length["inputs"] + sequence_length["targets"]
+        units = self._units_of(lengths, "inputs", sequence_length) + np.maximum(
+            self._units_of(lengths, "targets", sequence_length), 1
+        )
+        return units[:, None], np.array([total])
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         n = task_feature_lengths["inputs"] + task_feature_lengths["targets"]

@@ -30,9 +30,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import tensorflow as tf
-
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
 
 INJECTED = ("output_features", "sequence_length", "seed", "bad_data_policy", "stats")
 
@@ -88,6 +87,10 @@ class Preprocessor:
     LengthRule` raises `ValueError` when no rule can hold; `output_lengths(lengths,
     sequence_length, output_features, **kwargs) -> lengths` maps per-example lengths
     (NumPy arrays by feature) the way the preprocessor does, so packing can be planned.
+    `numpy_fn(features, sequence_length, output_features, **kwargs) -> features` (optional,
+    deterministic preprocessors only) does the same work on a batch of examples held as
+    `{feature: ragged.Ragged}` (the numeric features); with it, the deterministic reader
+    runs the preprocessor after the cache without TensorFlow.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Preprocessor:
         deterministic: bool | None = None,
         length_rule: Callable | None = None,
         output_lengths: Callable | None = None,
+        numpy_fn: Callable | None = None,
     ):
         if not callable(fn):
             raise TypeError(f"a preprocessor must be callable, got {type(fn).__name__}")
@@ -114,6 +118,9 @@ class Preprocessor:
             else "seed" not in _params(fn) and "seeds" not in _params(fn)
         )
         self.length_rule = length_rule
+        if numpy_fn is not None and not self.deterministic:
+            raise ValueError(f"{getattr(fn, '__name__', fn)!r}: a numpy_fn is for deterministic preprocessors only")
+        self.numpy_fn = numpy_fn
         self.deterministic_lengths = output_lengths or getattr(fn, "deterministic_lengths", None)
         self._legacy_check = getattr(fn, "check_sequence_length", None)
 
@@ -136,7 +143,15 @@ class Preprocessor:
             return self.__qualname__
         return (
             _rebuild,
-            (self.fn, self.reads, self.writes, self.deterministic, self.length_rule, self.deterministic_lengths),
+            (
+                self.fn,
+                self.reads,
+                self.writes,
+                self.deterministic,
+                self.length_rule,
+                self.deterministic_lengths,
+                self.numpy_fn,
+            ),
         )
 
     def lengths_for(self, sequence_length: Mapping[str, int], **kwargs: Any) -> LengthRule | None:
@@ -168,6 +183,10 @@ class Preprocessor:
             fn = self.deterministic_lengths
             return fn(lengths_, sequence_length, output_features, **_accepted(fn, {**kwargs, **more}))
 
+        def numpy_fn(features, sequence_length, output_features, **more):
+            fn = self.numpy_fn
+            return fn(features, sequence_length, output_features, **_accepted(fn, {**kwargs, **more}))
+
         bound = Preprocessor(
             functools.partial(self.fn, *args, **kwargs),
             reads=self.reads,
@@ -175,13 +194,14 @@ class Preprocessor:
             deterministic=self.deterministic,
             length_rule=rule if self.length_rule else None,
             output_lengths=lengths if self.deterministic_lengths else None,
+            numpy_fn=numpy_fn if self.numpy_fn else None,
         )
         if self.length_rule is None and self._legacy_check is not None:
             bound._legacy_check = lambda sl, **more: self.check_sequence_length(sl, **{**kwargs, **more})
         return bound
 
 
-def _rebuild(fn, reads, writes, deterministic, length_rule, output_lengths) -> Preprocessor:
+def _rebuild(fn, reads, writes, deterministic, length_rule, output_lengths, numpy_fn=None) -> Preprocessor:
     return Preprocessor(
         fn,
         reads=reads,
@@ -189,6 +209,7 @@ def _rebuild(fn, reads, writes, deterministic, length_rule, output_lengths) -> P
         deterministic=deterministic,
         length_rule=length_rule,
         output_lengths=output_lengths,
+        numpy_fn=numpy_fn,
     )
 
 
@@ -208,6 +229,7 @@ def preprocessor(
     writes: Sequence[str] = (),
     length_rule: Callable | None = None,
     output_lengths: Callable | None = None,
+    numpy_fn: Callable | None = None,
 ) -> Callable[[Callable], Preprocessor]:
     """Decorator: the function as a `Preprocessor` declaring what it does."""
 
@@ -219,6 +241,7 @@ def preprocessor(
             deterministic=deterministic,
             length_rule=length_rule,
             output_lengths=output_lengths,
+            numpy_fn=numpy_fn,
         )
 
     return make

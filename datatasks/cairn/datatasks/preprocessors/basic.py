@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors.base import preprocessor
+from cairn.datatasks.ragged import Ragged
 from cairn.datatasks.stats import BadDataPolicy, DataStats
 from cairn.tokenizers import SentencePieceVocabulary
 
@@ -185,7 +186,28 @@ def trim_lengths(
     return {k: (np.minimum(v, sequence_length[k]) if sequence_length.get(k) else v) for k, v in lengths.items()}
 
 
-@preprocessor(deterministic=True, output_lengths=eos_lengths)
+# -- the same work on a batch of examples in NumPy (`Preprocessor.numpy_fn`) -----------------
+def _eos_numpy(
+    features: Mapping[str, Ragged], sequence_length: Mapping[str, int] | None, output_features: Mapping[str, Any]
+) -> dict[str, Ragged]:
+    out = dict(features)
+    for k, f in output_features.items():
+        if k in out and f.add_eos and f.vocabulary.eos_id is not None:
+            n = (sequence_length or {}).get(k)
+            r = out[k] if n is None else out[k].head(max(n - 1, 0))
+            out[k] = r.append(f.vocabulary.eos_id)
+    return out
+
+
+def _append_eos_numpy(features, sequence_length, output_features) -> dict[str, Ragged]:
+    return _eos_numpy(features, None, output_features)
+
+
+def _trim_numpy(features, sequence_length, output_features) -> dict[str, Ragged]:
+    return {k: (r.head(sequence_length[k]) if sequence_length.get(k) is not None else r) for k, r in features.items()}
+
+
+@preprocessor(deterministic=True, output_lengths=eos_lengths, numpy_fn=_append_eos_numpy)
 def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> tf.data.Dataset:
     """Appends EOS to every feature whose `Feature.add_eos` is set."""
     keys = _eos_keys(dataset, output_features)
@@ -200,7 +222,7 @@ def append_eos(dataset: tf.data.Dataset, output_features: Mapping[str, Any]) -> 
     return map_inline(dataset, fn)
 
 
-@preprocessor(deterministic=True, output_lengths=eos_after_trim_lengths)
+@preprocessor(deterministic=True, output_lengths=eos_after_trim_lengths, numpy_fn=_eos_numpy)
 def append_eos_after_trim(
     dataset: tf.data.Dataset, output_features: Mapping[str, Any], sequence_length: Mapping[str, int] | None = None
 ) -> tf.data.Dataset:
@@ -220,7 +242,7 @@ def append_eos_after_trim(
     return map_inline(dataset, fn)
 
 
-@preprocessor(deterministic=True, output_lengths=trim_lengths)
+@preprocessor(deterministic=True, output_lengths=trim_lengths, numpy_fn=_trim_numpy)
 def trim(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]) -> tf.data.Dataset:
     """Trims each feature named in `sequence_length` to that length (first axis)."""
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import tensorflow as tf
-
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors.base import preprocessor
 from cairn.datatasks.preprocessors.span_corruption import (
     _split_seed,

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import tensorflow as tf
-
 from cairn.datatasks.inline import map_inline
+from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors.base import LengthRule, map_over_dataset, preprocessor
 
 

@@ -1,0 +1,173 @@
+"""The deterministic reader's NumPy path (records decoded without TensorFlow, post-cache
+preprocessors' `numpy_fn`s, the converters' `convert_numpy`) gives the batches of the
+TensorFlow path, and reads a cache in a process that never imports TensorFlow."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import det_run
+import numpy as np
+import pytest
+
+import cairn.datatasks as dt
+from cairn.datatasks.deterministic import DeterministicReader, cache_task_in_process, task_dir, wire
+from cairn.datatasks.deterministic.records import FeatureSpec, serialize
+
+LENGTHS = {"inputs": 48, "targets": 16}
+
+# A task module with no TensorFlow at import: the cache is written in this process, the
+# reader runs in a fresh one (the same module gives the same fingerprint).
+TASKS = """
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
+from cairn.datatasks.lazy_tf import tf
+from cairn.tokenizers import ByteVocabulary
+
+
+def halves(ds):
+    def fn(line):
+        words = tf.strings.split(line)
+        half = tf.size(words) // 2
+        return {{
+            "inputs": tf.strings.reduce_join(words[:half], separator=" "),
+            "targets": tf.strings.reduce_join(words[half:], separator=" "),
+        }}
+
+    return ds.map(fn)
+
+
+def register(registry):
+    vocab = ByteVocabulary()
+    feats = {{"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}}
+    source = dt.TextLineDataSource({{"train": {data!r}}})
+    return registry.add_task(dt.Task("np_task", source, feats, [halves, pp.tokenize, pp.append_eos_after_trim]))
+"""
+
+CHILD = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    sys.path.insert(0, sys.argv[1])
+    import np_tasks
+    import cairn.datatasks as dt
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    def digest(batch):  # det_run.digest (det_run itself imports TensorFlow)
+        h = hashlib.sha256()
+        for k in sorted(batch):
+            h.update(k.encode())
+            h.update(str(batch[k].dtype).encode() + str(batch[k].shape).encode())
+            h.update(batch[k].tobytes())
+        return h.hexdigest()
+
+    registry = dt.Registry()
+    np_tasks.register(registry)
+    out = {}
+    for name, conv in (("encdec_packed", dt.EncDecFeatureConverter(pack=True)),
+                       ("lm_unpacked", dt.LMFeatureConverter(pack=False))):
+        r = DeterministicReader("np_task", sys.argv[2], seed=3, global_batch_size=4,
+                                sequence_length={"inputs": 48, "targets": 16},
+                                feature_converter=conv, registry=registry)
+        out[name] = [digest(next(r)) for _ in range(6)]
+        r.close()
+    out["tensorflow_imported"] = "tensorflow" in sys.modules
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def np_env(tmp_path_factory, det_env):
+    data_dir, _, _ = det_env
+    root = tmp_path_factory.mktemp("np")
+    (root / "np_tasks.py").write_text(TASKS.format(data=os.path.join(data_dir, "a*.txt")))
+    sys.path.insert(0, str(root))
+    import np_tasks
+
+    registry = dt.Registry()
+    task = np_tasks.register(registry)
+    cache_dir = str(root / "cache")
+    cache_task_in_process(task, "train", task_dir(cache_dir, "np_task", "train"))
+    return str(root), cache_dir, registry
+
+
+def _reader(env, converter, numpy_path=True, **kwargs):
+    _, cache_dir, registry = env
+    r = DeterministicReader(
+        "np_task",
+        cache_dir,
+        seed=3,
+        global_batch_size=4,
+        sequence_length=LENGTHS,
+        feature_converter=converter,
+        registry=registry,
+        **kwargs,
+    )
+    if not numpy_path:
+        for s in r.streams:
+            s.numpy_stage = None
+    return r
+
+
+def _tf_twin(converter):
+    """The same converter through TensorFlow (a subclass has no NumPy conversion)."""
+    kind = type(converter)
+    twin = type("TF" + kind.__name__, (kind,), {})
+    kwargs = {"pack": converter.pack, "bos_id": converter.bos_id}
+    if isinstance(converter, dt.PrefixLMFeatureConverter):
+        kwargs["loss_on_targets_only"] = converter.loss_on_targets_only
+    return twin(**kwargs)
+
+
+CONVERTERS = [
+    dt.EncDecFeatureConverter(pack=True),
+    dt.EncDecFeatureConverter(pack=False),
+    dt.LMFeatureConverter(pack=True),
+    dt.LMFeatureConverter(pack=False, bos_id=5),
+    dt.PrefixLMFeatureConverter(pack=True),
+    dt.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=False),
+]
+# First-fit plans packed rows only.
+CASES = [(c, "greedy") for c in CONVERTERS] + [(c, "first_fit") for c in CONVERTERS if c.pack]
+
+
+@pytest.mark.parametrize(("converter", "packing"), CASES, ids=lambda v: repr(v) if not isinstance(v, str) else v)
+def test_numpy_path_equals_tensorflow_path(np_env, converter, packing):
+    fast = _reader(np_env, converter, packing=packing)
+    slow = _reader(np_env, _tf_twin(converter), numpy_path=False, packing=packing)
+    assert fast.streams[0].numpy_stage is not None
+    for step in (0, 1, 2, 7, 40):
+        a, b = fast.batch_at(step), slow.batch_at(step)
+        assert sorted(a) == sorted(b)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} at step {step}")
+    assert slow.streams[0].tf_stage is not None
+
+
+def test_reads_without_importing_tensorflow(np_env):
+    root, cache_dir, registry = np_env
+    run = subprocess.run([sys.executable, "-c", CHILD, root, cache_dir], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["tensorflow_imported"] is False
+    for name, conv in (
+        ("encdec_packed", dt.EncDecFeatureConverter(pack=True)),
+        ("lm_unpacked", dt.LMFeatureConverter(pack=False)),
+    ):
+        r = _reader(np_env, _tf_twin(conv), numpy_path=False)
+        assert got[name] == [det_run.digest(next(r)) for _ in range(6)], name
+
+
+def test_other_layouts_fall_back_to_tensorflow():
+    specs = {"targets": FeatureSpec("int32", 1)}
+    good = serialize({"targets": np.array([5, 300, 7], np.int32)}, specs)
+    np.testing.assert_array_equal(wire.decode([good], specs, ["targets"])["targets"].values, [5, 300, 7])
+    # The same ids as an unpacked repeated field (tag 0x08 per value): valid protobuf, not
+    # the cache's layout.
+    unpacked = bytes([0x0A, 0x13, 0x0A, 0x11, 0x0A, 0x07]) + b"targets" + bytes([0x12, 0x06, 0x1A, 0x04, 8, 5, 8, 7])
+    with pytest.raises(wire.WireFormatError):
+        wire.decode([unpacked], specs, ["targets"])
+    with pytest.raises(wire.WireFormatError):
+        wire.decode([good[:-1]], specs, ["targets"])
