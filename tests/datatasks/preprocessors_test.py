@@ -10,6 +10,7 @@ from data_util import as_lists, ids_dataset, ids_vocab
 
 import cairn.datatasks as dt
 from cairn.datatasks import preprocessors as pp
+from cairn.tokenizers import ByteVocabulary
 
 
 def strings(**cols):
@@ -54,7 +55,10 @@ def test_undecodable_bytes_replace_or_skip_and_are_counted(sp_vocab):
     feats = {"targets": dt.Feature(sp_vocab)}
     stats = dt.DataStats()
     out = as_lists(pp.tokenize(strings(targets=data), feats, stats=stats))
-    assert len(out) == 3 and out[1]["targets"] == sp_vocab.encode("bad \ufffd\ufffd line")
+    # The raw bytes are encoded (as seqio, and as the vocabulary's own encode of bytes):
+    # SentencePiece gives its unknown id for each invalid byte, nothing vanishes.
+    assert len(out) == 3 and out[1]["targets"] == sp_vocab.encode(b"bad \xff\xfe line")
+    assert sp_vocab.unk_id in out[1]["targets"]
     assert stats.as_dict() == {"undecodable_replaced/targets": 1}
     stats = dt.DataStats()
     out = as_lists(
@@ -64,6 +68,48 @@ def test_undecodable_bytes_replace_or_skip_and_are_counted(sp_vocab):
     assert stats.as_dict() == {"undecodable_skipped/targets": 1}
     with pytest.raises(ValueError, match="undecodable"):
         dt.BadDataPolicy(undecodable="ignore")
+
+
+def test_invalid_utf8_policy_is_the_same_in_a_task_and_in_each_vocabulary(sp_vocab):
+    raw = b"caf\xe9 \xff ok"
+    byte_vocab = ByteVocabulary()
+    for vocab in (sp_vocab, byte_vocab):
+        out = as_lists(pp.tokenize(strings(targets=[raw]), {"targets": dt.Feature(vocab)}))
+        assert out[0]["targets"] == vocab.encode(raw)
+        assert out[0]["targets"] == vocab.encode_tf(tf.constant(raw)).numpy().tolist()
+    assert byte_vocab.encode(raw) == [b + 3 for b in raw]  # the raw bytes, kept
+    assert sp_vocab.encode(raw).count(sp_vocab.unk_id) == 2
+
+
+def _int_task(values, feature):
+    src = dt.FunctionDataSource(
+        lambda split, shuffle_files: tf.data.Dataset.from_tensor_slices({"targets": values}), ["train"]
+    )
+    return dt.Task("ints", src, {"targets": feature}, [pp.tokenize, pp.append_eos_after_trim])
+
+
+@pytest.mark.parametrize("num_epochs", [1, None])
+def test_ids_where_text_is_expected_are_a_named_error(sp_vocab, num_epochs):
+    scalar = _int_task(np.array([4, 5], np.int64), dt.Feature(sp_vocab))
+    named = r"task 'ints', preprocessor 'tokenize': feature 'targets' is a scalar of int64"
+    with pytest.raises(dt.DataTasksError, match=named):
+        scalar.get_dataset({"targets": 8}, shuffle=False, num_epochs=num_epochs)
+    vectors = _int_task(np.array([[4, 5], [6, 7]], np.int32), dt.Feature(sp_vocab))
+    with pytest.raises(dt.DataTasksError, match=r"'targets' is a rank-1 tensor of int32.*token_ids=True"):
+        vectors.get_dataset({"targets": 8}, shuffle=False, num_epochs=num_epochs)
+    declared = _int_task(np.array([[4, 5], [6, 7]], np.int32), dt.Feature(sp_vocab, token_ids=True))
+    rows = as_lists(declared.get_dataset({"targets": 8}, shuffle=False))
+    assert [r["targets"] for r in rows] == [[4, 5, sp_vocab.eos_id], [6, 7, sp_vocab.eos_id]]
+
+
+def test_a_scalar_int_feature_without_tokenize_is_named_by_append_eos(sp_vocab):
+    src = dt.FunctionDataSource(
+        lambda split, shuffle_files: tf.data.Dataset.from_tensor_slices({"targets": np.array([4], np.int64)}),
+        ["train"],
+    )
+    task = dt.Task("scalar", src, {"targets": dt.Feature(sp_vocab)}, [pp.append_eos_after_trim])
+    with pytest.raises(dt.DataTasksError, match="preprocessor 'append_eos_after_trim': feature 'targets' is a scalar"):
+        task.get_dataset({"targets": 8}, shuffle=False, num_epochs=None)
 
 
 def test_append_eos_and_after_trim():

@@ -70,9 +70,14 @@ def test_empty_input(t5_model):
     assert vocab.encode_tf("").numpy().tolist() == []
 
 
-def test_invalid_utf8_bytes_become_replacement_characters(t5_model):
+def test_invalid_utf8_bytes_are_encoded_raw_as_unknown(t5_model):
     vocab = SentencePieceVocabulary(t5_model)
-    assert vocab.encode(b"abc \xff\xfe def") == vocab.encode("abc \ufffd\ufffd def")
+    ids = vocab.encode(b"abc \xff\xfe def")
+    # The bytes are not decoded first (U+FFFD would normalise to a space and vanish): the
+    # invalid run becomes the unknown id, the same in Python and TensorFlow.
+    assert vocab.unk_id in ids and ids != vocab.encode("abc \ufffd\ufffd def")
+    assert ids == vocab.encode_tf(b"abc \xff\xfe def").numpy().tolist()
+    assert vocab.decode(ids).startswith("abc") and vocab.decode(ids).endswith("def")
     assert vocab.encode("caf\u00e9".encode()) == vocab.encode("caf\u00e9")
 
 

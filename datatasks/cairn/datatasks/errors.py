@@ -10,6 +10,11 @@ class DataTasksError(ValueError):
     """Bad input to a task, source, preprocessor or feature converter."""
 
 
+class FeatureTypeError(DataTasksError):
+    """A feature of the wrong kind for what a preprocessor does with it (for example token
+    ids where its vocabulary expects text). `Task.preprocess` adds the task's name."""
+
+
 class UnknownNameError(KeyError, DataTasksError):
     """A task, mixture, split or feature name that is not registered."""
 

@@ -23,6 +23,8 @@ class Feature:
         "string", ...), a NumPy dtype or a `tf.DType`; kept as its name (a `tf.DType`
         compares equal to its name), so no TensorFlow is imported to declare a feature.
       rank: the rank after preprocessing (1 for a token sequence).
+      token_ids: the source gives this feature as token ids already: `tokenize` leaves it
+        (without it, ids where the vocabulary expects text are an error naming the feature).
     """
 
     vocabulary: Vocabulary
@@ -30,6 +32,7 @@ class Feature:
     required: bool = True
     dtype: Any = "int32"
     rank: int = 1
+    token_ids: bool = False
 
     def __post_init__(self):
         if not isinstance(self.vocabulary, Vocabulary):

@@ -2,9 +2,10 @@
 
 Policy (docs/design.md §5), the same for every task:
   * empty lines (text sources): skipped and counted as `empty_line`;
-  * undecodable bytes (invalid UTF-8 in a feature being tokenized): by default replaced
-    with U+FFFD and counted as `undecodable_replaced`; with `undecodable="skip"` the
-    example is dropped and counted as `undecodable_skipped`;
+  * undecodable bytes (invalid UTF-8 in a feature being tokenized): by default encoded
+    from the raw bytes by the vocabulary's own rule (SentencePiece: its unknown id;
+    ByteVocabulary: the bytes; others: U+FFFD) and counted as `undecodable_replaced`; with
+    `undecodable="skip"` the example is dropped and counted as `undecodable_skipped`;
   * over-long examples (a feature longer than its `sequence_length`): by default trimmed
     and counted as `overlong_trimmed`; with `overlong="skip"` dropped and counted as
     `overlong_skipped`;

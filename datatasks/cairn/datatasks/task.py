@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.errors import DataTasksError, FeatureTypeError
 from cairn.datatasks.feature import Feature
 from cairn.datatasks.inline import pipeline_options
 from cairn.datatasks.lazy_tf import tf
@@ -91,15 +91,19 @@ class Task:
         if key.shape.rank == 0:
             key = tf.stack([key, tf.constant(0, tf.int64)])
         for pos, fn in list(enumerate(self.preprocessors))[start:stop]:
-            ds = call_preprocessor(
-                fn,
-                ds,
-                output_features=self.output_features,
-                sequence_length=sequence_length,
-                seed=tf.random.experimental.stateless_fold_in(key, pos),
-                bad_data_policy=self.bad_data_policy,
-                stats=stats,
-            )
+            try:
+                ds = call_preprocessor(
+                    fn,
+                    ds,
+                    output_features=self.output_features,
+                    sequence_length=sequence_length,
+                    seed=tf.random.experimental.stateless_fold_in(key, pos),
+                    bad_data_policy=self.bad_data_policy,
+                    stats=stats,
+                )
+            except FeatureTypeError as e:
+                name = getattr(fn, "__name__", repr(fn))
+                raise FeatureTypeError(f"task {self.name!r}, preprocessor {name!r}: {e}") from None
             if not isinstance(ds, tf.data.Dataset):
                 raise DataTasksError(
                     f"task {self.name!r}: preprocessor {pos} ({fn!r}) returned "
@@ -154,7 +158,10 @@ class Task:
             ds = epoch(tf.constant(0, tf.int64))
         else:
             count = -1 if num_epochs is None else int(num_epochs)
-            ds = tf.data.Dataset.range(count if count >= 0 else 2**62).flat_map(epoch)
+            # Not converted by autograph (nothing to convert), so a preprocessor's error
+            # reaches the caller as itself, not wrapped in a StagingError.
+            per_epoch = tf.autograph.experimental.do_not_convert(epoch)
+            ds = tf.data.Dataset.range(count if count >= 0 else 2**62).flat_map(per_epoch)
         if shuffle:
             # Outside the per-epoch function: a shuffle inside flat_map cannot be checkpointed.
             ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)

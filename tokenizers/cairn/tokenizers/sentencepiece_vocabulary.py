@@ -18,7 +18,7 @@ import numpy as np
 import sentencepiece as spm
 
 from cairn.tokenizers import _proto
-from cairn.tokenizers.vocabulary import Vocabulary, VocabularyError, _tf, as_text
+from cairn.tokenizers.vocabulary import Vocabulary, VocabularyError, _tf, as_input
 
 # SentencePieceProcessor.LoadFromSerializedProto is not thread-safe.
 _LOAD_LOCK = threading.Lock()
@@ -167,18 +167,19 @@ class SentencePieceVocabulary(Vocabulary):
 
     # -- python ----------------------------------------------------------------------
     def _encode(self, s: str | bytes) -> list[int]:
-        return self._sp.EncodeAsIds(as_text(s))
+        return self._sp.EncodeAsIds(as_input(s))
 
     def encode_batch(self, texts: list[str | bytes], num_threads: int = -1) -> list[list[int]]:
         """Encodes many texts at once (SentencePiece's threaded batch encoder)."""
-        return self._sp.Encode([as_text(t) for t in texts], out_type=int, num_threads=num_threads)
+        inputs: Any = [as_input(t) for t in texts]  # str and bytes may mix (invalid UTF-8 stays bytes)
+        return self._sp.Encode(inputs, out_type=int, num_threads=num_threads)
 
     def _decode(self, ids: list[int]) -> str:
         return self._sp.DecodeIds([i for i in ids if i != self.pad_id])
 
     # -- tensorflow ------------------------------------------------------------------
     def _np_encode_one(self, s: bytes) -> np.ndarray:
-        text = as_text(s.item() if isinstance(s, np.ndarray) else s)
+        text = as_input(s.item() if isinstance(s, np.ndarray) else s)
         return np.asarray(self._sp.EncodeAsIds(text), dtype=np.int32)
 
     def _np_encode_many(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -33,6 +33,17 @@ def _tf():
     return tf
 
 
+def as_input(s: str | bytes) -> str | bytes:
+    """`s` for an encoder that takes raw bytes: `str` as it is, bytes-like as `bytes`, never
+    decoded (the invalid-UTF-8 policy: the vocabulary encodes the raw bytes, as seqio does;
+    SentencePiece gives its unknown id for each invalid byte, bytes vocabularies keep them)."""
+    if isinstance(s, str):
+        return s
+    if isinstance(s, (bytes, bytearray, np.bytes_)):
+        return bytes(s)
+    raise TypeError(f"expected str or bytes to encode, got {type(s).__name__}")
+
+
 def as_text(s: str | bytes) -> str:
     """Returns `s` as `str`; invalid UTF-8 bytes become U+FFFD (documented policy)."""
     if isinstance(s, str):

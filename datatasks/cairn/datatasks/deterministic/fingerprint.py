@@ -188,6 +188,8 @@ def task_fingerprint(
     """
     feats = {
         k: {"add_eos": f.add_eos, "required": f.required, "dtype": f.dtype, "rank": f.rank}
+        # `token_ids` joins only when set, so the fingerprints of existing caches stay valid.
+        | ({"token_ids": True} if getattr(f, "token_ids", False) else {})
         for k, f in sorted(task.output_features.items())
     }
     vocabs = {k: vocabulary_fingerprint(f.vocabulary) for k, f in sorted(task.output_features.items())}

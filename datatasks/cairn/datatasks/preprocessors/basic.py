@@ -8,12 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from cairn.datatasks.errors import FeatureTypeError
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors.base import preprocessor
 from cairn.datatasks.ragged import Ragged
 from cairn.datatasks.stats import BadDataPolicy, DataStats
-from cairn.tokenizers import SentencePieceVocabulary
+from cairn.tokenizers import ByteVocabulary, PassThroughVocabulary, SentencePieceVocabulary
 
 _TOKENIZE_BATCH = 256
 
@@ -53,19 +54,47 @@ def _decode_all(flat: np.ndarray) -> tuple[list[str], np.ndarray]:
 def _encode_texts(
     vocab, flat: np.ndarray, stats: DataStats | None, feature: str, policy: BadDataPolicy
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ids of the texts `flat`. The invalid-UTF-8 policy (the same as the vocabularies' own
+    `encode`, and seqio's): a vocabulary that encodes bytes gets the raw bytes of an invalid
+    text (SentencePiece: its unknown id for each invalid byte; `ByteVocabulary`: the bytes
+    as they are); any other gets the text with U+FFFD. Counted as `undecodable_replaced`
+    (or, with `undecodable="skip"`, dropped and counted as `undecodable_skipped`)."""
     texts, bad = _decode_all(flat)
+    inputs: list = texts
+    if bad.any() and isinstance(vocab, (SentencePieceVocabulary, ByteVocabulary)):
+        raw = flat.tolist()
+        inputs = [raw[j] if bad[j] else t for j, t in enumerate(texts)]
     if isinstance(vocab, SentencePieceVocabulary):  # straight to the (sentinel-aware) model
-        rows = vocab.tokenizer.encode(texts, out_type=int, num_threads=1)
+        rows = vocab.tokenizer.encode(inputs, out_type=int, num_threads=1)
     elif hasattr(vocab, "encode_batch"):
-        rows = vocab.encode_batch(texts, num_threads=1)
+        rows = vocab.encode_batch(inputs, num_threads=1)
     else:
-        rows = [vocab.encode(t) for t in texts]
+        rows = [vocab.encode(t) for t in inputs]
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
     if stats is not None and bad.any():
         reason = "undecodable_skipped" if policy.undecodable == "skip" else "undecodable_replaced"
         stats.add(reason, feature, int(bad.sum()))
     return values, lengths, bad
+
+
+def _check_text_features(spec: Mapping[str, Any], output_features: Mapping[str, Any]) -> None:
+    """A feature `tokenize` should encode but that is not text: a named error, unless the
+    `Feature` says its values are token ids already (`token_ids=True`, or a vocabulary that
+    passes ids through)."""
+    for k, f in output_features.items():
+        s = spec.get(k)
+        if s is None or not hasattr(s, "dtype") or s.dtype == tf.string:
+            continue
+        if getattr(f, "token_ids", False) or isinstance(f.vocabulary, PassThroughVocabulary):
+            continue
+        rank = s.shape.rank
+        what = "a scalar" if rank == 0 else f"a rank-{rank} tensor"
+        raise FeatureTypeError(
+            f"feature {k!r} is {what} of {s.dtype.name}, but its vocabulary "
+            f"({type(f.vocabulary).__name__}) encodes text: give it strings, or declare "
+            f"Feature(..., token_ids=True) if these are already token ids"
+        )
 
 
 def _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, batched):
@@ -116,12 +145,16 @@ def tokenize(
     """Encodes the string features named in `output_features` with their vocabularies.
 
     Keeps the text as `<name>_pretokenized` when `copy_pretokenized`. Invalid UTF-8 follows
-    `bad_data_policy.undecodable` (replace with U+FFFD, or skip) and is counted in `stats`.
+    `bad_data_policy.undecodable` (encode the raw bytes by the vocabulary's rule, or skip;
+    see `_encode_texts`) and is counted in `stats`. A feature of `output_features` that is
+    present but not text raises `FeatureTypeError`, unless its `Feature` declares
+    `token_ids=True` (or its vocabulary passes ids through).
     When every feature is a scalar, examples are encoded in batches of 256 (same result,
     fewer Python calls).
     """
     policy = bad_data_policy or BadDataPolicy()
     spec = dataset.element_spec
+    _check_text_features(spec, output_features)
     keys = [k for k in output_features if k in spec and spec[k].dtype == tf.string]
     if not keys:
         return dataset
@@ -150,11 +183,15 @@ def tokenize(
 
 
 def _eos_keys(dataset, output_features):
-    return [
-        k
-        for k, f in output_features.items()
-        if k in dataset.element_spec and f.add_eos and f.vocabulary.eos_id is not None
-    ]
+    spec = dataset.element_spec
+    keys = [k for k, f in output_features.items() if k in spec and f.add_eos and f.vocabulary.eos_id is not None]
+    for k in keys:
+        if getattr(spec[k], "shape", None) is not None and spec[k].shape.rank == 0:
+            raise FeatureTypeError(
+                f"feature {k!r} is a scalar of {spec[k].dtype.name}: EOS is appended to token "
+                f"sequences (rank 1); tokenize it first (a text feature must be a string)"
+            )
+    return keys
 
 
 # -- per-example output lengths (`Preprocessor.output_lengths`; packing plans use them) -----
