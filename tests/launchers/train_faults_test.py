@@ -94,6 +94,25 @@ def test_a_held_lock_is_refused_before_anything_is_written(tmp_path, texts, cach
         holder.wait()
 
 
+def test_data_errors_are_found_before_anything_is_written(tmp_path, texts):
+    """A cache with a shard gone (found when the reader opens it, after the config checks) and a
+    missing source: model_dir is not even created."""
+    cache = tmp_path / "cache"
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    args = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={cache}"]
+    assert launch_util.run("cairn.launchers.cache_main", args, env=env).returncode == 0
+    split_dir = cache / "shakespeare_span_corruption" / "train"
+    shard = sorted(p for p in split_dir.iterdir() if p.name.endswith(".array_record"))[0]
+    shard.unlink()
+    line = one_error_line(launch_util.train(small(tmp_path / "run", cache, 2), env=env))
+    assert shard.name in line
+    assert not (tmp_path / "run").exists()
+    env = {"CAIRN_SHAKESPEARE_DIR": str(tmp_path / "no")}
+    proc = launch_util.train(small(tmp_path / "run", tmp_path / "c2", 2), env=env)
+    assert "its source cannot be read: no *_gut.txt play texts in" in one_error_line(proc)
+    assert not (tmp_path / "run").exists()
+
+
 def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(tmp_path, texts, cache_dir):
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
     model_dir = tmp_path / "run"
