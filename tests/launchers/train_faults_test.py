@@ -113,6 +113,15 @@ def test_data_errors_are_found_before_anything_is_written(tmp_path, texts):
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unwritable_model_dir_or_one_under_a_file_is_one_line(tmp_path, texts, cache_dir):
+    (tmp_path / "a_file").write_text("x")
+    for model_dir, why in ((tmp_path / "a_file" / "run", "is not a directory"), ("/proc/cairn_run", "cannot write")):
+        proc = launch_util.train(small(model_dir, cache_dir, 2), env={"CAIRN_SHAKESPEARE_DIR": texts})
+        line = one_error_line(proc)
+        assert line.startswith("error: config key 'model_dir': directory ") and str(model_dir) in line and why in line
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
 def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(tmp_path, texts, cache_dir):
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
     model_dir = tmp_path / "run"

@@ -116,14 +116,17 @@ def _model_dir_lock(config: ml_collections.ConfigDict):
     until the run ends (handed to `Trainer.train`)."""
     import jax
 
-    from cairn.trainer import ModelDirLock
+    from cairn.trainer import ModelDirLock, ModelDirLockedError
 
-    lock, error = None, None
+    lock: ModelDirLock | None = None
+    error: Exception | None = None
     if jax.process_index() == 0:
         try:
             lock = ModelDirLock(config.model_dir).acquire()
-        except Exception as e:
+        except ModelDirLockedError as e:
             error = e
+        except OSError as e:  # the first write: a model_dir the start-up probe could not rule out
+            error = ConfigError("model_dir", f"directory {config.model_dir}: cannot write ({e.strerror or e})")
     multihost.stop_together(error, "taking the model_dir lock")
     try:
         yield lock
