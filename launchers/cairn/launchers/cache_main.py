@@ -6,7 +6,8 @@
 In this process by default (small data); with `--beam` (or `data.cache_with_beam`) through
 `cairn.datatasks.deterministic.cache_tasks`, Apache Beam's DirectRunner unless
 `--pipeline_options` names another runner. Writes under `data.cache_dir`, the directory the
-train entry point reads. Exit status 2 on a bad config.
+train entry point reads. Exit status 2 with one line on a bad config, a missing or empty task
+source (`sources.SourceError`) or unusable storage.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from absl import flags
 
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
+from cairn.launchers.sources import source_errors_as_data_errors
 
 BEAM = flags.DEFINE_bool("beam", False, "Cache with Apache Beam (cache_tasks) instead of in this process.")
 PIPELINE_OPTIONS = flags.DEFINE_string("pipeline_options", "", "Beam pipeline options (implies --beam).")
@@ -30,26 +32,26 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     validation.check_schema(config)
     validation.check_paths(config)
     vocabulary = data_lib.make_vocabulary(config)
-    data_lib.register_tasks(config, vocabulary)
+    with source_errors_as_data_errors(config.data.task, config.data.split):  # sources read at registration
+        data_lib.register_tasks(config, vocabulary)
     tasks = data_lib.get_tasks(config)
     if beam or pipeline_options:
-        return cache_tasks(
-            list(tasks.values()),
-            config.data.cache_dir,
-            split=config.data.split,
-            module_import=list(config.data.task_modules),
-            pipeline_options=shlex.split(pipeline_options) or None,
-            overwrite=overwrite,
-        )
+        with source_errors_as_data_errors(", ".join(sorted(tasks)), config.data.split):
+            return cache_tasks(
+                list(tasks.values()),
+                config.data.cache_dir,
+                split=config.data.split,
+                module_import=list(config.data.task_modules),
+                pipeline_options=shlex.split(pipeline_options) or None,
+                overwrite=overwrite,
+            )
     done = {}
     for name, task in sorted(tasks.items()):
         path = task_dir(config.data.cache_dir, name, config.data.split)
         stale = name in data_lib.cache_missing(config, {name: task})
-        done[name] = (
-            "cached"
-            if cache_task_in_process(task, config.data.split, path, overwrite=overwrite or stale)
-            else "already cached"
-        )
+        with source_errors_as_data_errors(name, config.data.split):
+            fresh = cache_task_in_process(task, config.data.split, path, overwrite=overwrite or stale)
+        done[name] = "cached" if fresh else "already cached"
     return done
 
 

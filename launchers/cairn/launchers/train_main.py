@@ -3,20 +3,25 @@
     bazel run //launchers:train -- --config=launchers/configs/shakespeare_t5_tiny.py \
         [--config.num_train_steps=200] [--config.model_dir=/tmp/run]
 
-Order: flags -> multi-host start-up -> validation (no compilation, nothing written) ->
-`<model_dir>/config.json` -> data (cached in-process if missing) -> model, partitioner,
-trainer (resuming from model_dir's checkpoints) -> post-training actions. Exit status 0 on
-success and on SIGTERM (the checkpoint is saved); 2 on a bad config.
+Order: flags -> multi-host start-up -> validation (no compilation, nothing written; a held
+lock refused here) -> data (cached in-process if missing; the cache_dir only) -> the model_dir
+lock taken -> `<model_dir>/config.json` -> model, partitioner, fingerprint header, trainer
+(resuming from model_dir's checkpoints) -> post-training actions. So a run refused for its
+config, its data or a held lock leaves model_dir as it was. Exit status 0 on success and on
+SIGTERM (the checkpoint is saved); 2 with one line on a bad config or data, a held lock, an
+unusable or full model_dir, a NaN/Inf loss, or checkpoints that are all corrupt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections
+from absl import flags
 
 from cairn.launchers import builder, cli, config_io, multihost, post_training, validation
 from cairn.launchers import data as data_lib
@@ -105,18 +110,60 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> A
     return fp
 
 
-def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print) -> dict[str, Any]:
-    """Runs the experiment (validated first). Returns `{"result", "post"}`; raises `ConfigError`."""
+@contextlib.contextmanager
+def _model_dir_lock(config: ml_collections.ConfigDict):
+    """The model_dir lock, taken by process 0 (every process stops if it is refused) and held
+    until the run ends (handed to `Trainer.train`)."""
     import jax
 
+    from cairn.trainer import ModelDirLock, ModelDirLockedError
+
+    lock: ModelDirLock | None = None
+    error: Exception | None = None
+    if jax.process_index() == 0:
+        try:
+            lock = ModelDirLock(config.model_dir).acquire()
+        except ModelDirLockedError as e:
+            error = e
+        except OSError as e:  # the first write: a model_dir the start-up probe could not rule out
+            error = ConfigError("model_dir", f"directory {config.model_dir}: cannot write ({e.strerror or e})")
+    multihost.stop_together(error, "taking the model_dir lock")
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train(
+    config: ml_collections.ConfigDict, out: Callable[[str], None] = print, restart_if_corrupt: bool = False
+) -> dict[str, Any]:
+    """Runs the experiment (validated first). Returns `{"result", "post"}`; raises `ConfigError`.
+    `restart_if_corrupt`: when every checkpoint is corrupt, move them aside and start from step
+    0 (else `AllCheckpointsCorruptError`)."""
+    with contextlib.ExitStack() as held:
+        return _train(config, out, held, restart_if_corrupt)
+
+
+def _train(
+    config: ml_collections.ConfigDict, out: Callable[[str], None], held: contextlib.ExitStack, restart_if_corrupt: bool
+) -> dict[str, Any]:
+    import dataclasses
+
+    import jax
+
+    from cairn.launchers.sources import source_errors_as_data_errors
+
     start = time.perf_counter()
-    ready = prepare(config)
-    vocabulary, tasks = ready["vocabulary"], ready["tasks"]
+    with source_errors_as_data_errors(config.data.task, config.data.split):
+        ready = prepare(config)
+        vocabulary, tasks = ready["vocabulary"], ready["tasks"]
+        partitioner = ready["partitioner"]
+        reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
+    lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
     if jax.process_index() == 0:
         config_io.write_config_json(config)
     out(f"model_dir: {config.model_dir}")
-    partitioner = ready["partitioner"]
-    reader = data_lib.make_train_data(config, partitioner, tasks)
     model = builder.load_model(config, vocabulary, net=ready["model_config"])
     evaluator = builder.make_evaluator(config) if ready["eval_tasks"] else None
     eval_fn = (
@@ -134,6 +181,9 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
         batch_hooks=(fp.batch_hook,) if fp else (),
         schedule=ready["schedule"],
     )
+    if restart_if_corrupt:
+        checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
+        trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
     init = None
     if config.init.checkpoint or config.init.hf_checkpoint:
         state = reader.get_state()
@@ -142,7 +192,7 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
         init = builder.pretrained_params(config, trainer, first)
         source = config.init.checkpoint or config.init.hf_checkpoint
         out(f"initial params from {source} (used unless model_dir has a checkpoint)")
-    result = trainer.train(reader, init_params=init)
+    result = trainer.train(reader, init_params=init, model_dir_lock=lock)
     out(
         f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
         f"{' (preempted: checkpoint saved)' if result.preempted else ''}; "
@@ -176,16 +226,42 @@ def quiet_logs() -> None:
 
 
 def _main(config: ml_collections.ConfigDict) -> None:
-    train(config, out=print_on_process_0)
+    from cairn.trainer import DiskFullError
+    from cairn.trainer.checksums import last_good_step
+    from cairn.trainer.faults import is_disk_full
+
+    try:
+        train(config, out=print_on_process_0, restart_if_corrupt=flags.FLAGS.restart_if_corrupt)
+    except OSError as e:  # a full disk met outside a checkpoint save (metrics, config.json)
+        if isinstance(e, DiskFullError) or not is_disk_full(e):
+            raise
+        raise DiskFullError(
+            config.model_dir, f"{e.filename or 'the run files'}", last_good_step(config.model_dir)
+        ) from e
 
 
 def run() -> None:
-    """The program: `train(config)`; bad data, a locked model_dir or unusable storage exit 2."""
+    """The program: `train(config)`; bad data, a locked model_dir, unusable or full storage, a
+    NaN/Inf loss or checkpoints that are all corrupt exit 2 with one line."""
     from cairn import storage
     from cairn.datatasks import DataTasksError
-    from cairn.trainer import ModelDirLockedError
+    from cairn.trainer import AllCheckpointsCorruptError, ModelDirLockedError, NonFiniteLossError
 
-    cli.run_entry_point(_main, expected=(DataTasksError, ModelDirLockedError, storage.StorageError), logs=quiet_logs)
+    # The program's own flag (defined here, not at import: eval and infer import this module).
+    flags.DEFINE_bool(
+        "restart_if_corrupt",
+        False,
+        "When every checkpoint in model_dir is corrupt, move them to corrupt_checkpoints/ and train "
+        "from step 0 (default: exit 2 naming them).",
+    )
+    expected = (
+        DataTasksError,
+        ModelDirLockedError,
+        storage.StorageError,
+        NonFiniteLossError,
+        AllCheckpointsCorruptError,
+    )
+    cli.run_entry_point(_main, expected=expected, logs=quiet_logs)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ TensorFlow is imported only when TensorBoard files are written.
 __version__ = "0.1.0"
 
 from cairn.trainer.checkpoints import (
+    AllCheckpointsCorruptError,
     CheckpointConfig,
     Checkpointer,
     CorruptCheckpointError,
@@ -14,7 +15,7 @@ from cairn.trainer.checkpoints import (
     restore_params,
 )
 from cairn.trainer.data_state import TfDataIterator
-from cairn.trainer.faults import NonFiniteLossError
+from cairn.trainer.faults import DiskFullError, NonFiniteLossError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
 from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
@@ -25,9 +26,11 @@ from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_spe
 from cairn.trainer.trainer import Trainer, TrainerConfig, TrainResult, evaluator_callback
 
 __all__ = [
+    "AllCheckpointsCorruptError",
     "CheckpointConfig",
     "Checkpointer",
     "CorruptCheckpointError",
+    "DiskFullError",
     "ModelDirLock",
     "ModelDirLockedError",
     "NoCheckpointError",

@@ -28,11 +28,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from cairn import storage
+from cairn.trainer import checksums
+from cairn.trainer.checksums import MANIFEST_DIR, last_good_step
+from cairn.trainer.faults import DiskFullError, is_disk_full
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
-MANIFEST_DIR = "manifests"
 CORRUPT_DIR = "corrupt_checkpoints"
 
 
@@ -42,6 +44,21 @@ class NoCheckpointError(FileNotFoundError):
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint's files do not match its manifest, or orbax cannot read it."""
+
+
+class AllCheckpointsCorruptError(CorruptCheckpointError):
+    """model_dir has checkpoints but none is usable: a run must not silently start from step 0."""
+
+    def __init__(self, directory: Any, failed: list[tuple[int, str]], moved: bool = False):
+        self.steps = [s for s, _ in failed]
+        where = f"moved to {storage.join(os.path.dirname(os.fspath(directory)), CORRUPT_DIR)} by an earlier run"
+        detail = "; ".join(f"step {s}: {why}" for s, why in failed)
+        super().__init__(
+            f"every checkpoint in {directory} is unusable ({detail})"
+            f"{'; they were ' + where if moved else '; nothing was moved or deleted'}. Put a good copy "
+            f"back, or set restart_if_corrupt (the train program: --restart_if_corrupt) to move them "
+            f"aside and start again from step 0"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +72,9 @@ class CheckpointConfig:
       still running. Works with any number of processes (call `save` on every process). The
       arrays saved must not be donated or deleted until the save is done.
     save_dtype: cast floating params to this dtype when saving (e.g. 'bfloat16'); None keeps them.
+    restart_if_corrupt: when every checkpoint is unusable, move them all to
+      `corrupt_checkpoints/` and start from step 0 (default: refuse with
+      `AllCheckpointsCorruptError`, never a silent restart).
     """
 
     keep: int | None = 3
@@ -62,6 +82,7 @@ class CheckpointConfig:
     best_mode: str = "min"
     asynchronous: bool = True
     save_dtype: str | None = None
+    restart_if_corrupt: bool = False
 
     def __post_init__(self):
         if self.keep is not None and self.keep < 1:
@@ -98,7 +119,7 @@ def use_client_barriers() -> bool:
 
 class Checkpointer:
     """Saves and restores checkpoints under `<model_dir>/checkpoints/<step>/` (orbax items
-    `state`, `data`, `config`), with a size manifest per finished checkpoint in
+    `state`, `data`, `config`), with a manifest (size and SHA-256 of every file) per finished checkpoint in
     `<model_dir>/manifests/<step>.json`. Only process 0 writes manifests and moves corrupt
     checkpoints aside (to `<model_dir>/corrupt_checkpoints/`). `model_dir` may be a URL
     (`gs://...`): orbax writes the arrays through tensorstore and commits each checkpoint by a
@@ -170,17 +191,45 @@ class Checkpointer:
             future.result()  # re-raises a failed background save
 
     def _save(self, step: int, args: Any, metrics: dict | None) -> None:
-        self._finish_pending()
-        self._manager.save(step, args=args, metrics=metrics, force=True)
-        self._pending.append(step)
-        if not self._orbax_async:
+        try:
             self._finish_pending()
+            self._manager.save(step, args=args, metrics=metrics, force=True)
+            self._pending.append(step)
+            if not self._orbax_async:
+                self._finish_pending()
+        except Exception as e:
+            self._raise_disk_full(e, step)
+            raise
+
+    def _raise_disk_full(self, error: Exception, step: int | None) -> None:
+        """A full disk becomes one `DiskFullError` (the partial step removed, the last checkpoint
+        with a manifest named as intact); any other error is left to the caller."""
+        if not is_disk_full(error):
+            return
+        self._pending.clear()
+        if jax.process_index() == 0 and step is not None and not storage.is_url(self.directory):
+            for name in os.listdir(self.directory) if self.directory.is_dir() else ():
+                if name.startswith(f"{step}.") and "tmp" in name:  # orbax's uncommitted step
+                    storage.remove_tree(self.directory / name)
+        raise DiskFullError(
+            str(self.model_dir), f"checkpoint step {step}", last_good_step(self.model_dir, step)
+        ) from error
+
+    def raise_if_failed(self) -> None:
+        """Re-raises at once the error of a background save that has already failed (a full disk
+        is a `DiskFullError`); nothing while it runs or after it succeeded."""
+        if self._future is not None and self._future.done() and self._future.exception() is not None:
+            self._wait_future()
 
     def wait(self) -> None:
         """Blocks until every started save is on disk (and has its manifest)."""
         self._wait_future()
-        self._manager.wait_until_finished()
-        self._finish_pending()
+        try:
+            self._manager.wait_until_finished()
+            self._finish_pending()
+        except Exception as e:
+            self._raise_disk_full(e, self._pending[-1] if self._pending else None)
+            raise
 
     def _finish_pending(self) -> None:
         """Waits for orbax's write in flight; process 0 writes the manifests of the steps it kept
@@ -192,7 +241,7 @@ class Checkpointer:
             kept = set(self._manager.all_steps())
             for step in self._pending:
                 if step in kept:
-                    storage.write_json(self._manifest(step), storage.file_sizes(self.directory / str(step)))
+                    storage.write_json(self._manifest(step), checksums.manifest(self.directory / str(step)))
             for name in storage.sizes(self.model_dir / MANIFEST_DIR):
                 stem = name[: -len(".json")] if name.endswith(".json") else ""
                 if stem.isdigit() and int(stem) not in kept:
@@ -211,63 +260,106 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def verify(self, step: int) -> None:
-        """Raises `CorruptCheckpointError` when the checkpoint's files differ from its manifest
-        (missing, truncated or grown); a checkpoint without a manifest passes."""
+        """Raises `CorruptCheckpointError` naming the files that differ from the checkpoint's
+        manifest (missing, truncated, grown, or the same size with other bytes: SHA-256); a
+        checkpoint without a manifest passes."""
         try:
             expected = storage.read_json(self._manifest(step))
         except FileNotFoundError:
             return
-        actual = storage.file_sizes(self.directory / str(step))
-        bad = sorted(name for name in expected if actual.get(name) != expected[name])
+        bad = checksums.mismatches(self.directory / str(step), expected)
         if bad:
-            detail = ", ".join(f"{n} ({actual.get(n, 'missing')} bytes, expected {expected[n]})" for n in bad[:3])
-            raise CorruptCheckpointError(f"checkpoint {self.directory / str(step)} is corrupt: {detail}")
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            raise CorruptCheckpointError(
+                f"checkpoint {self.directory / str(step)} is corrupt: {', '.join(bad[:3])}{more}"
+            )
 
-    def _quarantine(self, step: int, error: Exception) -> None:
-        log.error(
-            "checkpoint at step %d is unusable (%s); moving it to %s and using the previous one",
-            step,
-            error,
-            self.model_dir / CORRUPT_DIR,
-        )
+    def _quarantine(self, steps: list[int]) -> None:
+        """Moves `steps` to `<model_dir>/corrupt_checkpoints/` (process 0) and reopens orbax."""
         if jax.process_index() == 0:
-            target = self.model_dir / CORRUPT_DIR / str(step)
-            storage.remove_tree(target)
-            storage.move_tree(self.directory / str(step), target)
-            storage.remove(self._manifest(step))
+            for step in steps:
+                target = self.model_dir / CORRUPT_DIR / str(step)
+                storage.remove_tree(target)
+                storage.move_tree(self.directory / str(step), target)
+                storage.remove(self._manifest(step))
         self._manager.close()
         self._manager = self._make_manager()
+
+    def quarantined_steps(self) -> list[int]:
+        """Steps moved to `corrupt_checkpoints/` by an earlier restore."""
+        root = self.model_dir / CORRUPT_DIR
+        if not root.is_dir():
+            return []
+        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+
+    def _restore_step(self, step: int, abstract_state: Any) -> tuple[int, Any, dict, dict]:
+        self.verify(step)
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(_state_dict(abstract_state)),
+                data=ocp.args.JsonRestore(),
+                config=ocp.args.JsonRestore(),
+            ),
+        )
+        tree = out["state"]
+        state = type(abstract_state)(
+            params=tree["params"], opt_state=tree["opt_state"], step=tree["step"], rng=tree["rng"]
+        )
+        return step, state, dict(out["data"] or {}), dict(out["config"] or {})
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict, dict]:
         """`(step, state, data_state, config)` from the latest usable checkpoint (or `step`).
 
         `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s with the target shardings, so
-        a checkpoint restores onto any mesh. A corrupt latest checkpoint is reported, moved aside
-        and the previous one used. Raises `NoCheckpointError` when none is usable."""
-        target = _state_dict(abstract_state)
-        candidates = [step] if step is not None else list(reversed(self.all_steps()))
-        for s in candidates:
+        a checkpoint restores onto any mesh. Corrupt later checkpoints are reported (a warning
+        naming the files), moved to `corrupt_checkpoints/` and the previous one used. Raises
+        `AllCheckpointsCorruptError` (moving nothing) when checkpoints exist but none is usable,
+        `NoCheckpointError` when there is none."""
+        if step is not None:
             try:
-                self.verify(s)
-                out = self._manager.restore(
-                    s,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(target),
-                        data=ocp.args.JsonRestore(),
-                        config=ocp.args.JsonRestore(),
-                    ),
-                )
+                return self._restore_step(step, abstract_state)
             except Exception as e:
-                if step is not None:
-                    raise CorruptCheckpointError(f"cannot restore step {s} from {self.directory}: {e}") from e
-                self._quarantine(s, e)
+                raise CorruptCheckpointError(f"cannot restore step {step} from {self.directory}: {e}") from e
+        failed: list[tuple[int, str]] = []
+        for s in reversed(self.all_steps()):
+            try:
+                found = self._restore_step(s, abstract_state)
+            except Exception as e:
+                why = (str(e).splitlines() or [type(e).__name__])[0][:300]
+                log.warning("checkpoint at step %d is unusable: %s", s, why)
+                failed.append((s, why))
                 continue
-            tree = out["state"]
-            state = type(abstract_state)(
-                params=tree["params"], opt_state=tree["opt_state"], step=tree["step"], rng=tree["rng"]
-            )
-            return s, state, dict(out["data"] or {}), dict(out["config"] or {})
+            if failed:
+                log.warning(
+                    "using step %d; moving the unusable steps %s to %s",
+                    s,
+                    ", ".join(str(f) for f, _ in failed),
+                    self.model_dir / CORRUPT_DIR,
+                )
+                self._quarantine([f for f, _ in failed])
+            return found
+        if failed:
+            raise AllCheckpointsCorruptError(self.directory, failed)
+        moved = self.quarantined_steps()
+        if moved:
+            raise AllCheckpointsCorruptError(self.directory, [(m, "found corrupt") for m in moved], moved=True)
         raise NoCheckpointError(f"no usable checkpoint in {self.directory}")
+
+    def restore_or_none(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
+        """`restore` for resuming: None when model_dir has never had a checkpoint; when every
+        checkpoint is unusable, `AllCheckpointsCorruptError` unless `restart_if_corrupt`
+        (then they are moved aside with a warning, and None)."""
+        try:
+            return self.restore(abstract_state)
+        except NoCheckpointError:
+            return None
+        except AllCheckpointsCorruptError as e:
+            if not self.config.restart_if_corrupt:
+                raise
+            log.warning("%s; restart_if_corrupt is set: starting again from step 0", e)
+            self._quarantine([s for s in e.steps if s in self.all_steps()])
+            return None
 
     def close(self) -> None:
         """Waits for pending saves and releases orbax's threads."""

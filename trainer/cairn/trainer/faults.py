@@ -1,12 +1,18 @@
-"""Fault handling for the loop: SIGTERM as a request to save and stop; non-finite losses."""
+"""Fault handling for the loop: SIGTERM as a request to save and stop; non-finite losses; a
+full disk."""
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import signal
 import threading
 
 import jax
 import numpy as np
+
+from cairn import storage
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -20,6 +26,63 @@ class NonFiniteLossError(FloatingPointError):
             else "no checkpoint was written"
         )
         super().__init__(f"{name} is {value} at step {step}; training stopped and {kept}")
+
+
+class DiskFullError(storage.StorageError):
+    """No space left where the run writes: one line naming the path, the free space and the last
+    good checkpoint (which is left intact)."""
+
+    def __init__(self, path: str, what: str, last_checkpoint: int | None):
+        self.path, self.last_checkpoint = path, last_checkpoint
+        free = free_space(path)
+        room = f"{_human(free)} free" if free is not None else "free space unknown"
+        kept = (
+            f"the last good checkpoint (step {last_checkpoint}) is intact"
+            if last_checkpoint is not None
+            else "no checkpoint was written"
+        )
+        super().__init__(errno.ENOSPC, f"no space left on device writing {what} in {path} ({room}); {kept}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """True when `error` or one it was raised from/during is a full disk or quota (ENOSPC, EDQUOT,
+    or tensorstore's text for them)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def free_space(path: str | os.PathLike) -> int | None:
+    """Free bytes on the local file system holding `path` (its nearest existing ancestor); None
+    for a URL."""
+    p = os.fspath(path)
+    if storage.is_url(p):
+        return None
+    p = os.path.abspath(p)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def _human(n: int) -> str:
+    size, unit = float(n), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
 
 
 class SigtermFlag:

@@ -1,8 +1,10 @@
-"""One writer per model_dir: a lock file holding the owner's pid and host.
+"""One writer per model_dir: a lock file holding the owner's pid, host and start time.
 
 The lock is created atomically if absent (`cairn.storage.create_exclusive`): a hard link
 locally, an upload with the precondition `ifGenerationMatch=0` on a bucket, so two runs
-started at once cannot both take it, on local disk or in `gs://`."""
+started at once cannot both take it, on local disk or in `gs://`. A caller that writes into
+model_dir before training (the train launcher's `config.json`) takes the lock first and hands
+it to `Trainer.train(model_dir_lock=...)`."""
 
 from __future__ import annotations
 
@@ -20,6 +22,24 @@ log = logging.getLogger(__name__)
 
 class ModelDirLockedError(RuntimeError):
     """Another live process is writing this model_dir."""
+
+
+def _age(owner: dict) -> str:
+    started = owner.get("time")
+    if not isinstance(started, (int, float)):
+        return "age unknown"
+    seconds = max(0, int(time.time() - started))
+    hours, rest = divmod(seconds, 3600)
+    return f"taken {f'{hours}h ' if hours else ''}{rest // 60}m {rest % 60}s ago"
+
+
+def locked_error(model_dir: str, path: str, owner: dict) -> ModelDirLockedError:
+    """The one-line refusal naming the holder's host, pid and the lock's age."""
+    return ModelDirLockedError(
+        f"model_dir {model_dir} is in use by pid {owner.get('pid')} on host {owner.get('host')} "
+        f"({_age(owner)}; lock file {path}); two runs must not write one model_dir. If that process "
+        f"is gone, delete the lock file."
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -45,7 +65,7 @@ class ModelDirLock:
     def acquire(self) -> ModelDirLock:
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for attempt in range(20):
-            if not storage.create_exclusive(self.path, json.dumps(me).encode()):
+            if not storage.create_exclusive(self.path, json.dumps({**me, "time": time.time()}).encode()):
                 owner = self._owner()
                 if owner is None:  # being written, removed meanwhile, or left empty by a kill
                     if attempt < 10:
@@ -53,11 +73,7 @@ class ModelDirLock:
                         continue
                     owner = {"pid": -1, "host": me["host"]}
                 if owner.get("host") != me["host"] or _alive(int(owner.get("pid", -1))):
-                    raise ModelDirLockedError(
-                        f"model_dir {self.model_dir} is in use by pid {owner.get('pid')} on host "
-                        f"{owner.get('host')} (lock file {self.path}); two runs must not write one model_dir. "
-                        f"If that process is gone, delete the lock file."
-                    ) from None
+                    raise locked_error(self.model_dir, self.path, owner) from None
                 log.warning("taking over the stale lock %s of dead pid %s", self.path, owner.get("pid"))
                 storage.remove(self.path)
                 continue
@@ -72,17 +88,18 @@ class ModelDirLock:
         if owner is None:
             return
         if owner.get("host") != socket.gethostname() or _alive(int(owner.get("pid", -1))):
-            raise ModelDirLockedError(
-                f"model_dir {self.model_dir} is in use by pid {owner.get('pid')} on host {owner.get('host')} "
-                f"(lock file {self.path}); two runs must not write one model_dir. If that process is gone, "
-                f"delete the lock file."
-            )
+            raise locked_error(self.model_dir, self.path, owner)
 
     def _owner(self):
         try:
             return storage.read_json(self.path)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+
+    @property
+    def held(self) -> bool:
+        """True between a successful `acquire` and `release`."""
+        return self._held
 
     def release(self) -> None:
         if self._held:

@@ -171,6 +171,7 @@ class TrainLoop:
     def run(self) -> TrainResult:
         """Each step: get the batch, train, log, evaluate, step hooks, stop or save."""
         while self.step < self.cfg.num_train_steps:
+            self.ckpt.raise_if_failed()  # a failed background save (a full disk) stops the run now
             batch = self.next_batch()
             if batch is None:
                 break

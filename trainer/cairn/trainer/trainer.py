@@ -204,7 +204,9 @@ class Trainer:
         self.memory_estimate = est
 
     # -- train: set up once, then the loop -------------------------------------------------
-    def train(self, data: Iterator[Mapping[str, Any]], init_params: Any = None) -> TrainResult:
+    def train(
+        self, data: Iterator[Mapping[str, Any]], init_params: Any = None, model_dir_lock: ModelDirLock | None = None
+    ) -> TrainResult:
         """Trains to `config.num_train_steps`, resuming from the latest checkpoint in model_dir.
 
         `data` yields host-local numpy batches; if it has `get_state()`/`set_state(dict)` its
@@ -213,10 +215,14 @@ class Trainer:
         checkpoint) starts from given params, e.g. `restore_params(...)` of a pretrained run.
         Returns at the end, or after saving when SIGTERM arrives (`preempted=True`). Raises
         `NonFiniteLossError` on a NaN/Inf loss, keeping the last good checkpoint.
+        `model_dir_lock`: the model_dir's lock, already held by the caller (who releases it);
+        by default process 0 takes it here.
         """
         cfg = self.config
         # One lock per run: process 0 holds it for every host (they share model_dir).
-        lock = ModelDirLock(cfg.model_dir).acquire() if jax.process_index() == 0 else None
+        lock = None
+        if jax.process_index() == 0 and not (model_dir_lock is not None and model_dir_lock.held):
+            lock = ModelDirLock(cfg.model_dir).acquire()
         sigterm = SigtermFlag().install() if cfg.handle_sigterm else SigtermFlag()
         ckpt = summaries = None
         try:
@@ -290,10 +296,12 @@ class Trainer:
         self, ckpt: Checkpointer, data: Any, stateful: bool, init_params: Any
     ) -> tuple[TrainState, int]:
         """`(state, step)` of the latest usable checkpoint (the data moved to its position), else
-        a fresh state (from `init_params` if given) at step 0."""
-        if ckpt.latest_step() is None:
+        a fresh state (from `init_params` if given) at step 0; never a silent restart when every
+        checkpoint is corrupt (`Checkpointer.restore_or_none`)."""
+        found = ckpt.restore_or_none(self.abstract_state)
+        if found is None:
             return self.initial_state(init_params), 0
-        step, state, data_state, _ = ckpt.restore(self.abstract_state)
+        step, state, data_state, _ = found
         if stateful and data_state:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)

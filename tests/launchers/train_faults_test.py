@@ -1,0 +1,191 @@
+"""User mistakes and faults at the train and cache_tasks entry points, in child processes: each
+exits 2 with one line (no traceback), and a refused run leaves model_dir as it was."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import launch_util
+import pytest
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    return launch_util.small_texts(tmp_path_factory.mktemp("shakespeare"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def small(model_dir, cache_dir, steps, *extra):
+    return [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        f"--config.num_train_steps={steps}",
+        "--config.data.batch_size=8",
+        "--config.trainer.log_every=2",
+        "--config.post_training.num_samples=0",
+        "--config.post_training.final_eval=false",
+        *extra,
+    ]
+
+
+def one_error_line(proc) -> str:
+    """The single `error: ...` line on stderr (exit status 2, no traceback)."""
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert "Traceback" not in proc.stderr, launch_util.tail(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, launch_util.tail(proc)
+    return errors[0]
+
+
+def tree(d: pathlib.Path) -> dict:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def flip_a_byte_in_every_state_file(model_dir: pathlib.Path) -> None:
+    for f in (model_dir / "checkpoints").glob("*/state/**/*"):
+        if f.is_file() and f.stat().st_size:
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            f.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("source", ["missing", "empty"])
+def test_cache_tasks_on_a_missing_or_empty_source_is_one_line(tmp_path, source):
+    (tmp_path / "empty").mkdir()
+    proc = launch_util.run(
+        "cairn.launchers.cache_main",
+        [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp_path / 'c'}"],
+        env={"CAIRN_SHAKESPEARE_DIR": str(tmp_path / source)},
+    )
+    line = one_error_line(proc)
+    assert "task 'shakespeare_span_corruption' (split 'train'): its source cannot be read" in line
+    assert str(tmp_path / source) in line
+
+
+def test_a_held_lock_is_refused_before_anything_is_written(tmp_path, texts, cache_dir):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"the": "first run"}\n')
+    (model_dir / "fingerprint").mkdir()
+    (model_dir / "fingerprint" / "header.json").write_text('{"the": "first run"}\n')
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        lock = {"pid": holder.pid, "host": socket.gethostname(), "time": time.time() - 3725}
+        (model_dir / "cairn.lock").write_text(json.dumps(lock))
+        before = tree(model_dir)
+        proc = launch_util.train(
+            small(model_dir, cache_dir, 2, "--config.fingerprint_every=1"), env={"CAIRN_SHAKESPEARE_DIR": texts}
+        )
+        line = one_error_line(proc)
+        assert f"in use by pid {holder.pid} on host {socket.gethostname()} (taken 1h 2m " in line
+        assert tree(model_dir) == before  # config.json, the fingerprint header and the lock untouched
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_data_errors_are_found_before_anything_is_written(tmp_path, texts):
+    """A cache with a shard gone (found when the reader opens it, after the config checks) and a
+    missing source: model_dir is not even created."""
+    cache = tmp_path / "cache"
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    args = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={cache}"]
+    assert launch_util.run("cairn.launchers.cache_main", args, env=env).returncode == 0
+    split_dir = cache / "shakespeare_span_corruption" / "train"
+    shard = sorted(p for p in split_dir.iterdir() if p.name.endswith(".array_record"))[0]
+    shard.unlink()
+    line = one_error_line(launch_util.train(small(tmp_path / "run", cache, 2), env=env))
+    assert shard.name in line
+    assert not (tmp_path / "run").exists()
+    env = {"CAIRN_SHAKESPEARE_DIR": str(tmp_path / "no")}
+    proc = launch_util.train(small(tmp_path / "run", tmp_path / "c2", 2), env=env)
+    assert "its source cannot be read: no *_gut.txt play texts in" in one_error_line(proc)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unwritable_model_dir_or_one_under_a_file_is_one_line(tmp_path, texts, cache_dir):
+    (tmp_path / "a_file").write_text("x")
+    for model_dir, why in ((tmp_path / "a_file" / "run", "is not a directory"), ("/proc/cairn_run", "cannot write")):
+        proc = launch_util.train(small(model_dir, cache_dir, 2), env={"CAIRN_SHAKESPEARE_DIR": texts})
+        line = one_error_line(proc)
+        assert line.startswith("error: config key 'model_dir': directory ") and str(model_dir) in line and why in line
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(tmp_path, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    model_dir = tmp_path / "run"
+    proc = launch_util.train(small(model_dir, cache_dir, 2), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2"]
+    flip_a_byte_in_every_state_file(model_dir)
+    before = tree(model_dir / "checkpoints")
+    line = one_error_line(launch_util.train(small(model_dir, cache_dir, 4), env=env))
+    assert f"every checkpoint in {model_dir / 'checkpoints'} is unusable (step 2: checkpoint " in line
+    assert "same size, other bytes" in line and "--restart_if_corrupt" in line
+    assert tree(model_dir / "checkpoints") == before  # nothing moved: a rerun says the same
+    proc = launch_util.train(small(model_dir, cache_dir, 4, "--restart_if_corrupt"), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "trained to step 4" in proc.stdout and "starting again from step 0" in proc.stderr
+    assert sorted(os.listdir(model_dir / "corrupt_checkpoints")) == ["2"]
+
+
+def test_a_nan_stop_is_one_line_with_the_step_and_the_checkpoint_kept(tmp_path, texts, cache_dir):
+    model_dir = tmp_path / "run"
+    args = small(model_dir, cache_dir, 8, "--config.optimizer.schedule=constant")
+    args += ["--config.optimizer.learning_rate=1e30", "--config.trainer.checkpoint_every=1"]
+    line = one_error_line(launch_util.train(args, env={"CAIRN_SHAKESPEARE_DIR": texts}))
+    assert " at step " in line and "training stopped and " in line
+    step = int(line.split(" at step ")[1].split(";")[0])
+    assert f"the last good checkpoint (step {step - 1}) is kept in {model_dir}" in line
+    assert sorted(int(s) for s in os.listdir(model_dir / "checkpoints"))[-1] == step - 1
+
+
+DISK_FULL = textwrap.dedent(
+    """
+    import errno, sys
+    import orbax.checkpoint as ocp
+    real_save = ocp.CheckpointManager.save
+
+    def save(self, step, *args, **kwargs):  # the disk fills up at the second checkpoint
+        if step >= 4:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
+        return real_save(self, step, *args, **kwargs)
+
+    ocp.CheckpointManager.save = save
+    sys.argv[0] = "train"
+    from cairn.launchers import train_main
+    train_main.run()
+    """
+)
+
+
+def test_a_full_disk_is_one_line_with_the_path_and_free_space(tmp_path, texts, cache_dir):
+    model_dir = tmp_path / "run"
+    args = small(model_dir, cache_dir, 40, "--config.trainer.checkpoint_every=2")
+    env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    proc = subprocess.run(
+        [sys.executable, "-c", DISK_FULL, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=str(launch_util.REPO),
+    )
+    line = one_error_line(proc)
+    assert line.startswith(f"error: no space left on device writing checkpoint step 4 in {model_dir} (")
+    assert " free); the last good checkpoint (step 2) is intact" in line
+    assert "trained to step" not in proc.stdout
+    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2"]
+    assert not (model_dir / "cairn.lock").exists()
