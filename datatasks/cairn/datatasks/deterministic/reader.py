@@ -98,8 +98,9 @@ class _TaskStream:
                 self._perms[epoch] = Permutation(self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
             return self._perms[epoch]
 
-    def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """`(epoch, record ids)` of the task's rows at stream positions `cursors`."""
+    def planned(self, cursors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(epochs [m], record ids, sizes [m])` of the task's rows at stream positions
+        `cursors`: row `i` holds the next `sizes[i]` of the ids, in order."""
         bins_n = self.plan.num_bins
         epochs, ks = cursors // bins_n, cursors % bins_n
         starts = np.empty_like(cursors)
@@ -110,14 +111,18 @@ class _TaskStream:
         sizes = ends - starts
         offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
         records = self.base(self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
+        return epochs, records, sizes
+
+    def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """`(epoch, record ids)` of the task's rows at stream positions `cursors`."""
+        epochs, records, sizes = self.planned(cursors)
         split = np.split(records, np.cumsum(sizes)[:-1])
         return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
 
-    def examples(self, rows: list[tuple[int, np.ndarray]]) -> dict[str, Any]:
-        """The post-processed, trimmed examples of `rows`, flattened in row order
-        (`{feature: Ragged}`), or with a fused TensorFlow stage the converted rows
-        (`{model feature: [rows, L]}`)."""
-        ids = np.concatenate([r for _, r in rows])
+    def examples(self, epochs: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> dict[str, Any]:
+        """The post-processed, trimmed examples of the planned rows `(epochs, ids, sizes)`,
+        flattened in row order (`{feature: Ragged}`), or with a fused TensorFlow stage the
+        converted rows (`{model feature: [rows, L]}`)."""
         records = self.cache.read(ids)
         out: dict[str, Any] | None = None
         if self.numpy_stage is not None:
@@ -129,8 +134,9 @@ class _TaskStream:
             stage = self.tf_stage
             keys: np.ndarray | None = None
             if stage.per_record:  # each record's own seed, from (seed, epoch, record index)
-                epoch_keys = {e: record_key(self.seed, self.task.name, e, 0)[0] for e, _ in rows}
-                keys = np.stack([np.concatenate([np.full(len(r), epoch_keys[e], np.int64) for e, r in rows]), ids], 1)
+                unique, which = np.unique(epochs, return_inverse=True)
+                epoch_keys = np.array([record_key(self.seed, self.task.name, int(e), 0)[0] for e in unique], np.int64)
+                keys = np.stack([np.repeat(epoch_keys[which], sizes), ids], 1)
             out = stage(records, keys if keys is not None else np.zeros((len(ids), 2), np.int64))
             if stage.fused:
                 return out
@@ -276,16 +282,20 @@ class DeterministicReader:
         self._last = None
 
     # -- rows ----------------------------------------------------------------------
-    def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
-        """`(task name, epoch, record ids)` of each of this host's rows at steps
-        `step .. step + count - 1`, step by step."""
+    def _assigned(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(task index, cursor in that task's stream) of this host's rows at the steps."""
         rows = (
             (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
             + self.first_row
             + np.arange(self.per_host, dtype=np.int64)[None, :]
         ).reshape(-1)
-        tasks, cursors = self.schedule.assign(rows)
-        out: list = [None] * len(rows)
+        return self.schedule.assign(rows)
+
+    def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
+        """`(task name, epoch, record ids)` of each of this host's rows at steps
+        `step .. step + count - 1`, step by step."""
+        tasks, cursors = self._assigned(step, count)
+        out: list = [None] * len(tasks)
         for t in np.unique(tasks):
             where = np.nonzero(tasks == t)[0]
             stream = self.streams[int(t)]
@@ -295,45 +305,44 @@ class DeterministicReader:
 
     def batches_at(self, step: int, count: int) -> list[dict[str, np.ndarray]]:
         """This host's rows of the global batches at `step .. step + count - 1`, computed
-        together (one pass through the TensorFlow stages); does not move the state."""
-        rows = self.row_records(step, count)
-        tasks = [name for name, _, _ in rows]
-        per_row: dict[str, list] = {k: [None] * len(rows) for k in self._keys}
-        parts: list[tuple[list[int], dict[str, np.ndarray]]] = []
+        together (one pass); does not move the state."""
+        tasks, cursors = self._assigned(step, count)
+        n_rows = len(tasks)
+        per_row: dict[str, list] = {k: [None] * n_rows for k in self._keys}
+        parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
         unconverted: list[int] = []
-        for stream in self.streams:
-            mine = [i for i, n in enumerate(tasks) if n == stream.task.name]
-            if not mine:
-                continue
-            ex = stream.examples([rows[i][1:] for i in mine])
+        for t in np.unique(tasks):
+            mine = np.nonzero(tasks == t)[0]
+            stream = self.streams[int(t)]
+            epochs, ids, sizes = stream.planned(cursors[mine])
+            ex = stream.examples(epochs, ids, sizes)
             if not isinstance(next(iter(ex.values())), Ragged):  # converted by a fused stage
                 parts.append((mine, ex))
             elif self.converter.converts_numpy:
-                sizes = np.array([len(rows[i][2]) for i in mine], np.int64)
                 parts.append((mine, self.converter.convert_numpy(ex, sizes, self.lengths)))
             else:
-                unconverted += mine
+                unconverted += mine.tolist()
                 split = {k: ex[k].to_list() for k in self._keys}
                 at = 0
-                for i in mine:
-                    n = len(rows[i][2])
+                for i, n in zip(mine.tolist(), sizes.tolist()):
                     for k in self._keys:
                         per_row[k][i] = split[k][at : at + n]
                     at += n
         if unconverted:
             unconverted.sort()
             convert = self._convert_stage()
-            parts.append((unconverted, convert({k: [per_row[k][i] for i in unconverted] for k in self._keys})))
-        out = {k: np.empty((len(rows),) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
+            rows_in = {k: [per_row[k][i] for i in unconverted] for k in self._keys}
+            parts.append((np.asarray(unconverted, np.int64), convert(rows_in)))
+        out = {k: np.empty((n_rows,) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
         for where, arrays in parts:
+            got = next(iter(arrays.values())).shape[0]
+            if got != len(where):
+                raise DataTasksError(
+                    f"the feature converter made {got} rows from {len(where)} "
+                    f"planned rows at steps {step}..{step + count - 1}"
+                )
             for k in out:
                 out[k][where] = arrays[k]
-        got = next(iter(out.values())).shape[0]
-        if got != len(rows):
-            raise DataTasksError(
-                f"the feature converter made {got} rows from {len(rows)} "
-                f"planned rows at steps {step}..{step + count - 1}"
-            )
         return [{k: v[i * self.per_host : (i + 1) * self.per_host] for k, v in out.items()} for i in range(count)]
 
     def _convert_stage(self) -> Any:
