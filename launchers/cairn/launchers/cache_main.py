@@ -11,6 +11,8 @@ train entry point reads. Exit status 2 on a bad config.
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 import shlex
 
 from absl import flags
