@@ -121,6 +121,7 @@ class WandbWriter:
             id=run_id or wandb_run_id(dir),
             resume="allow",
             config=dict(config or {}),
+            settings=wandb.Settings(silent=True, console="off"),  # the console is cairn's
         )
         self.dir = self.run.dir
 
