@@ -10,8 +10,10 @@ redrawn: they never garble each other). In a file or a pipe it is one full line 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -107,6 +109,15 @@ def _logs_through_tqdm(stream: TextIO) -> Iterator[None]:
             root.addHandler(h)
 
 
+def _terminal_size(stream: TextIO) -> tuple[int, int]:
+    """`(columns, lines)` of the terminal behind `stream`; `(0, 0)` when unknown."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return (size.columns, size.lines) if size.columns > 0 and size.lines > 0 else (0, 0)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return (0, 0)
+
+
 class Console:
     """The progress display of a run of `total` steps on `stream` (default stderr); `enabled`
     False (e.g. processes other than 0) shows nothing. `interval_s`: seconds between updates
@@ -154,7 +165,16 @@ class Console:
 
             self._logs = contextlib.ExitStack()
             self._logs.enter_context(_logs_through_tqdm(self.stream))
-            self._bar = tqdm(file=self.stream, bar_format="{desc}", dynamic_ncols=True, leave=True, mininterval=0)
+            sized = _terminal_size(self.stream) > (0, 0)  # a pty may report 0 x 0: then fixed sizes
+            self._bar = tqdm(
+                file=self.stream,
+                bar_format="{desc}",
+                dynamic_ncols=sized,
+                ncols=None if sized else 160,
+                nrows=None if sized else 24,
+                leave=True,
+                mininterval=0,
+            )
         self._bar.set_description_str(text, refresh=True)
 
     def close(self) -> None:
