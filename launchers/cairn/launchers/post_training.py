@@ -259,7 +259,7 @@ def summary(
 
     model_dir = config.model_dir
     loss = result.metrics.get("loss", float("nan"))
-    stopped = " (preempted: checkpoint saved; run the same command to resume)" if result.preempted else ""
+    stopped = " (preempted: checkpoint saved)" if result.preempted else ""
     lines = [
         f"trained to step {result.step} in {_duration(train_s)} (total {_duration(total_s)}){stopped}; loss {loss:.4f}"
     ]
@@ -271,6 +271,8 @@ def summary(
     if config.trainer.tensorboard:
         lines.append(f"  TensorBoard:  {storage.join(model_dir, 'tensorboard')}")
     lines.append("next:")
+    if result.preempted:
+        lines.append("  resume:       the same command (it continues from the saved step)")
     lines += ["  " + line for line in next_commands(config, argv)]
     for line in lines:
         out(line)

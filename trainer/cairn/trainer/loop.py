@@ -185,9 +185,12 @@ class TrainLoop:
         last = self.step == self.cfg.num_train_steps
         if not (last or self.console.due()):
             return
+        timing = self.overall.timing()  # empty after the first step (compilation): nothing to show yet
+        if not (last or timing):
+            return
         latest = self.last_metrics if self.last_step == self.step else self.pending.latest
         values = {k: float(latest[k]) for k in ("loss", "learning_rate") if k in latest}
-        self.console.update(self.step, {**values, **self.overall.timing()}, force=last)
+        self.console.update(self.step, {**values, **timing}, force=last)
 
     def record(self, fetched: list[tuple[int, Mapping[str, Any]]], logged_step: int | None = None) -> None:
         """Keeps the latest metrics; JSON rows (quiet) for every step but `logged_step`."""
