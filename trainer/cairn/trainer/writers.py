@@ -9,6 +9,7 @@ is called at each log step, on SIGTERM, on a NaN stop and on every exit path).""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -108,8 +109,8 @@ class WandbWriter:
         config: Mapping[str, Any] | None = None,
         run_id: str | None = None,
     ):
-        try:
-            import wandb
+        try:  # an optional extra (`cairn-trainer[wandb]`), imported by name only when asked for
+            wandb = importlib.import_module("wandb")
         except ImportError as e:
             raise ImportError(f"logging.wandb needs the wandb package (pip install wandb): {e}") from e
         os.makedirs(dir, exist_ok=True)
