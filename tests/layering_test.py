@@ -39,7 +39,7 @@ ALLOWED_LAZY = {
     "partitioning": set(),
     "models": {"safetensors"},
     "evaluation": {"sacrebleu", "rouge_score", "scipy"},
-    "trainer": {"tensorflow"},
+    "trainer": {"tensorflow", "tqdm", "wandb"},  # tqdm: the console's progress line; wandb: its writer
     "launchers": {"tensorflow", "matplotlib"},
 }
 # Heavy modules that importing a library must not load (checked in a fresh interpreter).

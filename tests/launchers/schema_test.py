@@ -78,6 +78,7 @@ HAND_WRITTEN = {
         "temperature": 1.0,
         "top_k": 0,
     },
+    "logging": {"wandb": ""},
     "init": {"checkpoint": "", "checkpoint_step": None, "hf_checkpoint": ""},
     "multihost": {
         "coordinator_address": "",

@@ -1,12 +1,9 @@
 """MFU: the published peak table and the CPU matmul probe."""
 
-import io
-
 import jax
 import pytest
 
 from cairn.trainer import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
-from cairn.trainer.summaries import ProgressLine
 
 
 @pytest.mark.parametrize(
@@ -39,15 +36,3 @@ def test_cpu_probe_runs_once_and_is_plausible():
 
 def test_mfu_formula():
     assert mfu(flops_per_token=6e9, tokens_per_second=1e4, peak=1.2e14) == pytest.approx(0.5)
-
-
-def test_progress_line_only_on_terminals():
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
-
-    tty, pipe = Tty(), io.StringIO()
-    ProgressLine(100, tty).update(25, 5.0, "loss 1.0")
-    ProgressLine(100, pipe).update(25, 5.0)
-    assert tty.getvalue().startswith("\rstep 25/100  5.00 steps/s  ETA 0m15s")
-    assert pipe.getvalue() == ""

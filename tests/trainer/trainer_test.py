@@ -42,7 +42,7 @@ def test_train_writes_summaries_evaluates_and_checkpoints(tmp_path, caplog):
         eval_fn=eval_fn,
         experiment_config={"name": "toy"},
     )
-    with caplog.at_level(logging.INFO, logger="cairn.trainer"):
+    with caplog.at_level(logging.DEBUG, logger="cairn.trainer"):
         result = trainer.train(CountingIterator())
     assert result.step == 6 and not result.preempted
     assert "estimated memory per device" in caplog.text and "opt_state" in caplog.text

@@ -280,6 +280,7 @@ def trainer_config(config: ml_collections.ConfigDict) -> Any:
         log_every=t.log_every,
         checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True),
         tensorboard=t.tensorboard,
+        wandb=config.logging.wandb,
     )
 
 

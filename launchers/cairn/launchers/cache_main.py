@@ -12,6 +12,8 @@ source (`sources.SourceError`) or unusable storage.
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 import shlex
 
 from absl import flags

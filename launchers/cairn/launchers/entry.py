@@ -15,6 +15,8 @@ No JAX, TensorFlow or ml-collections import here: `verify` and `plot_loss` stay 
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 import sys
 import traceback
 from collections.abc import Callable

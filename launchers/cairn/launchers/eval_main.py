@@ -22,6 +22,8 @@ to evaluate. `data.batch_size` is not checked.
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 import logging
 import time
 from collections.abc import Callable

@@ -28,6 +28,8 @@ processes decode those) and alone writes the parts, `meta.json` and `<output>`.
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 import json
 import logging
 import os

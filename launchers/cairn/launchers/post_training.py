@@ -1,4 +1,6 @@
-"""What a run does after training: the final evaluation and sample outputs, printed.
+"""What a run does after training: the final evaluation (printed, and written at the last step
+to metrics.jsonl, TensorBoard and any other writer) and sample outputs; then the run's summary
+and the commands to run next (`summary`).
 
 The model family's `samples` (`cairn.models.families`) says which samples:
 
@@ -14,7 +16,10 @@ process computes its rows and all get every output; pass an `out` that prints on
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,6 +33,7 @@ from cairn.launchers.sharded_batches import ShardedBatches
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
+Recorder = Callable[[str, int, Mapping[str, float]], None]  # SummaryWriter.scalars(task, step, values)
 
 
 def _decode_options(config: ml_collections.ConfigDict, length: int) -> Any:
@@ -58,12 +64,18 @@ def final_evaluation(
     step: int,
     out: Printer = print,
     partitioner: Any = None,
+    record: Recorder | None = None,
 ) -> dict:
-    """Score metrics (e.g. perplexity) of the evaluation task at the end of training."""
+    """Score metrics (e.g. perplexity) of the evaluation task at the end of training; `record`
+    (e.g. the run's `SummaryWriter.scalars`) gets them as task `eval`, `<task>/<metric>` at `step`,
+    like the loop's evaluations."""
     score = builder.score_fn_factory(
         model, config.eval.batch_size, partitioner=_partitioner(config, partitioner), log_level=logging.DEBUG
     )
     result = evaluator.evaluate(score_fn=score(params), step=step)
+    if record is not None and result.metrics:
+        flat = {f"{t}/{k}": float(v) for t, metrics in result.metrics.items() for k, v in metrics.items()}
+        record("eval", step, flat)
     for task, metrics in sorted(result.metrics.items()):
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
         out(f"final evaluation at step {step}: {task} ({config.eval.split}): {shown}")
@@ -115,8 +127,8 @@ def denoising_samples(
         }
         samples.append(sample)
         out(
-            f"sample {i}:\n  input:      {sample['input']}\n  target:     {sample['target']}\n"
-            f"  prediction: {sample['prediction']}"
+            f"sample {i}: input:      {sample['input']}\n          target:     {sample['target']}\n"
+            f"          prediction: {sample['prediction']}"
         )
     return samples
 
@@ -155,18 +167,113 @@ def run(
     step: int,
     out: Printer = print,
     partitioner: Any = None,
+    record: Recorder | None = None,
 ) -> dict:
     """The config's post-training actions; returns what they produced. `partitioner`: the run's
-    (default: `builder.make_partitioner(config)`, the same mesh)."""
+    (default: `builder.make_partitioner(config)`, the same mesh); `record`: where the final
+    evaluation's metrics are written (see `final_evaluation`). The samples are printed first,
+    the final evaluation last (next to the summary)."""
     from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
 
     partitioner = _partitioner(config, partitioner)
     result: dict = {}
+    held: list[str] = []
     if config.post_training.final_eval and evaluator is not None:
-        result["metrics"] = final_evaluation(config, model, params, evaluator, step, out, partitioner)
+        result["metrics"] = final_evaluation(config, model, params, evaluator, step, held.append, partitioner, record)
     samples = model_family(config.model.kind).samples
     if samples == SAMPLES_EVAL_PREDICTIONS and evaluator is not None:
         result["samples"] = denoising_samples(config, model, params, evaluator, vocabulary, out, partitioner)
     if samples == SAMPLES_PROMPT_CONTINUATIONS:
         result["generated"] = generate_text(config, model, params, vocabulary, out, partitioner=partitioner)
+    for line in held:
+        out(line)
     return result
+
+
+def _command(program: str, args: Sequence[str]) -> str:
+    """How the user runs `program` (`eval`, `infer`, `plot_loss`): `./bazelw run //launchers:X --`
+    under `bazel run`, else `python -m cairn.launchers.<module>`."""
+    module = {"eval": "eval_main", "infer": "infer_main", "plot_loss": "plot_loss"}[program]
+    head = (
+        f"./bazelw run //launchers:{program} --"
+        if os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+        else (f"python -m cairn.launchers.{module}")
+    )
+    return " ".join([head, *(shlex.quote(a) for a in args)])
+
+
+def config_args(argv: Sequence[str], model_dir: str) -> list[str]:
+    """The `--config=...` and `--config.*` flags of `argv` (this run's experiment and overrides),
+    with `--config.model_dir` set to `model_dir`."""
+    out, i = [], 1
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--config", "--config.model_dir") and i + 1 < len(argv):
+            if a == "--config":
+                out.append(f"--config={argv[i + 1]}")
+            i += 2
+            continue
+        if a.startswith("--config=") or (a.startswith("--config.") and not a.startswith("--config.model_dir=")):
+            out.append(a)
+        i += 1
+    return [*out, f"--config.model_dir={model_dir}"]
+
+
+def next_commands(config: ml_collections.ConfigDict, argv: Sequence[str] | None = None) -> list[str]:
+    """`name: command` lines of what to run next on this run (evaluate, predict, the loss curve,
+    TensorBoard, W&B sync), with its paths; `argv`: the train command line (default `sys.argv`)."""
+    from cairn import storage
+
+    model_dir = config.model_dir
+    args = config_args(sys.argv if argv is None else argv, model_dir)
+    png = storage.join(model_dir, "loss.png")
+    lines = [
+        f"evaluate:     {_command('eval', args)}",
+        f"predict:      {_command('infer', [*args, '--output=' + storage.join(model_dir, 'predictions.jsonl')])}",
+        f"loss curve:   {_command('plot_loss', ['--model_dir=' + model_dir, '--output=' + png])}",
+    ]
+    if config.trainer.tensorboard:
+        lines.append(f"TensorBoard:  tensorboard --logdir {shlex.quote(storage.join(model_dir, 'tensorboard'))}")
+    if config.logging.wandb and not storage.is_url(model_dir):
+        lines.append(f"W&B upload:   wandb sync {shlex.quote(os.path.join(model_dir, 'wandb'))}/offline-run-*")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    from cairn.trainer.console import duration
+
+    return duration(seconds)
+
+
+def summary(
+    config: ml_collections.ConfigDict,
+    result: Any,
+    train_s: float,
+    total_s: float,
+    out: Printer = print,
+    argv: Sequence[str] | None = None,
+) -> list[str]:
+    """Prints (and returns) the end of a run, after the final evaluation's line: steps, final
+    loss, wall times (training; all), where everything is, and the commands to run next."""
+    from cairn import storage
+
+    model_dir = config.model_dir
+    loss = result.metrics.get("loss", float("nan"))
+    stopped = " (preempted: checkpoint saved)" if result.preempted else ""
+    lines = [
+        f"trained to step {result.step} in {_duration(train_s)} (total {_duration(total_s)}){stopped}; loss {loss:.4f}"
+    ]
+    lines += [
+        f"model_dir: {model_dir}",
+        f"  checkpoints:  {storage.join(model_dir, 'checkpoints')}",
+        f"  metrics:      {storage.join(model_dir, 'summaries', 'metrics.jsonl')}",
+    ]
+    if config.trainer.tensorboard:
+        lines.append(f"  TensorBoard:  {storage.join(model_dir, 'tensorboard')}")
+    lines.append("next:")
+    if result.preempted:
+        lines.append("  resume:       the same command (it continues from the saved step)")
+    lines += ["  " + line for line in next_commands(config, argv)]
+    for line in lines:
+        out(line)
+    return lines

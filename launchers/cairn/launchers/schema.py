@@ -215,6 +215,11 @@ class PostTraining:
 
 
 @dataclasses.dataclass
+class Logging:
+    wandb: str = knob("", "a Weights & Biases project to log to, offline ('': off)", owner=_TRAINER + "wandb")
+
+
+@dataclasses.dataclass
 class Init:
     checkpoint: str = knob("", "a cairn checkpoint whose params the run starts from")
     checkpoint_step: int | None = knob(None, "its step (None: the latest)")
@@ -250,6 +255,7 @@ class Config:
     trainer: Trainer = section(Trainer, "the training loop")
     eval: Eval = section(Eval, "evaluation")
     post_training: PostTraining = section(PostTraining, "what runs after training")
+    logging: Logging = section(Logging, "where metrics go besides metrics.jsonl and TensorBoard")
     init: Init = section(Init, "parameters to start from")
     multihost: Multihost = section(Multihost, "joining a multi-process job")
 
@@ -384,8 +390,7 @@ def describe_range(k: Key) -> str:
     if k.keys is not None:
         parts.append("keys " + ", ".join(k.allowed_keys() or ()))
     if k.min is not None:
-        bound = f">= {k.min:g}"
-        parts.append(f"{bound} or -1" if k.or_minus_one else bound)
+        parts.append(f">= {k.min:g}" + (" or -1" if k.or_minus_one else ""))
     return "; ".join(parts)
 
 

@@ -14,6 +14,8 @@ unusable or full model_dir, a NaN/Inf loss, or checkpoints that are all corrupt.
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 import contextlib
 import logging
 import time
@@ -192,18 +194,21 @@ def _train(
         init = builder.pretrained_params(config, trainer, first)
         source = config.init.checkpoint or config.init.hf_checkpoint
         out(f"initial params from {source} (used unless model_dir has a checkpoint)")
-    result = trainer.train(reader, init_params=init, model_dir_lock=lock)
-    out(
-        f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
-        f"{' (preempted: checkpoint saved)' if result.preempted else ''}; "
-        f"loss {result.metrics.get('loss', float('nan')):.4f}"
-    )
-    post = {}
-    if not result.preempted:
-        post = post_training.run(
-            config, model, result.state.params, vocabulary, evaluator, result.step, out, partitioner=partitioner
-        )
-    out(f"model_dir: {config.model_dir}")
+    summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too
+    try:
+        result = trainer.train(reader, init_params=init, summaries=summaries, model_dir_lock=lock)
+        trained_s = time.perf_counter() - start
+        post = {}
+        if not result.preempted:
+            every = config.trainer.eval_every
+            evaluated = eval_fn is not None and (result.step % every == 0 or result.step == config.num_train_steps)
+            record = None if evaluated else summaries.scalars  # the loop's eval_fn wrote this step already
+            post = post_training.run(
+                config, model, result.state.params, vocabulary, evaluator, result.step, out, partitioner, record
+            )
+    finally:
+        summaries.close()
+    post_training.summary(config, result, trained_s, time.perf_counter() - start, out)
     return {"result": result, "post": post}
 
 
@@ -217,12 +222,16 @@ def print_on_process_0(text: str) -> None:
 
 
 def quiet_logs() -> None:
-    """cairn's own INFO logs (progress, metrics, checkpoints); only warnings from the rest
-    (orbax logs every file it writes at INFO)."""
+    """cairn's own INFO logs (checkpoints, warnings; the progress line is the console's); only
+    warnings from the rest (orbax logs every file it writes at INFO). With `--verbose`: INFO
+    from everything, cairn's DEBUG too (the memory estimate, every logged step's values)."""
     from absl import logging as absl_logging
 
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    logging.getLogger("cairn").setLevel(logging.INFO)
+    from cairn.launchers import entry
+
+    verbose = entry.VERBOSE.value
+    absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
+    logging.getLogger("cairn").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def _main(config: ml_collections.ConfigDict) -> None:

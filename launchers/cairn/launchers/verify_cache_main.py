@@ -13,6 +13,8 @@ with --verbose).
 
 from __future__ import annotations
 
+import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError

@@ -2,9 +2,13 @@
 evaluate, run the step hooks, then stop (saving) on SIGTERM or save when a checkpoint is due.
 
 `Trainer.train` sets up once (the data, the partitioned step, the state to continue from) and
-hands a `TrainLoop` what it set up. The loop's running figures live in two small helpers:
+hands a `TrainLoop` what it set up. The loop's running figures live in `loop_metrics`:
 `PendingMetrics` (step metrics still on the device, checked for NaN/Inf one step late) and
-`Rates` (train time, tokens and sequences since the last log, for the rates and MFU).
+`Rates` (train time, tokens and sequences, for the rates and MFU).
+
+Metrics are never lost: every step's row reaches the JSON lines, whichever way the loop ends
+(the last step, the data running out, SIGTERM, a NaN/Inf loss, an error), and the writers are
+flushed then. The console (`cairn.trainer.console`) shows the progress on a time interval.
 """
 
 from __future__ import annotations
@@ -12,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
-import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +23,12 @@ import jax
 
 from cairn.partitioning import gather_row_digests
 from cairn.trainer.checkpoints import Checkpointer
-from cairn.trainer.faults import NonFiniteLossError, SigtermFlag, stop_reason
-from cairn.trainer.mfu import mfu as compute_mfu
+from cairn.trainer.console import Console
+from cairn.trainer.faults import SigtermFlag, stop_reason
+from cairn.trainer.loop_metrics import PendingMetrics, Rates, StepMetrics
 from cairn.trainer.mfu import peak_flops
-from cairn.trainer.model_protocol import batch_signature, model_flops_per_token, sequences_in_batch, tokens_in_batch
-from cairn.trainer.summaries import ProgressLine, SummaryWriter
+from cairn.trainer.model_protocol import batch_signature, model_flops_per_token
+from cairn.trainer.summaries import SummaryWriter
 
 if TYPE_CHECKING:  # the trainer module imports this one
     from cairn.trainer.trainer import Trainer
@@ -54,87 +57,6 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict:
     return out
 
 
-class PendingMetrics:
-    """Step metrics not yet fetched from the device. The previous step's are checked once the
-    next step is dispatched (one step of pipelining), all of them at log steps and before saves.
-    A NaN/Inf loss or gradient norm raises `NonFiniteLossError` after the saves in flight (which
-    hold earlier, good states) are done."""
-
-    def __init__(self, ckpt: Checkpointer, model_dir: str):
-        self.ckpt, self.model_dir = ckpt, model_dir
-        self.items: list[tuple[int, Any]] = []  # (step, metrics on the device)
-
-    def add(self, step: int, metrics: Any) -> None:
-        self.items.append((step, metrics))
-
-    def check_latest(self) -> None:
-        """Checks the latest step added (called before adding the next one)."""
-        self._check(_fetch(self.items[-1:]))
-
-    def check_all(self) -> None:
-        self._check(_fetch(self.items))
-
-    def take(self) -> list[tuple[int, Mapping[str, Any]]]:
-        """Fetches, checks and forgets every pending step's metrics; returns them."""
-        fetched = _fetch(self.items)
-        self._check(fetched)
-        self.items.clear()
-        return fetched
-
-    def _check(self, fetched: list[tuple[int, Mapping[str, Any]]]) -> None:
-        for step, metrics in fetched:
-            for name in ("loss", "grad_norm"):
-                value = float(metrics[name])
-                if not math.isfinite(value):
-                    self.ckpt.wait()  # a save in flight holds an earlier, good state
-                    raise NonFiniteLossError(step, value, name, self.ckpt.latest_step(), self.model_dir)
-
-
-def _fetch(items: list[tuple[int, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
-    return [(step, jax.device_get(metrics)) for step, metrics in items]
-
-
-class Rates:
-    """Steps, tokens and sequences trained since the last `restart`, over the train time: the
-    first step of a `train` call (compilation) is not counted, nor time spent `paused()`
-    (evaluation, step hooks)."""
-
-    def __init__(self, flops_per_token: float | None, peak: float | None):
-        self.flops_per_token, self.peak = flops_per_token, peak
-        self.restart()
-
-    def restart(self) -> None:
-        self.start, self.steps, self.tokens, self.sequences = time.perf_counter(), 0, 0, 0
-
-    def count(self, global_batch: Mapping[str, Any]) -> None:
-        self.steps += 1
-        self.tokens += tokens_in_batch(global_batch)
-        self.sequences += sequences_in_batch(global_batch)
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Time spent inside is not train time."""
-        start = time.perf_counter()
-        yield
-        self.start += time.perf_counter() - start
-
-    def timing(self) -> dict:
-        """`step_time_s`, `steps_per_second`, `tokens_per_second`, `sequences_per_second` and `mfu`
-        (with FLOPs and a peak); empty before any counted step."""
-        elapsed = time.perf_counter() - self.start
-        if not (self.steps and elapsed > 0):
-            return {}
-        timing = {
-            "step_time_s": elapsed / self.steps,
-            "steps_per_second": self.steps / elapsed,
-            "tokens_per_second": self.tokens / elapsed,
-            "sequences_per_second": self.sequences / elapsed,
-        }
-        if self.flops_per_token and self.peak:
-            timing["mfu"] = compute_mfu(self.flops_per_token, self.tokens / elapsed, self.peak)
-        return timing
-
-
 class TrainLoop:
     """Trains `trainer`'s set-up step from `state` at `step` up to `num_train_steps`, until the
     data runs out, or until a stop is requested (then saved); in lockstep on every process.
@@ -159,31 +81,45 @@ class TrainLoop:
         self.ckpt, self.summaries, self.sigterm = ckpt, summaries, sigterm
         flops = model_flops_per_token(trainer.model, cfg.flops_per_token)
         peak = cfg.peak_flops or (peak_flops(list(trainer.partitioner.mesh.devices.flat)) if flops else None)
-        self.progress = ProgressLine(cfg.num_train_steps)
+        self.console = Console(
+            cfg.num_train_steps, enabled=cfg.progress and summaries.primary, interval_s=cfg.progress_interval_s
+        )
         self.last_saved = ckpt.latest_step()
-        self.pending = PendingMetrics(ckpt, cfg.model_dir)
-        self.rates = Rates(flops, peak)
+        self.pending = PendingMetrics(ckpt, cfg.model_dir, self.record)
+        self.rates = Rates(flops, peak)  # since the last log
+        self.overall = Rates(flops, peak)  # since the first step: the console's rates and ETA
         self.last_metrics: dict = {}
+        self.last_step: int | None = None  # the step of `last_metrics`
+        self.step_metrics: Any = None  # this step's metrics, on the device
         self.eval_metrics: dict = {}
         self.first_step = True  # the first step of this `train` call
         self.layout = trainer.partitioner.data_layout()
 
     def run(self) -> TrainResult:
-        """Each step: get the batch, train, log, evaluate, step hooks, stop or save."""
-        while self.step < self.cfg.num_train_steps:
-            self.ckpt.raise_if_failed()  # a failed background save (a full disk) stops the run now
-            batch = self.next_batch()
-            if batch is None:
-                break
-            self.train_on(batch)
-            self.log_if_due()
-            self.evaluate_if_due()
-            self.run_step_hooks()
-            reason = stop_reason(self.sigterm, self.step)
-            if reason:
-                return self.stop(reason)
-            self.save_if_due()
-        return self.finish()
+        """Each step: get the batch, train, log, show progress, evaluate, step hooks, stop or
+        save. On an error the pending steps' metrics are recorded before it propagates."""
+        try:
+            while self.step < self.cfg.num_train_steps:
+                self.ckpt.raise_if_failed()  # a failed background save (a full disk) stops the run now
+                batch = self.next_batch()
+                if batch is None:
+                    break
+                self.train_on(batch)
+                self.log_if_due()
+                self.show_progress()
+                self.evaluate_if_due()
+                self.run_step_hooks()
+                reason = stop_reason(self.sigterm, self.step)
+                if reason:
+                    return self.stop(reason)
+                self.save_if_due()
+            return self.finish()
+        except BaseException:
+            self.pending.salvage()
+            raise
+        finally:
+            self.console.close()
+            self.summaries.flush()
 
     # -- the step ------------------------------------------------------------------------
     def next_batch(self) -> Mapping[str, Any] | None:
@@ -209,9 +145,12 @@ class TrainLoop:
         if self.first_step:
             jax.block_until_ready(metrics)  # exclude compilation from the rates
             self.rates.restart()
+            self.overall.restart()
             self.first_step = False
         else:
             self.rates.count(global_batch)
+            self.overall.count(global_batch)
+        self.step_metrics = metrics
         self.pending.check_latest()  # the previous step: done or nearly
         self.pending.add(self.step, metrics)
 
@@ -239,13 +178,26 @@ class TrainLoop:
         self.record(self.pending.take(), logged_step=step)
         timing = self.rates.timing()
         self.summaries.scalars("train", step, {**self.last_metrics, **timing})
-        self.progress.update(step, timing.get("steps_per_second", 0.0), f"loss {self.last_metrics.get('loss', 0):.4f}")
         self.rates.restart()
+
+    def show_progress(self) -> None:
+        """The console's line when its interval has passed, and at the last step: the latest
+        checked step's loss and learning rate, the rates since the first step."""
+        last = self.step == self.cfg.num_train_steps
+        if not (last or self.console.due()):
+            return
+        timing = self.overall.timing()  # empty after the first step (compilation): nothing to show yet
+        if not (last or timing):
+            return
+        latest = self.last_metrics if self.last_step == self.step else self.pending.latest
+        values = {k: float(latest[k]) for k in ("loss", "learning_rate") if k in latest}
+        self.console.update(self.step, {**values, **timing}, force=last)
 
     def record(self, fetched: list[tuple[int, Mapping[str, Any]]], logged_step: int | None = None) -> None:
         """Keeps the latest metrics; JSON rows (quiet) for every step but `logged_step`."""
         for step, metrics in fetched:
             self.last_metrics = {k: float(v) for k, v in metrics.items()}
+            self.last_step = step
             if step != logged_step:
                 self.summaries.scalars("train", step, self.last_metrics, quiet=True)
 
@@ -254,18 +206,31 @@ class TrainLoop:
         eval_fn, cfg, step = self.trainer.eval_fn, self.cfg, self.step
         if eval_fn is None or not cfg.eval_every or not (step % cfg.eval_every == 0 or step == cfg.num_train_steps):
             return
-        with self.rates.paused():
+        with self.paused():
             metrics = flatten_metrics(eval_fn(self.state.params, step))
             self.eval_metrics = {f"eval/{k}": v for k, v in metrics.items()}
             self.summaries.scalars("eval", step, metrics)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside is not train time (for either rate)."""
+        with self.rates.paused(), self.overall.paused():
+            yield
+
     def run_step_hooks(self) -> None:
-        """Each `hook(step, state)` in order, every step (not train time)."""
+        """Each hook in order, every step (not train time): `hook(step, state)`, or
+        `hook(step, state, metrics)` for a hook taking three arguments, `metrics` this step's
+        `StepMetrics` (fetched from the device only if the hook reads them)."""
         if not self.trainer.step_hooks:
             return
-        with self.rates.paused():
-            for hook in self.trainer.step_hooks:
-                hook(self.step, self.state)
+        metrics = StepMetrics(self.step_metrics)
+        with self.paused():
+            hook: Any
+            for hook, takes_metrics in zip(self.trainer.step_hooks, self.trainer.hooks_take_metrics):
+                if takes_metrics:
+                    hook(self.step, self.state, metrics)
+                else:
+                    hook(self.step, self.state)
 
     # -- saving and the end ----------------------------------------------------------------
     def save_if_due(self) -> None:
@@ -296,13 +261,14 @@ class TrainLoop:
         return self.close(preempted=True)
 
     def finish(self) -> TrainResult:
-        """The metrics of steps after the last log (the data ran out), a final save if needed."""
-        self.record(self.pending.take())
+        """A final save if needed (the data ran out after the last save)."""
         if self.last_saved != self.step:
             self.save()
         return self.close(preempted=False)
 
     def close(self, preempted: bool) -> TrainResult:
+        """Records the metrics of the steps after the last log and flushes every writer."""
+        self.record(self.pending.take())
+        self.summaries.flush()
         self.ckpt.wait()
-        self.progress.close()
         return TrainResult(self.step, self.state, preempted, self.last_metrics)

@@ -1,109 +1,90 @@
-"""Train summaries: the log, JSON lines, TensorBoard event files (TensorFlow imported lazily),
-and a progress line on interactive terminals."""
+"""Train summaries: the metric writers of a run (JSON lines, TensorBoard, optionally Weights &
+Biases; `cairn.trainer.writers`) behind one `SummaryWriter`, and the values in the log."""
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
-from collections.abc import Mapping
-from typing import TextIO
+from collections.abc import Mapping, Sequence
 
 from cairn import storage
-from cairn.evaluation import JsonLinesLogger
+from cairn.trainer.writers import JsonlWriter, MetricWriter, TensorBoardWriter, WandbWriter, wandb_run_id
 
 log = logging.getLogger("cairn.trainer")
 
 
 class SummaryWriter:
-    """Writes scalars to `<model_dir>/summaries/metrics.jsonl` (rows `{task, step, metric, value}`)
-    and, when `tensorboard`, event files under `<model_dir>/tensorboard/<task>/` as `<task>/<name>`.
+    """Writes scalars to every writer: `<model_dir>/summaries/metrics.jsonl` (rows `{task, step,
+    metric, value}`), with `tensorboard` event files under `<model_dir>/tensorboard/<task>/` as
+    `<task>/<name>`, with `wandb` (a W&B project name) an offline W&B run under
+    `<model_dir>/wandb/`, and any `extra` writers.
 
-    Only the `primary` writer (process 0 of a multi-process run) writes files; every writer logs
-    its values, each line starting with `log_prefix` (e.g. `process 1/4: `).
+    Only the `primary` writer (process 0 of a multi-process run) writes; every writer logs its
+    values at `log_level` (DEBUG by default: the console's progress line shows a run's figures;
+    a multi-process run logs them at INFO, each line starting with `log_prefix`, e.g.
+    `process 1/4: `).
 
     `model_dir` may be a URL: the JSON lines are then flushed as whole part objects at each
-    logged (not quiet) step and at `close()`, and the event files are staged locally and
-    uploaded whole after each flush (never a torn object)."""
+    logged (not quiet) step, at `flush()` and at `close()`, and the event files are staged
+    locally and uploaded whole after each flush (never a torn object)."""
 
     def __init__(
-        self, model_dir: str | os.PathLike, tensorboard: bool = True, *, primary: bool = True, log_prefix: str = ""
+        self,
+        model_dir: str | os.PathLike,
+        tensorboard: bool = True,
+        *,
+        primary: bool = True,
+        log_prefix: str = "",
+        wandb: str = "",
+        extra: Sequence[MetricWriter] = (),
+        log_level: int = logging.DEBUG,
     ):
         self.dir = os.fspath(model_dir)
         self.primary = primary
         self.log_prefix = log_prefix
-        self.jsonl = JsonLinesLogger(storage.join(self.dir, "summaries")) if primary else None
-        self.tensorboard = tensorboard and primary
-        self._writers: dict = {}
-        self._staged: storage.StagedDirectory | None = None
-
-    def _tb(self, task: str):
-        if task not in self._writers:
-            import tensorflow as tf  # lazy: only when TensorBoard files are wanted
-
-            if self._staged is None:
-                self._staged = storage.StagedDirectory(storage.join(self.dir, "tensorboard"))
-            self._writers[task] = tf.summary.create_file_writer(os.path.join(self._staged.local_dir, task))
-        return self._writers[task]
+        self.log_level = log_level
+        self.writers: list[MetricWriter] = []
+        if primary:
+            self.writers.append(JsonlWriter(self.dir))
+            if tensorboard:
+                self.writers.append(TensorBoardWriter(self.dir))
+            if wandb:
+                self.writers.append(WandbWriter(_local_dir(self.dir), wandb, name=os.path.basename(self.dir)))
+            self.writers.extend(extra)
 
     def scalars(self, task: str, step: int, values: Mapping[str, float], quiet: bool = False) -> None:
-        """Writes `values`; `quiet` writes the JSON lines only (per-step rows between log steps)."""
-        if self.jsonl is not None:
-            self.jsonl.log_metrics(task, step, values, flush=not quiet)
-        if quiet:
-            return
-        if self.tensorboard:
-            import tensorflow as tf
+        """Writes `values`; `quiet` rows (per-step rows between log steps) reach the JSON lines
+        only and are not logged."""
+        for writer in self.writers:
+            writer.write(task, step, values, quiet=quiet)
+        if not quiet:
+            text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(values.items()))
+            log.log(self.log_level, "%s%s step %d: %s", self.log_prefix, task, step, text)
 
-            writer = self._tb(task)
-            with writer.as_default():
-                for name in sorted(values):
-                    tf.summary.scalar(f"{task}/{name}", float(values[name]), step=int(step))
+    def flush(self) -> None:
+        """Makes every row written so far durable (at a URL: uploaded)."""
+        for writer in self.writers:
             writer.flush()
-            if self._staged is not None:
-                self._staged.sync()
-        text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(values.items()))
-        log.info("%s%s step %d: %s", self.log_prefix, task, step, text)
 
     def close(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
-        self._writers.clear()
-        if self._staged is not None:
-            self._staged.close()
-            self._staged = None
-        if self.jsonl is not None:
-            self.jsonl.close()
+        """Flushes and closes every writer (each one even if another fails)."""
+        errors = []
+        for writer in self.writers:
+            try:
+                writer.close()
+            except Exception as e:  # close the others, then report the first
+                errors.append(e)
+        self.writers.clear()
+        if errors:
+            raise errors[0]
+
+
+def _local_dir(model_dir: str) -> str:
+    """Where W&B's files go: the model_dir, or for a bucket a local folder named by its run id."""
+    if storage.is_url(model_dir):
+        return os.path.join(os.path.expanduser("~/.cache/cairn/wandb"), wandb_run_id(model_dir))
+    return model_dir
 
 
 def _fmt(v: float) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-class ProgressLine:
-    """`step 120/1000  3.2 steps/s  ETA 4m35s` rewritten in place, only on a terminal."""
-
-    def __init__(self, total: int, stream: TextIO | None = None):
-        self.total = total
-        self.stream = stream or sys.stderr
-        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def update(self, step: int, steps_per_second: float, extra: str = "") -> None:
-        if not self.enabled:
-            return
-        eta = (self.total - step) / steps_per_second if steps_per_second > 0 else float("inf")
-        self.stream.write(f"\rstep {step}/{self.total}  {steps_per_second:.2f} steps/s  ETA {_duration(eta)}  {extra}")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _duration(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,7 +34,7 @@ from cairn.trainer.train_step import (
 
 log = logging.getLogger("cairn.trainer")
 EvalFn = Callable[[Any, int], Mapping[str, Any]]
-StepHook = Callable[[int, TrainState], None]
+StepHook = Callable[[int, TrainState], None] | Callable[[int, TrainState, Mapping[str, float]], None]
 BatchHook = Callable[[int, GatheredDigests], None]
 
 
@@ -43,7 +44,10 @@ class TrainerConfig:
     a final checkpoint is always written). `flops_per_token` overrides the model's;
     `peak_flops` overrides the device table / CPU probe. `microbatch_reduction`: 'mean' for a
     loss that is a mean over its (micro)batch, 'sum' for one that is a sum or divided by a
-    constant (t5x's loss_normalizing_factor); either way accumulation matches one full batch."""
+    constant (t5x's loss_normalizing_factor); either way accumulation matches one full batch.
+    `wandb`: a Weights & Biases project to log to as well (offline, under model_dir; '' off).
+    `progress`: the console's progress line (process 0); `progress_interval_s` its interval
+    (None: 0.5 s on a terminal, 30 s in a file or pipe)."""
 
     model_dir: str
     num_train_steps: int
@@ -55,6 +59,9 @@ class TrainerConfig:
     log_every: int = 100
     checkpoint: CheckpointConfig = CheckpointConfig()
     tensorboard: bool = True
+    wandb: str = ""
+    progress: bool = True
+    progress_interval_s: float | None = None
     donate_state: bool = False
     handle_sigterm: bool = True
     flops_per_token: float | None = None
@@ -87,8 +94,10 @@ class Trainer:
       experiment_config: a JSON-able dict stored in every checkpoint.
       step_hooks: functions `hook(step, state)` called in order after every train step (after
         evaluation, before SIGTERM and checkpoint handling), on every process; `state` is the
-        `TrainState` after the step. A hook that runs a collective (e.g. all-gathers params)
-        is called at the same step on every process.
+        `TrainState` after the step. A hook taking three arguments is called as
+        `hook(step, state, metrics)`, `metrics` the step's `{name: float}` (loss, grad_norm,
+        learning_rate...; fetched from the device when read). A hook that runs a collective
+        (e.g. all-gathers params) is called at the same step on every process.
       batch_hooks: functions `hook(step, digests)` called on every process before step `step`
         is trained, for steps that are multiples of `batch_hook_every`, with the row digests of
         its global batch gathered from every process (`cairn.partitioning.GatheredDigests`;
@@ -130,6 +139,7 @@ class Trainer:
         for hook in self.step_hooks + self.batch_hooks:
             if not callable(hook):
                 raise TypeError(f"Trainer step_hooks and batch_hooks must be callables, got {hook!r}")
+        self.hooks_take_metrics = tuple(_takes_three(hook) for hook in self.step_hooks)
         self.batch_signature: BatchSignature | None = None  # the batch `setup` was given
         self.abstract_state: Any = None  # a TrainState of ShapeDtypeStructs, once set up
 
@@ -200,12 +210,30 @@ class Trainer:
             opt_state=self.abstract_state.opt_state,
             opt_state_specs=ospecs,
         )
-        log.info("estimated memory per device (mesh %s):\n%s", dict(self.partitioner.mesh.shape), est)
+        log.debug("estimated memory per device (mesh %s):\n%s", dict(self.partitioner.mesh.shape), est)
         self.memory_estimate = est
 
     # -- train: set up once, then the loop -------------------------------------------------
+    def make_summaries(self) -> SummaryWriter:
+        """This process's `SummaryWriter` for the config's model_dir and writers (process 0
+        writes; with several processes each logs its values with its name)."""
+        cfg = self.config
+        index, processes = jax.process_index(), jax.process_count()
+        return SummaryWriter(
+            cfg.model_dir,
+            cfg.tensorboard,
+            primary=index == 0,
+            log_prefix=f"process {index}/{processes}: " if processes > 1 else "",
+            wandb=cfg.wandb,
+            log_level=logging.INFO if processes > 1 else logging.DEBUG,
+        )
+
     def train(
-        self, data: Iterator[Mapping[str, Any]], init_params: Any = None, model_dir_lock: ModelDirLock | None = None
+        self,
+        data: Iterator[Mapping[str, Any]],
+        init_params: Any = None,
+        summaries: SummaryWriter | None = None,
+        model_dir_lock: ModelDirLock | None = None,
     ) -> TrainResult:
         """Trains to `config.num_train_steps`, resuming from the latest checkpoint in model_dir.
 
@@ -214,7 +242,9 @@ class Trainer:
         `tf.train.Checkpoint` (see `TfDataIterator`). `init_params` (used only when model_dir has no
         checkpoint) starts from given params, e.g. `restore_params(...)` of a pretrained run.
         Returns at the end, or after saving when SIGTERM arrives (`preempted=True`). Raises
-        `NonFiniteLossError` on a NaN/Inf loss, keeping the last good checkpoint.
+        `NonFiniteLossError` on a NaN/Inf loss, keeping the last good checkpoint. `summaries`
+        (default: `make_summaries()`, closed at the end): a caller's writer, flushed on every
+        way out but left open (e.g. for the final evaluation at the last step).
         `model_dir_lock`: the model_dir's lock, already held by the caller (who releases it);
         by default process 0 takes it here.
         """
@@ -224,16 +254,12 @@ class Trainer:
         if jax.process_index() == 0 and not (model_dir_lock is not None and model_dir_lock.held):
             lock = ModelDirLock(cfg.model_dir).acquire()
         sigterm = SigtermFlag().install() if cfg.handle_sigterm else SigtermFlag()
-        ckpt = summaries = None
+        ckpt = None
+        owned = summaries is None
         try:
             ckpt = Checkpointer(cfg.model_dir, cfg.checkpoint)
-            index, processes = jax.process_index(), jax.process_count()
-            summaries = SummaryWriter(
-                cfg.model_dir,
-                cfg.tensorboard,
-                primary=index == 0,
-                log_prefix=f"process {index}/{processes}: " if processes > 1 else "",
-            )
+            if summaries is None:
+                summaries = self.make_summaries()
             return self._train(data, init_params, ckpt, summaries, sigterm)
         except jax.errors.JaxRuntimeError:
             # A peer that died mid-step surfaces here as a failed collective: let the peer
@@ -248,7 +274,7 @@ class Trainer:
                 if ckpt is not None:
                     ckpt.close()
                 if summaries is not None:
-                    summaries.close()
+                    summaries.close() if owned else summaries.flush()
             finally:
                 if lock is not None:
                     lock.release()
@@ -306,6 +332,18 @@ class Trainer:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)
         return state, step
+
+
+def _takes_three(hook: Callable) -> bool:
+    """Whether `hook` accepts a third positional argument (the step's metrics)."""
+    try:
+        params = inspect.signature(hook).parameters.values()
+    except (TypeError, ValueError):  # no signature (a builtin): the two-argument form
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3
 
 
 def evaluator_callback(
