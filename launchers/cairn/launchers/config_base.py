@@ -68,15 +68,16 @@ def shakespeare(config: ml_collections.ConfigDict, config_file: str, task: str) 
 def tiny_run(config: ml_collections.ConfigDict, steps: int, learning_rate: float) -> None:
     """Settings of a few-minute CPU run: AdamW, a cosine schedule with a short warmup,
     frequent logs, checkpoints at the middle and the end. Warmup and checkpoint interval
-    follow `num_train_steps` (field references), so `--config.num_train_steps=N` keeps them
-    consistent."""
+    follow `num_train_steps`, the final learning rate follows `optimizer.learning_rate` (field
+    references), so `--config.num_train_steps=N` or `--config.optimizer.learning_rate=X` keeps
+    them consistent."""
     config.num_train_steps = steps
     steps_ref = config.get_ref("num_train_steps")
     config.optimizer.name = "adamw"
     config.optimizer.schedule = "cosine"
     config.optimizer.learning_rate = learning_rate
     config.optimizer.warmup_steps = steps_ref // 20
-    config.optimizer.final_learning_rate = learning_rate / 10
+    config.optimizer.final_learning_rate = config.optimizer.get_ref("learning_rate") / 10
     config.optimizer.clip_grad_norm = 1.0
     config.trainer.log_every = 5
     config.trainer.checkpoint_every = steps_ref // 2 + 1

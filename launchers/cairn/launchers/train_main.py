@@ -4,9 +4,11 @@
         [--config.num_train_steps=200] [--config.model_dir=/tmp/run]
 
 Order: flags -> multi-host start-up -> validation (no compilation, nothing written) ->
-`<model_dir>/config.json` -> data (cached in-process if missing) -> model, partitioner,
-trainer (resuming from model_dir's checkpoints) -> post-training actions. Exit status 0 on
-success and on SIGTERM (the checkpoint is saved); 2 on a bad config.
+the model_dir printed -> a run already in model_dir must have the same config (else exit 2;
+`resume_check`, `--allow_changed=key,...`) -> `<model_dir>/config.json` -> data (cached
+in-process if missing) -> model, partitioner, trainer (resuming from model_dir's checkpoints)
+-> post-training actions. Exit status 0 on success, on SIGTERM (the checkpoint is saved) and
+when model_dir is already at `num_train_steps`; 2 on a bad config.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from cairn.launchers import builder, cli, config_io, multihost, post_training, validation
+from cairn.launchers import builder, cli, config_io, multihost, post_training, resume_check, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 
@@ -112,9 +114,16 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
     start = time.perf_counter()
     ready = prepare(config)
     vocabulary, tasks = ready["vocabulary"], ready["tasks"]
+    out(f"model_dir: {config.model_dir}")
+    error = None
+    if jax.process_index() == 0:
+        try:
+            resume_check.check(config)  # before config.json is rewritten
+        except ConfigError as e:
+            error = e
+    multihost.stop_together(error, "comparing model_dir's config.json")
     if jax.process_index() == 0:
         config_io.write_config_json(config)
-    out(f"model_dir: {config.model_dir}")
     partitioner = ready["partitioner"]
     reader = data_lib.make_train_data(config, partitioner, tasks)
     model = builder.load_model(config, vocabulary, net=ready["model_config"])
@@ -143,11 +152,14 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
         source = config.init.checkpoint or config.init.hf_checkpoint
         out(f"initial params from {source} (used unless model_dir has a checkpoint)")
     result = trainer.train(reader, init_params=init)
-    out(
-        f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
-        f"{' (preempted: checkpoint saved)' if result.preempted else ''}; "
-        f"loss {result.metrics.get('loss', float('nan')):.4f}"
-    )
+    if "loss" not in result.metrics and not result.preempted:
+        out(f"already at step {result.step} of {config.num_train_steps}: nothing to train")
+    else:
+        loss = f"; loss {result.metrics['loss']:.4f}" if "loss" in result.metrics else ""
+        out(
+            f"trained to step {result.step} in {time.perf_counter() - start:.1f}s"
+            f"{' (preempted: checkpoint saved)' if result.preempted else ''}{loss}"
+        )
     post = {}
     if not result.preempted:
         post = post_training.run(

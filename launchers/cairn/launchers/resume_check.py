@@ -1,0 +1,111 @@
+"""Resume safety: a model_dir that holds a run of a different config is refused, not mixed.
+
+`train` compares the config it is about to run with `<model_dir>/config.json` (the config the
+run there was trained with) before anything is written. Keys in `ALLOWED_ON_RESUME` may change
+(how long, how often to log, evaluate or save, where the data lives); any other difference is a
+`ConfigError` listing each key (old -> new) and the two ways on: a new `model_dir`, or
+`--allow_changed=key,...` to resume anyway with those keys changed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from absl import flags
+
+from cairn.launchers import config_io, schema
+from cairn.launchers.validation import ConfigError
+
+ALLOW_CHANGED = flags.DEFINE_list(
+    "allow_changed",
+    [],
+    "config keys (or sections) that may differ from model_dir's config.json when resuming, e.g. optimizer.warmup_steps",
+)
+
+# Keys (or whole sections) that may change on resume by default, and why.
+ALLOWED_ON_RESUME: dict[str, str] = {
+    "num_train_steps": "training continues to the new last step (how long, not how)",
+    "trainer.log_every": "logging cadence",
+    "trainer.eval_every": "evaluation cadence",
+    "trainer.checkpoint_every": "checkpoint cadence",
+    "trainer.keep_checkpoints": "how many checkpoints are kept",
+    "trainer.tensorboard": "an output format",
+    "fingerprint_every": "run-fingerprint cadence",
+    "eval": "evaluation reads the params, it does not change them",
+    "post_training": "runs after training",
+    "model_dir": "where the run is",
+    "data.cache_dir": "where the cached data lives (its content is fingerprinted)",
+    "data.check_source_files": "how much of the cache is checked at start-up",
+    "data.cache_with_beam": "how a missing cache is written",
+    "multihost": "how the processes meet",
+}
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of every leaf of a plain dict (mappings flattened, an empty one
+    leaves nothing; lists kept)."""
+    if not isinstance(value, dict):
+        return {prefix[:-1]: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(_leaves(v, f"{prefix}{k}."))
+    return out
+
+
+def _covered(key: str, names: list[str] | tuple[str, ...]) -> bool:
+    return any(key == n or key.startswith(n + ".") for n in names)
+
+
+def differences(old: dict, new: dict, allowed: list[str] | tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """`(key, old, new)` of each leaf that differs between two plain configs, leaving out the
+    keys of `ALLOWED_ON_RESUME` and `allowed`."""
+    a, b = _leaves(old), _leaves(json.loads(json.dumps(new)))
+    missing = object()
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if _covered(key, tuple(ALLOWED_ON_RESUME)) or _covered(key, allowed):
+            continue
+        before, after = a.get(key, missing), b.get(key, missing)
+        if before != after:
+            out.append((key, "(absent)" if before is missing else before, "(absent)" if after is missing else after))
+    return out
+
+
+def _check_allowed(names: list[str]) -> None:
+    known = [k.path for k in schema.keys()] + schema.sections()
+    for name in names:
+        if not any(_covered(name, (k,)) or k.startswith(name + ".") for k in known):
+            raise ConfigError(name, f"--allow_changed names an unknown config key {name!r}")
+
+
+def check(config: Any, allowed: list[str] | None = None) -> None:
+    """`ConfigError` (on `model_dir`) when `<model_dir>/config.json` holds a config that differs
+    from `config` in keys neither `ALLOWED_ON_RESUME` nor `allowed` (default: the
+    `--allow_changed` flag) covers. A model_dir without config.json is a new run."""
+    from cairn import storage
+
+    allowed = list(ALLOW_CHANGED.value if allowed is None else allowed)
+    _check_allowed(allowed)
+    try:
+        old = json.loads(storage.read_text(storage.join(config.model_dir, "config.json")))
+    except FileNotFoundError:
+        return
+    except ValueError:
+        old = {}
+    if not isinstance(old, dict):
+        old = {}
+    diff = differences(old, config_io.stored_form(config), allowed)
+    if not diff:
+        return
+    listed = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff)
+    keys = ",".join(k for k, _, _ in diff)
+    raise ConfigError(
+        "model_dir",
+        f"{config.model_dir} holds a run with a different config ({listed}); "
+        f"train into a new --config.model_dir, or resume with these changes: --allow_changed={keys}",
+    )
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) and value == "(absent)" else json.dumps(value)
