@@ -126,3 +126,25 @@ def test_resume_differences_leave_out_the_keys_allowed_to_change():
     ]
     assert resume_check.differences(old, new, allowed=["seed", "model.overrides"]) == []
     assert resume_check.differences(old, old) == []
+
+
+def test_resume_check_follows_derived_values_of_allowed_keys(tmp_path):
+    """The tiny runs' warmup follows num_train_steps: more steps resume; a changed learning rate
+    (and its derived final learning rate) is refused, each key listed old -> new."""
+    from cairn.launchers.validation import ConfigError
+
+    raw = config_io.load_config_file(launch_util.T5_CONFIG)
+    raw.model_dir = str(tmp_path / "run")
+    config_io.write_config_json(config_io.resolve_paths(raw))
+    raw.num_train_steps = 1200  # warmup_steps 30 -> 60 follows
+    resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+    with pytest.raises(ConfigError, match="optimizer.warmup_steps: 30 -> 60"):
+        resume_check.check(config_io.resolve_paths(raw), allowed=[])  # without the references
+    raw.optimizer.learning_rate = 0.01
+    with pytest.raises(ConfigError) as e:
+        resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+    assert "optimizer.final_learning_rate: 0.00030000000000000003 -> 0.001" in str(e.value)
+    assert "optimizer.learning_rate: 0.003 -> 0.01" in str(e.value) and "warmup" not in str(e.value)
+    resume_check.check(config_io.resolve_paths(raw), allowed=["optimizer"], raw=raw)
+    with pytest.raises(ConfigError, match="unknown config key 'optimizer.learning_rat'"):
+        resume_check.check(config_io.resolve_paths(raw), allowed=["optimizer.learning_rat"], raw=raw)

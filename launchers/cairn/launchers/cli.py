@@ -212,6 +212,12 @@ def loaded_config() -> Any:
     return config
 
 
+def raw_config() -> Any:
+    """The parsed `--config` (overrides applied) before its paths are resolved, with the
+    experiment file's field references; None before the flags are parsed."""
+    return CONFIG.value if flags.FLAGS.is_parsed() else None
+
+
 def run_entry_point(
     body: Callable[[Any], int | None],
     expected: tuple[type[BaseException], ...] = (),

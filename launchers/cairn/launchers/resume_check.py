@@ -4,11 +4,15 @@
 run there was trained with) before anything is written. Keys in `ALLOWED_ON_RESUME` may change
 (how long, how often to log, evaluate or save, where the data lives); any other difference is a
 `ConfigError` listing each key (old -> new) and the two ways on: a new `model_dir`, or
-`--allow_changed=key,...` to resume anyway with those keys changed.
+`--allow_changed=key,...` to resume anyway with those keys changed. Values derived from an
+allowed key (the tiny runs' warmup follows `num_train_steps` through a field reference) follow
+it: given the experiment's config with its references, the allowed keys are set back to their
+saved values before comparing.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -73,16 +77,33 @@ def differences(old: dict, new: dict, allowed: list[str] | tuple[str, ...] = ())
 
 
 def _check_allowed(names: list[str]) -> None:
-    known = [k.path for k in schema.keys()] + schema.sections()
+    """`ConfigError` for a name that is neither a key, a section, nor a key of a free-form mapping."""
+    known = {k.path for k in schema.keys()} | set(schema.sections())
     for name in names:
-        if not any(_covered(name, (k,)) or k.startswith(name + ".") for k in known):
+        if name not in known and not any(name.startswith(f + ".") for f in schema.FREE_FORM):
             raise ConfigError(name, f"--allow_changed names an unknown config key {name!r}")
 
 
-def check(config: Any, allowed: list[str] | None = None) -> None:
+def _with_old_allowed_values(raw: Any, old: dict) -> dict:
+    """`stored_form` of `raw` (a config with its field references) with each scalar key of
+    `ALLOWED_ON_RESUME` set back to its value in `old`: the values derived from those keys follow."""
+    probe = copy.deepcopy(raw)
+    flat = _leaves(old)
+    for key in ALLOWED_ON_RESUME:
+        if key in flat and not isinstance(flat[key], (dict, list)):
+            try:
+                config_io.set_path(probe, key, flat[key])
+            except (KeyError, AttributeError, TypeError):
+                continue
+    return config_io.stored_form(config_io.resolve_paths(probe))
+
+
+def check(config: Any, allowed: list[str] | None = None, raw: Any = None) -> None:
     """`ConfigError` (on `model_dir`) when `<model_dir>/config.json` holds a config that differs
     from `config` in keys neither `ALLOWED_ON_RESUME` nor `allowed` (default: the
-    `--allow_changed` flag) covers. A model_dir without config.json is a new run."""
+    `--allow_changed` flag) covers. `raw`: `config` before `config_io.resolve_paths`, with its
+    field references (values derived from an allowed key then follow it). A model_dir without
+    config.json is a new run."""
     from cairn import storage
 
     allowed = list(ALLOW_CHANGED.value if allowed is None else allowed)
@@ -95,10 +116,15 @@ def check(config: Any, allowed: list[str] | None = None) -> None:
         old = {}
     if not isinstance(old, dict):
         old = {}
-    diff = differences(old, config_io.stored_form(config), allowed)
+    new = config_io.stored_form(config)
+    probe = new
+    if raw is not None and config_io.stored_form(config_io.resolve_paths(raw)) == new:
+        probe = _with_old_allowed_values(raw, old)
+    diff = differences(old, probe, allowed)
     if not diff:
         return
-    listed = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diff)
+    now = _leaves(json.loads(json.dumps(new)))
+    listed = "; ".join(f"{k}: {_show(a)} -> {_show(now.get(k, b))}" for k, a, b in diff)
     keys = ",".join(k for k, _, _ in diff)
     raise ConfigError(
         "model_dir",

@@ -118,7 +118,7 @@ def train(config: ml_collections.ConfigDict, out: Callable[[str], None] = print)
     error = None
     if jax.process_index() == 0:
         try:
-            resume_check.check(config)  # before config.json is rewritten
+            resume_check.check(config, raw=cli.raw_config())  # before config.json is rewritten
         except ConfigError as e:
             error = e
     multihost.stop_together(error, "comparing model_dir's config.json")
