@@ -11,8 +11,9 @@ import sys
 from absl import flags
 
 from cairn.launchers import schema
+from cairn.launchers.entry import HELP_FLAGS
 
-HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+__all__ = ["HELP_FLAGS", "help_text", "key_lines"]
 
 _CONFIG_USAGE = (
     "--config=FILE.py[:ARG] | RUN/config.json",
