@@ -91,6 +91,11 @@ def test_bad_import_in_a_config_file_is_one_line(tmp_path):
     assert f"{tmp_path / 'exp.py'}:1: ModuleNotFoundError" in line and "no_such_module" in line
 
 
+def test_a_missing_config_file_is_one_line(tmp_path):
+    line = one_line_error(train(tmp_path, "--config=missing.py"))
+    assert "config file 'missing.py' does not exist" in line
+
+
 def test_invalid_saved_config_names_file_and_line(tmp_path):
     (tmp_path / "config.json").write_text('{\n  "seed": 0,\n  "model": nope\n}\n')
     line = one_line_error(train(tmp_path, "--config=config.json"))
