@@ -153,3 +153,21 @@ def test_resume_check_follows_derived_values_of_allowed_keys(tmp_path):
     resume_check.check(config_io.resolve_paths(raw), allowed=["optimizer"], raw=raw)
     with pytest.raises(ConfigError, match="unknown config key 'optimizer.learning_rat'"):
         resume_check.check(config_io.resolve_paths(raw), allowed=["optimizer.learning_rat"], raw=raw)
+
+
+def test_resume_check_compares_paths_by_the_file_they_name(tmp_path, monkeypatch):
+    from cairn.launchers.validation import ConfigError
+
+    monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
+    (tmp_path / "spm.model").write_bytes(b"x")
+    (tmp_path / "other.model").write_bytes(b"x")
+    raw = config_io.load_config_file(launch_util.T5_CONFIG)
+    raw.model_dir = "run"
+    raw.vocabulary.path = "spm.model"
+    config_io.write_config_json(config_io.resolve_paths(raw))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["vocabulary"]["path"] == "spm.model"
+    raw.vocabulary.path = str(tmp_path / "spm.model")  # the same file, given absolute
+    resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+    raw.vocabulary.path = "other.model"
+    with pytest.raises(ConfigError, match='vocabulary.path: "spm.model" -> "other.model"'):
+        resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)

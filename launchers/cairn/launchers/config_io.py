@@ -42,17 +42,18 @@ def user_dir() -> str:
     return os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
 
 
+def absolute_path(path: str) -> str:
+    """`path` made absolute against `user_dir()` (`~` expanded; URLs and empty unchanged)."""
+    if not path or "://" in path:
+        return path
+    return os.path.normpath(os.path.join(user_dir(), os.path.expanduser(path)))
+
+
 def resolve_path(path: str) -> str:
-    """`path` made absolute against `user_dir()` (`~` expanded); empty stays empty."""
-    if not path:
-        return path
-    given = path
-    path = os.path.expanduser(path)
-    if "://" in path:  # gs://, s3://
-        return path
-    resolved = os.path.normpath(os.path.join(user_dir(), path))
-    if not os.path.isabs(path):
-        _AS_GIVEN[resolved] = given
+    """`absolute_path(path)`, remembering a relative `path` as given (for `stored_form`)."""
+    resolved = absolute_path(path)
+    if path and "://" not in path and not os.path.isabs(os.path.expanduser(path)):
+        _AS_GIVEN[resolved] = path
     return resolved
 
 

@@ -98,6 +98,19 @@ def _with_old_allowed_values(raw: Any, old: dict) -> dict:
     return config_io.stored_form(config_io.resolve_paths(probe))
 
 
+def _same_paths_as_new(old: dict, config: Any, new: dict) -> None:
+    """Writes into `old` the new stored form of each path key naming the same file as before
+    (`runs/a` then, `/home/me/runs/a` now, run from /home/me)."""
+    for key in config_io.PATH_KEYS:
+        try:
+            before, now = config_io.get_path(old, key), config_io.get_path(config, key)
+        except (KeyError, TypeError, AttributeError):
+            continue
+        if isinstance(before, str) and before and "://" not in before:
+            if config_io.absolute_path(before) == now:
+                config_io.set_path(old, key, config_io.get_path(new, key))
+
+
 def check(config: Any, allowed: list[str] | None = None, raw: Any = None) -> None:
     """`ConfigError` (on `model_dir`) when `<model_dir>/config.json` holds a config that differs
     from `config` in keys neither `ALLOWED_ON_RESUME` nor `allowed` (default: the
@@ -117,6 +130,7 @@ def check(config: Any, allowed: list[str] | None = None, raw: Any = None) -> Non
     if not isinstance(old, dict):
         old = {}
     new = config_io.stored_form(config)
+    _same_paths_as_new(old, config, new)
     probe = new
     if raw is not None and config_io.stored_form(config_io.resolve_paths(raw)) == new:
         probe = _with_old_allowed_values(raw, old)
