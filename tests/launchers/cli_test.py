@@ -171,3 +171,13 @@ def test_resume_check_compares_paths_by_the_file_they_name(tmp_path, monkeypatch
     raw.vocabulary.path = "other.model"
     with pytest.raises(ConfigError, match='vocabulary.path: "spm.model" -> "other.model"'):
         resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+
+
+def test_the_default_experiments_vocabulary_is_stored_relative_to_the_users_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(launch_util.REPO))
+    config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
+    assert config.vocabulary.path == str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
+    assert config_io.stored_form(config)["vocabulary"]["path"] == "launchers/data/shakespeare.model"
+    monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))  # the repository is elsewhere: absolute
+    config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
+    assert config_io.stored_form(config)["vocabulary"]["path"] == config.vocabulary.path

@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from cairn.launchers import schema
+from cairn.launchers import config_io, schema
 
 FREE_FORM = schema.FREE_FORM
 
@@ -58,8 +58,9 @@ def repo_path(config_file: str, *parts: str) -> str:
 
 
 def shakespeare(config: ml_collections.ConfigDict, config_file: str, task: str) -> None:
-    """Points `config` at a Shakespeare task and the committed SentencePiece vocabulary."""
-    config.vocabulary.path = repo_path(config_file, "..", "data", "shakespeare.model")
+    """Points `config` at a Shakespeare task and the committed SentencePiece vocabulary (a path
+    relative to the user's directory when it lies there, so config.json holds it relative)."""
+    config.vocabulary.path = config_io.relative_to_user_dir(repo_path(config_file, "..", "data", "shakespeare.model"))
     config.vocabulary.extra_ids = 100
     config.data.task = task
     config.data.task_modules = ("cairn.launchers.tasks.shakespeare",)

@@ -26,6 +26,7 @@ PATH_KEYS = ("model_dir", "vocabulary.path", "data.cache_dir", "init.checkpoint"
 HASH_EXCLUDED = ("model_dir", "multihost", "data.cache_dir")
 # Resolved path -> the relative path the user gave (or the default model_dir), so that
 # config.json stores paths as given (`stored_form`), and a saved config loads the same way.
+# Filled by `resolve_path`; `resolve_paths` starts it afresh (one config per program).
 _AS_GIVEN: dict[str, str] = {}
 
 
@@ -40,6 +41,14 @@ class ConfigFileError(ValueError):
 def user_dir() -> str:
     """Where the user's relative paths start: `$BUILD_WORKING_DIRECTORY` under `bazel run`."""
     return os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
+
+
+def relative_to_user_dir(path: str) -> str:
+    """An absolute `path` relative to `user_dir()` when it lies below it, else unchanged."""
+    base = user_dir()
+    if os.path.isabs(path) and os.path.commonpath([base, path]) == base:
+        return os.path.relpath(path, base)
+    return path
 
 
 def absolute_path(path: str) -> str:
@@ -197,6 +206,7 @@ def default_cache_dir() -> str:
 def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy of `config` with every path absolute and the empty defaults filled in."""
     config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy, references resolved
+    _AS_GIVEN.clear()  # the paths as given are those of the config resolved last
     if not config.model_dir:
         config.model_dir = default_model_dir(config.experiment)
     for key in PATH_KEYS:

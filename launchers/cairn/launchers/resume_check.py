@@ -90,7 +90,7 @@ def _with_old_allowed_values(raw: Any, old: dict) -> dict:
     probe = copy.deepcopy(raw)
     flat = _leaves(old)
     for key in ALLOWED_ON_RESUME:
-        if key in flat and not isinstance(flat[key], (dict, list)):
+        if key in flat and key not in config_io.PATH_KEYS and not isinstance(flat[key], (dict, list)):
             try:
                 config_io.set_path(probe, key, flat[key])
             except (KeyError, AttributeError, TypeError):
