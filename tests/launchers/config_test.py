@@ -97,12 +97,16 @@ def test_relative_paths_resolve_against_build_working_directory(tmp_path, monkey
     assert config_io.resolve_path("x") == os.path.join(os.getcwd(), "x")
 
 
-def test_defaults_fill_model_dir_and_cache_dir_outside_the_source_tree():
+def test_defaults_fill_model_dir_where_the_command_runs_and_cache_dir(tmp_path, monkeypatch):
+    """model_dir defaults to runs/<experiment> under the directory the command ran in (stored
+    relative in config.json); the cache stays in ~/.cache/cairn/tasks."""
+    monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
     config = config_base.base_config()
     config.experiment = "exp1"
     resolved = config_io.resolve_paths(config)
-    assert resolved.model_dir == os.path.expanduser("~/.cache/cairn/runs/exp1")
+    assert resolved.model_dir == str(tmp_path / "runs" / "exp1")
     assert resolved.data.cache_dir == os.path.expanduser("~/.cache/cairn/tasks")
+    assert config_io.stored_form(resolved)["model_dir"] == os.path.join("runs", "exp1")
 
 
 def test_overrides_follow_field_references():

@@ -62,3 +62,10 @@ def test_positional_arguments_are_refused(args):
 def test_an_unexpected_error_is_a_bug_with_its_traceback():
     bug = _run("--what=bug")
     assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'a bug'" in bug.stderr
+
+
+def test_help_exits_0_with_the_flags():
+    """absl's own `--help` exits 1; every launcher program answers it with exit 0."""
+    proc = _run("--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--what: ok | bad | bug | code" in proc.stdout

@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from cairn.launchers import schema
+from cairn.launchers import config_io, schema
 
 FREE_FORM = schema.FREE_FORM
 
@@ -58,8 +58,9 @@ def repo_path(config_file: str, *parts: str) -> str:
 
 
 def shakespeare(config: ml_collections.ConfigDict, config_file: str, task: str) -> None:
-    """Points `config` at a Shakespeare task and the committed SentencePiece vocabulary."""
-    config.vocabulary.path = repo_path(config_file, "..", "data", "shakespeare.model")
+    """Points `config` at a Shakespeare task and the committed SentencePiece vocabulary (a path
+    relative to the user's directory when it lies there, so config.json holds it relative)."""
+    config.vocabulary.path = config_io.relative_to_user_dir(repo_path(config_file, "..", "data", "shakespeare.model"))
     config.vocabulary.extra_ids = 100
     config.data.task = task
     config.data.task_modules = ("cairn.launchers.tasks.shakespeare",)
@@ -68,15 +69,16 @@ def shakespeare(config: ml_collections.ConfigDict, config_file: str, task: str) 
 def tiny_run(config: ml_collections.ConfigDict, steps: int, learning_rate: float) -> None:
     """Settings of a few-minute CPU run: AdamW, a cosine schedule with a short warmup,
     frequent logs, checkpoints at the middle and the end. Warmup and checkpoint interval
-    follow `num_train_steps` (field references), so `--config.num_train_steps=N` keeps them
-    consistent."""
+    follow `num_train_steps`, the final learning rate follows `optimizer.learning_rate` (field
+    references), so `--config.num_train_steps=N` or `--config.optimizer.learning_rate=X` keeps
+    them consistent."""
     config.num_train_steps = steps
     steps_ref = config.get_ref("num_train_steps")
     config.optimizer.name = "adamw"
     config.optimizer.schedule = "cosine"
     config.optimizer.learning_rate = learning_rate
     config.optimizer.warmup_steps = steps_ref // 20
-    config.optimizer.final_learning_rate = learning_rate / 10
+    config.optimizer.final_learning_rate = config.optimizer.get_ref("learning_rate") / 10
     config.optimizer.clip_grad_norm = 1.0
     config.trainer.log_every = 5
     config.trainer.checkpoint_every = steps_ref // 2 + 1

@@ -7,6 +7,7 @@ that variable is set, else against the current directory.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any
 import ml_collections
 
 from cairn import storage
+from cairn.launchers import schema
 
 # Config keys that hold paths (resolved against the user's directory).
 PATH_KEYS = ("model_dir", "vocabulary.path", "data.cache_dir", "init.checkpoint", "init.hf_checkpoint")
@@ -22,6 +24,18 @@ PATH_KEYS = ("model_dir", "vocabulary.path", "data.cache_dir", "init.checkpoint"
 # Where a run writes and reads, not what it computes (the data fingerprint covers the cache's
 # content wherever it lives): left out of the run fingerprint's config hash.
 HASH_EXCLUDED = ("model_dir", "multihost", "data.cache_dir")
+# Resolved path -> the relative path the user gave (or the default model_dir), so that
+# config.json stores paths as given (`stored_form`), and a saved config loads the same way.
+# Filled by `resolve_path`; `resolve_paths` starts it afresh (one config per program).
+_AS_GIVEN: dict[str, str] = {}
+
+
+class ConfigFileError(ValueError):
+    """An experiment file or saved config that cannot be loaded: `where` is `file[:line]`."""
+
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}")
+        self.where = where
 
 
 def user_dir() -> str:
@@ -29,14 +43,27 @@ def user_dir() -> str:
     return os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
 
 
+def relative_to_user_dir(path: str) -> str:
+    """An absolute `path` relative to `user_dir()` when it lies below it, else unchanged."""
+    base = user_dir()
+    if os.path.isabs(path) and os.path.commonpath([base, path]) == base:
+        return os.path.relpath(path, base)
+    return path
+
+
+def absolute_path(path: str) -> str:
+    """`path` made absolute against `user_dir()` (`~` expanded; URLs and empty unchanged)."""
+    if not path or "://" in path:
+        return path
+    return os.path.normpath(os.path.join(user_dir(), os.path.expanduser(path)))
+
+
 def resolve_path(path: str) -> str:
-    """`path` made absolute against `user_dir()` (`~` expanded); empty stays empty."""
-    if not path:
-        return path
-    path = os.path.expanduser(path)
-    if "://" in path:  # gs://, s3://
-        return path
-    return os.path.normpath(os.path.join(user_dir(), path))
+    """`absolute_path(path)`, remembering a relative `path` as given (for `stored_form`)."""
+    resolved = absolute_path(path)
+    if path and "://" not in path and not os.path.isabs(os.path.expanduser(path)):
+        _AS_GIVEN[resolved] = path
+    return resolved
 
 
 def resolve_config_arg(value: str) -> str:
@@ -66,14 +93,90 @@ def resolve_argv(argv: list[str]) -> list[str]:
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
-    """`get_config(arg)` of an experiment file given as `path.py[:arg]` (no flags involved)."""
+    """`get_config(arg)` of an experiment file given as `path.py[:arg]`, or a run's saved
+    `config.json` (no flags involved). `FileNotFoundError` when there is no such file;
+    `ConfigFileError` naming `file:line` when the file fails (a syntax error, a bad import...)."""
     path, _, arg = resolve_config_arg(spec).partition(":")
-    module_spec = importlib.util.spec_from_file_location("cairn_experiment_config", path)
-    if module_spec is None or module_spec.loader is None or not os.path.exists(path):
+    if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    if path.endswith(".json"):
+        return load_saved_config(path)
+    module_spec = importlib.util.spec_from_file_location("cairn_experiment_config", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigFileError(path, "not a Python file (an experiment file .py or a saved config.json)")
+    try:
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigFileError(path, "defines no get_config()")
+        return module.get_config(arg) if arg else module.get_config()
+    except ConfigFileError:
+        raise
+    except SyntaxError as e:
+        raise ConfigFileError(f"{e.filename or path}:{e.lineno}", f"syntax error: {e.msg}") from e
+    except Exception as e:  # the experiment file's own code fails (a bad import, a typo...)
+        raise ConfigFileError(_where(path, e), f"{type(e).__name__}: {e}") from e
+
+
+def _where(path: str, error: BaseException) -> str:
+    """`path:line` of the last traceback frame of `error` in the file `path` (else `path`)."""
+    line = None
+    tb = error.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"{path}:{line}" if line else path
+
+
+def load_saved_config(path: str) -> ml_collections.ConfigDict:
+    """A run's `config.json` as a config: `base_config()` with the saved values (lists of tuple
+    keys as tuples, the free-form mappings as saved); keys the schema does not know are kept
+    for `validation.check_schema` to name."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            plain = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigFileError(f"{path}:{e.lineno}", f"not valid JSON: {e.msg}") from e
+    if not isinstance(plain, dict):
+        raise ConfigFileError(path, "a saved config is a JSON object")
+    config = schema.base_config()
+    _fill(config, plain, "", path)
+    return config
+
+
+def _fill(node: ml_collections.ConfigDict, values: dict, prefix: str, path: str) -> None:
+    keys = {k.path: k for k in schema.keys()}
+    for name, value in values.items():
+        dotted = prefix + name
+        current = node.get(name)
+        if isinstance(current, ml_collections.ConfigDict) and isinstance(value, dict):
+            if dotted in schema.FREE_FORM or dotted in keys:  # a mapping key: replaced as a whole
+                node[name] = ml_collections.ConfigDict(value)
+            else:
+                _fill(current, value, dotted + ".", path)
+            continue
+        if isinstance(value, list) and dotted in keys and keys[dotted].type is tuple:
+            value = tuple(value)
+        try:
+            node[name] = value
+        except TypeError as e:
+            raise ConfigFileError(path, f"key {dotted!r}: {e}") from e
+
+
+def parse_literal(raw: str, like: Any = None) -> Any:
+    """A command-line value: of the type of `like` when it is not None (`true`/`false` for a
+    bool), else a Python literal (`0.1`, `True`, `(1, 2)`), `true`/`false`, or the string."""
+    if isinstance(like, bool) or (like is None and raw.lower() in ("true", "false")):
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return raw.lower() in ("true", "1")
+    if like is not None and isinstance(like, (int, float, str)):
+        return type(like)(raw)
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
 
 
 def get_path(config: Any, dotted: str) -> Any:
@@ -92,7 +195,8 @@ def set_path(config: Any, dotted: str, value: Any) -> None:
 
 
 def default_model_dir(experiment: str) -> str:
-    return os.path.join(os.path.expanduser("~"), ".cache", "cairn", "runs", experiment or "experiment")
+    """`runs/<experiment>`, relative to where the command was run (`user_dir()`)."""
+    return os.path.join("runs", experiment or "experiment")
 
 
 def default_cache_dir() -> str:
@@ -102,6 +206,9 @@ def default_cache_dir() -> str:
 def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy of `config` with every path absolute and the empty defaults filled in."""
     config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy, references resolved
+    _AS_GIVEN.clear()  # the paths as given are those of the config resolved last
+    if not config.model_dir:
+        config.model_dir = default_model_dir(config.experiment)
     for key in PATH_KEYS:
         try:
             value = get_path(config, key)
@@ -109,8 +216,6 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
             continue
         if isinstance(value, str):
             set_path(config, key, resolve_path(value))
-    if not config.model_dir:
-        config.model_dir = default_model_dir(config.experiment)
     if not config.data.cache_dir:
         config.data.cache_dir = default_cache_dir()
     return config
@@ -143,10 +248,29 @@ def hashable_config(config: ml_collections.ConfigDict) -> dict:
     return plain
 
 
+def stored_form(config: ml_collections.ConfigDict) -> dict:
+    """What `config.json` holds: the config as a plain dict, with each path the user gave
+    relative (and the default model_dir) written as given, relative to where the command ran."""
+    plain = to_plain(config)
+    for key in PATH_KEYS:
+        try:
+            value = get_path(plain, key)
+        except (KeyError, TypeError):
+            continue
+        if isinstance(value, str) and value in _AS_GIVEN:
+            set_path(plain, key, _AS_GIVEN[value])
+    return plain
+
+
+def config_text(config: ml_collections.ConfigDict) -> str:
+    """`stored_form(config)` as the JSON text of `config.json` (loadable with `--config`)."""
+    return json.dumps(stored_form(config), indent=2, sort_keys=True) + "\n"
+
+
 def write_config_json(config: ml_collections.ConfigDict, model_dir: str | None = None) -> str:
-    """Writes `<model_dir>/config.json` atomically (a rename locally, one upload on a bucket);
-    returns its path."""
+    """Writes `<model_dir>/config.json` (`config_text`) atomically (a rename locally, one upload
+    on a bucket); returns its path."""
     model_dir = model_dir or config.model_dir
     path = storage.join(model_dir, "config.json")
-    storage.write_text(path, json.dumps(to_plain(config), indent=2, sort_keys=True) + "\n")
+    storage.write_text(path, config_text(config))
     return path

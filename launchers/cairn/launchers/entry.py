@@ -8,7 +8,8 @@ Each entry point (`train`, `eval`, `infer`, `cache_tasks`, `verify_cache`, `jobs
 - `body()` returns the exit status (None: 0);
 - an error of one of the `expected` types (a bad config, bad data, an unusable path...) is one
   line on stderr, `<prefix>: <message>`, exit status 2 -- with a traceback only under `--verbose`;
-- anything else is a bug, and keeps Python's traceback.
+- anything else is a bug, and keeps Python's traceback;
+- `--help` prints the program's docstring and flags and exits 0 (absl's own exits 1).
 
 No JAX, TensorFlow or ml-collections import here: `verify` and `plot_loss` stay light.
 """
@@ -27,6 +28,17 @@ from absl import app, flags
 EXIT_CODE = 2  # bad input: a config, a flag, data or a path the user can fix
 
 VERBOSE = flags.DEFINE_bool("verbose", False, "print a traceback with an error")
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with `--help` answered first: the main module's docstring and
+    flags on stdout, exit 0."""
+    if any(a in HELP_FLAGS for a in argv[1:]):
+        doc = (sys.modules["__main__"].__doc__ or "").strip()
+        print(f"{doc}\n\nFlags:\n{flags.FLAGS.main_module_help()}")
+        sys.exit(0)
+    return flags.FLAGS(argv)
 
 
 class UsageError(ValueError):
@@ -63,7 +75,4 @@ def run(
         sys.stdout.flush()
         sys.exit(code or 0)
 
-    if flags_parser is None:
-        app.run(main)
-    else:
-        app.run(main, flags_parser=flags_parser)
+    app.run(main, flags_parser=flags_parser or parse_flags)

@@ -258,11 +258,12 @@ def summary(
     from cairn import storage
 
     model_dir = config.model_dir
-    loss = result.metrics.get("loss", float("nan"))
     stopped = " (preempted: checkpoint saved)" if result.preempted else ""
-    lines = [
-        f"trained to step {result.step} in {_duration(train_s)} (total {_duration(total_s)}){stopped}; loss {loss:.4f}"
-    ]
+    if "loss" not in result.metrics and not result.preempted:  # nothing left to train: no `loss nan`
+        lines = [f"already at step {result.step} of {config.num_train_steps}: nothing to train"]
+    else:
+        loss = f"; loss {result.metrics['loss']:.4f}" if "loss" in result.metrics else ""
+        lines = [f"trained to step {result.step} in {_duration(train_s)} (total {_duration(total_s)}){stopped}{loss}"]
     lines += [
         f"model_dir: {model_dir}",
         f"  checkpoints:  {storage.join(model_dir, 'checkpoints')}",

@@ -4,12 +4,15 @@
         [--config.num_train_steps=200] [--config.model_dir=/tmp/run]
 
 Order: flags -> multi-host start-up -> validation (no compilation, nothing written; a held
-lock refused here) -> data (cached in-process if missing; the cache_dir only) -> the model_dir
-lock taken -> `<model_dir>/config.json` -> model, partitioner, fingerprint header, trainer
-(resuming from model_dir's checkpoints) -> post-training actions. So a run refused for its
-config, its data or a held lock leaves model_dir as it was. Exit status 0 on success and on
-SIGTERM (the checkpoint is saved); 2 with one line on a bad config or data, a held lock, an
-unusable or full model_dir, a NaN/Inf loss, or checkpoints that are all corrupt.
+lock refused here) -> the model_dir printed -> a run already in model_dir must have the same
+config (else exit 2; `resume_check`, `--allow_changed=key,...`) -> data (cached in-process if
+missing; the cache_dir only) -> the model_dir lock taken -> `<model_dir>/config.json` -> model,
+partitioner, fingerprint header, trainer (resuming from model_dir's checkpoints) ->
+post-training actions. So a run refused for its config, a changed config, its data or a held
+lock leaves model_dir as it was. Exit status 0 on success, on SIGTERM (the checkpoint is
+saved) and when model_dir is already at `num_train_steps`; 2 with one line on a bad or
+changed config or data, a held lock, an unusable or full model_dir, a NaN/Inf loss, or
+checkpoints that are all corrupt.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from cairn.launchers import builder, cli, config_io, multihost, post_training, validation
+from cairn.launchers import builder, cli, config_io, multihost, post_training, resume_check, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 
@@ -161,11 +164,18 @@ def _train(
         ready = prepare(config)
         vocabulary, tasks = ready["vocabulary"], ready["tasks"]
         partitioner = ready["partitioner"]
+        out(f"model_dir: {config.model_dir}")
+        error = None
+        if jax.process_index() == 0:
+            try:
+                resume_check.check(config, raw=cli.raw_config())  # before config.json is rewritten
+            except ConfigError as e:
+                error = e
+        multihost.stop_together(error, "comparing model_dir's config.json")
         reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
     lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
     if jax.process_index() == 0:
         config_io.write_config_json(config)
-    out(f"model_dir: {config.model_dir}")
     model = builder.load_model(config, vocabulary, net=ready["model_config"])
     evaluator = builder.make_evaluator(config) if ready["eval_tasks"] else None
     eval_fn = (

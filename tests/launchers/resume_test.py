@@ -1,0 +1,103 @@
+"""Resume safety end to end (child processes, the default experiment shrunk): the default
+model_dir under the user's directory, printed first; a changed setting refused before anything
+is written (exit 2, each key old -> new, the two ways on), or allowed with `--allow_changed`;
+nothing left to train is "already at step N of N", exit 0; a run's config.json given back as
+`--config` reproduces the run (`verify` says equal)."""
+
+import json
+import os
+
+import launch_util
+import pytest
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    return launch_util.small_texts(tmp_path_factory.mktemp("shakespeare"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def short(cache_dir, steps, *extra):
+    return [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.data.cache_dir={cache_dir}",
+        f"--config.num_train_steps={steps}",
+        "--config.data.batch_size=8",
+        "--config.trainer.log_every=1",
+        "--config.fingerprint_every=2",
+        "--config.trainer.tensorboard=False",
+        "--config.post_training.final_eval=False",
+        "--config.post_training.num_samples=0",
+        *extra,
+    ]
+
+
+def snapshot(model_dir):
+    """Every file under model_dir with its bytes (what a refused run must not change)."""
+    out = {}
+    for root, _, files in os.walk(model_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, model_dir)] = f.read()
+    return out
+
+
+def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(tmp_path, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts, "BUILD_WORKING_DIRECTORY": str(tmp_path)}
+    model_dir = tmp_path / "runs" / "shakespeare_t5_tiny"  # the default, under the user's directory
+    first = launch_util.train(short(cache_dir, 4), env=env)
+    assert first.returncode == 0, launch_util.tail(first)
+    assert first.stdout.splitlines()[0] == f"model_dir: {model_dir}"
+    assert json.loads((model_dir / "config.json").read_text())["model_dir"] == "runs/shakespeare_t5_tiny"
+    before = snapshot(model_dir)
+
+    # A changed learning rate (and the final learning rate derived from it) is refused.
+    refused = launch_util.train(short(cache_dir, 6, "--config.optimizer.learning_rate=0.01"), env=env)
+    assert refused.returncode == 2, launch_util.tail(refused)
+    assert "Traceback" not in refused.stderr and "loss nan" not in refused.stdout
+    err = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1, launch_util.tail(refused)
+    assert "optimizer.learning_rate: 0.003 -> 0.01" in err[0]
+    assert "optimizer.final_learning_rate: 0.00030000000000000003 -> 0.001" in err[0]
+    assert "num_train_steps" not in err[0]  # allowed to change on resume
+    assert "--config.model_dir" in err[0]
+    assert "--allow_changed=optimizer.final_learning_rate,optimizer.learning_rate" in err[0]
+    assert snapshot(model_dir) == before  # config.json not overwritten, nothing written
+
+    # The same run again: nothing left to train.
+    again = launch_util.train(short(cache_dir, 4), env=env)
+    assert again.returncode == 0, launch_util.tail(again)
+    assert "already at step 4 of 4" in again.stdout
+    assert "nan" not in again.stdout
+
+    # Allowed explicitly: resumes from step 4 with the new settings, and config.json says so.
+    allowed = launch_util.train(
+        short(cache_dir, 6, "--config.optimizer.learning_rate=0.01", "--allow_changed=optimizer"), env=env
+    )
+    assert allowed.returncode == 0, launch_util.tail(allowed)
+    assert "restored step 4" in allowed.stderr and "trained to step 6" in allowed.stdout
+    assert json.loads((model_dir / "config.json").read_text())["optimizer"]["learning_rate"] == 0.01
+
+    unknown = launch_util.train(short(cache_dir, 6, "--allow_changed=optimizer.learning_rat"), env=env)
+    assert unknown.returncode == 2 and "optimizer.learning_rat" in unknown.stderr, launch_util.tail(unknown)
+
+
+def test_a_saved_config_reproduces_the_run(tmp_path, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    first = launch_util.train(
+        short(cache_dir, 4, f"--config.model_dir={run_a}", "--config.model.overrides.dropout_rate=0.0"), env=env
+    )
+    assert first.returncode == 0, launch_util.tail(first)
+    saved = json.loads((run_a / "config.json").read_text())
+    assert saved["model"]["overrides"] == {"dropout_rate": 0.0}
+    again = launch_util.train([f"--config={run_a / 'config.json'}", f"--config.model_dir={run_b}"], env=env)
+    assert again.returncode == 0, launch_util.tail(again)
+    assert "trained to step 4" in again.stdout
+    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={run_a}", f"--run_b={run_b}"])
+    assert verify.returncode == 0, launch_util.tail(verify)
