@@ -12,10 +12,14 @@ import jax
 import ml_collections
 import numpy as np
 
+from cairn import storage
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
+from cairn.launchers.sharded_batches import ShardedBatches
 from cairn.launchers.validation import ConfigError, check_model, resolve_mesh
+from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
+from cairn.partitioning.mesh import resolve_axes
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,6 @@ def hf_converter(kind: str) -> Any:
 def hf_model_config(directory: str, overrides: dict, kind: str) -> Any:
     """The network config of a Hugging Face directory (its config.json only), with overrides, by
     the converter of model family `kind`."""
-    from cairn import storage
 
     return hf_converter(kind).config_from_json(storage.read_json(storage.join(directory, "config.json")), **overrides)
 
@@ -92,8 +95,6 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     `partitioning.num_slices` > 1 the mesh is hybrid: each `partitioning.dcn_mesh` axis spans
     that many slices (DCN), the rest of it stays inside a slice (ICI). `ConfigError` naming the
     key when the slices do not fit the devices."""
-    from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
-    from cairn.partitioning.mesh import resolve_axes
 
     devices = jax.devices()
     mesh = resolve_mesh(to_plain(config.partitioning.mesh), len(devices), jax.process_count())
@@ -184,7 +185,6 @@ def predict_fn_factory(
     """`make_predict_fn(params)` for `Evaluator.evaluate`: greedy (or the configured) decoding of
     `encoder_input_tokens`, in global batches of `batch_size` rows sharded over the partitioner's
     mesh (`ShardedBatches`); on several processes each decodes its rows and all get every output."""
-    from cairn.launchers.sharded_batches import ShardedBatches
     from cairn.models import DecodeOptions
 
     lengths = data_lib.sequence_length(config)
@@ -214,7 +214,6 @@ def predict_fn_factory(
 def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level: int = logging.INFO) -> Callable:
     """`make_score_fn(params)` for `Evaluator.evaluate`: each example's target log-likelihood, in
     global batches of `batch_size` rows sharded over the partitioner's mesh (`ShardedBatches`)."""
-    from cairn.launchers.sharded_batches import ShardedBatches
 
     batches = ShardedBatches(partitioner, model.score_batch, batch_size, "scores", log_level)
 

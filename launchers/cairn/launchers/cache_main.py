@@ -18,6 +18,9 @@ import shlex
 
 from absl import flags
 
+from cairn import storage
+from cairn.datatasks import DataTasksError
+from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, task_dir
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.sources import source_errors_as_data_errors
@@ -29,7 +32,6 @@ OVERWRITE = flags.DEFINE_bool("overwrite", False, "Rebuild complete caches too."
 
 def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: bool = False) -> dict[str, str]:
     """Caches the config's training tasks; returns `{task: "cached" | "already cached"}`."""
-    from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, task_dir
 
     validation.check_schema(config)
     validation.check_paths(config)
@@ -65,8 +67,6 @@ def _main(config) -> None:
 
 def run() -> None:
     """The program; bad data or unusable storage exit 2."""
-    from cairn import storage
-    from cairn.datatasks import DataTasksError
 
     cli.run_entry_point(_main, expected=(DataTasksError, storage.StorageError))
 

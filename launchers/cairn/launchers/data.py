@@ -13,16 +13,21 @@ from typing import Any
 
 import ml_collections
 
+import cairn.datatasks as dt
+from cairn.datatasks import DEFAULT_REGISTRY, DataTasksError, Mixture
+from cairn.datatasks.deterministic import DeterministicReader, cache_task_in_process, task_dir
+from cairn.datatasks.deterministic.store import INFO, is_completed, read_json
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
+from cairn.launchers.multihost import stop_together
 from cairn.launchers.validation import ConfigError, close_names
+from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary
 
 log = logging.getLogger(__name__)
 
 
 def make_vocabulary(config: ml_collections.ConfigDict) -> Any:
     """The config's `cairn.tokenizers` vocabulary."""
-    from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary
 
     if config.vocabulary.kind == "byte":
         return ByteVocabulary(extra_ids=config.vocabulary.extra_ids)
@@ -43,7 +48,6 @@ def register_tasks(config: ml_collections.ConfigDict, vocabulary: Any = None) ->
 
 def get_tasks(config: ml_collections.ConfigDict, key: str = "data.task") -> dict[str, Any]:
     """`{name: Task}` of the task or mixture named at `key` (`ConfigError` listing close names)."""
-    from cairn.datatasks import DEFAULT_REGISTRY, Mixture
 
     name = config.eval.task or config.data.task if key == "eval.task" else config.data.task
     if name not in DEFAULT_REGISTRY:
@@ -62,7 +66,6 @@ def get_tasks(config: ml_collections.ConfigDict, key: str = "data.task") -> dict
 
 def feature_converter(config: ml_collections.ConfigDict, pack: bool | None = None) -> Any:
     """The `cairn.datatasks` feature converter of the model family (`data.pack` unless `pack`)."""
-    import cairn.datatasks as dt
 
     pack = config.data.pack if pack is None else pack
     return getattr(dt, model_family(config.model.kind).feature_converter)(pack=pack)
@@ -76,8 +79,6 @@ def sequence_length(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 def cache_missing(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:
     """Tasks whose cache under `data.cache_dir` is missing or incomplete."""
-    from cairn.datatasks.deterministic import task_dir
-    from cairn.datatasks.deterministic.store import is_completed
 
     return [n for n in sorted(tasks) if not is_completed(task_dir(config.data.cache_dir, n, config.data.split))]
 
@@ -86,9 +87,6 @@ def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
     """Caches (in this process) every task whose cache is missing or incomplete; on several
     processes, process 0 writes and the others wait. Returns the tasks cached now."""
     import jax
-
-    from cairn.datatasks.deterministic import cache_task_in_process, task_dir
-    from cairn.launchers.multihost import stop_together
 
     todo = cache_missing(config, tasks)
     error = None
@@ -110,11 +108,8 @@ def make_train_data(config: ml_collections.ConfigDict, partitioner: Any, tasks: 
     The rows follow the mesh, not the process id: a host reads the rows of its
     `partitioner.data_layout()` shard, so hosts of one data-parallel replica (e.g. when the
     model axis spans hosts) read identical rows."""
-    from cairn.datatasks.deterministic import DeterministicReader
 
     tasks = tasks if tasks is not None else get_tasks(config)
-    from cairn.datatasks import DataTasksError
-    from cairn.launchers.multihost import stop_together
 
     layout = partitioner.data_layout()
     ensure_cached(config, tasks)
@@ -141,8 +136,6 @@ def make_train_data(config: ml_collections.ConfigDict, partitioner: Any, tasks: 
 def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> str:
     """SHA-256 of the cached tasks' fingerprints (`info.json`) with the seed, the global batch
     size, the sequence lengths, the split and packing: equal fingerprints, equal batches."""
-    from cairn.datatasks.deterministic import task_dir
-    from cairn.datatasks.deterministic.store import INFO, read_json
 
     parts = {}
     for name in sorted(tasks):

@@ -32,6 +32,8 @@ import ml_collections
 from absl import flags
 
 from cairn import storage
+from cairn.datatasks import DataTasksError
+from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
 from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
 from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
@@ -77,7 +79,6 @@ def make_runner(
 ) -> Callable[[str, int | None], tuple]:
     """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them
     (on every process; only process 0 writes the Evaluator's files)."""
-    from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
 
     ready = eval_setup.prepare(config)
     partitioner = ready["partitioner"]
@@ -187,8 +188,6 @@ def _main(config: ml_collections.ConfigDict) -> None:
 
 def run() -> None:
     """The program; bad data, a missing checkpoint or unusable storage exit 2 (one line)."""
-    from cairn import storage
-    from cairn.datatasks import DataTasksError
     from cairn.trainer import NoCheckpointError
 
     cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError))

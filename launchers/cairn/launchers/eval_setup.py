@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from cairn.launchers import data as data_lib
 from cairn.launchers import train_main, validation
@@ -31,7 +33,6 @@ def prepare(config: ml_collections.ConfigDict, eval_task: bool = True) -> dict[s
 
 def is_process_0() -> bool:
     """Whether this is the process that writes files and prints."""
-    import jax
 
     return jax.process_index() == 0
 
@@ -47,11 +48,9 @@ def from_process_0(decide: Callable[[], Sequence[int]]) -> list[int]:
 
     A `ConfigError` raised by `decide` on process 0 is raised there and, as a short error
     pointing to process 0, on every other process, so that none waits for the rest."""
-    import jax
 
     if jax.process_count() == 1:
         return [int(v) for v in decide()]
-    from jax.experimental import multihost_utils
 
     error, values = None, []
     if jax.process_index() == 0:

@@ -41,8 +41,11 @@ import ml_collections
 from absl import flags
 
 from cairn import storage
+from cairn.datatasks import DataTasksError
 from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
+from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
+from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.post_training import pad_rows
 from cairn.launchers.sharded_batches import ShardedBatches, check_batch_size
 from cairn.launchers.validation import ConfigError
@@ -94,7 +97,6 @@ def make_decoder(
 ) -> Callable:
     """`decode(params, ids [n, prompt_length], first_index, total) -> tokens [n, length]` with the
     config's decoding options, in sharded global batches of `batch_size` rows (`ShardedBatches`)."""
-    from cairn.launchers import data as data_lib
     from cairn.models import DecodeOptions
 
     pt = config.post_training
@@ -143,8 +145,6 @@ def infer(
 ) -> str:
     """Writes the predictions to `output` (resuming from its parts); returns the path. Every
     process of the job calls it; process 0 writes the files."""
-    from cairn.launchers import data as data_lib
-    from cairn.launchers.fingerprint import config_hash
 
     if not output:
         raise ConfigError("output", "--output=path/to/predictions.jsonl is required")
@@ -231,8 +231,6 @@ def _main(config: ml_collections.ConfigDict) -> None:
 
 def run() -> None:
     """The program; bad data, a missing checkpoint or unusable storage exit 2 (one line)."""
-    from cairn import storage
-    from cairn.datatasks import DataTasksError
     from cairn.trainer import NoCheckpointError
 
     cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError))

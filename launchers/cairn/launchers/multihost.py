@@ -27,7 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+import numpy as np
 
+from cairn.launchers.config_io import to_plain
 from cairn.launchers.validation import ConfigError
 
 ENV = {
@@ -132,10 +134,7 @@ def check_same_config(config: ml_collections.ConfigDict) -> None:
 
     if jax.process_count() == 1:
         return
-    import numpy as np
     from jax.experimental import multihost_utils
-
-    from cairn.launchers.config_io import to_plain
 
     plain = to_plain(config)
     plain.pop("multihost", None)
@@ -166,7 +165,6 @@ def stop_together(error: BaseException | None, what: str) -> None:
         if error is not None:
             raise error
         return
-    import numpy as np
     from jax.experimental import multihost_utils
 
     flags = np.asarray(multihost_utils.process_allgather(np.array([error is not None], np.int32))).reshape(-1)

@@ -26,6 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from cairn import storage
 from cairn.launchers import builder
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
@@ -222,7 +223,6 @@ def config_args(argv: Sequence[str], model_dir: str) -> list[str]:
 def next_commands(config: ml_collections.ConfigDict, argv: Sequence[str] | None = None) -> list[str]:
     """`name: command` lines of what to run next on this run (evaluate, predict, the loss curve,
     TensorBoard, W&B sync), with its paths; `argv`: the train command line (default `sys.argv`)."""
-    from cairn import storage
 
     model_dir = config.model_dir
     args = config_args(sys.argv if argv is None else argv, model_dir)
@@ -255,7 +255,6 @@ def summary(
 ) -> list[str]:
     """Prints (and returns) the end of a run, after the final evaluation's line: steps, final
     loss, wall times (training; all), where everything is, and the commands to run next."""
-    from cairn import storage
 
     model_dir = config.model_dir
     stopped = " (preempted: checkpoint saved)" if result.preempted else ""

@@ -18,6 +18,7 @@ from typing import Any
 
 from absl import flags
 
+from cairn import storage
 from cairn.launchers import config_io, schema
 from cairn.launchers.validation import ConfigError
 
@@ -117,7 +118,6 @@ def check(config: Any, allowed: list[str] | None = None, raw: Any = None) -> Non
     `--allow_changed` flag) covers. `raw`: `config` before `config_io.resolve_paths`, with its
     field references (values derived from an allowed key then follow it). A model_dir without
     config.json is a new run."""
-    from cairn import storage
 
     allowed = list(ALLOW_CHANGED.value if allowed is None else allowed)
     _check_allowed(allowed)

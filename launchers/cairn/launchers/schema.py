@@ -243,9 +243,7 @@ class Config:
     """The whole config: top-level keys, then the sections."""
 
     experiment: str = knob("experiment", "a name; the default model_dir is runs/<experiment>")
-    model_dir: str = knob(
-        "", "where checkpoints, TensorBoard logs and config.json go (default: runs/<experiment> where the command runs)"
-    )
+    model_dir: str = knob("", "checkpoints, logs and config.json (default: runs/<experiment> where run)")
     seed: int = knob(0, "init, dropout and the data order", owner=_TRAINER + "seed")
     num_train_steps: int = knob(1000, "training steps", min=1)
     fingerprint_every: int = knob(10, "steps between run-fingerprint checksums (0: off)", min=0)

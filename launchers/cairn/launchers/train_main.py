@@ -20,16 +20,23 @@ from __future__ import annotations
 import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import ml_collections
 from absl import flags
+from absl import logging as absl_logging
 
-from cairn.launchers import builder, cli, config_io, multihost, post_training, resume_check, validation
+from cairn import storage
+from cairn.datatasks import DataTasksError
+from cairn.launchers import builder, cli, config_io, entry, multihost, post_training, resume_check, validation
 from cairn.launchers import data as data_lib
+from cairn.launchers.fingerprint import RunFingerprint, config_hash
+from cairn.launchers.sources import source_errors_as_data_errors
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -41,7 +48,6 @@ def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("d
     shards. Returns `{"vocabulary", "tasks", "eval_tasks", "mesh", "partitioner", "model_config",
     "schedule"}`: the network config and the learning-rate schedule built while checking, for
     `builder.load_model(..., net=)` and `builder.make_trainer(..., schedule=)`."""
-    import jax
 
     preset = validation.check_static(config)
     multihost.initialize(config)
@@ -78,9 +84,7 @@ def check_model_dir(config: ml_collections.ConfigDict) -> None:
     """Every process can write `model_dir` (local, or a bucket: it exists, the endpoint answers,
     the credentials allow writing), else a `ConfigError` naming the URL and the cause; and no
     live run holds its lock (`ModelDirLockedError`), checked before anything is written."""
-    import jax
 
-    from cairn import storage
     from cairn.trainer import ModelDirLock
 
     error: Exception | None = None
@@ -99,9 +103,6 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> A
     """Writes the run fingerprint's header; returns the `RunFingerprint` (None when off)."""
     if not config.fingerprint_every:
         return None
-    import jax
-
-    from cairn.launchers.fingerprint import RunFingerprint, config_hash
 
     fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every)
     fp.write_header(
@@ -119,7 +120,6 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> A
 def _model_dir_lock(config: ml_collections.ConfigDict):
     """The model_dir lock, taken by process 0 (every process stops if it is refused) and held
     until the run ends (handed to `Trainer.train`)."""
-    import jax
 
     from cairn.trainer import ModelDirLock, ModelDirLockedError
 
@@ -153,11 +153,6 @@ def train(
 def _train(
     config: ml_collections.ConfigDict, out: Callable[[str], None], held: contextlib.ExitStack, restart_if_corrupt: bool
 ) -> dict[str, Any]:
-    import dataclasses
-
-    import jax
-
-    from cairn.launchers.sources import source_errors_as_data_errors
 
     start = time.perf_counter()
     with source_errors_as_data_errors(config.data.task, config.data.split):
@@ -225,7 +220,6 @@ def _train(
 def print_on_process_0(text: str) -> None:
     """Prints on process 0 only (every process computes the same evaluation and samples).
     Called only after the multi-host start-up."""
-    import jax
 
     if jax.process_index() == 0:
         print(text, flush=True)
@@ -235,9 +229,6 @@ def quiet_logs() -> None:
     """cairn's own INFO logs (checkpoints, warnings; the progress line is the console's); only
     warnings from the rest (orbax logs every file it writes at INFO). With `--verbose`: INFO
     from everything, cairn's DEBUG too (the memory estimate, every logged step's values)."""
-    from absl import logging as absl_logging
-
-    from cairn.launchers import entry
 
     verbose = entry.VERBOSE.value
     absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
@@ -262,8 +253,6 @@ def _main(config: ml_collections.ConfigDict) -> None:
 def run() -> None:
     """The program: `train(config)`; bad data, a locked model_dir, unusable or full storage, a
     NaN/Inf loss or checkpoints that are all corrupt exit 2 with one line."""
-    from cairn import storage
-    from cairn.datatasks import DataTasksError
     from cairn.trainer import AllCheckpointsCorruptError, ModelDirLockedError, NonFiniteLossError
 
     # The program's own flag (defined here, not at import: eval and infer import this module).

@@ -10,12 +10,15 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
 
+from cairn import storage
+from cairn.datatasks.preprocessors import as_preprocessor
 from cairn.launchers import config_base, schema
 from cairn.launchers.config_io import to_plain
 
@@ -203,7 +206,6 @@ def check_model(config: Any) -> Any:
 
 def _exists(path: str) -> bool:
     """Whether a local path or a URL exists (an unreachable bucket counts as missing)."""
-    from cairn import storage
 
     if not storage.is_url(path):
         return os.path.exists(path)
@@ -263,7 +265,6 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
         for fn in task.preprocessors:
             # Each preprocessor states its own length rule (a `Preprocessor`; plain functions
             # are wrapped, partials keep their bound arguments).
-            from cairn.datatasks.preprocessors import as_preprocessor
 
             problem = as_preprocessor(fn).check_sequence_length(lengths)
             if problem:
@@ -284,7 +285,6 @@ def mesh_shapes(device_count: int) -> list[dict[str, int]]:
 def suggest_mesh(mesh: Mapping[str, int], device_count: int) -> dict[str, int]:
     """A mesh for `device_count` devices close to `mesh`: its model and fsdp sizes cut to what
     divides the devices, data parallelism for the rest."""
-    import math
 
     model = math.gcd(max(1, int(mesh.get("model", 1))), device_count)
     fsdp = math.gcd(max(1, int(mesh.get("fsdp", 1))), device_count // model)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
+from cairn.datatasks.deterministic import verify_cache
+from cairn.datatasks.deterministic.verify_main import report
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
@@ -22,7 +24,6 @@ from cairn.launchers.validation import ConfigError
 
 def verify(config) -> dict[str, list[str]]:
     """`{task: [problem, ...]}` for the config's training tasks (all empty: all match)."""
-    from cairn.datatasks.deterministic import verify_cache
 
     validation.check_schema(config)
     validation.check_paths(config)
@@ -32,7 +33,6 @@ def verify(config) -> dict[str, list[str]]:
 
 
 def _main(config) -> int:
-    from cairn.datatasks.deterministic.verify_main import report
 
     return report(verify(config), config.data.split)
 
