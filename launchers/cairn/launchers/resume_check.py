@@ -44,6 +44,7 @@ ALLOWED_ON_RESUME: dict[str, str] = {
     "data.check_source_files": "how much of the cache is checked at start-up",
     "data.cache_with_beam": "how a missing cache is written",
     "multihost": "how the processes meet",
+    "partitioning": "the layout: a checkpoint restores onto any mesh and the batches do not depend on it",
 }
 
 
