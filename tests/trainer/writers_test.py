@@ -3,6 +3,7 @@ logging to W&B through the `wandb` config field (wandb is pinned in requirements
 
 import glob
 import struct
+import time
 
 from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel
@@ -14,8 +15,19 @@ from cairn.trainer.writers import WandbWriter, wandb_run_id
 BLOCK, HEADER = 32768, 7  # the run file: a LevelDB-style log of protobuf records
 
 
-def history(run_dir_root):
-    """`[(step, {key: value})]` of the history records in the offline run file under `root`."""
+def history(run_dir_root, rows=1, wait_s=60.0):
+    """`[(step, {key: value})]` of the history records in the offline run file under `root`,
+    once it holds at least `rows` of them (W&B's own process writes the file; on a loaded
+    machine its last records may land just after `finish()` returns), or after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = _history(run_dir_root)
+        if len(got) >= rows or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+def _history(run_dir_root):
     (path,) = glob.glob(f"{run_dir_root}/wandb/offline-run-*/run-*.wandb")
     data = open(path, "rb").read()
     pos, records, pending = HEADER, [], b""  # a 7-byte file header (":W&B", magic, version)
@@ -47,7 +59,7 @@ def test_wandb_writer_logs_the_logged_steps_offline(tmp_path):
     writer.write("train", 2, {"loss": 2.5, "learning_rate": 0.01})
     writer.write("eval", 2, {"task/perplexity": 12.0})
     writer.close()
-    rows = history(tmp_path)
+    rows = history(tmp_path, 1)
     assert [step for step, _ in rows] == [2]  # one W&B step holds both tasks' values
     assert rows[0][1] == {"train/loss": 2.5, "train/learning_rate": 0.01, "eval/task/perplexity": 12.0}
     assert wandb_run_id(str(tmp_path)) in glob.glob(f"{tmp_path}/wandb/offline-run-*")[0]
@@ -56,6 +68,6 @@ def test_wandb_writer_logs_the_logged_steps_offline(tmp_path):
 def test_trainer_logs_to_wandb_when_asked(tmp_path):
     cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=4, log_every=2, tensorboard=False, wandb="cairn-test")
     Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg).train(CountingIterator())
-    rows = history(tmp_path)
+    rows = history(tmp_path, 2)
     assert [step for step, _ in rows] == [2, 4]
     assert all("train/loss" in values and "train/steps_per_second" in values for _, values in rows)
