@@ -126,7 +126,7 @@ def test_config_json_and_the_hash_input(tmp_path):
     written = json.loads(open(path).read())
     assert written["model_dir"] == config.model_dir
     assert written["data"]["sequence_length"] == {"inputs": 64, "targets": 16}
-    assert written["optimizer"]["warmup_steps"] == 30
+    assert written["optimizer"]["warmup_steps"] == 90  # num_train_steps // 20 (1800 steps)
     hashed = config_io.hashable_config(config)
     assert "model_dir" not in hashed and "multihost" not in hashed and "cache_dir" not in hashed["data"]
     other = load("shakespeare_t5_tiny.py")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
 TTY_INTERVAL_S = 0.5  # redraws on a terminal
-FILE_INTERVAL_S = 30.0  # full lines in a file or a pipe
+FILE_INTERVAL_S = 60.0  # full lines in a file or a pipe
 
 
 def duration(seconds: float) -> str:
@@ -121,7 +121,7 @@ def _terminal_size(stream: TextIO) -> tuple[int, int]:
 class Console:
     """The progress display of a run of `total` steps on `stream` (default stderr); `enabled`
     False (e.g. processes other than 0) shows nothing. `interval_s`: seconds between updates
-    (default 0.5 on a terminal, 30 in a file or pipe; there the first line comes one interval
+    (default 0.5 on a terminal, 60 in a file or pipe; there the first line comes one interval
     after the start). `clock` is for tests."""
 
     def __init__(

@@ -47,7 +47,7 @@ class TrainerConfig:
     constant (t5x's loss_normalizing_factor); either way accumulation matches one full batch.
     `wandb`: a Weights & Biases project to log to as well (offline, under model_dir; '' off).
     `progress`: the console's progress line (process 0); `progress_interval_s` its interval
-    (None: 0.5 s on a terminal, 30 s in a file or pipe)."""
+    (None: 0.5 s on a terminal, 60 s in a file or pipe)."""
 
     model_dir: str
     num_train_steps: int
