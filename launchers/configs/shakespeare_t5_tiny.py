@@ -3,7 +3,8 @@
     ./bazelw run //launchers:train -- --config=launchers/configs/shakespeare_t5_tiny.py
 
 A few minutes on 2 CPU cores: caches the task (first run only), trains, evaluates on Hamlet
-(perplexity), prints denoising samples (sampled, top-k 10). model_dir: runs/shakespeare_t5_tiny (where the command runs).
+(perplexity), prints denoising samples (sampled, top-k 10). model_dir: runs/shakespeare_t5_tiny
+(where the command runs).
 """
 
 from cairn.launchers import config_base

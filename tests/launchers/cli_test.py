@@ -144,9 +144,9 @@ def test_resume_check_follows_derived_values_of_allowed_keys(tmp_path):
     raw = config_io.load_config_file(launch_util.T5_CONFIG)
     raw.model_dir = str(tmp_path / "run")
     config_io.write_config_json(config_io.resolve_paths(raw))
-    raw.num_train_steps = 1200  # warmup_steps 30 -> 60 follows
+    raw.num_train_steps = 3600  # warmup_steps 90 -> 180 follows
     resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
-    with pytest.raises(ConfigError, match="optimizer.warmup_steps: 30 -> 60"):
+    with pytest.raises(ConfigError, match="optimizer.warmup_steps: 90 -> 180"):
         resume_check.check(config_io.resolve_paths(raw), allowed=[])  # without the references
     raw.optimizer.learning_rate = 0.01
     with pytest.raises(ConfigError) as e:

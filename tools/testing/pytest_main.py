@@ -10,6 +10,8 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("TEST_TMPDIR"):  # under Bazel the home may be read-only: caches go to the test's tmp
+    os.environ.setdefault("CAIRN_CACHE_HOME", os.path.join(os.environ["TEST_TMPDIR"], "cairn-cache"))
 
 import pytest
 

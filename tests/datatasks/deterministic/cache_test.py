@@ -214,3 +214,24 @@ def test_a_cache_of_copied_sources_is_read_by_a_task_over_the_copy(det_env, tmp_
     )
     assert next(reader)["encoder_input_tokens"].shape == (4, 48)
     reader.close()
+
+
+def test_lengths_at_a_url_are_copied_once_or_read_into_memory_when_home_is_read_only(tmp_path, monkeypatch, capfd):
+    import io
+
+    from cairn import storage
+    from cairn.datatasks.deterministic import store
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(7, dtype=np.int32))
+    url = f"memory://lengths-test/{tmp_path.name}/lengths.npy"
+    storage.write_bytes(url, buf.getvalue())
+    monkeypatch.setenv("CAIRN_CACHE_HOME", str(tmp_path / "home"))
+    mapped = store.load_lengths(url, "sha-a")
+    assert isinstance(mapped, np.memmap) and mapped.tolist() == list(range(7))
+    assert (tmp_path / "home" / "lengths" / "sha-a.npy").exists()
+    (tmp_path / "file").write_text("")  # a home that cannot hold folders
+    monkeypatch.setenv("CAIRN_CACHE_HOME", str(tmp_path / "file"))
+    in_memory = store.load_lengths(url, "sha-b")
+    assert not isinstance(in_memory, np.memmap) and in_memory.tolist() == list(range(7))
+    assert "reading it into memory" in capfd.readouterr().err

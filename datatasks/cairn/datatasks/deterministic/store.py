@@ -26,9 +26,11 @@ and its lengths copied once per host (by content) to a local file and memory-map
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -126,7 +128,15 @@ def load_lengths(path: str, sha256: str | None = None) -> np.ndarray:
             return np.load(f)
     local = os.path.join(local_copy_dir(), f"{sha256}.npy")
     if not os.path.exists(local):
-        storage.write_bytes(local, storage.read_bytes(path))
+        data = storage.read_bytes(path)
+        try:
+            storage.write_bytes(local, data)
+        except OSError as e:  # a read-only or full home: keep the lengths in memory instead
+            print(
+                f"cairn: no local copy of {path} ({e.strerror}: {local_copy_dir()}); reading it into memory",
+                file=sys.stderr,
+            )
+            return np.load(io.BytesIO(data))
     return np.load(local, mmap_mode="r")
 
 
