@@ -90,3 +90,13 @@ def test_count_params_of_the_tiny_config(tiny):
     layer = 4 * c.emb_dim * c.num_heads * c.head_dim + 3 * c.emb_dim * c.mlp_dim + 2 * c.emb_dim
     expected = 2 * c.vocab_size * c.emb_dim + c.num_heads * 32 + c.num_layers * layer + c.emb_dim
     assert count_params(c) == expected
+
+
+def test_tied_logits_are_rescaled_only_with_scale_tied_logits(tiny):
+    config = tiny.decoder_only.replace(logits_via_embedding=True)
+    params = DecoderOnlyModel(config).init(jax.random.PRNGKey(4))
+    batch = _lm_batch(tiny.random_tokens(5, (2, 6), 67))
+    scaled = np.asarray(jax.jit(DecoderOnlyModel(config).apply)(params, batch))
+    unscaled = np.asarray(jax.jit(DecoderOnlyModel(config.replace(scale_tied_logits=False)).apply)(params, batch))
+    np.testing.assert_allclose(unscaled, scaled * config.emb_dim**0.5, rtol=1e-5, atol=1e-5)
+    assert np.abs(unscaled - scaled).max() > 0.1

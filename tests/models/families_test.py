@@ -21,7 +21,7 @@ from cairn.models import (
     import_hf,
 )
 from cairn.models.decoder_only import Decoder
-from cairn.models.hf_interchange import config_from_hf
+from cairn.models.hf_interchange import config_from_hf_dir
 from cairn.models.t5.network import EncoderDecoder
 
 
@@ -48,7 +48,7 @@ def test_encoder_decoder_facts():
     x = np.zeros((2, 3), np.int32)
     assert f.decode_batch(x)["encoder_input_tokens"] is x
     assert f.hf is not None and f.hf.import_dir is import_hf and f.hf.export_dir is export_hf
-    assert f.hf.config_from_json is config_from_hf
+    assert f.hf.config_from_dir is config_from_hf_dir
     assert dict(f.pretrain_optimizer) == {
         "name": "adafactor",
         "schedule": "factor",

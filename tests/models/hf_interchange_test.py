@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
 
 from cairn.models import EncoderDecoderModel, HFInterchangeError, export_hf, import_hf
-from cairn.models.hf_interchange import hf_config
+from cairn.models.hf_interchange import config_from_hf, config_from_hf_dir, hf_config
 
 
 def _random_params(config, seed=0):
@@ -43,12 +44,7 @@ def test_transformers_logits_match_and_import_is_exact(name, tiny, tmp_path):
 
     hf = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
     assert hf.config.scale_decoder_outputs == config.logits_via_embedding
-    with torch.no_grad():
-        theirs = hf(
-            input_ids=torch.tensor(batch["encoder_input_tokens"], dtype=torch.long),
-            attention_mask=torch.tensor(batch["encoder_input_tokens"] > 0, dtype=torch.long),
-            decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long),
-        ).logits.numpy()
+    theirs = _hf_logits(hf, batch)
     diff = np.abs(ours - theirs).max()
     assert diff < 1e-4, diff
     assert np.abs(ours).max() > 1.0  # the comparison is not between near-zero logits
@@ -62,27 +58,103 @@ def test_transformers_logits_match_and_import_is_exact(name, tiny, tmp_path):
         assert np.array_equal(np.asarray(a), b), path
 
 
-def test_transformers_saved_checkpoint_imports(tiny, tmp_path):
-    """A checkpoint written by transformers itself (their layout, their config) loads and agrees."""
-    hf_cfg = transformers.T5Config(
-        **{k: v for k, v in hf_config(tiny.t5_1_1).items() if k not in ("architectures", "model_type")}
-    )
-    torch.manual_seed(0)
-    hf = transformers.T5ForConditionalGeneration(hf_cfg).eval()
+def _hf_logits(hf, batch) -> np.ndarray:
     with torch.no_grad():
-        hf.lm_head.weight = torch.nn.Parameter(torch.randn_like(hf.shared.weight))
-    hf.save_pretrained(str(tmp_path))
-    config, params = import_hf(str(tmp_path))
-    assert not config.logits_via_embedding and config.mlp_activations == ("gelu", "linear")
-    batch = _batch(config, tiny.random_tokens)
-    ours = np.asarray(jax.jit(EncoderDecoderModel(config).apply)(params, batch))
-    with torch.no_grad():
-        theirs = hf(
+        return hf(
             input_ids=torch.tensor(batch["encoder_input_tokens"], dtype=torch.long),
             attention_mask=torch.tensor(batch["encoder_input_tokens"] > 0, dtype=torch.long),
             decoder_input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long),
         ).logits.numpy()
-    assert np.abs(ours - theirs).max() < 1e-4
+
+
+GATED = {"feed_forward_proj": "gated-gelu"}
+# name: (transformers model class, config kwargs, own lm_head, (logits_via_embedding, scale_tied_logits)).
+SAVED_BY_TRANSFORMERS = {
+    "mt5_tied": (transformers.MT5ForConditionalGeneration, GATED, False, (True, False)),
+    "mt5_untied": (transformers.MT5ForConditionalGeneration, GATED, True, (False, True)),
+    # transformers 5 ties it (tie_word_embeddings=False only turns the rescale off).
+    "t5_1_1_tied_unscaled": (
+        transformers.T5ForConditionalGeneration,
+        {**GATED, "tie_word_embeddings": False},
+        False,
+        (True, False),
+    ),
+    "t5_1_1_untied": (
+        transformers.T5ForConditionalGeneration,
+        {**GATED, "tie_word_embeddings": False},
+        True,
+        (False, True),
+    ),
+    "t5_1_0_tied": (transformers.T5ForConditionalGeneration, {"feed_forward_proj": "relu"}, False, (True, True)),
+    # Untied but rescaled: the scale is folded into our logits kernel.
+    "t5_1_0_untied_scaled": (
+        transformers.T5ForConditionalGeneration,
+        {"feed_forward_proj": "relu"},
+        True,
+        (False, True),
+    ),
+}
+
+
+def _saved_by_transformers(name, tiny, directory):
+    model_class, kwargs, own_head, _ = SAVED_BY_TRANSFORMERS[name]
+    base = {
+        k: v
+        for k, v in hf_config(tiny.t5_1_1).items()
+        if k not in ("architectures", "model_type", "tie_word_embeddings", "scale_decoder_outputs", "feed_forward_proj")
+    }
+    mt5 = model_class is transformers.MT5ForConditionalGeneration
+    config_class = transformers.MT5Config if mt5 else transformers.T5Config
+    torch.manual_seed(0)
+    hf = model_class(config_class(**{**base, "dropout_rate": 0.125, **kwargs})).eval()
+    with torch.no_grad():
+        if own_head:
+            hf.lm_head.weight = torch.nn.Parameter(torch.randn_like(hf.shared.weight))
+        for p in hf.parameters():  # norm scales start at 1: perturb everything
+            p.add_(0.2 * torch.randn_like(p))
+        # Unscaled heads on std-1 weights give logits near 20, where transformers' own
+        # float32 rounding (2e-4 from float64) exceeds the 1e-4 asked; a smaller embedding keeps
+        # them near 5 (ours stays within 7e-5 of float64 either way).
+        if not getattr(hf.config, "scale_decoder_outputs", False):
+            for w in {id(w): w for w in (hf.shared.weight, hf.lm_head.weight)}.values():
+                w.mul_(0.25)
+    assert (hf.lm_head.weight is hf.shared.weight) != own_head
+    hf.save_pretrained(str(directory))
+    return hf
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_BY_TRANSFORMERS))
+def test_checkpoint_saved_by_transformers_5_imports(name, tiny, tmp_path):
+    """A checkpoint written by transformers 5 itself (its layout, its config.json) imports with
+    the right head, gives transformers' logits, and exports back exactly."""
+    hf = _saved_by_transformers(name, tiny, tmp_path / "hf")
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["tie_word_embeddings"] is True  # transformers 5 always writes true
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
+        assert ("lm_head.weight" in f.keys()) == SAVED_BY_TRANSFORMERS[name][2]
+
+    config, params = import_hf(str(tmp_path / "hf"))
+    tied, scaled = SAVED_BY_TRANSFORMERS[name][3]
+    acts = ("relu",) if "t5_1_0" in name else ("gelu", "linear")
+    expected = tiny.t5_1_1.replace(
+        mlp_activations=acts, logits_via_embedding=tied, scale_tied_logits=scaled, dropout_rate=0.125
+    )
+    assert config == expected
+    assert config_from_hf_dir(str(tmp_path / "hf")) == config
+    assert ("logits" in params["decoder"]) != tied
+
+    batch = _batch(config, tiny.random_tokens)
+    ours = np.asarray(jax.jit(EncoderDecoderModel(config).apply)(params, batch))
+    theirs = _hf_logits(hf, batch)
+    assert np.abs(ours).max() > 1.0
+    assert np.abs(ours - theirs).max() < 1e-4, np.abs(ours - theirs).max()
+
+    export_hf(params, config, str(tmp_path / "ours"))
+    again_config, again = import_hf(str(tmp_path / "ours"))
+    assert again_config == config
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), params, again)
+    reloaded = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "ours")).eval()
+    assert np.abs(_hf_logits(reloaded, batch) - theirs).max() < 1e-4
 
 
 def test_scanned_params_round_trip(tiny, tmp_path):
@@ -108,3 +180,25 @@ def test_errors_name_the_problem(tiny, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(HFInterchangeError, match="encoder.block.2"):
         import_hf(str(tmp_path))
+    export_hf(params, TINY_T5_1_1, str(tmp_path))
+    with pytest.raises(HFInterchangeError, match="lm_head.weight differs from shared.weight"):
+        import_hf(str(tmp_path), logits_via_embedding=True)
+    (tmp_path / "model.safetensors").write_bytes(b"\x07")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        config_from_hf_dir(str(tmp_path))
+
+
+def test_config_from_hf_reads_the_flags(tiny):
+    """`config.json` alone: dropout, mT5's unscaled head, transformers 4's `tie_word_embeddings`."""
+    hf = {k: v for k, v in hf_config(tiny.t5_1_1).items() if k not in ("tie_word_embeddings", "scale_decoder_outputs")}
+    assert config_from_hf({**hf, "dropout_rate": 0.3}).dropout_rate == 0.3
+    assert config_from_hf({k: v for k, v in hf.items() if k != "dropout_rate"}).dropout_rate == 0.1
+    v4_untied = config_from_hf({**hf, "tie_word_embeddings": False})
+    assert not v4_untied.logits_via_embedding
+    v4_tied = config_from_hf(hf)
+    assert v4_tied.logits_via_embedding and v4_tied.scale_tied_logits
+    mt5 = config_from_hf({**hf, "model_type": "mt5"})
+    assert mt5.logits_via_embedding and not mt5.scale_tied_logits
+    t5_unscaled = config_from_hf({**hf, "tie_word_embeddings": True, "scale_decoder_outputs": False})
+    assert t5_unscaled.logits_via_embedding and not t5_unscaled.scale_tied_logits
+    assert not config_from_hf({**hf, "model_type": "mt5"}, tied=False).logits_via_embedding

@@ -12,7 +12,6 @@ import jax
 import ml_collections
 import numpy as np
 
-from cairn import storage
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
@@ -60,10 +59,10 @@ def hf_converter(kind: str) -> Any:
 
 
 def hf_model_config(directory: str, overrides: dict, kind: str) -> Any:
-    """The network config of a Hugging Face directory (its config.json only), with overrides, by
-    the converter of model family `kind`."""
+    """The network config of a Hugging Face directory (its config.json and the weights file's
+    header, not the weights), with overrides, by the converter of model family `kind`."""
 
-    return hf_converter(kind).config_from_json(storage.read_json(storage.join(directory, "config.json")), **overrides)
+    return hf_converter(kind).config_from_dir(directory, **overrides)
 
 
 def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:

@@ -85,7 +85,7 @@ class Decoder(nn.Module):
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
-            logits = embed.attend(x * (cfg.emb_dim**-0.5))
+            logits = embed.attend(x * (cfg.emb_dim**-0.5) if cfg.scale_tied_logits else x)
         else:
             w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim**-0.5, dt)
             logits = jnp.einsum("ble,ev->blv", x, w)

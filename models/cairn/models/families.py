@@ -47,7 +47,7 @@ class HFConverter:
 
     import_dir: Callable[..., tuple[Any, Any]]  # (directory, **config_overrides) -> (config, params)
     export_dir: Callable[[Any, Any, str], str]  # (params, config, directory) -> directory
-    config_from_json: Callable[..., Any]  # (config.json dict, **overrides) -> config
+    config_from_dir: Callable[..., Any]  # (directory, **overrides) -> config, weights not loaded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +123,7 @@ _FAMILIES: dict[str, ModelFamily] = {
             hf=HFConverter(
                 import_dir=hf_interchange.import_hf,
                 export_dir=hf_interchange.export_hf,
-                config_from_json=hf_interchange.config_from_hf,
+                config_from_dir=hf_interchange.config_from_hf_dir,
             ),
             count_params=params.count_params,
             pretrain_optimizer=(

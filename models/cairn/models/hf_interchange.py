@@ -3,12 +3,20 @@
 A checkpoint directory holds `config.json` (a `T5Config` of transformers) and
 `model.safetensors` (float32, torch layout: `Linear.weight` is `[out, in]`). Only numpy and
 safetensors' numpy API are used: no torch at run time. Covers T5.1.0 (ReLU, tied logits
-rescaled by `d_model ** -0.5`), T5.1.1 and mT5 (gated GELU, separate `lm_head`).
+rescaled by `d_model ** -0.5`), T5.1.1 and mT5 (gated GELU, separate `lm_head`), and the tied,
+unscaled head transformers 5 writes for mT5 and T5.1.1-shaped models.
+
+How transformers 5 reads a checkpoint, and so how we do: the logits are tied to
+`shared.weight` unless the file holds an `lm_head.weight` that differs from it (its configs
+always say `tie_word_embeddings: true`); the decoder output is rescaled by `d_model ** -0.5`
+never for mT5, and for T5 when `scale_decoder_outputs` says so (absent, as transformers 4
+wrote them: unless `tie_word_embeddings` is false).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from typing import Any
 
 import flax.linen as nn
@@ -16,6 +24,7 @@ import jax
 import numpy as np
 
 from cairn import storage
+from cairn.models.safetensors_header import read_header
 from cairn.models.stacking import stack_layers, unstack_layers
 from cairn.models.t5.config import T5Config
 
@@ -74,7 +83,7 @@ def hf_config(config: T5Config) -> dict[str, Any]:
         "initializer_factor": 1.0,
         "feed_forward_proj": _feed_forward_proj(config),
         "tie_word_embeddings": config.logits_via_embedding,
-        "scale_decoder_outputs": config.logits_via_embedding,
+        "scale_decoder_outputs": config.logits_via_embedding and config.scale_tied_logits,
         "is_encoder_decoder": True,
         "use_cache": True,
         "pad_token_id": 0,
@@ -83,11 +92,37 @@ def hf_config(config: T5Config) -> dict[str, Any]:
     }
 
 
-def config_from_hf(hf: dict[str, Any], **overrides) -> T5Config:
-    """A `T5Config` from a transformers T5 `config.json` dict (untied unless it says tied)."""
+def scales_decoder_output(hf: dict[str, Any]) -> bool:
+    """Whether transformers 5 rescales the decoder output of this `config.json` dict by
+    `d_model ** -0.5` before `lm_head`: never for mT5; for T5 as `scale_decoder_outputs` says,
+    or, where that is absent, unless `tie_word_embeddings` is false."""
+    if hf.get("model_type", "t5") == "mt5":
+        return False
+    if "scale_decoder_outputs" in hf:
+        return bool(hf["scale_decoder_outputs"])
+    return hf.get("tie_word_embeddings") is not False
+
+
+def lm_head_tied(names: Collection[str], equal: Callable[[], bool]) -> bool:
+    """Whether a checkpoint with tensors `names` ties `lm_head` to `shared` as transformers 5
+    does: no `lm_head.weight`, or one that `equal()` finds equal to `shared.weight`."""
+    if "lm_head.weight" not in names:
+        return True
+    return "shared.weight" in names and equal()
+
+
+def config_from_hf(hf: dict[str, Any], *, tied: bool | None = None, **overrides) -> T5Config:
+    """A `T5Config` from a transformers T5/mT5 `config.json` dict.
+
+    `tied`: whether the checkpoint ties `lm_head` to `shared` (`lm_head_tied`); None decides
+    from `tie_word_embeddings` alone, which only configs written by transformers 4 set to
+    false (`config_from_hf_dir` looks at the weights). An untied head that transformers
+    rescales cannot be expressed: `import_hf` folds the scale into the `logits` kernel.
+    """
     if hf.get("model_type", "t5") not in ("t5", "mt5"):
         raise HFInterchangeError(f"model_type={hf.get('model_type')!r} is not a T5 model")
-    tied = bool(hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True)))
+    if tied is None:
+        tied = hf.get("tie_word_embeddings") is not False
     fields = dict(
         vocab_size=hf["vocab_size"],
         emb_dim=hf["d_model"],
@@ -98,6 +133,8 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> T5Config:
         num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
         mlp_activations=_activations(hf.get("feed_forward_proj", "relu")),
         logits_via_embedding=tied,
+        scale_tied_logits=scales_decoder_output(hf) if tied else True,
+        dropout_rate=float(hf.get("dropout_rate", 0.1)),  # transformers' default
         relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
         layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
@@ -187,8 +224,9 @@ _IGNORED = (
 )
 
 
-def from_hf_state_dict(tensors: dict[str, np.ndarray], config: T5Config) -> dict[str, Any]:
-    """A transformers T5 state dict as our (unboxed) params tree."""
+def from_hf_state_dict(tensors: dict[str, np.ndarray], config: T5Config, lm_head_scale: float = 1.0) -> dict[str, Any]:
+    """A transformers T5 state dict as our (unboxed) params tree; an untied `lm_head` is
+    multiplied by `lm_head_scale` (the rescale of the decoder output, folded in)."""
     r = _Reader(tensors)
     for k in _IGNORED:
         r.tensors.pop(k, None)
@@ -227,16 +265,16 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], config: T5Config) -> dict
     if config.logits_via_embedding:
         if lm_head is not None and not np.array_equal(lm_head, shared):
             raise HFInterchangeError(
-                "config ties the logits to the embedding (scaled by d_model**-0.5) "
-                "but lm_head.weight differs from shared.weight"
+                "config ties the logits to the embedding (logits_via_embedding) "
+                "but the checkpoint's lm_head.weight differs from shared.weight"
             )
     else:
         if lm_head is None:
             raise HFInterchangeError(
-                "config has untied logits (tie_word_embeddings/scale_decoder_outputs "
-                "false) but the checkpoint has no lm_head.weight"
+                "config has untied logits (logits_via_embedding false) but the checkpoint "
+                "has no lm_head.weight (its logits are tied to shared.weight)"
             )
-        dec["logits"] = np.asarray(lm_head, np.float32).T
+        dec["logits"] = np.asarray(lm_head, np.float32).T * np.float32(lm_head_scale)
     if r.tensors:
         raise HFInterchangeError(f"checkpoint has tensors with no place in the model: {sorted(r.tensors)[:10]}")
     if config.scan_layers:
@@ -257,18 +295,38 @@ def export_hf(params: Any, config: T5Config, directory: str) -> str:
     return directory
 
 
-def import_hf(directory: str, **config_overrides) -> tuple[T5Config, dict[str, Any]]:
-    """Reads a transformers T5 directory (local or a URL); returns `(config, params)`.
-
-    `config_overrides` (e.g. `scan_layers=True`, `dtype='bfloat16'`) adjust the config.
-    """
-    from safetensors.numpy import load  # lazy: optional dependency
-
+def _files(directory: str, caller: str) -> tuple[str, str]:
+    """The config and weights paths of `directory` (FileNotFoundError naming a missing one)."""
     config_path = storage.join(directory, CONFIG_FILE)
     weights_path = storage.join(directory, WEIGHTS_FILE)
     present = storage.sizes(directory)
     for path, name in ((config_path, CONFIG_FILE), (weights_path, WEIGHTS_FILE)):
         if name not in present:
-            raise FileNotFoundError(f"import_hf: {path} does not exist (sharded checkpoints are not supported)")
-    config = config_from_hf(storage.read_json(config_path), **config_overrides)
-    return config, from_hf_state_dict(load(storage.read_bytes(weights_path)), config)
+            raise FileNotFoundError(f"{caller}: {path} does not exist (sharded checkpoints are not supported)")
+    return config_path, weights_path
+
+
+def config_from_hf_dir(directory: str, **overrides) -> T5Config:
+    """The `T5Config` of a transformers T5/mT5 directory without loading its weights: its
+    `config.json` and, for the tying, the safetensors header (and, when the file has an
+    `lm_head.weight`, the bytes of it and of `shared.weight`)."""
+    config_path, weights_path = _files(directory, "config_from_hf_dir")
+    header = read_header(weights_path)
+    tied = lm_head_tied(header.entries, lambda: header.same_tensor("lm_head.weight", "shared.weight"))
+    return config_from_hf(storage.read_json(config_path), tied=tied, **overrides)
+
+
+def import_hf(directory: str, **config_overrides) -> tuple[T5Config, dict[str, Any]]:
+    """Reads a transformers T5/mT5 directory (local or a URL); returns `(config, params)`.
+
+    `config_overrides` (e.g. `scan_layers=True`, `dtype='bfloat16'`) adjust the config.
+    """
+    from safetensors.numpy import load  # lazy: optional dependency
+
+    config_path, weights_path = _files(directory, "import_hf")
+    hf = storage.read_json(config_path)
+    tensors = load(storage.read_bytes(weights_path))
+    tied = lm_head_tied(tensors, lambda: np.array_equal(tensors["lm_head.weight"], tensors["shared.weight"]))
+    config = config_from_hf(hf, tied=tied, **config_overrides)
+    scale = hf["d_model"] ** -0.5 if not tied and scales_decoder_output(hf) else 1.0
+    return config, from_hf_state_dict(tensors, config, lm_head_scale=scale)

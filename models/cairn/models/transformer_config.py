@@ -25,8 +25,9 @@ class TransformerConfig:
 
     `mlp_activations` has one entry for a plain MLP (`("relu",)`, T5.1.0) and two for a
     gated one (`("gelu", "linear")`, T5.1.1: `gelu(x W0) * (x W1)`). `logits_via_embedding`
-    ties the output layer to the token embedding and rescales the decoder output by
-    `emb_dim ** -0.5` (T5.1.0); otherwise a separate `logits` kernel is used (T5.1.1).
+    ties the output layer to the token embedding and, with `scale_tied_logits` (default),
+    rescales the decoder output by `emb_dim ** -0.5` (T5.1.0; without it the tied head is
+    unscaled, as transformers 5 runs mT5); otherwise a separate `logits` kernel is used (T5.1.1).
     Relative position biases use `relative_attention_num_buckets` buckets up to
     `relative_attention_max_distance`. `scan_layers` stacks the layers under `jax.lax.scan`;
     `remat_policy` is one of `REMAT_POLICIES`; `dtype` (activations and parameters) one of `DTYPES`.
@@ -41,6 +42,7 @@ class TransformerConfig:
     mlp_dim: int = 1024
     mlp_activations: tuple[str, ...] = ("gelu", "linear")
     logits_via_embedding: bool = False
+    scale_tied_logits: bool = True
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     dropout_rate: float = 0.0
