@@ -1,4 +1,5 @@
-"""The model-family registry and the shared `TransformerConfig` of T5 and decoder-only configs."""
+"""The model-family registry, the shared `ModelConfig` of every family and the `TransformerConfig`
+of T5 and decoder-only configs."""
 
 import dataclasses
 
@@ -10,6 +11,9 @@ from cairn.models import (
     DecoderOnlyConfig,
     DecoderOnlyModel,
     EncoderDecoderModel,
+    Llama,
+    LlamaConfig,
+    ModelConfig,
     T5Config,
     TransformerConfig,
     UnknownFamilyError,
@@ -26,7 +30,7 @@ from cairn.models.t5.network import EncoderDecoder
 
 
 def test_names_and_lookup():
-    assert families.names() == ("encoder_decoder", "decoder_only")
+    assert families.names() == ("encoder_decoder", "decoder_only", "llama")
     assert [f.name for f in families.families()] == list(families.names())
     for family in families.families():
         assert get_family(family.name) is family
@@ -35,7 +39,7 @@ def test_names_and_lookup():
 def test_unknown_family_names_the_known_ones():
     with pytest.raises(UnknownFamilyError) as e:
         get_family("gpt")
-    assert str(e.value) == "unknown model family 'gpt'; known families: encoder_decoder, decoder_only"
+    assert str(e.value) == "unknown model family 'gpt'; known families: encoder_decoder, decoder_only, llama"
     assert isinstance(e.value, KeyError)
 
 
@@ -87,6 +91,20 @@ def test_decoder_only_facts():
     )
 
 
+def test_llama_facts():
+    f = get_family("llama")
+    assert (f.config_class, f.model_class, f.network_class) == (LlamaConfig, DecoderOnlyModel, Llama)
+    assert f.features == ("targets",) and f.input_feature is None and f.continues_prompt
+    assert f.feature_converter == "LMFeatureConverter" and f.samples == families.SAMPLES_PROMPT_CONTINUATIONS
+    assert f.hf is None
+    assert f.pretrain_optimizer == get_family("decoder_only").pretrain_optimizer
+    assert f.presets == ("llama_tiny", "llama_150m", "llama_1b", "llama_7b")
+    model = f.make_model(PRESETS["llama_tiny"])
+    assert isinstance(model.module, Llama)
+    other = DecoderOnlyModel(PRESETS["llama_tiny"], network=Decoder(PRESETS["decoder_only_tiny"]))
+    assert isinstance(other.module, Decoder)
+
+
 def test_every_preset_belongs_to_exactly_one_family():
     owners = {name: [f.name for f in families.families() if name in f.presets] for name in PRESETS}
     assert all(len(o) == 1 for o in owners.values()), owners
@@ -95,7 +113,7 @@ def test_every_preset_belongs_to_exactly_one_family():
 
 
 def test_family_of_something_else_is_a_type_error():
-    with pytest.raises(TypeError, match="T5Config, DecoderOnlyConfig"):
+    with pytest.raises(TypeError, match="T5Config, DecoderOnlyConfig, LlamaConfig"):
         family_of(TransformerConfig())
 
 
@@ -107,6 +125,15 @@ def test_make_model_and_count_params(tiny):
         assert family.count_params(config) == count_params(config)
     with pytest.raises(TypeError, match="needs a T5Config, got DecoderOnlyConfig"):
         get_family("encoder_decoder").make_model(tiny.decoder_only)
+
+
+def test_every_family_config_shares_the_model_config_fields():
+    common = [f.name for f in dataclasses.fields(ModelConfig)]
+    for family in families.families():
+        assert issubclass(family.config_class, ModelConfig)
+        names = [f.name for f in dataclasses.fields(family.config_class)]
+        assert names[: len(common)] == common
+    assert "relative_attention_num_buckets" not in [f.name for f in dataclasses.fields(LlamaConfig)]
 
 
 def test_configs_share_the_transformer_fields():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cairn.models import PRESETS, DecoderOnlyConfig, T5Config, count_params, get_preset
+from cairn.models import PRESETS, DecoderOnlyConfig, LlamaConfig, T5Config, count_params, get_preset
 
 # Parameter counts of the released T5 v1.1 checkpoints.
 PUBLISHED_T5_1_1 = {"small": 77e6, "base": 248e6, "large": 783e6, "xl": 2.85e9, "xxl": 11.1e9}
@@ -51,7 +51,7 @@ def test_exact_count_of_a_tiny_config():
 
 def test_every_preset_is_a_config():
     for name, config in PRESETS.items():
-        assert isinstance(config, (T5Config, DecoderOnlyConfig)), name
+        assert isinstance(config, (T5Config, DecoderOnlyConfig, LlamaConfig)), name
     assert get_preset("t5_1_1_base", scan_layers=True).scan_layers
 
 

@@ -35,6 +35,8 @@ class Decoder(nn.Module):
 
     `decoder_causal_attention` (1 on input positions) makes attention among the inputs
     bidirectional (prefix LM); `decoder_segment_ids` separates packed sequences.
+    `decoder_positions` is accepted for the signature the decoder-only networks share and not
+    needed: relative position biases depend on position differences only, which packing keeps.
     """
 
     config: DecoderOnlyConfig
@@ -47,7 +49,9 @@ class Decoder(nn.Module):
         decoder_causal_attention=None,
         deterministic: bool = True,
         decode: bool = False,
+        decoder_positions=None,
     ):
+        del decoder_positions
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         embed = Embed(cfg.vocab_size, cfg.emb_dim, dt, name="token_embedder")

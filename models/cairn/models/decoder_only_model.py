@@ -4,29 +4,36 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
+from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.llama.config import LlamaConfig
 from cairn.models.losses import LossNormalizingFactor
 from cairn.models.model_base import Batch, DecodeOptions, ModelBase, check_predict_args, run_decoding
+from cairn.models.params import network_for
 
 Params = Any
 
 
 class DecoderOnlyModel(ModelBase):
-    """Wraps `decoder_only.Decoder`. Batches: `decoder_input_tokens`, `decoder_target_tokens`,
-    `decoder_loss_weights`, optional `decoder_segment_ids` (packing) and
-    `decoder_causal_attention` (prefix LM: 1 on input positions)."""
+    """Wraps a decoder-only network: `network`, else the one the config's family uses
+    (`params.network_for`: `decoder_only.Decoder` for a `DecoderOnlyConfig`, `llama.Llama` for a
+    `LlamaConfig`). Batches: `decoder_input_tokens`, `decoder_target_tokens`,
+    `decoder_loss_weights`, optional `decoder_segment_ids` and `decoder_positions` (packing)
+    and `decoder_causal_attention` (prefix LM: 1 on input positions)."""
 
     def __init__(
         self,
-        config: DecoderOnlyConfig,
+        config: DecoderOnlyConfig | LlamaConfig,
         label_smoothing: float = 0.0,
         z_loss: float = 1e-4,
         loss_normalizing_factor: LossNormalizingFactor = None,
+        network: nn.Module | None = None,
     ):
-        super().__init__(config, Decoder(config), label_smoothing, z_loss, loss_normalizing_factor)
+        module = network if network is not None else network_for(config)
+        super().__init__(config, module, label_smoothing, z_loss, loss_normalizing_factor)
 
     def init_boxed(self, rng: jax.Array, length: int = 8) -> Any:
         return jax.jit(self.module.init)(rng, jnp.ones((1, length), jnp.int32))["params"]
@@ -43,6 +50,7 @@ class DecoderOnlyModel(ModelBase):
             batch.get("decoder_segment_ids"),
             batch.get("decoder_causal_attention"),
             deterministic=dropout_rng is None,
+            decoder_positions=batch.get("decoder_positions"),
             rngs=rngs,
         )
         return cast(jnp.ndarray, logits)

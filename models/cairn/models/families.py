@@ -1,4 +1,5 @@
-"""The model-family registry: what callers need to know about `encoder_decoder` and `decoder_only`.
+"""The model-family registry: what callers need to know about `encoder_decoder`, `decoder_only`
+and `llama`.
 
 A `ModelFamily` holds, for one value of an experiment's `model.kind`, its config class,
 model and network classes, presets, Hugging Face converter (None where there is none),
@@ -24,10 +25,12 @@ from cairn.models import hf_interchange, params
 from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
 from cairn.models.decoder_only_model import DecoderOnlyModel
 from cairn.models.encoder_decoder_model import EncoderDecoderModel
+from cairn.models.llama.config import LlamaConfig
+from cairn.models.llama.network import Llama
 from cairn.models.presets import PRESETS
 from cairn.models.t5.config import T5Config
 from cairn.models.t5.network import EncoderDecoder
-from cairn.models.transformer_config import TransformerConfig
+from cairn.models.transformer_config import ModelConfig
 
 # `ModelFamily.samples`: what post-training shows of a trained model.
 SAMPLES_EVAL_PREDICTIONS = "eval_predictions"  # evaluation examples with the model's predictions
@@ -66,7 +69,7 @@ class ModelFamily:
 
     name: str
     description: str
-    config_class: type[TransformerConfig]
+    config_class: type[ModelConfig]
     model_class: type
     network_class: type
     features: tuple[str, ...]
@@ -88,7 +91,7 @@ class ModelFamily:
         """The names of the presets (`cairn.models.PRESETS`) of this family, in registry order."""
         return tuple(name for name, config in PRESETS.items() if type(config) is self.config_class)
 
-    def make_model(self, config: TransformerConfig, **kwargs: Any) -> Any:
+    def make_model(self, config: ModelConfig, **kwargs: Any) -> Any:
         """`model_class(config, **kwargs)` (`label_smoothing`, `z_loss`, `loss_normalizing_factor`);
         TypeError when `config` belongs to another family."""
         if type(config) is not self.config_class:
@@ -104,6 +107,19 @@ def _encoder_batch(prompts: Any) -> Mapping[str, Any]:
 
 def _prompt_batch(prompts: Any) -> Any:
     return prompts
+
+
+# AdamW with a cosine schedule to a tenth of the peak (GPT-3 / Llama 2 pretraining settings).
+_LM_PRETRAIN_OPTIMIZER = (
+    ("name", "adamw"),
+    ("schedule", "cosine"),
+    ("learning_rate", 3e-4),
+    ("warmup_steps", 2000),
+    ("final_learning_rate", 3e-5),
+    ("weight_decay", 0.1),
+    ("b2", 0.95),
+    ("clip_grad_norm", 1.0),
+)
 
 
 _FAMILIES: dict[str, ModelFamily] = {
@@ -146,16 +162,22 @@ _FAMILIES: dict[str, ModelFamily] = {
             samples=SAMPLES_PROMPT_CONTINUATIONS,
             hf=None,  # hf_interchange maps transformers' T5 layout only
             count_params=params.count_params,
-            pretrain_optimizer=(
-                ("name", "adamw"),
-                ("schedule", "cosine"),
-                ("learning_rate", 3e-4),
-                ("warmup_steps", 2000),
-                ("final_learning_rate", 3e-5),
-                ("weight_decay", 0.1),
-                ("b2", 0.95),
-                ("clip_grad_norm", 1.0),
-            ),
+            pretrain_optimizer=_LM_PRETRAIN_OPTIMIZER,
+        ),
+        ModelFamily(
+            name="llama",
+            description="Llama decoder (RoPE, grouped-query attention, SwiGLU, RMSNorm; Llama 1/2/3 shapes)",
+            config_class=LlamaConfig,
+            model_class=DecoderOnlyModel,
+            network_class=Llama,
+            features=("targets",),
+            feature_converter="LMFeatureConverter",
+            input_feature=None,
+            decode_batch=_prompt_batch,
+            samples=SAMPLES_PROMPT_CONTINUATIONS,
+            hf=None,  # the transformers Llama converter is not written yet
+            count_params=params.count_params,
+            pretrain_optimizer=_LM_PRETRAIN_OPTIMIZER,
         ),
     )
 }

@@ -9,7 +9,13 @@ For an encoder-decoder with input length `Li` and target length `Lt`, per exampl
 Encoder kernels act on `Li` tokens; decoder self-attention, the cross-attention query and
 output, and the MLP on `Lt`; the cross-attention key and value on `Li`. The factor 6 is 2
 (multiply-add) x 3 (forward, and the two backward matmuls). Embedding lookups are free;
-norms, softmax and elementwise ops are not counted. A decoder-only model has `Li = 0`.
+norms, softmax, RoPE and elementwise ops are not counted. A decoder-only model has `Li = 0`.
+
+Llama: the query and output kernels are `emb * heads * head_dim` each, the key and value
+kernels `emb * kv_heads * head_dim` each (grouped-query attention), the SwiGLU MLP three
+`emb * mlp` kernels; q.k and p.v still cost `12 * heads * head_dim * Lt**2` per layer (every
+query head attends, whatever the number of key/value heads); tied logits cost the same matmul.
+As in t5x, the causal mask's skipped half is counted.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.llama.config import LlamaConfig
 from cairn.models.t5.config import T5Config
+
+Config = T5Config | DecoderOnlyConfig | LlamaConfig
 
 
 def _attention_params(c) -> int:
@@ -28,15 +37,24 @@ def _mlp_params(c) -> int:
     return (len(c.mlp_activations) + 1) * c.emb_dim * c.mlp_dim
 
 
-def training_flops_per_example(config: T5Config | DecoderOnlyConfig, lengths: Mapping[str, int]) -> float:
+def llama_layer_params(c: LlamaConfig) -> int:
+    """The matmul parameters of one Llama layer (attention with GQA, SwiGLU)."""
+    attention = 2 * c.emb_dim * c.head_dim * (c.num_heads + c.num_kv_heads)
+    return attention + 3 * c.emb_dim * c.mlp_dim
+
+
+def training_flops_per_example(config: Config, lengths: Mapping[str, int]) -> float:
     """Training FLOPs (forward + backward) for one example; `lengths` has `inputs` and `targets`
-    (decoder-only: `targets` only)."""
+    (decoder-only and Llama: `targets` only)."""
     c = config
-    if not isinstance(c, (T5Config, DecoderOnlyConfig)):
-        raise TypeError(f"expected a T5Config or DecoderOnlyConfig, got {type(c).__name__}")
+    if not isinstance(c, (T5Config, DecoderOnlyConfig, LlamaConfig)):
+        raise TypeError(f"expected a T5Config, DecoderOnlyConfig or LlamaConfig, got {type(c).__name__}")
     lt = int(lengths["targets"])
     hd = c.num_heads * c.head_dim
     logits = 6.0 * c.emb_dim * c.vocab_size * lt
+    if isinstance(c, LlamaConfig):
+        dense = c.num_layers * llama_layer_params(c) * lt
+        return 6.0 * dense + logits + 12.0 * hd * c.num_layers * lt * lt
     if isinstance(c, DecoderOnlyConfig):
         dense = c.num_layers * (_attention_params(c) + _mlp_params(c)) * lt
         attention = 12.0 * hd * c.num_layers * lt * lt
@@ -54,6 +72,6 @@ def training_flops_per_step(config, batch_size: int, lengths: Mapping[str, int])
     return batch_size * training_flops_per_example(config, lengths)
 
 
-def flops_per_token(config: T5Config | DecoderOnlyConfig, lengths: Mapping[str, int]) -> float:
+def flops_per_token(config: Config, lengths: Mapping[str, int]) -> float:
     """Training FLOPs per target token: `training_flops_per_example / lengths['targets']`."""
     return training_flops_per_example(config, lengths) / int(lengths["targets"])

@@ -36,36 +36,40 @@ def constrain(x, axes: tuple[str, ...]):
 
 
 class RMSNorm(nn.Module):
-    """T5's layer norm: scale only, no mean subtraction, no bias; computed in float32."""
+    """T5's layer norm: scale only, no mean subtraction, no bias; computed in float32
+    (the `scale` parameter is stored as `param_dtype`)."""
 
     epsilon: float = 1e-6
     dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x):
         scale = self.param(
-            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), jnp.float32
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype
         )
         x32 = x.astype(jnp.float32)
         var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
         y = x32 * jax.lax.rsqrt(var + self.epsilon)
-        return (y * scale).astype(self.dtype)
+        return (y * scale.astype(jnp.float32)).astype(self.dtype)
 
 
 class Embed(nn.Module):
-    """A token embedding table `[vocab, embed]` that can also produce logits (`attend`)."""
+    """A token embedding table `[vocab, embed]` (stored as `param_dtype`) that can also produce
+    logits (`attend`)."""
 
     num_embeddings: int
     features: int
     dtype: jnp.dtype = jnp.float32
     embedding_init: nn.initializers.Initializer = normal(1.0)
+    param_dtype: jnp.dtype = jnp.float32
 
     def setup(self):
         self.embedding = self.param(
             "embedding",
             nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
             (self.num_embeddings, self.features),
-            jnp.float32,
+            self.param_dtype,
         )
 
     def __call__(self, ids):

@@ -1,4 +1,5 @@
-"""`count_params`: parameter counts from shapes alone (`jax.eval_shape`, nothing allocated)."""
+"""`count_params`: parameter counts from shapes alone (`jax.eval_shape`, nothing allocated);
+`network_for`: the Flax module a config describes."""
 
 from __future__ import annotations
 
@@ -10,20 +11,25 @@ import jax
 import jax.numpy as jnp
 
 from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
+from cairn.models.llama.config import LlamaConfig
+from cairn.models.llama.network import Llama
 from cairn.models.t5.config import T5Config
 from cairn.models.t5.network import EncoderDecoder
 
+# Config class -> network class (the decoder-only networks share `decoder_only.Decoder`'s signature).
+NETWORKS: dict[type, type[nn.Module]] = {T5Config: EncoderDecoder, DecoderOnlyConfig: Decoder, LlamaConfig: Llama}
 
-def network_for(config: T5Config | DecoderOnlyConfig) -> nn.Module:
+
+def network_for(config: Any) -> nn.Module:
     """The Flax module a config describes."""
-    if isinstance(config, T5Config):
-        return EncoderDecoder(config)
-    if isinstance(config, DecoderOnlyConfig):
-        return Decoder(config)
-    raise TypeError(f"expected a T5Config or DecoderOnlyConfig, got {type(config).__name__}")
+    cls = NETWORKS.get(type(config))
+    if cls is None:
+        known = ", ".join(c.__name__ for c in NETWORKS)
+        raise TypeError(f"expected one of {known}, got {type(config).__name__}")
+    return cls(config)  # type: ignore[call-arg]
 
 
-def abstract_variables(config: T5Config | DecoderOnlyConfig, batch: int = 1, length: int = 4) -> Any:
+def abstract_variables(config: Any, batch: int = 1, length: int = 4) -> Any:
     """The network's variables as `jax.ShapeDtypeStruct`s (boxed with logical axis names)."""
     module = network_for(config)
     tokens = jnp.ones((batch, length), jnp.int32)
@@ -34,12 +40,12 @@ def abstract_variables(config: T5Config | DecoderOnlyConfig, batch: int = 1, len
     return jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
-def count_params(config: T5Config | DecoderOnlyConfig) -> int:
+def count_params(config: Any) -> int:
     """The number of parameters of the network `config` describes."""
     params = nn.meta.unbox(abstract_variables(config)["params"])
     return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))
 
 
-def logical_axes(config: T5Config | DecoderOnlyConfig) -> Any:
+def logical_axes(config: Any) -> Any:
     """A tree of `PartitionSpec`s of logical axis names, shaped like the params."""
     return nn.get_partition_spec(abstract_variables(config))["params"]

@@ -1,4 +1,4 @@
-"""Named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2 and decoder-only sizes.
+"""Named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2, decoder-only and Llama sizes.
 
 `get_preset("t5_1_1_base")` returns the config; `PRESETS` maps every name to its config.
 Sizes follow the published checkpoints' `config.json` / gin files.
@@ -7,6 +7,8 @@ Sizes follow the published checkpoints' `config.json` / gin files.
 from __future__ import annotations
 
 from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.llama.config import LlamaConfig
+from cairn.models.llama.presets import LLAMA_PRESETS
 from cairn.models.t5.config import T5Config
 
 T5_VOCAB = 32128
@@ -55,7 +57,7 @@ def _decoder_only(emb, heads, head_dim, mlp, layers, vocab=T5_VOCAB) -> DecoderO
     )
 
 
-PRESETS: dict[str, T5Config | DecoderOnlyConfig] = {
+PRESETS: dict[str, T5Config | DecoderOnlyConfig | LlamaConfig] = {
     # T5.1.1 (gated GELU, untied logits).
     "t5_1_1_tiny": _t5_1_1(128, 4, 256, 2, head_dim=32),
     "t5_1_1_small": _t5_1_1(512, 6, 1024, 8),
@@ -99,10 +101,12 @@ PRESETS: dict[str, T5Config | DecoderOnlyConfig] = {
     "decoder_only_1b": _decoder_only(2048, 16, 128, 5120, 20),
     "decoder_only_3b": _decoder_only(2560, 32, 80, 6912, 32),
     "decoder_only_8b": _decoder_only(4096, 32, 128, 14336, 32),
+    # Llama (RoPE, grouped-query attention, SwiGLU; llama/presets.py names each shape's source).
+    **LLAMA_PRESETS,
 }
 
 
-def get_preset(name: str, **overrides) -> T5Config | DecoderOnlyConfig:
+def get_preset(name: str, **overrides) -> T5Config | DecoderOnlyConfig | LlamaConfig:
     """The preset `name`, with `overrides` (e.g. `scan_layers=True`) applied."""
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")

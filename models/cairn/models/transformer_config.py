@@ -1,8 +1,10 @@
-"""`TransformerConfig`: the hyperparameters every cairn network shares (T5Config, DecoderOnlyConfig).
+"""`ModelConfig`: the hyperparameters every cairn network shares; `TransformerConfig`: those of
+the T5-style networks (T5Config, DecoderOnlyConfig) on top of it.
 
-A family's config adds only its layer counts (`T5Config`: `num_encoder_layers`,
-`num_decoder_layers`; `DecoderOnlyConfig`: `num_layers`) and names them in `LAYER_FIELDS`,
-so the shared fields are declared, documented and validated once.
+A family's config adds its own fields (`LlamaConfig`: grouped-query heads, RoPE, ...) and its
+layer counts (`T5Config`: `num_encoder_layers`, `num_decoder_layers`; `DecoderOnlyConfig` and
+`LlamaConfig`: `num_layers`), naming them in `LAYER_FIELDS`, so the shared fields are declared,
+documented and validated once.
 """
 
 from __future__ import annotations
@@ -14,52 +16,39 @@ REMAT_POLICIES = ("none", "full", "dots")
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
 # Shared fields that must be positive ints (a family adds its `LAYER_FIELDS`).
-POSITIVE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "relative_attention_num_buckets")
+POSITIVE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim")
 
-C = TypeVar("C", bound="TransformerConfig")
+C = TypeVar("C", bound="ModelConfig")
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-    """The fields of a T5-style transformer shared by every family (validated on creation).
+class ModelConfig:
+    """The fields of every family's config (validated on creation).
 
-    `mlp_activations` has one entry for a plain MLP (`("relu",)`, T5.1.0) and two for a
-    gated one (`("gelu", "linear")`, T5.1.1: `gelu(x W0) * (x W1)`). `logits_via_embedding`
-    ties the output layer to the token embedding and, with `scale_tied_logits` (default),
-    rescales the decoder output by `emb_dim ** -0.5` (T5.1.0; without it the tied head is
-    unscaled, as transformers 5 runs mT5); otherwise a separate `logits` kernel is used (T5.1.1).
-    Relative position biases use `relative_attention_num_buckets` buckets up to
-    `relative_attention_max_distance`. `scan_layers` stacks the layers under `jax.lax.scan`;
-    `remat_policy` is one of `REMAT_POLICIES`; `dtype` (activations and parameters) one of `DTYPES`.
+    `scan_layers` stacks the layers under `jax.lax.scan`; `remat_policy` is one of
+    `REMAT_POLICIES`; `dtype` (the activations' and matmuls' dtype) one of `DTYPES`.
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # Fields (besides `POSITIVE_FIELDS` and `LAYER_FIELDS`) that must be positive ints.
+    EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     vocab_size: int = 32128
     emb_dim: int = 512
     num_heads: int = 6
     head_dim: int = 64
     mlp_dim: int = 1024
-    mlp_activations: tuple[str, ...] = ("gelu", "linear")
-    logits_via_embedding: bool = False
-    scale_tied_logits: bool = True
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
     dropout_rate: float = 0.0
-    layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"
     scan_layers: bool = False
     remat_policy: str = "none"
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        for field in POSITIVE_FIELDS + self.LAYER_FIELDS:
+        for field in POSITIVE_FIELDS + self.EXTRA_POSITIVE_FIELDS + self.LAYER_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}.{field} must be a positive int, got {value!r}")
-        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-        if len(self.mlp_activations) not in (1, 2) or any(a not in ACTIVATIONS for a in self.mlp_activations):
-            raise ValueError(f"{name}.mlp_activations must be 1 or 2 of {ACTIVATIONS}, got {self.mlp_activations!r}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"{name}.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if not 0.0 <= self.dropout_rate < 1.0:
@@ -70,3 +59,33 @@ class TransformerConfig:
     def replace(self: C, **changes) -> C:
         """A copy with `changes` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig(ModelConfig):
+    """The fields of a T5-style transformer shared by T5Config and DecoderOnlyConfig.
+
+    `mlp_activations` has one entry for a plain MLP (`("relu",)`, T5.1.0) and two for a
+    gated one (`("gelu", "linear")`, T5.1.1: `gelu(x W0) * (x W1)`). `logits_via_embedding`
+    ties the output layer to the token embedding and, with `scale_tied_logits` (default),
+    rescales the decoder output by `emb_dim ** -0.5` (T5.1.0; without it the tied head is
+    unscaled, as transformers 5 runs mT5); otherwise a separate `logits` kernel is used (T5.1.1).
+    Relative position biases use `relative_attention_num_buckets` buckets up to
+    `relative_attention_max_distance`. Parameters are float32; `dtype` is the compute dtype.
+    """
+
+    EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("relative_attention_num_buckets",)
+
+    mlp_activations: tuple[str, ...] = ("gelu", "linear")
+    logits_via_embedding: bool = False
+    scale_tied_logits: bool = True
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        if len(self.mlp_activations) not in (1, 2) or any(a not in ACTIVATIONS for a in self.mlp_activations):
+            raise ValueError(f"{name}.mlp_activations must be 1 or 2 of {ACTIVATIONS}, got {self.mlp_activations!r}")

@@ -1,0 +1,130 @@
+"""Llama's attention: grouped-query heads, RoPE, `jax.nn.dot_product_attention`, and the decode
+cache contract shared with `decoder_only.Decoder`.
+
+Kernels: `query/kernel [embed, heads, head_dim]`, `key/kernel` and `value/kernel
+[embed, kv_heads, head_dim]`, `out/kernel [heads, head_dim, embed]`. The key/value head axis is
+named `heads` like the query's (the standard rules shard both over `model`, which keeps each
+query head on the device of its key/value head when `num_kv_heads` divides by the model axis;
+otherwise the key/value kernels fall back to `kv` as every other indivisible dimension does).
+`q . k` is scaled by `head_dim ** -0.5`; logits and softmax are float32.
+
+Decode cache (`decode=True`): the first call only sizes `cached_key` / `cached_value`
+`[b, max_len, kv_heads, head_dim]`, `cached_key_mask` `[b, max_len]` (int32, 1 = a real key)
+and `cache_index` (scalar int32). Each later call takes a chunk `[b, n]`: its tokens go to
+cache positions `[i, i + n)` with `i = cache_index` (RoPE positions `i..i+n-1` unless given);
+query `j` sees cached keys at positions `<= i + j` whose mask is 1 (the chunk's segment ids > 0
+when given, else 1); `cache_index` becomes `i + n`.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cairn.models.layers import constrain, dense
+from cairn.models.llama.config import LlamaConfig
+from cairn.models.llama.rope import apply_rope, inverse_frequencies
+
+HEAD_ACT = ("batch", "length", "heads", "kv")
+
+
+class Kernel(nn.Module):
+    """A bias-free kernel as its own submodule (parameter `<name>/kernel`), stored as
+    `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    stddev: float
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self) -> jnp.ndarray:
+        init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), self.axes)
+        return jnp.asarray(self.param("kernel", init, self.shape, self.param_dtype), self.dtype)
+
+
+def attention_implementation(config: LlamaConfig) -> str | None:
+    """What `jax.nn.dot_product_attention` is asked for: "xla" on CPU (cuDNN cannot run
+    there), else the config's `attention_implementation`."""
+    if jax.default_backend() == "cpu":
+        return "xla"
+    return config.attention_implementation
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention from `x` `[b, l, embed]`; see the module docstring for the decode cache.
+
+    `positions` `[b, l]` (RoPE; None: `0..l-1`, or the cache positions when decoding);
+    `mask` `[b|1, 1, l, l]` bool or None; `causal` adds the causal mask (not in decode mode,
+    which builds its own); `segment_ids` `[b, l]` is read only when decoding (the key mask).
+    """
+
+    config: LlamaConfig
+    causal: bool = True
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, x, positions, mask, segment_ids):
+        cfg = self.config
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        e, h, kvh, d = cfg.emb_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        std = cfg.init_std
+        wq = Kernel((e, h, d), ("embed", "heads", "kv"), std, dt, pdt, name="query")()
+        wk = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="key")()
+        wv = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="value")()
+        wo = Kernel((h, d, e), ("heads", "kv", "embed"), std, dt, pdt, name="out")()
+        q, k, v = dense(x, wq), dense(x, wk), dense(x, wv)
+        b, n = x.shape[0], x.shape[1]
+        inv_freq = inverse_frequencies(d, cfg.rope_theta, dict(cfg.rope_scaling) if cfg.rope_scaling else None)
+        causal = self.causal
+        if self.decode and self.has_variable("cache", "cached_key"):
+            index = self.variable("cache", "cache_index")
+            start = index.value
+            if positions is None:
+                positions = jnp.broadcast_to(start + jnp.arange(n, dtype=jnp.int32), (b, n))
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            k, v, mask = self._update_cache(k, v, segment_ids, index)
+            causal = False
+        else:
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            if self.decode:  # the sizing call: an empty cache of this call's shape
+                self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+                self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+                self.variable("cache", "cached_key_mask", jnp.zeros, (b, n), jnp.int32)
+                self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        q, k, v = constrain(q, HEAD_ACT), constrain(k, HEAD_ACT), constrain(v, HEAD_ACT)
+        out = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            scale=d**-0.5,
+            is_causal=causal,
+            implementation=attention_implementation(cfg),
+        )
+        out = constrain(out, HEAD_ACT)
+        return dense(out, wo, 2)
+
+    def _update_cache(self, k_new, v_new, segment_ids, index):
+        """Writes the chunk at `[i, i + n)` (`i = index.value`); returns the whole cache and the
+        chunk's mask."""
+        cached_key = self.variable("cache", "cached_key")
+        cached_value = self.variable("cache", "cached_value")
+        key_mask = self.variable("cache", "cached_key_mask")
+        start = index.value
+        b, n = k_new.shape[0], k_new.shape[1]
+        real = jnp.ones((b, n), jnp.int32) if segment_ids is None else (segment_ids > 0).astype(jnp.int32)
+        k = jax.lax.dynamic_update_slice(cached_key.value, k_new.astype(cached_key.value.dtype), (0, start, 0, 0))
+        v = jax.lax.dynamic_update_slice(cached_value.value, v_new.astype(cached_value.value.dtype), (0, start, 0, 0))
+        keys = jax.lax.dynamic_update_slice(key_mask.value, real, (0, start))
+        cached_key.value, cached_value.value, key_mask.value = k, v, keys
+        index.value = start + n
+        max_len = keys.shape[1]
+        query_pos = start + jnp.arange(n, dtype=jnp.int32)
+        visible = jnp.arange(max_len, dtype=jnp.int32)[None, :] <= query_pos[:, None]  # [n, max_len]
+        mask = visible[None, None] & (keys > 0)[:, None, None, :]  # [b, 1, n, max_len]
+        return constrain(k, HEAD_ACT), constrain(v, HEAD_ACT), mask

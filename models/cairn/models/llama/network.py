@@ -1,0 +1,143 @@
+"""`Llama`: the Llama decoder in Flax Linen (RMSNorm pre-norm, RoPE, grouped-query attention,
+SwiGLU MLP, no biases, tied or untied embeddings).
+
+Parameters: `token_embedder/embedding [vocab, embed]`; per layer (`layers_{i}`, or one `layers`
+subtree stacked on a leading `layers` axis with `scan_layers`) `pre_attention_norm/scale`,
+`attention/{query,key,value,out}/kernel`, `pre_mlp_norm/scale`, `mlp/wi_0/kernel` (gate, SiLU),
+`mlp/wi_1/kernel` (up), `mlp/wo/kernel`; `decoder_norm/scale`; `logits/kernel [embed, vocab]`
+only when `tie_word_embeddings` is False.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cairn.models.attention import segment_mask
+from cairn.models.layers import Embed, RMSNorm, constrain, dense
+from cairn.models.llama.attention import Kernel, LlamaAttention
+from cairn.models.llama.config import LlamaConfig
+from cairn.models.stacking import apply_layers
+
+ACT = ("batch", "length", "embed")
+
+
+def _dtypes(cfg: LlamaConfig) -> tuple[jnp.dtype, jnp.dtype]:
+    return jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+
+
+class SwiGLU(nn.Module):
+    """`(silu(x Wi0) * (x Wi1)) Wo`."""
+
+    config: LlamaConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        dt, pdt = _dtypes(cfg)
+        e, m, std = cfg.emb_dim, cfg.mlp_dim, cfg.init_std
+        gate = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, name="wi_0")()
+        up = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, name="wi_1")()
+        down = Kernel((m, e), ("mlp", "embed"), std, dt, pdt, name="wo")()
+        h = constrain(jax.nn.silu(dense(x, gate)) * dense(x, up), ("batch", "length", "mlp"))
+        h = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
+        return dense(h, down)
+
+
+class LlamaLayer(nn.Module):
+    """Pre-norm attention and MLP blocks, each with a residual connection."""
+
+    config: LlamaConfig
+    deterministic: bool = True
+    decode: bool = False
+    causal: bool = True
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x, positions, mask, segment_ids):
+        cfg = self.config
+        dt, pdt = _dtypes(cfg)
+        drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
+        y = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="pre_attention_norm")(x)
+        y = LlamaAttention(cfg, self.causal, self.decode, name="attention")(y, positions, mask, segment_ids)
+        x = constrain(x + drop(y), ACT)
+        y = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="pre_mlp_norm")(x)
+        y = SwiGLU(cfg, self.deterministic, name="mlp")(y)
+        x = constrain(x + drop(y), ACT)
+        return (x, None) if self.scanned else x
+
+
+def attention_mask(segment_ids, causal_attention, length: int):
+    """`(mask [b|1, 1, l, l] bool or None, causal)` for a training/scoring pass.
+
+    Plain causal LM: no mask (`causal` True: `dot_product_attention` adds it). Packed rows
+    (`segment_ids`, 0 = padding): the segment mask, causal True. Prefix LM
+    (`causal_attention`, 1 on input positions): causal or both in the prefix, explicitly.
+    """
+    mask = None
+    if segment_ids is not None:
+        mask = segment_mask(segment_ids, segment_ids)
+    if causal_attention is None:
+        return mask, True
+    idx = jnp.arange(length)
+    prefix = causal_attention > 0
+    full = (idx[None, :] <= idx[:, None])[None, None] | (prefix[:, :, None] & prefix[:, None, :])[:, None]
+    return (full if mask is None else full & mask), False
+
+
+class Llama(nn.Module):
+    """Returns float32 logits `[batch, length, vocab]` for `decoder_input_tokens`.
+
+    The call signature is `decoder_only.Decoder`'s: `decoder_segment_ids` keeps packed
+    sequences apart (0 = padding), `decoder_causal_attention` (1 on input positions) makes
+    attention over the prefix bidirectional, `decoder_positions` are the RoPE positions
+    (restarting per packed segment; default `0..l-1`, or the cache positions when decoding).
+    With `decode=True` it follows the cache contract in `llama.attention`.
+    """
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        decoder_input_tokens,
+        decoder_segment_ids=None,
+        decoder_causal_attention=None,
+        deterministic: bool = True,
+        decode: bool = False,
+        decoder_positions=None,
+    ):
+        cfg = self.config
+        dt, pdt = _dtypes(cfg)
+        embed = Embed(cfg.vocab_size, cfg.emb_dim, dt, nn.initializers.normal(cfg.init_std), pdt, name="token_embedder")
+        tokens = decoder_input_tokens.astype(jnp.int32)
+        x = constrain(embed(tokens), ACT)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+        if decode:
+            mask, causal = None, True  # the layers build the cache mask (not used by the sizing call)
+        else:
+            mask, causal = attention_mask(decoder_segment_ids, decoder_causal_attention, tokens.shape[1])
+        positions = None if decoder_positions is None else decoder_positions.astype(jnp.int32)
+        segments = decoder_segment_ids if decode else None
+        x = apply_layers(
+            LlamaLayer,
+            cfg.num_layers,
+            cfg.scan_layers,
+            cfg.remat_policy,
+            dict(config=cfg, deterministic=deterministic, decode=decode, causal=causal),
+            x,
+            positions,
+            mask,
+            segments,
+        )
+        x = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="decoder_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+        if cfg.tie_word_embeddings:
+            table = jnp.asarray(embed.embedding, dt)
+            logits = jnp.einsum("ble,ve->blv", x, table, preferred_element_type=jnp.float32)
+        else:
+            w = Kernel((cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.init_std, dt, pdt, name="logits")()
+            logits = jnp.einsum("ble,ev->blv", x, w, preferred_element_type=jnp.float32)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -1,0 +1,58 @@
+"""Llama presets, each with the published parameter count of the shape it copies
+(`PUBLISHED_PARAMS`; `tests/models/llama_presets_test.py` checks `count_params` within 1 %).
+
+* `llama_tiny`: tests and toy runs (2 layers, 4 heads over 2 key/value heads, tied).
+* `llama_150m`: SmolLM-135M's shape (HuggingFaceTB/SmolLM-135M config.json: 30 layers, 576
+  hidden, 1536 mlp, 9 heads, 3 kv heads, head_dim 64, vocab 49152, tied, rope theta 10000,
+  RMS eps 1e-5), published as 135M.
+* `llama_1b`: Llama 3.2 1B (16 layers, 2048 hidden, 8192 mlp, 32 heads, 8 kv heads, head_dim 64,
+  vocab 128256, tied, rope theta 500000 with llama3 scaling factor 32, low 1, high 4, original
+  8192 positions), published as 1.24B.
+* `llama_7b`: Llama-2-7B (32 layers, 4096 hidden, 11008 mlp, 32 heads, no GQA, head_dim 128,
+  vocab 32000, untied, rope theta 10000, RMS eps 1e-5), published as 6.74B.
+"""
+
+from __future__ import annotations
+
+from cairn.models.llama.config import LlamaConfig
+
+LLAMA_3_2_ROPE_SCALING = {
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+LLAMA_PRESETS: dict[str, LlamaConfig] = {
+    "llama_tiny": LlamaConfig(
+        vocab_size=256, emb_dim=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128, num_layers=2
+    ),
+    "llama_150m": LlamaConfig(
+        vocab_size=49152, emb_dim=576, num_heads=9, num_kv_heads=3, head_dim=64, mlp_dim=1536, num_layers=30
+    ),
+    "llama_1b": LlamaConfig(
+        vocab_size=128256,
+        emb_dim=2048,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        mlp_dim=8192,
+        num_layers=16,
+        rope_theta=500000.0,
+        rope_scaling=LLAMA_3_2_ROPE_SCALING,
+        tie_word_embeddings=True,
+    ),
+    "llama_7b": LlamaConfig(
+        vocab_size=32000,
+        emb_dim=4096,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        mlp_dim=11008,
+        num_layers=32,
+        tie_word_embeddings=False,
+    ),
+}
+
+# The published parameter counts of the shapes above.
+PUBLISHED_PARAMS = {"llama_150m": 135e6, "llama_1b": 1.24e9, "llama_7b": 6.74e9}

@@ -1,0 +1,93 @@
+"""The Llama model under cairn.partitioning's Partitioner on 8 devices equals one device: an
+AdamW train step with data x model sharding (2 x 4) and with FSDP (data 2 x fsdp 2 x model 2),
+and greedy decoding with the cache. Key/value heads (the `heads` logical axis) shard over `model`."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from cairn.models import DecodeOptions, DecoderOnlyModel, LlamaConfig
+from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
+
+CONFIG = LlamaConfig(
+    vocab_size=64, emb_dim=32, num_heads=8, num_kv_heads=4, head_dim=8, mlp_dim=64, num_layers=2, scan_layers=True
+)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    model = DecoderOnlyModel(CONFIG, z_loss=1e-4)
+    params = model.init(jax.random.PRNGKey(0))
+    tokens = tiny.random_tokens(1, (4, 12), 64)
+    batch = {
+        "decoder_target_tokens": tokens,
+        "decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0))),
+        "decoder_segment_ids": np.array([[1] * 6 + [2] * 6] * 4, np.int32),
+        "decoder_positions": np.array([list(range(6)) * 2] * 4, np.int32),
+    }
+    return model, params, batch
+
+
+def _train_step(model, optimizer):
+    def step(params, opt_state, batch):
+        (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+@pytest.mark.parametrize(
+    "mesh,fsdp", [({"data": 2, "fsdp": 1, "model": 4}, False), ({"data": 2, "fsdp": 2, "model": 2}, True)]
+)
+def test_a_sharded_train_step_matches_one_device(setup, mesh, fsdp):
+    model, params, batch = setup
+    optimizer = optax.adamw(1e-2, weight_decay=0.1)
+    step = _train_step(model, optimizer)
+    opt_state = optimizer.init(params)
+    want_params, _, want_loss = jax.jit(step)(params, opt_state, batch)
+
+    rules = standard_logical_axis_rules(fsdp=fsdp)
+    partitioner = Partitioner(create_mesh(mesh), rules, on_indivisible="error")
+    specs = model.logical_axes()
+    shardings = partitioner.shardings_for(specs, params)
+    opt_shardings = partitioner.opt_state_shardings(params, specs, opt_state)
+    sharded = partitioner.partition(
+        step, in_shardings=(shardings, opt_shardings, None), out_shardings=(shardings, opt_shardings, None)
+    )
+    with nn.logical_axis_rules(rules):
+        got_params, _, loss = sharded(
+            jax.device_put(params, shardings),
+            jax.device_put(opt_state, opt_shardings),
+            partitioner.shard_batch(batch),
+        )
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), got_params, want_params)
+    attention = got_params["layers"]["attention"]
+    model_axis = "model"
+    embed_axis = "fsdp" if fsdp else None
+    assert attention["query"]["kernel"].sharding.spec == P(None, embed_axis, model_axis, None)
+    assert attention["key"]["kernel"].sharding.spec == P(None, embed_axis, model_axis, None)  # kv heads too
+    assert got_params["layers"]["mlp"]["wi_0"]["kernel"].sharding.spec == P(None, embed_axis, model_axis)
+
+
+def test_greedy_decoding_matches_one_device(setup):
+    model, params, batch = setup
+    rules = standard_logical_axis_rules()
+    partitioner = Partitioner(create_mesh({"data": 2, "fsdp": 1, "model": 4}), rules, on_indivisible="error")
+    shardings = partitioner.shardings_for(model.logical_axes(), params)
+    predict = functools.partial(model.predict_batch, options=DecodeOptions(max_decode_length=8))
+    prompts = batch["decoder_target_tokens"][:, :3]
+    want, _ = jax.jit(predict)(params, prompts)
+    with nn.logical_axis_rules(rules):
+        got, _ = partitioner.partition(predict, in_shardings=(shardings, None))(
+            jax.device_put(params, shardings), partitioner.shard_batch(prompts)
+        )
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
