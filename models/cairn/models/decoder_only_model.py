@@ -92,9 +92,20 @@ class DecoderOnlyModel(ModelBase):
             return self.module.apply({"params": params}, dummy, decode=True, mutable=["cache"])[1]["cache"]
 
         cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
-        logits, mutated = self.module.apply(
-            {"params": params, "cache": cache}, tokens, segments, prefix, decode=True, mutable=["cache"]
-        )
+
+        def chunk(cache, tokens, segments, prefix=None):
+            logits, mutated = self.module.apply(
+                {"params": params, "cache": cache}, tokens, segments, prefix, decode=True, mutable=["cache"]
+            )
+            return logits, mutated["cache"]
+
+        if prefix is None and width > 1:
+            # Causal: all but the last column first (their logits are unused, so never computed:
+            # the vocabulary projection of every prompt position would cost more than the rest).
+            _, cache = chunk(cache, tokens[:, :-1], segments[:, :-1])
+            logits, cache = chunk(cache, tokens[:, -1:], segments[:, -1:])
+        else:  # a prefix LM's prompt attends within one chunk
+            logits, cache = chunk(cache, tokens, segments, prefix)
 
         def step(tokens, cache, _):
             logits, mutated = self.module.apply(
@@ -102,8 +113,8 @@ class DecoderOnlyModel(ModelBase):
             )
             return logits[:, 0], mutated["cache"]
 
-        first = jnp.repeat(logits[:, width - 1], n, axis=0)
-        return with_first_logits(step, first), repeat_rows(mutated["cache"], n)
+        first = jnp.repeat(logits[:, -1], n, axis=0)
+        return with_first_logits(step, first), repeat_rows(cache, n)
 
     def _recomputed_steps(self, params, tokens, segments, prefix, total: int, n: int):
         """Without a cache: a full forward over the left-aligned buffer (padding masked by
