@@ -81,8 +81,8 @@ def test_beam_search_unscanned_cache_equals_no_cache_and_one_beam_is_greedy(mode
     one, _ = _predict(model, params, empty, method="beam", num_beams=1, alpha=0.0)
     greedy, _ = _predict(model, params, np.zeros((2, 1), np.int32))
     np.testing.assert_array_equal(one, greedy)
-    with pytest.raises(NotImplementedError, match="prompt"):
-        model.predict_batch(params, np.ones((2, 3), np.int32), DecodeOptions(method="beam"))
+    with pytest.raises(NotImplementedError, match="prefill"):
+        model.predict_batch(params, np.ones((2, 3), np.int32), DecodeOptions(method="beam", prefill=False))
 
 
 def test_count_params_of_the_tiny_config(tiny):

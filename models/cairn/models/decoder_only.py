@@ -9,11 +9,12 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from cairn.models.attention import mask_to_bias, segment_mask
+from cairn.models.attention import causal_mask, mask_to_bias, segment_mask
+from cairn.models.decode_cache import chunk_positions_and_mask
 from cairn.models.layers import Embed, RMSNorm, constrain, kernel
 from cairn.models.relative_position import RelativePositionBias
 from cairn.models.stacking import apply_layers
-from cairn.models.t5.network import ACT, DecoderLayer, decoder_positions_and_mask
+from cairn.models.t5.network import ACT, DecoderLayer
 from cairn.models.transformer_config import TransformerConfig
 
 
@@ -37,6 +38,11 @@ class Decoder(nn.Module):
     bidirectional (prefix LM); `decoder_segment_ids` separates packed sequences.
     `decoder_positions` is accepted for the signature the decoder-only networks share and not
     needed: relative position biases depend on position differences only, which packing keeps.
+
+    `decode=True` follows `decode_cache`'s contract: a sizing call, then chunks `[b, n]` whose
+    `decoder_segment_ids` mark padded keys (0) and whose `decoder_causal_attention` makes the
+    chunk's prompt positions attend each other (a prefix LM's prefill). Positions are
+    relative, so a left-padded prompt with its padding masked gives the unpadded logits.
     """
 
     config: DecoderOnlyConfig
@@ -59,7 +65,21 @@ class Decoder(nn.Module):
         x = embed(tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ACT)
-        q_pos, k_pos, mask = decoder_positions_and_mask(self, tokens.shape[1], decode)
+        chunk = (
+            chunk_positions_and_mask(self, tokens.shape, decoder_segment_ids, decoder_causal_attention)
+            if decode
+            else None
+        )
+        if chunk is None:  # a full forward, or decode mode's sizing call
+            q_pos = k_pos = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+            mask = causal_mask(tokens.shape[1])
+            if decoder_causal_attention is not None:
+                prefix = decoder_causal_attention > 0
+                mask = mask | (prefix[:, :, None] & prefix[:, None, :])[:, None]
+            if decoder_segment_ids is not None:
+                mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
+        else:
+            q_pos, k_pos, mask = chunk
         bias = RelativePositionBias(
             cfg.num_heads,
             cfg.relative_attention_num_buckets,
@@ -69,11 +89,6 @@ class Decoder(nn.Module):
             nn.initializers.normal(cfg.emb_dim**-0.5),
             name="relpos_bias",
         )(q_pos, k_pos)
-        if decoder_causal_attention is not None and not decode:
-            prefix = decoder_causal_attention > 0
-            mask = mask | (prefix[:, :, None] & prefix[:, None, :])[:, None]
-        if decoder_segment_ids is not None and not decode:
-            mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
         bias = bias + mask_to_bias(mask, dt)
         x = apply_layers(
             DecoderLayer,

@@ -9,6 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.decoding.beam_search import repeat_rows
+from cairn.models.decoding.loop import with_first_logits
+from cairn.models.decoding.prompts import left_align, prepend_prompts
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.losses import LossNormalizingFactor
 from cairn.models.model_base import Batch, DecodeOptions, ModelBase, check_predict_args, run_decoding
@@ -64,18 +67,88 @@ class DecoderOnlyModel(ModelBase):
     ) -> tuple[jnp.ndarray, jnp.ndarray]:
         """Continues each row of `prompts` `[b, p]` (right-padded with 0; may be all 0).
 
-        Returns `(tokens [b, max_decode_length], scores [b])`; each row starts with its prompt
-        (forced, attended causally even for prefix-LM configs) followed by the generated tokens.
-        Beam search takes no prompt (`prompts` of shape `[b, 0]`).
+        Returns `(tokens [b * num_decodes, max_decode_length], scores [b * num_decodes])`:
+        each row is its prompt (cut at `max_decode_length`) followed by the generated tokens,
+        then 0; scores are the log-probabilities of the generated tokens. With
+        `options.prefill` (the default) one forward pass over the left-aligned prompts fills
+        the cache (bidirectionally over each prompt if `options.prefix_lm`), then the loop
+        decodes step by step; otherwise the prompt is forced token by token (causally).
         """
         check_predict_args(options, rng)
-        prompts = jnp.asarray(prompts, jnp.int32)
-        rows, length = prompts.shape[0], options.max_decode_length
-        prompt: jax.Array | None = prompts
+        prompts = jnp.asarray(prompts, jnp.int32)[:, : options.max_decode_length]
+        if not options.prefill:
+            return self._predict_forced(params, prompts, options, rng)
+        tokens, segments, lengths = left_align(prompts)
+        b, n = prompts.shape[0], options.rows_per_example
+        prefix = segments if options.prefix_lm else None
+        total = tokens.shape[1] + options.max_decode_length - 1  # the prefill and at most L - 1 fed tokens
+        if options.use_cache:
+            tokens_to_logits, cache = self._prefilled_steps(params, tokens, segments, prefix, total, n)
+        else:
+            tokens_to_logits, cache = self._recomputed_steps(params, tokens, segments, prefix, total, n)
+        out, scores = run_decoding(options, tokens_to_logits, cache, b, rng, prompt_lengths=lengths)
+        rows = jnp.repeat(jnp.arange(b), options.num_decodes)
+        return prepend_prompts(prompts[rows], lengths[rows], out), scores
+
+    def _prefilled_steps(self, params, tokens, segments, prefix, total: int, n: int):
+        """One decode-mode pass over the left-aligned prompts fills a cache of `total`
+        positions; its last logits are step 0's. Cache and logits repeated `n` times."""
+        b, width = tokens.shape
+
+        def make_cache():
+            dummy = jnp.zeros((b, total), jnp.int32)
+            return self.module.apply({"params": params}, dummy, decode=True, mutable=["cache"])[1]["cache"]
+
+        cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
+
+        def chunk(cache, tokens, segments, prefix=None):
+            logits, mutated = self.module.apply(
+                {"params": params, "cache": cache}, tokens, segments, prefix, decode=True, mutable=["cache"]
+            )
+            return logits, mutated["cache"]
+
+        if prefix is None and width > 1:
+            # Causal: all but the last column first (their logits are unused, so never computed:
+            # the vocabulary projection of every prompt position would cost more than the rest).
+            _, cache = chunk(cache, tokens[:, :-1], segments[:, :-1])
+            logits, cache = chunk(cache, tokens[:, -1:], segments[:, -1:])
+        else:  # a prefix LM's prompt attends within one chunk
+            logits, cache = chunk(cache, tokens, segments, prefix)
+
+        def step(tokens, cache, _):
+            logits, mutated = self.module.apply(
+                {"params": params, "cache": cache}, tokens[:, None], decode=True, mutable=["cache"]
+            )
+            return logits[:, 0], mutated["cache"]
+
+        first = jnp.repeat(logits[:, -1], n, axis=0)
+        return with_first_logits(step, first), repeat_rows(cache, n)
+
+    def _recomputed_steps(self, params, tokens, segments, prefix, total: int, n: int):
+        """Without a cache: a full forward over the left-aligned buffer (padding masked by
+        segment id 0) at every step; the buffer, repeated `n` times, is the loop's state."""
+        width = tokens.shape[1]
+        pad = ((0, 0), (0, total - width))
+        causal = None if prefix is None else jnp.repeat(jnp.pad(prefix, pad), n, axis=0)
+
+        def step(tokens, state, step):
+            buffer, segs = state
+            pos = width - 1 + step  # step 0 reads the prompt's last position, later steps the fed token's
+            fed = step > 0
+            buffer = jnp.where(fed, buffer.at[:, pos].set(tokens), buffer)
+            segs = jnp.where(fed, segs.at[:, pos].set(1), segs)
+            logits = self.module.apply({"params": params}, buffer, segs, causal)
+            return jnp.take(logits, pos, axis=1), (buffer, segs)
+
+        return step, repeat_rows((jnp.pad(tokens, pad), jnp.pad(segments, pad)), n)
+
+    def _predict_forced(self, params: Params, prompts: jnp.ndarray, options: DecodeOptions, rng: jax.Array | None):
+        """The prompt forced token by token through the decoding loop (attended causally)."""
         if options.method == "beam":
-            if prompts.shape[1]:
-                raise NotImplementedError("beam search with a prompt is not supported: pass prompts of shape [b, 0]")
-            prompt, rows = None, rows * options.num_beams
+            raise NotImplementedError("beam search with a forced prompt is not supported: use prefill=True")
+        n = options.rows_per_example
+        prompts = jnp.repeat(prompts, n, axis=0)
+        rows, length = prompts.shape[0], options.max_decode_length
         variables = {"params": params}
         if options.use_cache:
 
@@ -99,4 +172,4 @@ class DecoderOnlyModel(ModelBase):
                 buffer = buffer.at[:, step].set(tokens)
                 return jnp.take(self.module.apply(variables, buffer), step, axis=1), buffer
 
-        return run_decoding(options, tokens_to_logits, cache, prompts.shape[0], rng, prompt)
+        return run_decoding(options, tokens_to_logits, cache, rows // n, rng, prompt=prompts)

@@ -56,14 +56,14 @@ class EncoderDecoderModel(ModelBase):
     def predict_batch(
         self, params: Params, batch: Batch, options: DecodeOptions = DecodeOptions(), rng: jax.Array | None = None
     ) -> tuple[jnp.ndarray, jnp.ndarray]:
-        """`(tokens [b, max_decode_length], scores [b])` decoded from `encoder_input_tokens`.
+        """`(tokens [b * num_decodes, max_decode_length], scores [b * num_decodes])` decoded
+        from `encoder_input_tokens` (each example's decodes adjacent).
 
-        Tokens after EOS are 0. Scores: log-probabilities (beam: divided by the length penalty).
+        Tokens after EOS are 0. Scores: the log-probabilities of the generated tokens.
         """
         check_predict_args(options, rng)
         enc_tokens = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
-        repeat = options.num_beams if options.method == "beam" else 1
-        enc_tokens = jnp.repeat(enc_tokens, repeat, axis=0)
+        enc_tokens = jnp.repeat(enc_tokens, options.rows_per_example, axis=0)
         rows, length = enc_tokens.shape[0], options.max_decode_length
         variables = {"params": params}
         encoded = self.module.apply(variables, enc_tokens, method=EncoderDecoder.encode)

@@ -19,8 +19,17 @@ DECODE_METHODS = ("greedy", "sample", "beam")
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
-    """How `predict_batch` decodes. `method`: greedy, sample (temperature, top_k, top_p, from
-    the stateless `rng` given to `predict_batch`) or beam (`num_beams`, length penalty `alpha`)."""
+    """How `predict_batch` decodes.
+
+    `method`: greedy, sample (temperature, top_k, top_p, from the stateless `rng` given to
+    `predict_batch`) or beam (`num_beams`, length penalty `alpha`). `num_decodes`: outputs
+    per example (sample: independent samples; beam: the best `num_decodes` beams, at most
+    `num_beams`), returned as `b * num_decodes` rows, each example's adjacent. Decoder-only
+    prompts: `prefill` runs one forward pass over the prompts to fill the cache (False:
+    force them token by token through the loop, causally; no beam search then);
+    `prefix_lm` lets the prompt attend bidirectionally within itself during the prefill,
+    as a prefix LM trained with `decoder_causal_attention` on its inputs expects.
+    """
 
     method: str = "greedy"
     max_decode_length: int = 32
@@ -31,12 +40,34 @@ class DecodeOptions:
     alpha: float = 0.6
     eos_id: int = 1
     use_cache: bool = True
+    num_decodes: int = 1
+    prefill: bool = True
+    prefix_lm: bool = False
 
     def __post_init__(self):
         if self.method not in DECODE_METHODS:
             raise ValueError(f"DecodeOptions.method must be one of {DECODE_METHODS}, got {self.method!r}")
         if self.max_decode_length < 1:
             raise ValueError(f"DecodeOptions.max_decode_length must be >= 1, got {self.max_decode_length}")
+        if self.num_decodes < 1:
+            raise ValueError(f"DecodeOptions.num_decodes must be >= 1, got {self.num_decodes}")
+        if self.method == "greedy" and self.num_decodes > 1:
+            raise ValueError("DecodeOptions.num_decodes > 1 needs method 'sample' or 'beam' (greedy decodes agree)")
+        if self.method == "beam" and self.num_beams < 1:
+            raise ValueError(f"DecodeOptions.num_beams must be >= 1, got {self.num_beams}")
+        if self.method == "beam" and self.num_decodes > self.num_beams:
+            raise ValueError(
+                f"DecodeOptions.num_decodes ({self.num_decodes}) must be <= num_beams ({self.num_beams}) for beam"
+            )
+        if self.prefix_lm and not self.prefill:
+            raise ValueError("DecodeOptions.prefix_lm needs prefill=True (a forced prompt is attended causally)")
+
+    @property
+    def rows_per_example(self) -> int:
+        """Cache rows per example: `num_beams` for beam, `num_decodes` for sampling, else 1."""
+        if self.method == "beam":
+            return self.num_beams
+        return self.num_decodes if self.method == "sample" else 1
 
 
 def loss_and_metrics(
@@ -85,12 +116,27 @@ def check_predict_args(options: DecodeOptions, rng: jax.Array | None) -> None:
 
 
 def run_decoding(
-    options: DecodeOptions, tokens_to_logits, cache: Any, batch_size: int, rng: jax.Array | None, prompt=None
+    options: DecodeOptions,
+    tokens_to_logits,
+    cache: Any,
+    batch_size: int,
+    rng: jax.Array | None,
+    prompt=None,
+    prompt_lengths=None,
 ):
-    """Dispatches to the decoding algorithm; returns `(tokens [b, len], scores [b])`."""
+    """Dispatches to the decoding algorithm; returns `(tokens [b * n, len], scores [b * n])`.
+
+    `n = options.num_decodes`; `cache` holds `batch_size * options.rows_per_example` rows.
+    Scores: the summed log-probability of each row's generated tokens (beams are ranked by
+    it divided by the length penalty). `prompt` `[b * n, p]` is forced token by token;
+    `prompt_lengths` `[batch_size]` says the cache already holds prompts of these lengths:
+    the tokens are then the continuations only (see `decoding.decode_loop`).
+    """
+    rows = batch_size * options.rows_per_example
+    row_lengths = None if prompt_lengths is None else jnp.repeat(prompt_lengths, options.rows_per_example)
     if options.method == "greedy":
         return decoding.greedy_decode(
-            tokens_to_logits, cache, batch_size, options.max_decode_length, options.eos_id, prompt
+            tokens_to_logits, cache, rows, options.max_decode_length, options.eos_id, prompt, row_lengths
         )
     if options.method == "sample":
         if rng is None:
@@ -98,7 +144,7 @@ def run_decoding(
         return decoding.sample_decode(
             tokens_to_logits,
             cache,
-            batch_size,
+            rows,
             options.max_decode_length,
             rng,
             options.temperature,
@@ -106,13 +152,22 @@ def run_decoding(
             options.top_p,
             options.eos_id,
             prompt,
+            row_lengths,
         )
     if prompt is not None:
-        raise NotImplementedError("beam search with a forced prompt is not supported (decoder-only prompts)")
-    seqs, scores = decoding.beam_search(
-        tokens_to_logits, cache, batch_size, options.num_beams, options.max_decode_length, options.alpha, options.eos_id
+        raise NotImplementedError("beam search with a forced prompt is not supported (use prefill)")
+    seqs, _, log_probs = decoding.beam_search(
+        tokens_to_logits,
+        cache,
+        batch_size,
+        options.num_beams,
+        options.max_decode_length,
+        options.alpha,
+        options.eos_id,
+        prompt_lengths=prompt_lengths,
     )
-    return seqs[:, 0], scores[:, 0]
+    n = options.num_decodes
+    return seqs[:, :n].reshape(batch_size * n, -1), log_probs[:, :n].reshape(batch_size * n)
 
 
 class ModelBase:

@@ -1,8 +1,9 @@
 """Decoding algorithms over a `tokens_to_logits` function: greedy, sampling, beam search."""
 
-from cairn.models.decoding.beam_search import beam_search, gather_beams, length_penalty
+from cairn.models.decoding.beam_search import beam_search, gather_beams, length_penalty, repeat_rows
 from cairn.models.decoding.greedy import greedy_decode
-from cairn.models.decoding.loop import decode_loop
+from cairn.models.decoding.loop import decode_loop, with_first_logits
+from cairn.models.decoding.prompts import left_align, prepend_prompts, prompt_lengths
 from cairn.models.decoding.sampling import filter_logits, sample_decode
 
 __all__ = [
@@ -11,6 +12,11 @@ __all__ = [
     "filter_logits",
     "gather_beams",
     "greedy_decode",
+    "left_align",
     "length_penalty",
+    "prepend_prompts",
+    "prompt_lengths",
+    "repeat_rows",
     "sample_decode",
+    "with_first_logits",
 ]

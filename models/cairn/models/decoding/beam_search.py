@@ -38,6 +38,21 @@ def gather_beams(cache: Any, flat_indices: jnp.ndarray) -> Any:
     return jax.tree_util.tree_map_with_path(gather, cache)
 
 
+def repeat_rows(cache: Any, n: int) -> Any:
+    """Repeats every batch-carrying leaf of `cache` `n` times (`b` rows -> `b * n`, each row's
+    copies adjacent), e.g. a prefilled cache for `n` beams or samples per example."""
+    rows = _batch_rows(cache)
+    return gather_beams(cache, jnp.repeat(jnp.arange(rows), n))
+
+
+def _batch_rows(cache: Any) -> int:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
+        axis = _batch_axis(path, leaf)
+        if axis >= 0:
+            return int(leaf.shape[axis])
+    raise ValueError("repeat_rows: the cache has no leaf with a batch axis")
+
+
 def beam_search(
     tokens_to_logits: TokensToLogits,
     cache: Any,
@@ -47,30 +62,38 @@ def beam_search(
     alpha: float = 0.6,
     eos_id: int = 1,
     bos_id: int = 0,
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """`(sequences [b, beams, len], scores [b, beams])`, best first.
+    prompt_lengths: jnp.ndarray | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """`(sequences [b, beams, len], scores [b, beams], log_probs [b, beams])`, best first.
 
     `cache` must already hold `b * num_beams` rows (each example repeated `num_beams` times).
-    A sequence's score is its log-probability divided by the length penalty of its length
-    (EOS included); an EOS candidate finishes a hypothesis only if it ranks among the top
-    `num_beams` candidates of its step (as in transformers), so one beam is greedy decoding.
+    A sequence's score is its log-probability (`log_probs`) divided by the length penalty of
+    its length (EOS included); an EOS candidate finishes a hypothesis only if it ranks among
+    the top `num_beams` candidates of its step (as in transformers), so one beam is greedy
+    decoding. `prompt_lengths` `[b]`: the cache holds prompts of these lengths (a prefill);
+    row `r` then extends them by at most `max_decode_len - prompt_lengths[r]` tokens.
     Stops once no live beam can beat the finished ones.
     """
     b, k, L = batch_size, num_beams, max_decode_len
     if k < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
     offsets = (jnp.arange(b) * k)[:, None]
+    if prompt_lengths is None:
+        budget = jnp.full((b,), L, jnp.int32)
+    else:
+        budget = jnp.maximum(L - prompt_lengths.astype(jnp.int32), 0)
+    budget_f = budget.astype(jnp.float32)
 
     def cond(state):
-        step, _, live_logp, _, fin_scores, fin_flags, _ = state
-        best_live = live_logp[:, 0] / length_penalty(float(L), alpha) if alpha >= 0 else live_logp[:, 0]
+        step, _, live_logp, _, fin_scores, fin_flags, _, _ = state
+        best_live = live_logp[:, 0] / length_penalty(budget_f, alpha) if alpha >= 0 else live_logp[:, 0]
         worst_fin = jnp.min(jnp.where(fin_flags, fin_scores, NEG_INF), axis=1)
         all_fin = jnp.all(fin_flags, axis=1)
         can_improve = ~all_fin | (best_live > worst_fin)
-        return (step < L) & jnp.any(can_improve)
+        return (step < L) & jnp.any(can_improve & (step < budget))
 
     def body(state):
-        step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, cache = state
+        step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, fin_logp, cache = state
         tokens = state_tokens(live_seqs, step)
         logits, cache = tokens_to_logits(tokens.reshape(b * k), cache, step)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
@@ -87,16 +110,28 @@ def beam_search(
         live_vals, live_sel = jax.lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
         new_live = jnp.take_along_axis(seqs, live_sel[:, :, None], axis=1)
         src_beam = jnp.take_along_axis(beam, live_sel, axis=1)
-        cache = gather_beams(cache, (offsets + src_beam).reshape(b * k))
         # Finished: merge the candidates that ended with those already finished.
         new_scores = jnp.where(ends, vals / length_penalty(step + 1.0, alpha), NEG_INF)
         all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
         all_flags = jnp.concatenate([fin_flags, ends], axis=1)
         all_seqs = jnp.concatenate([fin_seqs, seqs], axis=1)
-        fin_scores, fin_sel = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
-        fin_flags = jnp.take_along_axis(all_flags, fin_sel, axis=1)
-        fin_seqs = jnp.take_along_axis(all_seqs, fin_sel[:, :, None], axis=1)
-        return step + 1, new_live, live_vals, fin_seqs, fin_scores, fin_flags, cache
+        all_logp = jnp.concatenate([fin_logp, jnp.where(ends, vals, NEG_INF)], axis=1)
+        new_fin_scores, fin_sel = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
+        # Rows past their budget keep their beams (and their cache rows) as they are.
+        active = step < budget
+        keep = lambda new, old: jnp.where(active.reshape((b,) + (1,) * (new.ndim - 1)), new, old)
+        src_beam = keep(src_beam, jnp.broadcast_to(jnp.arange(k), (b, k)))
+        cache = gather_beams(cache, (offsets + src_beam).reshape(b * k))
+        return (
+            step + 1,
+            keep(new_live, live_seqs),
+            keep(live_vals, live_logp),
+            keep(jnp.take_along_axis(all_seqs, fin_sel[:, :, None], axis=1), fin_seqs),
+            keep(new_fin_scores, fin_scores),
+            keep(jnp.take_along_axis(all_flags, fin_sel, axis=1), fin_flags),
+            keep(jnp.take_along_axis(all_logp, fin_sel, axis=1), fin_logp),
+            cache,
+        )
 
     def state_tokens(live_seqs, step):
         prev = jnp.take(live_seqs, jnp.maximum(step - 1, 0), axis=2)
@@ -110,12 +145,18 @@ def beam_search(
         jnp.zeros((b, k, L), jnp.int32),
         jnp.full((b, k), NEG_INF, jnp.float32),
         jnp.zeros((b, k), bool),
+        jnp.full((b, k), NEG_INF, jnp.float32),
         cache,
     )
-    step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, _ = jax.lax.while_loop(cond, body, state)
-    # Rows where nothing finished return their live beams.
+    step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, fin_logp, _ = jax.lax.while_loop(cond, body, state)
+    # Rows where nothing finished return their live beams (of length min(steps, budget)).
     none_finished = ~jnp.any(fin_flags, axis=1)
-    live_scores = live_logp / length_penalty(step.astype(jnp.float32), alpha)
+    live_len = jnp.minimum(step, budget).astype(jnp.float32)
+    live_scores = live_logp / length_penalty(live_len, alpha)[:, None]
     seqs = jnp.where(none_finished[:, None, None], live_seqs, fin_seqs)
     scores = jnp.where(none_finished[:, None], live_scores, fin_scores)
-    return seqs, scores
+    log_probs = jnp.where(none_finished[:, None], live_logp, fin_logp)
+    # A row with no room left (budget 0) has one empty hypothesis, repeated.
+    scores = jnp.where((budget == 0)[:, None], 0.0, scores)
+    log_probs = jnp.where((budget == 0)[:, None], 0.0, log_probs)
+    return seqs, scores, log_probs

@@ -16,8 +16,10 @@ def greedy_decode(
     max_decode_len: int,
     eos_id: int = 1,
     prompt: jnp.ndarray | None = None,
+    prompt_lengths: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """`(tokens [b, max_decode_len], log_probs [b])` by argmax at every step."""
+    """`(tokens [b, max_decode_len], log_probs [b])` by argmax at every step (`prompt`,
+    `prompt_lengths`: as in `decode_loop`)."""
     return decode_loop(
         tokens_to_logits,
         cache,
@@ -26,4 +28,5 @@ def greedy_decode(
         lambda logits, step: jnp.argmax(logits, axis=-1),
         eos_id=eos_id,
         prompt=prompt,
+        prompt_lengths=prompt_lengths,
     )

@@ -1,6 +1,8 @@
 """Temperature sampling with top-k and top-p (nucleus) filtering, from a stateless key.
 
-The key of step `s` is `fold_in(rng, s)`: the same `rng` gives the same tokens.
+Row `r`'s token at output position `s` is drawn with the key `fold_in(fold_in(rng, r), s)`:
+the same `rng` gives the same tokens, rows repeated for several decodes differ, and a prompt
+prefilled or forced token by token meets the same keys.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ def sample_decode(
     top_p: float = 1.0,
     eos_id: int = 1,
     prompt: jnp.ndarray | None = None,
+    prompt_lengths: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """`(tokens, log_probs)` sampled from `softmax(filtered logits / temperature)`.
 
     `temperature=0` is greedy decoding. `log_probs` are under the unfiltered model.
+    `prompt`, `prompt_lengths`: as in `decode_loop`.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -55,10 +59,24 @@ def sample_decode(
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
 
-    def choose(logits, step):
+    row_keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(jnp.arange(batch_size))
+
+    def draw(key, position, row_logits):
+        return jax.random.categorical(jax.random.fold_in(key, position), row_logits)
+
+    def choose(logits, positions):
         if temperature == 0.0:
             return jnp.argmax(logits, axis=-1)
         scaled = filter_logits(logits / temperature, top_k, top_p)
-        return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
+        return jax.vmap(draw)(row_keys, positions, scaled)
 
-    return decode_loop(tokens_to_logits, cache, batch_size, max_decode_len, choose, eos_id=eos_id, prompt=prompt)
+    return decode_loop(
+        tokens_to_logits,
+        cache,
+        batch_size,
+        max_decode_len,
+        choose,
+        eos_id=eos_id,
+        prompt=prompt,
+        prompt_lengths=prompt_lengths,
+    )

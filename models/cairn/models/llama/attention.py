@@ -13,7 +13,8 @@ Decode cache (`decode=True`): the first call only sizes `cached_key` / `cached_v
 and `cache_index` (scalar int32). Each later call takes a chunk `[b, n]`: its tokens go to
 cache positions `[i, i + n)` with `i = cache_index` (RoPE positions `i..i+n-1` unless given);
 query `j` sees cached keys at positions `<= i + j` whose mask is 1 (the chunk's segment ids > 0
-when given, else 1); `cache_index` becomes `i + n`.
+when given, else 1), and with `decoder_causal_attention` the chunk's prompt positions see each
+other (a prefix LM's prefill); `cache_index` becomes `i + n`.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class LlamaAttention(nn.Module):
     """Self-attention from `x` `[b, l, embed]`; see the module docstring for the decode cache.
 
     `positions` `[b, l]` (RoPE; None: `0..l-1`, or the cache positions when decoding);
-    `mask` `[b|1, 1, l, l]` bool or None; `causal` adds the causal mask (not in decode mode,
-    which builds its own); `segment_ids` `[b, l]` is read only when decoding (the key mask).
+    `mask` `[b|1, 1, l, l]` bool or None (in decode mode: the prefix `[b, l]`, 1 = prompt
+    position, or None); `causal` adds the causal mask (not in decode mode, which builds its
+    own); `segment_ids` `[b, l]` is read only when decoding (the key mask).
     """
 
     config: LlamaConfig
@@ -85,7 +87,7 @@ class LlamaAttention(nn.Module):
             if positions is None:
                 positions = jnp.broadcast_to(start + jnp.arange(n, dtype=jnp.int32), (b, n))
             q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-            k, v, mask = self._update_cache(k, v, segment_ids, index)
+            k, v, mask = self._update_cache(k, v, segment_ids, index, mask)
             causal = False
         else:
             if positions is None:
@@ -96,6 +98,7 @@ class LlamaAttention(nn.Module):
                 self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
                 self.variable("cache", "cached_key_mask", jnp.zeros, (b, n), jnp.int32)
                 self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+                mask = None  # decode mode's `mask` is a prefix `[b, n]`, not an attention mask
         q, k, v = constrain(q, HEAD_ACT), constrain(k, HEAD_ACT), constrain(v, HEAD_ACT)
         out = jax.nn.dot_product_attention(
             q,
@@ -109,9 +112,10 @@ class LlamaAttention(nn.Module):
         out = constrain(out, HEAD_ACT)
         return dense(out, wo, 2)
 
-    def _update_cache(self, k_new, v_new, segment_ids, index):
+    def _update_cache(self, k_new, v_new, segment_ids, index, prefix=None):
         """Writes the chunk at `[i, i + n)` (`i = index.value`); returns the whole cache and the
-        chunk's mask."""
+        chunk's mask. `prefix` `[b, n]` (1 = prompt position) lets the chunk's prompt positions
+        attend each other (a prefix LM's prefill)."""
         cached_key = self.variable("cache", "cached_key")
         cached_value = self.variable("cache", "cached_value")
         key_mask = self.variable("cache", "cached_key_mask")
@@ -126,5 +130,10 @@ class LlamaAttention(nn.Module):
         max_len = keys.shape[1]
         query_pos = start + jnp.arange(n, dtype=jnp.int32)
         visible = jnp.arange(max_len, dtype=jnp.int32)[None, :] <= query_pos[:, None]  # [n, max_len]
-        mask = visible[None, None] & (keys > 0)[:, None, None, :]  # [b, 1, n, max_len]
+        visible = jnp.broadcast_to(visible[None], (b, n, max_len))
+        if prefix is not None:
+            in_prefix = (prefix > 0).astype(jnp.int32)
+            key_prefix = jax.lax.dynamic_update_slice(jnp.zeros((b, max_len), jnp.int32), in_prefix, (0, start))
+            visible = visible | ((in_prefix[:, :, None] > 0) & (key_prefix[:, None, :] > 0))
+        mask = (visible & (keys > 0)[:, None, :])[:, None]  # [b, 1, n, max_len]
         return constrain(k, HEAD_ACT), constrain(v, HEAD_ACT), mask

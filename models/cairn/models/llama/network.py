@@ -116,7 +116,9 @@ class Llama(nn.Module):
         x = constrain(embed(tokens), ACT)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if decode:
-            mask, causal = None, True  # the layers build the cache mask (not used by the sizing call)
+            # The layers build the cache mask (not used by the sizing call); a prefix LM's
+            # prompt positions (`decoder_causal_attention`) reach them as `mask`.
+            mask, causal = decoder_causal_attention, True
         else:
             mask, causal = attention_mask(decoder_segment_ids, decoder_causal_attention, tokens.shape[1])
         positions = None if decoder_positions is None else decoder_positions.astype(jnp.int32)

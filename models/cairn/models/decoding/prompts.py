@@ -1,0 +1,42 @@
+"""Prompts for a prefill: right-padded prompts left-aligned behind BOS, and outputs reassembled.
+
+A prompt row is its non-zero prefix (0 = padding; an all-zero row is an empty prompt).
+The prefill buffer puts BOS and the prompt at its right end, so every row's last prompt
+token sits in the last column and the continuation goes on from the same cache position
+for all rows; the padding in front is masked by segment id 0.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def prompt_lengths(prompts: jnp.ndarray) -> jnp.ndarray:
+    """`[b]`: the length of each row's non-zero prefix."""
+    return jnp.sum(jnp.cumprod(prompts > 0, axis=1), axis=1).astype(jnp.int32)
+
+
+def left_align(prompts: jnp.ndarray, bos_id: int = 0) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """`(tokens [b, p + 1], segment_ids [b, p + 1], lengths [b])` for prompts `[b, p]`.
+
+    Row `r` of `tokens` is `[0, ..., 0, BOS, prompt[r, :lengths[r]]]`; `segment_ids` is 1 on
+    BOS and the prompt, 0 on the padding before them.
+    """
+    b, p = prompts.shape
+    lengths = prompt_lengths(prompts)
+    source = jnp.concatenate([jnp.full((b, 1), bos_id, jnp.int32), prompts.astype(jnp.int32)], axis=1)
+    shift = p - lengths  # padding columns in front of BOS
+    index = jnp.arange(p + 1)[None, :] - shift[:, None]
+    valid = index >= 0
+    tokens = jnp.take_along_axis(source, jnp.maximum(index, 0), axis=1)
+    return jnp.where(valid, tokens, 0), valid.astype(jnp.int32), lengths
+
+
+def prepend_prompts(prompts: jnp.ndarray, lengths: jnp.ndarray, continuations: jnp.ndarray) -> jnp.ndarray:
+    """`[b, L]` (`L` = `continuations.shape[1]`): each row's prompt (`lengths[r]` tokens of
+    `prompts`) followed by its continuation, cut at `L`."""
+    b, length = continuations.shape
+    cols = jnp.arange(length)[None, :]
+    prompt_part = jnp.pad(prompts, ((0, 0), (0, max(0, length - prompts.shape[1]))))[:, :length]
+    from_cont = jnp.take_along_axis(continuations, jnp.maximum(cols - lengths[:, None], 0), axis=1)
+    return jnp.where(cols < lengths[:, None], prompt_part, from_cont).astype(jnp.int32)

@@ -1,0 +1,223 @@
+"""Decoder-only decoding with a prefill: the decode-mode cache contract, prefill == forcing the
+prompt token by token == full forward passes, sampling, beam search with prompts, num_decodes."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cairn.models import DecodeOptions, DecoderOnlyModel
+from cairn.models.decoder_only import Decoder
+from cairn.models.decoding import left_align, prepend_prompts
+
+L = 10  # max_decode_length
+_DECODE = {"decode": True, "mutable": ["cache"]}
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+    """The tiny decoder-only model, its params, and right-padded prompts of lengths 3, 5, 0, 1."""
+    model = DecoderOnlyModel(tiny.decoder_only)
+    params = model.init(jax.random.PRNGKey(0))
+    prompts = np.zeros((4, 5), np.int32)
+    prompts[0, :3] = tiny.random_tokens(1, (3,), 67)
+    prompts[1, :5] = tiny.random_tokens(2, (5,), 67)
+    prompts[3, :1] = 9
+    return model, params, prompts
+
+
+_COMPILED: dict = {}
+
+
+def _predict(setup, rng=0, prompts=None, **options):
+    model, params, default_prompts = setup
+    opts = DecodeOptions(max_decode_length=L, **options)
+    if opts not in _COMPILED:
+        _COMPILED[opts] = jax.jit(functools.partial(model.predict_batch, options=opts))
+    prompts = default_prompts if prompts is None else prompts
+    return jax.tree_util.tree_map(np.asarray, _COMPILED[opts](params, prompts, rng=jax.random.PRNGKey(rng)))
+
+
+def _lengths(prompts):
+    return np.cumprod(prompts > 0, axis=1).sum(axis=1)
+
+
+def _full_forward(setup, tokens, lengths, prefix_lm=False):
+    """Full-forward logits for outputs `tokens` `[rows, L]` (inputs: BOS then the tokens) and
+    the positions that were generated (from the prompt's end up to and including EOS)."""
+    model, params, _ = setup
+    batch = {"decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0)))}
+    cols = np.arange(tokens.shape[1])[None, :]
+    if prefix_lm:  # BOS and the prompt (input positions 0..len) attend each other
+        batch["decoder_causal_attention"] = (cols <= lengths[:, None]).astype(np.int32)
+    logits = np.asarray(jax.jit(model.apply)(params, batch))
+    after_eos = (np.cumsum(tokens == 1, axis=1) - (tokens == 1)) > 0
+    generated = (cols >= lengths[:, None]) & ~after_eos
+    return logits, generated
+
+
+def _check_against_full_forward(setup, tokens, scores, lengths, prefix_lm=False, greedy=True):
+    logits, generated = _full_forward(setup, tokens, lengths, prefix_lm)
+    if greedy:
+        np.testing.assert_array_equal(logits.argmax(-1)[generated], tokens[generated])
+    logp = np.asarray(jax.nn.log_softmax(logits))
+    token_logp = np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    np.testing.assert_allclose(scores, np.where(generated, token_logp, 0).sum(1), rtol=1e-4, atol=1e-4)
+
+
+# --- the network's decode-mode contract ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_decode_mode_chunks_give_the_full_forward_logits(tiny, scan):
+    net = Decoder(tiny.decoder_only.replace(scan_layers=scan))
+    tokens = tiny.random_tokens(3, (2, 9), 67)
+    params = net.init(jax.random.PRNGKey(1), tokens)["params"]
+    full = np.asarray(net.apply({"params": params}, tokens))
+    apply = jax.jit(functools.partial(net.apply, decode=True, mutable=["cache"]))
+    sized = jax.eval_shape(lambda: net.apply({"params": params}, jnp.zeros((2, 9), jnp.int32), **_DECODE)[1])
+    empty = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sized["cache"])
+    assert empty["cached_key_mask"].shape == (2, 9) and empty["cache_index"].shape == ()
+    for chunks in ([1] * 9, [4, 1, 1, 1, 1, 1], [2, 3, 4]):
+        cache, got, start = empty, [], 0
+        for n in chunks:
+            logits, mutated = apply({"params": params, "cache": cache}, tokens[:, start : start + n])
+            cache, start = mutated["cache"], start + n
+            got.append(np.asarray(logits))
+        np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-5)
+        assert int(cache["cache_index"]) == 9 and np.all(np.asarray(cache["cached_key_mask"]) == 1)
+
+
+def test_left_padded_chunk_with_masked_padding_and_prefix(tiny):
+    """A prompt left-padded in the cache (segment id 0) gives the unpadded logits; with
+    `decoder_causal_attention` the chunk attends as the full prefix-LM forward does."""
+    net = Decoder(tiny.decoder_only)
+    tokens = tiny.random_tokens(4, (1, 6), 67)
+    params = net.init(jax.random.PRNGKey(2), tokens)["params"]
+    prefix = np.array([[1, 1, 1, 1, 0, 0]], np.int32)
+    for causal in (None, prefix):
+        full = np.asarray(net.apply({"params": params}, tokens, None, causal))
+        sized = jax.eval_shape(lambda: net.apply({"params": params}, jnp.zeros((1, 10), jnp.int32), **_DECODE)[1])
+        cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sized["cache"])
+        chunk = np.concatenate([np.full((1, 3), 5, np.int32), tokens[:, :4]], axis=1)  # 3 padding keys
+        segments = np.array([[0, 0, 0, 1, 1, 1, 1]], np.int32)
+        chunk_prefix = None if causal is None else np.pad(prefix[:, :4], ((0, 0), (3, 0)))
+        logits, mutated = net.apply({"params": params, "cache": cache}, chunk, segments, chunk_prefix, **_DECODE)
+        np.testing.assert_array_equal(mutated["cache"]["cached_key_mask"], [[0, 0, 0, 1, 1, 1, 1, 0, 0, 0]])
+        got = [np.asarray(logits)[:, 3:]]
+        cache = mutated["cache"]
+        for t in (4, 5):
+            logits, mutated = net.apply({"params": params, "cache": cache}, tokens[:, t : t + 1], **_DECODE)
+            cache = mutated["cache"]
+            got.append(np.asarray(logits))
+        np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-5)
+
+
+def test_left_align_and_prepend_prompts():
+    prompts = jnp.array([[5, 6, 0], [0, 0, 0], [7, 8, 9]], jnp.int32)
+    tokens, segments, lengths = left_align(prompts)
+    np.testing.assert_array_equal(tokens, [[0, 0, 5, 6], [0, 0, 0, 0], [0, 7, 8, 9]])
+    np.testing.assert_array_equal(segments, [[0, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(lengths, [2, 0, 3])
+    cont = jnp.array([[11, 12, 1, 0], [13, 14, 15, 16], [17, 0, 0, 0]], jnp.int32)
+    np.testing.assert_array_equal(
+        prepend_prompts(prompts, lengths, cont), [[5, 6, 11, 12], [13, 14, 15, 16], [7, 8, 9, 17]]
+    )
+
+
+# --- predict_batch ------------------------------------------------------------------------------
+
+
+def test_greedy_prefill_equals_forcing_and_the_full_forward(setup):
+    _, _, prompts = setup
+    tokens, scores = _predict(setup)
+    forced, forced_scores = _predict(setup, prefill=False)
+    np.testing.assert_array_equal(tokens, forced)
+    np.testing.assert_allclose(scores, forced_scores, rtol=1e-5, atol=1e-5)
+    lengths = _lengths(prompts)
+    for r, n in enumerate(lengths):
+        np.testing.assert_array_equal(tokens[r, :n], prompts[r, :n])
+    _check_against_full_forward(setup, tokens, scores, lengths)
+    assert tokens.shape == (4, L) and np.all(scores < 0)
+
+
+def test_prefill_without_cache_equals_with_cache(setup):
+    for options in ({}, {"method": "beam", "num_beams": 3, "num_decodes": 2}):
+        cached, s1 = _predict(setup, **options)
+        plain, s2 = _predict(setup, use_cache=False, **options)
+        np.testing.assert_array_equal(cached, plain)
+        np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_lm_prefill_attends_bidirectionally_over_the_prompt(setup):
+    _, _, prompts = setup
+    tokens, scores = _predict(setup, prefix_lm=True)
+    _check_against_full_forward(setup, tokens, scores, _lengths(prompts), prefix_lm=True)
+    _, causal_scores = _predict(setup)
+    assert not np.allclose(scores[:2], causal_scores[:2])  # rows with prompts of 3 and 5 tokens
+
+
+def test_long_prompts_are_cut_and_full_rows_score_zero(setup, tiny):
+    prompts = np.zeros((2, L + 3), np.int32)
+    prompts[0] = tiny.random_tokens(6, (L + 3,), 67)
+    prompts[1, :2] = [4, 5]
+    tokens, scores = _predict(setup, prompts=prompts)
+    np.testing.assert_array_equal(tokens[0], prompts[0, :L])
+    assert scores[0] == 0.0 and scores[1] < 0
+    np.testing.assert_array_equal(tokens, _predict(setup, prompts=prompts, prefill=False)[0])
+
+
+def test_sampling_prefill_equals_forcing_and_is_reproducible(setup):
+    opts = {"method": "sample", "temperature": 1.0, "top_p": 0.95}
+    a, sa = _predict(setup, rng=3, **opts)
+    np.testing.assert_array_equal(a, _predict(setup, rng=3, **opts)[0])
+    forced, sf = _predict(setup, rng=3, prefill=False, **opts)
+    np.testing.assert_array_equal(a, forced)
+    np.testing.assert_allclose(sa, sf, rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(a, _predict(setup, rng=4, **opts)[0])
+    _check_against_full_forward(setup, a, sa, _lengths(setup[2]), greedy=False)
+
+
+def test_top_k_one_and_one_beam_are_greedy(setup):
+    greedy, greedy_scores = _predict(setup)
+    top1, top1_scores = _predict(setup, rng=5, method="sample", top_k=1)
+    np.testing.assert_array_equal(top1, greedy)
+    np.testing.assert_allclose(top1_scores, greedy_scores, rtol=1e-5)
+    beam, beam_scores = _predict(setup, method="beam", num_beams=1, alpha=0.0)
+    np.testing.assert_array_equal(beam, greedy)
+    np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
+
+
+def test_num_decodes_samples_per_prompt(setup):
+    _, _, prompts = setup
+    tokens, scores = _predict(setup, rng=6, method="sample", num_decodes=3)
+    assert tokens.shape == (12, L) and scores.shape == (12,)
+    lengths = np.repeat(_lengths(prompts), 3)
+    np.testing.assert_array_equal(tokens[:, :3][lengths >= 3], np.repeat(prompts[:2, :3], 3, axis=0))
+    assert len({tuple(row) for row in tokens[6:9]}) > 1  # the empty prompt's three samples differ
+    _check_against_full_forward(setup, tokens, scores, lengths, greedy=False)
+
+
+def test_beam_search_with_prompts_returns_the_top_beams(setup):
+    _, _, prompts = setup
+    tokens, scores = _predict(setup, method="beam", num_beams=4, num_decodes=2, alpha=0.0)
+    assert tokens.shape == (8, L)
+    lengths = np.repeat(_lengths(prompts), 2)
+    _check_against_full_forward(setup, tokens, scores, lengths, greedy=False)
+    assert np.all(scores[0::2] >= scores[1::2] - 1e-6)  # best first (alpha 0: by log-probability)
+    _, greedy_scores = _predict(setup)
+    assert np.all(scores[0::2] >= greedy_scores - 1e-5)
+    assert not np.array_equal(tokens[0::2], tokens[1::2])
+
+
+def test_decode_options_are_checked():
+    with pytest.raises(ValueError, match="num_decodes"):
+        DecodeOptions(num_decodes=2)
+    with pytest.raises(ValueError, match="num_beams"):
+        DecodeOptions(method="beam", num_beams=2, num_decodes=3)
+    with pytest.raises(ValueError, match="prefill"):
+        DecodeOptions(prefix_lm=True, prefill=False)
+    with pytest.raises(ValueError, match="num_decodes"):
+        DecodeOptions(method="sample", num_decodes=0)
