@@ -14,8 +14,10 @@ import numpy as np
 
 from cairn import storage
 from cairn.launchers import data as data_lib
+from cairn.launchers import predict_fns
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
+from cairn.launchers.lm_evaluator import ContinuationEvaluator
 from cairn.launchers.sharded_batches import ShardedBatches
 from cairn.launchers.validation import ConfigError, check_model, resolve_mesh
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
@@ -185,8 +187,6 @@ def predict_fn_factory(
     """`make_predict_fn(params)` for `Evaluator.evaluate`: the config's decoding of the model
     dataset's prompts (`encoder_input_tokens`, or a decoder-only decode view's `inputs`), the
     prompt removed, in sharded global batches of `batch_size` rows (`predict_fns`)."""
-    from cairn.launchers import predict_fns
-
     return predict_fns.predict_fn_factory(
         config, model, batch_size, max_decode_length, partitioner=partitioner, log_level=log_level
     )
@@ -225,8 +225,6 @@ def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = (), decod
 
     name = config.eval.task or config.data.task
     if decode and model_family(config.model.kind).continues_prompt:
-        from cairn.launchers.lm_evaluator import ContinuationEvaluator
-
         return ContinuationEvaluator(
             data_lib.get_tasks(config, "eval.task"),
             data_lib.feature_converter(config, pack=False),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,8 +53,6 @@ def split_prompt(dataset: Any, sequence_length: Mapping[str, int] | None = None)
 
 def metric_kind(fn: Any) -> str:
     """`prediction`, `score` or `unknown` (the Evaluator's seqio rule: the signature's names)."""
-    import inspect
-
     params = inspect.signature(fn).parameters
     return "score" if "scores" in params else "prediction" if "predictions" in params else "unknown"
 

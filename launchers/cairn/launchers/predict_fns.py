@@ -27,6 +27,7 @@ import numpy as np
 
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
+from cairn.launchers.decode_views import PROMPT
 from cairn.launchers.sharded_batches import ShardedBatches
 
 
@@ -138,8 +139,6 @@ def predict_fn_factory(
     decode view, `decode_views`), decoded with the config's options; the predictions hold at
     most `max_decode_length` (default: `post_training.max_decode_length`, else the targets
     length of the dataset) tokens and, for a decoder-only model, no prompt."""
-    from cairn.launchers.decode_views import PROMPT
-
     family = model_family(config.model.kind)
     key = PROMPT if family.continues_prompt else "encoder_input_tokens"
     decoder = Decoder(config, model, partitioner, batch_size, log_level)
