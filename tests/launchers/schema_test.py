@@ -68,7 +68,7 @@ HAND_WRITTEN = {
         "log_every": 100,
         "tensorboard": True,
     },
-    "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16},
+    "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16, "decode_metrics": False},
     "post_training": {
         "final_eval": True,
         "num_samples": 4,
@@ -201,7 +201,7 @@ def test_importing_the_schema_and_an_experiment_loads_no_jax():
             "'partitioning.mesh.dta': unknown key of 'partitioning.mesh'; did you mean 'data'?",
         ),
         ("partitioning.mesh", {"model": 0}, "'partitioning.mesh.model': must be a positive int or -1, got 0"),
-        ("eval", 3, "'eval': must be a section (keys batch_size, num_examples, split, task), got 3"),
+        ("eval", 3, "'eval': must be a section (keys batch_size, decode_metrics, num_examples, split, task), got 3"),
     ],
 )
 def test_errors_come_from_the_field_and_name_the_key(path, value, message):

@@ -13,8 +13,10 @@ import ml_collections
 import numpy as np
 
 from cairn.launchers import data as data_lib
+from cairn.launchers import predict_fns
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
+from cairn.launchers.lm_evaluator import ContinuationEvaluator
 from cairn.launchers.sharded_batches import ShardedBatches
 from cairn.launchers.validation import ConfigError, check_model, resolve_mesh
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
@@ -181,33 +183,12 @@ def predict_fn_factory(
     partitioner: Any,
     log_level: int = logging.INFO,
 ) -> Callable:
-    """`make_predict_fn(params)` for `Evaluator.evaluate`: greedy (or the configured) decoding of
-    `encoder_input_tokens`, in global batches of `batch_size` rows sharded over the partitioner's
-    mesh (`ShardedBatches`); on several processes each decodes its rows and all get every output."""
-    from cairn.models import DecodeOptions
-
-    lengths = data_lib.sequence_length(config)
-    options = DecodeOptions(
-        method=config.post_training.decode_method,
-        max_decode_length=max_decode_length or config.post_training.max_decode_length or lengths["targets"],
-        temperature=config.post_training.temperature,
-        top_k=config.post_training.top_k,
+    """`make_predict_fn(params)` for `Evaluator.evaluate`: the config's decoding of the model
+    dataset's prompts (`encoder_input_tokens`, or a decoder-only decode view's `inputs`), the
+    prompt removed, in sharded global batches of `batch_size` rows (`predict_fns`)."""
+    return predict_fns.predict_fn_factory(
+        config, model, batch_size, max_decode_length, partitioner=partitioner, log_level=log_level
     )
-
-    def decode(p, enc):
-        rng = jax.random.PRNGKey(config.seed)
-        return model.predict_batch(p, {"encoder_input_tokens": enc}, options, rng=rng)[0]
-
-    batches = ShardedBatches(partitioner, decode, batch_size, "decodes", log_level)
-
-    def make(params):
-        def predict(ds):
-            idx, enc = _stacked(ds, "encoder_input_tokens")
-            return [(int(i), t.tolist()) for i, t in zip(idx, batches(params, enc))]
-
-        return predict
-
-    return make
 
 
 def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level: int = logging.INFO) -> Callable:
@@ -235,11 +216,23 @@ def _stacked(ds: Any, key: str | None) -> tuple[np.ndarray, Any]:
     return idx, (feats[key] if key is not None else feats)
 
 
-def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = ()) -> Any:
-    """A `cairn.evaluation.Evaluator` over `eval.task` (default `data.task`), `eval.split`."""
+def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = (), decode: bool = False) -> Any:
+    """A `cairn.evaluation.Evaluator` over `eval.task` (default `data.task`), `eval.split`. With
+    `decode`, for a model that continues prompts (decoder-only), a `ContinuationEvaluator`:
+    prediction metrics on the tasks' decode views (`decode_views`), score metrics as without."""
     from cairn.evaluation import Evaluator
 
     name = config.eval.task or config.data.task
+    if decode and model_family(config.model.kind).continues_prompt:
+        return ContinuationEvaluator(
+            data_lib.get_tasks(config, "eval.task"),
+            data_lib.feature_converter(config, pack=False),
+            to_plain(config.data.sequence_length),
+            split=config.eval.split,
+            num_examples=config.eval.num_examples or None,
+            seed=config.seed,
+            loggers=loggers,
+        )
     return Evaluator(
         name,
         data_lib.feature_converter(config, pack=False),
@@ -252,14 +245,22 @@ def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = ()) -> An
 
 
 def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, partitioner: Any = None) -> Callable:
-    """The trainer's `eval_fn`: the Evaluator's score metrics (no decoding during training), in
+    """The trainer's `eval_fn`: the Evaluator's score metrics and, with `eval.decode_metrics`,
+    its prediction metrics (the evaluator from `make_evaluator(config, decode=True)`), in
     sharded batches on the partitioner's mesh (default: `make_partitioner(config)`, the same mesh)."""
     from cairn.trainer import evaluator_callback
 
     partitioner = partitioner if partitioner is not None else make_partitioner(config)
+    batch = config.eval.batch_size
+    predict = (
+        predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)
+        if config.eval.decode_metrics
+        else None
+    )
     return evaluator_callback(
         evaluator,
-        make_score_fn=score_fn_factory(model, config.eval.batch_size, partitioner=partitioner, log_level=logging.DEBUG),
+        make_predict_fn=predict,
+        make_score_fn=score_fn_factory(model, batch, partitioner=partitioner, log_level=logging.DEBUG),
     )
 
 

@@ -11,7 +11,11 @@ directory is polled every `--poll_seconds` for new ones; steps already evaluated
 stops after evaluating step `num_train_steps`, or after `--idle_timeout_seconds` without a
 new checkpoint. Results: `<model_dir>/eval/<split>/` (`evaluated.jsonl`, the Evaluator's
 `metrics.jsonl` and example files, TensorBoard event files). Score metrics always run;
-`--decode` also decodes predictions for prediction metrics. Exit status 2 on a bad config.
+`--decode` also decodes predictions for the tasks' prediction metrics (BLEU, accuracy, ...):
+an encoder-decoder model decodes each example's `inputs`; a decoder-only model continues a
+prompt, the task's `inputs` or else the first half of its `targets`, and the continuation (the
+prompt removed) is compared with the `targets`, or their second half (`decode_views`). Exit
+status 2 on a bad config.
 
 On several processes (started like the train entry point, `multihost.*` or `$CAIRN_*`) every
 process decodes and scores only its rows of each global batch of `eval.batch_size` rows (which
@@ -89,7 +93,7 @@ def make_runner(
         if eval_setup.is_process_0()
         else ()
     )
-    evaluator = builder.make_evaluator(config, loggers=loggers)
+    evaluator = builder.make_evaluator(config, loggers=loggers, decode=decode)
     abstract = checkpoint_params.abstract_params(config, model, partitioner)
     score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=partitioner)
     predict = (

@@ -1,53 +1,56 @@
-"""`//launchers:infer`: predictions of a checkpoint as JSON lines, written in chunks, resumable.
+"""`//launchers:infer`: predictions (or scores) of a checkpoint as JSON lines, written in
+chunks, resumable.
 
     bazel run //launchers:infer -- --config=launchers/configs/shakespeare_t5_tiny.py \
-        --output=preds.jsonl [--checkpoint=DIR] [--step=N] [--chunk_size=64] \
-        [--num_examples=N] [--input_file=prompts.txt]
+        --output=preds.jsonl [--mode=predict|score|predict_with_aux] [--checkpoint=DIR] \
+        [--step=N] [--chunk_size=64] [--num_examples=N] [--input_file=prompts.txt]
 
-Models conditioned on an input feature (the family's `input_feature`: encoder-decoder) predict
-the targets of the config's evaluation task (`eval.task`, default `data.task`; split
-`eval.split`; `--num_examples`, default `eval.num_examples`, 0 for all). Models that continue a
-prompt (`continues_prompt`: decoder-only) continue the lines of `--input_file`, or else the
-first half of each evaluation example's tokens. Decoding follows `post_training.decode_method` etc.
+Every task of the config's evaluation task or mixture (`eval.task`, default `data.task`; split
+`eval.split`; `--num_examples` per task, default `eval.num_examples`, 0 for all) gets its own
+file, rows in input order: `--output` itself for one task, `<output without .jsonl>-<task>.jsonl`
+for each task of a mixture. Encoder-decoder models are fed each example's `inputs`; decoder-only
+models continue a prompt: the task's `inputs`, or else the first half of its `targets` (the
+target is then the second half), or `--input_file`'s lines (one file, no targets). The
+prediction excludes the prompt. `--mode` (t5x's infer modes; `infer_rows`): `predict` (rows
+`{index, input, target, prediction, prediction_ids}`), `score` (`{index, input, target,
+score}`: the target's log-likelihood given the input, summed over its tokens) or
+`predict_with_aux` (`predict`'s rows with `aux: {scores}`, the decoding's log-probability of
+the prediction). Decoding follows `post_training.decode_method` etc.; a prediction has at most
+`post_training.max_decode_length` tokens (default: the targets length; a decoder-only model's
+second half: its length).
 
-Chunk `k` (examples `[k * chunk_size, (k + 1) * chunk_size)`) is written atomically to
-`<output>.parts/part-<k>.jsonl`; a rerun skips the chunks on disk, so an interrupted job
-resumes. `<output>.parts/meta.json` records what the parts are predictions of (checkpoint
-step, examples, chunk size, config hash); a rerun that differs is refused rather than mixed
-(`--overwrite` starts again). When every chunk exists they are joined into `<output>`.
-Rows: `{"index", "input", "target", "prediction", "prediction_ids"}` (decoded with the
-config's vocabulary).
+Chunk `k` of a file (its examples `[k * chunk_size, (k + 1) * chunk_size)`) is written
+atomically to `<file>.parts/part-<k>.jsonl`; a rerun skips the chunks on disk, so an
+interrupted job resumes. `<file>.parts/meta.json` records what the parts are (checkpoint step,
+task, mode, examples, chunk size, config hash); a rerun that differs is refused rather than
+mixed (`--overwrite` starts again). When every chunk exists they are joined into the file.
 
 A chunk is decoded as one global batch of `chunk_size` rows (the last one padded with masked
 rows), so `chunk_size` must divide over the hosts' data shards (any size on one process; the
 batch is padded to a multiple of the data-parallel devices). On several processes
 (started like the train entry point) every process decodes only its rows of each chunk, the
 predictions are gathered in input order, process 0 decides which chunks are missing (all
-processes decode those) and alone writes the parts, `meta.json` and `<output>`.
+processes decode those) and alone writes the parts, `meta.json` and the files.
 """
 
 from __future__ import annotations
 
 import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
-import json
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
-from cairn.launchers import data as data_lib
+from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup, infer_rows
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
-from cairn.launchers.post_training import pad_rows
-from cairn.launchers.sharded_batches import ShardedBatches, check_batch_size
+from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -61,57 +64,7 @@ CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
 NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
 INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one per line")
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and start again")
-
-
-def inputs(config: ml_collections.ConfigDict, vocabulary: Any, num_examples: int | None, input_file: str) -> list[dict]:
-    """`[{"ids", "input", "target"}]`: what each prediction starts from, in order."""
-    family = model_family(config.model.kind)
-    if family.continues_prompt and input_file:
-        prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
-        return [{"ids": vocabulary.encode(p), "input": p, "target": ""} for p in prompts]
-    n = config.eval.num_examples if num_examples is None else num_examples
-    cfg = ml_collections.ConfigDict(config.to_dict())
-    cfg.eval.num_examples = n
-    evaluator = builder.make_evaluator(cfg)
-    task = sorted(evaluator.task_names)[0]
-    rows = []
-    for ex in evaluator.examples(task):
-        if family.continues_prompt:
-            ids = [int(t) for t in ex["targets"]]
-            ids, rest = ids[: len(ids) // 2], ids[len(ids) // 2 :]
-            rows.append({"ids": ids, "input": vocabulary.decode(ids), "target": vocabulary.decode(rest)})
-        else:
-            ids = [int(t) for t in ex[family.input_feature]]
-            rows.append(
-                {
-                    "ids": ids,
-                    "input": vocabulary.decode(ids),
-                    "target": vocabulary.decode([int(t) for t in ex["targets"]]),
-                }
-            )
-    return rows
-
-
-def make_decoder(
-    config: ml_collections.ConfigDict, model: Any, partitioner: Any, prompt_length: int, batch_size: int
-) -> Callable:
-    """`decode(params, ids [n, prompt_length], first_index, total) -> tokens [n, length]` with the
-    config's decoding options, in sharded global batches of `batch_size` rows (`ShardedBatches`)."""
-    from cairn.models import DecodeOptions
-
-    pt = config.post_training
-    family = model_family(config.model.kind)
-    new = pt.max_decode_length or data_lib.sequence_length(config)["targets"]
-    length = new + (prompt_length if family.continues_prompt else 0)
-    options = DecodeOptions(
-        method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k
-    )
-
-    def fn(p, x):
-        rng = jax.random.PRNGKey(config.seed)
-        return model.predict_batch(p, family.decode_batch(x), options, rng=rng)[0]
-
-    return ShardedBatches(partitioner, fn, batch_size, "decodes")
+MODE = flags.DEFINE_string("mode", "predict", "predict, score (target log-likelihoods) or predict_with_aux")
 
 
 def _plan(parts: str, meta: dict, chunks: int, overwrite: bool) -> list[int]:
@@ -142,14 +95,16 @@ def infer(
     input_file: str = "",
     overwrite: bool = False,
     out: Callable[[str], None] = print,
-) -> str:
-    """Writes the predictions to `output` (resuming from its parts); returns the path. Every
-    process of the job calls it; process 0 writes the files."""
+    mode: str = "predict",
+) -> dict[str, str]:
+    """Writes every task's rows to its file (resuming from its parts); returns `{task: file}`.
+    Every process of the job calls it; process 0 writes the files."""
 
     if not output:
         raise ConfigError("output", "--output=path/to/predictions.jsonl is required")
     if chunk_size < 1:
         raise ConfigError("chunk_size", f"must be >= 1, got {chunk_size}")
+    infer_rows.check_mode(mode, input_file)
     try:
         storage.check_writable(os.fspath(storage.path(output).parent) or ".")
     except storage.StorageError as e:
@@ -161,57 +116,57 @@ def infer(
     vocabulary = ready["vocabulary"]
     model = builder.load_model(config, vocabulary, net=ready["model_config"])
     step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
-    rows = inputs(config, vocabulary, num_examples, input_file)
-    parts = output + ".parts"
-    meta = {
-        "checkpoint": storage.absolute(path),
-        "step": step,
-        "num_examples": len(rows),
-        "chunk_size": chunk_size,
-        "config_hash": config_hash(config_io.hashable_config(config)),
-        "input_file": storage.absolute(input_file) if input_file else "",
-    }
+    rows = infer_rows.task_rows(config, vocabulary, num_examples, input_file)
+    tasks = infer_rows.task_objects(config, rows)
+    files = infer_rows.output_paths(output, sorted(rows))
+    for task, file in files.items():
+        meta = {
+            "checkpoint": storage.absolute(path),
+            "step": step,
+            "task": task,
+            "mode": mode,
+            "num_examples": len(rows[task]),
+            "chunk_size": chunk_size,
+            "config_hash": config_hash(config_io.hashable_config(config)),
+            "input_file": storage.absolute(input_file) if input_file else "",
+        }
+        new = infer_rows.new_tokens(config, tasks[task])
+        writer = infer_rows.ChunkWriter(config, model, partitioner, chunk_size, mode, rows[task], new)
+        _write_file(file, meta, rows[task], chunk_size, overwrite, params, writer, vocabulary, out)
+    return files
+
+
+def _write_file(
+    file: str,
+    meta: dict,
+    rows: list[dict],
+    chunk_size: int,
+    overwrite: bool,
+    params: Any,
+    writer: infer_rows.ChunkWriter,
+    vocabulary: Any,
+    out: Callable[[str], None],
+) -> None:
+    """One task's chunks: the missing ones computed and written (process 0), then joined."""
+    parts = file + ".parts"
     chunks = range(0, len(rows), chunk_size)
     missing = eval_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
-    lengths = data_lib.sequence_length(config)
-    prompt_length = (
-        max([len(r["ids"]) for r in rows] + [1]) if family.continues_prompt else lengths[family.input_feature]
-    )
-    decode = make_decoder(config, model, partitioner, prompt_length, chunk_size)
     for k in missing:
         start = chunks[k]
         chunk = rows[start : start + chunk_size]
-        tokens = decode(params, pad_rows([r["ids"] for r in chunk], prompt_length), start, len(rows))
+        lines = writer.lines(params, chunk, start, len(rows), vocabulary)
         if not eval_setup.is_process_0():
             continue
-        lines = []
-        for i, (r, t) in enumerate(zip(chunk, tokens)):
-            pred = [int(x) for x in t]
-            if family.continues_prompt:  # the output starts with the prompt
-                pred = pred[len(r["ids"]) :]
-            end = pred.index(0) if 0 in pred else len(pred)
-            lines.append(
-                json.dumps(
-                    {
-                        "index": start + i,
-                        "input": r["input"],
-                        "target": r["target"],
-                        "prediction": vocabulary.decode(pred[:end]),
-                        "prediction_ids": pred[:end],
-                    },
-                    ensure_ascii=False,
-                )
-            )
         storage.write_text(storage.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))
-        out(f"chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
+        out(f"{file}: chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
     if eval_setup.is_process_0():
         text = "".join(storage.read_text(storage.join(parts, f"part-{k:05d}.jsonl")) for k in range(len(chunks)))
-        storage.write_text(output, text)
+        storage.write_text(file, text)
+    what = "scores" if meta["mode"] == "score" else "predictions"
     out(
-        f"{len(rows)} predictions of step {step} in {output} ({len(missing)} chunks computed, "
+        f"{len(rows)} {what} of step {meta['step']} in {file} ({len(missing)} chunks computed, "
         f"{len(chunks) - len(missing)} resumed)"
     )
-    return output
 
 
 def _main(config: ml_collections.ConfigDict) -> None:
@@ -226,6 +181,7 @@ def _main(config: ml_collections.ConfigDict) -> None:
         config_io.resolve_path(INPUT_FILE.value),
         OVERWRITE.value,
         out=eval_setup.print_on_process_0,
+        mode=MODE.value,
     )
 
 

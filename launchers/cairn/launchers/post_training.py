@@ -67,13 +67,19 @@ def final_evaluation(
     partitioner: Any = None,
     record: Recorder | None = None,
 ) -> dict:
-    """Score metrics (e.g. perplexity) of the evaluation task at the end of training; `record`
-    (e.g. the run's `SummaryWriter.scalars`) gets them as task `eval`, `<task>/<metric>` at `step`,
-    like the loop's evaluations."""
-    score = builder.score_fn_factory(
-        model, config.eval.batch_size, partitioner=_partitioner(config, partitioner), log_level=logging.DEBUG
+    """Score metrics (e.g. perplexity) of the evaluation task at the end of training, and its
+    prediction metrics with `eval.decode_metrics`; `record` (e.g. the run's
+    `SummaryWriter.scalars`) gets them as task `eval`, `<task>/<metric>` at `step`, like the
+    loop's evaluations."""
+    partitioner = _partitioner(config, partitioner)
+    batch = config.eval.batch_size
+    score = builder.score_fn_factory(model, batch, partitioner=partitioner, log_level=logging.DEBUG)
+    predict = (
+        builder.predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)(params)
+        if config.eval.decode_metrics
+        else None
     )
-    result = evaluator.evaluate(score_fn=score(params), step=step)
+    result = evaluator.evaluate(score_fn=score(params), predict_fn=predict, step=step)
     if record is not None and result.metrics:
         flat = {f"{t}/{k}": float(v) for t, metrics in result.metrics.items() for k, v in metrics.items()}
         record("eval", step, flat)

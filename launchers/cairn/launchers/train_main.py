@@ -172,7 +172,7 @@ def _train(
     if jax.process_index() == 0:
         config_io.write_config_json(config)
     model = builder.load_model(config, vocabulary, net=ready["model_config"])
-    evaluator = builder.make_evaluator(config) if ready["eval_tasks"] else None
+    evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready["eval_tasks"] else None
     eval_fn = (
         builder.make_eval_fn(config, model, evaluator, partitioner)
         if (evaluator and config.trainer.eval_every)

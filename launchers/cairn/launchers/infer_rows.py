@@ -1,0 +1,150 @@
+"""What `infer` reads and writes: each task's (prompt, target) rows, its output file, and the
+JSON lines of one chunk in each mode (t5x's infer modes).
+
+* `predict`: rows `{index, input, target, prediction, prediction_ids}`;
+* `score`: rows `{index, input, target, score}`, the log-likelihood of the target given the
+  input (the sum of the target tokens' log-probabilities);
+* `predict_with_aux`: `predict`'s rows with `aux: {scores}`, the log-probability the decoding
+  gave the prediction.
+
+The rows of a task: an encoder-decoder model's are its examples' `inputs` and `targets`; a
+decoder-only model's are the prompts and targets of the task's decode view (`decode_views`:
+`inputs` and `targets`, or the two halves of `targets`), or `--input_file`'s lines as prompts
+(no targets, so no `score` mode).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from cairn import storage
+from cairn.launchers import builder, decode_views, predict_fns
+from cairn.launchers import data as data_lib
+from cairn.launchers.config_base import model_family
+from cairn.launchers.post_training import pad_rows
+from cairn.launchers.validation import ConfigError
+
+MODES = ("predict", "score", "predict_with_aux")
+FILE_TASK = ""  # the task name of `--input_file`'s prompts
+
+
+def check_mode(mode: str, input_file: str) -> None:
+    """`ConfigError` naming `mode` for an unknown mode, or `score` without targets."""
+    if mode not in MODES:
+        raise ConfigError("mode", f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+    if mode == "score" and input_file:
+        raise ConfigError("mode", "score needs targets, and --input_file gives prompts only")
+
+
+def _row(ids: Any, target_ids: Any, vocabulary: Any) -> dict:
+    ids, target = [int(t) for t in ids], [int(t) for t in target_ids]
+    return {"ids": ids, "target_ids": target, "input": vocabulary.decode(ids), "target": vocabulary.decode(target)}
+
+
+def task_rows(
+    config: ml_collections.ConfigDict, vocabulary: Any, num_examples: int | None, input_file: str
+) -> dict[str, list[dict]]:
+    """`{task: [{"ids", "target_ids", "input", "target"}]}` in input order, every task of the
+    evaluation task or mixture (or `{FILE_TASK: rows}` of `--input_file`)."""
+    family = model_family(config.model.kind)
+    if family.continues_prompt and input_file:
+        prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
+        return {FILE_TASK: [{"ids": vocabulary.encode(p), "target_ids": [], "input": p, "target": ""} for p in prompts]}
+    n = config.eval.num_examples if num_examples is None else num_examples
+    if not family.continues_prompt:
+        cfg = ml_collections.ConfigDict(config.to_dict())
+        cfg.eval.num_examples = n
+        evaluator = builder.make_evaluator(cfg)
+        return {
+            t: [_row(ex[family.input_feature], ex["targets"], vocabulary) for ex in evaluator.examples(t)]
+            for t in sorted(evaluator.task_names)
+        }
+    lengths = {k: int(v) for k, v in config.data.sequence_length.items()}
+    out = {}
+    for name, task in sorted(data_lib.get_tasks(config, "eval.task").items()):
+        if config.eval.split not in task.splits:
+            continue
+        ev = decode_views.view_evaluator(task, lengths, config.eval.split, n or None, config.seed, kinds=())
+        out[name] = [_row(ex[decode_views.PROMPT], ex["targets"], vocabulary) for ex in ev.examples(name)]
+    if not out:
+        raise ConfigError("eval.split", f"no task of {config.eval.task or config.data.task!r} has it")
+    return out
+
+
+def output_paths(output: str, tasks: list[str]) -> dict[str, str]:
+    """`{task: file}`: `output` itself for one task; `<output without .jsonl>-<task>.jsonl` each
+    (`/` and `:` in the name made `_`) for several."""
+    if len(tasks) == 1:
+        return {tasks[0]: output}
+    root = output[: -len(".jsonl")] if output.endswith(".jsonl") else output
+    return {t: f"{root}-{t.replace('/', '_').replace(':', '_')}.jsonl" for t in tasks}
+
+
+def new_tokens(config: ml_collections.ConfigDict, task: Any) -> int:
+    """How many tokens a prediction of `task` may have: `post_training.max_decode_length`, else
+    the targets length (a decoder-only model's language-model view: the second half's length)."""
+    length = data_lib.sequence_length(config)["targets"]
+    if task is not None and model_family(config.model.kind).continues_prompt:
+        if not decode_views.has_prompt_feature(task):
+            length -= length // 2
+    return predict_fns.new_tokens(config, length)
+
+
+class ChunkWriter:
+    """The JSON lines of a chunk of rows in one mode (module docstring)."""
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        model: Any,
+        partitioner: Any,
+        chunk_size: int,
+        mode: str,
+        rows: list[dict],
+        new: int,
+    ):
+        self.family = model_family(config.model.kind)
+        self.mode, self.new = mode, new
+        lengths = data_lib.sequence_length(config)
+        if self.family.continues_prompt:
+            self.prompt_width = max([len(r["ids"]) for r in rows] + [1])
+        else:
+            self.prompt_width = lengths[self.family.input_feature]
+        self.target_width = max([len(r["target_ids"]) for r in rows] + [1])
+        self.decoder = predict_fns.Decoder(config, model, partitioner, chunk_size)
+        self.scorer = predict_fns.scorer(model, partitioner, chunk_size)
+
+    def lines(self, params: Any, chunk: list[dict], start: int, total: int, vocabulary: Any) -> list[str]:
+        """The chunk's rows (indices from `start`) as JSON lines; every process calls it."""
+        base = [{"index": start + i, "input": r["input"], "target": r["target"]} for i, r in enumerate(chunk)]
+        if self.mode == "score":
+            feats = predict_fns.score_features(
+                self.family,
+                [r["ids"] for r in chunk],
+                [r["target_ids"] for r in chunk],
+                self.prompt_width,
+                self.target_width,
+            )
+            scores = self.scorer(params, feats, start, total)
+            out = [{**b, "score": float(s)} for b, s in zip(base, scores)]
+        else:
+            prompts = pad_rows([r["ids"] for r in chunk], self.prompt_width)
+            preds, scores = self.decoder(params, prompts, self.new, start, total)
+            out = []
+            for b, pred, s in zip(base, preds, scores):
+                end = pred.index(0) if 0 in pred else len(pred)
+                row = {**b, "prediction": vocabulary.decode(pred[:end]), "prediction_ids": pred[:end]}
+                if self.mode == "predict_with_aux":
+                    row["aux"] = {"scores": float(s)}
+                out.append(row)
+        return [json.dumps(r, ensure_ascii=False) for r in out]
+
+
+def task_objects(config: ml_collections.ConfigDict, names: Mapping[str, Any]) -> dict[str, Any]:
+    """`{name: Task or None}` of the row sets (None for `--input_file`'s)."""
+    tasks = data_lib.get_tasks(config, "eval.task") if any(n != FILE_TASK for n in names) else {}
+    return {n: tasks.get(n) for n in names}

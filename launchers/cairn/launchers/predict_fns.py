@@ -1,0 +1,157 @@
+"""Decoding and scoring in sharded global batches, for both model families: what `eval
+--decode`, decode metrics during training and `infer` run.
+
+`Decoder(config, model, partitioner, batch_size)(params, prompts, new_tokens)` decodes with the
+config's `post_training` options through `predict_batch(params, family.decode_batch(prompts),
+options, rng)`: for an encoder-decoder model `prompts` are the encoder inputs and the output is
+the prediction; for a decoder-only model (`continues_prompt`) each row of the output is its
+prompt (the row's leading non-zero tokens) followed by the continuation, and the prompt is removed here.
+Either way a row's prediction has at most `new_tokens` tokens, next to `predict_batch`'s score
+(the log-probability the decoding gives it).
+
+`score_features(family, prompts, targets)` builds the batch whose `score_batch` is the
+log-likelihood of each target given its prompt: the encoder's inputs and decoder targets, or,
+for a decoder-only model, the prompt and target as one causal sequence with loss weights on the
+target tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from cairn.launchers import data as data_lib
+from cairn.launchers.config_base import model_family
+from cairn.launchers.decode_views import PROMPT
+from cairn.launchers.sharded_batches import ShardedBatches
+
+
+def decode_options(config: ml_collections.ConfigDict, length: int) -> Any:
+    """`DecodeOptions` of the config's `post_training` decoding, `max_decode_length=length`."""
+    from cairn.models import DecodeOptions
+
+    pt = config.post_training
+    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k)
+
+
+def new_tokens(config: ml_collections.ConfigDict, default: int | None = None) -> int:
+    """How many tokens a prediction may have: `post_training.max_decode_length`, else `default`,
+    else `data.sequence_length.targets`."""
+    return int(config.post_training.max_decode_length or default or data_lib.sequence_length(config)["targets"])
+
+
+class Decoder:
+    """Predictions of prompt rows, `batch_size` rows per sharded global batch (module docstring)."""
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        model: Any,
+        partitioner: Any,
+        batch_size: int,
+        log_level: int = logging.INFO,
+    ):
+        self.config, self.model, self.partitioner = config, model, partitioner
+        self.batch_size, self.log_level = batch_size, log_level
+        self.family = model_family(config.model.kind)
+        self._batches: dict[tuple[int, int], ShardedBatches] = {}
+
+    def _sharded(self, width: int, new: int) -> ShardedBatches:
+        if (width, new) not in self._batches:
+            length = new + (width if self.family.continues_prompt else 0)
+            options = decode_options(self.config, length)
+            seed, decode_batch = self.config.seed, self.family.decode_batch
+
+            def fn(p, x):
+                return self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
+
+            self._batches[width, new] = ShardedBatches(self.partitioner, fn, self.batch_size, "decodes", self.log_level)
+        return self._batches[width, new]
+
+    def __call__(
+        self, params: Any, prompts: np.ndarray, new: int, first_index: int = 0, total: int | None = None
+    ) -> tuple[list[list[int]], np.ndarray]:
+        """`(predictions, scores)` of `prompts` `[n, width]` (int32, right-padded with 0)."""
+        prompts = np.asarray(prompts, np.int32)
+        tokens, scores = self._sharded(prompts.shape[1], new)(params, prompts, first_index, total)
+        starts = (
+            np.cumprod(prompts != 0, axis=1).sum(1) if self.family.continues_prompt else np.zeros(len(prompts), int)
+        )
+        preds = [[int(t) for t in row[s : s + new]] for row, s in zip(np.asarray(tokens), starts)]
+        return preds, np.asarray(scores, np.float32)
+
+
+def score_features(
+    family: Any, prompts: list, targets: list, prompt_width: int = 0, target_width: int = 0
+) -> dict[str, np.ndarray]:
+    """The `score_batch` features of (prompt, target) id lists (module docstring), padded to at
+    least `prompt_width` / `target_width` (decoder-only: their sum) so that chunks share a shape."""
+    if not family.continues_prompt:
+        enc = _padded(prompts, prompt_width)
+        dec = _padded(targets, target_width)
+        return {
+            "encoder_input_tokens": enc,
+            "decoder_target_tokens": dec,
+            "decoder_input_tokens": _shift_right(dec),
+            "decoder_loss_weights": (dec > 0).astype(np.int32),
+        }
+    rows = [list(p) + list(t) for p, t in zip(prompts, targets)]
+    seq = _padded(rows, prompt_width + target_width)
+    weights = np.zeros_like(seq)
+    for i, (p, t) in enumerate(zip(prompts, targets)):
+        weights[i, len(p) : len(p) + len(t)] = 1
+    return {"decoder_target_tokens": seq, "decoder_input_tokens": _shift_right(seq), "decoder_loss_weights": weights}
+
+
+def _padded(rows: list, width: int = 0) -> np.ndarray:
+    out = np.zeros((len(rows), max([len(r) for r in rows] + [1, width])), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _shift_right(x: np.ndarray) -> np.ndarray:
+    """Decoder inputs: the targets shifted right by one, BOS (0) first (the feature converters')."""
+    return np.concatenate([np.zeros((len(x), 1), x.dtype), x[:, :-1]], axis=1)
+
+
+def scorer(model: Any, partitioner: Any, batch_size: int, log_level: int = logging.INFO) -> ShardedBatches:
+    """`score(params, features) -> [n]` log-likelihoods (`model.score_batch`), sharded."""
+    return ShardedBatches(partitioner, model.score_batch, batch_size, "scores", log_level)
+
+
+def predict_fn_factory(
+    config: ml_collections.ConfigDict,
+    model: Any,
+    batch_size: int,
+    max_decode_length: int | None = None,
+    *,
+    partitioner: Any,
+    log_level: int = logging.INFO,
+) -> Callable:
+    """`make_predict_fn(params)` for `Evaluator.evaluate` (both families): the prompts are the
+    model dataset's `encoder_input_tokens` (encoder-decoder) or its `inputs` (a decoder-only
+    decode view, `decode_views`), decoded with the config's options; the predictions hold at
+    most `max_decode_length` (default: `post_training.max_decode_length`, else the targets
+    length of the dataset) tokens and, for a decoder-only model, no prompt."""
+    family = model_family(config.model.kind)
+    key = PROMPT if family.continues_prompt else "encoder_input_tokens"
+    decoder = Decoder(config, model, partitioner, batch_size, log_level)
+
+    def make(params):
+        def predict(ds):
+            rows = list(ds.as_numpy_iterator())
+            idx = [int(i) for i, _ in rows]
+            prompts = np.stack([f[key] for _, f in rows])
+            width = int(np.shape(rows[0][1]["decoder_target_tokens"])[0])
+            preds, _ = decoder(params, prompts, max_decode_length or new_tokens(config, width))
+            return list(zip(idx, preds))
+
+        return predict
+
+    return make
