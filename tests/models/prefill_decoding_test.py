@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cairn.models import DecodeOptions, DecoderOnlyModel
+from cairn.models import DecodeOptions, DecoderOnlyModel, get_preset
 from cairn.models.decoder_only import Decoder
 from cairn.models.decoding import left_align, prepend_prompts
 
@@ -16,10 +16,12 @@ L = 10  # max_decode_length
 _DECODE = {"decode": True, "mutable": ["cache"]}
 
 
-@pytest.fixture(scope="module")
-def setup(tiny):
-    """The tiny decoder-only model, its params, and right-padded prompts of lengths 3, 5, 0, 1."""
-    model = DecoderOnlyModel(tiny.decoder_only)
+@pytest.fixture(scope="module", params=["decoder_only", "llama"])
+def setup(tiny, request):
+    """A tiny decoder-only model of each family (T5-style with relative positions; Llama with
+    RoPE and grouped-query heads), its params, and right-padded prompts of lengths 3, 5, 0, 1."""
+    config = tiny.decoder_only if request.param == "decoder_only" else get_preset("llama_tiny").replace(vocab_size=67)
+    model = DecoderOnlyModel(config)
     params = model.init(jax.random.PRNGKey(0))
     prompts = np.zeros((4, 5), np.int32)
     prompts[0, :3] = tiny.random_tokens(1, (3,), 67)
@@ -34,10 +36,11 @@ _COMPILED: dict = {}
 def _predict(setup, rng=0, prompts=None, **options):
     model, params, default_prompts = setup
     opts = DecodeOptions(max_decode_length=L, **options)
-    if opts not in _COMPILED:
-        _COMPILED[opts] = jax.jit(functools.partial(model.predict_batch, options=opts))
+    key = (id(model), opts)
+    if key not in _COMPILED:
+        _COMPILED[key] = jax.jit(functools.partial(model.predict_batch, options=opts))
     prompts = default_prompts if prompts is None else prompts
-    return jax.tree_util.tree_map(np.asarray, _COMPILED[opts](params, prompts, rng=jax.random.PRNGKey(rng)))
+    return jax.tree_util.tree_map(np.asarray, _COMPILED[key](params, prompts, rng=jax.random.PRNGKey(rng)))
 
 
 def _lengths(prompts):
