@@ -26,7 +26,7 @@ def network_for(config: Any) -> nn.Module:
     if cls is None:
         known = ", ".join(c.__name__ for c in NETWORKS)
         raise TypeError(f"expected one of {known}, got {type(config).__name__}")
-    return cls(config)  # type: ignore[call-arg]
+    return cls(config)
 
 
 def abstract_variables(config: Any, batch: int = 1, length: int = 4) -> Any:
