@@ -140,7 +140,7 @@ def test_describe_lists_every_key_with_type_default_range_and_help():
     assert rows["optimizer.clip_grad_norm"][1:3] == ("float or None", "None")
     assert rows["partitioning.mesh"][1] == "mapping of int"
     assert rows["partitioning.mesh"][3] == "keys data, fsdp, model; >= 1 or -1"
-    assert rows["model.kind"][3] == "one of encoder_decoder, decoder_only"
+    assert rows["model.kind"][3] == "one of encoder_decoder, decoder_only, llama"
     assert all(len(row) == 5 and all(isinstance(x, str) for x in row) for row in rows.values())
 
 
