@@ -174,23 +174,6 @@ def make_optimizer(config: ml_collections.ConfigDict) -> Any:
     )
 
 
-def predict_fn_factory(
-    config: ml_collections.ConfigDict,
-    model: Any,
-    batch_size: int,
-    max_decode_length: int | None = None,
-    *,
-    partitioner: Any,
-    log_level: int = logging.INFO,
-) -> Callable:
-    """`make_predict_fn(params)` for `Evaluator.evaluate`: the config's decoding of the model
-    dataset's prompts (`encoder_input_tokens`, or a decoder-only decode view's `inputs`), the
-    prompt removed, in sharded global batches of `batch_size` rows (`predict_fns`)."""
-    return predict_fns.predict_fn_factory(
-        config, model, batch_size, max_decode_length, partitioner=partitioner, log_level=log_level
-    )
-
-
 def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level: int = logging.INFO) -> Callable:
     """`make_score_fn(params)` for `Evaluator.evaluate`: each example's target log-likelihood, in
     global batches of `batch_size` rows sharded over the partitioner's mesh (`ShardedBatches`)."""
@@ -253,7 +236,7 @@ def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, 
     partitioner = partitioner if partitioner is not None else make_partitioner(config)
     batch = config.eval.batch_size
     predict = (
-        predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)
+        predict_fns.predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)
         if config.eval.decode_metrics
         else None
     )

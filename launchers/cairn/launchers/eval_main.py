@@ -38,7 +38,7 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup
+from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup, predict_fns
 from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
 
@@ -97,7 +97,9 @@ def make_runner(
     abstract = checkpoint_params.abstract_params(config, model, partitioner)
     score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=partitioner)
     predict = (
-        builder.predict_fn_factory(config, model, config.eval.batch_size, partitioner=partitioner) if decode else None
+        predict_fns.predict_fn_factory(config, model, config.eval.batch_size, partitioner=partitioner)
+        if decode
+        else None
     )
 
     def run(path: str, step: int | None) -> tuple:

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from cairn import storage
-from cairn.launchers import builder
+from cairn.launchers import builder, predict_fns
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
 from cairn.launchers.sharded_batches import ShardedBatches
@@ -75,7 +75,7 @@ def final_evaluation(
     batch = config.eval.batch_size
     score = builder.score_fn_factory(model, batch, partitioner=partitioner, log_level=logging.DEBUG)
     predict = (
-        builder.predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)(params)
+        predict_fns.predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)(params)
         if config.eval.decode_metrics
         else None
     )
