@@ -119,6 +119,8 @@ def test_hf_checkpoint_needs_a_family_with_a_converter(tmp_path):
         validation.check_paths(config)
     config.model.kind = "encoder_decoder"
     validation.check_paths(config)
+    config.model.kind = "llama"  # cairn.models.llama.hf
+    validation.check_paths(config)
 
 
 def test_pretrain_takes_the_family_optimizer():

@@ -209,7 +209,8 @@ def _write_config(directory, **changes):
         (dict(intermediate_size=64), r"tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[48, 32\]"),
         (
             dict(num_attention_heads=2, num_key_value_heads=2, head_dim=None),
-            r"tensor 'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \[16, 32\], config.json implies \[32, 32\]",
+            r"tensor 'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \[16, 32\], "
+            r"config.json implies \[32, 32\]",
         ),
         (dict(tie_word_embeddings=True), "lm_head.weight differs"),
         (dict(num_hidden_layers=3), r"no tensor 'model\.layers\.2\.input_layernorm\.weight'"),
@@ -244,3 +245,15 @@ def test_config_defaults_and_bfloat16_weights(tmp_path):
     emb = hf.model.embed_tokens.weight.float().detach().numpy()
     np.testing.assert_array_equal(params["token_embedder"]["embedding"], emb)
     assert params["token_embedder"]["embedding"].dtype == np.float32
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_imported_tree_has_the_shapes_of_the_family_model(scan, tmp_path):
+    """What the launchers' `init.hf_checkpoint` checks: `config_from_hf_dir`'s model, initialised,
+    has exactly the imported tree's shapes."""
+    directory = _save(_hf_model(head_dim=16), tmp_path)
+    config = llama_hf.config_from_hf_dir(directory, scan_layers=scan)
+    model = get_family("llama").make_model(config)
+    want = jax.tree_util.tree_map(lambda a: a.shape, jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+    _, params = llama_hf.import_hf(directory, scan_layers=scan)
+    assert jax.tree_util.tree_map(np.shape, params) == want
