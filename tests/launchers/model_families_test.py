@@ -113,11 +113,13 @@ def test_hf_checkpoint_needs_a_family_with_a_converter(tmp_path):
     config.init.hf_checkpoint = str(tmp_path)
     with pytest.raises(
         ConfigError,
-        match=r"'init.hf_checkpoint': Hugging Face import covers encoder_decoder "
+        match=r"'init.hf_checkpoint': Hugging Face import covers encoder_decoder, llama "
         r"models only; model.kind is 'decoder_only'",
     ):
         validation.check_paths(config)
     config.model.kind = "encoder_decoder"
+    validation.check_paths(config)
+    config.model.kind = "llama"  # cairn.models.llama.hf
     validation.check_paths(config)
 
 

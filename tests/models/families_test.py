@@ -26,6 +26,7 @@ from cairn.models import (
 )
 from cairn.models.decoder_only import Decoder
 from cairn.models.hf_interchange import config_from_hf_dir
+from cairn.models.llama import hf as llama_hf
 from cairn.models.t5.network import EncoderDecoder
 
 
@@ -96,7 +97,8 @@ def test_llama_facts():
     assert (f.config_class, f.model_class, f.network_class) == (LlamaConfig, DecoderOnlyModel, Llama)
     assert f.features == ("targets",) and f.input_feature is None and f.continues_prompt
     assert f.feature_converter == "LMFeatureConverter" and f.samples == families.SAMPLES_PROMPT_CONTINUATIONS
-    assert f.hf is None
+    assert f.hf is not None and f.hf.import_dir is llama_hf.import_hf and f.hf.export_dir is llama_hf.export_hf
+    assert f.hf.config_from_dir is llama_hf.config_from_hf_dir
     assert f.pretrain_optimizer == get_family("decoder_only").pretrain_optimizer
     assert f.presets == ("llama_tiny", "llama_150m", "llama_1b", "llama_7b")
     model = f.make_model(PRESETS["llama_tiny"])

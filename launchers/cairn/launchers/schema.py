@@ -180,7 +180,7 @@ class Logging:
 class Init:
     checkpoint: str = knob("", "a cairn checkpoint whose params the run starts from")
     checkpoint_step: int | None = knob(None, "its step (None: the latest)")
-    hf_checkpoint: str = knob("", "a Hugging Face T5 directory (config.json + model.safetensors)")
+    hf_checkpoint: str = knob("", "a Hugging Face T5 or Llama directory (config.json + safetensors)")
 
 
 @dataclasses.dataclass

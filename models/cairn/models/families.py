@@ -25,6 +25,7 @@ from cairn.models import hf_interchange, params
 from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
 from cairn.models.decoder_only_model import DecoderOnlyModel
 from cairn.models.encoder_decoder_model import EncoderDecoderModel
+from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.network import Llama
 from cairn.models.presets import PRESETS
@@ -175,7 +176,11 @@ _FAMILIES: dict[str, ModelFamily] = {
             input_feature=None,
             decode_batch=_prompt_batch,
             samples=SAMPLES_PROMPT_CONTINUATIONS,
-            hf=None,  # the transformers Llama converter is not written yet
+            hf=HFConverter(
+                import_dir=llama_hf.import_hf,
+                export_dir=llama_hf.export_hf,
+                config_from_dir=llama_hf.config_from_hf_dir,
+            ),
             count_params=params.count_params,
             pretrain_optimizer=_LM_PRETRAIN_OPTIMIZER,
         ),
