@@ -5,8 +5,9 @@
 Runtime is the dependency closure (installed metadata of the running interpreter, markers
 evaluated with the extras asked for) of what the eight libraries' pyproject.toml files declare,
 every extra included but `TEST_EXTRAS` (storage's `testing`, tokenizers' `hf`), plus
-`RUNTIME_ROOTS`. Test-only is the closure of `TEST_ROOTS` and `TEST_EXTRAS` less the runtime set. A frozen package in neither closure is unused: it is named
-on stderr and left out of both files. Each file keeps its header (its leading `#` lines).
+`RUNTIME_ROOTS`. Test-only is the closure of `TEST_ROOTS` and `TEST_EXTRAS` less the runtime
+set. A frozen package in neither closure is unused: it is named on stderr and left out of both
+files. Each file keeps its header (its leading `#` lines).
 tests/lock_test.py checks the committed files against the same rules.
 """
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cairn.tokenizers.numpy_tf import NumpyFunctionOps
 from cairn.tokenizers.vocabulary import Vocabulary, VocabularyError, as_text
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+# `tokenizers.Tokenizer` objects are typed `Any`: the package is imported only inside functions.
+HFTokenizer = Any
 
 AUTO = "auto"
 EOS_TOKENS = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
@@ -52,7 +52,7 @@ def _read_file(path: str) -> bytes:
         return f.read()
 
 
-def _load_tokenizer(raw: bytes, path: str) -> Tokenizer:
+def _load_tokenizer(raw: bytes, path: str) -> HFTokenizer:
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -108,7 +108,7 @@ class TokenizerJsonVocabulary(NumpyFunctionOps, Vocabulary):
         settings = json.dumps({"extra_ids": self._extra_ids, **self._ids}, sort_keys=True)
         self._digest = hashlib.sha256(raw + b"\0" + settings.encode()).hexdigest()
 
-    def _role_id(self, tok: Tokenizer, role: str, token: str | None) -> int | None:
+    def _role_id(self, tok: HFTokenizer, role: str, token: str | None) -> int | None:
         if token is None:
             return None
         if token != AUTO:
@@ -124,7 +124,7 @@ class TokenizerJsonVocabulary(NumpyFunctionOps, Vocabulary):
         names = EOS_TOKENS if role == "eos" else BOS_TOKENS
         return next((tok.token_to_id(t) for t in names if tok.token_to_id(t) is not None), None)
 
-    def _add_sentinels(self, tok: Tokenizer, vocab: dict[str, int]) -> None:
+    def _add_sentinels(self, tok: HFTokenizer, vocab: dict[str, int]) -> None:
         if not self._extra_ids:
             return
         from tokenizers import AddedToken
@@ -155,7 +155,7 @@ class TokenizerJsonVocabulary(NumpyFunctionOps, Vocabulary):
         return self._path
 
     @property
-    def tokenizer(self) -> Tokenizer:
+    def tokenizer(self) -> HFTokenizer:
         """The `tokenizers.Tokenizer`, sentinels included."""
         return self._tok
 
