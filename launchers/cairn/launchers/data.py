@@ -21,7 +21,7 @@ from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.multihost import stop_together
 from cairn.launchers.validation import ConfigError, close_names
-from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary
+from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary, TokenizerJsonVocabulary
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ def make_vocabulary(config: ml_collections.ConfigDict) -> Any:
 
     if config.vocabulary.kind == "byte":
         return ByteVocabulary(extra_ids=config.vocabulary.extra_ids)
+    if config.vocabulary.kind == "tokenizer_json":
+        return TokenizerJsonVocabulary(config.vocabulary.path, extra_ids=config.vocabulary.extra_ids)
     return SentencePieceVocabulary(config.vocabulary.path, extra_ids=config.vocabulary.extra_ids)
 
 

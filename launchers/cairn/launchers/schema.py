@@ -51,8 +51,12 @@ class Model:
 
 @dataclasses.dataclass
 class Vocabulary:
-    kind: str = knob("sentencepiece", "sentencepiece (a .model file) or byte (ByT5)", choices=("sentencepiece", "byte"))
-    path: str = knob("", "the SentencePiece .model")
+    kind: str = knob(
+        "sentencepiece",
+        "sentencepiece (a .model file), tokenizer_json (a Hugging Face tokenizer.json) or byte (ByT5)",
+        choices=("sentencepiece", "tokenizer_json", "byte"),
+    )
+    path: str = knob("", "the SentencePiece .model or the tokenizer.json")
     extra_ids: int = knob(100, "T5 sentinels <extra_id_0>... at the top of the ids", min=0)
 
 

@@ -215,10 +215,17 @@ def _exists(path: str) -> bool:
         return False
 
 
+# vocabulary.kind -> what its vocabulary.path must name.
+_VOCABULARY_FILES = {
+    "sentencepiece": "SentencePiece vocabulary needs a .model",
+    "tokenizer_json": "tokenizer_json vocabulary needs a Hugging Face tokenizer.json",
+}
+
+
 def check_paths(config: Any) -> None:
-    if config.vocabulary.kind == "sentencepiece":
+    if config.vocabulary.kind in _VOCABULARY_FILES:
         if not config.vocabulary.path:
-            raise ConfigError("vocabulary.path", "a SentencePiece vocabulary needs a .model path")
+            raise ConfigError("vocabulary.path", f"a {_VOCABULARY_FILES[config.vocabulary.kind]} path")
         if not _exists(config.vocabulary.path):
             raise ConfigError("vocabulary.path", f"no such file {config.vocabulary.path!r}")
     for key in ("init.checkpoint", "init.hf_checkpoint"):

@@ -1,12 +1,15 @@
-"""cairn.tokenizers: vocabularies (SentencePiece, Byte, PassThrough) in Python and TensorFlow.
+"""cairn.tokenizers: vocabularies (SentencePiece, Hugging Face tokenizer.json, Byte, PassThrough)
+in Python and TensorFlow.
 
-Importing this package loads neither TensorFlow nor JAX; TensorFlow is imported only
-when a `*_tf` method is first called.
+Importing this package loads neither TensorFlow, JAX nor Hugging Face `tokenizers`; TensorFlow
+is imported only when a `*_tf` method is first called, `tokenizers` when a
+`TokenizerJsonVocabulary` is first built.
 """
 
 from cairn.tokenizers.byte_vocabulary import ByteVocabulary
 from cairn.tokenizers.passthrough_vocabulary import PassThroughVocabulary
 from cairn.tokenizers.sentencepiece_vocabulary import SentencePieceVocabulary
+from cairn.tokenizers.tokenizer_json_vocabulary import TokenizerJsonVocabulary
 from cairn.tokenizers.train import train_sentencepiece
 from cairn.tokenizers.vocabulary import PAD_ID, Vocabulary, VocabularyError
 
@@ -17,6 +20,7 @@ __all__ = [
     "ByteVocabulary",
     "PassThroughVocabulary",
     "SentencePieceVocabulary",
+    "TokenizerJsonVocabulary",
     "Vocabulary",
     "VocabularyError",
     "train_sentencepiece",

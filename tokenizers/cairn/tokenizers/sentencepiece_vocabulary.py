@@ -8,17 +8,16 @@ in T5 and seqio, and the sentinel text encodes to its id. `vocab_size` counts th
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import sentencepiece as spm
 
 from cairn.tokenizers import _proto
-from cairn.tokenizers.vocabulary import Vocabulary, VocabularyError, _tf, as_input
+from cairn.tokenizers.numpy_tf import NumpyFunctionOps
+from cairn.tokenizers.vocabulary import Vocabulary, VocabularyError, as_input
 
 # SentencePieceProcessor.LoadFromSerializedProto is not thread-safe.
 _LOAD_LOCK = threading.Lock()
@@ -55,7 +54,7 @@ def _build_model(
     return raw + extra
 
 
-class SentencePieceVocabulary(Vocabulary):
+class SentencePieceVocabulary(NumpyFunctionOps, Vocabulary):
     """A SentencePiece model (`.model` file) as a `Vocabulary`.
 
     Args:
@@ -174,53 +173,9 @@ class SentencePieceVocabulary(Vocabulary):
         inputs: Any = [as_input(t) for t in texts]  # str and bytes may mix (invalid UTF-8 stays bytes)
         return self._sp.Encode(inputs, out_type=int, num_threads=num_threads)
 
+    def _encode_many(self, texts: list[bytes]) -> list[list[int]]:
+        # SentencePiece sets up a thread pool per threaded call: only worth it for big batches.
+        return self.encode_batch(list(texts), num_threads=-1 if len(texts) >= 1024 else 1)
+
     def _decode(self, ids: list[int]) -> str:
         return self._sp.DecodeIds([i for i in ids if i != self.pad_id])
-
-    # -- tensorflow ------------------------------------------------------------------
-    def _np_encode_one(self, s: bytes) -> np.ndarray:
-        text = as_input(s.item() if isinstance(s, np.ndarray) else s)
-        return np.asarray(self._sp.EncodeAsIds(text), dtype=np.int32)
-
-    def _np_encode_many(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # SentencePiece sets up a thread pool per threaded call: only worth it for big batches.
-        rows = self.encode_batch(list(flat), num_threads=-1 if len(flat) >= 1024 else 1)
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
-        return values, lengths
-
-    def _np_decode_rows(self, rows: np.ndarray) -> np.ndarray:
-        flat = rows.reshape(-1, rows.shape[-1])
-        out = [self._decode(r.tolist()).encode("utf-8") for r in flat]
-        return np.asarray(out, dtype=object).reshape(rows.shape[:-1])
-
-    def _encode_tf(self, s):
-        tf = _tf()
-        s = tf.convert_to_tensor(s, dtype=tf.string)
-        rank = s.shape.rank
-        if rank is None:
-            raise VocabularyError("encode_tf needs a string tensor of known rank")
-        if rank == 0:
-            ids = tf.numpy_function(self._np_encode_one, [s], tf.int32, stateful=False)
-            ids.set_shape([None])
-            return ids
-        outer = tf.shape(s, out_type=tf.int64)
-        values, lengths = tf.numpy_function(
-            self._np_encode_many, [tf.reshape(s, [-1])], [tf.int32, tf.int64], stateful=False
-        )
-        values.set_shape([None])
-        lengths.set_shape([None])
-        rt = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
-        for axis in range(rank - 1, 0, -1):
-            rt = tf.RaggedTensor.from_uniform_row_length(rt, outer[axis], validate=False)
-        return rt
-
-    def _decode_tf(self, ids):
-        tf = _tf()
-        if isinstance(ids, tf.RaggedTensor):
-            ids = ids.to_tensor(default_value=self.pad_id)
-        if ids.shape.rank is None or ids.shape.rank < 1:
-            raise VocabularyError("decode_tf needs an id tensor of rank >= 1")
-        out = tf.numpy_function(self._np_decode_rows, [ids], tf.string, stateful=False)
-        out.set_shape(ids.shape[:-1])
-        return out

@@ -1,0 +1,48 @@
+"""`vocabulary.kind = "tokenizer_json"`: the path is checked like a SentencePiece model's, and
+the launcher builds a `TokenizerJsonVocabulary` with the config's sentinels."""
+
+import pytest
+
+from cairn.launchers import config_base, validation
+from cairn.launchers import data as data_lib
+from cairn.launchers.validation import ConfigError
+from cairn.tokenizers import TokenizerJsonVocabulary
+
+
+def tiny_tokenizer_json(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(["to be or not to be", "that is the question"] * 20, trainer)
+    tok.save(str(path))
+    return path
+
+
+def config_for(path):
+    config = config_base.base_config()
+    config.vocabulary.kind = "tokenizer_json"
+    config.vocabulary.path = str(path)
+    config.vocabulary.extra_ids = 5
+    return config
+
+
+def test_a_missing_or_empty_path_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"'vocabulary.path': no such file '.*absent/tokenizer.json'"):
+        validation.check_paths(config_for(tmp_path / "absent" / "tokenizer.json"))
+    with pytest.raises(ConfigError, match="tokenizer_json vocabulary needs a Hugging Face tokenizer.json path"):
+        validation.check_paths(config_for(""))
+
+
+def test_the_launcher_builds_the_vocabulary(tmp_path):
+    config = config_for(tiny_tokenizer_json(tmp_path / "tokenizer.json"))
+    validation.check_paths(config)
+    vocab = data_lib.make_vocabulary(config)
+    assert isinstance(vocab, TokenizerJsonVocabulary)
+    assert (vocab.eos_id, vocab.extra_ids) == (1, 5)
+    assert vocab.encode("<extra_id_0>") == [vocab.vocab_size - 1]
+    assert vocab.decode(vocab.encode("that is the question")) == "that is the question"
