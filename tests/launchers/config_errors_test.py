@@ -1,6 +1,7 @@
 """Bad configs fail before anything is compiled or written: exit status 2, a message naming
 the key and the allowed values, and a file already in model_dir left as it was (docs/design.md §5)."""
 
+import os
 import pathlib
 
 import launch_util
@@ -107,4 +108,21 @@ def test_a_missing_tokenizer_json_is_named(model_dir, tmp_path):
     missing = tmp_path / "absent" / "tokenizer.json"
     err = fails(model_dir, tmp_path, "--config.vocabulary.kind=tokenizer_json", f"--config.vocabulary.path={missing}")
     assert "'vocabulary.path'" in err and str(missing) in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_split_slice_that_does_not_parse_is_named(model_dir, tmp_path):
+    # A task module registering a TFDS task whose split spec cannot be parsed.
+    (tmp_path / "sliced_tasks.py").write_text(
+        "import cairn.datatasks as dt\n"
+        "def register_tasks(vocabulary):\n"
+        "    dt.TfdsDataSource('toy', '/nowhere', splits=['train[:9O%]'])\n"
+    )
+    err = fails(
+        model_dir,
+        tmp_path,
+        "--config.data.task_modules=('sliced_tasks',)",
+        env={"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"},
+    )
+    assert "split 'train[:9O%]': cannot parse the slice boundary '9O%'" in err
     assert len(err.strip().splitlines()) == 1, err

@@ -20,13 +20,14 @@ from cairn.datatasks.feature_converters import (
     PrefixLMFeatureConverter,
 )
 from cairn.datatasks.inline import map_inline, pipeline_options
+from cairn.datatasks.json_source import JsonLinesDataSource
 from cairn.datatasks.mixture import Mixture
 from cairn.datatasks.preprocessors import map_over_dataset
+from cairn.datatasks.proto_source import ProtoDataSource
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry, get_mixture_or_task
 from cairn.datatasks.sources import (
     DataSource,
     FunctionDataSource,
-    JsonLinesDataSource,
     ShardInfo,
     TextLineDataSource,
     TFExampleDataSource,
@@ -48,6 +49,7 @@ __all__ = [
     "JsonLinesDataSource",
     "LMFeatureConverter",
     "Mixture",
+    "ProtoDataSource",
     "MixtureRegistry",
     "PrefixLMFeatureConverter",
     "Registry",

@@ -13,7 +13,6 @@ import abc
 import dataclasses
 import glob
 import inspect
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ import numpy as np
 from cairn.datatasks.errors import DataTasksError, unknown
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
-from cairn.datatasks.stats import DataStats, counted_filter
+from cairn.datatasks.stats import DataStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +108,18 @@ def relative_name(path: str, root: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class SourceFile:
     """One file of a file source: the index of the pattern that matched it, its path, and
-    its name relative to that pattern's root (what cache fingerprints record)."""
+    its name relative to that pattern's root (what cache fingerprints record); `skip` and
+    `take` (None: to the end) select a window of its examples (a sliced TFDS split)."""
 
     pattern: int
     path: str
     name: str
+    skip: int = 0
+    take: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.skip > 0 or self.take is not None
 
 
 def _seeded_order(n: int, seed: int | None) -> np.ndarray:
@@ -171,7 +177,7 @@ class FileDataSource(DataSource):
         shard_info: ShardInfo | None = None,
         stats: DataStats | None = None,
     ) -> tf.data.Dataset:
-        files = self.list_shards(split)
+        files = self.source_files(split)
         example_level = False
         if shard_info is not None and shard_info.num_shards > 1:
             if len(files) >= shard_info.num_shards:
@@ -180,12 +186,24 @@ class FileDataSource(DataSource):
                 example_level = True
         if shuffle:
             files = [files[i] for i in _seeded_order(len(files), seed)]
-        ds = tf.data.Dataset.from_tensor_slices(files)
+        paths = [f.path for f in files]
+        read: Callable[..., tf.data.Dataset] = self._read_file
+        if any(f.windowed for f in files):  # each file's window: skip, then take (-1: all)
+            ds = tf.data.Dataset.from_tensor_slices(
+                (
+                    paths,
+                    np.array([f.skip for f in files], np.int64),
+                    np.array([-1 if f.take is None else f.take for f in files], np.int64),
+                )
+            )
+            read = lambda path, skip, take: self._read_file(path).skip(skip).take(take)
+        else:
+            ds = tf.data.Dataset.from_tensor_slices(paths)
         if len(files) == 1 or not shuffle:
-            ds = ds.flat_map(self._read_file)
+            ds = ds.flat_map(read)
         else:
             ds = ds.interleave(
-                self._read_file, cycle_length=min(self._cycle_length, len(files)), block_length=1, deterministic=True
+                read, cycle_length=min(self._cycle_length, len(files)), block_length=1, deterministic=True
             )
         if example_level and shard_info is not None:
             ds = ds.shard(shard_info.num_shards, shard_info.index)
@@ -263,112 +281,15 @@ class TFExampleDataSource(FileDataSource):
         return map_inline(ds, lambda r: tf.io.parse_single_example(r, self._description))
 
 
-def _json_spec(value: Any) -> tf.TensorSpec:
-    if isinstance(value, bool) or isinstance(value, int):
-        return tf.TensorSpec([], tf.int64)
-    if isinstance(value, float):
-        return tf.TensorSpec([], tf.float32)
-    if isinstance(value, str):
-        return tf.TensorSpec([], tf.string)
-    if isinstance(value, list):
-        inner = _json_spec(value[0]) if value else tf.TensorSpec([], tf.int64)
-        return tf.TensorSpec([None], inner.dtype)
-    raise DataTasksError(f"JSON value {value!r} has no tensor type; give feature_spec")
-
-
-class JsonLinesDataSource(FileDataSource):
-    """JSON Lines files: one object per line, its fields become features.
-
-    `feature_spec` maps field -> `tf.TensorSpec` (or a dtype for a scalar); without it,
-    the types are inferred from the first line of the first file. Lines that are not
-    valid JSON objects with those fields are skipped and counted as `unparsable`.
-    """
-
-    def __init__(
-        self,
-        split_to_filepattern: Mapping[str, str | Sequence[str]],
-        feature_spec: Mapping[str, Any] | None = None,
-        num_input_examples: Mapping[str, int] | None = None,
-    ):
-        super().__init__(split_to_filepattern, num_input_examples)
-        self._spec = (
-            None
-            if feature_spec is None
-            else {
-                k: v if isinstance(v, tf.TensorSpec) else tf.TensorSpec([], tf.dtypes.as_dtype(v))
-                for k, v in feature_spec.items()
-            }
-        )
-
-    def _feature_spec(self, split: str) -> dict[str, tf.TensorSpec]:
-        if self._spec is None:
-            with tf.io.gfile.GFile(self.list_shards(split)[0], "rb") as f:
-                for line in f:
-                    if line.strip():
-                        self._spec = {k: _json_spec(v) for k, v in json.loads(line).items()}
-                        break
-            if not self._spec:
-                raise DataTasksError(f"split {split!r}: empty JSON lines file, give feature_spec")
-        return self._spec
-
-    def _read_file(self, path):
-        return tf.data.TextLineDataset(path)
-
-    def get_dataset(
-        self,
-        split: str = "train",
-        shuffle: bool = True,
-        seed: int | None = None,
-        shard_info: ShardInfo | None = None,
-        stats: DataStats | None = None,
-    ) -> tf.data.Dataset:
-        self._split_spec = self._feature_spec(split)
-        return super().get_dataset(split, shuffle, seed, shard_info, stats)
-
-    def _postprocess(self, ds, stats):
-        spec = self._split_spec
-        keys = list(spec)
-        empty = [
-            np.full(
-                [0] * len(spec[k].shape), b"" if spec[k].dtype == tf.string else 0, dtype=spec[k].dtype.as_numpy_dtype
-            )
-            for k in keys
-        ]
-
-        def parse(line: bytes):
-            try:
-                obj = json.loads(line)
-                out = [
-                    np.asarray(
-                        obj[k]
-                        if spec[k].dtype != tf.string
-                        else (obj[k].encode("utf-8") if isinstance(obj[k], str) else obj[k]),
-                        dtype=spec[k].dtype.as_numpy_dtype,
-                    ).reshape([-1] * len(spec[k].shape))
-                    for k in keys
-                ]
-                return [np.bool_(True)] + out
-            except Exception:
-                return [np.bool_(False)] + empty
-
-        def to_features(line):
-            ok, *values = tf.numpy_function(parse, [line], [tf.bool] + [spec[k].dtype for k in keys], stateful=False)
-            ok.set_shape([])
-            out = {}
-            for k, v in zip(keys, values):
-                v.set_shape(spec[k].shape)
-                out[k] = v
-            return ok, out
-
-        ds = map_inline(ds, to_features)
-        ds = counted_filter(ds, lambda ok, _: ok, stats, "unparsable")
-        return map_inline(ds, lambda _, x: x)
-
-
 class FunctionDataSource(DataSource):
-    """A source from a function `dataset_fn(split, shuffle_files[, seed]) -> tf.data.Dataset`.
+    """A source from a function `dataset_fn(split, shuffle_files[, seed][, shard_info])`
+    returning a `tf.data.Dataset`.
 
-    Sharding is example-level (every `num_shards`-th example).
+    A function that takes `shard_info` (a `ShardInfo`, or None for everything) reads only its
+    shard (e.g. its files), and `num_shards` tells `list_shards` (and so the cache job, which
+    writes one cache shard per source shard, in parallel) how many shards a split has. A
+    function without `shard_info` is sharded example by example (every `num_shards`-th example
+    of the whole stream) and has one shard per split.
     """
 
     def __init__(
@@ -376,10 +297,26 @@ class FunctionDataSource(DataSource):
         dataset_fn: Callable[..., tf.data.Dataset],
         splits: Sequence[str],
         num_input_examples: Mapping[str, int] | None = None,
+        num_shards: int = 1,
     ):
         super().__init__(splits, num_input_examples)
         self._fn = dataset_fn
-        self._takes_seed = "seed" in inspect.signature(dataset_fn).parameters
+        params = inspect.signature(dataset_fn).parameters
+        self._takes_seed = "seed" in params
+        self._takes_shard_info = "shard_info" in params
+        if not (isinstance(num_shards, int) and num_shards >= 1):
+            raise DataTasksError(f"FunctionDataSource num_shards must be an int >= 1, got {num_shards!r}")
+        if num_shards > 1 and not self._takes_shard_info:
+            raise DataTasksError(
+                f"FunctionDataSource num_shards={num_shards} needs a dataset_fn taking shard_info "
+                f"(to read one shard); {getattr(dataset_fn, '__name__', dataset_fn)!r} does not"
+            )
+        self._num_shards = num_shards
+
+    def list_shards(self, split: str) -> list[str]:
+        self._check_split(split)
+        n = self._num_shards
+        return [split] if n == 1 else [f"{split}-{i:05d}-of-{n:05d}" for i in range(n)]
 
     def get_dataset(
         self,
@@ -390,7 +327,9 @@ class FunctionDataSource(DataSource):
         stats: DataStats | None = None,
     ) -> tf.data.Dataset:
         self._check_split(split)
-        kwargs = {"seed": seed} if self._takes_seed else {}
+        kwargs: dict[str, Any] = {"seed": seed} if self._takes_seed else {}
+        if self._takes_shard_info:
+            return self._fn(split=split, shuffle_files=shuffle, shard_info=shard_info, **kwargs)
         ds = self._fn(split=split, shuffle_files=shuffle, **kwargs)
         if shard_info is not None and shard_info.num_shards > 1:
             ds = ds.shard(shard_info.num_shards, shard_info.index)

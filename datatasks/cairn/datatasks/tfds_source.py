@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from cairn.datatasks import split_slicing
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
-from cairn.datatasks.sources import TFExampleDataSource
+from cairn.datatasks.sources import SourceFile, TFExampleDataSource
 
 
 def _resolve(name: str, data_dir: str) -> tuple[str, str]:
@@ -63,23 +64,78 @@ def _feature_description(path: str) -> dict:
 
 
 class TfdsDataSource(TFExampleDataSource):
-    """A prepared TFDS dataset (`"name/config:version"`) under `tfds_data_dir`."""
+    """A prepared TFDS dataset (`"name/config:version"`) under `tfds_data_dir`.
 
-    def __init__(self, tfds_name: str, tfds_data_dir: str, splits: Sequence[str] | None = None):
+    `splits`: None (every split of the dataset), split specs (each its own name), or a mapping
+    from the task's split names to specs. A spec may slice and join splits as TFDS does
+    (`train[:90%]`, `train[10%:]`, `train[:1000]`, `train[-1%:]`, `train[:2shard]`,
+    `train[:5%]+validation`; `cairn.datatasks.split_slicing`), using the per-shard example
+    counts (`shardLengths`) of `dataset_info.json`.
+    """
+
+    def __init__(
+        self,
+        tfds_name: str,
+        tfds_data_dir: str,
+        splits: Sequence[str] | Mapping[str, str] | None = None,
+    ):
+        specs = None if splits is None else dict(splits) if isinstance(splits, Mapping) else {s: s for s in splits}
+        for spec in (specs or {}).values():
+            split_slicing.parse(spec)  # a spec that does not parse is named before any file is read
         folder, ds_name = _resolve(tfds_name, tfds_data_dir)
         with tf.io.gfile.GFile(os.path.join(folder, "dataset_info.json")) as f:
             info = json.load(f)
+        self._name, self._folder, self._ds_name = tfds_name, folder, ds_name
+        self._lengths = {s["name"]: [int(n) for n in s.get("shardLengths", [])] for s in info.get("splits", [])}
+        if specs is None:
+            specs = {n: n for n in sorted(self._lengths)}
+        self._specs = specs
+        self._windows: dict[str, list[split_slicing.FileWindow] | None] = {}
         counts = {}
-        for s in info.get("splits", []):
-            counts[s["name"]] = sum(int(n) for n in s.get("shardLengths", []))
-        names = list(splits) if splits else sorted(counts)
-        patterns = {s: os.path.join(folder, f"{ds_name}-{s}.tfrecord*") for s in names}
-        first = sorted(tf.io.gfile.glob(patterns[names[0]]))
-        if not first:
-            raise DataTasksError(f"TFDS dataset {tfds_name!r}: no records for split {names[0]!r} in {folder}")
-        description = _feature_description(first[0])
-        super().__init__(patterns, description, {s: counts[s] for s in names if s in counts})
-        self._sparse = [k for k, v in description.items() if isinstance(v, tf.io.VarLenFeature)]
+        for name, spec in specs.items():
+            if split_slicing.is_sliced(spec):
+                known = {k: v for k, v in self._lengths.items() if v}
+                windows = split_slicing.resolve(spec, known)
+                self._windows[name] = windows
+                counts[name] = sum(w.take for w in windows)
+            else:
+                self._windows[name] = None
+                if self._lengths.get(spec):
+                    counts[name] = sum(self._lengths[spec])
+        patterns = {name: [self._pattern(p.name) for p in split_slicing.parse(spec)] for name, spec in specs.items()}
+        super().__init__(patterns, {}, counts)
+        first = self.source_files(next(iter(specs)))
+        self._description = _feature_description(first[0].path)
+        self._sparse = [k for k, v in self._description.items() if isinstance(v, tf.io.VarLenFeature)]
+
+    def _pattern(self, split: str) -> str:
+        return os.path.join(self._folder, f"{self._ds_name}-{split}.tfrecord*")
+
+    def source_files(self, split: str) -> list[SourceFile]:
+        """The files of `split`; for a sliced spec, only the files it touches, each with its
+        window of examples (none when the whole file is selected)."""
+        self._check_split(split)
+        windows = self._windows[split]
+        if windows is None:
+            files = super().source_files(split)
+            if not files:
+                raise DataTasksError(f"TFDS dataset {self._name!r}: no records for split {split!r} in {self._folder}")
+            return files
+        out, listed = [], {}
+        for w in windows:
+            if w.split not in listed:
+                listed[w.split] = sorted(tf.io.gfile.glob(self._pattern(w.split)))
+                if len(listed[w.split]) != len(self._lengths[w.split]):
+                    raise DataTasksError(
+                        f"TFDS dataset {self._name!r} split {w.split!r}: dataset_info.json lists "
+                        f"{len(self._lengths[w.split])} shards, {len(listed[w.split])} files match in {self._folder}"
+                    )
+            path = listed[w.split][w.file]
+            whole = w.skip == 0 and w.take == self._lengths[w.split][w.file]
+            out.append(
+                SourceFile(w.part, path, os.path.basename(path), 0 if whole else w.skip, None if whole else w.take)
+            )
+        return out
 
     def _postprocess(self, ds, stats):
         ds = super()._postprocess(ds, stats)

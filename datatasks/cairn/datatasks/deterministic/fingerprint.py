@@ -114,7 +114,10 @@ def file_fingerprint(file: Any) -> dict:
     absolute path, so a copy of the sources elsewhere has the same fingerprint.
     """
     size, sha = file_digest(file.path)
-    return {"pattern": file.pattern, "name": file.name, "size": size, "sha256": sha}
+    out = {"pattern": file.pattern, "name": file.name, "size": size, "sha256": sha}
+    if getattr(file, "windowed", False):  # a window of the file's examples (a sliced split)
+        out["window"] = [file.skip, file.take]
+    return out
 
 
 def is_file_source(source: Any) -> bool:
@@ -129,6 +132,8 @@ def source_description(task: Any, split: str, files: list[dict] | None = None) -
     desc: dict = {"type": type(source).__name__, "split": split}
     if is_file_source(source):
         desc["files"] = list(files) if files is not None else [file_fingerprint(f) for f in source.source_files(split)]
+        if getattr(source, "decode_fn", None) is not None:  # a proto source's decoder shapes the examples
+            desc["code"] = _code(source.decode_fn)
     else:
         desc["shards"] = source.list_shards(split)
         fn = getattr(source, "_fn", None)
@@ -168,6 +173,8 @@ def source_differences(
                 f"{label} has {new[k]['size']} bytes, the cache recorded "
                 f"{old[k]['size']}: it changed since it was cached"
             )
+        elif old[k].get("window") != new[k].get("window"):
+            out.append(f"{label} was cached with the example window {old[k].get('window')}, is {new[k].get('window')}")
         elif compare_content and old[k].get("sha256") != new[k].get("sha256"):
             out.append(
                 f"{label} content changed since it was cached (sha256 "

@@ -296,6 +296,7 @@ class CachedTask:
                 "split": split,
                 "files": [
                     {"pattern": f.pattern, "name": f.name, "size": file_size(f.path)}
+                    | ({"window": [f.skip, f.take]} if getattr(f, "windowed", False) else {})
                     for f in task.source.source_files(split)
                 ],
             }
