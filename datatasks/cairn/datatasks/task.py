@@ -29,6 +29,8 @@ class Task:
         `preprocessors.base` for the arguments they may receive).
       postprocess_fn: maps decoded model output to the form the metrics take.
       metric_fns: metric functions for evaluation.
+      metric_objs: seqio-style metric objects (`cairn.evaluation.Metric`: built from the
+        model output, merged, computed) for evaluation, beside `metric_fns`.
       bad_data_policy: what to do with undecodable and over-long examples.
     """
 
@@ -42,6 +44,7 @@ class Task:
         metric_fns: Sequence[Callable] = (),
         bad_data_policy: BadDataPolicy | None = None,
         shuffle_buffer_size: int = 1000,
+        metric_objs: Sequence[Any] = (),
     ):
         if not isinstance(name, str) or not _NAME.match(name):
             raise DataTasksError(f"task name must match {_NAME.pattern}, got {name!r}")
@@ -59,6 +62,12 @@ class Task:
         self.preprocessors = tuple(preprocessors)
         self.postprocess_fn = postprocess_fn
         self.metric_fns = tuple(metric_fns)
+        for m in metric_objs:
+            if not (callable(getattr(m, "from_model_output", None)) and hasattr(m, "model_output_type")):
+                raise DataTasksError(
+                    f"task {name!r}: metric object {m!r} has no from_model_output/model_output_type (a Metric)"
+                )
+        self.metric_objs = tuple(metric_objs)
         self.bad_data_policy = bad_data_policy or BadDataPolicy()
         self.shuffle_buffer_size = shuffle_buffer_size
 

@@ -4,8 +4,9 @@ Importing it loads no JAX (it evaluates any model function, ours or not) and no
 TensorFlow until a dataset or the TensorBoard logger is used.
 """
 
-from cairn.evaluation import metrics
+from cairn.evaluation import metric_objects, metrics
 from cairn.evaluation.loggers import JsonLinesLogger, MetricLogger, TensorBoardLogger, read_metrics
+from cairn.evaluation.metric_objects import LegacyMetric, Metric, ModelOutputType
 from cairn.evaluation.metrics._checks import MetricInputError
 
 __version__ = "0.1.0"
@@ -15,9 +16,13 @@ __all__ = [
     "EvaluationResult",
     "Evaluator",
     "JsonLinesLogger",
+    "LegacyMetric",
+    "Metric",
     "MetricInputError",
     "MetricLogger",
+    "ModelOutputType",
     "TensorBoardLogger",
+    "metric_objects",
     "metrics",
     "read_metrics",
 ]

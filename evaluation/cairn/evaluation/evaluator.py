@@ -58,7 +58,12 @@ class EvaluationResult:
         self.errors.setdefault(task, []).append(message)
 
 
-def _metric_kind(fn: Callable) -> str:
+def _metric_kind(fn: Any) -> str:
+    """`prediction`, `score` or `unknown`: a metric object by its `model_output_type`, a
+    metric function by its signature (seqio's rule)."""
+    output_type = getattr(fn, "model_output_type", None)
+    if output_type is not None:
+        return "score" if int(output_type) in (2, 4) else "prediction"
     params = inspect.signature(fn).parameters
     if "scores" in params:
         return "score"
@@ -96,6 +101,8 @@ class Evaluator:
       sequence_length: task feature lengths; default the longest example of each feature.
       registry: where names are looked up (default: the global registry).
       loggers: where metrics and per-example outputs are written.
+      metric_chunk_size: metric objects (`Task.metric_objs`) are built from this many
+        examples at a time and merged (None: all at once); metric functions see every example.
     """
 
     def __init__(
@@ -108,7 +115,11 @@ class Evaluator:
         sequence_length: Mapping[str, int] | None = None,
         registry: Registry | None = None,
         loggers: Sequence[MetricLogger] = (),
+        metric_chunk_size: int | None = None,
     ):
+        if metric_chunk_size is not None and metric_chunk_size < 1:
+            raise EvaluationError(f"metric_chunk_size must be None or >= 1, got {metric_chunk_size}")
+        self._chunk = metric_chunk_size
         if feature_converter.pack:
             raise EvaluationError(
                 f"{feature_converter!r}: evaluation needs pack=False, so each model row is one example"
@@ -234,12 +245,14 @@ class Evaluator:
         result: EvaluationResult,
     ) -> None:
         task, n = data.task, len(data.examples)
-        if not task.metric_fns:
+        objects = tuple(getattr(task, "metric_objs", ()))
+        if not task.metric_fns and not objects:
             result._error(name, f"task {name!r} has no metric functions; nothing to report")
             return
         kinds = {_name(fn): _metric_kind(fn) for fn in task.metric_fns}
-        predictions = scores = None
-        if "prediction" in kinds.values() and predict_fn is not None:
+        wanted = set(kinds.values()) | {_metric_kind(m) for m in objects}
+        predictions = scores = raw = None
+        if "prediction" in wanted and predict_fn is not None:
             raw = self._ordered(name, "predict", predict_fn(data.model_dataset), n, result)
             if raw is not None:
                 vocab = task.output_features["targets"].vocabulary
@@ -247,7 +260,7 @@ class Evaluator:
                     self._postprocess(task, _text(vocab, ids), ex, False) for ids, ex in zip(raw, data.examples)
                 ]
                 result.predictions[name] = predictions
-        if "score" in kinds.values() and score_fn is not None:
+        if "score" in wanted and score_fn is not None:
             scores = self._ordered(name, "score", score_fn(data.model_dataset), n, result)
             if scores is not None:
                 scores = [float(s) for s in scores]
@@ -284,8 +297,47 @@ class Evaluator:
                 )
             for k, v in out.items():
                 metrics.setdefault(k, float(v))
+        for obj in objects:
+            out = self._compute_object(name, data, obj, raw, scores, result)
+            for k, v in (out or {}).items():
+                if k in metrics:
+                    result._error(
+                        name, f"task {name!r}: metric {obj.name} reports {k!r} again; the first value is kept"
+                    )
+                metrics.setdefault(k, float(v))
         if metrics:
             result.metrics[name] = metrics
+
+    def _compute_object(
+        self, name: str, data: _TaskData, obj: Any, raw: list | None, scores: list | None, result: EvaluationResult
+    ) -> dict[str, float] | None:
+        """A metric object over the task: built chunk by chunk, merged, computed."""
+        kind = _metric_kind(obj)
+        outputs: Any = raw if kind == "prediction" else scores
+        if outputs is None:
+            missing = "predict_fn" if kind == "prediction" else "score_fn"
+            result._error(
+                name, f"task {name!r}: metric {obj.name} needs {missing} outputs, which are missing or unusable"
+            )
+            return None
+        n = len(data.examples)
+        step = self._chunk or n
+        try:
+            merged = None
+            for start in range(0, n, step):
+                stop = min(n, start + step)
+                chunk: Any = outputs[start:stop]
+                if int(obj.model_output_type) == 3:  # PREDICTION_WITH_AUX: (predictions, aux)
+                    chunk = (chunk, {})
+                indices = np.stack([np.zeros(stop - start, np.int32), np.arange(start, stop, dtype=np.int32)], 1)
+                part = obj.from_model_output(
+                    data.examples[start:stop], chunk, data.task.output_features, "targets", None, indices
+                )
+                merged = part if merged is None else merged.merge(part)
+            return dict(merged.compute()) if merged is not None else None
+        except Exception as e:  # one bad metric must not hide the others
+            result._error(name, f"task {name!r}: metric {obj.name} raised {type(e).__name__}: {e}")
+            return None
 
     def _rows(self, name: str, data: _TaskData, result: EvaluationResult) -> list[dict[str, Any]]:
         task = data.task

@@ -52,7 +52,11 @@ def split_prompt(dataset: Any, sequence_length: Mapping[str, int] | None = None)
 
 
 def metric_kind(fn: Any) -> str:
-    """`prediction`, `score` or `unknown` (the Evaluator's seqio rule: the signature's names)."""
+    """`prediction`, `score` or `unknown` (the Evaluator's seqio rule: a metric object's
+    `model_output_type`, a function's signature names)."""
+    output_type = getattr(fn, "model_output_type", None)
+    if output_type is not None:
+        return "score" if int(output_type) in (2, 4) else "prediction"
     params = inspect.signature(fn).parameters
     return "score" if "scores" in params else "prediction" if "predictions" in params else "unknown"
 
@@ -61,6 +65,7 @@ def with_metrics(task: Any, kinds: tuple[str, ...]) -> Any:
     """A copy of `task` (same name, not registered) keeping the metric functions of `kinds`."""
     view = copy.copy(task)
     view.metric_fns = tuple(fn for fn in task.metric_fns if metric_kind(fn) in kinds)
+    view.metric_objs = tuple(m for m in getattr(task, "metric_objs", ()) if metric_kind(m) in kinds)
     return view
 
 
