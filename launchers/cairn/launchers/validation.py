@@ -205,20 +205,20 @@ def check_model(config: Any) -> Any:
     return apply_model_keys(config, net)
 
 
-# model.<key> -> the network config field of the same name it sets ('': left as it is).
+# model.<key> -> the network config field of the same name it sets ("preset": left as it is).
 MODEL_FIELD_KEYS = ("dtype", "param_dtype")
 
 
 def apply_model_keys(config: Any, net: Any) -> Any:
-    """`net` with each non-empty `model.<key>` of `MODEL_FIELD_KEYS` set (`model.dtype=bfloat16`
+    """`net` with each `model.<key>` of `MODEL_FIELD_KEYS` that is not "preset" set (`model.dtype=bfloat16`
     for any family). `ConfigError` naming the key when it contradicts `model.overrides`, or when
     the family has no such field and the value is not float32 (what such a family stores)."""
     fields = {f.name for f in dataclasses.fields(net)}
     overrides = to_plain(config.model.overrides)
     changes = {}
     for name in MODEL_FIELD_KEYS:
-        value, key = config.model.get(name, ""), f"model.{name}"
-        if not value:
+        value, key = config.model.get(name, "preset"), f"model.{name}"
+        if value == "preset":
             continue
         if name in overrides and overrides[name] != value:
             raise ConfigError(key, f"{value!r} contradicts model.overrides.{name}={overrides[name]!r}; set one")
