@@ -21,6 +21,11 @@ CONFIG = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
 LLAMA_1B = "launchers/configs/llama_1b_pretrain.py"
 SHAKESPEARE_SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
 PROMPT = "ROMEO. O, she doth teach"
+POD_SETTINGS = [
+    "--config.model.dtype=bfloat16",
+    "--config.model.overrides.scan_layers=True",
+    "--config.model.overrides.remat_policy=full",
+]
 DECODE_MODULES = "--config.data.task_modules=('cairn.launchers.tasks.shakespeare', 'decode_tasks')"
 
 
@@ -53,7 +58,11 @@ def test_model_dtype_sets_every_family_and_param_dtype_where_it_exists(kind, pre
         with pytest.raises(ConfigError, match=r"'model.param_dtype': .*Config stores parameters in float32 only"):
             _checked(config)
     config.model.dtype = "bf16"
-    with pytest.raises(ConfigError, match=r"'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'.*allowed: bfloat16, float16, float32, preset"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'.*"
+        r"allowed: bfloat16, float16, float32, preset",
+    ):
         validation.check_schema(config)
 
 
@@ -102,9 +111,7 @@ def test_param_dtype_reaches_the_parameters():
 
 
 def _train_fails(tmp_path, *overrides):
-    proc = launch_util.train(
-        [f"--config={CONFIG}", f"--config.model_dir={tmp_path / 'run'}", *overrides], timeout=180
-    )
+    proc = launch_util.train([f"--config={CONFIG}", f"--config.model_dir={tmp_path / 'run'}", *overrides], timeout=180)
     assert proc.returncode == 2, launch_util.tail(proc)
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists(), launch_util.tail(proc)
     return proc.stderr.strip().splitlines()[-1]
@@ -121,7 +128,8 @@ def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """shakespeare_llama_tiny, 4 steps on two short plays, bfloat16 compute from the command line."""
+    """shakespeare_llama_tiny, 4 steps on two short plays, with llama_1b_pretrain's model settings
+    from the command line (bfloat16 compute, scanned layers, full remat)."""
     tmp = tmp_path_factory.mktemp("llama")
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)}
     common = [
@@ -134,9 +142,10 @@ def trained(tmp_path_factory):
         "--config.eval.batch_size=4",
         "--config.post_training.max_decode_length=8",
     ]
-    proc = launch_util.train(common + ["--config.model.dtype=bfloat16"], env=env, timeout=600)
+    common += POD_SETTINGS
+    proc = launch_util.train(common, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
-    return tmp, common + ["--config.model.dtype=bfloat16"], env, proc
+    return tmp, common, env, proc
 
 
 def test_training_ends_by_continuing_the_prompts(trained):
@@ -147,6 +156,7 @@ def test_training_ends_by_continuing_the_prompts(trained):
     assert "final evaluation at step 4: shakespeare_lm (validation)" in proc.stdout
     saved = json.loads((tmp / "run" / "config.json").read_text())
     assert saved["model"]["kind"] == "llama" and saved["model"]["dtype"] == "bfloat16"
+    assert saved["model"]["overrides"]["scan_layers"] is True
 
 
 def test_eval_decode_and_infer_with_prompts(trained):
