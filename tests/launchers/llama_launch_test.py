@@ -2,7 +2,8 @@
 `model.dtype` / `model.param_dtype` for every family (bad values: one line, exit 2), the
 shakespeare_llama_tiny experiment trained, continued, evaluated with `--decode` and inferred
 from prompts, and the bf16 pod configs (llama_1b_pretrain, t5_1_1_pretrain:xl_bf16 / xxl_bf16)
-checked by the JobSet renderer's and tpu.sh's dry runs."""
+checked by the JobSet renderer's and tpu.sh's dry runs; the dtype keys on a Hugging Face
+Llama directory's config."""
 
 import json
 import os
@@ -251,3 +252,18 @@ def test_tpu_script_dry_run_carries_the_llama_config(tmp_path):
     train = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")][-1]
     remote = shlex.split(train)[-1]
     assert shlex.split(remote.split(" -- ", 1)[1]) == [f"--config={LLAMA_1B}", "--config.model.dtype=bfloat16"]
+
+
+def test_model_dtypes_apply_to_a_hugging_face_llama_config(tmp_path):
+    import jax
+
+    from cairn.models import PRESETS, DecoderOnlyModel
+    from cairn.models.llama import hf
+
+    net = PRESETS["llama_tiny"]
+    hf.export_hf(DecoderOnlyModel(net).init(jax.random.key(0)), net, str(tmp_path / "hf"))
+    config = _config()
+    config.init.hf_checkpoint = str(tmp_path / "hf")
+    config.model.dtype = config.model.param_dtype = "bfloat16"
+    got = builder.model_config(config)
+    assert (got.dtype, got.param_dtype, got.num_kv_heads, got.vocab_size) == ("bfloat16", "bfloat16", 2, 256)
