@@ -10,7 +10,7 @@ from cairn.launchers import config_base, config_io, train_main, validation
 from cairn.launchers.validation import ConfigError
 
 SIZED = {
-    "t5_1_1_pretrain.py": ("tiny", "small", "base", "large", "xl", "xxl"),
+    "t5_1_1_pretrain.py": ("tiny", "small", "base", "large", "xl", "xxl", "xl_bf16", "xxl_bf16"),
     "t5_1_1_finetune.py": ("tiny", "small", "base", "large", "xl", "xxl"),
     "mt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
     "byt5_pretrain.py": ("small", "base", "large", "xl", "xxl"),
@@ -26,7 +26,12 @@ def load(name, arg=None):
 
 def test_every_experiment_file_is_listed_here():
     files = {p.name for p in launch_util.CONFIGS.glob("*.py")}
-    assert files == set(SIZED) | {"shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py"}
+    assert files == set(SIZED) | {
+        "shakespeare_t5_tiny.py",
+        "shakespeare_lm_tiny.py",
+        "shakespeare_llama_tiny.py",  # tests/launchers/llama_launch_test.py
+        "llama_1b_pretrain.py",  # tests/launchers/llama_launch_test.py
+    }
 
 
 @pytest.mark.parametrize("name,size", [(n, s) for n, sizes in SIZED.items() for s in sizes])
@@ -37,7 +42,7 @@ def test_sized_configs_validate(name, size):
     if config.vocabulary.kind == "sentencepiece":  # the user gives the real one
         config.vocabulary.path = SHAKESPEARE_SPM
     net = validation.check_static(config)
-    assert config.model.preset.endswith(size)
+    assert config.model.preset.endswith(size.removesuffix("_bf16"))
     mesh = validation.check_mesh(config, device_count=64)
     assert mesh["data"] * mesh["fsdp"] * mesh["model"] == 64
     if size in ("tiny", "small", "125m"):
@@ -57,11 +62,11 @@ def test_published_sizes_are_what_the_configs_build():
 
 
 def test_a_size_that_does_not_exist_is_named():
-    with pytest.raises(ValueError, match="tiny, small, base, large, xl, xxl"):
+    with pytest.raises(ValueError, match="tiny, small, base, large, xl, xxl, xl_bf16, xxl_bf16"):
         load("t5_1_1_pretrain.py", "huge")
 
 
-@pytest.mark.parametrize("name", ["shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py"])
+@pytest.mark.parametrize("name", ["shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py", "shakespeare_llama_tiny.py"])
 def test_shakespeare_configs_validate_fully(name, tmp_path):
     config = load(name)
     config.model_dir = str(tmp_path / "run")

@@ -48,3 +48,18 @@ def train(args: list, **kwargs) -> subprocess.CompletedProcess:
 
 def tail(proc: subprocess.CompletedProcess, n: int = 4000) -> str:
     return f"rc={proc.returncode}\nstdout:\n{proc.stdout[-n:]}\nstderr:\n{proc.stderr[-n:]}"
+
+
+def tiny_tokenizer_json(path):
+    """A 300-id byte-level BPE tokenizer.json (with <pad> and </s>) trained on a short text at `path`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(["to be or not to be", "that is the question"] * 20, trainer)
+    tok.save(str(path))
+    return path

@@ -26,6 +26,8 @@ HAND_WRITTEN = {
         "preset": "t5_1_1_tiny",
         "overrides": {},
         "vocab_size": 0,
+        "dtype": "preset",
+        "param_dtype": "preset",
         "label_smoothing": 0.0,
         "z_loss": 1e-4,
         "loss_normalizing_factor": "NUM_REAL_TARGET_TOKENS",
@@ -166,6 +168,9 @@ def test_keys_a_library_owns_have_its_defaults_and_choices():
     assert schema.key("model.kind").allowed() == families.names()
     assert schema.key("model.loss_normalizing_factor").allowed() == (*losses.NORMALIZING_MODES, "none")
     assert schema.key("post_training.decode_method").allowed() == model_base.DECODE_METHODS
+    from cairn.models.transformer_config import DTYPES
+
+    assert schema.key("model.dtype").allowed() == schema.key("model.param_dtype").allowed() == (*DTYPES, "preset")
     assert schema.key("partitioning.mesh").allowed_keys() == tuple(DEFAULT_AXES)
 
 

@@ -2,25 +2,12 @@
 the launcher builds a `TokenizerJsonVocabulary` with the config's sentinels."""
 
 import pytest
+from launch_util import tiny_tokenizer_json
 
 from cairn.launchers import config_base, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 from cairn.tokenizers import TokenizerJsonVocabulary
-
-
-def tiny_tokenizer_json(path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(["to be or not to be", "that is the question"] * 20, trainer)
-    tok.save(str(path))
-    return path
 
 
 def config_for(path):

@@ -18,7 +18,7 @@ from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
 from cairn.launchers.sharded_batches import ShardedBatches
-from cairn.launchers.validation import ConfigError, check_model, resolve_mesh
+from cairn.launchers.validation import ConfigError, apply_model_keys, check_model, resolve_mesh
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes
 
@@ -39,6 +39,7 @@ def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None, pres
     `preset`: `validation.check_model(config)` when the caller has it already."""
     if config.init.hf_checkpoint:
         net = hf_model_config(config.init.hf_checkpoint, to_plain(config.model.overrides), config.model.kind)
+        net = apply_model_keys(config, net)
         vocab_size = net.vocab_size
     else:
         net = preset if preset is not None else check_model(config)

@@ -109,3 +109,12 @@ def model_parallel_mesh(config: ml_collections.ConfigDict, size: str) -> None:
     """Data parallel for the small sizes; 8-way model parallel for xl / xxl (and LM >= 3b)."""
     if size in ("xl", "xxl", "3b", "8b"):
         config.partitioning.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "model": 8})
+
+
+def bf16_scan_remat(config: ml_collections.ConfigDict, remat_policy: str = "full") -> None:
+    """Settings of a large model on a pod: bfloat16 compute (`model.dtype`; parameters stay
+    as the preset stores them), layers under `jax.lax.scan` (one compiled layer) and
+    rematerialization (`remat_policy`: activations recomputed in the backward pass)."""
+    config.model.dtype = "bfloat16"
+    config.model.overrides.scan_layers = True
+    config.model.overrides.remat_policy = remat_policy

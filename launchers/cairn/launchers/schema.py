@@ -30,6 +30,7 @@ from cairn.launchers.schema_fields import Choices, knob, library, section
 
 MODEL_KINDS = library("cairn.models.families", "names")
 MESH_AXES = library("cairn.partitioning.mesh", "DEFAULT_AXES")
+DTYPES = library("cairn.models.transformer_config", "DTYPES", extra=("preset",))
 
 
 @dataclasses.dataclass
@@ -40,6 +41,10 @@ class Model:
         {}, "preset fields to change, e.g. dropout_rate=0.0 (checked against the preset's config)", free_form=True
     )
     vocab_size: int = knob(0, "0: the vocabulary's size rounded up to a multiple of 128", min=0)
+    dtype: str = knob("preset", "compute dtype, any family (preset: the preset's or checkpoint's)", choices=DTYPES)
+    param_dtype: str = knob(
+        "preset", "parameter dtype (preset: the preset's; a family without param_dtype stores float32)", choices=DTYPES
+    )
     label_smoothing: float = knob(0.0, "label smoothing of the cross-entropy loss")
     z_loss: float = knob(1e-4, "auxiliary z-loss coefficient (log of the softmax normalizer squared)")
     loss_normalizing_factor: str = knob(

@@ -196,12 +196,37 @@ def check_model(config: Any) -> Any:
         if name not in fields:
             raise ConfigError(key, f"{type(base).__name__} has no field {name!r}; {_suggest(name, list(fields))}")
         default = getattr(base, name)
-        if default is not None:
+        if default is not None and fields[name].type != "Any":  # `Any` fields check themselves
             check_type(key, value, tuple if isinstance(default, list) else type(default))
     try:
-        return dataclasses.replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+        net = dataclasses.replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
     except (ValueError, TypeError) as e:
         raise ConfigError("model.overrides", str(e)) from None
+    return apply_model_keys(config, net)
+
+
+# model.<key> -> the network config field of the same name it sets ("preset": left as it is).
+MODEL_FIELD_KEYS = ("dtype", "param_dtype")
+
+
+def apply_model_keys(config: Any, net: Any) -> Any:
+    """`net` with each `model.<key>` of `MODEL_FIELD_KEYS` that is not "preset" set (`model.dtype=bfloat16`
+    for any family). `ConfigError` naming the key when it contradicts `model.overrides`, or when
+    the family has no such field and the value is not float32 (what such a family stores)."""
+    fields = {f.name for f in dataclasses.fields(net)}
+    overrides = to_plain(config.model.overrides)
+    changes = {}
+    for name in MODEL_FIELD_KEYS:
+        value, key = config.model.get(name, "preset"), f"model.{name}"
+        if value == "preset":
+            continue
+        if name in overrides and overrides[name] != value:
+            raise ConfigError(key, f"{value!r} contradicts model.overrides.{name}={overrides[name]!r}; set one")
+        if name in fields:
+            changes[name] = value
+        elif value != "float32":
+            raise ConfigError(key, f"{type(net).__name__} stores parameters in float32 only, got {value!r}")
+    return dataclasses.replace(net, **changes) if changes else net
 
 
 def _exists(path: str) -> bool:

@@ -1,0 +1,269 @@
+"""`model.kind = "llama"` through the launchers: the `model.*` keys map onto `LlamaConfig`,
+`model.dtype` / `model.param_dtype` for every family (bad values: one line, exit 2), the
+shakespeare_llama_tiny experiment trained, continued, evaluated with `--decode` and inferred
+from prompts, and the bf16 pod configs (llama_1b_pretrain, t5_1_1_pretrain:xl_bf16 / xxl_bf16)
+checked by the JobSet renderer's and tpu.sh's dry runs; the dtype keys on a Hugging Face
+Llama directory's config."""
+
+import json
+import os
+import shlex
+import subprocess
+import types
+
+import launch_util
+import pytest
+import yaml
+
+from cairn.launchers import builder, config_base, config_io, validation
+from cairn.launchers.validation import ConfigError
+
+CONFIG = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
+LLAMA_1B = "launchers/configs/llama_1b_pretrain.py"
+SHAKESPEARE_SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
+PROMPT = "ROMEO. O, she doth teach"
+POD_SETTINGS = [
+    "--config.model.dtype=bfloat16",
+    "--config.model.overrides.scan_layers=True",
+    "--config.model.overrides.remat_policy=full",
+]
+DECODE_MODULES = "--config.data.task_modules=('cairn.launchers.tasks.shakespeare', 'decode_tasks')"
+
+
+def _config(kind="llama", preset="llama_tiny", **overrides):
+    config = config_base.base_config()
+    config.model.kind, config.model.preset = kind, preset
+    config.model.overrides = overrides
+    return config
+
+
+def _checked(config):
+    validation.check_schema(config)
+    return validation.check_model(config)
+
+
+@pytest.mark.parametrize(
+    "kind,preset", [("encoder_decoder", "t5_1_1_tiny"), ("decoder_only", "decoder_only_tiny"), ("llama", "llama_tiny")]
+)
+def test_model_dtype_sets_every_family_and_param_dtype_where_it_exists(kind, preset):
+    config = _config(kind, preset)
+    assert _checked(config).dtype == "float32"  # "preset": the preset's
+    config.model.dtype = "bfloat16"
+    assert _checked(config).dtype == "bfloat16"
+    config.model.param_dtype = "float32"  # what every family can store
+    assert _checked(config).dtype == "bfloat16"
+    config.model.param_dtype = "bfloat16"
+    if kind == "llama":
+        assert _checked(config).param_dtype == "bfloat16"
+    else:
+        with pytest.raises(ConfigError, match=r"'model.param_dtype': .*Config stores parameters in float32 only"):
+            _checked(config)
+    config.model.dtype = "bf16"
+    with pytest.raises(
+        ConfigError,
+        match=r"'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'.*"
+        r"allowed: bfloat16, float16, float32, preset",
+    ):
+        validation.check_schema(config)
+
+
+def test_model_dtype_and_an_override_that_contradicts_it():
+    config = _config(dtype="float16")
+    config.model.dtype = "bfloat16"
+    with pytest.raises(ConfigError, match=r"'model.dtype': 'bfloat16' contradicts model.overrides.dtype='float16'"):
+        _checked(config)
+
+
+def test_llama_fields_map_onto_the_llama_config():
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    net = _checked(
+        _config(
+            num_kv_heads=1,
+            rope_theta=500000.0,
+            rope_scaling=scaling,
+            tie_word_embeddings=False,
+            scan_layers=True,
+            remat_policy="dots",
+        )
+    )
+    assert (net.num_kv_heads, net.rope_theta, net.tie_word_embeddings) == (1, 500000.0, False)
+    assert (net.scan_layers, net.remat_policy) == (True, "dots")
+    assert net.rope_scaling_dict == {"rope_type": "llama3", **scaling}
+    # A preset with llama3 scaling: a mapping replaces its pairs; a bad one is named.
+    assert _checked(_config(preset="llama_1b", rope_scaling=scaling)).rope_scaling_dict["factor"] == 8.0
+    with pytest.raises(ConfigError, match=r"'model.overrides': LlamaConfig.rope_scaling needs exactly the keys"):
+        _checked(_config(rope_scaling={"factor": 8.0}))
+
+
+def test_heads_not_divisible_by_kv_heads_name_both():
+    with pytest.raises(ConfigError, match=r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"):
+        _checked(_config(num_kv_heads=3))
+
+
+def test_param_dtype_reaches_the_parameters():
+    import jax
+
+    config = _config()
+    config.vocabulary.path = SHAKESPEARE_SPM
+    config.model.dtype = config.model.param_dtype = "bfloat16"
+    params = builder.load_model(config).init(jax.random.key(0))
+    dtypes = {str(p.dtype) for p in jax.tree.leaves(params)}
+    assert dtypes == {"bfloat16"}, dtypes
+
+
+def _train_fails(tmp_path, *overrides):
+    proc = launch_util.train([f"--config={CONFIG}", f"--config.model_dir={tmp_path / 'run'}", *overrides], timeout=180)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists(), launch_util.tail(proc)
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path):
+    line = _train_fails(tmp_path, "--config.model.dtype=bf16")
+    assert line.startswith("error: config key 'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'"), line
+    line = _train_fails(tmp_path, "--config.model.param_dtype=int8")
+    assert line.startswith("error: config key 'model.param_dtype': unknown value 'int8'"), line
+    line = _train_fails(tmp_path, "--config.model.overrides.num_kv_heads=3")
+    assert "num_heads (4) must be a multiple of num_kv_heads (3)" in line, line
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """shakespeare_llama_tiny, 4 steps on two short plays, with llama_1b_pretrain's model settings
+    from the command line (bfloat16 compute, scanned layers, full remat)."""
+    tmp = tmp_path_factory.mktemp("llama")
+    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)}
+    common = [
+        f"--config={CONFIG}",
+        f"--config.model_dir={tmp / 'run'}",
+        f"--config.data.cache_dir={tmp / 'cache'}",
+        "--config.num_train_steps=4",
+        "--config.data.batch_size=8",
+        "--config.eval.num_examples=4",
+        "--config.eval.batch_size=4",
+        "--config.post_training.max_decode_length=8",
+    ]
+    common += POD_SETTINGS
+    proc = launch_util.train(common, env=env, timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    return tmp, common, env, proc
+
+
+def test_training_ends_by_continuing_the_prompts(trained):
+    tmp, _, _, proc = trained
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("generated 0:"))
+    assert line.startswith(f"generated 0: {PROMPT}") and len(line) > len(f"generated 0: {PROMPT}") + 3, line
+    assert "generated 1: To be, or not to be" in proc.stdout
+    assert "final evaluation at step 4: shakespeare_lm (validation)" in proc.stdout
+    saved = json.loads((tmp / "run" / "config.json").read_text())
+    assert saved["model"]["kind"] == "llama" and saved["model"]["dtype"] == "bfloat16"
+    assert saved["model"]["overrides"]["scan_layers"] is True
+
+
+def test_eval_decode_and_infer_with_prompts(trained):
+    """`eval --decode` on the LM task with prediction metrics (decode_tasks.py): prompts (the first
+    half of each example) continued; `infer --mode=predict` continues `--input_file`'s lines."""
+    tmp, common, env, _ = trained
+    here = os.path.dirname(os.path.abspath(__file__))
+    decode_env = {**env, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    decode = [DECODE_MODULES, "--config.eval.task=shakespeare_lm_decode"]
+    proc = launch_util.run(
+        "cairn.launchers.eval_main", common + decode + ["--decode", "--step=4"], env=decode_env, timeout=600
+    )
+    assert proc.returncode == 0, launch_util.tail(proc)
+    out_dir = tmp / "run" / "eval" / "validation"
+    evaluated = [json.loads(l) for l in open(out_dir / "evaluated.jsonl")]
+    metrics = evaluated[-1]["metrics"]["shakespeare_lm_decode"]
+    assert evaluated[-1]["step"] == 4 and metrics["bleu"] >= 0 and metrics["perplexity"] > 1, evaluated
+    examples = [json.loads(l) for l in open(out_dir / "examples" / "shakespeare_lm_decode-00000004.jsonl")]
+    assert len(examples) == 4 and all(r["inputs"] and r["prediction"] for r in examples), examples
+    prompts = tmp / "prompts.txt"
+    prompts.write_text(f"{PROMPT}\nTo be, or not\n")
+    out = tmp / "pred.jsonl"
+    proc = launch_util.run(
+        "cairn.launchers.infer_main",
+        common + [f"--output={out}", "--mode=predict", f"--input_file={prompts}"],
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, launch_util.tail(proc)
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [(r["index"], r["input"]) for r in rows] == [(0, PROMPT), (1, "To be, or not")]
+    assert all(0 < len(r["prediction_ids"]) <= 8 and r["prediction"] for r in rows), rows
+
+
+def test_pod_configs_validate_with_bf16_scan_and_remat():
+    for spec, family in ((LLAMA_1B, "LlamaConfig"), ("launchers/configs/t5_1_1_pretrain.py:xxl_bf16", "T5Config")):
+        config = config_io.resolve_paths(config_io.load_config_file(str(launch_util.REPO / spec)))
+        net = _checked(config)
+        assert type(net).__name__ == family
+        assert (net.dtype, net.scan_layers, net.remat_policy) == ("bfloat16", True, "full")
+    assert (net.emb_dim, net.num_encoder_layers) == (4096, 24)  # xxl
+    llama = config_io.resolve_paths(config_io.load_config_file(str(launch_util.REPO / LLAMA_1B)))
+    assert validation.check_mesh(llama, device_count=256) == {"data": 32, "fsdp": 8, "model": 1}
+    assert llama.partitioning.fsdp_rules and llama.data.sequence_length.targets == 4096
+    tokenizer = types.SimpleNamespace(vocab_size=128000)  # Llama 3's tokenizer.json: the preset's size stays
+    assert builder.model_config(llama, tokenizer).vocab_size == 128256
+
+
+def _jobset(tmp_path, spec, *extra):
+    out = tmp_path / "jobset.yaml"
+    env = {"BUILD_WORKSPACE_DIRECTORY": "", "BUILD_WORKING_DIRECTORY": ""}
+    args = [f"--config={spec}", "--config.model_dir=gs://bucket/runs/x", "--image=registry.example/cairn:1"]
+    args += ["--accelerator=tpu-v5-lite-podslice", "--topology=8x8", f"--output={out}", *extra]
+    proc = launch_util.run("cairn.launchers.jobset", args, env=env, timeout=240)
+    return proc, out
+
+
+@pytest.mark.parametrize("spec", [LLAMA_1B, "launchers/configs/t5_1_1_pretrain.py:xl_bf16"])
+def test_pod_configs_pass_the_jobset_dry_run(tmp_path, spec):
+    """The renderer validates the config for the slice (64 chips, 16 hosts) and writes no run."""
+    extra = []
+    if spec == LLAMA_1B:
+        extra.append(f"--config.vocabulary.path={launch_util.tiny_tokenizer_json(tmp_path / 'tokenizer.json')}")
+    else:
+        extra.append(f"--config.vocabulary.path={SHAKESPEARE_SPM}")
+    proc, out = _jobset(tmp_path, spec, *extra)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    manifest = yaml.safe_load(out.read_text())
+    job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == 16
+    args = job["template"]["spec"]["containers"][0]["args"]
+    assert f"--config={spec}" in args
+    # Too few devices for the fsdp axis: the renderer's one-line config error, exit 2.
+    if spec == LLAMA_1B:
+        proc, _ = _jobset(tmp_path, spec, *extra, "--config.partitioning.mesh.fsdp=128")
+        assert proc.returncode == 2 and "partitioning.mesh" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_tpu_script_dry_run_carries_the_llama_config(tmp_path):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    script = launch_util.REPO / "launchers" / "pod" / "tpu.sh"
+    args = ["--name=p", "--zone=z", "--accelerator_type=v5litepod-64", f"--config={LLAMA_1B}", "--dry_run"]
+    proc = subprocess.run(
+        ["bash", str(script), *args, "--", "--config.model.dtype=bfloat16"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=launch_util.REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    train = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")][-1]
+    remote = shlex.split(train)[-1]
+    assert shlex.split(remote.split(" -- ", 1)[1]) == [f"--config={LLAMA_1B}", "--config.model.dtype=bfloat16"]
+
+
+def test_model_dtypes_apply_to_a_hugging_face_llama_config(tmp_path):
+    import jax
+
+    from cairn.models import PRESETS, DecoderOnlyModel
+    from cairn.models.llama import hf
+
+    net = PRESETS["llama_tiny"]
+    hf.export_hf(DecoderOnlyModel(net).init(jax.random.key(0)), net, str(tmp_path / "hf"))
+    config = _config()
+    config.init.hf_checkpoint = str(tmp_path / "hf")
+    config.model.dtype = config.model.param_dtype = "bfloat16"
+    got = builder.model_config(config)
+    assert (got.dtype, got.param_dtype, got.num_kv_heads, got.vocab_size) == ("bfloat16", "bfloat16", 2, 256)
