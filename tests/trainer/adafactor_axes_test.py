@@ -124,7 +124,9 @@ def test_options_decay_rate_clipping_and_parameter_scale():
     ours, _ = _run(adafactor_axes(LR, fmap, decay_rate=0.5, clipping_threshold=0.3), param, grads)
     ref, _, _ = _t5x_reference(param, grads, LR, decay_rate=0.5, clip=0.3)
     np.testing.assert_allclose(ours[-1], ref[-1], rtol=2e-5, atol=1e-7)
-    plain, _ = _run(adafactor_axes(LR, fmap, multiply_by_parameter_scale=False, clipping_threshold=None), param, grads[:1])
+    plain, _ = _run(
+        adafactor_axes(LR, fmap, multiply_by_parameter_scale=False, clipping_threshold=None), param, grads[:1]
+    )
     step = (param - plain[0]) / LR  # g / sqrt(v): at step 1 the factored estimate of |g|
     g = grads[0].astype(np.float64)
     v_row, v_col = (g * g).mean(axis=2), (g * g).mean(axis=1)

@@ -53,7 +53,9 @@ def test_frozen_params_get_zero_updates_and_no_state():
     params = _params()
     state = make_optimizer(cfg, 0.1).init(params)
     sizes = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
-    trainable = sum(int(np.prod(x.shape)) for p, x in zip(param_paths(params), jax.tree.leaves(params)) if "encoder" not in p)
+    trainable = sum(
+        int(np.prod(x.shape)) for p, x in zip(param_paths(params), jax.tree.leaves(params)) if "encoder" not in p
+    )
     assert sizes <= 2 * trainable + 8  # mu and nu of the trainable params only (+ counts)
 
 
@@ -102,7 +104,11 @@ def test_logical_factoring_with_groups_inside_multi_transform():
     cfg = OptimizerConfig(factoring="logical", freeze=("head",), groups=(ParamGroup("scale", 0.5),))
     tx = make_optimizer(cfg, 0.1, param_axes=axes)
     state = tx.init(params)
-    rows = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.FactoredState)) if isinstance(s, optax.FactoredState)]
+    rows = [
+        s
+        for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.FactoredState))
+        if isinstance(s, optax.FactoredState)
+    ]
     shapes = sorted(tuple(x.shape) for s in rows for x in jax.tree.leaves(s.v_row))
     assert (2, 8) in shapes  # wi's per-layer row statistics
     updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), state, params)

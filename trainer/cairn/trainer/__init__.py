@@ -5,6 +5,7 @@ TensorFlow is imported only when TensorBoard files are written.
 
 __version__ = "0.1.0"
 
+from cairn.trainer.adafactor_axes import STANDARD_FACTOR_RULES, adafactor_axes, logical_factor_map
 from cairn.trainer.checkpoints import (
     AllCheckpointsCorruptError,
     CheckpointConfig,
@@ -19,7 +20,6 @@ from cairn.trainer.faults import DiskFullError, NonFiniteLossError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
 from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
-from cairn.trainer.adafactor_axes import STANDARD_FACTOR_RULES, adafactor_axes, logical_factor_map
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
 from cairn.trainer.param_groups import DEFAULT_NO_DECAY, ParamGroup
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup

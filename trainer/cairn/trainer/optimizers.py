@@ -235,7 +235,9 @@ def make_optimizer(
     def make(scale: float) -> optax.GradientTransformation:
         lr = param_groups.scaled(schedule, scale)
         if config.name == "adamw":
-            return optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay, mask=mask)
+            return optax.adamw(
+                lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay, mask=mask
+            )
         options: dict[str, Any] = dict(
             decay_rate=config.decay_rate,
             clipping_threshold=config.clipping_threshold,

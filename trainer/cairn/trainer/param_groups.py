@@ -33,7 +33,9 @@ class ParamGroup:
     def __post_init__(self):
         compile_pattern(self.pattern)
         if not self.learning_rate_scale > 0:
-            raise ValueError(f"ParamGroup {self.pattern!r}: learning_rate_scale must be > 0, got {self.learning_rate_scale}")
+            raise ValueError(
+                f"ParamGroup {self.pattern!r}: learning_rate_scale must be > 0, got {self.learning_rate_scale}"
+            )
 
 
 def compile_pattern(pattern: str) -> re.Pattern:
