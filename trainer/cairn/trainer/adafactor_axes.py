@@ -150,8 +150,7 @@ def scale_by_factored_rms_axes(
                 jnp.zeros((1,), jnp.float32),
             )
 
-        out = jax.tree_util.tree_map_with_path(one, params)
-        v_row, v_col, v = _split3(params, out)
+        v_row, v_col, v = _unzip(jax.tree_util.tree_map_with_path(one, params), 3)
         return optax.FactoredState(count=jnp.zeros([], jnp.int32), v_row=v_row, v_col=v_col, v=v)
 
     def update_fn(grads, state, params=None):
@@ -176,20 +175,16 @@ def scale_by_factored_rms_axes(
             y = grad * jnp.expand_dims(row_factor, cols) * jnp.expand_dims(col_factor, rows)
             return (y, new_v_row, new_v_col, v)
 
-        out = jax.tree_util.tree_map_with_path(one, grads, state.v_row, state.v_col, state.v)
-        treedef = jax.tree.structure(grads)
-        leaves = treedef.flatten_up_to(out)
-        parts = [treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(4)]
+        parts = _unzip(jax.tree_util.tree_map_with_path(one, grads, state.v_row, state.v_col, state.v), 4)
         new = optax.FactoredState(count=optax.safe_increment(state.count), v_row=parts[1], v_col=parts[2], v=parts[3])
         return parts[0], new
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _split3(params: Any, out: Any) -> tuple[Any, Any, Any]:
-    treedef = jax.tree.structure(params)
-    leaves = treedef.flatten_up_to(out)
-    return tuple(treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(3))  # type: ignore[return-value]
+def _unzip(tree: Any, n: int) -> list[Any]:
+    """n trees from a tree of n-tuples (optax's `MaskedNode`s, namedtuples, stay nodes)."""
+    return [jax.tree.map(lambda t, i=i: t[i], tree, is_leaf=lambda x: type(x) is tuple) for i in range(n)]
 
 
 def _averaging(factor_map: FactorMap, path: str, ndim: int) -> tuple[int, ...]:
