@@ -61,6 +61,16 @@ HAND_WRITTEN = {
         "weight_decay": 0.0,
         "b1": 0.9,
         "b2": 0.999,
+        "factoring": "heuristic",
+        "factor_rules": {},
+        "factored": True,
+        "min_dim_size_to_factor": 128,
+        "multiply_by_parameter_scale": True,
+        "decay_rate": 0.8,
+        "clipping_threshold": 1.0,
+        "no_decay": [r"(^|/)(scale|bias|embedding)$"],
+        "freeze": [],
+        "groups": [],
     },
     "trainer": {
         "num_microbatches": 1,
@@ -112,7 +122,12 @@ def test_generated_base_config_has_the_hand_written_keys_and_defaults():
     assert config_io.to_plain(config) == HAND_WRITTEN
     for (section, name), want in PLACEHOLDERS.items():
         assert config[section].get_ref(name).get_type() is want
-    assert config_base.FREE_FORM == ("model.overrides", "data.sequence_length", "partitioning.mesh")
+    assert config_base.FREE_FORM == (
+        "model.overrides",
+        "data.sequence_length",
+        "partitioning.mesh",
+        "optimizer.factor_rules",
+    )
     assert isinstance(config.data.task_modules, tuple)
     # Two calls give independent configs (mutable defaults are copied).
     config.data.sequence_length.inputs = 1

@@ -183,3 +183,16 @@ def test_opt_state_shardings_replicate_quietly_even_with_on_indivisible_error():
         assert sh[0].v["w"].spec == P(None)  # (1,): unfactored slot of a factored param
     with pytest.raises(IndivisibleDimensionError, match="'kv', size 132"):
         partitioner.shardings_for({"v_row": ("kv",)}, {"v_row": jnp.zeros((132,))})
+
+
+def test_masked_states_of_multi_transform_follow_their_params():
+    """optax.multi_transform puts a MaskedNode at each param another group handles: the rest of
+    the subtree is still shaped like the params, so its moments follow their params' specs."""
+    params = {"wi": jnp.zeros((4, 8)), "frozen": jnp.zeros((8, 4))}
+    specs = {"wi": ("embed", "mlp"), "frozen": ("mlp", "embed")}
+    tx = optax.multi_transform({"a": optax.adam(1e-3), "z": optax.set_to_zero()}, {"wi": "a", "frozen": "z"})
+    state = tx.init(params)
+    logical = opt_state_logical_specs(params, specs, state)
+    adam = logical.inner_states["a"].inner_state[0]
+    assert adam.mu["wi"] == P("embed", "mlp") and adam.nu["wi"] == P("embed", "mlp")
+    assert jax.tree.structure(adam.mu) == jax.tree.structure(state.inner_states["a"].inner_state[0].mu)

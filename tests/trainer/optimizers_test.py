@@ -61,7 +61,7 @@ def test_adafactor_has_no_momentum_and_decay_08():
 def test_adamw_matches_optax_and_clipping_clips():
     params = _params()
     grads = jax.tree.map(lambda p: jnp.full_like(p, 100.0), params)
-    cfg = OptimizerConfig(name="adamw", weight_decay=0.01, clip_grad_norm=1.0)
+    cfg = OptimizerConfig(name="adamw", weight_decay=0.01, clip_grad_norm=1.0, no_decay=())
     tx = make_optimizer(cfg, 1e-3)
     ours, _ = tx.update(grads, tx.init(params), params)
     ref_tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from cairn.launchers import data as data_lib
-from cairn.launchers import predict_fns
+from cairn.launchers import optimizer_setup, predict_fns
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
@@ -167,12 +167,8 @@ def make_schedule(config: ml_collections.ConfigDict) -> Callable:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> Any:
-    from cairn.trainer import OptimizerConfig
-
-    opt = config.optimizer
-    return OptimizerConfig(
-        name=opt.name, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay, clip_grad_norm=opt.clip_grad_norm
-    )
+    """The `OptimizerConfig` of `optimizer.*` (`optimizer_setup.optimizer_config`)."""
+    return optimizer_setup.optimizer_config(config)
 
 
 def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level: int = logging.INFO) -> Callable:

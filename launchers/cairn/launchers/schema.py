@@ -127,6 +127,28 @@ class Optimizer:
     weight_decay: float = knob(0.0, "decoupled weight decay", owner=_OPT + "weight_decay")
     b1: float = knob(0.9, "AdamW beta1", owner=_OPT + "b1")
     b2: float = knob(0.999, "AdamW beta2", owner=_OPT + "b2")
+    # Adafactor (t5x's semantics), the weight-decay mask, freezing and groups: optimizer_setup.py.
+    factoring: str = knob(
+        "heuristic", "adafactor: factor the two largest dims (heuristic) or by logical axis names (logical, t5x)",
+        choices=library("cairn.trainer.optimizers", "FACTORINGS"), owner=_OPT + "factoring",
+    )  # fmt: skip
+    factor_rules: dict[str, str] = knob(
+        {}, "logical factoring: axis -> row, column, batch or none, over t5x's rules (layers, heads: batch)",
+        free_form=True,
+    )  # fmt: skip
+    factored: bool = knob(True, "adafactor: factored second moments", owner=_OPT + "factored")
+    min_dim_size_to_factor: int = knob(128, "adafactor: factor 2-D params with both dims this large", min=1,
+                                       owner=_OPT + "min_dim_size_to_factor")  # fmt: skip
+    multiply_by_parameter_scale: bool = knob(True, "adafactor: scale updates by the param's RMS (floor 1e-3)",
+                                             owner=_OPT + "multiply_by_parameter_scale")  # fmt: skip
+    decay_rate: float = knob(0.8, "adafactor: beta2 = 1 - (step+1)^-decay_rate", min=0, owner=_OPT + "decay_rate")
+    clipping_threshold: float | None = knob(1.0, "adafactor: clip each update's RMS to this (None: off)",
+                                            owner=_OPT + "clipping_threshold")  # fmt: skip
+    no_decay: tuple[str, ...] = knob((r"(^|/)(scale|bias|embedding)$",), "param-path regexes without weight decay "
+                                     "(default: norm scales, biases, embeddings)", owner=_OPT + "no_decay")  # fmt: skip
+    freeze: tuple[str, ...] = knob((), "param-path regexes never updated, e.g. '^encoder/'", owner=_OPT + "freeze")
+    groups: tuple[str, ...] = knob((), "'regex=scale': matching params get their own optimizer at learning_rate * "
+                                   "scale (first match wins)")  # fmt: skip
 
 
 _TRAINER = "cairn.trainer:TrainerConfig."

@@ -33,7 +33,17 @@ from absl import logging as absl_logging
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, cli, config_io, entry, multihost, post_training, resume_check, validation
+from cairn.launchers import (
+    builder,
+    cli,
+    config_io,
+    entry,
+    multihost,
+    optimizer_setup,
+    post_training,
+    resume_check,
+    validation,
+)
 from cairn.launchers import data as data_lib
 from cairn.launchers.fingerprint import RunFingerprint, config_hash
 from cairn.launchers.sources import source_errors_as_data_errors
@@ -168,10 +178,11 @@ def _train(
                 error = e
         multihost.stop_together(error, "comparing model_dir's config.json")
         reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
+    model = builder.load_model(config, vocabulary, net=ready["model_config"])
+    optimizer_setup.check_param_patterns(config, model, _peek(reader))  # optimizer.* patterns
     lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
     if jax.process_index() == 0:
         config_io.write_config_json(config)
-    model = builder.load_model(config, vocabulary, net=ready["model_config"])
     evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready["eval_tasks"] else None
     eval_fn = (
         builder.make_eval_fn(config, model, evaluator, partitioner)
@@ -193,10 +204,7 @@ def _train(
         trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
     init = None
     if config.init.checkpoint or config.init.hf_checkpoint:
-        state = reader.get_state()
-        first = next(reader)
-        reader.set_state(state)
-        init = builder.pretrained_params(config, trainer, first)
+        init = builder.pretrained_params(config, trainer, _peek(reader))
         source = config.init.checkpoint or config.init.hf_checkpoint
         out(f"initial params from {source} (used unless model_dir has a checkpoint)")
     summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too
@@ -215,6 +223,14 @@ def _train(
         summaries.close()
     post_training.summary(config, result, trained_s, time.perf_counter() - start, out)
     return {"result": result, "post": post}
+
+
+def _peek(reader: Any) -> Any:
+    """The reader's next batch, the reader left where it was."""
+    state = reader.get_state()
+    first = next(reader)
+    reader.set_state(state)
+    return first
 
 
 def print_on_process_0(text: str) -> None:

@@ -4,7 +4,9 @@ An optimizer state holds, besides counts, subtrees shaped like the params (Adam'
 `nu`, Adafactor's `v`, `v_row`, `v_col`). A leaf shaped like its param is sharded like it; a
 leaf shaped like its param with one dimension removed (Adafactor's factored second moments)
 keeps the logical names of the dimensions it keeps, and is sharded along them where they
-divide; anything else is replicated.
+divide; anything else is replicated. A subtree of a masked transformation (`optax.masked`,
+`multi_transform`: an empty `MaskedNode` at each param it does not handle) counts as shaped like
+the params.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def _reduced_spec(param_shape: tuple[int, ...], spec: tuple, leaf_shape: tuple[i
     return candidates.pop() if len(candidates) == 1 else ()
 
 
+def _is_placeholder(x: Any) -> bool:
+    """An empty namedtuple where a param's state would be: optax's `MaskedNode`, which
+    `optax.masked` and `multi_transform` put at the params a transformation does not handle."""
+    return isinstance(x, tuple) and type(x) is not tuple and len(x) == 0
+
+
 def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> Any:
     """Logical specs for an optimizer state, without knowing the optimizer library.
 
@@ -55,16 +63,20 @@ def opt_state_logical_specs(params: Any, param_specs: Any, opt_state: Any) -> An
         if node is None:
             return False
         try:
-            return bool(jax.tree.structure(node) == param_def)  # type: ignore[operator]  # PyTreeDef's stub lacks __eq__
+            structure = jax.tree.structure(node, is_leaf=_is_placeholder)
+            return bool(structure == param_def)  # type: ignore[operator]  # PyTreeDef's stub lacks __eq__
         except Exception:
             return False
 
     def specs_for(node):
         if not matches(node):
             return jax.tree.map(lambda _: PartitionSpec(), node)
-        leaves = jax.tree.leaves(node)
+        leaves = jax.tree.leaves(node, is_leaf=_is_placeholder)
         out = []
         for leaf, param, spec in zip(leaves, param_leaves, spec_leaves):
+            if _is_placeholder(leaf):  # a param another transformation handles: no state here
+                out.append(leaf)
+                continue
             pshape, lshape, spec = tuple(param.shape), tuple(getattr(leaf, "shape", ())), tuple(spec)
             out.append(PartitionSpec(*(spec if lshape == pshape else _reduced_spec(pshape, spec, lshape))))
         return jax.tree.unflatten(param_def, out)

@@ -5,6 +5,7 @@ TensorFlow is imported only when TensorBoard files are written.
 
 __version__ = "0.1.0"
 
+from cairn.trainer.adafactor_axes import STANDARD_FACTOR_RULES, adafactor_axes, logical_factor_map
 from cairn.trainer.checkpoints import (
     AllCheckpointsCorruptError,
     CheckpointConfig,
@@ -20,6 +21,7 @@ from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
 from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
+from cairn.trainer.param_groups import DEFAULT_NO_DECAY, ParamGroup
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
@@ -30,13 +32,16 @@ __all__ = [
     "CheckpointConfig",
     "Checkpointer",
     "CorruptCheckpointError",
+    "DEFAULT_NO_DECAY",
     "DiskFullError",
     "ModelDirLock",
     "ModelDirLockedError",
     "NoCheckpointError",
     "NonFiniteLossError",
     "OptimizerConfig",
+    "ParamGroup",
     "PEAK_BF16_TFLOPS",
+    "STANDARD_FACTOR_RULES",
     "TrainResult",
     "TfDataIterator",
     "TrainState",
@@ -44,6 +49,7 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "abstract_like",
+    "adafactor_axes",
     "adafactor_t5",
     "cosine_schedule",
     "cpu_matmul_peak_flops",
@@ -53,6 +59,7 @@ __all__ = [
     "init_params",
     "linear_schedule",
     "linear_warmup",
+    "logical_factor_map",
     "make_optimizer",
     "make_train_step",
     "mfu",

@@ -1,9 +1,11 @@
-"""Optimizers through optax: Adafactor with T5's settings, AdamW, global-norm clipping."""
+"""Optimizers through optax: Adafactor with T5's settings (factored by optax's heuristic or by
+logical axis names, `adafactor_axes`), AdamW, global-norm clipping, the weight-decay mask, frozen
+parameters and per-group learning rates (`param_groups`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -12,9 +14,15 @@ import numpy as np
 import optax
 
 from cairn.partitioning.platform import platform_variant
+from cairn.trainer import param_groups
+from cairn.trainer.adafactor_axes import adafactor_axes, factor_rules, logical_factor_map
+from cairn.trainer.param_groups import DEFAULT_NO_DECAY, ParamGroup
 from cairn.trainer.schedules import Schedule
 
 OPTIMIZERS = ("adafactor", "adamw")
+# How Adafactor picks the dimensions it factors: optax's heuristic (the two largest) or t5x's
+# rules on the parameters' logical axis names (`adafactor_axes`).
+FACTORINGS = ("heuristic", "logical")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +30,12 @@ class OptimizerConfig:
     """Which optimizer, with what hyperparameters. Defaults are T5's Adafactor.
 
     `clip_grad_norm` (None: off) clips the global gradient norm before the update.
-    `weight_decay` applies to AdamW (decoupled) and Adafactor (`weight_decay_rate`).
+    `weight_decay` applies to AdamW (decoupled) and Adafactor (`weight_decay_rate`), except to
+    parameters whose path matches a `no_decay` regex (default: norm scales, biases, embeddings).
+    `factoring="logical"`: Adafactor factored by the parameters' logical axes (t5x), with
+    `factor_rules` (axis name -> row/column/batch/none) over `STANDARD_FACTOR_RULES`.
+    `freeze`: regexes of parameters that never change; `groups`: `ParamGroup`s (regex, learning
+    rate scale), each with its own optimizer (`optax.multi_transform`; the first match wins).
     """
 
     name: str = "adafactor"
@@ -33,6 +46,8 @@ class OptimizerConfig:
     factored: bool = True
     min_dim_size_to_factor: int = 128
     momentum: float | None = None
+    factoring: str = "heuristic"
+    factor_rules: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # AdamW.
     b1: float = 0.9
     b2: float = 0.999
@@ -40,12 +55,25 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     # Both.
     clip_grad_norm: float | None = None
+    no_decay: tuple[str, ...] = DEFAULT_NO_DECAY
+    freeze: tuple[str, ...] = ()
+    groups: tuple[ParamGroup, ...] = ()
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ValueError(f"OptimizerConfig.name must be one of {OPTIMIZERS}, got {self.name!r}")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ValueError(f"OptimizerConfig.clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+        if self.factoring not in FACTORINGS:
+            raise ValueError(f"OptimizerConfig.factoring must be one of {FACTORINGS}, got {self.factoring!r}")
+        factor_rules(self.factor_rules)
+        for pattern in (*self.no_decay, *self.freeze):
+            param_groups.compile_pattern(pattern)
+
+    @property
+    def needs_param_axes(self) -> bool:
+        """Whether `make_optimizer` needs the parameters' logical axes (`param_axes`)."""
+        return self.name == "adafactor" and self.factoring == "logical"
 
 
 def _factored_dims(shape, factored: bool, min_dim_size_to_factor: int):
@@ -192,12 +220,25 @@ def adafactor_t5(learning_rate: float | Schedule, **overrides) -> optax.Gradient
     return adafactor(learning_rate, **kwargs)
 
 
-def make_optimizer(config: OptimizerConfig, schedule: float | Schedule) -> optax.GradientTransformation:
+def make_optimizer(
+    config: OptimizerConfig, schedule: float | Schedule, param_axes: Any = None
+) -> optax.GradientTransformation:
     """The optax transformation for `config` with learning rate `schedule` (a float or a
-    function of the step), preceded by global-norm clipping when configured."""
-    if config.name == "adafactor":
-        tx = adafactor_t5(
-            schedule,
+    function of the step): frozen gradients zeroed, then global-norm clipping when configured,
+    then the optimizer (one per group with `groups`). `param_axes`: the params' logical specs,
+    needed when `config.needs_param_axes`."""
+    if config.needs_param_axes and param_axes is None:
+        raise ValueError("OptimizerConfig.factoring='logical' needs the parameters' logical axes (param_axes)")
+    factor_map = logical_factor_map(param_axes, factor_rules(config.factor_rules)) if config.needs_param_axes else None
+    mask = param_groups.decay_mask(config.no_decay) if config.no_decay else None
+
+    def make(scale: float) -> optax.GradientTransformation:
+        lr = param_groups.scaled(schedule, scale)
+        if config.name == "adamw":
+            return optax.adamw(
+                lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay, mask=mask
+            )
+        options: dict[str, Any] = dict(
             decay_rate=config.decay_rate,
             clipping_threshold=config.clipping_threshold,
             multiply_by_parameter_scale=config.multiply_by_parameter_scale,
@@ -205,11 +246,18 @@ def make_optimizer(config: OptimizerConfig, schedule: float | Schedule) -> optax
             min_dim_size_to_factor=config.min_dim_size_to_factor,
             momentum=config.momentum,
             weight_decay_rate=config.weight_decay or None,
+            weight_decay_mask=mask,
         )
-    else:
-        tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
+        if factor_map is not None:
+            return adafactor_axes(lr, factor_map, **options)
+        return adafactor_t5(lr, **options)
+
+    tx = param_groups.grouped(make, config.freeze, config.groups)
     if config.clip_grad_norm is not None:
         tx = optax.chain(optax.clip_by_global_norm(config.clip_grad_norm), tx)
+    if config.freeze:  # frozen gradients do not count in the global norm
+        frozen = param_groups.matches_any(config.freeze)
+        tx = optax.chain(optax.masked(optax.set_to_zero(), lambda p: param_groups.path_mask(p, frozen)), tx)
     return tx
 
 

@@ -85,7 +85,8 @@ class Trainer:
 
     Args:
       model: has `init(rng, batch)` and `loss_fn(params, batch, dropout_rng)`.
-      optimizer: an `OptimizerConfig`, or an optax transformation.
+      optimizer: an `OptimizerConfig` (one factored by logical axes is built in `setup`, from the
+        params' specs), or an optax transformation.
       learning_rate: a float or a schedule (a function of the step).
       partitioner: a `cairn.partitioning.Partitioner`.
       config: a `TrainerConfig`.
@@ -124,9 +125,12 @@ class Trainer:
     ):
         self.model = model
         self.schedule = as_schedule(learning_rate)
-        self.optimizer = (
-            make_optimizer(optimizer, learning_rate) if isinstance(optimizer, OptimizerConfig) else optimizer
-        )
+        self.optimizer_config = optimizer if isinstance(optimizer, OptimizerConfig) else None
+        self._learning_rate = learning_rate
+        self.optimizer: Any = optimizer
+        if self.optimizer_config is not None:  # factored by logical axes: built in `setup` (specs)
+            needs_axes = self.optimizer_config.needs_param_axes
+            self.optimizer = None if needs_axes else make_optimizer(self.optimizer_config, learning_rate)
         self.partitioner = partitioner
         self.config = config
         self.eval_fn = eval_fn
@@ -158,6 +162,8 @@ class Trainer:
             return self.abstract_state
         init_key, dropout_seed = self._keys()
         param_shapes, specs = abstract_init(self.model, init_key, batch)
+        if self.optimizer_config is not None and self.optimizer_config.needs_param_axes:
+            self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
         state_shapes = jax.eval_shape(lambda p: TrainState.create(p, self.optimizer, dropout_seed), param_shapes)
         state_sh = state_shardings(self.partitioner, state_shapes, specs, self.optimizer)
         gbatch_shapes = jax.tree.map(

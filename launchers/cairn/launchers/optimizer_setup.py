@@ -1,0 +1,107 @@
+"""The run's optimizer from the config's `optimizer.*` keys (`cairn.trainer.OptimizerConfig`), and
+the check that every parameter pattern (`optimizer.freeze`, `optimizer.groups`,
+`optimizer.no_decay`) matches a parameter of the model: a `ConfigError` naming the pattern."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+
+from cairn.launchers.config_io import to_plain
+from cairn.launchers.validation import ConfigError
+
+
+def parse_groups(entries: Sequence[str]) -> tuple[Any, ...]:
+    """`optimizer.groups` entries 'regex=scale' as `ParamGroup`s."""
+    from cairn.trainer import ParamGroup
+
+    groups = []
+    for entry in entries:
+        pattern, sep, scale = str(entry).rpartition("=")
+        try:
+            if not sep or not pattern:
+                raise ValueError("expected 'regex=learning_rate_scale'")
+            groups.append(ParamGroup(pattern, float(scale)))
+        except ValueError as e:
+            raise ConfigError("optimizer.groups", f"entry {entry!r}: {e}") from None
+    return tuple(groups)
+
+
+def _check_regexes(key: str, patterns: Sequence[str]) -> None:
+    from cairn.trainer.param_groups import compile_pattern
+
+    for pattern in patterns:
+        try:
+            compile_pattern(pattern)
+        except ValueError as e:
+            raise ConfigError(key, str(e)) from None
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> Any:
+    """The `OptimizerConfig` of `config.optimizer` (`ConfigError` naming the bad key)."""
+    from cairn.trainer import OptimizerConfig
+    from cairn.trainer.adafactor_axes import factor_rules
+
+    opt = config.optimizer
+    freeze, no_decay = tuple(opt.freeze), tuple(opt.no_decay)
+    _check_regexes("optimizer.freeze", freeze)
+    _check_regexes("optimizer.no_decay", no_decay)
+    rules = {str(k): str(v) for k, v in to_plain(opt.factor_rules).items()}
+    try:
+        factor_rules(rules)
+    except ValueError as e:
+        raise ConfigError("optimizer.factor_rules", str(e)) from None
+    return OptimizerConfig(
+        name=opt.name,
+        b1=opt.b1,
+        b2=opt.b2,
+        weight_decay=opt.weight_decay,
+        clip_grad_norm=opt.clip_grad_norm,
+        factoring=opt.factoring,
+        factor_rules=rules,
+        factored=opt.factored,
+        min_dim_size_to_factor=opt.min_dim_size_to_factor,
+        multiply_by_parameter_scale=opt.multiply_by_parameter_scale,
+        decay_rate=opt.decay_rate,
+        clipping_threshold=opt.clipping_threshold,
+        no_decay=no_decay,
+        freeze=freeze,
+        groups=parse_groups(opt.groups),
+    )
+
+
+def check_patterns(config: ml_collections.ConfigDict, paths: Sequence[str]) -> None:
+    """Every pattern of `optimizer.freeze` and `optimizer.groups` (and of `optimizer.no_decay`
+    when weight decay is on) matches one of the parameter `paths`, else a `ConfigError`."""
+    from cairn.trainer.param_groups import matches_any, unmatched
+
+    opt = optimizer_config(config)
+    checked = [("optimizer.freeze", opt.freeze), ("optimizer.groups", tuple(g.pattern for g in opt.groups))]
+    if opt.weight_decay:
+        checked.append(("optimizer.no_decay", opt.no_decay))
+    for key, patterns in checked:
+        for pattern in unmatched(patterns, paths):
+            examples = ", ".join(paths[:3])
+            raise ConfigError(
+                key, f"pattern {pattern!r} matches no parameter (paths look like {examples}, ... of {len(paths)})"
+            )
+    if opt.freeze and all(matches_any(opt.freeze)(p) for p in paths):
+        raise ConfigError("optimizer.freeze", f"freezes every parameter {opt.freeze}: nothing would train")
+
+
+def check_param_patterns(config: ml_collections.ConfigDict, model: Any, batch: Any) -> None:
+    """`check_patterns` against the paths of `model`'s parameters for `batch` (abstract: no
+    parameter is allocated); nothing is traced when no pattern needs checking."""
+    opt = config.optimizer
+    if not (opt.freeze or opt.groups or (opt.weight_decay and opt.no_decay)):
+        optimizer_config(config)
+        return
+    import jax
+
+    from cairn.trainer.model_protocol import abstract_init
+    from cairn.trainer.param_groups import param_paths
+
+    shapes, _ = abstract_init(model, jax.random.PRNGKey(0), batch)
+    check_patterns(config, param_paths(shapes))

@@ -1,0 +1,132 @@
+"""optimizer.* controls through the train entry point: a frozen group stays as it started while the
+rest trains (Adafactor factored by logical axes, a group at half the learning rate); a pattern
+that matches no parameter, or a bad group entry, exits 2 with one line naming it. Plus the
+config -> OptimizerConfig mapping in-process."""
+
+import os
+
+import launch_util
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    return launch_util.small_texts(tmp_path_factory.mktemp("shakespeare"))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def small(model_dir, cache_dir, *extra):
+    return [
+        f"--config={launch_util.T5_CONFIG}",
+        f"--config.model_dir={model_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        "--config.num_train_steps=2",
+        "--config.data.batch_size=8",
+        "--config.trainer.eval_every=0",
+        "--config.post_training.final_eval=false",
+        "--config.post_training.num_samples=0",
+        "--config.fingerprint_every=0",
+        *extra,
+    ]
+
+
+def checkpoint_params(model_dir, step):
+    """{path: array} of a checkpoint's params, read as NumPy (no model needed)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from cairn.trainer.param_groups import param_paths
+
+    state = os.path.join(model_dir, "checkpoints", str(step), "state")
+    with ocp.PyTreeCheckpointer() as ckptr:
+        item = {"params": dict(ckptr.metadata(state).item_metadata)["params"]}
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+        params = ckptr.restore(state, args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True))
+    params = params["params"]
+    return dict(zip(param_paths(params), jax.tree.leaves(params)))
+
+
+def test_a_frozen_group_keeps_its_params_while_the_rest_trains(tmp_path, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    start, frozen = tmp_path / "start", tmp_path / "frozen"
+    proc = launch_util.train(small(start, cache_dir), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    proc = launch_util.train(
+        small(
+            frozen,
+            cache_dir,
+            f"--config.init.checkpoint={start}",
+            "--config.optimizer.freeze=('^encoder/', 'token_embedder')",
+            "--config.optimizer.groups=('logits=0.5',)",
+            "--config.optimizer.factoring=logical",
+            "--config.optimizer.weight_decay=0.001",
+        ),
+        env=env,
+    )
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "trained to step 2" in proc.stdout
+    before, after = checkpoint_params(start, 2), checkpoint_params(frozen, 2)
+    assert sorted(before) == sorted(after)
+    encoder = [p for p in before if p.startswith("encoder/")]
+    assert len(encoder) > 5
+    for path in encoder + ["token_embedder/embedding"]:
+        assert np.array_equal(before[path], after[path]), path
+    for path in before:
+        if path.startswith("decoder/") and path != "decoder/relpos_bias/rel_embedding":
+            assert not np.array_equal(before[path], after[path]), path
+
+
+def one_line_error(proc):
+    assert proc.returncode == 2, launch_util.tail(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, launch_util.tail(proc)
+    return lines[0]
+
+
+def test_a_pattern_matching_no_parameter_exits_2_naming_it(tmp_path, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    proc = launch_util.train(
+        small(tmp_path / "a", cache_dir, "--config.optimizer.freeze=('^encoder/', 'no_such')"), env=env
+    )
+    line = one_line_error(proc)
+    assert "optimizer.freeze" in line and "'no_such' matches no parameter" in line
+    assert not (tmp_path / "a").exists()  # refused before anything was written
+    proc = launch_util.train(small(tmp_path / "b", cache_dir, "--config.optimizer.groups=('logits',)"), env=env)
+    assert "optimizer.groups" in one_line_error(proc) and "regex=learning_rate_scale" in proc.stderr
+
+
+def test_config_keys_map_to_the_optimizer_config():
+    from cairn.launchers import config_io, optimizer_setup
+    from cairn.launchers.validation import ConfigError
+    from cairn.trainer import ParamGroup
+
+    config = config_io.load_config_file(launch_util.T5_CONFIG)
+    config.optimizer.factoring = "logical"
+    config.optimizer.factor_rules = {"heads": "column"}
+    config.optimizer.decay_rate = 0.5
+    config.optimizer.clipping_threshold = None
+    config.optimizer.groups = ("a=b=0.25", "^decoder/=2")
+    opt = optimizer_setup.optimizer_config(config)
+    assert opt.factoring == "logical" and opt.factor_rules == {"heads": "column"}
+    assert opt.decay_rate == 0.5 and opt.clipping_threshold is None and opt.min_dim_size_to_factor == 128
+    assert opt.groups == (ParamGroup("a=b", 0.25), ParamGroup("^decoder/", 2.0))
+    optimizer_setup.check_patterns(config, ["a=b/x", "decoder/y"])
+    with pytest.raises(ConfigError, match="optimizer.groups.*'zzz' matches no parameter"):
+        config.optimizer.groups = ("zzz=1",)
+        optimizer_setup.check_patterns(config, ["a/b"])
+    config.optimizer.groups = ()
+    config.optimizer.factor_rules = {"heads": "sideways"}
+    with pytest.raises(ConfigError, match="optimizer.factor_rules.*sideways"):
+        optimizer_setup.optimizer_config(config)
+    config.optimizer.factor_rules = {}
+    config.optimizer.freeze = ("(",)
+    with pytest.raises(ConfigError, match="optimizer.freeze.*invalid parameter pattern"):
+        optimizer_setup.optimizer_config(config)
+    config.optimizer.freeze = ("",)
+    with pytest.raises(ConfigError, match="freezes every parameter"):
+        optimizer_setup.check_patterns(config, ["a/b"])
