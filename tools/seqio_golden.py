@@ -96,7 +96,9 @@ def cases() -> list[dict]:
         p = "packed" if pack else "unpacked"
         out += [
             case(f"encdec_{p}", "EncDecFeatureConverter", ENCDEC, {"inputs": 10, "targets": 7}, pack=pack),
-            case(f"encdec_{p}_bos", "EncDecFeatureConverter", ENCDEC, {"inputs": 10, "targets": 7}, pack=pack, bos_id=3),
+            case(
+                f"encdec_{p}_bos", "EncDecFeatureConverter", ENCDEC, {"inputs": 10, "targets": 7}, pack=pack, bos_id=3
+            ),
             case(f"lm_{p}", "LMFeatureConverter", LM, {"targets": 8}, pack=pack),
             case(f"prefix_lm_{p}", "PrefixLMFeatureConverter", PREFIX, {"inputs": 5, "targets": 4}, pack=pack),
             case(
@@ -107,7 +109,9 @@ def cases() -> list[dict]:
                 pack=pack,
                 loss_on_targets_only=False,
             ),
-            case(f"encoder_{p}", "EncoderFeatureConverter", ENCODER, {"inputs": 11, "targets": 11}, pack=pack, mask_id=9),
+            case(
+                f"encoder_{p}", "EncoderFeatureConverter", ENCODER, {"inputs": 11, "targets": 11}, pack=pack, mask_id=9
+            ),
         ]
         sfx = {"inputs": 4, "targets": 3, "suffixes": 2}
         out += [
@@ -173,13 +177,25 @@ def cases() -> list[dict]:
     # Pass-through features (unpacked only, as in seqio).
     with_extra = [dict(e, extra=[i + 1] * (i + 2)) for i, e in enumerate(ENCDEC)]
     out.append(
-        case("encdec_passthrough", "EncDecFeatureConverter", with_extra, {"inputs": 10, "targets": 7, "extra": 5},
-             passthrough=["extra"], pack=False)
+        case(
+            "encdec_passthrough",
+            "EncDecFeatureConverter",
+            with_extra,
+            {"inputs": 10, "targets": 7, "extra": 5},
+            passthrough=["extra"],
+            pack=False,
+        )
     )
     with_extra = [dict(e, extra=[i + 1] * (i + 2)) for i, e in enumerate(PREFIX)]
     out.append(
-        case("prefix_lm_passthrough", "PrefixLMFeatureConverter", with_extra, {"inputs": 5, "targets": 4, "extra": 5},
-             passthrough=["extra"], pack=False)
+        case(
+            "prefix_lm_passthrough",
+            "PrefixLMFeatureConverter",
+            with_extra,
+            {"inputs": 5, "targets": 4, "extra": 5},
+            passthrough=["extra"],
+            pack=False,
+        )
     )
     # Pre-packed and pass-through converters.
     out += [
@@ -212,9 +228,7 @@ def run(c: dict) -> dict:
     result = dict(c)
     try:
         ds = conv(dataset(c["examples"]), lengths)
-        result["output"] = [
-            {k: np.asarray(v).tolist() for k, v in sorted(ex.items())} for ex in ds.as_numpy_iterator()
-        ]
+        result["output"] = [{k: np.asarray(v).tolist() for k, v in sorted(ex.items())} for ex in ds.as_numpy_iterator()]
         result["error"] = None
     except (tf.errors.InvalidArgumentError, ValueError) as e:
         result["output"] = None

@@ -14,10 +14,17 @@ from cairn.datatasks.errors import DataTasksError, UnknownNameError
 from cairn.datatasks.facades import MixtureRegistry, TaskRegistry
 from cairn.datatasks.feature import Feature
 from cairn.datatasks.feature_converters import (
+    DecoderFeatureConverter,
     EncDecFeatureConverter,
+    EncoderFeatureConverter,
     FeatureConverter,
     LMFeatureConverter,
+    PassThroughFeatureConverter,
     PrefixLMFeatureConverter,
+    PrefixSuffixLMFeatureConverter,
+    PrePackedEncDecFeatureConverter,
+    PrePackedLMFeatureConverter,
+    PrePackedPrefixLMFeatureConverter,
 )
 from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.mixture import Mixture
@@ -41,7 +48,9 @@ __all__ = [
     "DataSource",
     "DataStats",
     "DataTasksError",
+    "DecoderFeatureConverter",
     "EncDecFeatureConverter",
+    "EncoderFeatureConverter",
     "Feature",
     "FeatureConverter",
     "FunctionDataSource",
@@ -49,7 +58,12 @@ __all__ = [
     "LMFeatureConverter",
     "Mixture",
     "MixtureRegistry",
+    "PassThroughFeatureConverter",
+    "PrePackedEncDecFeatureConverter",
+    "PrePackedLMFeatureConverter",
+    "PrePackedPrefixLMFeatureConverter",
     "PrefixLMFeatureConverter",
+    "PrefixSuffixLMFeatureConverter",
     "Registry",
     "ShardInfo",
     "TFExampleDataSource",
