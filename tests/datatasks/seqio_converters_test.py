@@ -175,3 +175,28 @@ def test_packing_units_plan_seqios_rows(name):
     assert len(sizes) == len(case["output"])
     segments = next(k for k in case["output"][0] if k.endswith("segment_ids"))
     assert sizes.tolist() == [max(row[segments]) for row in case["output"]]
+
+
+SUFFIX_LENGTHS = {"inputs": 4, "targets": 3, "suffixes": 2, "extra": 4}
+PASSTHROUGH = [
+    (dt.PrefixSuffixLMFeatureConverter, {}, "prefix_suffix_lm_unpacked", SUFFIX_LENGTHS),
+    (dt.EncoderFeatureConverter, {"mask_id": 9}, "encoder_unpacked", {"inputs": 11, "targets": 11, "extra": 4}),
+    (dt.DecoderFeatureConverter, {}, "decoder_unpacked_suffix", SUFFIX_LENGTHS),
+]
+
+
+@pytest.mark.parametrize("cls, kwargs, name, lengths", PASSTHROUGH)
+def test_passthrough_features_are_kept_padded(cls, kwargs, name, lengths):
+    """seqio drops them in these converters; Cairn passes them through, padded."""
+    conv = cls(pack=False, passthrough_features=["extra"], **kwargs)
+    examples = [dict(e, extra=[7] * (i + 1)) for i, e in enumerate(CASES[name]["examples"])]
+    out = as_lists(conv(ids_dataset(examples), lengths))
+    assert [o["extra"] for o in out] == [[7] * (i + 1) + [0] * (3 - i) for i in range(len(examples))]
+    assert conv.get_model_feature_lengths(lengths)["extra"] == 4
+
+
+def test_apply_length_check_is_off_by_default():
+    kinds = [dt.EncDecFeatureConverter(), dt.PrefixSuffixLMFeatureConverter(), dt.DecoderFeatureConverter()]
+    kinds += [dt.EncoderFeatureConverter(9), dt.PassThroughFeatureConverter(), dt.PrePackedLMFeatureConverter()]
+    assert not any(c.apply_length_check for c in kinds)
+    assert dt.DecoderFeatureConverter(apply_length_check=True).converter_for({"targets": 1}).apply_length_check
