@@ -14,10 +14,17 @@ from cairn.datatasks.errors import DataTasksError, UnknownNameError
 from cairn.datatasks.facades import MixtureRegistry, TaskRegistry
 from cairn.datatasks.feature import Feature
 from cairn.datatasks.feature_converters import (
+    DecoderFeatureConverter,
     EncDecFeatureConverter,
+    EncoderFeatureConverter,
     FeatureConverter,
     LMFeatureConverter,
+    PassThroughFeatureConverter,
     PrefixLMFeatureConverter,
+    PrefixSuffixLMFeatureConverter,
+    PrePackedEncDecFeatureConverter,
+    PrePackedLMFeatureConverter,
+    PrePackedPrefixLMFeatureConverter,
 )
 from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.json_source import JsonLinesDataSource
@@ -42,7 +49,9 @@ __all__ = [
     "DataSource",
     "DataStats",
     "DataTasksError",
+    "DecoderFeatureConverter",
     "EncDecFeatureConverter",
+    "EncoderFeatureConverter",
     "Feature",
     "FeatureConverter",
     "FunctionDataSource",
@@ -51,7 +60,12 @@ __all__ = [
     "Mixture",
     "ProtoDataSource",
     "MixtureRegistry",
+    "PassThroughFeatureConverter",
+    "PrePackedEncDecFeatureConverter",
+    "PrePackedLMFeatureConverter",
+    "PrePackedPrefixLMFeatureConverter",
     "PrefixLMFeatureConverter",
+    "PrefixSuffixLMFeatureConverter",
     "Registry",
     "ShardInfo",
     "TFExampleDataSource",

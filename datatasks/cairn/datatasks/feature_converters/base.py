@@ -1,8 +1,9 @@
 """`FeatureConverter`: task features (`inputs`, `targets`) -> model features.
 
 Subclasses follow seqio's converters. On the way in, the task features are checked
-(present, integer dtype, rank 1) and trimmed to `task_feature_lengths`; seqio raises on
-an over-long feature instead (see the README). With `pack=True` examples are packed with
+(present, integer dtype, rank 1) and trimmed to `task_feature_lengths`; with
+`apply_length_check=True` an over-long feature is an error instead, as in seqio (whose
+default that is; see the README). With `pack=True` examples are packed with
 `packing.trim_and_pack_dataset`, otherwise trimmed and padded.
 """
 
@@ -27,10 +28,18 @@ class FeatureConverter(metaclass=abc.ABCMeta):
     MODEL_FEATURES: Sequence[str] = ()
     PACKING_FEATURES: Sequence[str] = ()
 
-    def __init__(self, pack: bool = True, bos_id: int = 0, passthrough_features: Sequence[str] = ()):
+    def __init__(
+        self,
+        pack: bool = True,
+        bos_id: int = 0,
+        passthrough_features: Sequence[str] = (),
+        *,
+        apply_length_check: bool = False,
+    ):
         self._pack = bool(pack)
         self._bos_id = bos_id
         self._passthrough = tuple(passthrough_features)
+        self._apply_length_check = bool(apply_length_check)
 
     @property
     def pack(self) -> bool:
@@ -39,6 +48,11 @@ class FeatureConverter(metaclass=abc.ABCMeta):
     @property
     def bos_id(self) -> int:
         return self._bos_id
+
+    @property
+    def apply_length_check(self) -> bool:
+        """Whether a task feature longer than its length is an error (else it is trimmed)."""
+        return self._apply_length_check
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pack={self._pack})"
@@ -69,7 +83,32 @@ class FeatureConverter(metaclass=abc.ABCMeta):
         keep = list(self.TASK_FEATURES) + list(self._passthrough)
         task_features = set(self.TASK_FEATURES)
         ds = map_inline(ds, lambda x: {k: (tf.cast(x[k], tf.int32) if k in task_features else x[k]) for k in keep})
-        return self._convert_features(ds, {k: lengths[k] for k in keep if k in lengths})
+        keep_lengths = {k: lengths[k] for k in keep if k in lengths}
+        if self._apply_length_check:
+            ds = self._check_lengths(ds, keep_lengths)
+        return self._convert_features(ds, keep_lengths)
+
+    def _check_lengths(self, ds: tf.data.Dataset, lengths: Mapping[str, int], exact: bool = False) -> tf.data.Dataset:
+        """`ds` failing (`tf.errors.InvalidArgumentError` naming the feature in backquotes:
+        TensorFlow escapes quotes in assertion messages) on an example
+        with a feature longer than (`exact`: not equal to) its length in `lengths`."""
+        name, spec = type(self).__name__, ds.element_spec
+        checked = {k: n for k, n in lengths.items() if k in spec and spec[k].shape.rank == 1}
+        op, words = (
+            (tf.debugging.assert_equal, "does not have")
+            if exact
+            else (tf.debugging.assert_less_equal, "is longer than")
+        )
+
+        def check(x):
+            asserts = [
+                op(tf.shape(x[k])[0], n, message=f"{name}: feature `{k}` {words} its length {n} (apply_length_check)")
+                for k, n in checked.items()
+            ]
+            with tf.control_dependencies(asserts):
+                return {k: tf.identity(v) if k in checked else v for k, v in x.items()}
+
+        return map_inline(ds, check)
 
     def _pack_or_pad(self, ds: tf.data.Dataset, lengths: Mapping[str, int]) -> tf.data.Dataset:
         if self._pack:
@@ -100,6 +139,12 @@ class FeatureConverter(metaclass=abc.ABCMeta):
         if not self._pack and (sizes != 1).any():
             raise DataTasksError(f"{type(self).__name__}(pack=False) converts one example per row")
         lengths = {k: task_feature_lengths[k] for k in self.TASK_FEATURES}
+        if self._apply_length_check:
+            for k, n in lengths.items():
+                if (features[k].lengths > n).any():
+                    raise DataTasksError(
+                        f"{type(self).__name__}: feature {k!r} is longer than its length {n} (apply_length_check)"
+                    )
         return self._convert_numpy({k: features[k].astype(np.int32) for k in self.TASK_FEATURES}, sizes, lengths)
 
     def _convert_numpy(
@@ -136,6 +181,10 @@ class FeatureConverter(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         """The length of every model feature."""
+
+    def _passthrough_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+        """The lengths of the passthrough features given a length (seqio's model lengths list them)."""
+        return {k: task_feature_lengths[k] for k in self._passthrough if k in task_feature_lengths}
 
 
 def non_padding(x: tf.Tensor) -> tf.Tensor:

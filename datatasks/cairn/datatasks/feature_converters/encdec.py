@@ -23,7 +23,12 @@ class EncDecFeatureConverter(FeatureConverter):
         "decoder_input_tokens",
         "decoder_loss_weights",
     )
-    PACKING_FEATURES = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions", "decoder_positions")
+    PACKING_FEATURES: Sequence[str] = (
+        "encoder_segment_ids",
+        "decoder_segment_ids",
+        "encoder_positions",
+        "decoder_positions",
+    )
 
     def _convert_features(self, ds, lengths):
         ds = self._pack_or_pad(ds, lengths)
@@ -77,4 +82,4 @@ class EncDecFeatureConverter(FeatureConverter):
         }
         if self._pack:
             out.update(encoder_segment_ids=enc, encoder_positions=enc, decoder_segment_ids=dec, decoder_positions=dec)
-        return out
+        return {**out, **self._passthrough_lengths(task_feature_lengths)}

@@ -65,7 +65,7 @@ class LMFeatureConverter(FeatureConverter):
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         n = task_feature_lengths["targets"]
         keys = list(self.MODEL_FEATURES) + (list(self.PACKING_FEATURES) if self._pack else [])
-        return {k: n for k in keys}
+        return {**dict.fromkeys(keys, n), **self._passthrough_lengths(task_feature_lengths)}
 
 
 class PrefixLMFeatureConverter(LMFeatureConverter):
@@ -92,44 +92,49 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
     def loss_on_targets_only(self) -> bool:
         return self._loss_on_targets_only
 
+    def _concat_and_add_masks(self, x):
+        """inputs + targets as one `targets`, with the inputs' width tiled along it."""
+        inputs, targets = x["inputs"], x["targets"]
+        # An empty target becomes one 0 (seqio's).
+        targets = tf.concat([targets, tf.zeros([tf.maximum(1 - tf.size(targets), 0)], tf.int32)], 0)
+        d = self._widths(inputs, tf.size(inputs) + tf.size(targets))
+        d["targets"] = tf.concat([inputs, targets], axis=0)
+        d.update({k: x[k] for k in self._passthrough})
+        return d
+
+    @staticmethod
+    def _widths(inputs, size):
+        width = tf.size(inputs)
+        return {
+            # 0 widths become -1 so that packing does not cut them as padding.
+            "inputs_width": tf.fill([size], tf.where(width == 0, -1, width)),
+            "inputs_width_add_pos": tf.fill([size], width + 1),
+        }
+
+    def _concat_lengths(self, lengths: Mapping[str, int]) -> dict[str, int]:
+        total = sum(lengths[k] for k in self.TASK_FEATURES)
+        out = dict.fromkeys(("targets", "inputs_width", "inputs_width_add_pos"), total)
+        out.update(self._passthrough_lengths(lengths))
+        return out
+
+    def _convert_example(self, x):
+        x = dict(x)
+        x["inputs_width"] = tf.where(x["inputs_width"] == -1, 0, x["inputs_width"])
+        d = self._lm_features(x)
+        positions = x["targets_positions"] if self._pack else tf.range(tf.size(x["targets"]))
+        d["decoder_causal_attention"] = tf.cast(positions < x["inputs_width_add_pos"], tf.int32)
+        if self._loss_on_targets_only:
+            is_input = positions < x["inputs_width"]
+            d["decoder_loss_weights"] = tf.cast(
+                tf.math.logical_xor(is_input, tf.cast(d["decoder_loss_weights"], tf.bool)), tf.int32
+            )
+        d.update({k: x[k] for k in self._passthrough if k in x})
+        return d
+
     def _convert_features(self, ds, lengths):
-        total = lengths["inputs"] + lengths["targets"]
-        passthrough = self._passthrough
-
-        def concat(x):
-            inputs, targets = x["inputs"], x["targets"]
-            targets = tf.cond(tf.size(targets) > 0, lambda: targets, lambda: tf.zeros([1], tf.int32))
-            size = tf.size(inputs) + tf.size(targets)
-            width = tf.size(inputs)
-            d = {
-                "targets": tf.concat([inputs, targets], axis=0),
-                # 0 widths become -1 so that packing does not cut them as padding.
-                "inputs_width": tf.fill([size], tf.where(width == 0, -1, width)),
-                "inputs_width_add_pos": tf.fill([size], width + 1),
-            }
-            d.update({k: x[k] for k in passthrough})
-            return d
-
-        ds = map_inline(ds, concat)
-        pack_lengths = {"targets": total, "inputs_width": total, "inputs_width_add_pos": total}
-        pack_lengths.update({k: lengths[k] for k in passthrough if k in lengths})
-        ds = self._pack_or_pad(ds, pack_lengths)
-
-        def convert(x):
-            x = dict(x)
-            x["inputs_width"] = tf.where(x["inputs_width"] == -1, 0, x["inputs_width"])
-            d = self._lm_features(x)
-            positions = x["targets_positions"] if self._pack else tf.range(tf.size(x["targets"]))
-            d["decoder_causal_attention"] = tf.cast(positions < x["inputs_width_add_pos"], tf.int32)
-            if self._loss_on_targets_only:
-                is_input = positions < x["inputs_width"]
-                d["decoder_loss_weights"] = tf.cast(
-                    tf.math.logical_xor(is_input, tf.cast(d["decoder_loss_weights"], tf.bool)), tf.int32
-                )
-            d.update({k: x[k] for k in passthrough if k in x})
-            return d
-
-        return map_inline(ds, convert)
+        ds = map_inline(ds, self._concat_and_add_masks)
+        ds = self._pack_or_pad(ds, self._concat_lengths(lengths))
+        return map_inline(ds, self._convert_example)
 
     def _convert_numpy(self, features, row_sizes, lengths):
         total = lengths["inputs"] + lengths["targets"]
@@ -168,6 +173,6 @@ class PrefixLMFeatureConverter(LMFeatureConverter):
         return units[:, None], np.array([total])
 
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
-        n = task_feature_lengths["inputs"] + task_feature_lengths["targets"]
+        n = sum(task_feature_lengths[k] for k in self.TASK_FEATURES)
         keys = list(self.MODEL_FEATURES) + (list(self.PACKING_FEATURES) if self._pack else [])
-        return {k: n for k in keys}
+        return {**dict.fromkeys(keys, n), **self._passthrough_lengths(task_feature_lengths)}
