@@ -65,3 +65,34 @@ def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
     assert first_loss(c) < first_loss(a)  # two steps of training (on these batches) already in the params
     _, reloaded = import_hf(str(hf_dir))
     assert np.array_equal(reloaded["decoder"]["logits"], params["decoder"]["logits"])
+
+
+def test_finetune_from_a_t5x_checkpoint(tmp_path):
+    import jax
+
+    from cairn.models import EncoderDecoderModel, get_preset
+    from cairn.models.t5x_checkpoint import export_t5x
+
+    config = get_preset("t5_1_1_tiny", vocab_size=2176)
+    params = EncoderDecoderModel(config).init(jax.random.PRNGKey(7))
+    params["decoder"]["logits"] = np.zeros_like(params["decoder"]["logits"])  # uniform logits: known loss
+    export_t5x(params, str(tmp_path / "t5x" / "checkpoint_1000"), step=1000)
+    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
+    cache, a = tmp_path / "cache", tmp_path / "a"
+    proc = launch_util.train(args(a, cache, f"--config.init.t5x_checkpoint={tmp_path / 't5x'}"), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"initial params from {tmp_path / 't5x'}" in proc.stdout and "trained to step 2" in proc.stdout
+    assert abs(first_loss(a) - (np.log(2176) + 1e-4 * np.log(2176) ** 2)) < 1e-3, first_loss(a)
+    # Another preset than the checkpoint's: exit 2, one line naming the tensor.
+    proc = launch_util.train(
+        args(
+            tmp_path / "b",
+            cache,
+            f"--config.init.t5x_checkpoint={tmp_path / 't5x'}",
+            "--config.model.preset=t5_1_1_small",
+        ),
+        env=env,
+    )
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert "'init.t5x_checkpoint'" in proc.stderr and "has shape" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

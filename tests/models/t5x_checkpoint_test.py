@@ -127,3 +127,24 @@ def test_bad_checkpoints_are_named(tmp_path, trained):
     with pytest.raises(T5xCheckpointError, match=r"no step 5 \(steps: \[100\]\)"):
         write_t5x(tmp_path / "d" / "checkpoint_100", flat)
         read_params(str(tmp_path / "d"), step=5)
+
+
+def test_export_then_import_is_exact_and_matches_the_t5x_layout(tmp_path, trained):
+    from cairn.models.t5x_checkpoint import export_t5x
+
+    model, params = trained
+    scanned = EncoderDecoderModel(CONFIG.replace(scan_layers=True))
+    stacked = import_t5x(
+        str(_written(tmp_path / "fixture", params)), jax.eval_shape(scanned.init, jax.random.PRNGKey(0))
+    )
+    export_t5x(stacked, str(tmp_path / "run" / "checkpoint_9"), step=9)  # from the scanned model
+    assert read_params(str(tmp_path / "run")).keys() == t5x_layout(params).keys()
+    for name, value in read_params(str(tmp_path / "run")).items():
+        np.testing.assert_array_equal(value, t5x_layout(params)[name], err_msg=name)
+    back = import_t5x(str(tmp_path / "run"), jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+    jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
+
+
+def _written(folder, params):
+    write_t5x(folder, t5x_layout(params))
+    return folder

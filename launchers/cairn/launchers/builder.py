@@ -295,13 +295,21 @@ def make_trainer(
 def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
     """Params to start from (`init.checkpoint` via `restore_params`, or `init.hf_checkpoint`
     via `import_hf`), sharded as the trainer wants; None without either."""
-    if not (config.init.checkpoint or config.init.hf_checkpoint):
+    if not (config.init.checkpoint or config.init.hf_checkpoint or config.init.t5x_checkpoint):
         return None
     abstract = trainer.setup(first_batch).params
     if config.init.checkpoint:
         from cairn.trainer import restore_params
 
         return restore_params(config.init.checkpoint, abstract, step=config.init.checkpoint_step)
+    if config.init.t5x_checkpoint:
+        from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
+
+        try:
+            params = import_t5x(config.init.t5x_checkpoint, abstract, step=config.init.checkpoint_step)
+        except T5xCheckpointError as e:
+            raise ConfigError("init.t5x_checkpoint", str(e)) from None
+        return jax.tree.map(lambda p, a: jax.device_put(p, a.sharding), params, abstract)
     _, params = hf_converter(config.model.kind).import_dir(
         config.init.hf_checkpoint, **to_plain(config.model.overrides)
     )

@@ -19,7 +19,14 @@ from cairn import storage
 from cairn.launchers import schema
 
 # Config keys that hold paths (resolved against the user's directory).
-PATH_KEYS = ("model_dir", "vocabulary.path", "data.cache_dir", "init.checkpoint", "init.hf_checkpoint")
+PATH_KEYS = (
+    "model_dir",
+    "vocabulary.path",
+    "data.cache_dir",
+    "init.checkpoint",
+    "init.hf_checkpoint",
+    "init.t5x_checkpoint",
+)
 # Left out of the config hash: where a run writes, and how its processes meet.
 # Where a run writes and reads, not what it computes (the data fingerprint covers the cache's
 # content wherever it lives): left out of the run fingerprint's config hash.

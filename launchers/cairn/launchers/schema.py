@@ -212,6 +212,9 @@ class Init:
     checkpoint: str = knob("", "a cairn checkpoint whose params the run starts from")
     checkpoint_step: int | None = knob(None, "its step (None: the latest)")
     hf_checkpoint: str = knob("", "a Hugging Face T5 or Llama directory (config.json + safetensors)")
+    t5x_checkpoint: str = knob(
+        "", "a t5x checkpoint (checkpoint_<step> or its run folder; T5 families, the preset's shape)"
+    )
 
 
 @dataclasses.dataclass

@@ -203,9 +203,9 @@ def _train(
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
         trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
     init = None
-    if config.init.checkpoint or config.init.hf_checkpoint:
+    if config.init.checkpoint or config.init.hf_checkpoint or config.init.t5x_checkpoint:
         init = builder.pretrained_params(config, trainer, _peek(reader))
-        source = config.init.checkpoint or config.init.hf_checkpoint
+        source = config.init.checkpoint or config.init.hf_checkpoint or config.init.t5x_checkpoint
         out(f"initial params from {source} (used unless model_dir has a checkpoint)")
     summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too
     try:

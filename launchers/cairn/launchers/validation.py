@@ -253,12 +253,18 @@ def check_paths(config: Any) -> None:
             raise ConfigError("vocabulary.path", f"a {_VOCABULARY_FILES[config.vocabulary.kind]} path")
         if not _exists(config.vocabulary.path):
             raise ConfigError("vocabulary.path", f"no such file {config.vocabulary.path!r}")
-    for key in ("init.checkpoint", "init.hf_checkpoint"):
+    sources = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint")
+    for key in sources:
         path = config.init[key.split(".")[1]]
         if path and not _exists(path):
             raise ConfigError(key, f"no such path {path!r}")
-    if config.init.checkpoint and config.init.hf_checkpoint:
-        raise ConfigError("init.hf_checkpoint", "set init.checkpoint or init.hf_checkpoint, not both")
+    given = [key for key in sources if config.init[key.split(".")[1]]]
+    if len(given) > 1:
+        raise ConfigError(given[-1], f"set one of {', '.join(sources)}, not {' and '.join(given)}")
+    if config.init.t5x_checkpoint and config.model.kind not in ("encoder_decoder", "decoder_only"):
+        raise ConfigError(
+            "init.t5x_checkpoint", f"t5x checkpoints hold T5-family models; model.kind is {config.model.kind!r}"
+        )
     if config.init.hf_checkpoint and config_base.model_family(config.model.kind).hf is None:
         from cairn.models import families
 

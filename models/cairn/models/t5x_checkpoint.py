@@ -12,7 +12,8 @@ for the untied output layer; t5x's `DenseGeneral` stores attention kernels flatt
 dimensions (`[embed, heads * head_dim]`, `[heads * head_dim, embed]`), which are reshaped to
 Cairn's `[embed, heads, head_dim]` / `[heads, head_dim, embed]`. A scanned Cairn model gets the
 `layers_<i>` parameters stacked on the leading `layers` axis. Only the parameters (`target`)
-are read; the optimizer state is not.
+are read; the optimizer state is not. `export_t5x` writes Cairn parameters back in that
+layout (2-D and larger arrays in TensorStore, the rest inline), for t5x to restore.
 
 TensorStore (a dependency of orbax-checkpoint) is imported only when a parameter is stored
 in it. This reader was checked against checkpoints written in t5x's documented layout by
@@ -157,6 +158,52 @@ def convert(t5x_params: Mapping[str, np.ndarray], abstract: Any) -> Any:
             f"(more layers than the preset, or another architecture?)"
         )
     return unflatten_dict(out, sep="/")
+
+
+def _t5x_layout(params: Any) -> dict[str, np.ndarray]:
+    """Cairn parameters (scanned layers unstacked) under t5x names and `DenseGeneral` shapes."""
+    from flax.traverse_util import flatten_dict
+
+    out: dict[str, np.ndarray] = {}
+    for name, value in flatten_dict(params, sep="/").items():
+        value = np.asarray(value)
+        parts = name.split("/")
+        layers = [(f"layers_{j}", value[j]) for j in range(value.shape[0])] if "layers" in parts else [("", value)]
+        for layer, v in layers:
+            names = [layer if p == "layers" and layer else p for p in parts]
+            if names[-1] in ("query", "key", "value"):
+                v = v.reshape(v.shape[0], -1)
+            elif names[-1] == "out":
+                v = v.reshape(-1, v.shape[-1])
+            out[_t5x_name("/".join(names))[0]] = v
+    return out
+
+
+def export_t5x(params: Any, folder: str, step: int = 0) -> str:
+    """Writes `params` as the t5x checkpoint folder `folder` (usually `<run>/checkpoint_<step>`):
+    its `checkpoint` msgpack and a gzip zarr TensorStore array per parameter of 2 or more
+    dimensions. Returns the `checkpoint` file's path."""
+    import tensorstore as ts
+    from flax import serialization
+    from flax.traverse_util import unflatten_dict
+
+    storage.path(folder).mkdir(parents=True, exist_ok=True)
+    target: dict[str, Any] = {}
+    for name, value in _t5x_layout(params).items():
+        if value.ndim < 2:
+            target[name] = value
+            continue
+        dotted = "target." + name.replace("/", ".")
+        metadata = {"compressor": {"id": "gzip"}, "shape": list(value.shape), "chunks": list(value.shape)}
+        spec = {"driver": "zarr", "dtype": value.dtype.name, "kvstore": {"driver": "file", "path": dotted}}
+        full = dict(spec, metadata=metadata, kvstore={"driver": "file", "path": f"{folder.rstrip('/')}/{dotted}"})
+        ts.open(full, create=True, delete_existing=True).result().write(value).result()
+        target[name] = dict(spec, metadata=metadata)
+    state = {"step": np.int64(step), "param_states": {}}
+    contents = {"version": 3, "optimizer": {"target": unflatten_dict(target, sep="/"), "state": state}}
+    file = f"{folder.rstrip('/')}/checkpoint"
+    storage.write_bytes(file, serialization.msgpack_serialize(contents))
+    return file
 
 
 def import_t5x(path: str, abstract: Any, step: int | None = None) -> Any:
