@@ -37,7 +37,7 @@ ALLOWED_LAZY = {
     "tokenizers": {"tensorflow", "tokenizers"},  # tokenizers: Hugging Face's, the `hf` extra
     "datatasks": {"apache_beam", "array_record"},
     "partitioning": set(),
-    "models": {"safetensors"},
+    "models": {"safetensors", "tensorstore"},  # tensorstore: t5x checkpoints, the `t5x` extra
     "evaluation": {"sacrebleu", "rouge_score", "scipy"},
     "trainer": {"tensorflow", "tqdm", "wandb"},  # tqdm: the console's progress line; wandb: its writer
     "launchers": {"tensorflow", "matplotlib"},

@@ -261,10 +261,13 @@ def check_paths(config: Any) -> None:
     given = [key for key in sources if config.init[key.split(".")[1]]]
     if len(given) > 1:
         raise ConfigError(given[-1], f"set one of {', '.join(sources)}, not {' and '.join(given)}")
-    if config.init.t5x_checkpoint and config.model.kind not in ("encoder_decoder", "decoder_only"):
-        raise ConfigError(
-            "init.t5x_checkpoint", f"t5x checkpoints hold T5-family models; model.kind is {config.model.kind!r}"
-        )
+    if config.init.t5x_checkpoint:
+        from cairn.models import TransformerConfig
+
+        if not issubclass(config_base.model_family(config.model.kind).config_class, TransformerConfig):
+            raise ConfigError(
+                "init.t5x_checkpoint", f"t5x checkpoints hold T5-family models; model.kind is {config.model.kind!r}"
+            )
     if config.init.hf_checkpoint and config_base.model_family(config.model.kind).hf is None:
         from cairn.models import families
 
