@@ -28,9 +28,11 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-for lib in ("tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer"):
+for lib in ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer"):
     sys.path.insert(0, os.path.join(REPO, lib))
 
 import jax  # noqa: E402
@@ -84,6 +86,7 @@ def main() -> None:
     )
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    print(machine_line(), flush=True)
 
     devices = jax.devices()
     kind = devices[0].device_kind

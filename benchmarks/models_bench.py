@@ -32,10 +32,13 @@ import statistics
 import sys
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [
-    os.path.join(REPO, d) for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers")
+    os.path.join(REPO, d)
+    for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers", "storage")
 ]
 
 MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
@@ -176,6 +179,7 @@ def main() -> None:
         "--no-malloc-tuning", action="store_true", help="keep glibc's default allocator settings (see the docstring)"
     )
     args = parser.parse_args()
+    print(machine_line(), flush=True)
 
     config = get_preset("t5_1_1_small")
     batch = make_batch()
