@@ -5,8 +5,9 @@ The weights reach torch through `cairn.models.llama.hf.export_hf` (a transformer
 so both sides run the same model on the same random tokens; the first-step losses are
 printed side by side as the check. Torch computes the same loss as cairn (mean token
 cross-entropy of the logits against the shifted targets, no z-loss) and uses all cores.
-Greedy decoding: prompts of PROMPT tokens, NEW generated tokens (EOS disabled on both sides:
-cairn `eos_id=-1`, transformers `min_new_tokens=NEW`), tokens/s counting prompt and new tokens.
+Greedy decoding: prompts of PROMPT tokens (after a BOS 0 on both sides), NEW generated tokens
+(EOS disabled on both sides: cairn `eos_id=-1`, transformers `min_new_tokens=NEW`), tokens/s
+counting prompt and new tokens.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def torch_decode(model, prompts, repeats: int):
     import torch
 
     model.eval()
-    ids = torch.tensor(prompts, dtype=torch.long)
+    # cairn's predict_batch feeds BOS (0) before each prompt (decoding.prompts.left_align): so does this.
+    ids = torch.tensor(np.pad(prompts, ((0, 0), (1, 0))), dtype=torch.long)
     out = []
 
     def run():
@@ -128,13 +130,13 @@ def torch_decode(model, prompts, repeats: int):
             )
 
     s = median_time(run, repeats)
-    return s, out[-1].numpy()
+    return s, out[-1].numpy()[:, 1:]  # without the BOS: the prompt then the new tokens, as cairn's
 
 
 def run(peak: float, steps: int, decode_steps: int, skip_torch: bool, preset: str = PRESET) -> None:
     """Measures and prints the table of `preset` (default llama_150m; targets and verdicts included)."""
     config = get_preset(preset)
-    model = DecoderOnlyModel(config, z_loss=0.0)
+    model = DecoderOnlyModel(config, z_loss=0.0, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")  # mean, as torch
     params = model.init(jax.random.PRNGKey(0))
     batch = make_batch(config.vocab_size)
     prompts = np.random.default_rng(1).integers(2, config.vocab_size, (DECODE_BATCH, PROMPT)).astype(np.int32)
