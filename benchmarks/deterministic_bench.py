@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -267,6 +269,7 @@ def main() -> None:
         default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"),
     )
     args = p.parse_args()
+    print(machine_line(), flush=True)
     if args.peer:
         json.dump(
             peer_rates(args.model, args.data, {True: args.batches, False: args.unpacked_batches}, args.warmup),

@@ -28,14 +28,16 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
 import time
+
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [
-    os.path.join(REPO, d) for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers")
+    os.path.join(REPO, d)
+    for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers", "storage")
 ]
 
 MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
@@ -48,31 +50,13 @@ if (
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES})
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import matmul_peak, median_time, target_line  # noqa: E402
 
 from cairn.models import DecodeOptions, EncoderDecoderModel, get_preset, training_flops_per_step  # noqa: E402
 
 BATCH, INPUTS, TARGETS = 8, 128, 32
-
-
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def matmul_peak(repeats: int = 10, n: int = 2048) -> float:
-    """FLOP/s of a jitted float32 n x n matmul (median)."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.matmul)
-    return 2 * n**3 / median_time(lambda: f(a, b).block_until_ready(), repeats, warmup=2)
+T5_TARGETS = {"train": 2.0, "greedy": 2.0}  # speed ratios over transformers (issue 6)
 
 
 def make_batch():
@@ -167,32 +151,25 @@ def torch_greedy(model, batch, repeats: int) -> float:
     return median_time(run, repeats)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed training steps (after one warm-up)")
-    parser.add_argument("--decode-steps", type=int, default=3, help="timed greedy decodes (after one warm-up)")
-    parser.add_argument("--skip-torch", action="store_true", help="only cairn's column")
-    parser.add_argument(
-        "--no-malloc-tuning", action="store_true", help="keep glibc's default allocator settings (see the docstring)"
-    )
-    args = parser.parse_args()
-
+def run_t5(peak: float, steps: int, decode_steps: int, skip_torch: bool) -> None:
+    """Measures and prints the T5.1.1-small table (targets and verdicts included)."""
     config = get_preset("t5_1_1_small")
     batch = make_batch()
     flops = training_flops_per_step(config, BATCH, {"inputs": INPUTS, "targets": TARGETS})
-    peak = matmul_peak()
-    step_s, compile_s, model, params = cairn_train_step(config, batch, args.steps)
-    decode_s = cairn_greedy(model, params, batch, args.decode_steps)
+    step_s, compile_s, model, params = cairn_train_step(config, batch, steps)
+    decode_s = cairn_greedy(model, params, batch, decode_steps)
     tokens = BATCH * (INPUTS + TARGETS)
     rows = [("cairn (jax)", step_s, decode_s)]
-    if not args.skip_torch:
+    if not skip_torch:
         try:
+            import torch
+
             tm = torch_model(config, params)
             rows.append(
                 (
-                    "transformers (torch)",
-                    torch_train_step(tm, batch, args.steps),
-                    torch_greedy(tm, batch, args.decode_steps),
+                    f"transformers (torch, {torch.get_num_threads()} thr)",
+                    torch_train_step(tm, batch, steps),
+                    torch_greedy(tm, batch, decode_steps),
                 )
             )
         except ImportError as e:  # torch/transformers are test-only dependencies
@@ -206,12 +183,38 @@ def main() -> None:
         f"model FLOPs/step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s; "
         f"cairn compile {compile_s:.1f} s; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}"
     )
-    print(f"{'':24}{'step s':>8}{'tokens/s':>10}{'MFU':>7}{'greedy tok/s':>14}")
+    print(f"{'':34}{'step s':>8}{'tokens/s':>10}{'MFU':>7}{'greedy tok/s':>14}")
     for name, s, d in rows:
-        print(f"{name:24}{s:8.2f}{tokens / s:10.0f}{flops / s / peak:7.1%}{BATCH * TARGETS / d:14.0f}")
+        print(f"{name:34}{s:8.2f}{tokens / s:10.0f}{flops / s / peak:7.1%}{BATCH * TARGETS / d:14.0f}")
     if len(rows) == 2:
         (_, s0, d0), (_, s1, d1) = rows
-        print(f"{'cairn / transformers':24}{'':8}{s1 / s0:9.2f}x{'':7}{d1 / d0:13.2f}x  (speed ratios)")
+        print(f"{'cairn / transformers':34}{'':8}{s1 / s0:9.2f}x{'':7}{d1 / d0:13.2f}x  (speed ratios)")
+        print(target_line("train step vs transformers", s1 / s0, T5_TARGETS["train"]))
+        print(target_line("greedy vs generate", d1 / d0, T5_TARGETS["greedy"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("t5", "llama", "all"), default="all", help="which tables (default: both)")
+    parser.add_argument("--llama-preset", default="llama_150m", help="Llama table's preset (llama_tiny: smoke)")
+    parser.add_argument("--steps", type=int, default=5, help="timed training steps (after one warm-up)")
+    parser.add_argument("--decode-steps", type=int, default=3, help="timed greedy decodes (after one warm-up)")
+    parser.add_argument("--skip-torch", action="store_true", help="only cairn's column")
+    parser.add_argument(
+        "--no-malloc-tuning", action="store_true", help="keep glibc's default allocator settings (see the docstring)"
+    )
+    args = parser.parse_args()
+    print(machine_line(), flush=True)
+    peak = matmul_peak()
+    if args.model in ("t5", "all"):
+        run_t5(peak, args.steps, args.decode_steps, args.skip_torch)
+    if args.model in ("llama", "all"):
+        import _llama_bench
+
+        if args.model == "all":
+            print()
+        _llama_bench.run(peak, args.steps, args.decode_steps, args.skip_torch, args.llama_preset)
+    print(machine_line().replace("CPU:", "end of run, CPU:"))
 
 
 if __name__ == "__main__":

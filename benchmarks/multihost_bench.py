@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
 LIBS = ("tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 CONFIG = REPO / "launchers" / "configs" / "shakespeare_t5_tiny.py"
@@ -179,6 +181,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before its processes are killed")
     ap.add_argument("--keep", action="store_true", help="keep the run directories and logs (printed)")
     args = ap.parse_args()
+    print(machine_line(), flush=True)
     layouts = [tuple(int(n) for n in spec.split("x")) for spec in args.layouts.split(",")]
     names = args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]

@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -87,6 +89,7 @@ def main() -> None:
         default=os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cairn-benchmarks"),
     )
     args = p.parse_args()
+    print(machine_line(), flush=True)
     sys.path[:0] = LIB_PATHS
     from tokenizers_bench import shakespeare_lines, trained_model
 

@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(os.path.dirname(HERE), d) for d in ("models", "partitioning", "storage")]
 
@@ -49,6 +51,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--preset", default="decoder_only_tiny")
     args = parser.parse_args()
+    print(machine_line(), flush=True)
     config = get_preset(args.preset)
     model = DecoderOnlyModel(config)
     params = model.init(jax.random.PRNGKey(0))

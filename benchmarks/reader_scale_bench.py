@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -251,6 +253,7 @@ def main() -> None:
     p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
     p.add_argument("--cache_dir", help="internal: the cache to measure")
     args = p.parse_args()
+    print(machine_line(), flush=True)
     sys.path[:0] = [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
     if args.measure:
         n, pack = args.measure.split(",")

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -139,6 +141,7 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true", help="cairn's column only")
     p.add_argument("--json", help="also write all results (every repeat) to this file")
     args = p.parse_args()
+    print(machine_line(), flush=True)
 
     all_lines = shakespeare_lines()
     model, train_s = trained_model(all_lines, args.cache_dir, args.retrain)

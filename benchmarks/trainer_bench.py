@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
@@ -199,6 +201,7 @@ def main() -> int:
     ap.add_argument("--models", default="t5_1_1_tiny,t5_1_1_small")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    print(machine_line(), flush=True)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("cairn.trainer").setLevel(logging.INFO)
     peak = cpu_matmul_peak_flops()
