@@ -71,7 +71,7 @@ def test_slices_select_the_examples_tfds_selects(data_dir, spec, expected):
 def test_percent_rounds_to_the_closest_example_as_tfds():
     # TFDS's default rounding: int(round(boundary * n / 100)), Python's round (half to even).
     lengths = {"train": [5]}
-    take = lambda spec: sum(w.take for w in split_slicing.resolve(spec, lengths))  # noqa: E731
+    take = lambda spec: sum(w.take for w in split_slicing.resolve(spec, lengths))
     assert [take(f"train[:{p}%]") for p in (30, 50, 70, 90)] == [2, 2, 4, 4]
     assert take("train[:30%]") == 2  # 1.5 -> 2
     assert take("train[:50%]") == 2  # 2.5 -> 2
