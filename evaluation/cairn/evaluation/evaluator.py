@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from cairn.datatasks import FeatureConverter, Mixture, Registry, Task, get_mixture_or_task
 from cairn.evaluation.loggers.base import MetricLogger
+from cairn.evaluation.metric_objects import metric_kind
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +57,6 @@ class EvaluationResult:
     def _error(self, task: str, message: str) -> None:
         log.error(message)
         self.errors.setdefault(task, []).append(message)
-
-
-def _metric_kind(fn: Any) -> str:
-    """`prediction`, `score` or `unknown`: a metric object by its `model_output_type`, a
-    metric function by its signature (seqio's rule)."""
-    output_type = getattr(fn, "model_output_type", None)
-    if output_type is not None:
-        return "score" if int(output_type) in (2, 4) else "prediction"
-    params = inspect.signature(fn).parameters
-    if "scores" in params:
-        return "score"
-    if "predictions" in params:
-        return "prediction"
-    return "unknown"
 
 
 def _name(fn: Callable) -> str:
@@ -249,8 +236,8 @@ class Evaluator:
         if not task.metric_fns and not objects:
             result._error(name, f"task {name!r} has no metric functions; nothing to report")
             return
-        kinds = {_name(fn): _metric_kind(fn) for fn in task.metric_fns}
-        wanted = set(kinds.values()) | {_metric_kind(m) for m in objects}
+        kinds = {_name(fn): metric_kind(fn) for fn in task.metric_fns}
+        wanted = set(kinds.values()) | {metric_kind(m) for m in objects}
         predictions = scores = raw = None
         if "prediction" in wanted and predict_fn is not None:
             raw = self._ordered(name, "predict", predict_fn(data.model_dataset), n, result)
@@ -312,7 +299,7 @@ class Evaluator:
         self, name: str, data: _TaskData, obj: Any, raw: list | None, scores: list | None, result: EvaluationResult
     ) -> dict[str, float] | None:
         """A metric object over the task: built chunk by chunk, merged, computed."""
-        kind = _metric_kind(obj)
+        kind = metric_kind(obj)
         outputs: Any = raw if kind == "prediction" else scores
         if outputs is None:
             missing = "predict_fn" if kind == "prediction" else "score_fn"

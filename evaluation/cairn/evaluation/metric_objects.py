@@ -150,6 +150,17 @@ class Perplexity(_Counts):
         return {"perplexity": math.exp(per_token), "nll_per_token": per_token}
 
 
+def metric_kind(metric: Any) -> str:
+    """`prediction`, `score` or `unknown`: a metric object by its `model_output_type`, a
+    metric function by its signature names (seqio's rule)."""
+    output_type = getattr(metric, "model_output_type", None)
+    if output_type is not None:
+        scores = (ModelOutputType.SCORE, ModelOutputType.SCORE_WITH_INTERMEDIATES)
+        return "score" if output_type in scores else "prediction"
+    params = inspect.signature(metric).parameters
+    return "score" if "scores" in params else "prediction" if "predictions" in params else "unknown"
+
+
 def _output_type(metric_fn: Callable) -> ModelOutputType:
     params = inspect.signature(metric_fn).parameters
     if "scores" in params:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import cairn.datatasks as dt
 from cairn.datatasks.lazy_tf import tf
+from cairn.evaluation.metric_objects import metric_kind
 
 PROMPT = "inputs"  # the model feature holding each row's prompt
 
@@ -49,16 +49,6 @@ def split_prompt(dataset: Any, sequence_length: Mapping[str, int] | None = None)
         return out
 
     return dataset.map(split)
-
-
-def metric_kind(fn: Any) -> str:
-    """`prediction`, `score` or `unknown` (the Evaluator's seqio rule: a metric object's
-    `model_output_type`, a function's signature names)."""
-    output_type = getattr(fn, "model_output_type", None)
-    if output_type is not None:
-        return "score" if int(output_type) in (2, 4) else "prediction"
-    params = inspect.signature(fn).parameters
-    return "score" if "scores" in params else "prediction" if "predictions" in params else "unknown"
 
 
 def with_metrics(task: Any, kinds: tuple[str, ...]) -> Any:

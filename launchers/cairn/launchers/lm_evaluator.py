@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cairn.evaluation import MetricLogger
+from cairn.evaluation.metric_objects import metric_kind
 from cairn.launchers import decode_views
 
 
@@ -66,7 +67,7 @@ class ContinuationEvaluator:
         lengths = {"targets": int(sequence_length["targets"])}
         for name in kept:
             task = tasks[name]
-            kinds = {decode_views.metric_kind(fn) for fn in (*task.metric_fns, *getattr(task, "metric_objs", ()))}
+            kinds = {metric_kind(fn) for fn in (*task.metric_fns, *getattr(task, "metric_objs", ()))}
             if "prediction" in kinds:
                 self._decodes[name] = decode_views.view_evaluator(
                     task, sequence_length, split, num_examples, seed, ("prediction",), (self._collect,)

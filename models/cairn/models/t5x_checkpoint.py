@@ -108,14 +108,14 @@ def read_params(path: str, step: int | None = None) -> dict[str, np.ndarray]:
     return out
 
 
-def _t5x_name(cairn_name: str) -> list[str]:
-    """The t5x names a Cairn parameter may have, most likely first."""
+def _t5x_name(cairn_name: str) -> str:
+    """The t5x name of a Cairn parameter."""
     parts = cairn_name.split("/")
     if parts[-1] in ("scale", "embedding", "rel_embedding"):
-        return [cairn_name]
+        return cairn_name
     if parts[-1] == "logits":
-        return ["/".join(parts[:-1] + ["logits_dense", "kernel"])]
-    return [cairn_name + "/kernel"]
+        return "/".join(parts[:-1] + ["logits_dense", "kernel"])
+    return cairn_name + "/kernel"
 
 
 def convert(t5x_params: Mapping[str, np.ndarray], abstract: Any) -> Any:
@@ -128,17 +128,17 @@ def convert(t5x_params: Mapping[str, np.ndarray], abstract: Any) -> Any:
     used: set[str] = set()
 
     def fetch(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        for candidate in _t5x_name(name):
-            if candidate in t5x_params:
-                value = t5x_params[candidate]
-                if int(np.prod(value.shape)) != int(np.prod(shape)):
-                    raise T5xCheckpointError(
-                        f"t5x checkpoint: {candidate!r} has shape {tuple(value.shape)}, the model's {name!r} "
-                        f"needs {tuple(shape)} (another preset or vocabulary size?)"
-                    )
-                used.add(candidate)
-                return np.reshape(value, shape)
-        raise T5xCheckpointError(f"t5x checkpoint has no {_t5x_name(name)[0]!r} (for the model's {name!r})")
+        t5x = _t5x_name(name)
+        if t5x not in t5x_params:
+            raise T5xCheckpointError(f"t5x checkpoint has no {t5x!r} (for the model's {name!r})")
+        value = t5x_params[t5x]
+        if int(np.prod(value.shape)) != int(np.prod(shape)):
+            raise T5xCheckpointError(
+                f"t5x checkpoint: {t5x!r} has shape {tuple(value.shape)}, the model's {name!r} "
+                f"needs {tuple(shape)} (another preset or vocabulary size?)"
+            )
+        used.add(t5x)
+        return np.reshape(value, shape)
 
     out = {}
     for name, leaf in wanted.items():
@@ -175,7 +175,7 @@ def _t5x_layout(params: Any) -> dict[str, np.ndarray]:
                 v = v.reshape(v.shape[0], -1)
             elif names[-1] == "out":
                 v = v.reshape(-1, v.shape[-1])
-            out[_t5x_name("/".join(names))[0]] = v
+            out[_t5x_name("/".join(names))] = v
     return out
 
 
