@@ -24,7 +24,9 @@ same way; its FLOPs count grouped-query attention and the three SwiGLU kernels.
 Targets: MFU >= 45% on one H200 for `decoder_only_1b` (issue #7), >= 50% for `llama_1b`
 (`TARGETS`). The GPU machine needs a CUDA build of jaxlib matching requirements.lock
 (`pip install "jax[cuda12]==0.10.2"`); the repo's venv is CPU-only.
-Not yet run on a GPU: no device machine was lent to the sessions so far (neither preset).
+Not yet run on a GPU: no GPU machine was lent to the sessions so far (neither preset). On one
+TPU v5e chip, `--preset llama_1b --param_dtype bfloat16 --optimizer adafactor --batch 2` gave
+35.7 % MFU (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -95,6 +97,13 @@ def main() -> None:
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--dtype", default="bfloat16", help="activation dtype")
+    p.add_argument("--param_dtype", default="float32", help="parameter (and optimizer state) dtype")
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=("adamw", "adafactor"),
+        help="adamw (default) or adafactor (factored second moments: fits a 1B model's state on a 16 GiB chip)",
+    )
     p.add_argument("--remat", default="dots", choices=("none", "full", "dots"))
     p.add_argument("--no_scan", action="store_true", help="unrolled layers instead of a scan")
     p.add_argument(
@@ -118,7 +127,13 @@ def main() -> None:
     if not peak_per_device:
         raise SystemExit(f"no published peak for device kind {kind!r}: pass --peak_tflops")
     peak = peak_per_device * len(devices)
-    config = get_preset(args.preset, dtype=args.dtype, scan_layers=not args.no_scan, remat_policy=args.remat)
+    config = get_preset(
+        args.preset,
+        dtype=args.dtype,
+        param_dtype=args.param_dtype,
+        scan_layers=not args.no_scan,
+        remat_policy=args.remat,
+    )
     model = DecoderOnlyModel(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     fpt = flops_per_token(config, {"targets": args.length})
     partitioner = Partitioner(create_mesh({"data": -1, "model": 1}), standard_logical_axis_rules())
@@ -135,7 +150,7 @@ def main() -> None:
             checkpoint=CheckpointConfig(keep=1, asynchronous=True),
         )
         trainer = Trainer(
-            model, OptimizerConfig(name="adamw", weight_decay=0.1, clip_grad_norm=1.0), 3e-4, partitioner, cfg
+            model, OptimizerConfig(name=args.optimizer, weight_decay=0.1, clip_grad_norm=1.0), 3e-4, partitioner, cfg
         )
         start = time.perf_counter()
         trainer.train(SyntheticTokens(config.vocab_size, args.batch, args.length))
@@ -154,6 +169,8 @@ def main() -> None:
         "batch": args.batch,
         "length": args.length,
         "dtype": args.dtype,
+        "param_dtype": args.param_dtype,
+        "optimizer": args.optimizer,
         "remat": args.remat,
         "scan": not args.no_scan,
         "model_tflops_per_step": fpt * tokens / 1e12,
@@ -166,7 +183,7 @@ def main() -> None:
         "wall_s_incl_compile": total,
     }
     print(f"{'device':24s}{kind} x{len(devices)}")
-    for k in ("preset", "params", "batch", "length", "dtype", "remat", "scan"):
+    for k in ("preset", "params", "batch", "length", "dtype", "param_dtype", "optimizer", "remat", "scan"):
         print(
             f"{k:24s}{result[k]:,}"
             if isinstance(result[k], int) and not isinstance(result[k], bool)
