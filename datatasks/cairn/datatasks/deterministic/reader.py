@@ -251,6 +251,11 @@ class DeterministicReader:
         self._chunk_steps = max(1, int(steps_per_call))
         self._last: tuple[int, list] | None = None
 
+    @property
+    def steps_per_call(self) -> int:
+        """Steps computed together in one pass (`next` reads `batches_at` of this many)."""
+        return self._chunk_steps
+
     # -- state ---------------------------------------------------------------------
     def get_state(self) -> dict[str, int]:
         state = {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
