@@ -14,8 +14,8 @@ thread that iterates the `tf.data` pipeline (one `tf.numpy_function` per element
 
 A cache's fingerprint of this source (`fingerprint_description`) holds each split's length,
 the Grain pipeline's stages (their `str`: type and transform names, without Grain's
-file:line), a SHA-256 of the
-elements at the first, middle and last index, and the optional `fingerprint` string: a change
+file:line), a SHA-256 of five elements evenly spaced from the first to the last (where one is
+filtered out, the next that is not), and the optional `fingerprint` string: a change
 elsewhere in the data is not seen, so give a new `fingerprint` (e.g. a data version) then.
 """
 
@@ -107,6 +107,16 @@ def _digest(element: Any) -> str:
     return h.hexdigest()
 
 
+def _sample(data: Any, n: int, points: int = 5, scan: int = 16) -> dict[str, str]:
+    """`{index: SHA-256}` of the elements at `points` evenly spaced indices; where one is
+    None (filtered out), the next element that is not, within `scan` indices."""
+    out = {}
+    for p in sorted({(n - 1) * k // (points - 1) for k in range(points)} if n else set()):
+        i = next((j for j in range(p, min(p + scan, n)) if data[j] is not None), p)
+        out[str(i)] = _digest(data[i])
+    return out
+
+
 def _stages(data: Any) -> list[str]:
     """The Grain pipeline behind `data`, stage by stage (a plain source: its type and repr)."""
     parents = getattr(data, "parents", None)
@@ -160,25 +170,21 @@ class GrainDataSource(DataSource):
         return pseudo_shards(split, self._num_shards)
 
     def fingerprint_description(self, split: str) -> dict[str, Any]:
-        """What a cache fingerprint records of `split` (module docstring); cheap: three reads."""
+        """What a cache fingerprint records of `split` (module docstring); cheap: a few reads."""
         data = self.dataset(split)
         n = len(data)
-        sample = sorted({0, n // 2, n - 1}) if n else []
-        return {
-            "length": n,
-            "stages": _stages(data),
-            "sample": {str(i): _digest(data[i]) for i in sample},
-            "fingerprint": self._fingerprint,
-        }
+        return {"length": n, "stages": _stages(data), "sample": _sample(data, n), "fingerprint": self._fingerprint}
 
-    def _spec(self, split: str, data: Any, start: int, end: int) -> dict[str, tuple[Any, int]]:
-        """`{feature: (tf dtype, rank)}` of the shard's first element that is not None."""
-        for i in range(start, end):
+    def _spec(self, split: str, data: Any, start: int) -> dict[str, tuple[Any, int]]:
+        """`{feature: (tf dtype, rank)}` of the first element that is not None, from `start`
+        on (the shard's first index), then from the split's beginning."""
+        n = len(data)
+        for i in [*range(start, n), *range(start)]:
             element = data[i]
             if element is not None:
                 arrays = _features(element, f"GrainDataSource split {split!r} element {i}")
                 return {k: (_tf_dtype(a), a.ndim) for k, a in arrays.items()}
-        raise DataTasksError(f"GrainDataSource split {split!r} has no element in indices [{start}, {end})")
+        raise DataTasksError(f"GrainDataSource split {split!r} has no element (all {n} are empty or filtered out)")
 
     def get_dataset(
         self,
@@ -192,7 +198,7 @@ class GrainDataSource(DataSource):
         data = self.dataset(split)
         index, count = (shard_info.index, shard_info.num_shards) if shard_info is not None else (0, 1)
         start, end = even_split(len(data), index, count)
-        spec = self._spec(split, data, start, end)
+        spec = self._spec(split, data, start)
         keys = sorted(spec)
         order = _seeded_order(end - start, seed) if shuffle else np.arange(end - start)
 

@@ -18,8 +18,9 @@ holds exactly that host's rows, and the sampler is left unsharded (`NoSharding()
 
 Nothing here imports Grain except `as_grain_dataset` (the `grain` extra, imported lazily):
 the source is the duck-typed `RandomAccessDataSource` protocol (`__len__`, `__getitem__`).
-The source pickles without its reader, which each process (Grain's worker processes) opens
-again on first use.
+The source pickles (with cloudpickle, as Grain sends it to its worker processes) without its
+reader, which each process opens again on first use; a task or mixture given by name is
+looked up once, when the source is made, and travels as the object.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 from cairn.datatasks.deterministic.reader import DeterministicReader
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
+from cairn.datatasks.registry import get_mixture_or_task
 
 ELEMENTS = ("row", "batch")
 # DeterministicReader arguments a source passes through; host_index/host_count come from
@@ -102,6 +104,8 @@ class DeterministicGrainSource:
             )
         self.host_index, self.host_count = shard_of(shard_options)
         self.num_steps, self.element = num_steps, element
+        if isinstance(mixture_or_task, str):  # the object travels with a pickled source
+            mixture_or_task = get_mixture_or_task(mixture_or_task, reader_options.pop("registry", None))
         self._args = dict(
             reader_options,
             mixture_or_task=mixture_or_task,
@@ -129,6 +133,9 @@ class DeterministicGrainSource:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._chunks = collections.OrderedDict()
+        # The cache was checked against the task when the source was made; a function pickled
+        # by value (one defined in __main__) has no source text here, so its fingerprint differs.
+        self._args = dict(self._args, check_task=False)
 
     @property
     def reader(self) -> DeterministicReader:
@@ -155,8 +162,7 @@ class DeterministicGrainSource:
         return {k: v[row].copy() for k, v in self._batch(step).items()}
 
     def __repr__(self) -> str:
-        what = self._args["mixture_or_task"]
-        name = what if isinstance(what, str) else getattr(what, "name", type(what).__name__)
+        name = getattr(self._args["mixture_or_task"], "name", None)
         return (
             f"DeterministicGrainSource({name!r}, seed={self._args['seed']}, "
             f"global_batch_size={self._args['global_batch_size']}, num_steps={self.num_steps}, "
