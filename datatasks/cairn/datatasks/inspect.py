@@ -118,7 +118,8 @@ def inspect_task(
         raise SystemExit(f"inspect: unknown converter {converter!r}; choose one of {', '.join(CONVERTERS)}")
     if (converter == "encoder") != (mask_id is not None):
         raise SystemExit("inspect: --mask_id (the mask token's id) goes with --converter=encoder, and only with it")
-    conv = CONVERTERS[converter](pack=pack, **({} if mask_id is None else {"mask_id": mask_id}))
+    extra: dict[str, Any] = {} if mask_id is None else {"mask_id": mask_id}
+    conv = CONVERTERS[converter](pack=pack, **extra)
     vocabs = {k: f.vocabulary for k, f in task.output_features.items()}
     stats = dt.DataStats()
     raw = list(task.source.get_dataset(split, shuffle=False).take(n).as_numpy_iterator())
