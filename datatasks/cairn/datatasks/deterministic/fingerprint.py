@@ -10,7 +10,7 @@ Parts (each a SHA-256 hex digest), so a mismatch can say what changed:
     pattern before its first glob character), size and SHA-256 of its bytes; never an
     absolute path, so a copy of the sources in another directory (another clone, another
     machine) has the same fingerprint. For other sources: the code of the function behind
-    them.
+    them, or what their `fingerprint_description(split)` gives (`GrainDataSource`).
 
 The cache writer computes the fingerprint once and stores it, with the per-file details,
 in `info.json`; a reader compares the cheap parts only (`store.CachedTask`), and
@@ -137,7 +137,11 @@ def source_description(task: Any, split: str, files: list[dict] | None = None) -
     else:
         desc["shards"] = source.list_shards(split)
         fn = getattr(source, "_fn", None)
-        desc["code"] = _code(fn) if fn is not None else repr(source)
+        describe = getattr(source, "fingerprint_description", None)  # e.g. GrainDataSource's
+        if describe is not None:
+            desc["code"] = describe(split)
+        else:
+            desc["code"] = _code(fn) if fn is not None else repr(source)
     return desc
 
 

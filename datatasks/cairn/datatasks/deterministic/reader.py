@@ -169,6 +169,8 @@ class DeterministicReader:
       check_source_files: also compare the task's source files (relative names and sizes:
         a listing and a stat per file, no byte read) with those the cache recorded. Opening
         a cache never reads the records or the source bytes (`verify_cache` does).
+      check_task: compare each cache with its task's definition (fingerprint). A Grain
+        source's worker processes leave it off: the source checked when it was made.
       prefetch: chunks computed ahead in background threads (0: none).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
         pass, ~5 ms); default: enough for ~1,024 of this host's rows per pass unpacked
@@ -194,6 +196,7 @@ class DeterministicReader:
         split: str = "train",
         registry: Registry | None = None,
         check_source_files: bool = True,
+        check_task: bool = True,
         prefetch: int = 2,
         steps_per_call: int | None = None,
         packing: str = "greedy",
@@ -228,7 +231,7 @@ class DeterministicReader:
         self.streams = [
             _TaskStream(
                 t,
-                CachedTask(task_dir(cache_dir, t.name, split), t, split, check_source_files),
+                CachedTask(task_dir(cache_dir, t.name, split), t if check_task else None, split, check_source_files),
                 self.seed,
                 feature_converter,
                 self.lengths,
@@ -248,7 +251,7 @@ class DeterministicReader:
         if steps_per_call is None:
             rows = 256 if feature_converter.pack else 1024
             steps_per_call = -(-rows // self.per_host)
-        self._chunk_steps = max(1, int(steps_per_call))
+        self.steps_per_call = max(1, int(steps_per_call))  # `next` computes this many at once
         self._last: tuple[int, list] | None = None
 
     # -- state ---------------------------------------------------------------------
@@ -361,11 +364,11 @@ class DeterministicReader:
         return self
 
     def _chunk(self, c: int) -> list[dict[str, np.ndarray]]:
-        return self.batches_at(c * self._chunk_steps, self._chunk_steps)
+        return self.batches_at(c * self.steps_per_call, self.steps_per_call)
 
     def __next__(self) -> dict[str, np.ndarray]:
         step = self._step
-        c, i = divmod(step, self._chunk_steps)
+        c, i = divmod(step, self.steps_per_call)
         if self._prefetch:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._prefetch, "cairn-det-reader")
