@@ -100,6 +100,7 @@ class Decoder(nn.Module):
             None,
             bias,
             None,
+            sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -45,18 +45,10 @@ class DecoderOnlyModel(ModelBase):
         """Random parameters (deterministic given `rng`)."""
         return super().init(rng, length)
 
-    def apply(self, params: Params, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
-        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        logits = self.module.apply(
-            {"params": params},
-            batch["decoder_input_tokens"],
-            batch.get("decoder_segment_ids"),
-            batch.get("decoder_causal_attention"),
-            deterministic=dropout_rng is None,
-            decoder_positions=batch.get("decoder_positions"),
-            rngs=rngs,
-        )
-        return cast(jnp.ndarray, logits)
+    def call_args(self, batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The decoder's arguments for a teacher-forced pass."""
+        args = (batch["decoder_input_tokens"], batch.get("decoder_segment_ids"), batch.get("decoder_causal_attention"))
+        return args, {"decoder_positions": batch.get("decoder_positions")}
 
     def predict_batch(
         self,

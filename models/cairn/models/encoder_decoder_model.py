@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,19 +39,15 @@ class EncoderDecoderModel(ModelBase):
         """Random parameters (deterministic given `rng`)."""
         return super().init(rng, input_length, target_length)
 
-    def apply(self, params: Params, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
-        """Logits `[b, target_len, vocab]` (teacher forcing)."""
-        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        logits = self.module.apply(
-            {"params": params},
+    def call_args(self, batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """`EncoderDecoder`'s arguments for a teacher-forced pass."""
+        args = (
             batch["encoder_input_tokens"],
             batch["decoder_input_tokens"],
             batch.get("encoder_segment_ids"),
             batch.get("decoder_segment_ids"),
-            deterministic=dropout_rng is None,
-            rngs=rngs,
         )
-        return cast(jnp.ndarray, logits)
+        return args, {}
 
     def predict_batch(
         self, params: Params, batch: Batch, options: DecodeOptions = DecodeOptions(), rng: jax.Array | None = None

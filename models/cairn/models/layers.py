@@ -143,6 +143,22 @@ def kernel(
     return jnp.asarray(value, dtype)
 
 
+class Kernel(nn.Module):
+    """A bias-free kernel as its own submodule (parameter `<name>/kernel`), stored as
+    `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    stddev: float
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self) -> jnp.ndarray:
+        init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), self.axes)
+        return jnp.asarray(self.param("kernel", init, self.shape, self.param_dtype), self.dtype)
+
+
 class MlpBlock(nn.Module):
     """The position-wise MLP: `act(x Wi) Wo`, or gated `act0(x Wi0) * act1(x Wi1) Wo`."""
 

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 
 from cairn.models import decoding
 from cairn.models.losses import LossNormalizingFactor, weighted_cross_entropy
+from cairn.models.moe import COLLECTION as MOE_COLLECTION
+from cairn.models.moe import moe_losses
 
 Batch = Mapping[str, jnp.ndarray]
 DECODE_METHODS = ("greedy", "sample", "beam")
@@ -196,8 +198,29 @@ class ModelBase:
         """Variables with logical axis metadata for inputs of the given lengths (per model)."""
         raise NotImplementedError
 
-    def apply(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
+    def call_args(self, batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The network's positional and keyword arguments for a teacher-forced pass over `batch`."""
         raise NotImplementedError
+
+    def apply(self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None) -> jnp.ndarray:
+        """Logits `[b, target_len, vocab]` (teacher forcing; dropout when `dropout_rng` is given)."""
+        return self.apply_with_aux(params, batch, dropout_rng)[0]
+
+    def apply_with_aux(
+        self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None
+    ) -> tuple[jnp.ndarray, dict[str, Any]]:
+        """`(logits, moe)`: the logits and what routed MLPs sowed (the `moe` collection; {} for
+        a dense model: see `cairn.models.moe`)."""
+        args, kwargs = self.call_args(batch)
+        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+        deterministic = dropout_rng is None
+        if getattr(self.config, "moe", None) is None:
+            logits = self.module.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs, **kwargs)
+            return logits, {}
+        logits, state = self.module.apply(
+            {"params": params}, *args, deterministic=deterministic, rngs=rngs, mutable=[MOE_COLLECTION], **kwargs
+        )
+        return logits, dict(state.get(MOE_COLLECTION, {}))
 
     def init(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
         """Random parameters (deterministic given `rng`)."""
@@ -210,9 +233,16 @@ class ModelBase:
     def loss_fn(
         self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None
     ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
-        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured."""
-        logits = self.apply(params, batch, dropout_rng)
-        return loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured;
+        with routed MLPs, plus the weighted router losses (`moe/aux_loss`, and the `moe/*` metrics
+        of `cairn.models.moe.moe_losses`)."""
+        logits, aux = self.apply_with_aux(params, batch, dropout_rng)
+        loss, metrics = loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+        routed = moe_losses(aux, getattr(self.config, "moe", None))
+        if routed:
+            loss = loss + routed["moe/aux_loss"]
+            metrics = {**metrics, **routed, "loss": loss}
+        return loss, metrics
 
     def score_batch(self, params: Any, batch: Batch) -> jnp.ndarray:
         """`[b]`: log-likelihood of each row's targets (weighted by `decoder_loss_weights` if given)."""

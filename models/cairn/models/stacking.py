@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -12,26 +13,39 @@ import jax.numpy as jnp
 from cairn.models.layers import remat_policy as _policy
 
 
-def apply_layers(layer_cls, num_layers: int, scan: bool, remat: str, layer_kwargs: dict[str, Any], x, *args):
+def apply_layers(
+    layer_cls,
+    num_layers: int,
+    scan: bool,
+    remat: str,
+    layer_kwargs: dict[str, Any],
+    x,
+    *args,
+    sparse: Callable[[int], bool] | None = None,
+):
     """Runs `num_layers` layers on the carry `x`; `args` are the same for every layer.
 
-    Must be called inside a compact method (the layers become its submodules).
+    `sparse` (a mixture-of-experts config's `is_sparse`): layer `i` gets `sparse=sparse(i)`
+    (scanned layers are identical: they all get `sparse(0)`). Values the layers sow in the `moe`
+    collection are stacked on a leading axis when scanned. Must be called inside a compact
+    method (the layers become its submodules).
     """
+    per_layer = (lambda i: {}) if sparse is None else (lambda i: {"sparse": sparse(i)})
     if remat != "none":
         layer_cls = nn.remat(layer_cls, policy=_policy(remat), prevent_cse=not scan)
     if scan:
         stack = nn.scan(
             layer_cls,
-            variable_axes={"params": 0, "cache": 0},
+            variable_axes={"params": 0, "cache": 0, "moe": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(args),
             length=num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, _ = stack(scanned=True, name="layers", **layer_kwargs)(x, *args)
+        x, _ = stack(scanned=True, name="layers", **layer_kwargs, **per_layer(0))(x, *args)
         return x
     for i in range(num_layers):
-        x = layer_cls(name=f"layers_{i}", **layer_kwargs)(x, *args)
+        x = layer_cls(name=f"layers_{i}", **layer_kwargs, **per_layer(i))(x, *args)
     return x
 
 

@@ -10,7 +10,9 @@ documented and validated once.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
+
+from cairn.models.moe_config import MoeConfig, as_moe_config
 
 REMAT_POLICIES = ("none", "full", "dots")
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
@@ -27,6 +29,9 @@ class ModelConfig:
 
     `scan_layers` stacks the layers under `jax.lax.scan`; `remat_policy` is one of
     `REMAT_POLICIES`; `dtype` (the activations' and matmuls' dtype) one of `DTYPES`.
+    `moe`: None (dense MLPs) or a `MoeConfig` (or a mapping of its fields) making every
+    `moe.every`-th MLP a routed mixture of experts; `moe.every > 1` needs `scan_layers` off
+    (scanned layers must be identical).
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ()
@@ -42,9 +47,14 @@ class ModelConfig:
     dtype: str = "float32"
     scan_layers: bool = False
     remat_policy: str = "none"
+    moe: Any = None
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        object.__setattr__(self, "moe", as_moe_config(self.moe))
+        moe: MoeConfig | None = self.moe
+        if moe is not None and moe.every > 1 and self.scan_layers:
+            raise ValueError(f"{name}: moe.every > 1 needs scan_layers=False (scanned layers must be identical)")
         for field in POSITIVE_FIELDS + self.EXTRA_POSITIVE_FIELDS + self.LAYER_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:

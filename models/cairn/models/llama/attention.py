@@ -23,27 +23,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models.layers import constrain, dense
+from cairn.models.layers import Kernel, constrain, dense
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import apply_rope, inverse_frequencies
 
 HEAD_ACT = ("batch", "length", "heads", "kv")
-
-
-class Kernel(nn.Module):
-    """A bias-free kernel as its own submodule (parameter `<name>/kernel`), stored as
-    `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`."""
-
-    shape: tuple[int, ...]
-    axes: tuple[str, ...]
-    stddev: float
-    dtype: jnp.dtype
-    param_dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self) -> jnp.ndarray:
-        init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), self.axes)
-        return jnp.asarray(self.param("kernel", init, self.shape, self.param_dtype), self.dtype)
+__all__ = ["HEAD_ACT", "Kernel", "LlamaAttention", "attention_implementation"]
 
 
 def attention_implementation(config: LlamaConfig) -> str | None:

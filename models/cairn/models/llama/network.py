@@ -4,7 +4,8 @@ SwiGLU MLP, no biases, tied or untied embeddings).
 Parameters: `token_embedder/embedding [vocab, embed]`; per layer (`layers_{i}`, or one `layers`
 subtree stacked on a leading `layers` axis with `scan_layers`) `pre_attention_norm/scale`,
 `attention/{query,key,value,out}/kernel`, `pre_mlp_norm/scale`, `mlp/wi_0/kernel` (gate, SiLU),
-`mlp/wi_1/kernel` (up), `mlp/wo/kernel`; `decoder_norm/scale`; `logits/kernel [embed, vocab]`
+`mlp/wi_1/kernel` (up), `mlp/wo/kernel` (with `moe`: the routed MLP of `cairn.models.moe`, its
+kernels `[experts, ...]` and `mlp/router/kernel`); `decoder_norm/scale`; `logits/kernel [embed, vocab]`
 only when `tie_word_embeddings` is False.
 """
 
@@ -15,9 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from cairn.models.attention import segment_mask
-from cairn.models.layers import Embed, RMSNorm, constrain, dense
-from cairn.models.llama.attention import Kernel, LlamaAttention
+from cairn.models.layers import Embed, Kernel, RMSNorm, constrain, dense
+from cairn.models.llama.attention import LlamaAttention
 from cairn.models.llama.config import LlamaConfig
+from cairn.models.moe import MoeMlp
 from cairn.models.stacking import apply_layers
 
 ACT = ("batch", "length", "embed")
@@ -54,6 +56,7 @@ class LlamaLayer(nn.Module):
     decode: bool = False
     causal: bool = True
     scanned: bool = False
+    sparse: bool = False
 
     @nn.compact
     def __call__(self, x, positions, mask, segment_ids):
@@ -64,9 +67,29 @@ class LlamaLayer(nn.Module):
         y = LlamaAttention(cfg, self.causal, self.decode, name="attention")(y, positions, mask, segment_ids)
         x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="pre_mlp_norm")(x)
-        y = SwiGLU(cfg, self.deterministic, name="mlp")(y)
+        y = self._mlp(y)
         x = constrain(x + drop(y), ACT)
         return (x, None) if self.scanned else x
+
+    def _mlp(self, y):
+        cfg = self.config
+        if not self.sparse:
+            return SwiGLU(cfg, self.deterministic, name="mlp")(y)
+        dt, pdt = _dtypes(cfg)
+        std = cfg.init_std
+        return MoeMlp(
+            cfg.moe,
+            cfg.moe.mlp_dim(cfg.mlp_dim),
+            ("silu", "linear"),
+            std,
+            std,
+            std,
+            cfg.dropout_rate,
+            dt,
+            pdt,
+            self.deterministic,
+            name="mlp",
+        )(y)
 
 
 def attention_mask(segment_ids, causal_attention, length: int):
@@ -133,6 +156,7 @@ class Llama(nn.Module):
             positions,
             mask,
             segments,
+            sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
         x = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)

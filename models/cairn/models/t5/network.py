@@ -11,7 +11,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from cairn.models.attention import MultiHeadAttention, causal_mask, mask_to_bias, segment_mask
-from cairn.models.layers import Embed, MlpBlock, RMSNorm, constrain, dense, kernel
+from cairn.models.layers import Embed, RMSNorm, constrain, dense, kernel
+from cairn.models.moe import t5_mlp
 from cairn.models.relative_position import RelativePositionBias
 from cairn.models.stacking import apply_layers
 from cairn.models.t5.config import T5Config
@@ -29,6 +30,7 @@ class EncoderLayer(nn.Module):
     config: T5Config
     deterministic: bool = True
     scanned: bool = False
+    sparse: bool = False
 
     @nn.compact
     def __call__(self, x, bias):
@@ -40,7 +42,7 @@ class EncoderLayer(nn.Module):
         )
         x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
-        y = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dt, self.deterministic, name="mlp")(y)
+        y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
         x = constrain(x + drop(y), ACT)
         return (x, None) if self.scanned else x
 
@@ -53,6 +55,7 @@ class DecoderLayer(nn.Module):
     decode: bool = False
     cross: bool = True
     scanned: bool = False
+    sparse: bool = False
 
     @nn.compact
     def __call__(self, x, encoded, self_bias, cross_bias):
@@ -77,7 +80,7 @@ class DecoderLayer(nn.Module):
             )(y, encoded, cross_bias)
             x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
-        y = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate, dt, self.deterministic, name="mlp")(y)
+        y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
         x = constrain(x + drop(y), ACT)
         return (x, None) if self.scanned else x
 
@@ -111,6 +114,7 @@ class Encoder(nn.Module):
             dict(config=cfg, deterministic=deterministic),
             x,
             bias,
+            sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="encoder_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
@@ -177,6 +181,7 @@ class Decoder(nn.Module):
             encoded,
             self_bias,
             cross_bias,
+            sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
         x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
