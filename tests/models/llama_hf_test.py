@@ -205,7 +205,10 @@ def _write_config(directory, **changes):
         (dict(mlp_bias=True), "mlp_bias=True is not supported"),
         (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
         (dict(num_key_value_heads=3), r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
-        (dict(architectures=["MistralForCausalLM"], model_type="mistral"), "not a LlamaForCausalLM checkpoint"),
+        (
+            dict(architectures=["MistralForCausalLM"], model_type="mistral"),
+            "not a LlamaForCausalLM or MixtralForCausalLM checkpoint",
+        ),
         (dict(intermediate_size=64), r"tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[48, 32\]"),
         (
             dict(num_attention_heads=2, num_key_value_heads=2, head_dim=None),

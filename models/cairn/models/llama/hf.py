@@ -1,4 +1,5 @@
-"""Import and export transformers `LlamaForCausalLM` checkpoints (see `hf_config` for config.json).
+"""Import and export transformers `LlamaForCausalLM` and `MixtralForCausalLM` checkpoints (see
+`hf_config` for config.json).
 
 A directory holds `config.json` and either `model.safetensors` or shards
 `model-0000i-of-0000n.safetensors` listed by `model.safetensors.index.json` (its
@@ -7,6 +8,14 @@ and bfloat16 files are read (into float32) by Cairn's own safetensors reader, so
 nor the safetensors package is needed. transformers applies RoPE in the rotate-half layout,
 as `llama.rope` does, so the q/k projections map by reshape alone, with no permutation.
 A tied checkpoint (`tie_word_embeddings`) has no `lm_head.weight`.
+
+Mixtral's experts are stored per expert, as transformers writes them:
+`model.layers.{i}.block_sparse_moe.gate.weight` `[experts, hidden]` (the router),
+`block_sparse_moe.experts.{e}.w1.weight` (gate) and `w3` (up) `[intermediate, hidden]`, `w2`
+(down) `[hidden, intermediate]`. The fused layout transformers 5 holds in memory
+(`mlp.gate.weight`, `mlp.experts.gate_up_proj` `[experts, 2 * intermediate, hidden]`, gate rows
+first, `mlp.experts.down_proj` `[experts, hidden, intermediate]`) is read too; export writes the
+per-expert one.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from cairn import storage
 from cairn.models.hf_interchange import CONFIG_FILE, WEIGHTS_FILE, HFInterchangeError
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.hf_config import config_from_hf, hf_config
+from cairn.models.moe_config import MoeConfig
 from cairn.models.stacking import stack_layers, unstack_layers
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -72,7 +82,7 @@ def _shard_files(directory: str, caller: str) -> list[str]:
 
 
 def config_from_hf_dir(directory: str, **overrides: Any) -> LlamaConfig:
-    """The `LlamaConfig` of a transformers Llama directory, from its `config.json` (the weights
+    """The `LlamaConfig` of a transformers Llama or Mixtral directory, from its `config.json` (the weights
     are not read; `import_hf` checks their shapes)."""
     _shard_files(directory, "config_from_hf_dir")
     return config_from_hf(storage.read_json(storage.join(directory, CONFIG_FILE)), **overrides)
@@ -108,8 +118,41 @@ class _Reader:
         return w
 
 
+def _dense_mlp(w: Any) -> dict[str, Any]:
+    return {
+        "wi_0": {"kernel": w("mlp.gate_proj").T},
+        "wi_1": {"kernel": w("mlp.up_proj").T},
+        "wo": {"kernel": w("mlp.down_proj").T},
+    }
+
+
+def _experts(r: _Reader, i: int, c: LlamaConfig, moe: MoeConfig) -> dict[str, Any]:
+    """Layer `i`'s Mixtral MLP (per-expert or fused layout) as `MoeMlp` params."""
+    n, e, m = moe.num_experts, c.emb_dim, moe.mlp_dim(c.mlp_dim)
+    b = f"model.layers.{i}"
+    if f"{b}.mlp.gate.weight" in r.tensors and f"{b}.block_sparse_moe.gate.weight" not in r.tensors:
+        router = r.take(f"{b}.mlp.gate.weight", (n, e))
+        gate_up = r.take(f"{b}.mlp.experts.gate_up_proj", (n, 2 * m, e)).transpose(0, 2, 1)
+        gate, up = gate_up[..., :m], gate_up[..., m:]
+        down = r.take(f"{b}.mlp.experts.down_proj", (n, e, m)).transpose(0, 2, 1)
+    else:
+        router = r.take(f"{b}.block_sparse_moe.gate.weight", (n, e))
+
+        def stacked(name: str, shape: tuple[int, int]) -> np.ndarray:
+            return np.stack([r.take(f"{b}.block_sparse_moe.experts.{x}.{name}.weight", shape).T for x in range(n)])
+
+        gate, up, down = stacked("w1", (m, e)), stacked("w3", (m, e)), stacked("w2", (e, m))
+    return {
+        "router": {"kernel": router.T},
+        "wi_0": {"kernel": gate},
+        "wi_1": {"kernel": up},
+        "wo": {"kernel": down},
+    }
+
+
 def from_hf_state_dict(tensors: dict[str, np.ndarray], config: LlamaConfig) -> dict[str, Any]:
-    """A transformers Llama state dict as the (unboxed) params tree of `Llama`."""
+    """A transformers Llama or Mixtral (`config.moe` set) state dict as the (unboxed) params
+    tree of `Llama`."""
     c, r = config, _Reader(tensors)
     e, h, kv, d, v = c.emb_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size
     shapes = _layer_shapes(c)
@@ -129,11 +172,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], config: LlamaConfig) -> d
                 "out": {"kernel": w("self_attn.o_proj").T.reshape(h, d, e)},
             },
             "pre_mlp_norm": {"scale": w("post_attention_layernorm")},
-            "mlp": {
-                "wi_0": {"kernel": w("mlp.gate_proj").T},
-                "wi_1": {"kernel": w("mlp.up_proj").T},
-                "wo": {"kernel": w("mlp.down_proj").T},
-            },
+            "mlp": _experts(r, i, c, c.moe) if c.moe and c.moe.is_sparse(i) else _dense_mlp(w),
         }
     params["decoder_norm"] = {"scale": r.take("model.norm.weight", (e,))}
     if c.tie_word_embeddings:
@@ -152,7 +191,8 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], config: LlamaConfig) -> d
 
 
 def to_hf_state_dict(params: Any, config: LlamaConfig) -> dict[str, np.ndarray]:
-    """Our params (boxed or not, scanned or not) as a transformers Llama state dict (float32)."""
+    """Our params (boxed or not, scanned or not) as a transformers Llama state dict, or with
+    `config.moe` a Mixtral one in the per-expert layout (float32)."""
     p = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), nn.meta.unbox(params))
     p = unstack_layers(p.get("params", p), config.num_layers)
     e, h, kv, d = config.emb_dim, config.num_heads, config.num_kv_heads, config.head_dim
@@ -166,9 +206,16 @@ def to_hf_state_dict(params: Any, config: LlamaConfig) -> dict[str, np.ndarray]:
         out[f"{b}.self_attn.v_proj.weight"] = att["value"]["kernel"].reshape(e, kv * d).T
         out[f"{b}.self_attn.o_proj.weight"] = att["out"]["kernel"].reshape(h * d, e).T
         out[f"{b}.post_attention_layernorm.weight"] = lp["pre_mlp_norm"]["scale"]
-        out[f"{b}.mlp.gate_proj.weight"] = mlp["wi_0"]["kernel"].T
-        out[f"{b}.mlp.up_proj.weight"] = mlp["wi_1"]["kernel"].T
-        out[f"{b}.mlp.down_proj.weight"] = mlp["wo"]["kernel"].T
+        if config.moe is None or not config.moe.is_sparse(i):
+            out[f"{b}.mlp.gate_proj.weight"] = mlp["wi_0"]["kernel"].T
+            out[f"{b}.mlp.up_proj.weight"] = mlp["wi_1"]["kernel"].T
+            out[f"{b}.mlp.down_proj.weight"] = mlp["wo"]["kernel"].T
+            continue
+        out[f"{b}.block_sparse_moe.gate.weight"] = mlp["router"]["kernel"].T
+        for x in range(config.moe.num_experts):
+            out[f"{b}.block_sparse_moe.experts.{x}.w1.weight"] = mlp["wi_0"]["kernel"][x].T
+            out[f"{b}.block_sparse_moe.experts.{x}.w2.weight"] = mlp["wo"]["kernel"][x].T
+            out[f"{b}.block_sparse_moe.experts.{x}.w3.weight"] = mlp["wi_1"]["kernel"][x].T
     out["model.norm.weight"] = p["decoder_norm"]["scale"]
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = p["logits"]["kernel"].T
@@ -196,13 +243,15 @@ def export_hf(
     max_shard_bytes: int | None = None,
     max_position_embeddings: int | None = None,
 ) -> str:
-    """Writes `config.json` (transformers 5 layout) and the weights (float32) into `directory`
+    """Writes `config.json` (transformers 5 layout; Mixtral when `config.moe` is set, see
+    `hf_config.hf_config` for what is refused) and the weights (float32) into `directory`
     (local or a URL): `model.safetensors`, or, when they exceed `max_shard_bytes`, shards
     `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`."""
     from safetensors.numpy import save  # lazy: optional dependency
 
     if max_shard_bytes is not None and max_shard_bytes < 1:
         raise ValueError(f"export_hf: max_shard_bytes must be >= 1, got {max_shard_bytes}")
+    text = json.dumps(hf_config(config, max_position_embeddings), indent=2, sort_keys=True)  # refuses first
     tensors = to_hf_state_dict(params, config)
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
@@ -215,13 +264,12 @@ def export_hf(
             weight_map.update({k: name for k in shard})
         index = {"metadata": {"total_size": sum(w.nbytes for w in tensors.values())}, "weight_map": weight_map}
         storage.write_text(storage.join(directory, INDEX_FILE), json.dumps(index, indent=2, sort_keys=True))
-    text = json.dumps(hf_config(config, max_position_embeddings), indent=2, sort_keys=True)
     storage.write_text(storage.join(directory, CONFIG_FILE), text)
     return directory
 
 
 def import_hf(directory: str, **config_overrides: Any) -> tuple[LlamaConfig, dict[str, Any]]:
-    """Reads a transformers Llama directory (local or a URL); returns `(config, params)`.
+    """Reads a transformers Llama or Mixtral directory (local or a URL); returns `(config, params)`.
     `config_overrides` (e.g. `scan_layers=True`, `dtype='bfloat16'`) adjust the config."""
     files = _shard_files(directory, "import_hf")
     config = config_from_hf(storage.read_json(storage.join(directory, CONFIG_FILE)), **config_overrides)
