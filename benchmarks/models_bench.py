@@ -1,5 +1,7 @@
 """Training-step time, tokens/s and MFU of cairn's T5.1.1-small, beside transformers' PyTorch T5;
-greedy decoding tokens/s beside transformers' `generate`.
+greedy decoding tokens/s beside transformers' `generate`; the same for llama_150m
+(`_llama_bench.py`); and a small MoE's step beside the dense model with its active parameters
+(`_moe_bench.py`). `--model t5|llama|moe|all` picks the tables.
 
   .venv/bin/python benchmarks/models_bench.py [--steps 5] [--decode-steps 3] [--skip-torch] [--no-malloc-tuning]
 
@@ -195,7 +197,9 @@ def run_t5(peak: float, steps: int, decode_steps: int, skip_torch: bool) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("t5", "llama", "all"), default="all", help="which tables (default: both)")
+    parser.add_argument(
+        "--model", choices=("t5", "llama", "moe", "all"), default="all", help="which tables (default: all three)"
+    )
     parser.add_argument("--llama-preset", default="llama_150m", help="Llama table's preset (llama_tiny: smoke)")
     parser.add_argument("--steps", type=int, default=5, help="timed training steps (after one warm-up)")
     parser.add_argument("--decode-steps", type=int, default=3, help="timed greedy decodes (after one warm-up)")
@@ -214,6 +218,12 @@ def main() -> None:
         if args.model == "all":
             print()
         _llama_bench.run(peak, args.steps, args.decode_steps, args.skip_torch, args.llama_preset)
+    if args.model in ("moe", "all"):
+        import _moe_bench
+
+        if args.model == "all":
+            print()
+        _moe_bench.run(peak, args.steps)
     print(machine_line().replace("CPU:", "end of run, CPU:"))
 
 
