@@ -21,9 +21,10 @@ Mixture of experts (`config.moe`, every family): the FLOPs a token actually uses
 FLOPs, so MFU compares like with like against a dense model). A routed layer's MLP counts the
 router matmul (`emb * num_experts` parameters) plus `moe.active_experts()` expert MLPs of
 `moe.mlp_dim(mlp_dim)` hidden units (token choice: `top_k`; expert choice: `capacity_factor`,
-every expert when dropless) in place of the dense MLP. Assignments dropped for capacity are
-still counted (an upper bound; the expert buffers are computed whether full or not), and the
-one-hot dispatch and combine einsums are not (routing overhead, like the softmax).
+every expert when dropless) in place of the dense MLP. These are model FLOPs, not what the
+hardware runs: assignments dropped for capacity are still counted, the empty slots of the
+expert buffers (computed whether full or not: `capacity_factor` times the routed tokens) and
+the one-hot dispatch and combine einsums are not (routing overhead, like the softmax).
 """
 
 from __future__ import annotations
