@@ -60,7 +60,8 @@ def test_encoder_decoder_facts():
         "learning_rate": 1.0,
         "warmup_steps": 10000,
     }
-    assert "t5_1_1_base" in f.presets and "ul2_20b" in f.presets and "decoder_only_125m" not in f.presets
+    assert "t5_1_1_base" in f.presets and "ul2_20b" in f.presets and "st_moe_tiny" in f.presets
+    assert "decoder_only_125m" not in f.presets
 
 
 def test_decoder_only_facts():
@@ -100,7 +101,7 @@ def test_llama_facts():
     assert f.hf is not None and f.hf.import_dir is llama_hf.import_hf and f.hf.export_dir is llama_hf.export_hf
     assert f.hf.config_from_dir is llama_hf.config_from_hf_dir
     assert f.pretrain_optimizer == get_family("decoder_only").pretrain_optimizer
-    assert f.presets == ("llama_tiny", "llama_150m", "llama_1b", "llama_7b")
+    assert f.presets == ("llama_tiny", "llama_150m", "llama_1b", "llama_7b", "mixtral_tiny", "mixtral_8x7b")
     model = f.make_model(PRESETS["llama_tiny"])
     assert isinstance(model.module, Llama)
     other = DecoderOnlyModel(PRESETS["llama_tiny"], network=Decoder(PRESETS["decoder_only_tiny"]))

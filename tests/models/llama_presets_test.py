@@ -5,7 +5,7 @@ import pytest
 
 from cairn.models import LlamaConfig, count_params, flops_per_token, get_preset
 from cairn.models.flops import training_flops_per_step
-from cairn.models.llama.presets import PUBLISHED_PARAMS
+from cairn.models.llama.presets import PUBLISHED_ACTIVE_PARAMS, PUBLISHED_PARAMS
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
@@ -56,3 +56,31 @@ def test_llama_7b_flops_per_token_are_about_six_n():
     per_token = flops_per_token(c, {"targets": 4096})
     attention = 12 * c.num_layers * c.num_heads * c.head_dim * 4096
     assert per_token == pytest.approx(6 * n_matmul + attention)
+
+
+def test_mixtral_8x7b_shape_and_active_count():
+    c = get_preset("mixtral_8x7b")
+    shape = (c.num_layers, c.emb_dim, c.mlp_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size)
+    assert shape == (32, 4096, 14336, 32, 8, 128, 32000)
+    assert not c.tie_word_embeddings and c.rope_theta == 1e6 and c.rms_norm_eps == 1e-5
+    assert (c.moe.num_experts, c.moe.top_k, c.moe.every, c.moe.dropless) == (8, 2, 1, True)
+    total, active = count_params(c), count_params(c, active=True)
+    assert abs(active / PUBLISHED_ACTIVE_PARAMS["mixtral_8x7b"] - 1) < 0.01, active
+    # Exact: embedding and lm_head, final norm; per layer attention (GQA), two norms, the router
+    # and 8 (total) or 2 (active) SwiGLU experts.
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
+    expert = 3 * 4096 * 14336
+    outer = 2 * 32000 * 4096 + 4096
+    assert total == outer + 32 * (attention + 2 * 4096 + 4096 * 8 + 8 * expert) == 46_702_792_704
+    assert active == outer + 32 * (attention + 2 * 4096 + 4096 * 8 + 2 * expert)
+    # A dense config's active count is its count; so is Mixtral's when every expert is active.
+    assert count_params(get_preset("llama_tiny"), active=True) == count_params(get_preset("llama_tiny"))
+    assert count_params(c.replace(moe=c.moe.replace(top_k=8)), active=True) == total
+
+
+def test_mixtral_flops_per_token_are_six_active_n():
+    c = get_preset("mixtral_8x7b")
+    embedding_and_norms = c.vocab_size * c.emb_dim + (2 * c.num_layers + 1) * c.emb_dim
+    per_token = flops_per_token(c, {"targets": 4096})
+    attention = 12 * c.num_layers * c.num_heads * c.head_dim * 4096
+    assert per_token == pytest.approx(6 * (count_params(c, active=True) - embedding_and_norms) + attention)

@@ -16,11 +16,20 @@ kernels `emb * kv_heads * head_dim` each (grouped-query attention), the SwiGLU M
 `emb * mlp` kernels; q.k and p.v still cost `12 * heads * head_dim * Lt**2` per layer (every
 query head attends, whatever the number of key/value heads); tied logits cost the same matmul.
 As in t5x, the causal mask's skipped half is counted.
+
+Mixture of experts (`config.moe`, every family): the FLOPs a token actually uses (active
+FLOPs, so MFU compares like with like against a dense model). A routed layer's MLP counts the
+router matmul (`emb * num_experts` parameters) plus `moe.active_experts()` expert MLPs of
+`moe.mlp_dim(mlp_dim)` hidden units (token choice: `top_k`; expert choice: `capacity_factor`,
+every expert when dropless) in place of the dense MLP. These are model FLOPs, not what the
+hardware runs: assignments dropped for capacity are still counted, the empty slots of the
+expert buffers (computed whether full or not: `capacity_factor` times the routed tokens) and
+the one-hot dispatch and combine einsums are not (routing overhead, like the softmax).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from cairn.models.decoder_only import DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
@@ -33,19 +42,35 @@ def _attention_params(c) -> int:
     return 4 * c.emb_dim * c.num_heads * c.head_dim
 
 
-def _mlp_params(c) -> int:
-    return (len(c.mlp_activations) + 1) * c.emb_dim * c.mlp_dim
+def _mlp_kernels(c) -> int:
+    """The `emb x mlp` kernels of one MLP: SwiGLU's three, a T5 MLP's activations plus `wo`."""
+    return 3 if isinstance(c, LlamaConfig) else len(c.mlp_activations) + 1
 
 
-def llama_layer_params(c: LlamaConfig) -> int:
-    """The matmul parameters of one Llama layer (attention with GQA, SwiGLU)."""
+def mlp_params(c: Config, layer: int) -> float:
+    """The matmul parameters a token uses in layer `layer`'s MLP: the dense MLP's, or a routed
+    layer's router plus `moe.active_experts()` experts'."""
+    moe = c.moe
+    if moe is None or not moe.is_sparse(layer):
+        return _mlp_kernels(c) * c.emb_dim * c.mlp_dim
+    expert = _mlp_kernels(c) * c.emb_dim * moe.mlp_dim(c.mlp_dim)
+    return c.emb_dim * moe.num_experts + moe.active_experts() * expert
+
+
+def _sum_layers(num_layers: int, per_layer: Callable[[int], float]) -> float:
+    return sum(per_layer(i) for i in range(num_layers))
+
+
+def llama_layer_params(c: LlamaConfig, layer: int = 0) -> float:
+    """The matmul parameters a token uses in Llama layer `layer` (attention with GQA, SwiGLU
+    or routed SwiGLU experts)."""
     attention = 2 * c.emb_dim * c.head_dim * (c.num_heads + c.num_kv_heads)
-    return attention + 3 * c.emb_dim * c.mlp_dim
+    return attention + mlp_params(c, layer)
 
 
 def training_flops_per_example(config: Config, lengths: Mapping[str, int]) -> float:
     """Training FLOPs (forward + backward) for one example; `lengths` has `inputs` and `targets`
-    (decoder-only and Llama: `targets` only)."""
+    (decoder-only and Llama: `targets` only). Active FLOPs for a mixture of experts."""
     c = config
     if not isinstance(c, (T5Config, DecoderOnlyConfig, LlamaConfig)):
         raise TypeError(f"expected a T5Config, DecoderOnlyConfig or LlamaConfig, got {type(c).__name__}")
@@ -53,16 +78,17 @@ def training_flops_per_example(config: Config, lengths: Mapping[str, int]) -> fl
     hd = c.num_heads * c.head_dim
     logits = 6.0 * c.emb_dim * c.vocab_size * lt
     if isinstance(c, LlamaConfig):
-        dense = c.num_layers * llama_layer_params(c) * lt
+        dense = _sum_layers(c.num_layers, lambda i: llama_layer_params(c, i)) * lt
         return 6.0 * dense + logits + 12.0 * hd * c.num_layers * lt * lt
+    attn = _attention_params(c)
     if isinstance(c, DecoderOnlyConfig):
-        dense = c.num_layers * (_attention_params(c) + _mlp_params(c)) * lt
+        dense = _sum_layers(c.num_layers, lambda i: attn + mlp_params(c, i)) * lt
         attention = 12.0 * hd * c.num_layers * lt * lt
         return 6.0 * dense + logits + attention
     li = int(lengths["inputs"])
-    enc = c.num_encoder_layers * (_attention_params(c) + _mlp_params(c)) * li
-    half_attn = _attention_params(c) // 2
-    dec = c.num_decoder_layers * ((_attention_params(c) + half_attn + _mlp_params(c)) * lt + half_attn * li)
+    enc = _sum_layers(c.num_encoder_layers, lambda i: attn + mlp_params(c, i)) * li
+    half_attn = attn // 2
+    dec = _sum_layers(c.num_decoder_layers, lambda i: (attn + half_attn + mlp_params(c, i)) * lt + half_attn * li)
     attention = 12.0 * hd * (c.num_encoder_layers * li * li + c.num_decoder_layers * (lt * lt + lt * li))
     return 6.0 * (enc + dec) + logits + attention
 

@@ -76,6 +76,18 @@ class MoeConfig:
         """Each expert's hidden size."""
         return self.expert_mlp_dim or dense_mlp_dim
 
+    def active_experts(self) -> float:
+        """The experts that process a token, on average: token choice `top_k` (at most: a token
+        whose assignment is dropped for capacity uses fewer); expert choice `capacity_factor`
+        (the experts take `capacity_factor * tokens` tokens in all, before `capacity` rounds up
+        to whole tokens) capped at `num_experts`, and with `dropless` every expert (each takes
+        the whole group). What active parameter counts and FLOPs use."""
+        if self.routing == "token_choice":
+            return float(self.top_k)
+        if self.dropless:
+            return float(self.num_experts)
+        return float(min(self.capacity_factor, self.num_experts))
+
     def capacity(self, group_size: int) -> int:
         """Tokens each expert takes from a routing group of `group_size` tokens (at least 1)."""
         if self.dropless:

@@ -9,6 +9,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
@@ -40,10 +41,27 @@ def abstract_variables(config: Any, batch: int = 1, length: int = 4) -> Any:
     return jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
-def count_params(config: Any) -> int:
-    """The number of parameters of the network `config` describes."""
-    params = nn.meta.unbox(abstract_variables(config)["params"])
-    return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))
+def count_params(config: Any, active: bool = False) -> int:
+    """The number of parameters of the network `config` describes.
+
+    `active=True`: only those one token uses. A routed layer's expert kernels (those with an
+    `expert` axis) count for `config.moe.active_experts()` experts (token choice: `top_k`;
+    expert choice: `capacity_factor` on average, every expert when `dropless`) instead of all
+    `num_experts`; the router and everything dense count in full. The same as the total for a
+    dense config."""
+    variables = abstract_variables(config)
+    params = nn.meta.unbox(variables["params"])
+    moe = getattr(config, "moe", None)
+    if not active or moe is None:
+        return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params))
+    specs = jax.tree_util.tree_leaves(
+        nn.get_partition_spec(variables)["params"], is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
+    total = 0.0
+    for x, spec in zip(jax.tree_util.tree_leaves(params), specs, strict=True):
+        n = math.prod(x.shape)
+        total += n * moe.active_experts() / moe.num_experts if "expert" in tuple(spec) else n
+    return round(total)
 
 
 def logical_axes(config: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2, decoder-only and Llama sizes.
+"""Named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2, ST-MoE-style, decoder-only, Llama and
+Mixtral sizes.
 
 `get_preset("t5_1_1_base")` returns the config; `PRESETS` maps every name to its config.
 Sizes follow the published checkpoints' `config.json` / gin files.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from cairn.models.decoder_only import DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.presets import LLAMA_PRESETS
+from cairn.models.moe_config import MoeConfig
 from cairn.models.t5.config import T5Config
 
 T5_VOCAB = 32128
@@ -94,6 +96,10 @@ PRESETS: dict[str, T5Config | DecoderOnlyConfig | LlamaConfig] = {
         num_decoder_layers=32,
         mlp_activations=("silu", "linear"),
     ),
+    # ST-MoE-style (Zoph et al. 2022) on t5_1_1_tiny's shape, for tests and toy runs: every
+    # second encoder and decoder MLP routed, 4 experts, top 2, capacity factor 1.25, the
+    # load-balancing (0.01) and router z (0.001) losses.
+    "st_moe_tiny": _t5_1_1(128, 4, 256, 2, head_dim=32).replace(moe=MoeConfig(num_experts=4, top_k=2, every=2)),
     # Decoder-only (GPT-style, gated GELU, T5 relative positions).
     "decoder_only_tiny": _decoder_only(128, 4, 32, 256, 2),
     "decoder_only_125m": _decoder_only(768, 12, 64, 2048, 12),
@@ -101,7 +107,8 @@ PRESETS: dict[str, T5Config | DecoderOnlyConfig | LlamaConfig] = {
     "decoder_only_1b": _decoder_only(2048, 16, 128, 5120, 20),
     "decoder_only_3b": _decoder_only(2560, 32, 80, 6912, 32),
     "decoder_only_8b": _decoder_only(4096, 32, 128, 14336, 32),
-    # Llama (RoPE, grouped-query attention, SwiGLU; llama/presets.py names each shape's source).
+    # Llama (RoPE, grouped-query attention, SwiGLU) and Mixtral (Llama layers with routed SwiGLU
+    # experts); llama/presets.py names each shape's source.
     **LLAMA_PRESETS,
 }
 

@@ -10,11 +10,19 @@
   8192 positions), published as 1.24B.
 * `llama_7b`: Llama-2-7B (32 layers, 4096 hidden, 11008 mlp, 32 heads, no GQA, head_dim 128,
   vocab 32000, untied, rope theta 10000, RMS eps 1e-5), published as 6.74B.
+* `mixtral_tiny`: tests and toy runs of the mixture of experts (2 layers, 4 experts of which
+  each token uses 2, untied, rope theta 1e6).
+* `mixtral_8x7b`: Mixtral-8x7B-v0.1 (mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 4096
+  hidden, 14336 mlp per expert, 32 heads, 8 kv heads, head_dim 128, vocab 32000, untied, rope
+  theta 1e6, RMS eps 1e-5, 8 experts, top 2, every layer routed), published as 46.7B in all
+  and 12.9B active (`PUBLISHED_ACTIVE_PARAMS`, `count_params(..., active=True)`). Dropless, as
+  transformers runs it (no token is dropped for capacity).
 """
 
 from __future__ import annotations
 
 from cairn.models.llama.config import LlamaConfig
+from cairn.models.moe_config import MoeConfig
 
 LLAMA_3_2_ROPE_SCALING = {
     "factor": 32.0,
@@ -52,7 +60,35 @@ LLAMA_PRESETS: dict[str, LlamaConfig] = {
         num_layers=32,
         tie_word_embeddings=False,
     ),
+    "mixtral_tiny": LlamaConfig(
+        vocab_size=256,
+        emb_dim=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=128,
+        num_layers=2,
+        rope_theta=1e6,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        moe=MoeConfig(num_experts=4, top_k=2),
+    ),
+    "mixtral_8x7b": LlamaConfig(
+        vocab_size=32000,
+        emb_dim=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14336,
+        num_layers=32,
+        rope_theta=1e6,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        moe=MoeConfig(num_experts=8, top_k=2, dropless=True),
+    ),
 }
 
-# The published parameter counts of the shapes above.
-PUBLISHED_PARAMS = {"llama_150m": 135e6, "llama_1b": 1.24e9, "llama_7b": 6.74e9}
+# The published parameter counts of the shapes above (all parameters).
+PUBLISHED_PARAMS = {"llama_150m": 135e6, "llama_1b": 1.24e9, "llama_7b": 6.74e9, "mixtral_8x7b": 46.7e9}
+# Those a token uses (mixture-of-experts shapes).
+PUBLISHED_ACTIVE_PARAMS = {"mixtral_8x7b": 12.9e9}
