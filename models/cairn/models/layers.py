@@ -30,7 +30,7 @@ def normal(stddev: float) -> nn.initializers.Initializer:
     return nn.initializers.normal(stddev)
 
 
-def constrain(x, axes: tuple[str, ...]):
+def constrain(x, axes: tuple[str | None, ...]):
     """Annotates an activation with logical axis names."""
     return nn.with_logical_constraint(x, axes)
 
@@ -148,7 +148,7 @@ class Kernel(nn.Module):
     `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`."""
 
     shape: tuple[int, ...]
-    axes: tuple[str, ...]
+    axes: tuple[str | None, ...]
     stddev: float
     dtype: jnp.dtype
     param_dtype: jnp.dtype
