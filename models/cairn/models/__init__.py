@@ -14,6 +14,8 @@ from cairn.models.flops import flops_per_token, training_flops_per_step
 from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
 from cairn.models.llama import Llama, LlamaConfig
 from cairn.models.model_base import DecodeOptions
+from cairn.models.moe_config import MoeConfig
+from cairn.models.moe_upcycle import UpcycleError, upcycle
 from cairn.models.params import count_params, logical_axes
 from cairn.models.presets import PRESETS, get_preset
 from cairn.models.t5.config import T5Config
@@ -29,10 +31,12 @@ __all__ = [
     "LlamaConfig",
     "ModelConfig",
     "ModelFamily",
+    "MoeConfig",
     "PRESETS",
     "T5Config",
     "TransformerConfig",
     "UnknownFamilyError",
+    "UpcycleError",
     "count_params",
     "decoder_only",
     "decoding",
@@ -48,4 +52,5 @@ __all__ = [
     "losses",
     "t5",
     "training_flops_per_step",
+    "upcycle",
 ]
