@@ -116,7 +116,8 @@ def _experts(dense: dict[Path, Any], path: Path, want: jax.ShapeDtypeStruct, use
     if tuple(jnp.shape(value)) != each:
         raise UpcycleError(
             f"{_name(source)}: the dense kernel has shape {tuple(jnp.shape(value))}, each expert of "
-            f"{_name(path)} {want.shape} needs {each} (emb_dim, and moe.expert_mlp_dim = the dense mlp_dim?)"
+            f"{_name(path)} {want.shape} needs {each} (experts start as copies of it: "
+            "moe.expert_mlp_dim must be the dense mlp_dim)"
         )
     used.add(source)
     return jnp.broadcast_to(jnp.expand_dims(jnp.asarray(value, want.dtype), axis), want.shape)
