@@ -1,12 +1,14 @@
 """Fine-tuning through the train entry point: from a Hugging Face T5 directory
 (`init.hf_checkpoint`, via `import_hf`), then from that run's cairn checkpoint
-(`init.checkpoint`, via `restore_params`)."""
+(`init.checkpoint`, via `restore_params`); from a t5x checkpoint; a mixture of experts
+upcycled from a dense cairn checkpoint (`init.upcycle_from`)."""
 
 import json
 import os
 
 import launch_util
 import numpy as np
+import pytest
 
 FINETUNE = str(launch_util.CONFIGS / "t5_1_1_finetune.py") + ":tiny"
 SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
@@ -95,4 +97,41 @@ def test_finetune_from_a_t5x_checkpoint(tmp_path):
     )
     assert proc.returncode == 2, launch_util.tail(proc)
     assert "'init.t5x_checkpoint'" in proc.stderr and "has shape" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_upcycle_a_dense_checkpoint_into_a_mixture_of_experts(tmp_path):
+    import jax
+    import orbax.checkpoint as ocp
+
+    from cairn.launchers import config_base, validation
+    from cairn.models import EncoderDecoderModel, get_preset
+
+    config = config_base.base_config()
+    config.vocabulary.kind = "byte"
+    config.init.upcycle_from = str(tmp_path)
+    with pytest.raises(validation.ConfigError, match=r"'init.upcycle_from': .*set model.overrides.moe"):
+        validation.check_paths(config)
+
+    params = EncoderDecoderModel(get_preset("t5_1_1_tiny", vocab_size=2176)).init(jax.random.PRNGKey(7))
+    params["decoder"]["logits"] = np.zeros_like(params["decoder"]["logits"])  # uniform logits: known loss
+    step_dir = tmp_path / "dense" / "checkpoints" / "5"
+    with ocp.PyTreeCheckpointer() as ckptr:  # a cairn step folder: the train state under `state`
+        ckptr.save(step_dir / "state", {"params": params, "step": np.int32(5)})
+    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
+    cache, a = tmp_path / "cache", tmp_path / "a"
+    moe = "--config.model.overrides.moe={'num_experts': 4, 'every': 2, 'dropless': True}"
+    proc = launch_util.train(args(a, cache, f"--config.init.upcycle_from={tmp_path / 'dense'}", moe), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert f"initial params upcycled from {tmp_path / 'dense'}" in proc.stdout and "trained to step 2" in proc.stdout
+    rows = [json.loads(line) for line in open(a / "summaries" / "metrics.jsonl")]
+    step1 = {r["metric"]: r["value"] for r in rows if r["step"] == 1}
+    # The upcycled model computes the dense one: uniform logits, plus the routers' auxiliary loss.
+    uniform = np.log(2176) + 1e-4 * np.log(2176) ** 2
+    assert abs(step1["loss"] - step1["moe/aux_loss"] - uniform) < 1e-3, step1
+    # Experts wider than the dense MLP: exit 2, one line naming the tensor.
+    wide = moe[:-1] + ", 'expert_mlp_dim': 64}"
+    proc = launch_util.train(args(tmp_path / "b", cache, f"--config.init.upcycle_from={step_dir}", wide), env=env)
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert "'init.upcycle_from': decoder/layers_1/mlp/wi_0: the dense kernel" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

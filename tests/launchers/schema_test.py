@@ -91,7 +91,7 @@ HAND_WRITTEN = {
         "top_k": 0,
     },
     "logging": {"wandb": ""},
-    "init": {"checkpoint": "", "checkpoint_step": None, "hf_checkpoint": "", "t5x_checkpoint": ""},
+    "init": {"checkpoint": "", "checkpoint_step": None, "hf_checkpoint": "", "t5x_checkpoint": "", "upcycle_from": ""},
     "multihost": {
         "coordinator_address": "",
         "coordinator_bind_address": "",

@@ -21,6 +21,7 @@ from cairn.trainer import (
     Trainer,
     TrainerConfig,
     restore_params,
+    stored_params,
 )
 
 
@@ -82,6 +83,8 @@ def test_params_only_restore_with_dtype_cast(saved, tmp_path):
     )
     params = restore_params(d, abstract)
     assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(params))
+    # What the checkpoint holds, from its metadata: the saved (float32) params' shapes.
+    assert stored_params(d) == jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), expected.params)
     np.testing.assert_allclose(np.asarray(params["wi"], np.float32), expected.params["wi"], rtol=1e-2)
     # Fine-tuning starts from them: step 0, fresh optimizer state.
     fresh = t.initial_state(jax.tree.map(lambda x: x.astype("float32"), params))

@@ -92,6 +92,30 @@ def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None, net: A
     return model
 
 
+def upcycled_params(config: ml_collections.ConfigDict, trainer: Any, abstract: Any) -> Any:
+    """The MoE model's params upcycled (`cairn.models.upcycle`) from the dense checkpoint
+    `init.upcycle_from` (the same model without `moe`), routers drawn from the run's init key.
+    Shapes are checked against the checkpoint's metadata first: `ConfigError` naming the tensor."""
+    from cairn.models import UpcycleError, upcycle
+    from cairn.trainer import restore_params, stored_params
+
+    moe_config = trainer.model.config
+    dense_config = moe_config.replace(moe=None)
+    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0)  # the Trainer's init key
+    build = lambda dense: upcycle(dense, dense_config, moe_config, rng)
+    source, step = config.init.upcycle_from, config.init.checkpoint_step
+    try:
+        jax.eval_shape(build, stored_params(source, step))
+    except UpcycleError as e:
+        raise ConfigError("init.upcycle_from", str(e)) from None
+    dense_model = model_family(config.model.kind).make_model(dense_config)
+    shapes = jax.eval_shape(dense_model.init, rng)
+    shardings = trainer.partitioner.shardings_for(dense_model.logical_axes(), shapes)
+    dense_abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
+    dense = restore_params(source, dense_abstract, step=step)
+    return jax.jit(build, out_shardings=jax.tree.map(lambda a: a.sharding, abstract))(dense)
+
+
 def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     """The `Partitioner` over all devices with the config's mesh (checked to fit). With
     `partitioning.num_slices` > 1 the mesh is hybrid: each `partitioning.dcn_mesh` axis spans
@@ -292,16 +316,27 @@ def make_trainer(
     )
 
 
+INIT_SOURCES = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint", "init.upcycle_from")
+
+
+def init_source(config: ml_collections.ConfigDict) -> str:
+    """The path of the `init.*` source set ('' for none; validation allows one)."""
+    return next((config.init[k.split(".")[1]] for k in INIT_SOURCES if config.init[k.split(".")[1]]), "")
+
+
 def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
-    """Params to start from (`init.checkpoint` via `restore_params`, or `init.hf_checkpoint`
-    via `import_hf`), sharded as the trainer wants; None without either."""
-    if not (config.init.checkpoint or config.init.hf_checkpoint or config.init.t5x_checkpoint):
+    """Params to start from (`init.checkpoint` via `restore_params`, `init.hf_checkpoint` via
+    `import_hf`, `init.t5x_checkpoint` via `import_t5x`, `init.upcycle_from` via
+    `upcycled_params`), sharded as the trainer wants; None without any."""
+    if not init_source(config):
         return None
     abstract = trainer.setup(first_batch).params
     if config.init.checkpoint:
         from cairn.trainer import restore_params
 
         return restore_params(config.init.checkpoint, abstract, step=config.init.checkpoint_step)
+    if config.init.upcycle_from:
+        return upcycled_params(config, trainer, abstract)
     if config.init.t5x_checkpoint:
         from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
 

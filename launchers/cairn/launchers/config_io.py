@@ -26,6 +26,7 @@ PATH_KEYS = (
     "init.checkpoint",
     "init.hf_checkpoint",
     "init.t5x_checkpoint",
+    "init.upcycle_from",
 )
 # Left out of the config hash: where a run writes, and how its processes meet.
 # Where a run writes and reads, not what it computes (the data fingerprint covers the cache's

@@ -215,6 +215,9 @@ class Init:
     t5x_checkpoint: str = knob(
         "", "a t5x checkpoint (checkpoint_<step> or its run folder; T5 families, the preset's shape)"
     )
+    upcycle_from: str = knob(
+        "", "a dense cairn checkpoint: its params seed this model.overrides.moe model (sparse upcycling)"
+    )
 
 
 @dataclasses.dataclass

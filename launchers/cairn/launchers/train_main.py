@@ -203,10 +203,11 @@ def _train(
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
         trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
     init = None
-    if config.init.checkpoint or config.init.hf_checkpoint or config.init.t5x_checkpoint:
+    source = builder.init_source(config)
+    if source:
         init = builder.pretrained_params(config, trainer, _peek(reader))
-        source = config.init.checkpoint or config.init.hf_checkpoint or config.init.t5x_checkpoint
-        out(f"initial params from {source} (used unless model_dir has a checkpoint)")
+        how = "upcycled from " if config.init.upcycle_from else "from "
+        out(f"initial params {how}{source} (used unless model_dir has a checkpoint)")
     summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too
     try:
         result = trainer.train(reader, init_params=init, summaries=summaries, model_dir_lock=lock)

@@ -253,7 +253,7 @@ def check_paths(config: Any) -> None:
             raise ConfigError("vocabulary.path", f"a {_VOCABULARY_FILES[config.vocabulary.kind]} path")
         if not _exists(config.vocabulary.path):
             raise ConfigError("vocabulary.path", f"no such file {config.vocabulary.path!r}")
-    sources = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint")
+    sources = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint", "init.upcycle_from")
     for key in sources:
         path = config.init[key.split(".")[1]]
         if path and not _exists(path):
@@ -268,6 +268,8 @@ def check_paths(config: Any) -> None:
             raise ConfigError(
                 "init.t5x_checkpoint", f"t5x checkpoints hold T5-family models; model.kind is {config.model.kind!r}"
             )
+    if config.init.upcycle_from and not to_plain(config.model.overrides).get("moe"):
+        raise ConfigError("init.upcycle_from", "upcycles into a mixture of experts: set model.overrides.moe")
     if config.init.hf_checkpoint and config_base.model_family(config.model.kind).hf is None:
         from cairn.models import families
 

@@ -16,6 +16,7 @@ from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
 from cairn.models.llama import Llama, LlamaConfig
 from cairn.models.model_base import DecodeOptions
 from cairn.models.moe_config import MoeConfig
+from cairn.models.moe_upcycle import UpcycleError, upcycle
 from cairn.models.params import count_params, logical_axes
 from cairn.models.presets import PRESETS, get_preset
 from cairn.models.t5.config import T5Config
@@ -36,6 +37,7 @@ __all__ = [
     "T5Config",
     "TransformerConfig",
     "UnknownFamilyError",
+    "UpcycleError",
     "count_params",
     "decoder_only",
     "decoding",
@@ -52,4 +54,5 @@ __all__ = [
     "moe",
     "t5",
     "training_flops_per_step",
+    "upcycle",
 ]

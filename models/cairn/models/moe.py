@@ -62,7 +62,7 @@ def token_choice(probs: jnp.ndarray, top_k: int, capacity: int, renormalize: boo
     choice_f = choice.astype(jnp.float32)
     dispatch = jnp.einsum("gtke,gtkc->gtec", choice_f, slot_hot)
     combine = jnp.einsum("gtke,gtkc,gtk->gtec", choice_f, slot_hot, weights)
-    dropped = 1.0 - jnp.mean(kept.astype(jnp.float32))
+    dropped = jnp.mean(jnp.logical_not(kept).astype(jnp.float32))  # exactly 0 when none drops
     return dispatch, combine, index, dropped
 
 

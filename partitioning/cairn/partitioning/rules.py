@@ -44,7 +44,8 @@ def standard_logical_axis_rules(
     - embed: unsharded (1, 1); -> model for activations (2, *); -> data for parameters
       (*, 2, t5x's 2-D parameter sharding); -> fsdp when `fsdp` (ZeRO-3 style: parameters
       sharded over 'fsdp', gathered per layer by GSPMD).
-    - length, layers, stack, relpos_buckets, abspos_buckets, mlp_activations: unsharded.
+    - length, layers, stack, relpos_buckets, abspos_buckets, mlp_activations, expert (a mixture
+      of experts' expert dimension): unsharded.
     """
     if activation_partitioning_dims not in (1, 2) or parameter_partitioning_dims not in (1, 2):
         raise ValueError(
@@ -69,7 +70,8 @@ def standard_logical_axis_rules(
     if activation_partitioning_dims == 1 and parameter_partitioning_dims == 1 and not fsdp:
         rules.append(("embed", None))
     rules += [
-        (name, None) for name in ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations")
+        (name, None)
+        for name in ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations", "expert")
     ]
     return rules + list(additional_rules)
 

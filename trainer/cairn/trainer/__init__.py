@@ -14,6 +14,7 @@ from cairn.trainer.checkpoints import (
     NoCheckpointError,
     abstract_like,
     restore_params,
+    stored_params,
 )
 from cairn.trainer.data_state import TfDataIterator
 from cairn.trainer.faults import DiskFullError, NonFiniteLossError
@@ -67,6 +68,7 @@ __all__ = [
     "peak_flops",
     "published_peak_flops",
     "restore_params",
+    "stored_params",
     "state_shardings",
     "tokens_in_batch",
 ]
