@@ -82,3 +82,18 @@ def test_model_gradients_agree_both_ways(monkeypatch, tiny):
         grads[variant] = jax.jit(value_and_grad)(params)
     np.testing.assert_array_equal(grads["cpu"][0], grads["standard"][0])
     jax.tree.map(_close, grads["cpu"][1], grads["standard"][1])
+
+
+@pytest.mark.parametrize("x_shape,w_shape", [((4, 2, 5, 16), (4, 16, 32)), ((3, 40, 64), (3, 64, 24))])
+def test_expert_dense_vjps_give_the_same_numbers(x_shape, w_shape):
+    kx, kw, kg = jax.random.split(jax.random.PRNGKey(1), 3)
+    x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
+    out = {}
+    for variant in ("cpu", "standard"):
+        y, vjp = jax.vjp(jax.jit(lambda x, w, v=variant: layers.expert_dense(x, w, vjp=v)), x, w)
+        out[variant] = (y,) + vjp(jax.random.normal(kg, y.shape))
+    (y_cpu, dx_cpu, dw_cpu), (y_std, dx_std, dw_std) = out["cpu"], out["standard"]
+    np.testing.assert_array_equal(y_cpu, y_std)
+    _close(dx_cpu, dx_std)
+    _close(dw_cpu, dw_std)
+    assert y_cpu.shape == x_shape[:-1] + (w_shape[-1],)

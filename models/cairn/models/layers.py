@@ -135,6 +135,37 @@ def _dense_cpu_bwd(n, res, g):
 _dense_cpu.defvjp(_dense_cpu_fwd, _dense_cpu_bwd)
 
 
+def expert_dense(x, w, *, vjp: str | None = None):
+    """Each expert's matmul: `x` `[experts, ..., in]` against `w` `[experts, in, out]` gives
+    `[experts, ..., out]`. The backward is autodiff's on GPU and TPU; on CPU (`vjp` as `dense`'s)
+    the weight gradient is one batched `[in, tokens] @ [tokens, out]` per expert with the small
+    transposed activations materialised, as `dense` does (~13 % faster for the MoE bench's experts)."""
+    if dense_vjp_variant(vjp) == "cpu":
+        return _expert_dense_cpu(x, w)
+    return jnp.einsum("e...d,edm->e...m", x, w)
+
+
+@jax.custom_vjp
+def _expert_dense_cpu(x, w):
+    return jnp.einsum("e...d,edm->e...m", x, w)
+
+
+def _expert_dense_cpu_fwd(x, w):
+    return _expert_dense_cpu(x, w), (x, w)
+
+
+def _expert_dense_cpu_bwd(res, g):
+    x, w = res
+    e, d = w.shape[0], w.shape[1]
+    dx = jnp.einsum("e...m,edm->e...d", g, w)
+    xt = jax.lax.optimization_barrier(jnp.swapaxes(x.reshape(e, -1, d), 1, 2))  # [e, in, tokens]
+    dw = jnp.matmul(xt, g.reshape(e, -1, g.shape[-1]))
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_expert_dense_cpu.defvjp(_expert_dense_cpu_fwd, _expert_dense_cpu_bwd)
+
+
 def kernel(
     module: nn.Module, name: str, shape: Sequence[int], axes: tuple[str, ...], stddev: float, dtype
 ) -> jnp.ndarray:

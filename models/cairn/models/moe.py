@@ -32,7 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models.layers import ACTIVATION_FNS, Kernel, MlpBlock, constrain
+from cairn.models.layers import ACTIVATION_FNS, Kernel, MlpBlock, constrain, expert_dense
 from cairn.models.moe_config import MoeConfig
 
 COLLECTION = "moe"
@@ -140,12 +140,12 @@ class MoeMlp(nn.Module):
         h = None
         for name, act in zip(names, self.activations):
             w = Kernel((num, emb, self.mlp_dim), ("expert", "embed", "mlp"), self.wi_stddev, dt, pdt, name=name)()
-            y = ACTIVATION_FNS[act](jnp.einsum("egcd,edm->egcm", expert_in, w))
+            y = ACTIVATION_FNS[act](expert_dense(expert_in, w))
             h = y if h is None else h * y
         h = constrain(h, EXPERT_HIDDEN)
         h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
         wo = Kernel((num, self.mlp_dim, emb), ("expert", "mlp", "embed"), self.wo_stddev, dt, pdt, name="wo")()
-        expert_out = constrain(jnp.einsum("egcm,emd->egcd", h, wo), EXPERT_ACT)
+        expert_out = constrain(expert_dense(h, wo), EXPERT_ACT)
         out = jnp.einsum("egcd,gtec->gtd", expert_out, combine.astype(dt))
         return constrain(out.astype(x.dtype), ("batch", "length", "embed"))
 
