@@ -148,7 +148,7 @@ class Kernel(nn.Module):
     `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`."""
 
     shape: tuple[int, ...]
-    axes: tuple[str, ...]
+    axes: tuple[str | None, ...]
     stddev: float
     dtype: jnp.dtype
     param_dtype: jnp.dtype

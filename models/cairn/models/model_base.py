@@ -215,11 +215,12 @@ class ModelBase:
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         deterministic = dropout_rng is None
         if getattr(self.config, "moe", None) is None:
-            logits = self.module.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs, **kwargs)
+            logits: Any = self.module.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs, **kwargs)
             return logits, {}
-        logits, state = self.module.apply(
+        out: Any = self.module.apply(
             {"params": params}, *args, deterministic=deterministic, rngs=rngs, mutable=[MOE_COLLECTION], **kwargs
         )
+        logits, state = out
         return logits, dict(state.get(MOE_COLLECTION, {}))
 
     def init(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
