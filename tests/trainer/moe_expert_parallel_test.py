@@ -104,3 +104,28 @@ def test_expert_parallel_losses_equal_data_parallel_and_resume_on_another_expert
         rtol=1e-4,
         atol=1e-6,
     )
+
+
+def test_routing_metrics_are_means_over_microbatches(tmp_path):
+    """Two microbatches give one full batch's routing metrics (means, not sums): routing groups
+    are rows, so splitting the batch changes nothing (no jitter here: it draws per microbatch)."""
+    config = CONFIG.replace(moe=MOE.replace(jitter_noise=0.0))
+    mesh = create_mesh({"data": 2, "fsdp": 1, "expert": 4, "model": 1})
+    got = []
+    for micro in (1, 2):
+        cfg = TrainerConfig(model_dir=str(tmp_path / str(micro)), num_train_steps=1, num_microbatches=micro)
+        trainer = Trainer(
+            DecoderOnlyModel(config, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
+            OPTIMIZER,
+            0.05,
+            Partitioner(mesh, standard_logical_axis_rules()),
+            cfg,
+        )
+        batch = next(Batches())
+        trainer.setup(batch)
+        _, step_metrics = trainer.train_step(trainer.initial_state(), trainer.partitioner.shard_batch(batch))
+        got.append({k: float(v) for k, v in step_metrics.items()})
+    full, split = got
+    for name in ("loss", "moe/load_balance_loss", "moe/router_z_loss", "moe/dropped_fraction", "moe/aux_loss"):
+        np.testing.assert_allclose(split[name], full[name], rtol=RTOL, err_msg=name)
+    assert 0 < full["moe/dropped_fraction"] < 1
