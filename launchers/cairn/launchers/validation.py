@@ -212,7 +212,8 @@ MODEL_FIELD_KEYS = ("dtype", "param_dtype")
 
 def apply_model_keys(config: Any, net: Any) -> Any:
     """`net` with each `model.<key>` of `MODEL_FIELD_KEYS` that is not "preset" set (`model.dtype=bfloat16`
-    for any family). `ConfigError` naming the key when it contradicts `model.overrides`, or when
+    for any family), and its `moe` from `model.moe.*` when `model.moe.num_experts` > 0
+    (`moe_config`). `ConfigError` naming the key when it contradicts `model.overrides`, or when
     the family has no such field and the value is not float32 (what such a family stores)."""
     fields = {f.name for f in dataclasses.fields(net)}
     overrides = to_plain(config.model.overrides)
@@ -234,10 +235,12 @@ def apply_model_keys(config: Any, net: Any) -> Any:
         changes["moe"] = moe
     if not changes:
         return net
+    if "moe" not in changes:
+        return dataclasses.replace(net, **changes)
     try:
         return dataclasses.replace(net, **changes)
     except ValueError as e:  # the network's own check of the combination (moe.every with scan_layers)
-        raise ConfigError("model.moe.every" if "moe." in str(e) else "model", str(e)) from None
+        raise ConfigError("model.moe.every" if "moe.every" in str(e) else "model.moe.num_experts", str(e)) from None
 
 
 def moe_config(config: Any) -> Any:
