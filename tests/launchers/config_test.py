@@ -31,6 +31,8 @@ def test_every_experiment_file_is_listed_here():
         "shakespeare_lm_tiny.py",
         "shakespeare_llama_tiny.py",  # tests/launchers/llama_launch_test.py
         "llama_1b_pretrain.py",  # tests/launchers/llama_launch_test.py
+        "shakespeare_moe_tiny.py",  # tests/launchers/moe_launch_test.py
+        "moe_1b_pretrain.py",  # tests/launchers/moe_launch_test.py
     }
 
 
@@ -66,7 +68,9 @@ def test_a_size_that_does_not_exist_is_named():
         load("t5_1_1_pretrain.py", "huge")
 
 
-@pytest.mark.parametrize("name", ["shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py", "shakespeare_llama_tiny.py"])
+@pytest.mark.parametrize(
+    "name", ["shakespeare_t5_tiny.py", "shakespeare_lm_tiny.py", "shakespeare_llama_tiny.py", "shakespeare_moe_tiny.py"]
+)
 def test_shakespeare_configs_validate_fully(name, tmp_path):
     config = load(name)
     config.model_dir = str(tmp_path / "run")

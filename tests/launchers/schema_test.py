@@ -31,6 +31,19 @@ HAND_WRITTEN = {
         "label_smoothing": 0.0,
         "z_loss": 1e-4,
         "loss_normalizing_factor": "NUM_REAL_TARGET_TOKENS",
+        "moe": {
+            "num_experts": 0,
+            "top_k": 2,
+            "routing": "token_choice",
+            "capacity_factor": 1.25,
+            "dropless": False,
+            "every": 1,
+            "expert_mlp_dim": None,
+            "renormalize": True,
+            "jitter_noise": 0.0,
+            "load_balance_loss_weight": 0.01,
+            "router_z_loss_weight": 0.001,
+        },
     },
     "vocabulary": {"kind": "sentencepiece", "path": "", "extra_ids": 100},
     "data": {
@@ -45,7 +58,7 @@ HAND_WRITTEN = {
         "cache_with_beam": False,
     },
     "partitioning": {
-        "mesh": {"data": -1, "fsdp": 1, "model": 1},
+        "mesh": {"data": -1, "fsdp": 1, "expert": 1, "model": 1},
         "fsdp_rules": False,
         "num_slices": 1,
         "dcn_mesh": {"data": -1, "fsdp": 1, "model": 1},
@@ -106,6 +119,7 @@ PLACEHOLDERS = {
     ("init", "checkpoint_step"): int,
     ("multihost", "num_processes"): int,
     ("multihost", "process_id"): int,
+    ("model.moe", "expert_mlp_dim"): int,
 }
 
 
@@ -121,7 +135,10 @@ def test_generated_base_config_has_the_hand_written_keys_and_defaults():
     config = config_base.base_config()
     assert config_io.to_plain(config) == HAND_WRITTEN
     for (section, name), want in PLACEHOLDERS.items():
-        assert config[section].get_ref(name).get_type() is want
+        node = config
+        for part in section.split("."):
+            node = node[part]
+        assert node.get_ref(name).get_type() is want
     assert config_base.FREE_FORM == (
         "model.overrides",
         "data.sequence_length",
@@ -139,8 +156,8 @@ def test_every_key_has_a_one_line_help_string():
     assert set(_leaves(config_io.to_plain(config_base.base_config()))) == set(keys)
     for k in keys.values():
         assert k.help and "\n" not in k.help, k.path
-    for name in schema.sections():
-        assert name in {f.name for f in dataclasses.fields(schema.Config)}
+    for name in schema.sections():  # top-level sections, and model.moe inside model
+        assert name.split(".")[0] in {f.name for f in dataclasses.fields(schema.Config)}
 
 
 def test_describe_lists_every_key_with_type_default_range_and_help():
@@ -156,7 +173,9 @@ def test_describe_lists_every_key_with_type_default_range_and_help():
     assert rows["trainer.num_microbatches"][3] == ">= 1"
     assert rows["optimizer.clip_grad_norm"][1:3] == ("float or None", "None")
     assert rows["partitioning.mesh"][1] == "mapping of int"
-    assert rows["partitioning.mesh"][3] == "keys data, fsdp, model; >= 1 or -1"
+    assert rows["partitioning.mesh"][3] == "keys data, fsdp, expert, model; >= 1 or -1"
+    assert rows["model.moe.routing"][3] == "one of token_choice, expert_choice"
+    assert rows["model.moe.num_experts"][1:4] == ("int", "0", ">= 0")
     assert rows["model.kind"][3] == "one of encoder_decoder, decoder_only, llama"
     assert all(len(row) == 5 and all(isinstance(x, str) for x in row) for row in rows.values())
 

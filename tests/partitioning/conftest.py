@@ -7,17 +7,21 @@ from jax.sharding import PartitionSpec as P
 
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
 
-#: (data, model) meshes and one data x fsdp x model mesh (with the FSDP rules).
-MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1), (2, 2, 2)]
+#: (data, model) meshes, one data x fsdp x model mesh (with the FSDP rules) and one
+#: data x fsdp x expert x model mesh (the batch over data x expert).
+MESH_SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1), (2, 2, 2), (2, 1, 4, 1)]
 
 
 def make_partitioner(shape, **kwargs) -> Partitioner:
     if len(shape) == 2:
         mesh = create_mesh({"data": shape[0], "model": shape[1]})
         rules = standard_logical_axis_rules()
-    else:
+    elif len(shape) == 3:
         mesh = create_mesh({"data": shape[0], "fsdp": shape[1], "model": shape[2]})
         rules = standard_logical_axis_rules(fsdp=True)
+    else:
+        mesh = create_mesh(dict(zip(("data", "fsdp", "expert", "model"), shape)))
+        rules = standard_logical_axis_rules()
     return Partitioner(mesh, rules, **kwargs)
 
 
@@ -33,9 +37,9 @@ def partitioner(request) -> Partitioner:
 
 def expected_spec(partitioner, logical):
     """What the standard rules ask for, written out by hand for these meshes."""
-    fsdp = "fsdp" in partitioner.mesh.shape
+    fsdp = "fsdp" in partitioner.mesh.shape and "expert" not in partitioner.mesh.shape
     table = {
-        "batch": ("data", "fsdp") if fsdp else "data",
+        "batch": ("data", "fsdp") if fsdp else (("data", "expert") if "expert" in partitioner.mesh.shape else "data"),
         "embed": "fsdp" if fsdp else None,
         "mlp": "model",
         "vocab": "model",

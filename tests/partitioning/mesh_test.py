@@ -27,7 +27,8 @@ def test_shapes_and_auto_axes(axes, shape):
 
 def test_default_axes_and_minus_one():
     mesh = create_mesh()
-    assert dict(mesh.shape) == {"data": 8, "fsdp": 1, "model": 1}
+    assert dict(mesh.shape) == {"data": 8, "fsdp": 1, "expert": 1, "model": 1}
+    assert mesh.axis_names == ("data", "fsdp", "expert", "model")  # the batch axes lead
     assert dict(create_mesh({"data": -1, "model": 2}).shape) == {"data": 4, "model": 2}
     assert dict(create_mesh({"data": 2, "model": -1}, devices=jax.devices()[:4]).shape) == {"data": 2, "model": 2}
 

@@ -1,11 +1,13 @@
 """The Partitioner on the issue's meshes: same numbers as one device, shardings as the rules say."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
@@ -79,3 +81,41 @@ def test_unknown_logical_axis_names_the_tree_path():
     specs = {"encoder": {"layers_0": {"attention": {"query": ("embed", "head")}}}}
     with pytest.raises(ValueError, match=r"'encoder/layers_0/attention/query': logical axis 'head'"):
         partitioner.shardings_for(specs)
+
+
+def test_functions_trace_with_their_partitioner_active():
+    from cairn.partitioning import current_partitioner
+
+    mesh = create_mesh({"data": 2, "fsdp": 1, "expert": 4, "model": 1})
+    partitioner = Partitioner(mesh, standard_logical_axis_rules())
+    seen = []
+
+    def fn(x):
+        seen.append(current_partitioner())
+        # [expert, batch, capacity, embed]: expert axis on dim 0, data on dim 1; a batch of
+        # 3 divides by nothing and is left unsharded without a warning.
+        return partitioner.constrain(x * 2, ("expert", "batch", None, "embed")), current_partitioner().constrain(
+            jnp.ones((3, 4)), ("batch", "embed")
+        )
+
+    x = jnp.ones((4, 2, 3, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y, z = partitioner.partition(fn)(x)
+    assert seen == [partitioner] and current_partitioner() is None
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("expert", "data", None, None)), 4), y.sharding
+    assert z.sharding.is_fully_replicated
+    np.testing.assert_array_equal(np.asarray(y), 2 * np.ones((4, 2, 3, 5)))
+    # Off: activations are left to GSPMD.
+    off = Partitioner(mesh, standard_logical_axis_rules(), constrain_activations=False)
+    assert off.constrain(x, ("expert", "batch", None, "embed")) is x
+
+
+def test_batch_over_data_and_expert():
+    partitioner = Partitioner(
+        create_mesh({"data": 2, "fsdp": 1, "expert": 4, "model": 1}), standard_logical_axis_rules()
+    )
+    assert partitioner.batch_parts() == 8
+    (out,) = partitioner.shard_batch((np.arange(16 * 2).reshape(16, 2),))
+    assert out.sharding.spec == P(("data", "expert"), None)
+    assert partitioner.data_layout().num_shards == 1  # one host feeds every row

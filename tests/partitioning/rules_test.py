@@ -89,3 +89,48 @@ def test_indivisible_dimension_error_policy():
         resolve(("embed", "mlp"), shape=(512, 12), mesh={"data": 1, "model": 8}, on_indivisible="error")
     with pytest.raises(ValueError, match="on_indivisible"):
         resolve(("embed",), on_indivisible="pad")
+
+
+EXPERT_MESH = {"data": 2, "fsdp": 1, "expert": 4, "model": 1}
+
+
+def test_expert_axis_shards_experts_and_spreads_the_batch():
+    # Expert kernels [expert, embed, mlp] and the dispatched activations [expert, batch, capacity, embed].
+    assert resolve(("expert", "embed", "mlp"), mesh=EXPERT_MESH) == P("expert", None, "model")
+    assert resolve(("layers", "expert", "mlp", "embed"), mesh=EXPERT_MESH) == P(None, "expert", "model", None)
+    assert resolve(("expert", "batch", None, "embed"), mesh=EXPERT_MESH) == P("expert", "data", None, None)
+    # Without an expert dimension the batch takes the expert axis too (GShard).
+    assert resolve(("batch", "length", "embed"), mesh=EXPERT_MESH) == P(("data", "expert"), None, None)
+    mesh = {"data": 2, "fsdp": 2, "expert": 2, "model": 1}
+    assert resolve(("batch", "length"), mesh=mesh, fsdp=True) == P(("data", "fsdp", "expert"), None)
+    assert resolve(("expert", "batch", None, "embed"), mesh=mesh, fsdp=True) == P(
+        "expert", ("data", "fsdp"), None, None
+    )
+    assert resolve(("expert", "embed", "mlp"), mesh=mesh, fsdp=True) == P("expert", "fsdp", "model")
+
+
+def test_a_batch_the_expert_axis_does_not_divide_falls_back_to_data():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback rule fits: no warning
+        assert resolve(("batch", "length"), shape=(6, 4), mesh=EXPERT_MESH) == P("data", None)
+    with pytest.warns(IndivisibleDimensionWarning, match="size 6"):
+        assert resolve(("expert", "mlp"), shape=(6, 4), mesh=EXPERT_MESH) == P(None, "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve(("expert", "mlp"), shape=(6, 4), mesh=EXPERT_MESH, on_indivisible="quiet") == P(None, "model")
+
+
+def test_a_mesh_without_an_expert_axis_counts_it_as_size_one():
+    from cairn.partitioning import OPTIONAL_AXES, rules_for_mesh
+
+    assert OPTIONAL_AXES == ("expert",)
+    assert resolve(("expert", "embed", "mlp")) == P(None, None, "model")
+    assert resolve(("batch", "length", "embed"), mesh={"data": 4, "model": 2}) == P("data", None, None)
+    assert resolve(("batch", "length"), mesh=MESH, fsdp=True) == P(("data", "fsdp"), None)
+    flax_rules = dict(rules_for_mesh(standard_logical_axis_rules(), {"data": 4, "model": 2}))
+    assert flax_rules["expert"] is None and "expert" not in str(flax_rules.values())
+    with_axis = rules_for_mesh(standard_logical_axis_rules(), EXPERT_MESH)
+    assert with_axis[:2] == [("expert", "expert"), ("batch", ("data", "expert"))]
+    # Only optional axes are dropped: a rule naming another missing axis still fails.
+    with pytest.raises(ValueError, match=r"mesh axes \['fsdp'\]"):
+        resolve(("batch",), mesh={"data": 4, "model": 2}, fsdp=True)

@@ -36,6 +36,10 @@ def test_the_line_has_a_fixed_order():
         "step 120/600 (20%) loss 5.31 lr 1.0e-2 1.8 steps/s 3.1k tok/s MFU 41% ETA 4m27s"
     )
     assert progress_text(1, 600, {}) == "step 1/600 (0%) ETA ?"
+    moe = {"moe/load_balance_loss": 2.0512, "moe/dropped_fraction": 0.03125, "moe/aux_loss": 0.02}
+    assert progress_text(120, 600, {**VALUES, **moe}) == (
+        "step 120/600 (20%) loss 5.31 lr 1.0e-2 moe balance 2.05 dropped 3.1% 1.8 steps/s 3.1k tok/s MFU 41% ETA 4m27s"
+    )
     assert [duration(s) for s in (12, 265, 3900, float("inf"))] == ["12s", "4m25s", "1h05m", "?"]
 
 

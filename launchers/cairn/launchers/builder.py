@@ -18,7 +18,7 @@ from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
 from cairn.launchers.sharded_batches import ShardedBatches
-from cairn.launchers.validation import ConfigError, apply_model_keys, check_model, resolve_mesh
+from cairn.launchers.validation import ConfigError, apply_model_keys, check_expert_axis, check_model, resolve_mesh
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes
 
@@ -141,8 +141,9 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
                 "partitioning.num_slices",
                 f"is {num_slices}, but the TPU devices ({layout}) form {found} slice(s); set it to {found}",
             )
+    dcn = {a: s for a, s in dcn.items() if a in mesh or s != 1}  # a size-1 expert axis is not in the mesh
     for axis, span in dcn.items():
-        if mesh[axis] % span:
+        if mesh.get(axis, 1) % span:
             raise ConfigError(
                 f"partitioning.dcn_mesh.{axis}",
                 f"axis {axis!r} of mesh {mesh} cannot span {span} slices ({layout}): "
@@ -153,6 +154,7 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     except MeshShapeError as e:
         raise ConfigError("partitioning.num_slices", f"{e} ({layout})") from None
     partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
+    check_expert_axis(config, dict(device_mesh.shape))
     if num_slices > 1:
         shard = partitioner.data_layout()
         log.info(

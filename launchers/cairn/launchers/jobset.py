@@ -274,7 +274,9 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
         )
     validation.check_static(config)
     mesh = validation.check_mesh(config, lay.devices, lay.hosts)
-    parts = mesh["data"] * mesh["fsdp"]  # the batch dimension's devices; host shards divide them
+    parts = (
+        mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)
+    )  # the batch dimension's devices; host shards divide them
     validation.check_batch_size(config, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
     options = PodOptions(
         name=name,

@@ -63,9 +63,22 @@ def _covered(key: str, names: list[str] | tuple[str, ...]) -> bool:
     return any(key == n or key.startswith(n + ".") for n in names)
 
 
+def _default(key: str) -> Any:
+    """The schema default of `key` as config.json holds it (tuples as lists); a sentinel for a
+    key the schema does not declare."""
+    try:
+        return json.loads(json.dumps(schema.key(key).default))
+    except KeyError:
+        return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
+
+
 def differences(old: dict, new: dict, allowed: list[str] | tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     """`(key, old, new)` of each leaf that differs between two plain configs, leaving out the
-    keys of `ALLOWED_ON_RESUME` and `allowed`."""
+    keys of `ALLOWED_ON_RESUME` and `allowed`. A key the old config lacks (written before the
+    key existed) that holds its schema default now is no difference."""
     a, b = _leaves(old), _leaves(json.loads(json.dumps(new)))
     missing = object()
     out = []
@@ -73,6 +86,8 @@ def differences(old: dict, new: dict, allowed: list[str] | tuple[str, ...] = ())
         if _covered(key, tuple(ALLOWED_ON_RESUME)) or _covered(key, allowed):
             continue
         before, after = a.get(key, missing), b.get(key, missing)
+        if before is missing and after == _default(key):
+            continue
         if before != after:
             out.append((key, "(absent)" if before is missing else before, "(absent)" if after is missing else after))
     return out

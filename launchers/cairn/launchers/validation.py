@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -211,7 +212,8 @@ MODEL_FIELD_KEYS = ("dtype", "param_dtype")
 
 def apply_model_keys(config: Any, net: Any) -> Any:
     """`net` with each `model.<key>` of `MODEL_FIELD_KEYS` that is not "preset" set (`model.dtype=bfloat16`
-    for any family). `ConfigError` naming the key when it contradicts `model.overrides`, or when
+    for any family), and its `moe` from `model.moe.*` when `model.moe.num_experts` > 0
+    (`moe_config`). `ConfigError` naming the key when it contradicts `model.overrides`, or when
     the family has no such field and the value is not float32 (what such a family stores)."""
     fields = {f.name for f in dataclasses.fields(net)}
     overrides = to_plain(config.model.overrides)
@@ -226,7 +228,63 @@ def apply_model_keys(config: Any, net: Any) -> Any:
             changes[name] = value
         elif value != "float32":
             raise ConfigError(key, f"{type(net).__name__} stores parameters in float32 only, got {value!r}")
-    return dataclasses.replace(net, **changes) if changes else net
+    moe = moe_config(config)
+    if moe is not None:
+        if "moe" not in fields:
+            raise ConfigError("model.moe.num_experts", f"{type(net).__name__} has no routed MLPs (no moe field)")
+        changes["moe"] = moe
+    if not changes:
+        return net
+    if "moe" not in changes:
+        return dataclasses.replace(net, **changes)
+    try:
+        return dataclasses.replace(net, **changes)
+    except ValueError as e:  # the network's own check of the combination (moe.every with scan_layers)
+        raise ConfigError("model.moe.every" if "moe.every" in str(e) else "model.moe.num_experts", str(e)) from None
+
+
+def moe_config(config: Any) -> Any:
+    """The `MoeConfig` of `model.moe.*` (None when `model.moe.num_experts` is 0: the preset's MLPs).
+    `ConfigError` naming the key: another `model.moe` key set while num_experts is 0, a value
+    `MoeConfig` refuses (`top_k` above `num_experts`, a capacity factor that is not positive,
+    ...), or `model.overrides.moe` given as well."""
+    from cairn.models.moe_config import MoeConfig
+
+    section = to_plain(config.model.get("moe", {})) or {}  # a config saved before model.moe: dense
+    defaults = {k.path.rpartition(".")[2]: k.default for k in schema.keys(schema.Moe)}
+    values = {**defaults, **section}
+    num_experts = values.pop("num_experts")
+    if not num_experts:
+        changed = [name for name, value in values.items() if value != defaults[name]]
+        if changed:
+            raise ConfigError(
+                f"model.moe.{changed[0]}", "has no effect: model.moe.num_experts is 0 (dense MLPs); set num_experts"
+            )
+        return None
+    if "moe" in to_plain(config.model.overrides):
+        raise ConfigError("model.moe.num_experts", "contradicts model.overrides.moe; set one of them")
+    try:
+        return MoeConfig(num_experts=num_experts, **values)
+    except (ValueError, TypeError) as e:
+        field = re.search(r"moe\.(\w+)", str(e))
+        raise ConfigError(f"model.moe.{field.group(1) if field else 'num_experts'}", str(e)) from None
+
+
+def check_expert_axis(config: Any, mesh: Mapping[str, int], net: Any = None) -> None:
+    """`ConfigError` naming `model.moe.num_experts` when the mesh's expert axis (resolved, or a
+    fixed size) does not divide the experts of `net` (default: `check_model(config)`). A dense
+    model may use the axis (more data parallelism)."""
+    size = int(mesh.get("expert", 1))
+    if size <= 1:
+        return
+    moe = getattr(net if net is not None else check_model(config), "moe", None)
+    experts = moe.num_experts if moe is not None else 0
+    if experts and experts % size:
+        raise ConfigError(
+            "model.moe.num_experts",
+            f"{experts} experts do not divide over partitioning.mesh.expert={size}: use a multiple of {size} "
+            f"experts, or an expert axis that divides {experts}",
+        )
 
 
 def _exists(path: str) -> bool:
@@ -326,23 +384,37 @@ def mesh_shapes(device_count: int) -> list[dict[str, int]]:
 
 
 def suggest_mesh(mesh: Mapping[str, int], device_count: int) -> dict[str, int]:
-    """A mesh for `device_count` devices close to `mesh`: its model and fsdp sizes cut to what
-    divides the devices, data parallelism for the rest."""
+    """A mesh for `device_count` devices close to `mesh`: its model, expert and fsdp sizes cut to
+    what divides the devices, data parallelism for the rest (the expert axis named only when
+    it is larger than 1)."""
 
     model = math.gcd(max(1, int(mesh.get("model", 1))), device_count)
-    fsdp = math.gcd(max(1, int(mesh.get("fsdp", 1))), device_count // model)
-    return {"data": device_count // (model * fsdp), "fsdp": fsdp, "model": model}
+    expert = math.gcd(max(1, int(mesh.get("expert", 1))), device_count // model)
+    fsdp = math.gcd(max(1, int(mesh.get("fsdp", 1))), device_count // (model * expert))
+    data = device_count // (model * expert * fsdp)
+    return (
+        {"data": data, "fsdp": fsdp, "expert": expert, "model": model}
+        if expert > 1
+        else {"data": data, "fsdp": fsdp, "model": model}
+    )
 
 
 def resolve_mesh(mesh: Mapping[str, int], device_count: int, process_count: int = 1) -> dict[str, int]:
     """The mesh with its -1 axis filled in by `cairn.partitioning`'s own resolution (the one
     `create_mesh` uses); `ConfigError` naming the mesh, the process and device counts and a mesh
-    that fits when it does not fit the devices."""
-    from cairn.partitioning.mesh import DEFAULT_AXES, MeshShapeError, resolve_axes
+    that fits when it does not fit the devices. An expert axis of size 1 is left out (the
+    partitioning rules count a missing expert axis as size 1): a dense run's mesh is
+    `{data, fsdp, model}` as before the axis existed."""
+    from cairn.partitioning.mesh import DEFAULT_AXES, EXPERT, MeshShapeError, resolve_axes
 
     axes = {a: int(mesh.get(a, 1)) for a in DEFAULT_AXES}
+    if axes[EXPERT] == 1:
+        del axes[EXPERT]
     try:
-        return resolve_axes(axes, device_count)
+        resolved = resolve_axes(axes, device_count)
+        if resolved.get(EXPERT) == 1:  # -1 that left one device
+            del resolved[EXPERT]
+        return resolved
     except MeshShapeError as e:
         per = device_count // max(1, process_count)
         fits = suggest_mesh({a: s for a, s in axes.items() if s != -1}, device_count)
@@ -352,8 +424,11 @@ def resolve_mesh(mesh: Mapping[str, int], device_count: int, process_count: int 
 
 
 def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[str, int]:
-    """The config's mesh, resolved; `ConfigError` when it does not fit the devices."""
-    return resolve_mesh(to_plain(config.partitioning.mesh), device_count, process_count)
+    """The config's mesh, resolved; `ConfigError` when it does not fit the devices or its
+    expert axis does not divide the experts."""
+    mesh = resolve_mesh(to_plain(config.partitioning.mesh), device_count, process_count)
+    check_expert_axis(config, mesh)
+    return mesh
 
 
 def check_batch_size(
@@ -381,9 +456,10 @@ def check_batch_size(
 
 
 def check_static(config: ml_collections.ConfigDict) -> Any:
-    """Everything that needs neither devices nor data: schema, model, paths. Returns the
-    model config (see `check_model`)."""
+    """Everything that needs neither devices nor data: schema, model, paths, the experts against
+    a fixed `partitioning.mesh.expert`. Returns the model config (see `check_model`)."""
     check_schema(config)
     model_config = check_model(config)
+    check_expert_axis(config, to_plain(config.partitioning.mesh), model_config)
     check_paths(config)
     return model_config

@@ -1,8 +1,10 @@
 """Building blocks shared by the networks: RMS norm, token embedding, MLP, dense kernels.
 
 Every parameter carries logical axis names (`embed`, `vocab`, `heads`, `kv`, `mlp`) through
-`flax.linen.with_logical_partitioning`; activations are constrained with
-`flax.linen.with_logical_constraint`, a no-op outside a mesh and rules context.
+`flax.linen.with_logical_partitioning`; activations are constrained by logical names with the
+rules of the `cairn.partitioning` partitioner whose function is being traced
+(`current_partitioner`), else with `flax.linen.with_logical_constraint` (Flax's
+`logical_axis_rules` context; a no-op outside one).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.platform import platform_variant
 
 ACTIVATION_FNS = {
@@ -31,7 +34,12 @@ def normal(stddev: float) -> nn.initializers.Initializer:
 
 
 def constrain(x, axes: tuple[str | None, ...]):
-    """Annotates an activation with logical axis names."""
+    """Annotates an activation with logical axis names: the current `cairn.partitioning`
+    partitioner's constraint (its rules, a dimension they do not divide unsharded), else
+    Flax's (`nn.logical_axis_rules`), else nothing."""
+    partitioner = current_partitioner()
+    if partitioner is not None:
+        return partitioner.constrain(x, axes)
     return nn.with_logical_constraint(x, axes)
 
 

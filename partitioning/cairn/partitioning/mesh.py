@@ -10,9 +10,10 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-#: The mesh axes the standard rules use, in mesh order.
-DATA, FSDP, MODEL = "data", "fsdp", "model"
-DEFAULT_AXES: Mapping[str, int] = {DATA: -1, FSDP: 1, MODEL: 1}
+#: The mesh axes the standard rules use, in mesh order: the axes the batch is split over
+#: (data, fsdp, expert) lead, so that each host's rows are one contiguous block.
+DATA, FSDP, EXPERT, MODEL = "data", "fsdp", "expert", "model"
+DEFAULT_AXES: Mapping[str, int] = {DATA: -1, FSDP: 1, EXPERT: 1, MODEL: 1}
 
 
 class MeshShapeError(ValueError):
@@ -80,8 +81,10 @@ def create_mesh(
     """Builds a `jax.sharding.Mesh` with GSPMD-style (`AxisType.Auto`) axes.
 
     Args:
-      axes: global mesh axis sizes in mesh order, e.g. `{'data': -1, 'fsdp': 1, 'model': 2}`;
-        one size may be -1 for "the rest of the devices".
+      axes: global mesh axis sizes in mesh order, e.g. `{'data': -1, 'fsdp': 1, 'expert': 1,
+        'model': 2}` (default `DEFAULT_AXES`); one size may be -1 for "the rest of the devices".
+        An axis left out is not in the mesh (the standard rules treat a missing `expert` axis
+        as one of size 1).
       devices: the devices to use (default: `jax.devices()`).
       num_slices: how many slices (TPU slices, or groups of hosts) the devices form. With
         more than one, the mesh is hybrid: `dcn_axes` are split across slices (DCN) and the

@@ -11,14 +11,13 @@ the params.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from cairn.partitioning.rules import IndivisibleDimensionWarning, logical_to_mesh_spec
+from cairn.partitioning.rules import logical_to_mesh_spec
 from cairn.partitioning.tree import is_spec, map_specs
 
 
@@ -90,9 +89,7 @@ def opt_state_mesh_spec(
     """The mesh spec of one optimizer-state leaf: `partitioner`'s rules, an indivisible
     dimension replicated without a warning and whatever `on_indivisible` says (each dimension
     here is one of its param's, which was already checked and warned about by name)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", IndivisibleDimensionWarning)
-        return logical_to_mesh_spec(spec, partitioner.rules, partitioner.mesh.shape, shape, path, "replicate")
+    return logical_to_mesh_spec(spec, partitioner.rules, partitioner.mesh.shape, shape, path, "quiet")
 
 
 def opt_state_shardings(partitioner: Any, params: Any, param_specs: Any, opt_state: Any) -> Any:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -15,22 +17,36 @@ from cairn.partitioning.opt_state import opt_state_shardings
 from cairn.partitioning.rules import LogicalAxisRules, LogicalSpec, logical_to_mesh_spec
 from cairn.partitioning.tree import map_specs
 
+_ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar("cairn_partitioner", default=None)
+
+
+def current_partitioner() -> Partitioner | None:
+    """The partitioner whose activation rules are in force (inside `Partitioner.activated()`,
+    e.g. while a `Partitioner.partition` function is traced), else None. Model code asks it
+    how to constrain activations by logical names (`Partitioner.constrain`)."""
+    return _ACTIVE.get()
+
 
 class PartitionedFunction:
-    """A jitted function that runs, and lowers, with its mesh set; `jitted` is the `jax.jit`."""
+    """A jitted function that runs, and lowers, with its mesh set and its partitioner's
+    activation rules in force (`Partitioner.activated`); `jitted` is the `jax.jit`."""
 
-    def __init__(self, fn: Callable, jitted: Any, mesh: Mesh):
+    def __init__(self, fn: Callable, jitted: Any, mesh: Mesh, partitioner: Partitioner | None = None):
         functools.update_wrapper(self, fn)
         self.jitted = jitted
         self.mesh = mesh
+        self.partitioner = partitioner
+
+    def _context(self) -> contextlib.AbstractContextManager:
+        return self.partitioner.activated() if self.partitioner is not None else contextlib.nullcontext()
 
     def __call__(self, *args, **kw):
-        with jax.set_mesh(self.mesh):
+        with jax.set_mesh(self.mesh), self._context():
             return self.jitted(*args, **kw)
 
     def lower(self, *args, **kw):
         """`jax.jit(...).lower` with the mesh set."""
-        with jax.set_mesh(self.mesh):
+        with jax.set_mesh(self.mesh), self._context():
             return self.jitted.lower(*args, **kw)
 
 
@@ -44,6 +60,8 @@ class Partitioner:
         or is replicated with an `IndivisibleDimensionWarning` naming the parameter) or
         'error' (raise `IndivisibleDimensionError`).
       batch_spec: the logical names of a batch array's leading dimensions.
+      constrain_activations: whether `constrain` (model code's activation constraints, while
+        a partitioned function is traced) constrains; False leaves activations to GSPMD.
     """
 
     def __init__(
@@ -52,11 +70,13 @@ class Partitioner:
         rules: LogicalAxisRules,
         on_indivisible: str = "replicate",
         batch_spec: Sequence[str | None] = ("batch",),
+        constrain_activations: bool = True,
     ):
         self.mesh = mesh
         self.rules = tuple((name, axes) for name, axes in rules)
         self.on_indivisible = on_indivisible
         self.batch_spec = tuple(batch_spec)
+        self.constrain_activations = constrain_activations
 
     def __repr__(self) -> str:
         return f"Partitioner(mesh={dict(self.mesh.shape)}, rules={list(self.rules)})"
@@ -110,11 +130,32 @@ class Partitioner:
             kwargs["in_shardings"] = self._to_sharding(in_shardings)
         if out_shardings is not None:
             kwargs["out_shardings"] = self._to_sharding(out_shardings)
-        return PartitionedFunction(fn, jax.jit(fn, **kwargs), self.mesh)
+        return PartitionedFunction(fn, jax.jit(fn, **kwargs), self.mesh, self)
 
     def with_sharding_constraint(self, x: Any, spec: LogicalSpec) -> Any:
         """`jax.lax.with_sharding_constraint` by logical names, inside a jitted function."""
         return jax.lax.with_sharding_constraint(x, self.sharding(spec, np.shape(x)))
+
+    # -- activations ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[Partitioner]:
+        """Makes this the `current_partitioner()` inside the block (functions from `partition`
+        do it themselves while they are traced)."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def constrain(self, x: Any, spec: LogicalSpec) -> Any:
+        """An activation constrained to its logical names (`with_sharding_constraint`), a
+        dimension its mesh axes do not divide left unsharded without a warning (a batch of 1
+        while decoding); `x` unchanged when `constrain_activations` is off."""
+        if not self.constrain_activations:
+            return x
+        names = tuple(spec)
+        mesh_spec = logical_to_mesh_spec(names, self.rules, self.mesh.shape, np.shape(x), "<activation>", "quiet")
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, mesh_spec))
 
     # -- data ----------------------------------------------------------------------------
     def _batch_mesh_axes(self):

@@ -16,7 +16,7 @@ LogicalAxisRules = Sequence[tuple[str, MeshAxes]]
 #: A logical spec: one logical name (or None) per array dimension.
 LogicalSpec = PartitionSpec | tuple[str | None, ...]
 
-ON_INDIVISIBLE = ("replicate", "error")
+ON_INDIVISIBLE = ("replicate", "error", "quiet")
 
 
 class UnknownLogicalAxisError(ValueError):
@@ -31,30 +31,47 @@ class IndivisibleDimensionWarning(UserWarning):
     """A dimension was left unsharded because its size does not divide by its mesh axes."""
 
 
+#: Mesh axes a mesh may lack although the standard rules name them: a missing one counts as
+#: an axis of size 1 (rules drop it), so meshes built before the axis existed keep working.
+#: Any other mesh axis a rule names must be in the mesh.
+OPTIONAL_AXES = ("expert",)
+
+
 def standard_logical_axis_rules(
     activation_partitioning_dims: int = 1,
     parameter_partitioning_dims: int = 1,
     fsdp: bool = False,
     additional_rules: LogicalAxisRules = (),
 ) -> list:
-    """t5x's standard rules, plus an FSDP mode over the 'fsdp' mesh axis.
+    """t5x's standard rules, plus an FSDP mode over the 'fsdp' mesh axis and expert
+    parallelism over the 'expert' mesh axis.
 
-    - batch -> data (and fsdp too when `fsdp`), vocab / mlp / heads / joined_kv -> model;
-      kv -> model as well, which takes effect only where 'heads' did not take 'model'.
+    - expert -> expert (a mixture of experts' expert dimension: kernels `[expert, embed, mlp]`
+      and the dispatched activations `[expert, batch, capacity, embed]`).
+    - batch -> data x expert (and fsdp too when `fsdp`) where the array has no expert
+      dimension (GShard: every token-level activation is spread over the expert axis as well,
+      and the dispatch einsum moves tokens to their experts' devices); data (x fsdp) where the
+      expert dimension took the expert axis.
+    - vocab / mlp / heads / joined_kv -> model; kv -> model as well, which takes effect only
+      where 'heads' did not take 'model'.
     - embed: unsharded (1, 1); -> model for activations (2, *); -> data for parameters
       (*, 2, t5x's 2-D parameter sharding); -> fsdp when `fsdp` (ZeRO-3 style: parameters
       sharded over 'fsdp', gathered per layer by GSPMD).
-    - length, layers, stack, relpos_buckets, abspos_buckets, mlp_activations, expert (a mixture
-      of experts' expert dimension): unsharded.
+    - length, layers, stack, relpos_buckets, abspos_buckets, mlp_activations: unsharded.
+
+    The 'expert' axis is optional (`OPTIONAL_AXES`): on a mesh without it these rules are
+    exactly the rules without expert parallelism.
     """
     if activation_partitioning_dims not in (1, 2) or parameter_partitioning_dims not in (1, 2):
         raise ValueError(
             "activation_partitioning_dims and parameter_partitioning_dims must be 1 or 2, "
             f"got {activation_partitioning_dims} and {parameter_partitioning_dims}"
         )
-    batch: MeshAxes = ("data", "fsdp") if fsdp else "data"
-    rules = [
-        ("batch", batch),
+    batch: tuple[str, ...] = ("data", "fsdp") if fsdp else ("data",)
+    rules: list = [
+        ("expert", "expert"),  # first: an expert dimension takes the axis before the batch does
+        ("batch", (*batch, "expert")),
+        ("batch", batch[0] if len(batch) == 1 else batch),
         ("vocab", "model"),
         ("mlp", "model"),
         ("heads", "model"),
@@ -74,6 +91,18 @@ def standard_logical_axis_rules(
         for name in ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations", "expert")
     ]
     return rules + list(additional_rules)
+
+
+def rules_for_mesh(rules: LogicalAxisRules, mesh_shape: Mapping[str, int]) -> list:
+    """`rules` with the `OPTIONAL_AXES` the mesh lacks taken out of each rule's mesh axes (a
+    rule left with none maps its name to None); for Flax's `nn.logical_axis_rules`, which
+    would otherwise name an axis the mesh does not have. Other missing axes are kept (and
+    fail where used)."""
+    out = []
+    for name, mesh_axes in rules:
+        axes = tuple(a for a in _as_tuple(mesh_axes) if a in mesh_shape or a not in OPTIONAL_AXES)
+        out.append((name, None if not axes else (axes[0] if len(axes) == 1 else axes)))
+    return out
 
 
 def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
@@ -96,8 +125,10 @@ def logical_to_mesh_spec(
     with its logical name unless one of those mesh axes is already used in this array.
     When `shape` is given, a rule whose mesh axes do not divide the dimension is skipped;
     if no later rule fits, the dimension is replicated with an `IndivisibleDimensionWarning`
-    naming `path` (or, with `on_indivisible='error'`, an `IndivisibleDimensionError`).
-    A logical name that no rule mentions raises `UnknownLogicalAxisError` naming `path`.
+    naming `path` (with `on_indivisible='error'`, an `IndivisibleDimensionError`; with
+    'quiet', no warning: activations, whose batch may be any size). A logical name that no
+    rule mentions raises `UnknownLogicalAxisError` naming `path`. A rule's mesh axes that are
+    `OPTIONAL_AXES` the mesh lacks are dropped; any other mesh axis it lacks is a `ValueError`.
     """
     if on_indivisible not in ON_INDIVISIBLE:
         raise ValueError(f"on_indivisible must be one of {ON_INDIVISIBLE}, got {on_indivisible!r}")
@@ -123,7 +154,7 @@ def logical_to_mesh_spec(
     used: set = set()
     skipped: dict = {}
     for rule_name, mesh_axes in rules:
-        axes = _as_tuple(mesh_axes)
+        axes = tuple(a for a in _as_tuple(mesh_axes) if a in mesh_shape or a not in OPTIONAL_AXES)
         missing = [a for a in axes if a not in mesh_shape]
         for i, name in enumerate(names):
             if name != rule_name or result[i] is not unassigned:
@@ -150,6 +181,6 @@ def logical_to_mesh_spec(
     for i, value in enumerate(result):
         if value is unassigned:
             result[i] = None
-            if i in skipped:
+            if i in skipped and on_indivisible != "quiet":
                 warnings.warn(skipped[i] + "; replicating it", IndivisibleDimensionWarning, stacklevel=3)
     return PartitionSpec(*result)

@@ -31,7 +31,8 @@ ROW, COLUMN, BATCH, NONE = "row", "column", "batch", "none"
 FACTOR_KINDS = (ROW, COLUMN, BATCH, NONE)
 
 # t5x's `standard_logical_factor_rules()`, except `heads` (and `multiquery_heads`): batch-like
-# here, so attention kernels are factored within each head (t5x: column).
+# here, so attention kernels are factored within each head (t5x: column); plus `expert`
+# (mixture-of-experts kernels `[expert, embed, mlp]`): batch-like, each expert factored alone.
 STANDARD_FACTOR_RULES: dict[str, str] = {
     "vocab": COLUMN,
     "embed": ROW,
@@ -43,6 +44,7 @@ STANDARD_FACTOR_RULES: dict[str, str] = {
     "relpos_buckets": NONE,
     "layers": BATCH,
     "stack": BATCH,
+    "expert": BATCH,
     "q_wi_fused": COLUMN,
     "o_wo_fused": COLUMN,
     "kv_fused": COLUMN,

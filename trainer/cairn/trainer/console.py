@@ -2,6 +2,9 @@
 
     step 120/600 (20%) loss 5.31 lr 1.0e-2 1.8 steps/s 3.1k tok/s MFU 41% ETA 4m25s
 
+(a mixture-of-experts model adds `moe balance 2.05 dropped 3.1%` after the learning rate: the
+load-balancing loss and the fraction of token assignments dropped for capacity).
+
 On a terminal the line is a tqdm status line redrawn in place, and log records are written
 through `tqdm.write` while it is shown (the line is cleared, the record printed, the line
 redrawn: they never garble each other). In a file or a pipe it is one full line per interval.
@@ -48,14 +51,22 @@ def _exp(value: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+#: The step metrics the progress line shows (when the step has them).
+PROGRESS_METRICS = ("loss", "learning_rate", "moe/load_balance_loss", "moe/dropped_fraction")
+
+
 def progress_text(step: int, total: int, values: Mapping[str, float]) -> str:
-    """The progress line for `step` of `total` from the step's `values` (any of `loss`,
-    `learning_rate`, `steps_per_second`, `tokens_per_second`, `mfu`; absent ones are left out)."""
+    """The progress line for `step` of `total` from the step's `values` (any of `PROGRESS_METRICS`,
+    `steps_per_second`, `tokens_per_second`, `mfu`; absent ones are left out)."""
     parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)"]
     if "loss" in values:
         parts.append(f"loss {values['loss']:.3g}")
     if "learning_rate" in values:
         parts.append(f"lr {_exp(values['learning_rate'])}")
+    if "moe/load_balance_loss" in values:
+        parts.append(f"moe balance {values['moe/load_balance_loss']:.3g}")
+    if "moe/dropped_fraction" in values:
+        parts.append(f"dropped {100 * values['moe/dropped_fraction']:.1f}%")
     rate = values.get("steps_per_second", 0.0)
     if rate:
         parts.append(f"{rate:.3g} steps/s")

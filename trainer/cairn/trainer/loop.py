@@ -23,7 +23,7 @@ import jax
 
 from cairn.partitioning import gather_row_digests
 from cairn.trainer.checkpoints import Checkpointer
-from cairn.trainer.console import Console
+from cairn.trainer.console import PROGRESS_METRICS, Console
 from cairn.trainer.faults import SigtermFlag, stop_reason
 from cairn.trainer.loop_metrics import PendingMetrics, Rates, StepMetrics
 from cairn.trainer.mfu import peak_flops
@@ -190,7 +190,7 @@ class TrainLoop:
         if not (last or timing):
             return
         latest = self.last_metrics if self.last_step == self.step else self.pending.latest
-        values = {k: float(latest[k]) for k in ("loss", "learning_rate") if k in latest}
+        values = {k: float(latest[k]) for k in PROGRESS_METRICS if k in latest}
         self.console.update(self.step, {**values, **timing}, force=last)
 
     def record(self, fetched: list[tuple[int, Mapping[str, Any]]], logged_step: int | None = None) -> None:
