@@ -17,8 +17,9 @@ from cairn.launchers import optimizer_setup, predict_fns
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
+from cairn.launchers.mesh_checks import check_expert_axis, resolve_mesh
 from cairn.launchers.sharded_batches import ShardedBatches
-from cairn.launchers.validation import ConfigError, apply_model_keys, check_expert_axis, check_model, resolve_mesh
+from cairn.launchers.validation import ConfigError, apply_model_keys, check_model
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes
 
@@ -154,7 +155,7 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     except MeshShapeError as e:
         raise ConfigError("partitioning.num_slices", f"{e} ({layout})") from None
     partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
-    check_expert_axis(config, dict(device_mesh.shape))
+    check_expert_axis(config, dict(device_mesh.shape), lambda: check_model(config))
     if num_slices > 1:
         shard = partitioner.data_layout()
         log.info(
