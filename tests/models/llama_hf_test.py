@@ -6,13 +6,14 @@ import functools
 import json
 import os
 
+import hf_compare
 import jax
 import numpy as np
 import pytest
 import torch
 import transformers
 
-from cairn.models import DecodeOptions, DecoderOnlyModel, LlamaConfig, get_family
+from cairn.models import DecodeOptions, get_family
 from cairn.models.hf_interchange import HFInterchangeError
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf
@@ -47,17 +48,11 @@ TOKENS = np.random.default_rng(0).integers(1, BASE["vocab_size"], (2, 40)).astyp
 
 
 def _hf_logits(model, tokens=TOKENS) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@functools.lru_cache
-def _apply(config: LlamaConfig):
-    return jax.jit(DecoderOnlyModel(config).apply)
+    return hf_compare.hf_logits(model, tokens)
 
 
 def _our_logits(config, params, tokens=TOKENS) -> np.ndarray:
-    return np.asarray(_apply(config)(params, {"decoder_input_tokens": tokens}))
+    return hf_compare.our_logits(config, params, tokens)
 
 
 CASES = {
