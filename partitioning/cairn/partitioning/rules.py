@@ -87,8 +87,7 @@ def standard_logical_axis_rules(
     if activation_partitioning_dims == 1 and parameter_partitioning_dims == 1 and not fsdp:
         rules.append(("embed", None))
     rules += [
-        (name, None)
-        for name in ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations", "expert")
+        (name, None) for name in ("length", "layers", "stack", "relpos_buckets", "abspos_buckets", "mlp_activations")
     ]
     return rules + list(additional_rules)
 
