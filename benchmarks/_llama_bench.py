@@ -38,7 +38,8 @@ def make_batch(vocab: int) -> dict[str, np.ndarray]:
 
 
 def cairn_train(model, params, batch, steps: int):
-    """(median step s, compile s, first loss); AdamW, params and state donated."""
+    """(median step s, compile s, each step's metrics as floats); AdamW, params and state
+    donated (the caller's `params` are copied first). `_moe_bench.py` uses it too."""
     import time
 
     import optax
@@ -48,22 +49,22 @@ def cairn_train(model, params, batch, steps: int):
     @functools.partial(jax.jit, donate_argnums=(0,))
     def step(state, batch):
         params, opt_state = state
-        (loss, _), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch)
+        (_, metrics), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch)
         updates, opt_state = opt.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
+        return (optax.apply_updates(params, updates), opt_state), metrics
 
     copy = jax.tree_util.tree_map(lambda x: x.copy(), params)  # the caller keeps `params`
-    holder, losses = [(copy, opt.init(copy))], []
+    holder, history = [(copy, opt.init(copy))], []
     batch = jax.device_put(batch)
 
     def run():
-        holder[0], loss = step(holder[0], batch)
-        losses.append(float(loss))
+        holder[0], metrics = step(holder[0], batch)
+        history.append({k: float(v) for k, v in metrics.items()})
 
     t = time.perf_counter()
     run()
     compile_s = time.perf_counter() - t
-    return median_time(run, steps), compile_s, losses[0]
+    return median_time(run, steps), compile_s, history
 
 
 def cairn_decode(model, params, prompts, repeats: int):
@@ -141,7 +142,8 @@ def run(peak: float, steps: int, decode_steps: int, skip_torch: bool, preset: st
     batch = make_batch(config.vocab_size)
     prompts = np.random.default_rng(1).integers(2, config.vocab_size, (DECODE_BATCH, PROMPT)).astype(np.int32)
     flops = training_flops_per_step(config, BATCH, {"targets": LENGTH})
-    step_s, compile_s, loss0 = cairn_train(model, params, batch, steps)
+    step_s, compile_s, history = cairn_train(model, params, batch, steps)
+    loss0 = history[0]["loss"]
     decode_s, tokens = cairn_decode(model, params, prompts, decode_steps)
     rows = [("cairn (jax)", step_s, decode_s, loss0)]
     match = None

@@ -13,13 +13,12 @@ measured steps' batch (random tokens, so routing is near-uniform from the start)
 
 from __future__ import annotations
 
-import functools
 import os
-import time
 
 import jax
 import numpy as np
-from _timing import median_time, target_line
+from _llama_bench import cairn_train
+from _timing import target_line
 
 from cairn.models import DecoderOnlyModel, LlamaConfig, training_flops_per_step
 from cairn.models.moe_config import MoeConfig
@@ -45,32 +44,10 @@ def make_batch(vocab: int) -> dict[str, np.ndarray]:
 
 
 def train(config: LlamaConfig, batch, steps: int) -> tuple[float, float, dict[str, float]]:
-    """(median step s, compile s, last step's metrics); AdamW, params and state donated."""
-    import optax
-
+    """(median step s, compile s, last step's metrics): `_llama_bench.cairn_train`'s AdamW step."""
     model = DecoderOnlyModel(config, z_loss=0.0, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    params = model.init(jax.random.PRNGKey(0))
-    opt = optax.adamw(1e-4, weight_decay=0.0)
-
-    @functools.partial(jax.jit, donate_argnums=(0,))
-    def step(state, batch):
-        params, opt_state = state
-        (_, metrics), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(params, batch)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
-
-    holder: list = [(params, opt.init(params)), None]
-    batch = jax.device_put(batch)
-
-    def run():
-        holder[0], holder[1] = step(holder[0], batch)
-        jax.block_until_ready(holder[1])
-
-    t = time.perf_counter()
-    run()
-    compile_s = time.perf_counter() - t
-    s = median_time(run, steps)
-    return s, compile_s, {k: float(v) for k, v in holder[1].items()}
+    s, compile_s, history = cairn_train(model, model.init(jax.random.PRNGKey(0)), batch, steps)
+    return s, compile_s, history[-1]
 
 
 def run(peak: float, steps: int) -> None:

@@ -155,7 +155,7 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
     except MeshShapeError as e:
         raise ConfigError("partitioning.num_slices", f"{e} ({layout})") from None
     partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
-    check_expert_axis(config, dict(device_mesh.shape), lambda: check_model(config))
+    check_expert_axis(dict(device_mesh.shape), lambda: check_model(config))
     if num_slices > 1:
         shard = partitioner.data_layout()
         log.info(

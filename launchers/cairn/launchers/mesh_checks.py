@@ -62,7 +62,7 @@ def resolve_mesh(mesh: Mapping[str, int], device_count: int, process_count: int 
         ) from None
 
 
-def check_expert_axis(config: Any, mesh: Mapping[str, int], net: Any) -> None:
+def check_expert_axis(mesh: Mapping[str, int], net: Any) -> None:
     """`ConfigError` naming `model.moe.num_experts` when the mesh's expert axis (resolved, or a
     fixed size) does not divide the experts of `net` (the model config, or a function returning it,
     called only when the expert axis is larger than 1). A dense

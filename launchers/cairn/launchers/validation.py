@@ -351,7 +351,7 @@ def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[s
     """The config's mesh, resolved; `ConfigError` when it does not fit the devices or its
     expert axis does not divide the experts."""
     mesh = resolve_mesh(to_plain(config.partitioning.mesh), device_count, process_count)
-    check_expert_axis(config, mesh, lambda: check_model(config))
+    check_expert_axis(mesh, lambda: check_model(config))
     return mesh
 
 
@@ -384,6 +384,6 @@ def check_static(config: ml_collections.ConfigDict) -> Any:
     a fixed `partitioning.mesh.expert`. Returns the model config (see `check_model`)."""
     check_schema(config)
     model_config = check_model(config)
-    check_expert_axis(config, to_plain(config.partitioning.mesh), model_config)
+    check_expert_axis(to_plain(config.partitioning.mesh), model_config)
     check_paths(config)
     return model_config
