@@ -36,9 +36,11 @@ def causal_mask(length: int):
 class MultiHeadAttention(nn.Module):
     """Attention from `x_q` to `x_kv`, with kernels q/k/v `[embed, heads, kv]`, o `[heads, kv, embed]`.
 
-    With `decode=True` self-attention keeps `cached_key`/`cached_value` `[b, max_len, heads, kv]`
-    in the `cache` collection (the first call, at `init`, sizes them); cross-attention
-    (`cross=True`) computes the encoder keys and values once and reuses them.
+    With `decode=True` self-attention keeps `cached_key`/`cached_value` `[b, heads, max_len, kv]`
+    (head-major, so that no step transposes the cache) in the `cache` collection: the first
+    call sizes them (zeros). Cross-attention (`cross=True`) projects the encoder keys and values
+    in that first call and stores them: later calls only read them. So the first call must
+    really run (under `jit` everything else in it is dead code), not only be shape-evaluated.
     """
 
     num_heads: int
@@ -59,48 +61,53 @@ class MultiHeadAttention(nn.Module):
         wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
         q = dense(x_q, wq)
-
-        def project_kv():
-            return dense(x_kv, wk), dense(x_kv, wv)
-
         if self.decode:
-            k, v = self._cached_kv(project_kv)
+            k, v = self._cached_kv(x_kv, wk, wv)  # [b, heads, len, kv]
+            logits = jnp.einsum("bqhd,bhkd->bhqk", q, k)
         else:
-            k, v = project_kv()
-        q = constrain(q, ("batch", "length", "heads", "kv"))
-        k = constrain(k, ("batch", "length", "heads", "kv"))
-        v = constrain(v, ("batch", "length", "heads", "kv"))
-
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+            k, v = dense(x_kv, wk), dense(x_kv, wv)
+            q = constrain(q, ("batch", "length", "heads", "kv"))
+            k = constrain(k, ("batch", "length", "heads", "kv"))
+            v = constrain(v, ("batch", "length", "heads", "kv"))
+            logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        logits = logits.astype(jnp.float32)
         if bias is not None:
             logits = logits + bias.astype(jnp.float32)
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        if self.decode:
+            out = jnp.einsum("bhqk,bhkd->bqhd", weights, v)
+        else:
+            out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return dense(out, wo, 2)
 
-    def _cached_kv(self, project_kv):
-        initialized = self.has_variable("cache", "cached_key")
-        if not initialized:
-            k, v = project_kv()
-            self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-            self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-            self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    def _cached_kv(self, x_kv, wk, wv):
+        """Keys and values `[b, heads, len, kv]` from the cache, after writing this chunk's."""
+
+        def project():
+            # Projected token-major, then the (small) results transposed: an einsum straight to
+            # head-major makes XLA:CPU transpose the kernels on every step instead.
+            return dense(x_kv, wk).transpose(0, 2, 1, 3), dense(x_kv, wv).transpose(0, 2, 1, 3)
+
+        if not self.has_variable("cache", "cached_key"):  # the sizing call
+            k, v = project()
+            init = (lambda a: a) if self.cross else jnp.zeros_like
+            self.variable("cache", "cached_key", init, k)
+            self.variable("cache", "cached_value", init, v)
+            if not self.cross:
+                self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
             return k, v
         cached_key = self.variable("cache", "cached_key")
         cached_value = self.variable("cache", "cached_value")
+        if self.cross:  # the encoder's keys and values, projected by the sizing call
+            return cached_key.value, cached_value.value
         index = self.variable("cache", "cache_index")
-        if self.cross:
-            # Encoder keys/values: computed on the first step, reused afterwards.
-            k, v = jax.lax.cond(index.value == 0, project_kv, lambda: (cached_key.value, cached_value.value))
-            cached_key.value, cached_value.value = k, v
-            index.value = jnp.array(1, jnp.int32)
-            return k, v
-        k_new, v_new = project_kv()
+        k_new, v_new = project()
         start = index.value
-        k = jax.lax.dynamic_update_slice(cached_key.value, k_new.astype(cached_key.value.dtype), (0, start, 0, 0))
-        v = jax.lax.dynamic_update_slice(cached_value.value, v_new.astype(cached_value.value.dtype), (0, start, 0, 0))
+        dt = cached_key.value.dtype
+        k = jax.lax.dynamic_update_slice(cached_key.value, k_new.astype(dt), (0, 0, start, 0))
+        v = jax.lax.dynamic_update_slice(cached_value.value, v_new.astype(dt), (0, 0, start, 0))
         cached_key.value, cached_value.value = k, v
-        index.value = start + k_new.shape[1]
+        index.value = start + k_new.shape[2]
         return k, v

@@ -66,9 +66,11 @@ class EncoderDecoderModel(ModelBase):
         decode = EncoderDecoder.decode
         if options.use_cache:
 
-            def make_cache():
+            def make_cache(params, encoded, enc_tokens):
+                # The sizing call: zero self-attention caches, and the cross-attention keys and
+                # values projected once from `encoded` (jit drops the rest of the forward).
                 _, mutated = self.module.apply(
-                    variables,
+                    {"params": params},
                     encoded,
                     enc_tokens,
                     jnp.zeros((rows, length), jnp.int32),
@@ -78,7 +80,7 @@ class EncoderDecoderModel(ModelBase):
                 )
                 return mutated["cache"]
 
-            cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(make_cache))
+            cache = jax.jit(make_cache)(params, encoded, enc_tokens)
 
             def tokens_to_logits(tokens, cache, step):
                 logits, mutated = self.module.apply(
