@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from cairn.models.layers import Kernel, constrain, dense
 from cairn.models.llama.config import LlamaConfig
-from cairn.models.llama.rope import apply_rope, inverse_frequencies
+from cairn.models.llama.rope import config_rope_tables, rotate
 
 HEAD_ACT = ("batch", "length", "heads", "kv")
 __all__ = ["HEAD_ACT", "Kernel", "LlamaAttention", "attention_implementation"]
@@ -42,7 +42,8 @@ def attention_implementation(config: LlamaConfig) -> str | None:
 class LlamaAttention(nn.Module):
     """Self-attention from `x` `[b, l, embed]`; see the module docstring for the decode cache.
 
-    `positions` `[b, l]` (RoPE; None: `0..l-1`, or the cache positions when decoding);
+    `positions` `[b, l]` (RoPE; None: `0..l-1`, or the cache positions when decoding), or the
+    `rope.rope_tables` of the positions (a network computes them once for all its layers);
     `mask` `[b|1, 1, l, l]` bool or None (in decode mode: the prefix `[b, l]`, 1 = prompt
     position, or None); `causal` adds the causal mask (not in decode mode, which builds its
     own); `segment_ids` `[b, l]` is read only when decoding (the key mask).
@@ -64,20 +65,21 @@ class LlamaAttention(nn.Module):
         wo = Kernel((h, d, e), ("heads", "kv", "embed"), std, dt, pdt, name="out")()
         q, k, v = dense(x, wq), dense(x, wk), dense(x, wv)
         b, n = x.shape[0], x.shape[1]
-        inv_freq = inverse_frequencies(d, cfg.rope_theta, dict(cfg.rope_scaling) if cfg.rope_scaling else None)
         causal = self.causal
         if self.decode and self.has_variable("cache", "cached_key"):
             index = self.variable("cache", "cache_index")
             start = index.value
             if positions is None:
                 positions = jnp.broadcast_to(start + jnp.arange(n, dtype=jnp.int32), (b, n))
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            tables = self._tables(positions)
+            q, k = rotate(q, tables), rotate(k, tables)
             k, v, mask = self._update_cache(k, v, segment_ids, index, mask)
             causal = False
         else:
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+            tables = self._tables(positions)
+            q, k = rotate(q, tables), rotate(k, tables)
             if self.decode:  # the sizing call: an empty cache of this call's shape
                 self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
                 self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
@@ -96,6 +98,10 @@ class LlamaAttention(nn.Module):
         )
         out = constrain(out, HEAD_ACT)
         return dense(out, wo, 2)
+
+    def _tables(self, positions):
+        """`rope_tables` of `positions`, or `positions` when they are tables already."""
+        return positions if isinstance(positions, tuple) else config_rope_tables(self.config, positions)
 
     def _update_cache(self, k_new, v_new, segment_ids, index, prefix=None):
         """Writes the chunk at `[i, i + n)` (`i = index.value`); returns the whole cache and the

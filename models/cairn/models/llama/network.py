@@ -19,6 +19,7 @@ from cairn.models.attention import segment_mask
 from cairn.models.layers import Embed, Kernel, RMSNorm, constrain, dense
 from cairn.models.llama.attention import LlamaAttention
 from cairn.models.llama.config import LlamaConfig
+from cairn.models.llama.rope import config_rope_tables
 from cairn.models.moe import MoeMlp
 from cairn.models.stacking import apply_layers
 
@@ -145,6 +146,10 @@ class Llama(nn.Module):
         else:
             mask, causal = attention_mask(decoder_segment_ids, decoder_causal_attention, tokens.shape[1])
         positions = None if decoder_positions is None else decoder_positions.astype(jnp.int32)
+        if positions is None and not decode:
+            positions = tokens.shape[1]  # 0..l-1
+        if positions is not None:  # RoPE's cos/sin once for all layers (decode steps: per layer)
+            positions = config_rope_tables(cfg, positions)
         segments = decoder_segment_ids if decode else None
         x = apply_layers(
             LlamaLayer,

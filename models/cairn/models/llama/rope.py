@@ -31,12 +31,45 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, float] |
     return inv.astype(np.float32)
 
 
-def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: np.ndarray) -> jnp.ndarray:
-    """Rotates `x` `[batch, length, heads, head_dim]` by `positions` `[batch, length]` (computed
-    in float32, returned in `x`'s dtype)."""
+RopeTables = tuple[jnp.ndarray, jnp.ndarray]
+
+
+def rope_tables(positions: jnp.ndarray, inv_freq: np.ndarray) -> RopeTables:
+    """`(cos, sin)`, each `[batch, length, 1, head_dim]` float32, of `positions` `[batch, length]`.
+
+    A network computes them once per call and hands them to every layer: computed inside
+    each layer, XLA:CPU fuses the cosine and sine into every consumer and evaluates them once
+    per head, forward and backward, in every layer.
+    """
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [b, l, d/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [b, l, 1, d]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def config_rope_tables(config, positions: jnp.ndarray | int) -> RopeTables:
+    """`rope_tables` with a `LlamaConfig`'s head_dim, theta and scaling, of `positions`
+    `[batch, length]`, or of `0..positions-1` as constants `[1, positions, 1, head_dim]` (XLA
+    cannot fuse, and so recompute, a constant's cosine into every consumer)."""
+    scaling = dict(config.rope_scaling) if config.rope_scaling else None
+    inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, scaling)
+    if isinstance(positions, int):
+        angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq
+        angles = np.concatenate([angles, angles], axis=-1)[None, :, None, :]
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return rope_tables(positions, inv_freq)
+
+
+def rotate(x: jnp.ndarray, tables: RopeTables) -> jnp.ndarray:
+    """Rotates `x` `[batch, length, heads, head_dim]` by `rope_tables`' `(cos, sin)` (in
+    float32, returned in `x`'s dtype)."""
+    cos, sin = tables
     x32 = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: np.ndarray) -> jnp.ndarray:
+    """Rotates `x` `[batch, length, heads, head_dim]` by `positions` `[batch, length]` (computed
+    in float32, returned in `x`'s dtype)."""
+    return rotate(x, rope_tables(positions, inv_freq))
