@@ -39,3 +39,23 @@ def target_line(what: str, value: float, target: float, percent: bool = False) -
     """`target <what> >= <target>: <value> (holds|MISSED)`; `percent` for MFU-like fractions."""
     fmt = (lambda x: f"{x:.1%}") if percent else (lambda x: f"{x:.2f}x")
     return f"target {what} >= {fmt(target)}: {fmt(value)} ({verdict(value, target)})"
+
+
+def skinny_matmul_rate(rows: int, total_bytes: int, repeats: int = 7, emb: int = 512, cols: int = 1024) -> float:
+    """Bytes/s of float32 weights a jitted chain of `[rows, emb] x [emb, cols]` matmuls reads
+    (median), the chain holding `total_bytes` of weights: a decode step's rate of reading its
+    weights with XLA:CPU's kernels, when every step multiplies `rows` tokens by every weight."""
+    count = max(1, total_bytes // (4 * emb * cols))
+    keys = jax.random.split(jax.random.PRNGKey(2), count)
+    ws = [jax.random.normal(k, (emb, cols), jnp.float32) for k in keys]
+    x = jax.random.normal(jax.random.PRNGKey(3), (rows, emb), jnp.float32)
+    f = jax.jit(lambda x, ws: [x @ w for w in ws])
+    return count * 4 * emb * cols / median_time(lambda: jax.block_until_ready(f(x, ws)), repeats, warmup=2)
+
+
+def ceiling_line(what: str, peer_s: float, floor_s: float, target: float, how: str) -> str:
+    """`ceiling <what>: <how> <floor> s -> at most <peer/floor>x (target ... reachable or not)`:
+    the best ratio cairn could reach against the peer's measured time if it ran at `floor_s`."""
+    best = peer_s / floor_s
+    word = "within reach" if best >= target else "out of reach"
+    return f"ceiling {what}: {how} {floor_s:.2f} s -> at most {best:.2f}x (target {target:.2f}x {word})"
