@@ -238,6 +238,11 @@ def main() -> None:
         if args.model == "all":
             print()
         _moe_bench.run(peak, args.steps)
+    end_peak = matmul_peak()
+    print(
+        f"matmul peak at the end of the run {end_peak / 1e9:.1f} GFLOP/s (start {peak / 1e9:.1f}): "
+        "MFU and the ceilings hold only as far as the two agree"
+    )
     print(machine_line().replace("CPU:", "end of run, CPU:"))
 
 
