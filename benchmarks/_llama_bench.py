@@ -18,7 +18,7 @@ import tempfile
 
 import jax
 import numpy as np
-from _timing import ceiling_line, median_time, skinny_matmul_rate, target_line
+from _timing import DECODE_FLOOR, ceiling_line, decode_floor, median_time, target_line
 
 from cairn.models import DecodeOptions, DecoderOnlyModel, get_preset, training_flops_per_step
 
@@ -134,18 +134,14 @@ def torch_decode(model, prompts, repeats: int):
     return s, out[-1].numpy()[:, 1:]  # without the BOS: the prompt then the new tokens, as cairn's
 
 
-FLOOR = "prefill at the matmul peak + each step's weights at XLA's skinny-matmul rate is"
-
-
-def decode_floor(config, params, peak: float) -> float:
-    """Seconds of prefill + decode if the prefill ran at `peak` and each of the NEW steps read
-    the weights (the logits table included; an untied input embedding is only gathered) at the
-    in-run skinny-matmul rate: what XLA:CPU's kernels allow at best."""
+def llama_decode_floor(config, params, peak: float) -> float:
+    """`_timing.decode_floor` of this table's prefill + decode: every weight is read each step
+    (the logits table included; an untied input embedding is only gathered)."""
     prefill = training_flops_per_step(config, DECODE_BATCH, {"targets": PROMPT}) / 3  # forward only
     weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
     if not config.tie_word_embeddings:
         weights -= params["token_embedder"]["embedding"].nbytes
-    return prefill / peak + NEW * weights / skinny_matmul_rate(DECODE_BATCH, weights)
+    return decode_floor(prefill, peak, NEW, weights, DECODE_BATCH)
 
 
 def run(peak: float, steps: int, decode_steps: int, skip_torch: bool, preset: str = PRESET) -> None:
@@ -192,6 +188,7 @@ def run(peak: float, steps: int, decode_steps: int, skip_torch: bool, preset: st
         train, decode = rows[1][1] / step_s, rows[1][2] / decode_s
         print(target_line("train step vs transformers", train, TARGETS["train"]))
         print(target_line("prefill + decode vs generate", decode, TARGETS["decode"]))
-        print(ceiling_line("train step", rows[1][1], flops / peak, TARGETS["train"], "100 % of the matmul peak is"))
-        print(ceiling_line("prefill + decode", rows[1][2], decode_floor(config, params, peak), TARGETS["decode"], FLOOR))
+        print(ceiling_line("train step", rows[1][1], flops / peak, TARGETS["train"]))
+        floor = llama_decode_floor(config, params, peak)
+        print(ceiling_line("prefill + decode", rows[1][2], floor, TARGETS["decode"], DECODE_FLOOR))
         print(f"greedy tokens equal to generate's: {match:.1%} of the {DECODE_BATCH * NEW} new tokens")

@@ -56,7 +56,20 @@ def skinny_matmul_rate(rows: int, total_bytes: int, repeats: int = 7, emb: int =
     return count * 4 * emb * cols / median_time(lambda: jax.block_until_ready(f(x, ws)), repeats, warmup=2)
 
 
-def ceiling_line(what: str, peer_s: float, floor_s: float, target: float, how: str) -> str:
+PEAK_FLOOR = "100 % of the matmul peak is"
+
+
+DECODE_FLOOR = "prefill (T5: encoder) at the matmul peak + each step's weights at XLA's skinny-matmul rate is"
+
+
+def decode_floor(prefill_flops: float, peak: float, steps: int, weight_bytes: int, rows: int) -> float:
+    """Seconds of a decode whose prefill (or encoder) runs at `peak` and whose `steps` steps
+    each read `weight_bytes` of weights for `rows` tokens at the in-run skinny-matmul rate:
+    what XLA:CPU's kernels allow at best (`ceiling_line`'s floor, described by DECODE_FLOOR)."""
+    return prefill_flops / peak + steps * weight_bytes / skinny_matmul_rate(rows, weight_bytes)
+
+
+def ceiling_line(what: str, peer_s: float, floor_s: float, target: float, how: str = PEAK_FLOOR) -> str:
     """`ceiling <what>: <how> <floor> s -> at most <peer/floor>x (target ... reachable or not)`:
     the best ratio cairn could reach against the peer's measured time if it ran at `floor_s`."""
     best = peer_s / floor_s

@@ -10,9 +10,9 @@ vocab 32,128, no dropout), batch 8, inputs 128, targets 32, float32, Adafactor
 (`cairn.trainer.adafactor_t5`, optax's Adafactor chain with T5's settings, for cairn;
 torch.optim.Adafactor for transformers). Model FLOPs per step come from
 `cairn.models.flops.training_flops_per_step` (about 200.7 GFLOP); the peak is a jitted
-float32 2048x2048 matmul, the best of three medians of 10, measured in the same run (and again at its end, printed beside the first). MFU = model FLOPs
-per step / step time / peak. Every time is the median over the steps after a warm-up (and
-after compilation). Both sides use the same random inputs; torch uses all cores.
+float32 2048x2048 matmul, the best of three medians of 10, measured in the same run (and
+again at its end, printed beside the first). MFU = model FLOPs per step / step time / peak.
+Every time is the median over the steps after a warm-up (and after compilation). Both sides use the same random inputs; torch uses all cores.
 Numbers need a quiet machine: other processes on the 2 cores lower every figure.
 
 Allocator: XLA:CPU allocates each step's temporaries (~0.9 GB here) afresh; glibc serves
@@ -53,7 +53,7 @@ if (
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from _timing import ceiling_line, matmul_peak, median_time, skinny_matmul_rate, target_line  # noqa: E402
+from _timing import DECODE_FLOOR, ceiling_line, decode_floor, matmul_peak, median_time, target_line  # noqa: E402
 
 from cairn.models import DecodeOptions, EncoderDecoderModel, get_preset, training_flops_per_step  # noqa: E402
 
@@ -193,20 +193,16 @@ def run_t5(peak: float, steps: int, decode_steps: int, skip_torch: bool) -> None
         print(f"{'cairn / transformers':34}{'':8}{s1 / s0:9.2f}x{'':7}{d1 / d0:13.2f}x  (speed ratios)")
         print(target_line("train step vs transformers", s1 / s0, T5_TARGETS["train"]))
         print(target_line("greedy vs generate", d1 / d0, T5_TARGETS["greedy"]))
-        print(ceiling_line("train step", s1, flops / peak, T5_TARGETS["train"], "100 % of the matmul peak is"))
-        print(ceiling_line("greedy", d1, greedy_floor(config, params, peak), T5_TARGETS["greedy"], GREEDY_FLOOR))
-
-
-GREEDY_FLOOR = "encoder at the matmul peak + each step's weights at XLA's skinny-matmul rate is"
+        print(ceiling_line("train step", s1, flops / peak, T5_TARGETS["train"]))
+        print(ceiling_line("greedy", d1, greedy_floor(config, params, peak), T5_TARGETS["greedy"], DECODE_FLOOR))
 
 
 def greedy_floor(config, params, peak: float) -> float:
-    """Seconds of the greedy decode if the encoder ran at `peak` and each of the TARGETS steps
-    read the decoder's weights (the logits kernel included) at the in-run skinny-matmul rate
-    (`[BATCH, 512] x [512, 1024]` chains): what XLA:CPU's kernels allow at best."""
+    """`_timing.decode_floor` of the greedy decode: the encoder is the prefill, and each of
+    the TARGETS steps reads the decoder's weights (the logits kernel included)."""
     encoder = training_flops_per_step(config, BATCH, {"inputs": INPUTS, "targets": 1}) / 3  # forward only
     weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(params["decoder"]))
-    return encoder / peak + TARGETS * weights / skinny_matmul_rate(BATCH, weights)
+    return decode_floor(encoder, peak, TARGETS, weights, BATCH)
 
 
 def main() -> None:

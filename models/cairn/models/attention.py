@@ -62,23 +62,20 @@ class MultiHeadAttention(nn.Module):
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
         q = dense(x_q, wq)
         if self.decode:
-            k, v = self._cached_kv(x_kv, wk, wv)  # [b, heads, len, kv]
-            logits = jnp.einsum("bqhd,bhkd->bhqk", q, k)
+            k, v = self._cached_kv(x_kv, wk, wv)
+            kv = "bhkd"  # the cache's head-major layout
         else:
             k, v = dense(x_kv, wk), dense(x_kv, wv)
             q = constrain(q, ("batch", "length", "heads", "kv"))
             k = constrain(k, ("batch", "length", "heads", "kv"))
             v = constrain(v, ("batch", "length", "heads", "kv"))
-            logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-        logits = logits.astype(jnp.float32)
+            kv = "bkhd"
+        logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k).astype(jnp.float32)
         if bias is not None:
             logits = logits + bias.astype(jnp.float32)
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic)
-        if self.decode:
-            out = jnp.einsum("bhqk,bhkd->bqhd", weights, v)
-        else:
-            out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        out = jnp.einsum(f"bhqk,{kv}->bqhd", weights, v)
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return dense(out, wo, 2)
 

@@ -41,9 +41,14 @@ def rope_tables(positions: jnp.ndarray, inv_freq: np.ndarray) -> RopeTables:
     each layer, XLA:CPU fuses the cosine and sine into every consumer and evaluates them once
     per head, forward and backward, in every layer.
     """
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [b, l, d/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [b, l, 1, d]
+    angles = _angles(positions, inv_freq, jnp)
     return jnp.cos(angles), jnp.sin(angles)
+
+
+def _angles(positions, inv_freq: np.ndarray, xp):
+    """`[b, l, 1, head_dim]` float32 rotation angles of `positions` `[b, l]`, with `xp` (jnp or np)."""
+    angles = positions.astype(np.float32)[..., None] * xp.asarray(inv_freq)  # [b, l, d/2]
+    return xp.concatenate([angles, angles], axis=-1)[:, :, None, :]
 
 
 def config_rope_tables(config, positions: jnp.ndarray | int) -> RopeTables:
@@ -53,9 +58,8 @@ def config_rope_tables(config, positions: jnp.ndarray | int) -> RopeTables:
     scaling = dict(config.rope_scaling) if config.rope_scaling else None
     inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, scaling)
     if isinstance(positions, int):
-        angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq
-        angles = np.concatenate([angles, angles], axis=-1)[None, :, None, :]
-        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        angles = _angles(np.arange(positions)[None], inv_freq, np)
+        return np.cos(angles), np.sin(angles)
     return rope_tables(positions, inv_freq)
 
 
