@@ -12,7 +12,8 @@ torch.optim.Adafactor for transformers). Model FLOPs per step come from
 `cairn.models.flops.training_flops_per_step` (about 200.7 GFLOP); the peak is a jitted
 float32 2048x2048 matmul, the best of three medians of 10, measured in the same run (and
 again at its end, printed beside the first). MFU = model FLOPs per step / step time / peak.
-Every time is the median over the steps after a warm-up (and after compilation). Both sides use the same random inputs; torch uses all cores.
+Every time is the median over the steps after a warm-up (and after compilation). Both sides
+use the same random inputs; torch uses all cores.
 Numbers need a quiet machine: other processes on the 2 cores lower every figure.
 
 Allocator: XLA:CPU allocates each step's temporaries (~0.9 GB here) afresh; glibc serves
