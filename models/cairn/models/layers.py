@@ -83,9 +83,19 @@ class Embed(nn.Module):
     def __call__(self, ids):
         return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
 
-    def attend(self, x):
-        """`x @ embedding.T`: logits over the vocabulary."""
-        return jnp.einsum("...e,ve->...v", x, jnp.asarray(self.embedding, self.dtype))
+    def attend(self, x, preferred_element_type=None):
+        """`x @ embedding.T`: logits over the vocabulary (`attend_table`)."""
+        return attend_table(x, jnp.asarray(self.embedding, self.dtype), preferred_element_type)
+
+
+def attend_table(x, table, preferred_element_type=None):
+    """`x @ table.T` (`[..., e]` against `[vocab, e]`: tied logits) as one 2-D matmul over the
+    flattened tokens. Its table gradient then contracts one tokens axis, which XLA:CPU multiplies
+    in place; with `[b, l]` kept apart it contracts two, and XLA first wrote the whole incoming
+    logits gradient out transposed (~90 ms a llama_150m step, `[512, 49152]` float32)."""
+    flat = x.reshape(-1, x.shape[-1])
+    logits = jnp.einsum("te,ve->tv", flat, table, preferred_element_type=preferred_element_type)
+    return logits.reshape(*x.shape[:-1], table.shape[0])
 
 
 # Which backward `dense` uses, read each time a function calling `dense` is traced (set it before

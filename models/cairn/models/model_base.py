@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from cairn.models import decoding
+from cairn.models.argmax import argmax_last
 from cairn.models.losses import LossNormalizingFactor, weighted_cross_entropy
 from cairn.models.moe import COLLECTION as MOE_COLLECTION
 from cairn.models.moe import moe_losses
@@ -89,7 +90,7 @@ def loss_and_metrics(
         loss_normalizing_factor=loss_normalizing_factor,
         segment_ids=batch.get("decoder_segment_ids"),
     )
-    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32) * (weights > 0)
+    correct = (argmax_last(logits) == targets).astype(jnp.float32) * (weights > 0)
     metrics = {
         "loss": loss,
         "z_loss": z,

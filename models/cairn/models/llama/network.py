@@ -166,9 +166,9 @@ class Llama(nn.Module):
         x = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.tie_word_embeddings:
-            table = jnp.asarray(embed.embedding, dt)
-            logits = jnp.einsum("ble,ve->blv", x, table, preferred_element_type=jnp.float32)
-        else:
+            logits = embed.attend(x, preferred_element_type=jnp.float32)
+        else:  # one 2-D matmul over the flattened tokens, as `attend_table` (its docstring says why)
             w = Kernel((cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.init_std, dt, pdt, name="logits")()
-            logits = jnp.einsum("ble,ev->blv", x, w, preferred_element_type=jnp.float32)
+            flat = jnp.einsum("te,ev->tv", x.reshape(-1, cfg.emb_dim), w, preferred_element_type=jnp.float32)
+            logits = flat.reshape(*x.shape[:-1], cfg.vocab_size)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
