@@ -1,10 +1,11 @@
 """`layers.dense`'s platform gate: the CPU backward (the weight gradient as one matmul behind an
 `optimization_barrier`) only on CPU, autodiff's plain VJP on GPU/TPU; forced either way here.
 
-Both ways the forward and the input gradient are bitwise equal; the weight gradient sums the
-same products in another order, so it agrees to float32 rounding: max |a - b| <= 1e-5 * max |b|
-(measured <= 1.2e-6 for sums over 512 tokens). A model's loss gradients agree to the same bound
-(the tiny T5's are bitwise equal).
+Both ways the forward is bitwise equal, and so is the input gradient of a 2-D kernel; the CPU
+way multiplies flattened 2-D operands, so with a kernel of several input or output axes the input
+gradient, and always the weight gradient, sum the same products in another order and agree to
+float32 rounding: max |a - b| <= 1e-5 * max |b| (measured <= 1.2e-6 for sums over 512 tokens). A
+model's loss gradients agree to the same bound.
 """
 
 import jax
@@ -59,7 +60,9 @@ def test_both_vjps_give_the_same_numbers(x_shape, w_shape, n):
         out[variant] = (y,) + vjp(jax.random.normal(kg, y.shape))
     (y_cpu, dx_cpu, dw_cpu), (y_std, dx_std, dw_std) = out["cpu"], out["standard"]
     np.testing.assert_array_equal(y_cpu, y_std)
-    np.testing.assert_array_equal(dx_cpu, dx_std)
+    if len(w_shape) == 2:
+        np.testing.assert_array_equal(dx_cpu, dx_std)
+    _close(dx_cpu, dx_std)
     _close(dw_cpu, dw_std)
 
 
