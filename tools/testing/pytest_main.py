@@ -13,7 +13,31 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ.get("TEST_TMPDIR"):  # under Bazel the home may be read-only: caches go to the test's tmp
     os.environ.setdefault("CAIRN_CACHE_HOME", os.path.join(os.environ["TEST_TMPDIR"], "cairn-cache"))
 
-import pytest
+
+def _jax_compilation_cache() -> None:
+    """One JAX persistent compilation cache per test target (its TEST_TMPDIR; outside Bazel a
+    temporary folder removed at exit), inherited by the training runs the test starts: the
+    second and later runs of one program load it instead of compiling it again (the default
+    experiment's 30-step run: 31.6 -> 25.9 s, 52 -> 41 CPU s; results bit-identical, `verify`).
+    Only programs that took >= 0.1 s to compile are written."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    if os.environ.get("TEST_TMPDIR"):
+        path = os.path.join(os.environ["TEST_TMPDIR"], "jax-compilation-cache")
+    else:
+        import atexit
+        import shutil
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="cairn-test-jax-cache-")
+        atexit.register(shutil.rmtree, path, True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+
+
+_jax_compilation_cache()
+
+import pytest  # noqa: E402 (after the environment it reads)
 
 
 def _test_files() -> list:

@@ -128,6 +128,7 @@ def make_train_data(config: ml_collections.ConfigDict, partitioner: Any, tasks: 
             host_count=layout.num_shards,
             split=config.data.split,
             check_source_files=config.data.check_source_files,
+            prefetch_until=config.num_train_steps,  # a short run reads no chunk past its end
         )
     except DataTasksError as e:  # e.g. this host's task cache is missing: every process stops
         error = e

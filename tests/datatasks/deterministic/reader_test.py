@@ -56,6 +56,44 @@ def test_restore_gives_the_same_following_batches(det_env):
         run.set_state({"step": 3, "seed": 8, "global_batch_size": 4})
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_set_state_keeps_the_chunks_of_the_new_position(det_env, prefetch, monkeypatch):
+    """A peek (get_state, next, set_state) and a jump back within reach reuse the chunks already
+    computed; a far jump drops them. Batches are the same either way."""
+    reader = make_reader(det_env, "det_mix", True)
+    reader._prefetch = prefetch
+    reader.steps_per_call = 4
+    computed = []
+    chunk = reader._chunk
+    monkeypatch.setattr(reader, "_chunk", lambda c: computed.append(c) or chunk(c))
+    want = [det_run.digest(make_reader(det_env, "det_mix", True).batch_at(s)) for s in range(40)]
+
+    state = dict(reader.get_state())
+    first = next(reader)
+    first["extra"] = 1  # a consumer's change to a batch dict does not reach the next reader
+    reader.set_state(state)
+    got = [next(reader) for _ in range(6)]
+    assert "extra" not in got[0]
+    assert [det_run.digest(b) for b in got] == want[:6]
+    reader.close()  # waits for the prefetch threads
+    assert computed.count(0) == 1 and computed.count(1) == 1, computed
+
+    reader.set_state({**state, "step": 36})  # far ahead: nothing kept, chunk 9 computed afresh
+    assert det_run.digest(next(reader)) == want[36]
+    reader.close()
+    assert computed.count(9) == 1 and (prefetch == 0 or 0 not in reader._ahead)
+
+
+def test_prefetch_stops_at_prefetch_until(det_env):
+    reader = make_reader(det_env, "det_mix", True)
+    reader._prefetch_until, reader.steps_per_call = 6, 4  # chunks 0 (steps 0-3), 1 (4-7), 2 (8-11)
+    want = [det_run.digest(make_reader(det_env, "det_mix", True).batch_at(s)) for s in range(13)]
+    assert det_run.digest(next(reader)) == want[0]
+    assert sorted(reader._ahead) == [0, 1]  # chunk 2 starts at step 8 >= 6: not computed ahead
+    assert [det_run.digest(next(reader)) for _ in range(12)] == want[1:]  # reading past it works
+    reader.close()
+
+
 @pytest.mark.parametrize("pack", [True, False])
 def test_each_epoch_visits_every_record_once(det_env, pack):
     r = make_reader(det_env, "det_b", pack, batch=4)

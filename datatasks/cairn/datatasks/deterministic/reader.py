@@ -172,6 +172,8 @@ class DeterministicReader:
       check_task: compare each cache with its task's definition (fingerprint). A Grain
         source's worker processes leave it off: the source checked when it was made.
       prefetch: chunks computed ahead in background threads (0: none).
+      prefetch_until: no chunk starting at or after this step is computed ahead (a run that
+        stops there never reads it; `next` past it still works, computing in the foreground).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
         pass, ~5 ms); default: enough for ~1,024 of this host's rows per pass unpacked
         (one example each), ~256 packed (many examples each). Neither changes the batches
@@ -198,6 +200,7 @@ class DeterministicReader:
         check_source_files: bool = True,
         check_task: bool = True,
         prefetch: int = 2,
+        prefetch_until: int | None = None,
         steps_per_call: int | None = None,
         packing: str = "greedy",
         packing_window: int = 128,
@@ -246,6 +249,7 @@ class DeterministicReader:
         self._keys = keys
         self._step = 0
         self._prefetch = max(0, int(prefetch))
+        self._prefetch_until = None if prefetch_until is None else int(prefetch_until)
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
         if steps_per_call is None:
@@ -281,8 +285,15 @@ class DeterministicReader:
         if step < 0:
             raise DataTasksError(f"state step must be >= 0, got {step}")
         self._step = step
-        self._ahead.clear()  # running ones finish in the background; their results are dropped
-        self._last = None
+        # A chunk's batches depend only on its index (the seed and batch size are checked above):
+        # the chunks already computed or under way for the new position are kept (a `_peek` of
+        # the first batch, get_state/next/set_state, used to compute the first chunks twice); the
+        # others finish in the background and their results are dropped.
+        c = step // self.steps_per_call
+        for chunk in [i for i in self._ahead if not c <= i <= c + self._prefetch]:
+            del self._ahead[chunk]
+        if self._last is not None and self._last[0] != c:
+            self._last = None
 
     # -- rows ----------------------------------------------------------------------
     def _assigned(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -373,6 +384,9 @@ class DeterministicReader:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._prefetch, "cairn-det-reader")
             for ahead in range(c, c + self._prefetch + 1):
+                until = self._prefetch_until
+                if ahead > c and until is not None and ahead * self.steps_per_call >= until:
+                    break
                 if ahead not in self._ahead:
                     self._ahead[ahead] = self._pool.submit(self._chunk, ahead)
             for old in [k for k in self._ahead if k < c]:
@@ -383,7 +397,7 @@ class DeterministicReader:
                 self._last = (c, self._chunk(c))
             out = self._last[1][i]
         self._step = step + 1
-        return out
+        return dict(out)  # a chunk's batches may be handed out again (set_state): a fresh dict
 
     def close(self) -> None:
         """Stops the prefetch threads and closes the cache files."""
