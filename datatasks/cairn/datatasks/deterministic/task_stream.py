@@ -1,0 +1,144 @@
+"""`TaskStream`: one cached task's side of `DeterministicReader` (its cache, packing plan,
+epoch permutations, and the post-cache stages that turn planned rows into examples)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
+from cairn.datatasks.deterministic.permutation import Permutation
+from cairn.datatasks.deterministic.seeds import derive, record_key
+from cairn.datatasks.deterministic.store import CachedTask
+from cairn.datatasks.deterministic.wire import WireFormatError
+from cairn.datatasks.errors import DataTasksError
+from cairn.datatasks.feature_converters import FeatureConverter
+from cairn.datatasks.task import Task
+
+
+class TaskStream:
+    """One task's cache, plan and stages."""
+
+    def __init__(
+        self,
+        task: Task,
+        cache: CachedTask,
+        seed: int,
+        converter: FeatureConverter,
+        lengths: Mapping[str, int],
+        keys: list[str],
+        packing: str = "greedy",
+        packing_window: int = 128,
+    ):
+        self.task, self.cache, self.seed = task, cache, seed
+        n = cache.num_records
+        self.base = Permutation(n, derive(seed, task.name, "base"))
+        self.sequence_length = dict(lengths)
+        self.check_lengths = converter.pack
+        if converter.pack:
+            # Block by block over the base order: never an [N, K] array or the whole order.
+            def units(a: int, b: int) -> np.ndarray:
+                return converter.packing_units(self.expected_lengths(self.base.range(a, b)), lengths)[0]
+
+            _, capacity = converter.packing_units(self.expected_lengths(np.zeros(1, np.int64)), lengths)
+            self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
+            cache.remap_lengths()
+        else:
+            self.plan = plan_lib.Plan(n)
+        self._perms: dict[int, Permutation] = {}
+        self._lock = threading.Lock()
+        self._converter, self._keys = converter, keys
+        start = len(task.cacheable_preprocessors)
+        fns = numpy_fns(task, start)
+        # The NumPy path when the post-cache preprocessors allow it; TensorFlow otherwise.
+        self.numpy_stage = NumpyRecordStage(task, cache.specs, fns, lengths, keys) if fns is not None else None
+        self._tf_stage: Any = None
+
+    @property
+    def tf_stage(self) -> Any:
+        """The TensorFlow record stage (built, and TensorFlow imported, on first use)."""
+        with self._lock:
+            if self._tf_stage is None:
+                from cairn.datatasks.deterministic.stages import RecordStage
+
+                start = len(self.task.cacheable_preprocessors)
+                self._tf_stage = RecordStage(
+                    self.task, self.cache.specs, start, self.sequence_length, self._keys, self._converter
+                )
+            return self._tf_stage
+
+    def expected_lengths(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The lengths of records `ids` after the post-cache preprocessors and the trim,
+        from the cached lengths (memory-mapped: only these rows are read). Length functions
+        work record by record, so any subset gives the same values as the whole."""
+        rows = self.cache.lengths_of(ids)
+        stored = {k: rows[:, j] for j, k in enumerate(self.cache.length_features)}
+        return plan_lib.post_cache_lengths(self.task, stored, self.sequence_length)
+
+    def _epoch_perm(self, epoch: int) -> Permutation:
+        with self._lock:
+            if epoch not in self._perms:
+                if len(self._perms) > 8:
+                    self._perms.clear()
+                self._perms[epoch] = Permutation(self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
+            return self._perms[epoch]
+
+    def planned(self, cursors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(epochs [m], record ids, sizes [m])` of the task's rows at stream positions
+        `cursors`: row `i` holds the next `sizes[i]` of the ids, in order."""
+        bins_n = self.plan.num_bins
+        epochs, ks = cursors // bins_n, cursors % bins_n
+        starts = np.empty_like(cursors)
+        ends = np.empty_like(cursors)
+        for e in np.unique(epochs):
+            where = np.nonzero(epochs == e)[0]
+            starts[where], ends[where] = self.plan.bins(self._epoch_perm(int(e))(ks[where]))
+        sizes = ends - starts
+        offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
+        records = self.base(self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
+        return epochs, records, sizes
+
+    def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """`(epoch, record ids)` of the task's rows at stream positions `cursors`."""
+        epochs, records, sizes = self.planned(cursors)
+        split = np.split(records, np.cumsum(sizes)[:-1])
+        return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
+
+    def examples(self, epochs: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> dict[str, Any]:
+        """The post-processed, trimmed examples of the planned rows `(epochs, ids, sizes)`,
+        flattened in row order (`{feature: Ragged}`), or with a fused TensorFlow stage the
+        converted rows (`{model feature: [rows, L]}`)."""
+        records = self.cache.read(ids)
+        out: dict[str, Any] | None = None
+        if self.numpy_stage is not None:
+            try:
+                out = self.numpy_stage(records)
+            except WireFormatError:
+                self.numpy_stage = None  # records of another layout: TensorFlow parses them
+        if out is None:
+            stage = self.tf_stage
+            keys: np.ndarray | None = None
+            if stage.per_record:  # each record's own seed, from (seed, epoch, record index)
+                unique, which = np.unique(epochs, return_inverse=True)
+                epoch_keys = np.array([record_key(self.seed, self.task.name, int(e), 0)[0] for e in unique], np.int64)
+                keys = np.stack([np.repeat(epoch_keys[which], sizes), ids], 1)
+            out = stage(records, keys if keys is not None else np.zeros((len(ids), 2), np.int64))
+            if stage.fused:
+                return out
+        if self.check_lengths:
+            expected = self.expected_lengths(ids)
+            for k, vals in out.items():
+                if k in expected:
+                    got = vals.lengths
+                    want = np.asarray(expected[k])
+                    if not np.array_equal(got, want):
+                        raise DataTasksError(
+                            f"task {self.task.name!r}: feature {k!r} has lengths {got[:8]} "
+                            f"after the post-cache preprocessors, but their length functions "
+                            f"planned {want[:8]}; fix the `deterministic_lengths` function"
+                        )
+        return out
