@@ -66,7 +66,8 @@ def test_set_state_keeps_the_chunks_of_the_new_position(det_env, prefetch, monke
     computed = []
     chunk = reader._chunk
     monkeypatch.setattr(reader, "_chunk", lambda c: computed.append(c) or chunk(c))
-    want = [det_run.digest(make_reader(det_env, "det_mix", True).batch_at(s)) for s in range(40)]
+    ref = make_reader(det_env, "det_mix", True)
+    want = [det_run.digest(ref.batch_at(s)) for s in range(40)]
 
     state = dict(reader.get_state())
     first = next(reader)
@@ -87,7 +88,8 @@ def test_set_state_keeps_the_chunks_of_the_new_position(det_env, prefetch, monke
 def test_prefetch_stops_at_prefetch_until(det_env):
     reader = make_reader(det_env, "det_mix", True)
     reader._prefetch_until, reader.steps_per_call = 6, 4  # chunks 0 (steps 0-3), 1 (4-7), 2 (8-11)
-    want = [det_run.digest(make_reader(det_env, "det_mix", True).batch_at(s)) for s in range(13)]
+    ref = make_reader(det_env, "det_mix", True)
+    want = [det_run.digest(ref.batch_at(s)) for s in range(13)]
     assert det_run.digest(next(reader)) == want[0]
     assert sorted(reader._ahead) == [0, 1]  # chunk 2 starts at step 8 >= 6: not computed ahead
     assert [det_run.digest(next(reader)) for _ in range(12)] == want[1:]  # reading past it works
