@@ -162,7 +162,7 @@ class DeterministicReader:
         # the first batch, get_state/next/set_state, used to compute the first chunks twice); the
         # others finish in the background and their results are dropped.
         c = step // self.steps_per_call
-        for chunk in [i for i in self._ahead if not c <= i <= c + self._prefetch]:
+        for chunk in [i for i in self._ahead if i not in self._wanted(c)]:
             del self._ahead[chunk]
         if self._last is not None and self._last[0] != c:
             self._last = None
@@ -246,6 +246,14 @@ class DeterministicReader:
     def __iter__(self) -> DeterministicReader:
         return self
 
+    def _wanted(self, c: int) -> range:
+        """The chunks computed at chunk `c`: it, and up to `prefetch` ahead that start before
+        `prefetch_until`."""
+        last = c + self._prefetch
+        if self._prefetch_until is not None:
+            last = max(c, min(last, (self._prefetch_until - 1) // self.steps_per_call))
+        return range(c, last + 1)
+
     def _chunk(self, c: int) -> list[dict[str, np.ndarray]]:
         return self.batches_at(c * self.steps_per_call, self.steps_per_call)
 
@@ -255,10 +263,7 @@ class DeterministicReader:
         if self._prefetch:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._prefetch, "cairn-det-reader")
-            for ahead in range(c, c + self._prefetch + 1):
-                until = self._prefetch_until
-                if ahead > c and until is not None and ahead * self.steps_per_call >= until:
-                    break
+            for ahead in self._wanted(c):
                 if ahead not in self._ahead:
                     self._ahead[ahead] = self._pool.submit(self._chunk, ahead)
             for old in [k for k in self._ahead if k < c]:
