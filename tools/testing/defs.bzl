@@ -19,7 +19,7 @@ def cairn_py_test(name, size, deps = [], data = [], **kwargs):
         srcs = [name + ".py", "//tools/testing:pytest_main.py"],
         main = "//tools/testing:pytest_main.py",
         deps = deps,
-        data = data + LOCKS,
+        data = data + LOCKS + ["//tools/testing:process_log/sitecustomize.py"],
         size = size,
         python_version = "PY3",
         srcs_version = "PY3",

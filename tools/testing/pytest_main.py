@@ -6,6 +6,9 @@ unless XLA_FLAGS says otherwise (docs/design.md §10).
 
 import os
 import sys
+import time
+
+_START = time.monotonic()  # the target's wall time, written into its test.xml (tools/ci/test_times.py)
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -36,6 +39,68 @@ def _jax_compilation_cache() -> None:
 
 
 _jax_compilation_cache()
+
+# Processes this test starts that run one of these are training runs (tools/ci/test_times.py).
+TRAIN_MARKERS = ("cairn.launchers.train_main", "train_worker.py", "cairn-train")
+
+
+def _process_log() -> str:
+    """Every Python process this test starts appends its command line to this log
+    (`process_log/sitecustomize.py`, put on the children's PYTHONPATH here)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_log")
+    tmp = os.environ.get("TEST_TMPDIR")
+    if tmp:
+        path = os.path.join(tmp, "cairn-test-processes.jsonl")
+    else:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="cairn-test-processes-", suffix=".jsonl")
+        os.close(fd)
+    os.environ["CAIRN_TEST_PROCESS_LOG"] = path
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([folder] + ([old] if old else []))
+    sys.path.insert(0, folder)  # for tests that pass their own sys.path on to a child
+    return path
+
+
+def _count_processes(path: str) -> tuple:
+    """(Python processes started, of which training runs) from the process log."""
+    import json
+
+    started = train = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    argv = " ".join(json.loads(line)["argv"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                started += 1
+                train += any(m in argv for m in TRAIN_MARKERS)
+    except OSError:
+        pass
+    return started, train
+
+
+def _annotate_xml(xml: str, properties: dict) -> None:
+    """Adds `properties` to the first <testsuite> of pytest's JUnit XML."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        tree = ET.parse(xml)
+    except (OSError, ET.ParseError):
+        return
+    root = tree.getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return
+    props = suite.find("properties")
+    if props is None:
+        props = ET.Element("properties")
+        suite.insert(0, props)
+    for name, value in properties.items():
+        ET.SubElement(props, "property", name=name, value=str(value))
+    tree.write(xml, encoding="utf-8", xml_declaration=True)
 
 import pytest  # noqa: E402 (after the environment it reads)
 
@@ -70,10 +135,20 @@ def main() -> int:
         "-o",
         "python_files=*_test.py test_*.py",
     ]
+    log = _process_log()
     xml = os.environ.get("XML_OUTPUT_FILE")
     if xml:
         args.append(f"--junitxml={xml}")
-    return pytest.main(args)
+    code = pytest.main(args)
+    started, train = _count_processes(log)
+    if xml:
+        _annotate_xml(
+            xml,
+            {"wall_s": f"{time.monotonic() - _START:.2f}", "processes": started, "train_processes": train},
+        )
+    if not os.environ.get("TEST_TMPDIR"):
+        os.unlink(log)
+    return code
 
 
 if __name__ == "__main__":

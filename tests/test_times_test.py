@@ -1,0 +1,86 @@
+"""tools/ci/test_times.py: per-target wall time and process counts from Bazel's test.xml files,
+and pytest_main's process log (the children a test starts, counted into its test.xml)."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).absolute().parent.parent
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+test_times = _load("test_times", ROOT / "tools" / "ci" / "test_times.py")
+
+
+def _xml(path, wall=None, procs=None, train=None, tests=3, suite_time=1.5):
+    props = ""
+    if wall is not None:
+        props = (
+            f'<properties><property name="wall_s" value="{wall}" /><property name="processes" value="{procs}" />'
+            f'<property name="train_processes" value="{train}" /></properties>'
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="{tests}" time="{suite_time}">'
+        f"{props}</testsuite></testsuites>"
+    )
+
+
+def test_targets_ranked_and_totalled(tmp_path, capsys):
+    _xml(tmp_path / "tests" / "a" / "slow_test" / "test.xml", wall=90.5, procs=6, train=4)
+    _xml(tmp_path / "tests" / "a" / "fast_test" / "test.xml", wall=2.0, procs=0, train=0)
+    _xml(tmp_path / "tests" / "old_test" / "test.xml", suite_time=7.5)  # no properties: pytest's time
+    out_json = tmp_path / "times.json"
+    assert test_times.main([str(tmp_path), "--top", "2", "--json", str(out_json)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:5] == ["//tests/a:slow_test", "90.5", "3", "6", "4"]
+    assert lines[2].split()[:5] == ["//tests:old_test", "7.5", "3", "-", "-"]
+    assert len(lines) == 4  # header, the 2 slowest, the total
+    assert lines[3].split()[:6] == ["total", "(3", "targets)", "100.0", "9", "6"]
+    rows = json.loads(out_json.read_text())
+    assert [r["label"] for r in rows] == ["//tests/a:fast_test", "//tests/a:slow_test", "//tests:old_test"]
+
+
+def test_only_the_targets_of_a_log_and_cached_ones_marked(tmp_path, capsys):
+    _xml(tmp_path / "t" / "x_test" / "test.xml", wall=10, procs=1, train=1)
+    _xml(tmp_path / "t" / "y_test" / "test.xml", wall=20, procs=2, train=0)
+    _xml(tmp_path / "t" / "gone_test" / "test.xml", wall=500, procs=0, train=0)
+    log = tmp_path / "bazel.log"
+    log.write_text(
+        "INFO: Build completed\n"
+        "//t:x_test                                  PASSED in 10.0s\n"
+        "//t:y_test                         (cached) PASSED in 20.0s\n"
+    )
+    assert test_times.main([str(tmp_path), "--log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "gone_test" not in out
+    assert "cached" in next(line for line in out.splitlines() if "y_test" in line)
+    assert "run now (1 targets)" in out and "total (2 targets)" in out
+
+
+def test_missing_logs_are_an_error(tmp_path, capsys):
+    assert test_times.main([str(tmp_path / "absent")]) == 2
+    assert "no test logs" in capsys.readouterr().err
+
+
+def test_children_are_logged_and_training_runs_told_apart(tmp_path):
+    """The sitecustomize that pytest_main puts on children's PYTHONPATH logs each interpreter."""
+    folder = ROOT / "tools" / "testing" / "process_log"
+    log = tmp_path / "processes.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(folder), CAIRN_TEST_PROCESS_LOG=str(log))
+    for code in ("pass", "import sys"):
+        subprocess.run([sys.executable, "-c", code, "train_worker.py"], env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+    main = _load("pytest_main_under_test", ROOT / "tools" / "testing" / "pytest_main.py")
+    assert main._count_processes(str(log)) == (3, 2)
+    assert main._count_processes(str(tmp_path / "none.jsonl")) == (0, 0)

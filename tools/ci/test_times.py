@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Where the test suite's time goes: each test target's wall time and the Python processes it
+started (training runs apart), read from the JUnit XML that every target leaves in Bazel's
+test logs (`bazel-testlogs/<package>/<name>/test.xml`).
+
+`tools/testing/pytest_main.py` writes three properties into that XML: `wall_s` (from the
+interpreter's start to pytest's end), `processes` (Python processes the test started, as
+`tools/testing/process_log/sitecustomize.py` logged them) and `train_processes` (those that
+ran the train entry point or a training worker). A target without them (written by an older
+pytest_main) shows pytest's own suite time and no counts.
+
+Usage:
+    test_times.py [TESTLOGS_DIR] [--top N] [--log BAZEL_LOG] [--json OUT] [--markdown]
+
+TESTLOGS_DIR defaults to `./bazel-testlogs`. With `--log`, only the targets named in that
+`bazel test` log's summary are counted (a stale test.xml of a target that is gone is left
+out), and each is marked `cached` when Bazel did not run it again. `--top N` prints the N
+slowest (default: all); the totals always cover every target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+_SUMMARY = re.compile(r"^(//\S+)\s+(\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One test target's figures."""
+
+    label: str
+    wall_s: float
+    tests: int
+    processes: int | None
+    train_processes: int | None
+    cached: bool = False
+    status: str = ""
+
+
+def read_target(label: str, xml: pathlib.Path) -> Target | None:
+    """The figures of `label` from its test.xml; None when the file is missing or unreadable."""
+    try:
+        root = ET.parse(xml).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    if not suites:
+        return None
+    props: dict[str, str] = {}
+    tests = 0
+    suite_time = 0.0
+    for suite in suites:
+        tests += int(suite.get("tests", 0))
+        suite_time += float(suite.get("time", 0) or 0)
+        for prop in suite.iter("property"):
+            props.setdefault(prop.get("name", ""), prop.get("value", ""))
+    wall = float(props["wall_s"]) if "wall_s" in props else suite_time
+
+    def count(name: str) -> int | None:
+        return int(props[name]) if name in props else None
+
+    return Target(label, wall, tests, count("processes"), count("train_processes"))
+
+
+def label_of(testlogs: pathlib.Path, xml: pathlib.Path) -> str:
+    package = xml.parent.parent.relative_to(testlogs).as_posix()
+    return f"//{package}:{xml.parent.name}"
+
+
+def collect(testlogs: pathlib.Path, log: pathlib.Path | None = None) -> list[Target]:
+    """Every target's figures: those in `log`'s summary when given, else every test.xml found."""
+    if log is None:
+        found = [read_target(label_of(testlogs, x), x) for x in sorted(testlogs.rglob("test.xml"))]
+        return [t for t in found if t is not None]
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = _SUMMARY.match(line.strip())
+        if not m:
+            continue
+        label, cached, status = m.group(1), bool(m.group(2)), m.group(3)
+        package, name = label[2:].split(":", 1)
+        t = read_target(label, testlogs / package / name / "test.xml")
+        if t is None:
+            t = Target(label, 0.0, 0, None, None)
+        out.append(dataclasses.replace(t, cached=cached, status=status))
+    return out
+
+
+def _n(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+def table(targets: list[Target], top: int | None, markdown: bool = False) -> str:
+    """The slowest `top` targets, then the totals (of all targets, and of those run now)."""
+    ranked = sorted(targets, key=lambda t: -t.wall_s)
+    shown = ranked[:top] if top else ranked
+    rows = [("target", "wall s", "tests", "processes", "train runs", "")]
+    for t in shown:
+        note = " ".join(x for x in ("cached" if t.cached else "", t.status if t.status not in ("", "PASSED") else ""))
+        rows.append((t.label, f"{t.wall_s:.1f}", str(t.tests), _n(t.processes), _n(t.train_processes), note.strip()))
+    total = sum(t.wall_s for t in targets)
+    run_now = [t for t in targets if not t.cached]
+    procs = sum(t.processes or 0 for t in targets)
+    trains = sum(t.train_processes or 0 for t in targets)
+    rows.append(
+        (f"total ({len(targets)} targets)", f"{total:.1f}", str(sum(t.tests for t in targets)), str(procs), str(trains), "")
+    )
+    if len(run_now) != len(targets):
+        rows.append((f"run now ({len(run_now)} targets)", f"{sum(t.wall_s for t in run_now):.1f}", "", "", "", ""))
+    if markdown:
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    fmt = "  ".join("{:<%d}" % w if i == 0 else "{:>%d}" % w for i, w in enumerate(widths))
+    return "\n".join(fmt.format(*r).rstrip() for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("testlogs", nargs="?", default="bazel-testlogs")
+    parser.add_argument("--top", type=int, default=0, help="print only the N slowest targets")
+    parser.add_argument("--log", help="a `bazel test` log: count only the targets of its summary")
+    parser.add_argument("--json", help="also write every target's figures to this file")
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table")
+    args = parser.parse_args(argv)
+    testlogs = pathlib.Path(args.testlogs)
+    if not testlogs.is_dir():
+        print(f"test_times: no test logs at {testlogs}", file=sys.stderr)
+        return 2
+    targets = collect(testlogs, pathlib.Path(args.log) if args.log else None)
+    if not targets:
+        print(f"test_times: no test.xml under {testlogs}", file=sys.stderr)
+        return 2
+    print(table(targets, args.top or None, args.markdown))
+    if args.json:
+        pathlib.Path(args.json).write_text(
+            json.dumps([dataclasses.asdict(t) for t in sorted(targets, key=lambda t: t.label)], indent=1) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
