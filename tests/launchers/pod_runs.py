@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,35 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import launch_util
+import standard_runs as sr
 
 TIMEOUT_S = 600  # one run on a loaded 2-core machine (about 1 min quiet for 2 processes)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def overrides(model_dir: Path, cache_dir: Path, steps: int, extra: Sequence[str] = ()) -> list[str]:
-    """A short run of the default experiment: batch 8, a loss per step and a fingerprint (batch
-    hashes, losses, param checksums every 4 steps) for `verify`, checkpoints every 4 steps, no
-    post-training work."""
-    return [
-        f"--config={launch_util.T5_CONFIG}",
-        f"--config.model_dir={model_dir}",
-        f"--config.data.cache_dir={cache_dir}",
-        f"--config.num_train_steps={steps}",
-        "--config.data.batch_size=8",
-        "--config.trainer.checkpoint_every=4",
-        "--config.trainer.keep_checkpoints=2",
-        "--config.trainer.log_every=1",
-        "--config.fingerprint_every=4",
-        "--config.post_training.final_eval=False",
-        "--config.post_training.num_samples=0",
-        "--config.trainer.tensorboard=False",
-        *extra,
-    ]
+    """The standard short run's flags (tests/fixtures/standard_runs.py) for `steps` steps."""
+    return sr.overrides(model_dir, cache_dir, steps, extra)
 
 
 class Pod:
@@ -77,7 +55,7 @@ class Pod:
             CAIRN_SHAKESPEARE_DIR=texts,
         )
         env.pop("BUILD_WORKING_DIRECTORY", None)
-        address = f"127.0.0.1:{free_port()}"
+        address = f"127.0.0.1:{sr.free_port()}"
         self.procs = []
         for i, (out, err) in enumerate(self.logs):
             flags = [
@@ -161,16 +139,3 @@ class Pod:
 def metric_rows(model_dir: Path) -> list:
     path = model_dir / "summaries" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def verify(a: Path, b: Path, *flags: str) -> subprocess.CompletedProcess:
-    """`//launchers:verify` (its module) on two run directories."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), JAX_PLATFORMS="cpu")
-    return subprocess.run(
-        [sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(launch_util.REPO),
-    )

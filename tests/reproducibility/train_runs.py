@@ -1,61 +1,38 @@
-"""Runs `python -m cairn.launchers.train_main` (what `bazel run //launchers:train` runs) on the
-default experiment, shrunk to a short run, in child processes with hard timeouts."""
+"""Runs `python -m cairn.launchers.train_main` (what `bazel run //launchers:train` runs) with the
+standard runs' texts, task cache and flags (tests/fixtures/standard_runs.py), in child processes
+with hard timeouts: single runs, a run SIGKILLed after a logged step or a checkpoint, and runs
+of several processes on 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "launchers" / "configs" / "shakespeare_t5_tiny.py"
-STEPS = 30
-TIMEOUT_S = 600
+import standard_runs as sr
+
+TIMEOUT_S = 600  # one run on a loaded 2-core machine
 
 
-def overrides(model_dir: Path, cache_dir: Path, steps: int = STEPS) -> list[str]:
-    """A 30-step run: checkpoints every 5 steps, a checksum every 5, no post-training work."""
-    return [
-        f"--config={CONFIG}",
-        f"--config.model_dir={model_dir}",
-        f"--config.data.cache_dir={cache_dir}",
-        f"--config.num_train_steps={steps}",
-        "--config.trainer.checkpoint_every=5",
-        "--config.trainer.keep_checkpoints=2",
-        "--config.trainer.log_every=5",
-        "--config.fingerprint_every=5",
-        "--config.post_training.final_eval=False",
-        "--config.post_training.num_samples=0",
-        "--config.trainer.tensorboard=False",
-    ]
-
-
-def env(devices: int = 8) -> dict:
-    e = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        TF_CPP_MIN_LOG_LEVEL="3",
-    )
-    e.pop("BUILD_WORKING_DIRECTORY", None)
-    return e
-
-
-def start(args: list[str], devices: int = 8, log: Path | None = None) -> subprocess.Popen:
+def start(args: Sequence[str], texts: str, devices: int = 8, log: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, "-m", "cairn.launchers.train_main", *args],
-        env=env(devices),
+        env=sr.child_env(texts, devices),
         stdout=out,
         stderr=subprocess.STDOUT,
+        cwd=str(sr.REPO),
         start_new_session=True,
     )
+
+
+def tail(log: Path | None, n: int = 4000) -> str:
+    return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
 
 
 def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIMEOUT_S) -> None:
@@ -69,13 +46,11 @@ def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIM
     assert code == 0, f"train exited {code}:\n{tail(log)}"
 
 
-def tail(log: Path | None, n: int = 4000) -> str:
-    return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
-
-
-def train(model_dir: Path, cache_dir: Path, extra: tuple = (), devices: int = 8, steps: int = STEPS) -> None:
+def train(model_dir: Path, std: sr.Standard, extra: Sequence[str] = (), devices: int = 8, steps: int = sr.STEPS) -> Path:
+    """One process to the end; returns its log."""
     log = model_dir.parent / f"{model_dir.name}.log"
-    finish(start(overrides(model_dir, cache_dir, steps) + list(extra), devices, log), log)
+    finish(start(sr.overrides(model_dir, std.cache, steps, extra), std.texts, devices, log), log)
+    return log
 
 
 def logged_steps(model_dir: Path) -> list[int]:
@@ -93,16 +68,18 @@ def logged_steps(model_dir: Path) -> list[int]:
     return steps
 
 
-def train_and_kill(model_dir: Path, cache_dir: Path, after_step: int) -> int:
-    """Starts a run and SIGKILLs it as soon as a loss of step >= `after_step` is logged;
-    returns the last logged step at the kill."""
+def train_and_kill(model_dir: Path, std: sr.Standard, after_step: int, after_checkpoint: int | None = None) -> int:
+    """Starts a run and SIGKILLs it as soon as a loss of step >= `after_step` is logged (and, if
+    given, checkpoint `after_checkpoint` is complete: its manifest exists); returns the last
+    logged step at the kill."""
+    manifest = model_dir / "manifests" / f"{after_checkpoint}.json"
     log = model_dir.parent / f"{model_dir.name}-killed.log"
-    proc = start(overrides(model_dir, cache_dir), 8, log)
+    proc = start(sr.overrides(model_dir, std.cache), std.texts, 8, log)
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while time.monotonic() < deadline:
             steps = logged_steps(model_dir)
-            if steps and max(steps) >= after_step:
+            if steps and max(steps) >= after_step and (after_checkpoint is None or manifest.exists()):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return max(steps)
@@ -116,39 +93,17 @@ def train_and_kill(model_dir: Path, cache_dir: Path, after_step: int) -> int:
             proc.wait()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_multiprocess(
-    model_dir: Path,
-    cache_dir: Path,
-    processes: int = 2,
-    devices_each: int = 4,
-    extra: tuple = (),
-    steps: int = STEPS,
-    tag: str = "",
+def start_group(
+    model_dir: Path, std: sr.Standard, processes: int, devices_each: int, extra: Sequence[str] = (), tag: str = ""
 ) -> tuple[list, list]:
-    """Starts one run as `processes` processes x `devices_each` CPU devices, coordinator on
-    127.0.0.1; returns `(procs, logs)`."""
-    address = f"127.0.0.1:{free_port()}"
+    """Starts one run as `processes` processes x `devices_each` CPU devices (one process: no
+    coordinator); returns `(procs, logs)`."""
+    address = f"127.0.0.1:{sr.free_port()}"
     logs = [model_dir.parent / f"{model_dir.name}{tag}-p{i}.log" for i in range(processes)]
-    procs = [
-        start(
-            overrides(model_dir, cache_dir, steps)
-            + list(extra)
-            + [
-                f"--config.multihost.coordinator_address={address}",
-                f"--config.multihost.num_processes={processes}",
-                f"--config.multihost.process_id={i}",
-            ],
-            devices_each,
-            logs[i],
-        )
-        for i in range(processes)
-    ]
+    procs = []
+    for i in range(processes):
+        flags = sr.multihost_flags(address, processes, i) if processes > 1 else []
+        procs.append(start(sr.overrides(model_dir, std.cache, extra=extra) + flags, std.texts, devices_each, logs[i]))
     return procs, logs
 
 
@@ -159,11 +114,7 @@ def kill_all(procs: list) -> None:
             p.wait()
 
 
-def train_multiprocess(
-    model_dir: Path, cache_dir: Path, processes: int = 2, devices_each: int = 4, extra: tuple = (), steps: int = STEPS
-) -> None:
-    """One run as `processes` processes x `devices_each` CPU devices, coordinator on 127.0.0.1."""
-    procs, logs = start_multiprocess(model_dir, cache_dir, processes, devices_each, extra, steps)
+def finish_group(procs: list, logs: list) -> None:
     try:
         for p, log in zip(procs, logs):
             finish(p, log)
@@ -187,14 +138,3 @@ def kill_after_checkpoint(model_dir: Path, procs: list, logs: list, step: int) -
         raise AssertionError(f"no checkpoint {step} within {TIMEOUT_S}s:\n{tail(logs[0])}")
     finally:
         kill_all(procs)
-
-
-def verify(a: Path, b: Path, *flags: str) -> subprocess.CompletedProcess:
-    """`//launchers:verify` (its module) on two run directories."""
-    return subprocess.run(
-        [sys.executable, "-m", "cairn.launchers.verify", f"--run_a={a}", f"--run_b={b}", *flags],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )

@@ -1,6 +1,6 @@
 """`cairn_py_binary`: a py_binary whose single source is its main module (PEP 420 runfiles)."""
 
-def cairn_py_binary(name, main, deps = [], data = [], visibility = ["//visibility:public"]):
+def cairn_py_binary(name, main, deps = [], data = [], visibility = ["//visibility:public"], testonly = False):
     native.py_binary(
         name = name,
         srcs = [main],
@@ -10,5 +10,6 @@ def cairn_py_binary(name, main, deps = [], data = [], visibility = ["//visibilit
         python_version = "PY3",
         srcs_version = "PY3",
         visibility = visibility,
+        testonly = testonly,
         deps = deps,
     )

@@ -18,14 +18,23 @@ if os.environ.get("TEST_TMPDIR"):  # under Bazel the home may be read-only: cach
 
 
 def _jax_compilation_cache() -> None:
-    """One JAX persistent compilation cache per test target (its TEST_TMPDIR; outside Bazel a
-    temporary folder removed at exit), inherited by the training runs the test starts: the
-    second and later runs of one program load it instead of compiling it again (the default
-    experiment's 30-step run: 31.6 -> 25.9 s, 52 -> 41 CPU s; results bit-identical, `verify`).
-    Only programs that took >= 0.1 s to compile are written."""
+    """A JAX persistent compilation cache, inherited by the processes the test starts, so that a
+    program compiled once is loaded after that (results are bit-identical: the same executable).
+
+    Under `./bazelw test` every target shares one cache (`CAIRN_TEST_JAX_CACHE`, a folder that
+    ./bazelw creates under .cache/ and lets the sandbox write): the many training runs of the
+    suite compile each of their programs once. Entries are written under JAX's file lock (it
+    takes one when a maximum size is set), so targets running side by side never read a half-written
+    entry. Without it (plain `bazel test`), one cache per target in its TEST_TMPDIR; outside
+    Bazel, a temporary folder removed at exit. Only programs that took >= 0.1 s to compile are
+    written."""
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
-    if os.environ.get("TEST_TMPDIR"):
+    shared = os.environ.get("CAIRN_TEST_JAX_CACHE")
+    if shared and os.path.isdir(shared) and os.access(shared, os.W_OK):
+        path = shared
+        os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(64 << 30))
+    elif os.environ.get("TEST_TMPDIR"):
         path = os.path.join(os.environ["TEST_TMPDIR"], "jax-compilation-cache")
     else:
         import atexit
@@ -117,8 +126,10 @@ def _test_files() -> list:
 
 def _outside_bazel_import_paths(files: list) -> None:
     """Outside Bazel, each test file's folder goes on the import path (for this process and
-    its children), as the `imports = ["."]` of the folder's `:util` py_library does in Bazel."""
-    folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
+    its children), as the `imports = ["."]` of the folder's `:util` py_library does in Bazel, and
+    so does tests/fixtures (the shared fixtures' `imports`)."""
+    fixtures = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "fixtures")
+    folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files} | {fixtures})
     sys.path[:0] = folders
     os.environ["PYTHONPATH"] = os.pathsep.join(folders + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
