@@ -46,7 +46,9 @@ def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIM
     assert code == 0, f"train exited {code}:\n{tail(log)}"
 
 
-def train(model_dir: Path, std: sr.Standard, extra: Sequence[str] = (), devices: int = 8, steps: int = sr.STEPS) -> Path:
+def train(
+    model_dir: Path, std: sr.Standard, extra: Sequence[str] = (), devices: int = 8, steps: int = sr.STEPS
+) -> Path:
     """One process to the end; returns its log."""
     log = model_dir.parent / f"{model_dir.name}.log"
     finish(start(sr.overrides(model_dir, std.cache, steps, extra), std.texts, devices, log), log)

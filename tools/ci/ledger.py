@@ -53,7 +53,14 @@ def targets(root: pathlib.Path = ROOT) -> list[dict]:
         rel = path.relative_to(root)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
         label = f"//{rel.parent.as_posix()}:{path.stem}"
-        out.append({"label": label, "path": rel.as_posix(), "doc": _first_paragraph(ast.get_docstring(tree)), "tests": _tests_of(tree)})
+        out.append(
+            {
+                "label": label,
+                "path": rel.as_posix(),
+                "doc": _first_paragraph(ast.get_docstring(tree)),
+                "tests": _tests_of(tree),
+            }
+        )
     return out
 
 

@@ -110,7 +110,14 @@ def table(targets: list[Target], top: int | None, markdown: bool = False) -> str
     procs = sum(t.processes or 0 for t in targets)
     trains = sum(t.train_processes or 0 for t in targets)
     rows.append(
-        (f"total ({len(targets)} targets)", f"{total:.1f}", str(sum(t.tests for t in targets)), str(procs), str(trains), "")
+        (
+            f"total ({len(targets)} targets)",
+            f"{total:.1f}",
+            str(sum(t.tests for t in targets)),
+            str(procs),
+            str(trains),
+            "",
+        )
     )
     if len(run_now) != len(targets):
         rows.append((f"run now ({len(run_now)} targets)", f"{sum(t.wall_s for t in run_now):.1f}", "", "", "", ""))
@@ -119,8 +126,10 @@ def table(targets: list[Target], top: int | None, markdown: bool = False) -> str
         lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    fmt = "  ".join("{:<%d}" % w if i == 0 else "{:>%d}" % w for i, w in enumerate(widths))
-    return "\n".join(fmt.format(*r).rstrip() for r in rows)
+    return "\n".join(
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

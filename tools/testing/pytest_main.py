@@ -111,6 +111,7 @@ def _annotate_xml(xml: str, properties: dict) -> None:
         ET.SubElement(props, "property", name=name, value=str(value))
     tree.write(xml, encoding="utf-8", xml_declaration=True)
 
+
 import pytest  # noqa: E402 (after the environment it reads)
 
 
@@ -128,7 +129,8 @@ def _outside_bazel_import_paths(files: list) -> None:
     """Outside Bazel, each test file's folder goes on the import path (for this process and
     its children), as the `imports = ["."]` of the folder's `:util` py_library does in Bazel, and
     so does tests/fixtures (the shared fixtures' `imports`)."""
-    fixtures = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "fixtures")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    fixtures = os.path.join(repo, "tests", "fixtures")
     folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files} | {fixtures})
     sys.path[:0] = folders
     os.environ["PYTHONPATH"] = os.pathsep.join(folders + [p for p in [os.environ.get("PYTHONPATH")] if p])

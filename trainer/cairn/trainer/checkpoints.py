@@ -31,6 +31,7 @@ from cairn import storage
 from cairn.trainer import checksums
 from cairn.trainer.checksums import MANIFEST_DIR, last_good_step
 from cairn.trainer.faults import DiskFullError, is_disk_full
+from cairn.trainer.replica_writes import configure_array_writes
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class Checkpointer:
         self._background = config.asynchronous and (jax.process_count() == 1 or use_client_barriers())
         self._orbax_async = config.asynchronous and not self._background
         self._pending: list[int] = []  # saved steps whose manifests are not written yet
+        configure_array_writes()  # one process: arrays written whole (no per-shape slicing)
         self._manager = self._make_manager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cairn-checkpoint")
         self._future: Future | None = None
