@@ -1,6 +1,7 @@
 """The deterministic reader's NumPy path (records decoded without TensorFlow, post-cache
-preprocessors' `numpy_fn`s, the converters' `convert_numpy`) gives the batches of the
-TensorFlow path, and reads a cache in a process that never imports TensorFlow."""
+preprocessors' `numpy_fn`s, seeded ones included, the converters' `convert_numpy`) gives
+the batches of the TensorFlow path, and reads a cache in a process that never imports
+TensorFlow."""
 
 import json
 import os
@@ -46,11 +47,45 @@ def register(registry):
     return registry.add_task(dt.Task("np_task", source, feats, [halves, pp.tokenize, pp.append_eos_after_trim]))
 """
 
+# The seeded post-cache preprocessors of the Shakespeare tasks (span corruption + EOS; a
+# random crop), after cached fixed-length chunks, with numpy_fns: no TensorFlow either.
+SEEDED_TASKS = """
+import functools
+
+import cairn.datatasks as dt
+from cairn.datatasks import preprocessors as pp
+from cairn.tokenizers import ByteVocabulary
+
+
+@pp.preprocessor(deterministic=True)
+def line_to_targets(ds):
+    return ds.map(lambda line: {{"targets": line}})
+
+
+def register(registry):
+    vocab = ByteVocabulary(extra_ids=100)
+    cached = [
+        line_to_targets,
+        pp.tokenize,
+        functools.partial(pp.reduce_concat_tokens, feature_key="targets", batch_size=16),
+        functools.partial(pp.split_tokens, max_tokens_per_segment=96, feature_key="targets"),
+    ]
+    source = dt.TextLineDataSource({{"train": {data!r}}})
+    feats = {{"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}}
+    post = [pp.span_corruption_one_to_one, pp.append_eos_after_trim]
+    registry.add_task(dt.Task("np_sc", source, feats, cached + post))
+    lm_feats = {{"targets": dt.Feature(vocab, add_eos=False)}}
+    registry.add_task(dt.Task("np_lm", source, lm_feats, cached + [pp.random_crop]))
+"""
+SEEDED_LENGTHS = {"np_sc": LENGTHS, "np_lm": {"targets": 32}}
+
+# argv: the tasks module's folder, the cache dir, the module, then JSON
+# [[name, task, converter class, pack, sequence_length], ...].
 CHILD = textwrap.dedent(
     """
-    import hashlib, json, sys
+    import hashlib, importlib, json, sys
     sys.path.insert(0, sys.argv[1])
-    import np_tasks
+    tasks = importlib.import_module(sys.argv[3])
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
@@ -63,19 +98,25 @@ CHILD = textwrap.dedent(
         return h.hexdigest()
 
     registry = dt.Registry()
-    np_tasks.register(registry)
+    tasks.register(registry)
     out = {}
-    for name, conv in (("encdec_packed", dt.EncDecFeatureConverter(pack=True)),
-                       ("lm_unpacked", dt.LMFeatureConverter(pack=False))):
-        r = DeterministicReader("np_task", sys.argv[2], seed=3, global_batch_size=4,
-                                sequence_length={"inputs": 48, "targets": 16},
-                                feature_converter=conv, registry=registry)
+    for name, task, conv, pack, lengths in json.loads(sys.argv[4]):
+        r = DeterministicReader(task, sys.argv[2], seed=3, global_batch_size=4, sequence_length=lengths,
+                                feature_converter=getattr(dt, conv)(pack=pack), registry=registry)
         out[name] = [digest(next(r)) for _ in range(6)]
         r.close()
     out["tensorflow_imported"] = "tensorflow" in sys.modules
     print(json.dumps(out))
     """
 )
+
+
+def _child(root, cache_dir, module, runs):
+    """Runs CHILD; returns its JSON (the digests of each run, and whether TF was imported)."""
+    argv = [sys.executable, "-c", CHILD, root, cache_dir, module, json.dumps(runs)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +134,30 @@ def np_env(tmp_path_factory, det_env):
     return str(root), cache_dir, registry
 
 
-def _reader(env, converter, numpy_path=True, **kwargs):
+@pytest.fixture(scope="module")
+def seeded_env(tmp_path_factory, det_env):
+    data_dir, _, _ = det_env
+    root = tmp_path_factory.mktemp("np_seeded")
+    (root / "seeded_tasks.py").write_text(SEEDED_TASKS.format(data=os.path.join(data_dir, "a*.txt")))
+    sys.path.insert(0, str(root))
+    import seeded_tasks
+
+    registry = dt.Registry()
+    seeded_tasks.register(registry)
+    cache_dir = str(root / "cache")
+    for name in SEEDED_LENGTHS:
+        cache_task_in_process(registry.get_task(name), "train", task_dir(cache_dir, name, "train"))
+    return str(root), cache_dir, registry
+
+
+def _reader(env, converter, numpy_path=True, task="np_task", lengths=LENGTHS, **kwargs):
     _, cache_dir, registry = env
     r = DeterministicReader(
-        "np_task",
+        task,
         cache_dir,
         seed=3,
         global_batch_size=4,
-        sequence_length=LENGTHS,
+        sequence_length=lengths,
         feature_converter=converter,
         registry=registry,
         **kwargs,
@@ -138,19 +195,25 @@ def test_numpy_path_equals_tensorflow_path(np_env, converter, packing):
     fast = _reader(np_env, converter, packing=packing)
     slow = _reader(np_env, _tf_twin(converter), numpy_path=False, packing=packing)
     assert fast.streams[0].numpy_stage is not None
-    for step in (0, 1, 2, 7, 40):
+    _same_batches(fast, slow)
+    assert slow.streams[0].tf_stage is not None
+
+
+def _same_batches(fast, slow, steps=(0, 1, 2, 7, 40)):
+    for step in steps:
         a, b = fast.batch_at(step), slow.batch_at(step)
         assert sorted(a) == sorted(b)
         for k in a:
             np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} at step {step}")
-    assert slow.streams[0].tf_stage is not None
 
 
 def test_reads_without_importing_tensorflow(np_env):
     root, cache_dir, registry = np_env
-    run = subprocess.run([sys.executable, "-c", CHILD, root, cache_dir], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    runs = [
+        ["encdec_packed", "np_task", "EncDecFeatureConverter", True, LENGTHS],
+        ["lm_unpacked", "np_task", "LMFeatureConverter", False, LENGTHS],
+    ]
+    got = _child(root, cache_dir, "np_tasks", runs)
     assert got["tensorflow_imported"] is False
     for name, conv in (
         ("encdec_packed", dt.EncDecFeatureConverter(pack=True)),
@@ -158,6 +221,61 @@ def test_reads_without_importing_tensorflow(np_env):
     ):
         r = _reader(np_env, _tf_twin(conv), numpy_path=False)
         assert got[name] == [det_run.digest(next(r)) for _ in range(6)], name
+
+
+SEEDED_CASES = [
+    ("np_sc", dt.EncDecFeatureConverter(pack=True)),
+    ("np_sc", dt.EncDecFeatureConverter(pack=False)),
+    ("np_lm", dt.LMFeatureConverter(pack=True)),
+    ("np_lm", dt.LMFeatureConverter(pack=False)),
+]
+
+
+@pytest.mark.parametrize(("task", "converter"), SEEDED_CASES, ids=lambda v: repr(v))
+def test_seeded_numpy_path_equals_tensorflow_path(seeded_env, task, converter):
+    lengths = SEEDED_LENGTHS[task]
+    fast = _reader(seeded_env, converter, task=task, lengths=lengths)
+    slow = _reader(seeded_env, _tf_twin(converter), numpy_path=False, task=task, lengths=lengths)
+    stage = fast.streams[0].numpy_stage
+    assert stage is not None and stage.seeded
+    assert [step.seeded for step in stage.fns] == ([True, False] if task == "np_sc" else [True])
+    _same_batches(fast, slow)  # step 40 is in a later epoch
+    assert slow.streams[0].tf_stage.per_record
+    # The seed matters: another reader seed gives other batches.
+    other = DeterministicReader(
+        task,
+        seeded_env[1],
+        seed=4,
+        global_batch_size=4,
+        sequence_length=lengths,
+        feature_converter=converter,
+        registry=seeded_env[2],
+    )
+    a, b = fast.batch_at(0), other.batch_at(0)
+    assert any(not np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_seeded_tasks_read_without_importing_tensorflow(seeded_env):
+    root, cache_dir, registry = seeded_env
+    runs = [
+        ["sc_packed", "np_sc", "EncDecFeatureConverter", True, SEEDED_LENGTHS["np_sc"]],
+        ["lm_unpacked", "np_lm", "LMFeatureConverter", False, SEEDED_LENGTHS["np_lm"]],
+    ]
+    got = _child(root, cache_dir, "seeded_tasks", runs)
+    assert got["tensorflow_imported"] is False
+    for name, task, conv in (
+        ("sc_packed", "np_sc", dt.EncDecFeatureConverter(pack=True)),
+        ("lm_unpacked", "np_lm", dt.LMFeatureConverter(pack=False)),
+    ):
+        r = _reader(seeded_env, _tf_twin(conv), numpy_path=False, task=task, lengths=SEEDED_LENGTHS[task])
+        assert got[name] == [det_run.digest(next(r)) for _ in range(6)], name
+
+
+def test_seeded_preprocessor_without_numpy_fn_uses_tensorflow(det_env):
+    _, cache_dir, registry = det_env  # det_a ends with `noise` (seeded, no numpy_fn)
+    r = _reader((None, cache_dir, registry), dt.EncDecFeatureConverter(pack=True), task="det_a")
+    assert r.streams[0].numpy_stage is None
+    assert r.streams[0].tf_stage.per_record
 
 
 def test_other_layouts_fall_back_to_tensorflow():

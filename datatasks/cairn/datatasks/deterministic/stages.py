@@ -4,8 +4,8 @@
   record seeded by its own key (from (seed, epoch, record index)) -> trimmed features.
 
 The reader uses it only where the NumPy path (`examples.NumpyRecordStage`) cannot serve:
-a post-cache preprocessor without a `numpy_fn` (or not deterministic), or records that
-are not in the cache's own layout.
+a post-cache preprocessor without a `numpy_fn`, or records that are not in the cache's
+own layout.
 """
 
 from __future__ import annotations

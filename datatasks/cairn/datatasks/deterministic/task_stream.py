@@ -108,6 +108,13 @@ class TaskStream:
         split = np.split(records, np.cumsum(sizes)[:-1])
         return [(int(e), r) for e, r in zip(epochs.tolist(), split)]
 
+    def record_keys(self, epochs: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """`[n, 2]` int64 keys `(epoch key, record id)` of the planned rows' records: each
+        record's own seed, from (seed, epoch, record index), for both record stages."""
+        unique, which = np.unique(epochs, return_inverse=True)
+        epoch_keys = np.array([record_key(self.seed, self.task.name, int(e), 0)[0] for e in unique], np.int64)
+        return np.stack([np.repeat(epoch_keys[which], sizes), np.asarray(ids, np.int64)], 1)
+
     def examples(self, epochs: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> dict[str, Any]:
         """The post-processed, trimmed examples of the planned rows `(epochs, ids, sizes)`,
         flattened in row order (`{feature: Ragged}`), or with a fused TensorFlow stage the
@@ -116,17 +123,16 @@ class TaskStream:
         out: dict[str, Any] | None = None
         if self.numpy_stage is not None:
             try:
-                out = self.numpy_stage(records)
+                keys = self.record_keys(epochs, ids, sizes) if self.numpy_stage.seeded else None
+                out = self.numpy_stage(records, keys)
             except WireFormatError:
                 self.numpy_stage = None  # records of another layout: TensorFlow parses them
         if out is None:
             stage = self.tf_stage
-            keys: np.ndarray | None = None
-            if stage.per_record:  # each record's own seed, from (seed, epoch, record index)
-                unique, which = np.unique(epochs, return_inverse=True)
-                epoch_keys = np.array([record_key(self.seed, self.task.name, int(e), 0)[0] for e in unique], np.int64)
-                keys = np.stack([np.repeat(epoch_keys[which], sizes), ids], 1)
-            out = stage(records, keys if keys is not None else np.zeros((len(ids), 2), np.int64))
+            if stage.per_record:
+                out = stage(records, self.record_keys(epochs, ids, sizes))
+            else:
+                out = stage(records, np.zeros((len(ids), 2), np.int64))
             if stage.fused:
                 return out
         if self.check_lengths:

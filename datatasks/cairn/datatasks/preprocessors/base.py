@@ -87,10 +87,13 @@ class Preprocessor:
     LengthRule` raises `ValueError` when no rule can hold; `output_lengths(lengths,
     sequence_length, output_features, **kwargs) -> lengths` maps per-example lengths
     (NumPy arrays by feature) the way the preprocessor does, so packing can be planned.
-    `numpy_fn(features, sequence_length, output_features, **kwargs) -> features` (optional,
-    deterministic preprocessors only) does the same work on a batch of examples held as
-    `{feature: ragged.Ragged}` (the numeric features); with it, the deterministic reader
-    runs the preprocessor after the cache without TensorFlow.
+    `numpy_fn(features, sequence_length, output_features, **kwargs) -> features` (optional)
+    does the same work on a batch of examples held as `{feature: ragged.Ragged}` (the
+    numeric features); with it, the deterministic reader runs the preprocessor after the
+    cache without TensorFlow. A seeded (not deterministic) preprocessor's `numpy_fn` also
+    gets `seed=` `[N, 2]`: each example's own seed, the one this preprocessor gets from
+    `Task.preprocess` when the example is alone in its stream (it is example 0 there);
+    its results must equal the TensorFlow version's bit for bit (`seeded_numpy`).
     """
 
     def __init__(
@@ -118,8 +121,6 @@ class Preprocessor:
             else "seed" not in _params(fn) and "seeds" not in _params(fn)
         )
         self.length_rule = length_rule
-        if numpy_fn is not None and not self.deterministic:
-            raise ValueError(f"{getattr(fn, '__name__', fn)!r}: a numpy_fn is for deterministic preprocessors only")
         self.numpy_fn = numpy_fn
         self.deterministic_lengths = output_lengths or getattr(fn, "deterministic_lengths", None)
         self._legacy_check = getattr(fn, "check_sequence_length", None)

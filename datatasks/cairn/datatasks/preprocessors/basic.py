@@ -11,6 +11,7 @@ import numpy as np
 from cairn.datatasks.errors import FeatureTypeError
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.preprocessors import seeded_numpy
 from cairn.datatasks.preprocessors.base import preprocessor
 from cairn.datatasks.ragged import Ragged
 from cairn.datatasks.stats import BadDataPolicy, DataStats
@@ -302,7 +303,7 @@ def _random_crop_lengths(lengths, sequence_length, output_features, feature_key=
     return out
 
 
-@preprocessor(deterministic=False, output_lengths=_random_crop_lengths)
+@preprocessor(deterministic=False, output_lengths=_random_crop_lengths, numpy_fn=seeded_numpy.random_crop)
 def random_crop(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],

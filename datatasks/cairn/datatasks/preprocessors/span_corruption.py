@@ -15,7 +15,9 @@ from typing import Any
 
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.preprocessors import seeded_numpy
 from cairn.datatasks.preprocessors.base import LengthRule, map_over_dataset, preprocessor
+from cairn.datatasks.preprocessors.seeded_numpy import span_corruption_lengths
 
 
 def stateless_shuffle(value: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -287,29 +289,6 @@ def span_corruption(
 
 
 # -- one-to-one variants for deterministic pipelines (post-cache) ---------------------------
-def _span_counts(length, noise_density: float, mean_noise_span_length: float):
-    """(num_noise, num_spans) of `random_spans_noise_mask` for lengths >= 2 (NumPy, float32
-    rounding as in the TF op)."""
-    import numpy as np
-
-    length = np.maximum(np.asarray(length, np.int64), 2)
-    num_noise = np.round(length.astype(np.float32) * np.float32(noise_density)).astype(np.int64)
-    num_noise = np.minimum(np.maximum(num_noise, 1), length - 1)
-    num_spans = np.round(num_noise.astype(np.float32) / np.float32(mean_noise_span_length))
-    return num_noise, np.maximum(num_spans.astype(np.int64), 1)
-
-
-def span_corruption_lengths(tokens_length, noise_density: float = 0.15, mean_noise_span_length: float = 3.0):
-    """`(inputs, targets)` lengths (no EOS) that span corruption makes of `tokens_length` tokens."""
-    import numpy as np
-
-    n = np.asarray(tokens_length, np.int64)
-    num_noise, num_spans = _span_counts(n, noise_density, mean_noise_span_length)
-    inputs = np.where(n >= 2, n - num_noise + num_spans, n)
-    targets = np.where(n >= 2, num_noise + num_spans, np.minimum(n, 1))
-    return inputs, targets
-
-
 def _span_corruption_one_to_one_lengths(
     lengths,
     sequence_length,
@@ -330,12 +309,30 @@ def _span_corruption_one_to_one_lengths(
     return out
 
 
+def _span_corruption_one_to_one_numpy(
+    features,
+    sequence_length,
+    output_features,
+    noise_density: float = 0.15,
+    mean_noise_span_length: float = 3.0,
+    input_feature_key: str = "inputs",
+    seed: Any = None,
+):
+    """`span_corruption_one_to_one` in NumPy (`seeded_numpy.span_corruption`), bit-identical."""
+    kwargs: dict[str, Any] = dict(
+        noise_density=noise_density, mean_noise_span_length=mean_noise_span_length, input_feature_key=input_feature_key
+    )
+    tokens_length = _checked_rule("span_corruption_one_to_one", sequence_length, **kwargs).reads["targets"]
+    return seeded_numpy.span_corruption(features, output_features, tokens_length, seed=seed, **kwargs)
+
+
 @preprocessor(
     deterministic=False,
     reads=("targets",),
     writes=("inputs", "targets"),
     length_rule=span_corruption_rule,
     output_lengths=_span_corruption_one_to_one_lengths,
+    numpy_fn=_span_corruption_one_to_one_numpy,
 )
 def span_corruption_one_to_one(
     dataset: tf.data.Dataset,
