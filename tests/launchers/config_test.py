@@ -146,6 +146,28 @@ def test_config_json_and_the_hash_input(tmp_path):
     assert config_io.hashable_config(other) != hashed
 
 
+def test_the_hash_input_does_not_depend_on_where_the_checkout_is(tmp_path, monkeypatch):
+    """Two checkouts (or Bazel's runfiles trees), each run from its root: the vocabulary resolves
+    to two absolute paths, but the config hash covers the paths as config.json stores them."""
+    import shutil
+
+    hashes, vocabularies = [], []
+    for name in ("checkout_a", "checkout_b"):
+        root = tmp_path / name
+        (root / "launchers" / "configs").mkdir(parents=True)
+        (root / "launchers" / "data").mkdir()
+        shutil.copy(launch_util.CONFIGS / "shakespeare_t5_tiny.py", root / "launchers" / "configs")
+        shutil.copy(launch_util.REPO / "launchers" / "data" / "shakespeare.model", root / "launchers" / "data")
+        monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(root))
+        config = config_io.resolve_paths(
+            config_io.load_config_file(str(root / "launchers/configs/shakespeare_t5_tiny.py"))
+        )
+        vocabularies.append(config.vocabulary.path)
+        hashes.append(config_io.hashable_config(config))
+    assert vocabularies[0] != vocabularies[1] and all(v.startswith(str(tmp_path)) for v in vocabularies)
+    assert hashes[0] == hashes[1] and hashes[0]["vocabulary"]["path"] == "launchers/data/shakespeare.model"
+
+
 def test_schema_checks_in_process():
     config = config_io.to_plain(config_base.base_config())  # a ConfigDict itself refuses a str here
     config["trainer"]["log_every"] = "5"

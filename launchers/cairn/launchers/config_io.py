@@ -243,9 +243,11 @@ def to_plain(value: Any) -> Any:
 
 
 def hashable_config(config: ml_collections.ConfigDict) -> dict:
-    """The resolved config as a plain dict without `HASH_EXCLUDED` (`model_dir`, `multihost`,
-    `data.cache_dir`): what the run fingerprint's config hash covers."""
-    plain = to_plain(config)
+    """The config as `config.json` stores it (paths as the user gave them), without
+    `HASH_EXCLUDED` (`model_dir`, `multihost`, `data.cache_dir`): what the run fingerprint's
+    config hash covers. A relative path hashes the same from any checkout or working directory
+    (the data fingerprint covers the vocabulary's content, wherever it is read from)."""
+    plain = stored_form(config)
     for key in HASH_EXCLUDED:
         *parents, last = key.split(".")
         node = plain
