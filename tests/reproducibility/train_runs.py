@@ -140,3 +140,25 @@ def kill_after_checkpoint(model_dir: Path, procs: list, logs: list, step: int) -
         raise AssertionError(f"no checkpoint {step} within {TIMEOUT_S}s:\n{tail(logs[0])}")
     finally:
         kill_all(procs)
+
+
+def check_matches_one_process(one: Path, many: Path, processes: int) -> None:
+    """`many` (a run on `processes` processes) trained what `one` (1 process, same mesh) trained:
+    the same config hash, data fingerprint, mesh and devices; the same global batch at every
+    fingerprinted step (bitwise); losses and parameter sums within rtol 1e-5 (`verify`)."""
+    fingerprinted = list(range(sr.FINGERPRINT_EVERY, sr.STEPS + 1, sr.FINGERPRINT_EVERY))
+    h1, hn = sr.header(one), sr.header(many)
+    assert (h1["process_count"], hn["process_count"]) == (1, processes)
+    assert h1["device_count"] == hn["device_count"] == 8
+    assert h1["mesh"] == hn["mesh"]
+    # The multihost section and model_dir are outside the hash; the data is a function of (seed, step).
+    assert h1["config_hash"] == hn["config_hash"] and h1["data_fingerprint"] == hn["data_fingerprint"]
+    b1, bn = sr.batch_fingerprints(one), sr.batch_fingerprints(many)
+    assert sorted(b1) == sorted(bn) == fingerprinted
+    assert b1 == bn  # the same global rows at every step
+    assert len(set(b1.values())) == len(fingerprinted)
+    report = sr.verify(one, many, "--rtol=1e-5")
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert f"identical through step {sr.STEPS}" in report.stdout, report.stdout
+    assert f"{len(fingerprinted)} batch fingerprints compared" in report.stdout, report.stdout
+    assert set(range(1, sr.STEPS + 1)) <= set(logged_steps(many))
