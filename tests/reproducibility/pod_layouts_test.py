@@ -31,24 +31,29 @@ def test_two_processes_configured_by_the_environment_match_one(standard, tmp_pat
         CAIRN_NUM_PROCESSES="2",
     )
     args = sr.overrides(many, standard.cache, extra=sr.MESH_FSDP)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "cairn.launchers.train_main", *args],
-            env=dict(env, CAIRN_PROCESS_ID=str(i)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=str(sr.REPO),
-            start_new_session=True,
-        )
-        for i in range(2)
-    ]
+    # Each stream to a file: a pipe left undrained while another process is waited for fills up
+    # (the INFO log of 12 steps) and blocks that process short of the shutdown barrier.
+    logs = [(tmp_path / f"p{i}.out", tmp_path / f"p{i}.err") for i in range(2)]
+    procs = []
     try:
-        outs = [p.communicate(timeout=train_runs.TIMEOUT_S) for p in procs]
+        for i, (out, err) in enumerate(logs):
+            with open(out, "w") as o, open(err, "w") as e:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "cairn.launchers.train_main", *args],
+                        env=dict(env, CAIRN_PROCESS_ID=str(i)),
+                        stdout=o,
+                        stderr=e,
+                        cwd=str(sr.REPO),
+                        start_new_session=True,
+                    )
+                )
+        codes = [p.wait(timeout=train_runs.TIMEOUT_S) for p in procs]
     finally:
         train_runs.kill_all(procs)
-    for p, (_out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    outs = [(out.read_text(errors="replace"), err.read_text(errors="replace")) for out, err in logs]
+    for code, (_out, err) in zip(codes, outs):
+        assert code == 0, err[-3000:]
     assert f"trained to step {sr.STEPS}" in outs[0][0] and "model_dir:" in outs[0][0]
     # Process 0 prints; process 1 computes. Gloo's start-up message ("[Gloo] Rank 1 is connected
     # to 1 peer ranks...") comes in pieces that can land on separate lines.
