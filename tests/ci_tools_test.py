@@ -1,0 +1,68 @@
+"""The CI figures tools: tools/ci/suite_figures.py (a .ci/run log and test logs -> the record the
+README quotes, rendered) and tools/ci/ledger.py (docs/testing.md lists every test target and test
+function; a missing one is named)."""
+
+import importlib.util
+import os
+import pathlib
+import sys
+
+# Under Bazel this file is a runfiles link to the checkout: its real path finds the repository.
+ROOT = pathlib.Path(os.path.realpath(__file__)).parent.parent
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "ci" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _xml(path, wall, procs, train):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2" time="1">'
+        f'<properties><property name="wall_s" value="{wall}" /><property name="processes" value="{procs}" />'
+        f'<property name="train_processes" value="{train}" /></properties></testsuite></testsuites>'
+    )
+
+
+def test_a_ci_log_becomes_a_record_and_the_readme_block(tmp_path):
+    tool = _tool("suite_figures")
+    logs = tmp_path / "testlogs"
+    lines = []
+    for i in range(20):
+        _xml(logs / "tests" / f"t{i}_test" / "test.xml", wall=float(i + 1), procs=i, train=i % 3)
+        lines.append(f"//tests:t{i}_test    PASSED in {i + 1}.0s")
+    log = tmp_path / "ci.log"
+    log.write_text("\n".join(lines + ["== results", "57 passed, 0 failed", ""]))
+    machine = {"cores": 2, "cpu": "Test CPU", "load_before": 0.1, "load_after": 2.0}
+    record = tool.record_from(log, logs, 754.4, machine, "abc1234")
+    assert record["result"] == "57 passed, 0 failed" and record["targets"] == 20
+    assert record["sum_s"] == sum(range(1, 21)) and record["train_processes"] == sum(i % 3 for i in range(20))
+    assert [s["label"] for s in record["slowest"][:2]] == ["//tests:t19_test", "//tests:t18_test"]
+    assert len(record["slowest"]) == 15
+    block = tool.render(record)
+    assert "took 12 min 34 s (57 passed, 0 failed)" in block and "20 test targets took 210 s" in block
+    readme = f"intro\n{tool.BEGIN}\nold\n{tool.END}\nrest\n"
+    updated = tool.replace_block(readme, block)
+    assert tool.quoted_block(updated) == block and updated.endswith("rest\n")
+
+
+def test_the_ledger_lists_every_target_and_test_function():
+    ledger = _tool("ledger")
+    items = ledger.targets()
+    assert len(items) > 100
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    missing = ledger.missing(text, items)
+    assert missing == [], f"rerun `python3 tools/ci/ledger.py --times T.json`; not listed: {missing[:10]}"
+    # A target or a test the ledger does not name is reported.
+    fake = [{"label": "//tests:nowhere_test", "path": "", "doc": "", "tests": [("test_x", "")]}]
+    assert ledger.missing(text, fake) == ["//tests:nowhere_test"]
+    first = items[0]
+    section = text.split(f"### `{first['label']}`", 1)[1].split("\n### ", 1)[0]
+    name = first["tests"][0][0]
+    assert ledger.missing(text.replace(section, section.replace(f"- `{name}`", "- (gone)", 1)), [first]) == [
+        f"{first['label']}::{name}"
+    ]
