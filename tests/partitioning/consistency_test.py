@@ -1,6 +1,7 @@
 """Row digests of host batches: replica-mates must feed identical rows, and the global batch
 fingerprint is the same for any number of hosts (2 processes x 2 devices on 127.0.0.1)."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -56,7 +57,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(tmp_path, name, num_processes, local_devices, model, *extra):
+def _worker_module():
+    """consistency_worker.py as a module (the one-process reference runs its code here)."""
+    spec = importlib.util.spec_from_file_location("consistency_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(tmp_path, name, num_processes, local_devices, model):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     port = free_port()
@@ -75,7 +84,6 @@ def run(tmp_path, name, num_processes, local_devices, model, *extra):
                         str(local_devices),
                         str(model),
                         str(outs[i]),
-                        *extra,
                     ],
                     env=env,
                     stdout=subprocess.PIPE,
@@ -97,12 +105,13 @@ def run(tmp_path, name, num_processes, local_devices, model, *extra):
 
 def test_model_axis_across_processes(tmp_path):
     # model=4 over 2 processes x 2 devices: one replica spans both hosts, which must feed the
-    # same rows; the global batch fingerprint equals the one process's.
-    single = run(tmp_path, "single", 1, 4, 4)
-    right = run(tmp_path, "right", 2, 2, 4)
-    assert [(r["shard_id"], r["num_shards"]) for r in right] == [(0, 1), (0, 1)]
-    assert right[0]["fingerprint"] == right[1]["fingerprint"] == single[0]["fingerprint"]
-    # Rows chosen by process id (what the reader did before it followed the mesh): refused.
-    wrong = run(tmp_path, "wrong", 2, 2, 4, "wrong")
-    for r in wrong:
-        assert "step 7: processes [0, 1] hold data shard 0 of 1" in r["error"], r
+    # same rows; the global batch fingerprint equals one process's (this one, holding all rows).
+    worker = _worker_module()
+    single = worker.fingerprint(worker.global_batch(), DataLayout(0, 1))
+    runs = run(tmp_path, "two", 2, 2, 4)
+    assert [(r["shard_id"], r["num_shards"]) for r in runs] == [(0, 1), (0, 1)]
+    assert runs[0]["fingerprint"] == runs[1]["fingerprint"] == single["fingerprint"]
+    # Rows chosen by process id (what the reader did before it followed the mesh): refused,
+    # on both processes, in the same run.
+    for r in runs:
+        assert "step 7: processes [0, 1] hold data shard 0 of 1" in r["wrong_error"], r

@@ -1,5 +1,7 @@
-"""Multi-host: 2 processes x 4 CPU devices on 127.0.0.1 give what 1 process x 8 devices gives."""
+"""Multi-host: 2 processes x 4 CPU devices on 127.0.0.1 give what 1 process x 8 devices (this one)
+gives."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -58,8 +60,16 @@ def run_workers(num_processes: int, local_devices: int, out_prefix: str) -> None
                 p.wait()
 
 
+def _worker_module():
+    """multihost_worker.py as a module: the one-process reference runs its code here (8 devices)."""
+    spec = importlib.util.spec_from_file_location("multihost_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_two_processes_match_one(tmp_path):
-    run_workers(1, 8, str(tmp_path / "single"))
+    _worker_module().run(1, 0, free_port(), str(tmp_path / "single"))
     run_workers(2, 4, str(tmp_path / "multi"))
     want = np.load(tmp_path / "single.0.npz")
     meta = [json.loads((tmp_path / f"multi.{i}.json").read_text()) for i in range(2)]

@@ -138,7 +138,7 @@ def test_no_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_keep_last_k_and_best_by_metric(tmp_path):
-    t = _trainer(tmp_path / "t", (8, 1))
+    t = _trainer(tmp_path / "t", (4, 2))
     state = _trained_state(t, 1)
     ckpt = Checkpointer(tmp_path / "m", CheckpointConfig(keep=2, best_metric="loss", best_mode="min"))
     for step, loss in zip(range(1, 6), [5.0, 1.0, 4.0, 3.0, 2.0]):

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from cairn.models import DecoderOnlyModel, get_preset
 from cairn.models.moe_config import MoeConfig
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
-from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
+from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig, dropout_key
 
 MOE = MoeConfig(num_experts=4, top_k=2, capacity_factor=1.0, jitter_noise=0.05)
 CONFIG = get_preset("llama_tiny", moe=MOE, scan_layers=True)
@@ -51,14 +51,30 @@ class Batches:
         self.position = state["position"]
 
 
-def train(model_dir, data, expert, steps):
+def make_trainer(model_dir, data, expert, steps):
     mesh = create_mesh({"data": data, "fsdp": 1, "expert": expert, "model": 1})
     cfg = TrainerConfig(
         model_dir=str(model_dir), num_train_steps=steps, log_every=1, checkpoint_every=0, tensorboard=False
     )
     model = DecoderOnlyModel(CONFIG, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    trainer = Trainer(model, OPTIMIZER, 0.05, Partitioner(mesh, standard_logical_axis_rules()), cfg)
-    return trainer.train(Batches())
+    return Trainer(model, OPTIMIZER, 0.05, Partitioner(mesh, standard_logical_axis_rules()), cfg)
+
+
+def train(model_dir, data, expert, steps):
+    return make_trainer(model_dir, data, expert, steps).train(Batches())
+
+
+def reference_steps(model_dir, steps):
+    """Data parallelism over 8 devices: `steps` steps of the partitioned step `train` runs, from
+    the state `train` starts from, on the same batches; ({metric: {step: value}}, final params)."""
+    trainer, data = make_trainer(model_dir, 8, 1, steps), Batches()
+    trainer.setup(next(Batches()))
+    state, out = trainer.initial_state(), {}
+    for step in range(1, steps + 1):
+        state, step_metrics = trainer.train_step(state, trainer.partitioner.shard_batch(next(data)))
+        for name, value in step_metrics.items():
+            out.setdefault(name, {})[step] = float(value)
+    return out, state.params
 
 
 def metrics(model_dir):
@@ -71,13 +87,11 @@ def metrics(model_dir):
 
 
 def test_expert_parallel_losses_equal_data_parallel_and_resume_on_another_expert_mesh(tmp_path, capfd):
-    reference = train(tmp_path / "data8", data=8, expert=1, steps=4)
-    assert reference.step == 4
-    want = metrics(tmp_path / "data8")
-    assert "moe balance" in capfd.readouterr().err  # the console's progress line
+    want, reference_params = reference_steps(tmp_path / "data8", steps=4)
 
     run = tmp_path / "expert"
     first = train(run, data=2, expert=4, steps=2)
+    assert "moe balance" in capfd.readouterr().err  # the console's progress line
     wi = first.state.params["layers"]["mlp"]["wi_0"]["kernel"]  # [layers, expert, embed, mlp]
     assert wi.sharding.spec == P(None, "expert", None, "model")  # model: size 1
     resumed = train(run, data=4, expert=2, steps=4)  # restores step 2 onto expert=2
@@ -100,7 +114,7 @@ def test_expert_parallel_losses_equal_data_parallel_and_resume_on_another_expert
     final = jax.tree.leaves(jax.device_get(resumed.state.params))
     np.testing.assert_allclose(
         np.concatenate([np.ravel(x) for x in final]),
-        np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(reference.state.params))]),
+        np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(reference_params))]),
         rtol=1e-4,
         atol=1e-6,
     )
@@ -108,24 +122,23 @@ def test_expert_parallel_losses_equal_data_parallel_and_resume_on_another_expert
 
 def test_routing_metrics_are_means_over_microbatches(tmp_path):
     """Two microbatches give one full batch's routing metrics (means, not sums): routing groups
-    are rows, so splitting the batch changes nothing (no jitter here: it draws per microbatch)."""
+    are rows, so splitting the batch changes nothing (no jitter here: it draws per microbatch).
+    The full batch's metrics are what a one-microbatch step reports: the model's loss_fn on the
+    whole batch, from the same state with the step's dropout key."""
     config = CONFIG.replace(moe=MOE.replace(jitter_noise=0.0))
+    model = DecoderOnlyModel(config, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     mesh = create_mesh({"data": 2, "fsdp": 1, "expert": 4, "model": 1})
-    got = []
-    for micro in (1, 2):
-        cfg = TrainerConfig(model_dir=str(tmp_path / str(micro)), num_train_steps=1, num_microbatches=micro)
-        trainer = Trainer(
-            DecoderOnlyModel(config, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"),
-            OPTIMIZER,
-            0.05,
-            Partitioner(mesh, standard_logical_axis_rules()),
-            cfg,
-        )
-        batch = next(Batches())
-        trainer.setup(batch)
-        _, step_metrics = trainer.train_step(trainer.initial_state(), trainer.partitioner.shard_batch(batch))
-        got.append({k: float(v) for k, v in step_metrics.items()})
-    full, split = got
+    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=1, num_microbatches=2)
+    trainer = Trainer(model, OPTIMIZER, 0.05, Partitioner(mesh, standard_logical_axis_rules()), cfg)
+    batch = next(Batches())
+    trainer.setup(batch)
+    state = trainer.initial_state()
+    global_batch = trainer.partitioner.shard_batch(batch)
+    full_batch = trainer.partitioner.partition(lambda p, b, k: model.loss_fn(p, b, k))
+    loss, aux = full_batch(state.params, global_batch, dropout_key(state.rng, state.step))
+    full = {"loss": float(loss), **{k: float(v) for k, v in aux.items()}}
+    _, step_metrics = trainer.train_step(state, global_batch)
+    split = {k: float(v) for k, v in step_metrics.items()}
     for name in ("loss", "moe/load_balance_loss", "moe/router_z_loss", "moe/dropped_fraction", "moe/aux_loss"):
         np.testing.assert_allclose(split[name], full[name], rtol=RTOL, err_msg=name)
     assert 0 < full["moe/dropped_fraction"] < 1

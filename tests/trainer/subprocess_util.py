@@ -1,7 +1,9 @@
-"""Runs train_worker.py in a child process that is always killed on the way out."""
+"""Runs train_worker.py in a child process (its own process group) that is always killed on
+the way out."""
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -16,18 +18,20 @@ def worker(*args):
         stderr=subprocess.STDOUT,
         text=True,
         env=dict(os.environ),
+        start_new_session=True,  # its own process group: killed whole below
     )
     try:
         yield proc
     finally:
         if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
         if proc.stdout:
             proc.stdout.close()
 
 
-def run_worker(*args, timeout=120) -> str:
+def run_worker(*args, timeout=240) -> str:
     """Runs to completion; returns the output; fails the test on a non-zero exit."""
     with worker(*args) as proc:
         out, _ = proc.communicate(timeout=timeout)

@@ -11,6 +11,15 @@ from tiny_model import CountingIterator, TinyModel, make_batch
 
 from cairn.trainer import CheckpointConfig, Checkpointer, OptimizerConfig, Trainer, TrainerConfig, restore_params
 
+# The tests share two trainer set-ups (their programs are compiled once per process):
+# Adafactor on a 4 x 2 mesh, and AdamW (clipped) on 2 x 4. Neither property depends on which.
+ADAMW = OptimizerConfig(name="adamw", clip_grad_norm=1.0)
+
+
+def _adafactor(model_dir, steps, eval_fn=None, step_hooks=(), **config):
+    cfg = TrainerConfig(model_dir=str(model_dir), num_train_steps=steps, tensorboard=False, **config)
+    return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg, eval_fn, step_hooks=step_hooks)
+
 
 def _rows(model_dir):
     with open(model_dir / "summaries" / "metrics.jsonl") as f:
@@ -34,13 +43,7 @@ def test_train_writes_summaries_evaluates_and_checkpoints(tmp_path, caplog):
         tensorboard=True,
     )
     trainer = Trainer(
-        TinyModel(),
-        OptimizerConfig(name="adamw", clip_grad_norm=1.0),
-        1e-3,
-        make_partitioner(4, 2),
-        cfg,
-        eval_fn=eval_fn,
-        experiment_config={"name": "toy"},
+        TinyModel(), ADAMW, 1e-3, make_partitioner(2, 4), cfg, eval_fn=eval_fn, experiment_config={"name": "toy"}
     )
     with caplog.at_level(logging.DEBUG, logger="cairn.trainer"):
         result = trainer.train(CountingIterator())
@@ -76,8 +79,7 @@ def test_train_writes_summaries_evaluates_and_checkpoints(tmp_path, caplog):
 
 def test_resume_continues_where_it_stopped(tmp_path):
     def run(steps):
-        cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=steps, log_every=1, tensorboard=False)
-        return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg).train(CountingIterator())
+        return _adafactor(tmp_path, steps, log_every=1).train(CountingIterator())
 
     assert run(3).step == 3
     result = run(5)
@@ -88,13 +90,12 @@ def test_resume_continues_where_it_stopped(tmp_path):
 
 def test_fine_tune_from_pretrained_params(tmp_path):
     pre = tmp_path / "pretrain"
-    cfg = TrainerConfig(model_dir=str(pre), num_train_steps=2, tensorboard=False)
-    trainer = Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg)
-    pretrained = trainer.train(CountingIterator()).state.params
+    pretrained = _adafactor(pre, 2).train(CountingIterator()).state.params
+    # Fine-tuned with another optimizer on another mesh.
     ft = Trainer(
         TinyModel(),
-        OptimizerConfig(name="adamw"),
-        1e-4,
+        ADAMW,
+        1e-3,
         make_partitioner(2, 4),
         TrainerConfig(model_dir=str(tmp_path / "ft"), num_train_steps=1, tensorboard=False),
     )
@@ -107,8 +108,7 @@ def test_fine_tune_from_pretrained_params(tmp_path):
 
 
 def test_plain_iterator_without_state_trains_with_a_warning(tmp_path, caplog):
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=2, tensorboard=False)
-    trainer = Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg)
+    trainer = _adafactor(tmp_path, 2)
     with caplog.at_level(logging.WARNING):
         result = trainer.train(make_batch(0, i) for i in range(10))
     assert result.step == 2 and "no get_state/set_state" in caplog.text
@@ -160,10 +160,8 @@ def test_step_hooks_see_every_step_after_eval(tmp_path):
     def second(step, state):
         events.append(("second", step))
 
-    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=4, eval_every=2, log_every=2, tensorboard=False)
-    result = Trainer(
-        TinyModel(), OptimizerConfig(), 0.01, make_partitioner(8, 1), cfg, eval_fn=eval_fn, step_hooks=[hook, second]
-    ).train(CountingIterator())
+    trainer = _adafactor(tmp_path, 4, eval_fn, [hook, second], eval_every=2, log_every=2)
+    result = trainer.train(CountingIterator())
     assert result.step == 4
     assert [e[:2] for e in events] == [
         ("hook", 1),
