@@ -22,7 +22,7 @@ def digest(batch) -> str:
     return h.hexdigest()
 
 
-def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4):
+def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4, **kwargs):
     registry = dt.Registry()
     det_tasks.make(data_dir, registry)
     return DeterministicReader(
@@ -35,17 +35,23 @@ def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4)
         host_index=host_index,
         host_count=host_count,
         registry=registry,
+        **kwargs,
     )
+
+
+def run(r, steps: int) -> list:
+    """`[{"state", "digest"}]` of the next `steps` batches of reader `r`."""
+    out = []
+    for _ in range(steps):
+        state = r.get_state()
+        out.append({"state": state, "digest": digest(next(r))})
+    return out
 
 
 def main(argv):
     data_dir, cache_dir, name, pack, steps = argv[:5]
     r = reader(data_dir, cache_dir, name, pack == "1")
-    out = []
-    for _ in range(int(steps)):
-        state = r.get_state()
-        out.append({"state": state, "digest": digest(next(r))})
-    print(json.dumps(out))
+    print(json.dumps(run(r, int(steps))))
 
 
 if __name__ == "__main__":

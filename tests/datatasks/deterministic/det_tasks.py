@@ -4,15 +4,15 @@
 `det_a` (2 files), `det_b` (1 file) and the mixture `det_mix` (rates 2:1). Both tasks end
 with a stochastic post-cache preprocessor (`noise`, length-preserving, seeded per record)
 and `append_eos_after_trim`.
+TensorFlow is imported on first use (`lazy_tf`): tests that only plan or permute never load it.
 """
 
 import os
 import pathlib
 
-import tensorflow as tf
-
 import cairn.datatasks as dt
 from cairn.datatasks import preprocessors as pp
+from cairn.datatasks.lazy_tf import tf
 from cairn.tokenizers import ByteVocabulary
 
 LENGTHS = {"inputs": 48, "targets": 16}

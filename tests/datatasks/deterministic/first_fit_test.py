@@ -73,9 +73,10 @@ def test_bad_options():
 
 
 # -- the reader ------------------------------------------------------------------------
-def reader(env, name="det_a", packing="first_fit", host_index=0, host_count=1, batch=8, window=16, pack=True):
+def reader(env, name="det_a", packing="first_fit", host_index=0, host_count=1, batch=8, window=16, pack=True, **kwargs):
     data_dir, cache_dir, registry = env
-    kwargs = {} if packing is None else {"packing": packing, "packing_window": window}
+    if packing is not None:
+        kwargs.update(packing=packing, packing_window=window)
     return DeterministicReader(
         name,
         cache_dir,
@@ -126,17 +127,19 @@ def test_reader_rows_are_fuller_and_every_record_is_read_once(det_env):
 
 @pytest.mark.parametrize("name", ["det_a", "det_mix"])
 def test_deterministic_and_resumable_mid_epoch(det_env, name):
-    run = reader(det_env, name)
+    run = reader(det_env, name)  # the default prefetch and steps_per_call
     saved, digests = {}, []
     for step in range(20):
         if step in (0, 7, 13):
             saved[step] = dict(run.get_state())
         digests.append(det_run.digest(next(run)))
-    again = reader(det_env, name)
+    run.close()
+    # Other readers computing 4 steps at a time, nothing ahead: the same batches.
+    again = reader(det_env, name, prefetch=0, steps_per_call=4)
     assert [det_run.digest(next(again)) for _ in range(20)] == digests
     for k, state in saved.items():
         assert state["packing_window"] == 16
-        fresh = reader(det_env, name)
+        fresh = reader(det_env, name, prefetch=0, steps_per_call=4)
         fresh.set_state(state)
         assert [det_run.digest(next(fresh)) for _ in range(4)] == digests[k : k + 4], k
 

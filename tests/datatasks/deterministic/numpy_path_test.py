@@ -101,8 +101,10 @@ CHILD = textwrap.dedent(
     tasks.register(registry)
     out = {}
     for name, task, conv, pack, lengths in json.loads(sys.argv[4]):
+        # 2 steps per pass and 2 passes ahead (threads): 6 steps computed, not 3 x 64 or 3 x 256.
         r = DeterministicReader(task, sys.argv[2], seed=3, global_batch_size=4, sequence_length=lengths,
-                                feature_converter=getattr(dt, conv)(pack=pack), registry=registry)
+                                feature_converter=getattr(dt, conv)(pack=pack), registry=registry,
+                                steps_per_call=2)
         out[name] = [digest(next(r)) for _ in range(6)]
         r.close()
     out["tensorflow_imported"] = "tensorflow" in sys.modules
@@ -220,7 +222,7 @@ def test_reads_without_importing_tensorflow(np_env):
         ("lm_unpacked", dt.LMFeatureConverter(pack=False)),
     ):
         r = _reader(np_env, _tf_twin(conv), numpy_path=False)
-        assert got[name] == [det_run.digest(next(r)) for _ in range(6)], name
+        assert got[name] == [det_run.digest(b) for b in r.batches_at(0, 6)], name
 
 
 SEEDED_CASES = [
@@ -268,7 +270,7 @@ def test_seeded_tasks_read_without_importing_tensorflow(seeded_env):
         ("lm_unpacked", "np_lm", dt.LMFeatureConverter(pack=False)),
     ):
         r = _reader(seeded_env, _tf_twin(conv), numpy_path=False, task=task, lengths=SEEDED_LENGTHS[task])
-        assert got[name] == [det_run.digest(next(r)) for _ in range(6)], name
+        assert got[name] == [det_run.digest(b) for b in r.batches_at(0, 6)], name
 
 
 def test_seeded_preprocessor_without_numpy_fn_uses_tensorflow(det_env):

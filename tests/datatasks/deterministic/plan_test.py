@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import cairn.datatasks as dt
 from cairn.datatasks import packing
@@ -50,6 +49,10 @@ def test_packing_units_per_converter():
 
 
 def test_post_cache_lengths_known_and_unknown():
+    # Not at module level: pytest's fixture scan would read an attribute of the lazy module
+    # and import TensorFlow, which nothing else in this file needs.
+    from cairn.datatasks.lazy_tf import tf
+
     vocab = ByteVocabulary()
     feats = {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab, add_eos=False)}
     src = dt.FunctionDataSource(lambda split, shuffle_files: tf.data.Dataset.range(1), ["train"])

@@ -10,7 +10,7 @@ from cairn.datatasks.errors import DataTasksError
 from cairn.tokenizers import ByteVocabulary
 
 
-def make_reader(env, name, pack, host_index=0, host_count=1, batch=4, seed=7):
+def make_reader(env, name, pack, host_index=0, host_count=1, batch=4, seed=7, **kwargs):
     data_dir, cache_dir, registry = env
     return DeterministicReader(
         name,
@@ -22,15 +22,40 @@ def make_reader(env, name, pack, host_index=0, host_count=1, batch=4, seed=7):
         host_index=host_index,
         host_count=host_count,
         registry=registry,
+        **kwargs,
     )
+
+
+@pytest.fixture(scope="module")
+def shared(det_env):
+    """`shared(name, pack, ...)`: a reader read only through `batch_at` / `row_records`, which
+    never move its state, so tests share it (each new reader traces its TensorFlow stage)."""
+    made = {}
+
+    def get(name, pack, host_index=0, host_count=1, batch=4, seed=7):
+        key = (name, pack, host_index, host_count, batch, seed)
+        if key not in made:
+            made[key] = make_reader(det_env, *key, prefetch=0)
+        return made[key]
+
+    yield get
+    for reader in made.values():
+        reader.close()
+
+
+@pytest.fixture(scope="module")
+def mix_digests(shared):
+    """Digests of det_mix's packed global batches 0..40 (batch 4, seed 7), computed in one pass:
+    what every way of reading that stream must give."""
+    return [det_run.digest(b) for b in shared("det_mix", True).batches_at(0, 41)]
 
 
 @pytest.mark.parametrize("name", ["det_a", "det_mix"])
 @pytest.mark.parametrize("pack", [True, False])
-def test_hosts_concatenate_to_the_global_batch(det_env, name, pack):
-    one = make_reader(det_env, name, pack, batch=8)
+def test_hosts_concatenate_to_the_global_batch(shared, name, pack):
+    one = shared(name, pack, batch=8)
     for hosts in (2, 4):
-        readers = [make_reader(det_env, name, pack, h, hosts, batch=8) for h in range(hosts)]
+        readers = [shared(name, pack, h, hosts, batch=8) for h in range(hosts)]
         for step in (0, 3, 57):  # 57: past the first epoch of det_b and det_a unpacked
             full = one.batch_at(step)
             parts = [r.batch_at(step) for r in readers]
@@ -41,15 +66,18 @@ def test_hosts_concatenate_to_the_global_batch(det_env, name, pack):
                 assert v.shape[0] == 8
 
 
-def test_restore_gives_the_same_following_batches(det_env):
-    run = make_reader(det_env, "det_mix", True)
+def test_restore_gives_the_same_following_batches(det_env, mix_digests):
+    run = make_reader(det_env, "det_mix", True)  # the default prefetch and steps_per_call
     saved, digests = {}, []
     for step in range(21):
         if step in (0, 1, 17):
             saved[step] = dict(run.get_state())
         digests.append(det_run.digest(next(run)))
+    run.close()
+    assert digests == mix_digests[:21]  # next() gives the batches of (seed, step)
     for k, state in saved.items():
-        fresh = make_reader(det_env, "det_mix", True)
+        # A fresh reader, computing other chunks (3 steps, nothing ahead): the same batches.
+        fresh = make_reader(det_env, "det_mix", True, prefetch=0, steps_per_call=3)
         fresh.set_state(state)
         assert [det_run.digest(next(fresh)) for _ in range(3)] == digests[k : k + 3], k
     with pytest.raises(DataTasksError, match="seed=8"):
@@ -57,7 +85,7 @@ def test_restore_gives_the_same_following_batches(det_env):
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
-def test_set_state_keeps_the_chunks_of_the_new_position(det_env, prefetch, monkeypatch):
+def test_set_state_keeps_the_chunks_of_the_new_position(det_env, mix_digests, prefetch, monkeypatch):
     """A peek (get_state, next, set_state) and a jump back within reach reuse the chunks already
     computed; a far jump drops them. Batches are the same either way."""
     reader = make_reader(det_env, "det_mix", True)
@@ -66,8 +94,7 @@ def test_set_state_keeps_the_chunks_of_the_new_position(det_env, prefetch, monke
     computed = []
     chunk = reader._chunk
     monkeypatch.setattr(reader, "_chunk", lambda c: computed.append(c) or chunk(c))
-    ref = make_reader(det_env, "det_mix", True)
-    want = [det_run.digest(ref.batch_at(s)) for s in range(40)]
+    want = mix_digests
 
     state = dict(reader.get_state())
     first = next(reader)
@@ -85,11 +112,10 @@ def test_set_state_keeps_the_chunks_of_the_new_position(det_env, prefetch, monke
     assert computed.count(9) == 1 and (prefetch == 0 or 0 not in reader._ahead)
 
 
-def test_prefetch_stops_at_prefetch_until(det_env):
+def test_prefetch_stops_at_prefetch_until(det_env, mix_digests):
     reader = make_reader(det_env, "det_mix", True)
     reader._prefetch_until, reader.steps_per_call = 6, 4  # chunks 0 (steps 0-3), 1 (4-7), 2 (8-11)
-    ref = make_reader(det_env, "det_mix", True)
-    want = [det_run.digest(ref.batch_at(s)) for s in range(13)]
+    want = mix_digests[:13]
     assert det_run.digest(next(reader)) == want[0]
     assert sorted(reader._ahead) == [0, 1]  # chunk 2 starts at step 8 >= 6: not computed ahead
     assert [det_run.digest(next(reader)) for _ in range(12)] == want[1:]  # reading past it works
@@ -97,8 +123,8 @@ def test_prefetch_stops_at_prefetch_until(det_env):
 
 
 @pytest.mark.parametrize("pack", [True, False])
-def test_each_epoch_visits_every_record_once(det_env, pack):
-    r = make_reader(det_env, "det_b", pack, batch=4)
+def test_each_epoch_visits_every_record_once(shared, pack):
+    r = shared("det_b", pack)
     n = r.streams[0].cache.num_records
     bins = r.streams[0].plan.num_bins
     seen: dict = {}
@@ -114,8 +140,8 @@ def test_each_epoch_visits_every_record_once(det_env, pack):
     assert r.row_records(0) != r.row_records(bins // 4 + 1)
 
 
-def test_packed_rows_respect_the_plan(det_env):
-    r = make_reader(det_env, "det_a", True, batch=8)
+def test_packed_rows_respect_the_plan(shared):
+    r = shared("det_a", True, batch=8)
     batch = r.batch_at(5)
     rows = r.row_records(5)
     for i, (_, _, ids) in enumerate(rows):
@@ -124,10 +150,10 @@ def test_packed_rows_respect_the_plan(det_env):
     assert (batch["decoder_target_tokens"] > 0).sum() > 8 * 16 * 0.6  # well packed
 
 
-def test_post_cache_noise_is_seeded_per_seed_epoch_and_record(det_env):
-    a = make_reader(det_env, "det_b", False, seed=7)
-    b = make_reader(det_env, "det_b", False, seed=7)
-    c = make_reader(det_env, "det_b", False, seed=8)
+def test_post_cache_noise_is_seeded_per_seed_epoch_and_record(det_env, shared):
+    a = shared("det_b", False)
+    b = make_reader(det_env, "det_b", False, seed=7)  # another reader of the same seed
+    c = shared("det_b", False, seed=8)
     first = a.batch_at(0)
     np.testing.assert_array_equal(first["encoder_input_tokens"], b.batch_at(0)["encoder_input_tokens"])
     assert not np.array_equal(first["encoder_input_tokens"], c.batch_at(0)["encoder_input_tokens"])
@@ -141,8 +167,8 @@ def test_post_cache_noise_is_seeded_per_seed_epoch_and_record(det_env):
     assert np.count_nonzero(x0) == np.count_nonzero(x1)
 
 
-def test_mixture_rates(det_env):
-    r = make_reader(det_env, "det_mix", False, batch=64)
+def test_mixture_rates(shared):
+    r = shared("det_mix", False, batch=64)
     names = [name for s in range(20) for name, _, _ in r.row_records(s)]
     share = names.count("det_a") / len(names)
     assert abs(share - 2 / 3) < 0.05, share

@@ -15,33 +15,41 @@ STEPS = 1003
 
 @pytest.fixture(scope="module")
 def two_runs(det_env):
+    """The same run (det_mix, packed, seed 7, the reader's defaults) in a child process and,
+    meanwhile, in this one: two processes, each with its own reader, registry and hash seed."""
     data_dir, cache_dir, _ = det_env
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([HERE, *sys.path])
     cmd = [sys.executable, os.path.join(HERE, "det_run.py"), data_dir, cache_dir, "det_mix", "1", str(STEPS)]
-    procs = [
-        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
-    ]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    return outs
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        reader = det_run.reader(data_dir, cache_dir, "det_mix", True)
+        here = det_run.run(reader, STEPS)
+        reader.close()
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    return json.loads(out.strip().splitlines()[-1]), here
 
 
 def test_two_processes_give_identical_batches(two_runs):
     a, b = two_runs
-    assert len(a) == STEPS
+    assert len(a) == len(b) == STEPS
     assert [x["digest"] for x in a[:1000]] == [x["digest"] for x in b[:1000]]
+    assert [x["state"] for x in a] == [x["state"] for x in b]
     assert len({x["digest"] for x in a}) > 990  # batches do differ from step to step
 
 
 @pytest.mark.parametrize("k", [0, 1, 17, 999])
 def test_restore_at_step_k(det_env, two_runs, k):
     data_dir, cache_dir, _ = det_env
-    run = two_runs[0]
-    reader = det_run.reader(data_dir, cache_dir, "det_mix", True)
+    run = two_runs[0]  # the child's
+    # A fresh reader that computes 3 steps at a time and nothing ahead (the runs computed 64
+    # and prefetched 2 chunks): restoring depends on the state only.
+    reader = det_run.reader(data_dir, cache_dir, "det_mix", True, prefetch=0, steps_per_call=3)
     reader.set_state(run[k]["state"])
     assert run[k]["state"]["step"] == k
     got = [det_run.digest(next(reader)) for _ in range(STEPS - k if k > 990 else 3)]
