@@ -1,4 +1,5 @@
-"""`map_inline` and `pipeline_options`: same elements as `Dataset.map`, run inline when possible."""
+"""`map_inline` and `pipeline_options`: same elements as `Dataset.map`, run inline when possible;
+`no_autograph`: a marked function is traced as written, and maps built inside it still convert."""
 
 import numpy as np
 import pytest
@@ -129,3 +130,32 @@ def test_task_pipeline_carries_the_options():
     ds = task.get_dataset({"targets": 8}, shuffle=False)
     assert ds.options().experimental_optimization.map_parallelization is False
     assert [x["targets"].tolist() for x in ds.as_numpy_iterator()] == [[100, 101, 1], [102, 103, 104, 1], [105, 1]]
+
+
+def python_if_on_a_tensor(x):
+    if x["n"] > 3:  # needs AutoGraph: a tensor as a Python bool
+        return {"ids": x["ids"], "n": x["n"] - 3}
+    return x
+
+
+def test_no_autograph_traces_the_function_as_written():
+    ds = ragged_source(8)
+    converted = elements(ds.map(python_if_on_a_tensor))
+    assert [x["n"] for x in converted] == [0, 1, 2, 3, 1, 2, 3, 4]
+    marked = inline.no_autograph(lambda x: python_if_on_a_tensor(x))
+    with pytest.raises(TypeError, match="tf.Tensor.*bool"):
+        ds.map(marked)  # not converted: Python's `if` sees the symbolic tensor
+    # Library functions marked in the pipeline still give the same elements.
+    from cairn.datatasks import packing
+
+    assert hasattr(packing.shift_right, "autograph_info__")
+    shifted = elements(ds.map(lambda x: {"ids": packing.shift_right(x["ids"], 9)}))
+    assert shifted[3]["ids"] == [9, 0, 1] and shifted[1]["ids"] == [9]
+
+
+def test_maps_built_inside_a_marked_function_still_convert():
+    @inline.no_autograph
+    def build(ds):
+        return ds.map(python_if_on_a_tensor)
+
+    assert [x["n"] for x in elements(build(ragged_source(6)))] == [0, 1, 2, 3, 1, 2]

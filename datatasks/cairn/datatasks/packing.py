@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.ragged import Ragged
 
@@ -38,6 +38,7 @@ def trim_and_pad_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int]
     ):
         return map_inline(ds, lambda x: _pad_one(x, feature_lengths))
 
+    @no_autograph
     def fn(batch):
         out = dict(batch)
         for k in keys:
@@ -186,11 +187,13 @@ def trim_and_pack_dataset(ds: tf.data.Dataset, feature_lengths: Mapping[str, int
     return map_inline(ds, pack).unbatch()
 
 
+@no_autograph
 def shift_right(x: tf.Tensor, fill: int = 0) -> tf.Tensor:
     """`[fill, x[0], ..., x[-2]]` along the first axis."""
     return tf.concat([tf.fill([1], tf.cast(fill, x.dtype)), x[:-1]], axis=0)
 
 
+@no_autograph
 def make_autoregressive_inputs(targets: tf.Tensor, sequence_id: tf.Tensor | None = None, bos_id: int = 0) -> tf.Tensor:
     """Decoder inputs: targets shifted right; `bos_id` at the start of every segment."""
     inputs = shift_right(targets, bos_id)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.errors import DataTasksError, unknown
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.stats import DataStats
 
@@ -248,6 +248,7 @@ def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None, batch: int = 
             stats.add("empty_line", "", int((~mask).sum()))
         return mask
 
+    @no_autograph
     def keep(lines):
         lengths = tf.strings.length(tf.strings.strip(lines))
         if stats is None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 
 
@@ -93,6 +93,7 @@ def finalize(
     dense = all(s.shape.rank is not None and s.shape.rank <= 1 for s in spec.values())
     rank1 = [k for k, s in spec.items() if s.shape.rank == 1]
 
+    @no_autograph
     def one_batch(b, x):
         x = dict(x)
         if dense:
@@ -162,12 +163,14 @@ def finalize(
         ds = map_inline(ds, one_batch)
         return map_inline(ds.unbatch(), lambda x: dict(x))
 
+    @no_autograph
     def add_lengths(x):
         x = dict(x)
         for k in rank1:
             x[f"__len_{k}"] = tf.shape(x[k], out_type=tf.int64)[0]
         return x
 
+    @no_autograph
     def cut(x):
         out = {k: v for k, v in x.items() if not k.startswith("__len_")}
         for k in rank1:

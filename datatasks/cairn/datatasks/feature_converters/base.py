@@ -16,7 +16,7 @@ import numpy as np
 
 from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.ragged import Ragged
 
@@ -187,6 +187,7 @@ class FeatureConverter(metaclass=abc.ABCMeta):
         return {k: task_feature_lengths[k] for k in self._passthrough if k in task_feature_lengths}
 
 
+@no_autograph
 def non_padding(x: tf.Tensor) -> tf.Tensor:
     """1 where `x` is not padding (0), else 0."""
     return tf.cast(tf.not_equal(x, 0), tf.int32)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding, non_padding_numpy
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.packing import autoregressive_inputs, make_autoregressive_inputs
 
 
@@ -34,6 +34,7 @@ class EncDecFeatureConverter(FeatureConverter):
         ds = self._pack_or_pad(ds, lengths)
         pack, bos, passthrough = self._pack, self._bos_id, self._passthrough
 
+        @no_autograph
         def convert(x):
             targets = x["targets"]
             d = {

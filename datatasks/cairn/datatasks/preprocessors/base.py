@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 
 INJECTED = ("output_features", "sequence_length", "seed", "bad_data_policy", "stats")
@@ -276,6 +276,7 @@ def call_preprocessor(fn: Callable, ds: tf.data.Dataset, **available: Any) -> tf
     return fn(ds, **kwargs)
 
 
+@no_autograph
 def example_seeds(key: tf.Tensor, index: tf.Tensor, num_seeds: int) -> tf.Tensor:
     """`[num_seeds, 2]` int32 seeds for example `index` from the base `key` (shape [2])."""
     key = tf.cast(key, tf.int64)

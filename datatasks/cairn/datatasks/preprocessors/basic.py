@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.errors import FeatureTypeError
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors import seeded_numpy
 from cairn.datatasks.preprocessors.base import preprocessor
@@ -164,6 +164,7 @@ def tokenize(
         fn = _tokenize_fn(keys, output_features, copy_pretokenized, with_eos, stats, policy, True)
         ds = map_inline(dataset.batch(_TOKENIZE_BATCH), fn).unbatch()
 
+        @no_autograph
         def cut(x):
             out = {k: v for k, v in x.items() if not k.startswith("__len_")}
             for k in keys:
@@ -267,6 +268,7 @@ def append_eos_after_trim(
     """Trims to `sequence_length - 1` and appends EOS, so the EOS survives the final trim."""
     keys = _eos_keys(dataset, output_features)
 
+    @no_autograph
     def fn(x):
         x = dict(x)
         for k in keys:

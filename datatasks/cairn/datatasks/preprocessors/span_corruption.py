@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cairn.datatasks.inline import map_inline
+from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors import seeded_numpy
 from cairn.datatasks.preprocessors.base import LengthRule, map_over_dataset, preprocessor
 from cairn.datatasks.preprocessors.seeded_numpy import span_corruption_lengths
 
 
+@no_autograph
 def stateless_shuffle(value: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """Shuffles a 1-D tensor with a stateless seed."""
     order = tf.argsort(tf.random.stateless_uniform(tf.shape(value), seed=seed))
@@ -95,6 +96,7 @@ def _checked_rule(name: str, sequence_length: Mapping[str, int], **kwargs: Any) 
     return rule
 
 
+@no_autograph
 def random_spans_noise_mask(
     length: tf.Tensor, noise_density: float, seeds: tf.Tensor, mean_noise_span_length: float = 3.0
 ) -> tf.Tensor:
@@ -128,6 +130,7 @@ def sentinel_id(vocabulary: Any) -> int:
     return vocabulary.vocab_size - 1
 
 
+@no_autograph
 def noise_span_to_unique_sentinel(
     tokens: tf.Tensor, noise_mask: tf.Tensor, vocabulary: Any, seeds: Any = None
 ) -> tf.Tensor:
@@ -140,6 +143,7 @@ def noise_span_to_unique_sentinel(
     return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
 
 
+@no_autograph
 def nonnoise_span_to_unique_sentinel(
     tokens: tf.Tensor, noise_mask: tf.Tensor, vocabulary: Any, seeds: Any = None
 ) -> tf.Tensor:
@@ -180,6 +184,7 @@ def reduce_concat_tokens(
     dataset = map_inline(dataset, lambda x: {feature_key: x[feature_key]})
     dataset = dataset.padded_batch(batch_size, padded_shapes={feature_key: [-1]})
 
+    @no_autograph
     def concat(x):
         tokens = tf.reshape(x[feature_key], [-1])
         return {feature_key: tf.boolean_mask(tokens, tf.cast(tokens, tf.bool))}
@@ -195,6 +200,7 @@ def split_tokens(
     dataset = dataset.filter(lambda x: tf.not_equal(tf.size(x[feature_key]), 0))
     length = max_tokens_per_segment
 
+    @no_autograph
     def split(x):
         tokens = x[feature_key]
         n = tf.shape(tokens)[0]
@@ -273,6 +279,7 @@ def span_corruption(
         ds = reduce_concat_tokens(ds, feature_key="targets", batch_size=128)
     ds = split_tokens(ds, max_tokens_per_segment=tokens_length, feature_key="targets")
 
+    @no_autograph
     def mask_fn(length, density, seeds):
         return random_spans_noise_mask(length, density, seeds, mean_noise_span_length)
 
@@ -361,10 +368,12 @@ def span_corruption_one_to_one(
         input_feature_key=input_feature_key,
     ).reads["targets"]
 
+    @no_autograph
     def mask_fn(length, density, seeds):
         return random_spans_noise_mask(length, density, seeds, mean_noise_span_length)
 
     @map_over_dataset(num_seeds=1)
+    @no_autograph
     def crop(x, seed):
         tokens = x["targets"]
         n = tf.shape(tokens)[0]
