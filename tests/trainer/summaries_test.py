@@ -74,9 +74,29 @@ def test_extra_writers_get_every_row_and_are_flushed_and_closed(tmp_path):
 
 
 def test_tensorboard_takes_the_logged_steps_only(tmp_path):
+    """Only logged steps reach TensorBoard, as the scalar summaries `tf.summary.scalar` writes
+    (read back by TensorFlow), and writing them does not import TensorFlow."""
+    import sys
+
     writer = TensorBoardWriter(str(tmp_path))
     writer.write("train", 1, {"loss": 2.0}, quiet=True)
     assert not (tmp_path / "tensorboard").exists()
-    writer.write("train", 2, {"loss": 1.5})
+    writer.write("train", 2, {"loss": 1.5, "accuracy": 0.25})
+    writer.write("train", 4, {"loss": 1.25, "accuracy": 0.5})
     writer.close()
-    assert any(f.name.startswith("events.") for f in (tmp_path / "tensorboard" / "train").iterdir())
+    assert "tensorflow" not in sys.modules
+    (events,) = [f for f in (tmp_path / "tensorboard" / "train").iterdir() if f.name.startswith("events.")]
+
+    import tensorflow as tf
+
+    got = []
+    for event in tf.compat.v1.train.summary_iterator(str(events)):
+        for v in event.summary.value:
+            assert v.metadata.plugin_data.plugin_name == "scalars"
+            got.append((event.step, v.tag, float(tf.make_ndarray(v.tensor))))
+    assert got == [
+        (2, "train/accuracy", 0.25),
+        (2, "train/loss", 1.5),
+        (4, "train/accuracy", 0.5),
+        (4, "train/loss", 1.25),
+    ]
