@@ -3,7 +3,9 @@ the decoder-only twin trained with `eval.decode_metrics` writes prediction metri
 steps; `eval --decode` continues prompts (a task's `inputs`, else the first half of `targets`)
 and compares the continuation without the prompt; `infer` in its three modes over a two-task
 mixture writes one file per task in input order, and a killed infer resumes to the same files;
-the T5 twin's decode metrics during training and its scores."""
+the T5 twin's decode metrics during training and its scores. Infers whose files are the point
+run in this process (`launch_util.infer_in_process`); a killed infer, its resumption and an
+unknown mode run the entry point as a child."""
 
 import json
 import math
@@ -17,6 +19,8 @@ import time
 
 import launch_util
 import pytest
+
+from cairn.launchers.validation import ConfigError
 
 HERE = str(pathlib.Path(__file__).absolute().parent)
 LM_TASK, PREFIX_TASK, SPAN_TASK, MIX = (
@@ -119,15 +123,10 @@ def test_eval_decode_continues_prompts_and_strips_them(lm, evaluated):
     assert all("score" in r for r in lm_rows)  # the LM task also has perplexity
 
 
-def _infer(common, env, out, *args, chunk_size=2):
-    proc = launch_util.run(
-        "cairn.launchers.infer_main",
-        common + [f"--output={out}", f"--chunk_size={chunk_size}", *args],
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, launch_util.tail(proc)
-    return proc
+def _infer(model_dir, env, out, chunk_size=2, **kwargs):
+    """Infer in this process on the run's saved config (`launch_util.infer_in_process`); the
+    lines it printed."""
+    return "\n".join(launch_util.infer_in_process(model_dir, out, env, chunk_size=chunk_size, **kwargs))
 
 
 def _lines(path):
@@ -136,7 +135,7 @@ def _lines(path):
 
 def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
     tmp, common, env, _ = lm
-    _infer(common, env, tmp / "pred.jsonl")
+    _infer(tmp / "run", env, tmp / "pred.jsonl")
     files = {t: tmp / f"pred-{t}.jsonl" for t in (LM_TASK, PREFIX_TASK)}
     pred = {t: _lines(f) for t, f in files.items()}
     for t, rows in pred.items():
@@ -149,13 +148,13 @@ def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
     assert [(r["inputs"], r["targets"]) for r in lm_rows] == [(r["input"], r["target"]) for r in pred[LM_TASK]]
     assert [r["prediction"] for r in prefix_rows] == [r["prediction"] for r in pred[PREFIX_TASK]]
 
-    _infer(common, env, tmp / "aux.jsonl", "--mode=predict_with_aux")
+    _infer(tmp / "run", env, tmp / "aux.jsonl", mode="predict_with_aux")
     for t in files:
         aux = _lines(tmp / f"aux-{t}.jsonl")
         assert [{k: v for k, v in r.items() if k != "aux"} for r in aux] == pred[t]
         assert all(r["aux"]["scores"] < 0 for r in aux), aux
 
-    _infer(common, env, tmp / "score.jsonl", "--mode=score")
+    _infer(tmp / "run", env, tmp / "score.jsonl", mode="score")
     for t in files:
         scores = _lines(tmp / f"score-{t}.jsonl")
         assert [(r["index"], r["input"], r["target"]) for r in scores] == [
@@ -163,13 +162,10 @@ def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
         ]
         assert all(math.isfinite(r["score"]) and r["score"] < 0 for r in scores), scores
 
-    # Another mode into the same parts is refused; an unknown mode is one line, exit 2.
-    proc = launch_util.run(
-        "cairn.launchers.infer_main",
-        common + [f"--output={tmp / 'pred.jsonl'}", "--chunk_size=2", "--mode=score"],
-        env=env,
-    )
-    assert proc.returncode == 2 and "holds parts of other predictions" in proc.stderr, launch_util.tail(proc)
+    # Another mode into the same parts is refused; an unknown mode is one line, exit 2 (the
+    # entry point in a child process).
+    with pytest.raises(ConfigError, match="holds parts of other predictions"):
+        _infer(tmp / "run", env, tmp / "pred.jsonl", mode="score")
     proc = launch_util.run(
         "cairn.launchers.infer_main", common + [f"--output={tmp / 'x.jsonl'}", "--mode=scores"], env=env
     )
@@ -182,7 +178,7 @@ def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
 def test_killed_infer_resumes_to_the_same_files(lm):
     tmp, common, env, _ = lm
     full = tmp / "full.jsonl"
-    _infer(common, env, full, chunk_size=1)
+    _infer(tmp / "run", env, full, chunk_size=1)
     out = tmp / "killed.jsonl"
     args = common + [f"--output={out}", "--chunk_size=1"]
     first_parts = pathlib.Path(f"{tmp / 'killed'}-{LM_TASK}.jsonl.parts")
@@ -207,11 +203,13 @@ def test_killed_infer_resumes_to_the_same_files(lm):
         child.wait()
     second = pathlib.Path(f"{tmp / 'killed'}-{PREFIX_TASK}.jsonl")
     assert not second.exists(), "killed too late: nothing left to resume"
-    proc = _infer(common, env, out, chunk_size=1)
+    proc = launch_util.run("cairn.launchers.infer_main", args, env=env, timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    printed = proc.stdout
     done = re.search(
-        rf"{EXAMPLES} predictions of step 4 in \S+{LM_TASK}\.jsonl \((\d) chunks computed, (\d) resumed", proc.stdout
+        rf"{EXAMPLES} predictions of step 4 in \S+{LM_TASK}\.jsonl \((\d) chunks computed, (\d) resumed", printed
     )
-    assert done and int(done.group(2)) >= 1 and int(done.group(1)) + int(done.group(2)) == EXAMPLES, proc.stdout
+    assert done and int(done.group(2)) >= 1 and int(done.group(1)) + int(done.group(2)) == EXAMPLES, printed
     for t in (LM_TASK, PREFIX_TASK):
         assert (tmp / f"killed-{t}.jsonl").read_text() == (tmp / f"full-{t}.jsonl").read_text()
 
@@ -237,7 +235,7 @@ def test_t5_decode_metrics_during_training_and_scores(tmp_path):
     got = {r["metric"] for r in eval_rows(tmp_path / "run" / "summaries" / "metrics.jsonl") if r["step"] == 2}
     assert {f"{SPAN_TASK}/sequence_accuracy", f"{SPAN_TASK}/perplexity"} <= got, got
     out = tmp_path / "scores.jsonl"
-    _infer(common, env, out, "--mode=score")
+    _infer(tmp_path / "run", env, out, mode="score")
     rows = _lines(out)
     assert [r["index"] for r in rows] == list(range(EXAMPLES))
     assert all("<extra_id_0>" in r["input"] and r["score"] < 0 for r in rows), rows

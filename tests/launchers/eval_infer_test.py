@@ -1,7 +1,8 @@
 """`//launchers:eval` and `//launchers:infer` on a short run of the default experiment (child
 processes, two short plays): evaluating one checkpoint and watching a run's checkpoints,
 skipping those already evaluated; predictions in chunks, resumed, and never mixed; the LM twin
-continuing prompts."""
+continuing prompts. Infers whose files are the point run in this process on the run's saved
+config (`launch_util.infer_in_process`); the refusal to mix runs the entry point as a child."""
 
 import json
 import os
@@ -75,9 +76,7 @@ def test_eval_without_checkpoints_is_a_clear_error(run, tmp_path):
 def test_infer_writes_chunks_resumes_and_refuses_to_mix(run, tmp_path):
     model_dir, common, env, _ = run
     out = tmp_path / "preds.jsonl"
-    args = common + [f"--output={out}", "--chunk_size=3", "--num_examples=8"]
-    proc = launch_util.run("cairn.launchers.infer_main", args, env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
+    launch_util.infer_in_process(model_dir, out, env, chunk_size=3, num_examples=8)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(8))
     assert all({"input", "target", "prediction", "prediction_ids"} <= set(r) for r in rows)
@@ -88,11 +87,12 @@ def test_infer_writes_chunks_resumes_and_refuses_to_mix(run, tmp_path):
     first = out.read_text()
     os.remove(f"{out}.parts/part-00001.jsonl")
     out.unlink()
-    proc = launch_util.run("cairn.launchers.infer_main", args, env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    assert "1 chunks computed, 2 resumed" in proc.stdout
+    printed = launch_util.infer_in_process(model_dir, out, env, chunk_size=3, num_examples=8)
+    assert "1 chunks computed, 2 resumed" in printed[-1]
     assert out.read_text() == first
-    # Other predictions (another checkpoint step) into the same parts: refused, nothing lost.
+    # Other predictions (another checkpoint step) into the same parts: refused (the entry point
+    # in a child process: exit 2), nothing lost.
+    args = [f"--config={model_dir / 'config.json'}", f"--output={out}", "--chunk_size=3", "--num_examples=8"]
     proc = launch_util.run("cairn.launchers.infer_main", args + ["--step=4"], env=env)
     assert proc.returncode == 2, launch_util.tail(proc)
     assert "holds parts of other predictions" in proc.stderr and "step" in proc.stderr
@@ -117,18 +117,14 @@ def test_infer_of_the_lm_twin_continues_prompts(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("ROMEO. O, she\n\nTo be, or not\n")
     out = tmp_path / "file.jsonl"
-    proc = launch_util.run(
-        "cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=8", f"--input_file={prompts}"], env=env
-    )
-    assert proc.returncode == 0, launch_util.tail(proc)
+    launch_util.infer_in_process(tmp_path / "lm", out, env, chunk_size=8, input_file=str(prompts))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["index"], r["input"], r["target"]) for r in rows] == [(0, "ROMEO. O, she", ""), (1, "To be, or not", "")]
     # At most max_decode_length (6) new tokens after each prompt, whatever its length.
     assert all(all(isinstance(t, int) for t in r["prediction_ids"]) for r in rows), rows
     assert all(len(r["prediction_ids"]) <= 6 for r in rows), rows
     out = tmp_path / "eval.jsonl"
-    proc = launch_util.run("cairn.launchers.infer_main", common + [f"--output={out}", "--chunk_size=8"], env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
+    launch_util.infer_in_process(tmp_path / "lm", out, env, chunk_size=8)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(4))
     assert all(r["input"] and r["target"] and isinstance(r["prediction_ids"], list) for r in rows), rows

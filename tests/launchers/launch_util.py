@@ -56,3 +56,28 @@ def tiny_tokenizer_json(path):
     tok.train_from_iterator(["to be or not to be", "that is the question"] * 20, trainer)
     tok.save(str(path))
     return path
+
+
+def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
+    """`cairn.launchers.infer_main.infer` on a run's saved config (`<model_dir>/config.json`), in
+    this process: what `python -m cairn.launchers.infer_main --config=<model_dir>/config.json
+    --output=<output> ...` does once its flags are parsed, without a new interpreter (~10 s of
+    imports and pipeline tracing each). For tests of what infer writes; the files that test
+    infer's own process (exit status, one-line errors, a kill) run it as a child. `env` is set
+    for the call; `kwargs` go to `infer` (`chunk_size`, `mode`, `step`, `input_file`, ...).
+    Returns the lines infer printed."""
+    from cairn.launchers import config_io, infer_main
+
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        config = config_io.resolve_paths(config_io.load_saved_config(os.path.join(model_dir, "config.json")))
+        printed = []
+        infer_main.infer(config, str(output), str(model_dir), out=printed.append, **kwargs)
+        return printed
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
