@@ -14,6 +14,14 @@ FINETUNE = str(launch_util.CONFIGS / "t5_1_1_finetune.py") + ":tiny"
 SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
 
 
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """`(env, cache_dir)`: two short plays and one task cache, shared by every run here (the
+    same task and lengths)."""
+    tmp = tmp_path_factory.mktemp("finetune_data")
+    return {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)}, tmp / "cache"
+
+
 def first_loss(model_dir):
     rows = [json.loads(line) for line in open(os.path.join(model_dir, "summaries", "metrics.jsonl"))]
     return next(r["value"] for r in rows if r["metric"] == "loss" and r["step"] == 1)
@@ -38,7 +46,7 @@ def args(model_dir, cache_dir, *extra):
     ]
 
 
-def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
+def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path, data):
     import jax
 
     from cairn.models import EncoderDecoderModel, export_hf, get_preset, import_hf
@@ -49,8 +57,7 @@ def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
     params["decoder"]["logits"] = np.zeros_like(params["decoder"]["logits"])
     hf_dir = tmp_path / "hf"
     export_hf(params, config, str(hf_dir))
-    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    cache = tmp_path / "cache"
+    env, cache = data
     uniform = np.log(2176) + 1e-4 * np.log(2176) ** 2  # cross-entropy + z-loss of uniform logits
 
     a, c = tmp_path / "a", tmp_path / "c"
@@ -69,7 +76,7 @@ def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(tmp_path):
     assert np.array_equal(reloaded["decoder"]["logits"], params["decoder"]["logits"])
 
 
-def test_finetune_from_a_t5x_checkpoint(tmp_path):
+def test_finetune_from_a_t5x_checkpoint(tmp_path, data):
     import jax
 
     from cairn.models import EncoderDecoderModel, get_preset
@@ -79,8 +86,8 @@ def test_finetune_from_a_t5x_checkpoint(tmp_path):
     params = EncoderDecoderModel(config).init(jax.random.PRNGKey(7))
     params["decoder"]["logits"] = np.zeros_like(params["decoder"]["logits"])  # uniform logits: known loss
     export_t5x(params, str(tmp_path / "t5x" / "checkpoint_1000"), step=1000)
-    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    cache, a = tmp_path / "cache", tmp_path / "a"
+    env, cache = data
+    a = tmp_path / "a"
     proc = launch_util.train(args(a, cache, f"--config.init.t5x_checkpoint={tmp_path / 't5x'}"), env=env)
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"initial params from {tmp_path / 't5x'}" in proc.stdout and "trained to step 2" in proc.stdout
@@ -100,7 +107,7 @@ def test_finetune_from_a_t5x_checkpoint(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def test_upcycle_a_dense_checkpoint_into_a_mixture_of_experts(tmp_path):
+def test_upcycle_a_dense_checkpoint_into_a_mixture_of_experts(tmp_path, data):
     import jax
     import orbax.checkpoint as ocp
 
@@ -118,8 +125,8 @@ def test_upcycle_a_dense_checkpoint_into_a_mixture_of_experts(tmp_path):
     step_dir = tmp_path / "dense" / "checkpoints" / "5"
     with ocp.PyTreeCheckpointer() as ckptr:  # a cairn step folder: the train state under `state`
         ckptr.save(step_dir / "state", {"params": params, "step": np.int32(5)})
-    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    cache, a = tmp_path / "cache", tmp_path / "a"
+    env, cache = data
+    a = tmp_path / "a"
     moe = "--config.model.overrides.moe={'num_experts': 4, 'every': 2, 'dropless': True}"
     proc = launch_util.train(args(a, cache, f"--config.init.upcycle_from={tmp_path / 'dense'}", moe), env=env)
     assert proc.returncode == 0, launch_util.tail(proc)
