@@ -1,6 +1,6 @@
 """`//launchers:eval` and `//launchers:infer` on 3 processes x 1 CPU device (127.0.0.1) against
-1 process x 3 devices, the same mesh (data=3): 101 examples in global batches of 6 (the last
-one padded), the same bytes out (eval's evaluated.jsonl, metrics and example files; infer's
+1 process x 3 devices, the same mesh (data=3): 27 examples in global batches of 6 (the last
+one padded, with 3 rows), the same bytes out (eval's evaluated.jsonl, metrics and example files; infer's
 predictions), each process decoding only its rows, one writer. The processes keep the
 default `data.batch_size` (32, which does not divide over 3 shards): eval and infer check only
 their own batch sizes, and refuse those that do not split over the processes (exit 2)."""
@@ -17,14 +17,14 @@ from collections import defaultdict
 import launch_util
 import pytest
 
-EXAMPLES = 101
-BATCH = 6  # eval.batch_size and infer's --chunk_size: 17 batches, the last with 5 rows
+EXAMPLES = 27
+BATCH = 6  # eval.batch_size and infer's --chunk_size: 5 batches, the last with 3 rows (one per process)
 TIMEOUT = 600  # per launch (three processes compiling on a loaded 2-core machine)
 LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
 
 
 def texts(tmp):
-    """Train: the Sonnets' first 600 lines; validation: all of Hamlet (124 examples >= 101)."""
+    """Train: the Sonnets' first 600 lines; validation: all of Hamlet (124 examples >= 27)."""
     import importlib.util
     import pathlib
 
@@ -208,7 +208,7 @@ def test_infer_on_three_processes_equals_one(run):
     assert a == b, "3-process predictions differ from 1-process ones"
     rows = [json.loads(line) for line in a.decode().splitlines()]
     assert [r["index"] for r in rows] == list(range(EXAMPLES))
-    assert len(os.listdir(tmp / "three.jsonl.parts")) == 17 + 1  # 17 parts and meta.json
+    assert len(os.listdir(tmp / "three.jsonl.parts")) == 5 + 1  # 5 parts and meta.json
     assert (tmp / "one.jsonl.parts" / "meta.json").read_bytes() == (
         tmp / "three.jsonl.parts" / "meta.json"
     ).read_bytes()
