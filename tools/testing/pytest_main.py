@@ -26,9 +26,8 @@ def _jax_compilation_cache() -> None:
     suite compile each of their programs once. Entries are written under JAX's file lock (it
     takes one when a maximum size is set), so targets running side by side never read a half-written
     entry. Without it (plain `bazel test`), one cache per target in its TEST_TMPDIR; outside
-    Bazel, a temporary folder removed at exit. Every program is written, however quickly it
-    compiled: a child process loads its dozens of small programs (initializers, checksums,
-    metric reductions) instead of compiling them again (~0.5 s less per training process)."""
+    Bazel, a temporary folder removed at exit. Only programs that took >= 0.1 s to compile are
+    written."""
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     shared = os.environ.get("CAIRN_TEST_JAX_CACHE")
@@ -45,7 +44,7 @@ def _jax_compilation_cache() -> None:
         path = tempfile.mkdtemp(prefix="cairn-test-jax-cache-")
         atexit.register(shutil.rmtree, path, True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 
 _jax_compilation_cache()
