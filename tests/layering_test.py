@@ -39,7 +39,8 @@ ALLOWED_LAZY = {
     "partitioning": set(),
     "models": {"safetensors", "tensorstore"},  # tensorstore: t5x checkpoints, the `t5x` extra
     "evaluation": {"sacrebleu", "rouge_score", "scipy"},
-    "trainer": {"tensorflow", "tqdm", "wandb"},  # tqdm: the console's progress line; wandb: its writer
+    # tqdm: the console's progress line; tensorboard and wandb: their writers
+    "trainer": {"tensorflow", "tensorboard", "tqdm", "wandb"},
     "launchers": {"tensorflow", "matplotlib"},
 }
 # Heavy modules that importing a library must not load (checked in a fresh interpreter).
