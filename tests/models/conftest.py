@@ -35,8 +35,14 @@ def random_params(model, seed: int = 0, std: float = 0.2):
     of XLA compilation per model)."""
     import jax
 
+    return random_like(jax.eval_shape(model.init, jax.random.PRNGKey(seed)), seed, std)
+
+
+def random_like(shapes, seed: int = 0, std: float = 0.2):
+    """`random_params` for a tree of shapes (e.g. `jax.eval_shape` of a network's `init`)."""
+    import jax
+
     rng = np.random.default_rng(seed)
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(seed))
 
     def draw(path, leaf):
         if "scale" in jax.tree_util.keystr(path):
@@ -54,4 +60,5 @@ def tiny():
         decoder_only=TINY_DECODER_ONLY,
         random_tokens=random_tokens,
         random_params=random_params,
+        random_like=random_like,
     )

@@ -27,7 +27,7 @@ def setup(tiny, request):
     that each decoding variant compiles once per family."""
     config = tiny.decoder_only if request.param == "decoder_only" else get_preset("llama_tiny").replace(vocab_size=67)
     model = DecoderOnlyModel(config)
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model)
     prompts = np.zeros((5, L + 3), np.int32)
     prompts[0, :3] = tiny.random_tokens(1, (3,), 67)
     prompts[1, :5] = tiny.random_tokens(2, (5,), 67)
@@ -96,7 +96,7 @@ def test_decode_mode_chunks_give_the_full_forward_logits(tiny, scan):
     forward's logits (two chunk sizes, so two compiled programs), and fill the cache's mask."""
     net = Decoder(tiny.decoder_only.replace(scan_layers=scan))
     tokens = tiny.random_tokens(3, (2, 9), 67)
-    params = jax.jit(net.init)(jax.random.PRNGKey(1), tokens)["params"]
+    params = tiny.random_like(jax.eval_shape(net.init, jax.random.PRNGKey(1), tokens)["params"], seed=1)
     full = np.asarray(jax.jit(net.apply)({"params": params}, tokens))
     apply = jax.jit(functools.partial(net.apply, decode=True, mutable=["cache"]))
     sized = jax.eval_shape(lambda: net.apply({"params": params}, jnp.zeros((2, 9), jnp.int32), **_DECODE)[1])
@@ -117,7 +117,7 @@ def test_left_padded_chunk_with_masked_padding_and_prefix(tiny):
     `decoder_causal_attention` the chunk attends as the full prefix-LM forward does."""
     net = Decoder(tiny.decoder_only)
     tokens = tiny.random_tokens(4, (1, 6), 67)
-    params = jax.jit(net.init)(jax.random.PRNGKey(2), tokens)["params"]
+    params = tiny.random_like(jax.eval_shape(net.init, jax.random.PRNGKey(2), tokens)["params"], seed=2)
     prefix = np.array([[1, 1, 1, 1, 0, 0]], np.int32)
     forward = jax.jit(net.apply)
     decode = jax.jit(functools.partial(net.apply, **_DECODE))
