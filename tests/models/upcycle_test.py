@@ -33,13 +33,14 @@ def _batch(t5: bool) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def dense_llama():
-    return DecoderOnlyModel(LLAMA).init(jax.random.PRNGKey(0))
+def dense_llama(tiny):
+    """Any dense parameters do (random, of the init's tree: nothing compiled)."""
+    return tiny.random_params(DecoderOnlyModel(LLAMA), seed=0)
 
 
 @pytest.fixture(scope="module")
 def dense_t5(tiny):
-    return EncoderDecoderModel(tiny.t5_1_1).init(jax.random.PRNGKey(1))
+    return tiny.random_params(EncoderDecoderModel(tiny.t5_1_1), seed=1)
 
 
 def _cases(name, dense_llama, dense_t5, tiny):
