@@ -19,11 +19,21 @@ TINY = LlamaConfig(
 )
 
 
+_HELPERS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helpers(tiny):
+    """conftest's helpers for `_model` (test modules cannot import conftest)."""
+    _HELPERS["random_params"] = tiny.random_params
+
+
 @functools.lru_cache
 def _model(**changes):
-    """A model and its parameters, built once per configuration for the whole module."""
+    """A model and random parameters of its init's tree (normal(0, init_std), norm scales 1:
+    nothing compiled), built once per configuration for the whole module."""
     model = DecoderOnlyModel(TINY.replace(**changes))
-    return model, model.init(jax.random.PRNGKey(0))
+    return model, _HELPERS["random_params"](model, std=TINY.init_std)
 
 
 @functools.lru_cache
@@ -259,7 +269,7 @@ def test_a_left_padded_prompt_decodes_like_the_unpadded_one():
 def test_predict_batch_with_cache_equals_without_and_keeps_the_prompt():
     family = get_family("llama")
     model = family.make_model(TINY.replace(scan_layers=True))
-    params = model.init(jax.random.PRNGKey(0))
+    params = _HELPERS["random_params"](model, std=TINY.init_std)
     prompts = np.zeros((2, 4), np.int32)
     prompts[0, :3] = [5, 6, 7]
     prompts[1, :1] = 9
