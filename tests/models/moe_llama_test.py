@@ -23,9 +23,19 @@ def _batch(seed=0, shape=(2, 10), vocab=256):
     return {"decoder_input_tokens": inputs, "decoder_target_tokens": targets}
 
 
+_HELPERS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helpers(tiny):
+    """conftest's helpers for `_params` (test modules cannot import conftest)."""
+    _HELPERS["random_params"] = tiny.random_params
+
+
 @functools.cache
 def _params():
-    return DecoderOnlyModel(TINY).init(jax.random.PRNGKey(0))
+    """Random parameters of the init's tree (shapes and dtypes of `init`; normal(0, init_std))."""
+    return _HELPERS["random_params"](DecoderOnlyModel(TINY), std=TINY.init_std)
 
 
 def test_parameter_tree_and_logical_axes():
@@ -94,11 +104,8 @@ def test_cached_greedy_decoding_equals_full_forward_passes():
     # (the prefill, each decoding step, and the full passes route different groups).
     config = TINY.replace(moe=TINY.moe.replace(dropless=True))
     model = DecoderOnlyModel(config)
-    # The shared parameters with every kernel and embedding 10x larger (as init_std=0.2 draws
-    # them), so that the greedy continuation is not degenerate.
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x if "scale" in jax.tree_util.keystr(path) else x * 10.0, _params()
-    )
+    # Kernels and embedding of std 0.2 (10x the init's), so that the continuation is not degenerate.
+    params = _HELPERS["random_params"](model, seed=3, std=0.2)
     prompts = np.array([[5, 17, 42], [9, 8, 7]], np.int32)
     steps = 6
     options = DecodeOptions(max_decode_length=3 + steps, eos_id=1)
