@@ -15,12 +15,15 @@ from cairn.models.hf_interchange import config_from_hf, config_from_hf_dir, hf_c
 
 
 def _random_params(config, seed=0):
-    params = EncoderDecoderModel(config).init(jax.random.PRNGKey(seed))
-    # Norm scales start at 1: perturb every parameter so that no mapping error can hide.
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
-    return jax.tree_util.tree_unflatten(
-        treedef, [np.asarray(x + 0.2 * jax.random.normal(k, x.shape)) for x, k in zip(leaves, keys)]
+    """Parameters of the init's tree, every one random (numpy; nothing compiled): norm scales
+    1 + normal(0, 0.2), so that no mapping error can hide."""
+    shapes = jax.eval_shape(EncoderDecoderModel(config).init, jax.random.PRNGKey(seed))
+    rng = np.random.default_rng(seed)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: (float("scale" in jax.tree_util.keystr(path)) + 0.2 * rng.standard_normal(x.shape)).astype(
+            x.dtype
+        ),
+        shapes,
     )
 
 
@@ -159,7 +162,7 @@ def test_checkpoint_saved_by_transformers_5_imports(name, tiny, tmp_path):
 
 def test_scanned_params_round_trip(tiny, tmp_path):
     config = tiny.t5_1_1.replace(scan_layers=True)
-    params = EncoderDecoderModel(config).init(jax.random.PRNGKey(3))
+    params = _random_params(config, seed=3)
     export_hf(params, config, str(tmp_path))
     _, unscanned = import_hf(str(tmp_path))
     assert "layers_1" in unscanned["encoder"]
@@ -169,7 +172,7 @@ def test_scanned_params_round_trip(tiny, tmp_path):
 
 def test_errors_name_the_problem(tiny, tmp_path):
     TINY_T5_1_1 = tiny.t5_1_1
-    params = EncoderDecoderModel(TINY_T5_1_1).init(jax.random.PRNGKey(0))
+    params = _random_params(TINY_T5_1_1)
     with pytest.raises(HFInterchangeError, match="mlp_activations"):
         export_hf(params, TINY_T5_1_1.replace(mlp_activations=("linear", "gelu")), str(tmp_path))
     with pytest.raises(FileNotFoundError, match="config.json"):
