@@ -16,15 +16,18 @@ from cairn.models.hf_interchange import config_from_hf, config_from_hf_dir, hf_c
 
 def _random_params(config, seed=0):
     """Parameters of the init's tree, every one random (numpy; nothing compiled): norm scales
-    1 + normal(0, 0.2), so that no mapping error can hide."""
+    1 + normal(0, 0.2), so that no mapping error can hide; the embedding normal(0, 1), as T5
+    initialises it, the rest normal(0, 0.2)."""
     shapes = jax.eval_shape(EncoderDecoderModel(config).init, jax.random.PRNGKey(seed))
     rng = np.random.default_rng(seed)
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: (float("scale" in jax.tree_util.keystr(path)) + 0.2 * rng.standard_normal(x.shape)).astype(
-            x.dtype
-        ),
-        shapes,
-    )
+
+    def draw(path, x):
+        name = jax.tree_util.keystr(path)
+        base = 1.0 if "scale" in name else 0.0
+        std = 1.0 if "embedding" in name else 0.2
+        return (base + std * rng.standard_normal(x.shape)).astype(x.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def _batch(config, random_tokens):
