@@ -28,8 +28,37 @@ def random_tokens(seed: int, shape, vocab: int, low: int = 2) -> np.ndarray:
     return np.random.default_rng(seed).integers(low, vocab, size=shape).astype(np.int32)
 
 
+def random_params(model, seed: int = 0, std: float = 0.2):
+    """Parameters of `model`'s tree (shapes and dtypes from its init, evaluated abstractly) drawn
+    with numpy: norm scales 1, everything else normal(0, std). For tests whose property holds for
+    any parameters: nothing is compiled (a jitted init's random number generation costs seconds
+    of XLA compilation per model)."""
+    import jax
+
+    return random_like(jax.eval_shape(model.init, jax.random.PRNGKey(seed)), seed, std)
+
+
+def random_like(shapes, seed: int = 0, std: float = 0.2):
+    """`random_params` for a tree of shapes (e.g. `jax.eval_shape` of a network's `init`)."""
+    import jax
+
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        if "scale" in jax.tree_util.keystr(path):
+            return np.ones(leaf.shape, leaf.dtype)
+        return (rng.standard_normal(leaf.shape) * std).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return types.SimpleNamespace(
-        t5_1_1=TINY_T5_1_1, t5_1_0=TINY_T5_1_0, decoder_only=TINY_DECODER_ONLY, random_tokens=random_tokens
+        t5_1_1=TINY_T5_1_1,
+        t5_1_0=TINY_T5_1_0,
+        decoder_only=TINY_DECODER_ONLY,
+        random_tokens=random_tokens,
+        random_params=random_params,
+        random_like=random_like,
     )

@@ -12,7 +12,7 @@ from cairn.models import DecodeOptions, DecoderOnlyModel, count_params
 @pytest.fixture(scope="module")
 def model_and_params(tiny):
     model = DecoderOnlyModel(tiny.decoder_only)
-    return model, model.init(jax.random.PRNGKey(0))
+    return model, tiny.random_params(model)
 
 
 def _lm_batch(tokens):
@@ -94,7 +94,7 @@ def test_count_params_of_the_tiny_config(tiny):
 
 def test_tied_logits_are_rescaled_only_with_scale_tied_logits(tiny):
     config = tiny.decoder_only.replace(logits_via_embedding=True)
-    params = DecoderOnlyModel(config).init(jax.random.PRNGKey(4))
+    params = tiny.random_params(DecoderOnlyModel(config), seed=4)
     batch = _lm_batch(tiny.random_tokens(5, (2, 6), 67))
     scaled = np.asarray(jax.jit(DecoderOnlyModel(config).apply)(params, batch))
     unscaled = np.asarray(jax.jit(DecoderOnlyModel(config.replace(scale_tied_logits=False)).apply)(params, batch))

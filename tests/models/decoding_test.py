@@ -17,7 +17,7 @@ MAX_LEN = 8
 def setup(tiny):
     """A T5.1.1 tiny model with scanned layers (the cache then has a layer axis), its params, a batch."""
     model = EncoderDecoderModel(tiny.t5_1_1.replace(scan_layers=True))
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model)
     enc = tiny.random_tokens(0, (3, 9), tiny.t5_1_1.vocab_size)
     enc[1, 6:] = 0
     return model, params, {"encoder_input_tokens": enc}
@@ -128,7 +128,7 @@ def test_unscanned_tied_model_cache_equals_no_cache(tiny):
     model = EncoderDecoderModel(tiny.t5_1_0)
     setup = (
         model,
-        model.init(jax.random.PRNGKey(1)),
+        tiny.random_params(model, seed=1),
         {"encoder_input_tokens": tiny.random_tokens(5, (2, 7), tiny.t5_1_0.vocab_size)},
     )
     for options in ({}, {"method": "beam", "num_beams": 2}):

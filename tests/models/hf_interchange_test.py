@@ -15,13 +15,19 @@ from cairn.models.hf_interchange import config_from_hf, config_from_hf_dir, hf_c
 
 
 def _random_params(config, seed=0):
-    params = EncoderDecoderModel(config).init(jax.random.PRNGKey(seed))
-    # Norm scales start at 1: perturb every parameter so that no mapping error can hide.
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
-    return jax.tree_util.tree_unflatten(
-        treedef, [np.asarray(x + 0.2 * jax.random.normal(k, x.shape)) for x, k in zip(leaves, keys)]
-    )
+    """Parameters of the init's tree, every one random (numpy; nothing compiled): norm scales
+    1 + normal(0, 0.2), so that no mapping error can hide; the embedding normal(0, 1), as T5
+    initialises it, the rest normal(0, 0.2)."""
+    shapes = jax.eval_shape(EncoderDecoderModel(config).init, jax.random.PRNGKey(seed))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, x):
+        name = jax.tree_util.keystr(path)
+        base = 1.0 if "scale" in name else 0.0
+        std = 1.0 if "embedding" in name else 0.2
+        return (base + std * rng.standard_normal(x.shape)).astype(x.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def _batch(config, random_tokens):
@@ -159,7 +165,7 @@ def test_checkpoint_saved_by_transformers_5_imports(name, tiny, tmp_path):
 
 def test_scanned_params_round_trip(tiny, tmp_path):
     config = tiny.t5_1_1.replace(scan_layers=True)
-    params = EncoderDecoderModel(config).init(jax.random.PRNGKey(3))
+    params = _random_params(config, seed=3)
     export_hf(params, config, str(tmp_path))
     _, unscanned = import_hf(str(tmp_path))
     assert "layers_1" in unscanned["encoder"]
@@ -169,7 +175,7 @@ def test_scanned_params_round_trip(tiny, tmp_path):
 
 def test_errors_name_the_problem(tiny, tmp_path):
     TINY_T5_1_1 = tiny.t5_1_1
-    params = EncoderDecoderModel(TINY_T5_1_1).init(jax.random.PRNGKey(0))
+    params = _random_params(TINY_T5_1_1)
     with pytest.raises(HFInterchangeError, match="mlp_activations"):
         export_hf(params, TINY_T5_1_1.replace(mlp_activations=("linear", "gelu")), str(tmp_path))
     with pytest.raises(FileNotFoundError, match="config.json"):

@@ -68,7 +68,7 @@ def test_both_vjps_give_the_same_numbers(x_shape, w_shape, n):
 
 def test_model_gradients_agree_both_ways(monkeypatch, tiny):
     model = EncoderDecoderModel(tiny.t5_1_1)
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model)
     tokens = tiny.random_tokens(0, (2, 8), tiny.t5_1_1.vocab_size)
     batch = {
         "encoder_input_tokens": tokens,

@@ -8,6 +8,8 @@
 * the policy itself: float32 logits and loss, parameters in `param_dtype`, activations in `dtype`.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,11 +34,17 @@ def _batch():
     }
 
 
+@functools.cache
+def _initial():
+    """The float32 initial values, drawn once for the three runs."""
+    return DecoderOnlyModel(CONFIG).init(jax.random.PRNGKey(0))
+
+
 def _losses(dtype: str, param_dtype: str) -> np.ndarray:
     config = CONFIG.replace(dtype=dtype, param_dtype=param_dtype)
     model = DecoderOnlyModel(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     # The same initial values in every run (bf16 parameters: the float32 ones rounded).
-    initial = DecoderOnlyModel(CONFIG).init(jax.random.PRNGKey(0))
+    initial = _initial()
     params = jax.tree_util.tree_map(lambda x: x.astype(param_dtype), initial)
     optimizer = optax.adamw(3e-3, weight_decay=0.0)
     batch = _batch()
@@ -75,11 +83,15 @@ def test_bf16_params_follow_float32_at_first_and_still_learn(float32_losses):
 
 
 def test_precision_policy():
+    """Abstract evaluation (dtypes only, nothing compiled)."""
     model = DecoderOnlyModel(CONFIG.replace(dtype="bfloat16"))
-    params = model.init(jax.random.PRNGKey(0))
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     assert {str(x.dtype) for x in jax.tree_util.tree_leaves(params)} == {"float32"}
-    logits, state = model.module.apply(
-        {"params": params}, jnp.ones((1, 8), jnp.int32), capture_intermediates=True, mutable=["intermediates"]
+    logits, state = jax.eval_shape(
+        lambda p: model.module.apply(
+            {"params": p}, jnp.ones((1, 8), jnp.int32), capture_intermediates=True, mutable=["intermediates"]
+        ),
+        params,
     )
     assert logits.dtype == jnp.float32
     outputs = {"/".join(k): v[0] for k, v in flatten_dict(state["intermediates"]).items()}
@@ -87,5 +99,5 @@ def test_precision_policy():
     assert outputs["layers_1/mlp/__call__"].dtype == jnp.bfloat16
     assert outputs["layers_1/__call__"].dtype == jnp.bfloat16
     assert outputs["decoder_norm/__call__"].dtype == jnp.bfloat16
-    loss, _ = model.loss_fn(params, {k: v[:, :8] for k, v in _batch().items()})
+    loss, _ = jax.eval_shape(model.loss_fn, params, {k: v[:, :8] for k, v in _batch().items()})
     assert loss.dtype == jnp.float32

@@ -24,7 +24,7 @@ def setup(tiny):
     if jax.device_count() < 8:
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     model = DecoderOnlyModel(CONFIG, z_loss=1e-4)
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model, std=CONFIG.init_std)
     tokens = tiny.random_tokens(1, (4, 12), 64)
     batch = {
         "decoder_target_tokens": tokens,

@@ -19,13 +19,37 @@ TINY = LlamaConfig(
 )
 
 
+_HELPERS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helpers(tiny):
+    """conftest's helpers for `_model` (test modules cannot import conftest)."""
+    _HELPERS["random_params"] = tiny.random_params
+
+
+@functools.lru_cache
 def _model(**changes):
+    """A model and random parameters of its init's tree (normal(0, init_std), norm scales 1:
+    nothing compiled), built once per configuration for the whole module."""
     model = DecoderOnlyModel(TINY.replace(**changes))
-    return model, model.init(jax.random.PRNGKey(0))
+    return model, _HELPERS["random_params"](model, std=TINY.init_std)
+
+
+@functools.lru_cache
+def _apply(model):
+    """One jitted forward pass per model, shared by the tests."""
+    return jax.jit(model.apply)
+
+
+def _shapes(**changes):
+    """The parameter tree's shapes and dtypes, without running the initialiser."""
+    model = DecoderOnlyModel(TINY.replace(**changes))
+    return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0)))
 
 
 def test_parameter_tree_names_and_shapes():
-    _, params = _model(tie_word_embeddings=False)
+    params = _shapes(tie_word_embeddings=False)
     shapes = {"/".join(k): v.shape for k, v in flatten_dict(params).items()}
     layer = {
         "pre_attention_norm/scale": (32,),
@@ -41,7 +65,7 @@ def test_parameter_tree_names_and_shapes():
     want = {"token_embedder/embedding": (97, 32), "decoder_norm/scale": (32,), "logits/kernel": (32, 97)}
     want.update({f"layers_{i}/{k}": v for i in range(2) for k, v in layer.items()})
     assert shapes == want
-    _, tied = _model(scan_layers=True)
+    tied = _shapes(scan_layers=True)
     shapes = {"/".join(k): v.shape for k, v in flatten_dict(tied).items()}
     assert "logits/kernel" not in shapes
     assert shapes["layers/attention/key/kernel"] == (2, 32, 2, 16)
@@ -138,28 +162,32 @@ def test_llama3_inverse_frequencies_match_transformers():
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_packed_row_equals_each_segment_alone(scan):
+    """One batch (one compiled program): row 0 packs segments a and b; rows 1 and 2 hold a and b
+    alone (right-padded: causal, so the padding is never attended); row 3 is row 0 with a single
+    segment id, so b would see a: the segment mask matters."""
     model, params = _model(scan_layers=scan)
-    apply = jax.jit(model.apply)
     rng = np.random.default_rng(1)
     a, b = rng.integers(2, 97, 5).astype(np.int32), rng.integers(2, 97, 7).astype(np.int32)
-    packed = {
-        "decoder_input_tokens": np.concatenate([a, b, [0, 0, 0, 0]])[None],
-        "decoder_segment_ids": np.array([[1] * 5 + [2] * 7 + [0] * 4], np.int32),
-        "decoder_positions": np.array([list(range(5)) + list(range(7)) + [0] * 4], np.int32),
+    row = np.concatenate([a, b, [0, 0, 0, 0]])
+    batch = {
+        "decoder_input_tokens": np.stack([row, np.pad(a, (0, 11)), np.pad(b, (0, 9)), row]),
+        "decoder_segment_ids": np.array(
+            [[1] * 5 + [2] * 7 + [0] * 4, [1] * 5 + [0] * 11, [1] * 7 + [0] * 9, [1] * 12 + [0] * 4], np.int32
+        ),
+        "decoder_positions": np.array(
+            [list(range(5)) + list(range(7)) + [0] * 4, list(range(16)), list(range(16)), list(range(16))], np.int32
+        ),
     }
-    got = np.asarray(apply(params, packed))[0]
-    alone_a = np.asarray(apply(params, {"decoder_input_tokens": a[None]}))[0]
-    alone_b = np.asarray(apply(params, {"decoder_input_tokens": b[None]}))[0]
-    np.testing.assert_allclose(got[:5], alone_a, atol=1e-5)
-    np.testing.assert_allclose(got[5:12], alone_b, atol=1e-5)
-    # Without the segment ids the second segment would see the first: the mask matters.
-    leaky = np.asarray(apply(params, {k: v for k, v in packed.items() if k != "decoder_segment_ids"}))[0]
-    assert not np.allclose(leaky[5:12], alone_b, atol=1e-3)
+    got, alone_a, alone_b, leaky = np.asarray(_apply(model)(params, batch))
+    np.testing.assert_allclose(got[:5], alone_a[:5], atol=1e-5)
+    np.testing.assert_allclose(got[5:12], alone_b[:7], atol=1e-5)
+    # Without the segment boundary the second segment would see the first: the mask matters.
+    assert not np.allclose(leaky[5:12], alone_b[:7], atol=1e-3)
 
 
 def test_prefix_lm_attends_bidirectionally_over_inputs():
     model, params = _model()
-    apply = jax.jit(model.apply)
+    apply = _apply(model)
     tokens = np.random.default_rng(2).integers(2, 97, (1, 8)).astype(np.int32)
     prefix = {"decoder_input_tokens": tokens, "decoder_causal_attention": np.array([[1] * 4 + [0] * 4], np.int32)}
     causal = np.asarray(apply(params, {"decoder_input_tokens": tokens}))
@@ -198,29 +226,32 @@ def _step_fn(model):
 
 
 @pytest.mark.parametrize("scan", [False, True])
-@pytest.mark.parametrize("chunks", [(1,) * 10, (6, 1, 1, 1, 1), (3, 4, 3)])
-def test_decoding_in_chunks_equals_the_full_forward_pass(scan, chunks):
+def test_decoding_in_chunks_equals_the_full_forward_pass(scan):
+    """Single steps from an empty cache, a prefill of 6 then single steps, and chunks of 3 (three
+    chunk sizes: three compiled steps) give the full forward's logits; the cache index and
+    shapes are as documented."""
     model, params = _model(scan_layers=scan, remat_policy="full")
     tokens = np.random.default_rng(3).integers(2, 97, (2, 10)).astype(np.int32)
-    want = np.asarray(jax.jit(model.apply)(params, {"decoder_input_tokens": tokens}))
-    cache = _empty_cache(model, params, 2, 12)
-    step, got, i = _step_fn(model), [], 0
-    for n in chunks:
-        logits, cache = step(params, cache, tokens[:, i : i + n], None, None)
-        got.append(np.asarray(logits))
-        i += n
-    np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-5)
-    index = cache["layers"]["attention"]["cache_index"] if scan else cache["layers_0"]["attention"]["cache_index"]
-    assert np.all(np.asarray(index) == 10)
-    layer = cache["layers"]["attention"] if scan else cache["layers_1"]["attention"]
-    assert layer["cached_key"].shape[-3:] == (12, 2, 16) and layer["cached_key_mask"].shape[-2:] == (2, 12)
+    want = np.asarray(_apply(model)(params, {"decoder_input_tokens": tokens}))
+    step = _step_fn(model)
+    for chunks in [(1,) * 10, (6, 1, 1, 1, 1), (3, 3, 3, 1)]:
+        cache, got, i = _empty_cache(model, params, 2, 12), [], 0
+        for n in chunks:
+            logits, cache = step(params, cache, tokens[:, i : i + n], None, None)
+            got.append(np.asarray(logits))
+            i += n
+        np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-5, err_msg=str(chunks))
+        index = cache["layers"]["attention"]["cache_index"] if scan else cache["layers_0"]["attention"]["cache_index"]
+        assert np.all(np.asarray(index) == 10)
+        layer = cache["layers"]["attention"] if scan else cache["layers_1"]["attention"]
+        assert layer["cached_key"].shape[-3:] == (12, 2, 16) and layer["cached_key_mask"].shape[-2:] == (2, 12)
 
 
 def test_a_left_padded_prompt_decodes_like_the_unpadded_one():
     """Padding keys (segment id 0) are never attended; positions given explicitly."""
     model, params = _model()
     real = np.random.default_rng(4).integers(2, 97, (1, 7)).astype(np.int32)
-    want = np.asarray(jax.jit(model.apply)(params, {"decoder_input_tokens": real}))[0]
+    want = np.asarray(_apply(model)(params, {"decoder_input_tokens": real}))[0]
     pad = 3
     prompt = np.concatenate([np.zeros((1, pad), np.int32), real[:, :4]], axis=1)
     segments = np.array([[0] * pad + [1] * 4], np.int32)
@@ -238,7 +269,7 @@ def test_a_left_padded_prompt_decodes_like_the_unpadded_one():
 def test_predict_batch_with_cache_equals_without_and_keeps_the_prompt():
     family = get_family("llama")
     model = family.make_model(TINY.replace(scan_layers=True))
-    params = model.init(jax.random.PRNGKey(0))
+    params = _HELPERS["random_params"](model, std=TINY.init_std)
     prompts = np.zeros((2, 4), np.int32)
     prompts[0, :3] = [5, 6, 7]
     prompts[1, :1] = 9
@@ -254,9 +285,11 @@ def test_predict_batch_with_cache_equals_without_and_keeps_the_prompt():
 
 
 def test_param_dtype_stores_parameters_and_dtype_computes():
-    model, params = _model(param_dtype="bfloat16", dtype="bfloat16")
+    """Abstract evaluation (dtypes only, nothing compiled)."""
+    model = DecoderOnlyModel(TINY.replace(param_dtype="bfloat16", dtype="bfloat16"))
+    params = _shapes(param_dtype="bfloat16", dtype="bfloat16")
     assert {str(x.dtype) for x in jax.tree_util.tree_leaves(params)} == {"bfloat16"}
-    logits = model.apply(params, {"decoder_input_tokens": np.ones((1, 4), np.int32)})
+    logits = jax.eval_shape(model.apply, params, {"decoder_input_tokens": np.ones((1, 4), np.int32)})
     assert logits.dtype == np.float32
 
 

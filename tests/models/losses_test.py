@@ -103,7 +103,7 @@ def _packed_batch(random_tokens, vocab):
 @pytest.mark.parametrize("factor", [None, losses.AVERAGE_PER_SEQUENCE])
 def test_packed_batch_loss_equals_unpacked_losses(tiny, factor):
     model = EncoderDecoderModel(tiny.t5_1_1, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor=factor)
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model)
     packed, unpacked = _packed_batch(tiny.random_tokens, tiny.t5_1_1.vocab_size)
     loss_fn = jax.jit(model.loss_fn)
     packed_loss, metrics = loss_fn(params, packed)
@@ -131,7 +131,7 @@ def test_packed_batch_loss_equals_unpacked_losses(tiny, factor):
 
 def test_score_batch_is_the_sum_of_token_log_probs(tiny):
     model = EncoderDecoderModel(tiny.t5_1_0)
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model)
     tgt = tiny.random_tokens(1, (2, 4), 67)
     tgt[1, 2:] = 0
     batch = {

@@ -23,9 +23,19 @@ def _batch(seed=0, shape=(2, 10), vocab=256):
     return {"decoder_input_tokens": inputs, "decoder_target_tokens": targets}
 
 
+_HELPERS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helpers(tiny):
+    """conftest's helpers for `_params` (test modules cannot import conftest)."""
+    _HELPERS["random_params"] = tiny.random_params
+
+
 @functools.cache
 def _params():
-    return DecoderOnlyModel(TINY).init(jax.random.PRNGKey(0))
+    """Random parameters of the init's tree (shapes and dtypes of `init`; normal(0, init_std))."""
+    return _HELPERS["random_params"](DecoderOnlyModel(TINY), std=TINY.init_std)
 
 
 def test_parameter_tree_and_logical_axes():
@@ -50,14 +60,14 @@ def test_scanned_and_unrolled_layers_agree():
     scanned = stack_layers(params, TINY.num_layers)
     assert scanned["layers"]["mlp"]["wi_0"]["kernel"].shape == (2, 4, 64, 128)
     plain_model, scan_model = DecoderOnlyModel(TINY), DecoderOnlyModel(TINY.replace(scan_layers=True))
-    plain = jax.jit(plain_model.loss_fn)(params, batch)
-    scan = jax.jit(scan_model.loss_fn)(scanned, batch)
-    logits = [jax.jit(m.apply)(p, batch) for m, p in ((plain_model, params), (scan_model, scanned))]
-    np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    # One compiled program per layout: the loss with its metrics, the logits and the sown collections.
+    both = lambda m: jax.jit(lambda p, b: (m.loss_fn(p, b), m.apply_with_aux(p, b)))
+    plain, (plain_logits, _) = both(plain_model)(params, batch)
+    scan, (scan_logits, sown) = both(scan_model)(scanned, batch)
+    np.testing.assert_allclose(plain_logits, scan_logits, rtol=1e-5, atol=1e-5)
     for key in ("loss", "moe/load_balance_loss", "moe/router_z_loss", "moe/dropped_fraction", "moe/aux_loss"):
         np.testing.assert_allclose(plain[1][key], scan[1][key], rtol=1e-5, err_msg=key)
     # The scanned `moe` collection is stacked over the layers.
-    _, sown = jax.jit(scan_model.apply_with_aux)(scanned, batch)
     assert sown["layers"]["mlp"]["router_z_loss"][0].shape == (2,)
 
 
@@ -65,7 +75,7 @@ def test_scanned_and_unrolled_layers_agree():
 def test_adam_steps_lower_the_loss(routing):
     config = TINY.replace(moe=TINY.moe.replace(routing=routing), scan_layers=True)
     model = DecoderOnlyModel(config)
-    params = model.init(jax.random.PRNGKey(1))
+    params = stack_layers(_params(), TINY.num_layers)  # the routing choice leaves the parameters as they are
     batch = _batch(seed=2)
     optimizer = optax.adam(3e-3)
 
@@ -92,9 +102,10 @@ def test_adam_steps_lower_the_loss(routing):
 def test_cached_greedy_decoding_equals_full_forward_passes():
     # Dropless, so the routing of a token does not depend on the other tokens of its group
     # (the prefill, each decoding step, and the full passes route different groups).
-    config = TINY.replace(moe=TINY.moe.replace(dropless=True), init_std=0.2)
+    config = TINY.replace(moe=TINY.moe.replace(dropless=True))
     model = DecoderOnlyModel(config)
-    params = model.init(jax.random.PRNGKey(3))
+    # Kernels and embedding of std 0.2 (10x the init's), so that the continuation is not degenerate.
+    params = _HELPERS["random_params"](model, seed=3, std=0.2)
     prompts = np.array([[5, 17, 42], [9, 8, 7]], np.int32)
     steps = 6
     options = DecodeOptions(max_decode_length=3 + steps, eos_id=1)

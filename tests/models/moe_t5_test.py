@@ -48,8 +48,9 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def params(model):
-    return model.init(jax.random.PRNGKey(0))
+def params(model, tiny):
+    """Random parameters of the init's tree (shapes and dtypes as `model.init` gives them)."""
+    return tiny.random_params(model)
 
 
 def test_every_second_mlp_of_both_stacks_is_routed(model, params):
@@ -196,12 +197,12 @@ def test_scanned_stacks_route_every_layer(params):
     assert tokens.shape == (2, 5)
 
 
-def test_gpt_style_decoder_with_routed_mlps_trains_a_step():
+def test_gpt_style_decoder_with_routed_mlps_trains_a_step(tiny):
     config = DecoderOnlyConfig(
         vocab_size=67, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48, num_layers=2, moe=MOE.replace(dropless=True)
     )
     model = DecoderOnlyModel(config)
-    params = model.init(jax.random.PRNGKey(7))
+    params = tiny.random_params(model, seed=7)
     assert "router" in params["layers_1"]["mlp"] and "router" not in params["layers_0"]["mlp"]
     batch = {k: v for k, v in _batch(6).items() if k.startswith("decoder")}
     history, (grads, _, _) = _train(model, params, batch, 2)

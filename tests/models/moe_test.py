@@ -290,10 +290,10 @@ def test_loss_adds_the_weighted_router_losses_and_reaches_the_router():
     assert float(jnp.abs(aux_grads["layers_1"]["mlp"]["wo"]["kernel"]).max()) == 0.0
 
 
-def test_st_moe_routes_every_second_layer_of_encoder_and_decoder():
+def test_st_moe_routes_every_second_layer_of_encoder_and_decoder(tiny):
     config = get_preset("st_moe_tiny", vocab_size=67)
     model = EncoderDecoderModel(config)
-    params = model.init(jax.random.PRNGKey(0))
+    params = tiny.random_params(model, std=0.05)  # the init's tree; numpy-drawn values
     assert "router" in params["encoder"]["layers_1"]["mlp"] and "router" in params["decoder"]["layers_1"]["mlp"]
     assert "router" not in params["encoder"]["layers_0"]["mlp"] and "router" not in params["decoder"]["layers_0"]["mlp"]
     assert params["encoder"]["layers_1"]["mlp"]["wi_0"]["kernel"].shape == (4, 128, 256)

@@ -16,17 +16,23 @@ L = 10  # max_decode_length
 _DECODE = {"decode": True, "mutable": ["cache"]}
 
 
+_FULL = 4  # the row whose prompt (L + 3 tokens) is longer than max_decode_length
+
+
 @pytest.fixture(scope="module", params=["decoder_only", "llama"])
 def setup(tiny, request):
     """A tiny decoder-only model of each family (T5-style with relative positions; Llama with
-    RoPE and grouped-query heads), its params, and right-padded prompts of lengths 3, 5, 0, 1."""
+    RoPE and grouped-query heads), its params, and right-padded prompts of lengths 3, 5, 0, 1
+    and L + 3 (row `_FULL`: cut to L, nothing generated). One prompt batch for every test, so
+    that each decoding variant compiles once per family."""
     config = tiny.decoder_only if request.param == "decoder_only" else get_preset("llama_tiny").replace(vocab_size=67)
     model = DecoderOnlyModel(config)
-    params = model.init(jax.random.PRNGKey(0))
-    prompts = np.zeros((4, 5), np.int32)
+    params = tiny.random_params(model)
+    prompts = np.zeros((5, L + 3), np.int32)
     prompts[0, :3] = tiny.random_tokens(1, (3,), 67)
     prompts[1, :5] = tiny.random_tokens(2, (5,), 67)
     prompts[3, :1] = 9
+    prompts[_FULL] = tiny.random_tokens(6, (L + 3,), 67)
     return model, params, prompts
 
 
@@ -44,18 +50,29 @@ def _predict(setup, rng=0, prompts=None, **options):
 
 
 def _lengths(prompts):
-    return np.cumprod(prompts > 0, axis=1).sum(axis=1)
+    return np.minimum(np.cumprod(prompts > 0, axis=1).sum(axis=1), L)
+
+
+_FORWARD: dict = {}
+_ROWS = 15  # the most output rows of a test (5 prompts, 3 samples each)
 
 
 def _full_forward(setup, tokens, lengths, prefix_lm=False):
     """Full-forward logits for outputs `tokens` `[rows, L]` (inputs: BOS then the tokens) and
-    the positions that were generated (from the prompt's end up to and including EOS)."""
+    the positions that were generated (from the prompt's end up to and including EOS). One
+    compiled program per family: the rows are padded to `_ROWS`, and the causal pass is the
+    prefix-LM pass with an empty prefix."""
     model, params, _ = setup
-    batch = {"decoder_input_tokens": np.pad(tokens[:, :-1], ((0, 0), (1, 0)))}
+    rows = tokens.shape[0]
+    inputs = np.pad(tokens[:, :-1], ((0, _ROWS - rows), (1, 0)))
     cols = np.arange(tokens.shape[1])[None, :]
+    prefix = np.zeros(inputs.shape, np.int32)
     if prefix_lm:  # BOS and the prompt (input positions 0..len) attend each other
-        batch["decoder_causal_attention"] = (cols <= lengths[:, None]).astype(np.int32)
-    logits = np.asarray(jax.jit(model.apply)(params, batch))
+        prefix[:rows] = cols <= lengths[:, None]
+    batch = {"decoder_input_tokens": inputs, "decoder_causal_attention": prefix}
+    if id(model) not in _FORWARD:
+        _FORWARD[id(model)] = jax.jit(model.apply)
+    logits = np.asarray(_FORWARD[id(model)](params, batch))[:rows]
     after_eos = (np.cumsum(tokens == 1, axis=1) - (tokens == 1)) > 0
     generated = (cols >= lengths[:, None]) & ~after_eos
     return logits, generated
@@ -75,15 +92,17 @@ def _check_against_full_forward(setup, tokens, scores, lengths, prefix_lm=False,
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_decode_mode_chunks_give_the_full_forward_logits(tiny, scan):
+    """Chunks of 3 then single tokens, and chunks of 3 fed into a non-empty cache, give the full
+    forward's logits (two chunk sizes, so two compiled programs), and fill the cache's mask."""
     net = Decoder(tiny.decoder_only.replace(scan_layers=scan))
     tokens = tiny.random_tokens(3, (2, 9), 67)
-    params = net.init(jax.random.PRNGKey(1), tokens)["params"]
-    full = np.asarray(net.apply({"params": params}, tokens))
+    params = tiny.random_like(jax.eval_shape(net.init, jax.random.PRNGKey(1), tokens)["params"], seed=1)
+    full = np.asarray(jax.jit(net.apply)({"params": params}, tokens))
     apply = jax.jit(functools.partial(net.apply, decode=True, mutable=["cache"]))
     sized = jax.eval_shape(lambda: net.apply({"params": params}, jnp.zeros((2, 9), jnp.int32), **_DECODE)[1])
     empty = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sized["cache"])
     assert empty["cached_key_mask"].shape == (2, 9) and empty["cache_index"].shape == ()
-    for chunks in ([1] * 9, [4, 1, 1, 1, 1, 1], [2, 3, 4]):
+    for chunks in ([3] + [1] * 6, [3, 3, 3]):
         cache, got, start = empty, [], 0
         for n in chunks:
             logits, mutated = apply({"params": params, "cache": cache}, tokens[:, start : start + n])
@@ -98,21 +117,23 @@ def test_left_padded_chunk_with_masked_padding_and_prefix(tiny):
     `decoder_causal_attention` the chunk attends as the full prefix-LM forward does."""
     net = Decoder(tiny.decoder_only)
     tokens = tiny.random_tokens(4, (1, 6), 67)
-    params = net.init(jax.random.PRNGKey(2), tokens)["params"]
+    params = tiny.random_like(jax.eval_shape(net.init, jax.random.PRNGKey(2), tokens)["params"], seed=2)
     prefix = np.array([[1, 1, 1, 1, 0, 0]], np.int32)
+    forward = jax.jit(net.apply)
+    decode = jax.jit(functools.partial(net.apply, **_DECODE))
     for causal in (None, prefix):
-        full = np.asarray(net.apply({"params": params}, tokens, None, causal))
+        full = np.asarray(forward({"params": params}, tokens, None, causal))
         sized = jax.eval_shape(lambda: net.apply({"params": params}, jnp.zeros((1, 10), jnp.int32), **_DECODE)[1])
         cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sized["cache"])
         chunk = np.concatenate([np.full((1, 3), 5, np.int32), tokens[:, :4]], axis=1)  # 3 padding keys
         segments = np.array([[0, 0, 0, 1, 1, 1, 1]], np.int32)
         chunk_prefix = None if causal is None else np.pad(prefix[:, :4], ((0, 0), (3, 0)))
-        logits, mutated = net.apply({"params": params, "cache": cache}, chunk, segments, chunk_prefix, **_DECODE)
+        logits, mutated = decode({"params": params, "cache": cache}, chunk, segments, chunk_prefix)
         np.testing.assert_array_equal(mutated["cache"]["cached_key_mask"], [[0, 0, 0, 1, 1, 1, 1, 0, 0, 0]])
         got = [np.asarray(logits)[:, 3:]]
         cache = mutated["cache"]
         for t in (4, 5):
-            logits, mutated = net.apply({"params": params, "cache": cache}, tokens[:, t : t + 1], **_DECODE)
+            logits, mutated = decode({"params": params, "cache": cache}, tokens[:, t : t + 1])
             cache = mutated["cache"]
             got.append(np.asarray(logits))
         np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-5)
@@ -133,7 +154,14 @@ def test_left_align_and_prepend_prompts():
 # --- predict_batch ------------------------------------------------------------------------------
 
 
+def _short(prompts):
+    """The rows whose prompts are shorter than L (they generate tokens)."""
+    return _lengths(prompts) < L
+
+
 def test_greedy_prefill_equals_forcing_and_the_full_forward(setup):
+    """Greedy with a prefill == forcing the prompt token by token == the full forward pass;
+    each row starts with its prompt; a prompt longer than L is cut to L and scores 0."""
     _, _, prompts = setup
     tokens, scores = _predict(setup)
     forced, forced_scores = _predict(setup, prefill=False)
@@ -143,11 +171,13 @@ def test_greedy_prefill_equals_forcing_and_the_full_forward(setup):
     for r, n in enumerate(lengths):
         np.testing.assert_array_equal(tokens[r, :n], prompts[r, :n])
     _check_against_full_forward(setup, tokens, scores, lengths)
-    assert tokens.shape == (4, L) and np.all(scores < 0)
+    assert tokens.shape == (5, L) and np.all(scores[_short(prompts)] < 0)
+    np.testing.assert_array_equal(tokens[_FULL], prompts[_FULL, :L])
+    assert scores[_FULL] == 0.0 and forced_scores[_FULL] == 0.0
 
 
 def test_prefill_without_cache_equals_with_cache(setup):
-    for options in ({}, {"method": "beam", "num_beams": 3, "num_decodes": 2}):
+    for options in ({}, {"method": "beam", "num_beams": 4, "num_decodes": 2, "alpha": 0.0}):
         cached, s1 = _predict(setup, **options)
         plain, s2 = _predict(setup, use_cache=False, **options)
         np.testing.assert_array_equal(cached, plain)
@@ -162,27 +192,29 @@ def test_prefix_lm_prefill_attends_bidirectionally_over_the_prompt(setup):
     assert not np.allclose(scores[:2], causal_scores[:2])  # rows with prompts of 3 and 5 tokens
 
 
-def test_long_prompts_are_cut_and_full_rows_score_zero(setup, tiny):
-    prompts = np.zeros((2, L + 3), np.int32)
-    prompts[0] = tiny.random_tokens(6, (L + 3,), 67)
-    prompts[1, :2] = [4, 5]
-    tokens, scores = _predict(setup, prompts=prompts)
-    np.testing.assert_array_equal(tokens[0], prompts[0, :L])
-    assert scores[0] == 0.0 and scores[1] < 0
-    np.testing.assert_array_equal(tokens, _predict(setup, prompts=prompts, prefill=False)[0])
+_SAMPLE = {"method": "sample", "temperature": 1.0, "top_p": 0.95, "num_decodes": 3}
 
 
-def test_sampling_prefill_equals_forcing_and_is_reproducible(setup):
-    opts = {"method": "sample", "temperature": 1.0, "top_p": 0.95}
-    a, sa = _predict(setup, rng=3, **opts)
-    np.testing.assert_array_equal(a, _predict(setup, rng=3, **opts)[0])
-    forced, sf = _predict(setup, rng=3, prefill=False, **opts)
+def test_sampling_prefill_equals_forcing_is_reproducible_and_num_decodes_samples_per_prompt(setup):
+    """Sampling (top-p, 3 samples per prompt): prefill == forcing; the same key reproduces the
+    samples, another changes them; rows are `b * num_decodes`, each starting with its prompt;
+    the empty prompt's samples differ; scores are the full forward's token log-probs."""
+    _, _, prompts = setup
+    a, sa = _predict(setup, rng=3, **_SAMPLE)
+    assert a.shape == (15, L) and sa.shape == (15,)
+    np.testing.assert_array_equal(a, _predict(setup, rng=3, **_SAMPLE)[0])
+    forced, sf = _predict(setup, rng=3, prefill=False, **_SAMPLE)
     np.testing.assert_array_equal(a, forced)
     np.testing.assert_allclose(sa, sf, rtol=1e-5, atol=1e-5)
-    assert not np.array_equal(a, _predict(setup, rng=4, **opts)[0])
-    _check_against_full_forward(setup, a, sa, _lengths(setup[2]), greedy=False)
+    assert not np.array_equal(a, _predict(setup, rng=4, **_SAMPLE)[0])
+    lengths = np.repeat(_lengths(prompts), 3)
+    for r, n in enumerate(lengths):
+        np.testing.assert_array_equal(a[r, :n], prompts[r // 3, :n])
+    assert len({tuple(row) for row in a[6:9]}) > 1  # the empty prompt's three samples differ
+    _check_against_full_forward(setup, a, sa, lengths, greedy=False)
 
 
+@pytest.mark.parametrize("setup", ["llama"], indirect=True)  # the decoding loop's code, family-independent
 def test_top_k_one_and_one_beam_are_greedy(setup):
     greedy, greedy_scores = _predict(setup)
     top1, top1_scores = _predict(setup, rng=5, method="sample", top_k=1)
@@ -193,26 +225,17 @@ def test_top_k_one_and_one_beam_are_greedy(setup):
     np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
 
 
-def test_num_decodes_samples_per_prompt(setup):
-    _, _, prompts = setup
-    tokens, scores = _predict(setup, rng=6, method="sample", num_decodes=3)
-    assert tokens.shape == (12, L) and scores.shape == (12,)
-    lengths = np.repeat(_lengths(prompts), 3)
-    np.testing.assert_array_equal(tokens[:, :3][lengths >= 3], np.repeat(prompts[:2, :3], 3, axis=0))
-    assert len({tuple(row) for row in tokens[6:9]}) > 1  # the empty prompt's three samples differ
-    _check_against_full_forward(setup, tokens, scores, lengths, greedy=False)
-
-
 def test_beam_search_with_prompts_returns_the_top_beams(setup):
     _, _, prompts = setup
     tokens, scores = _predict(setup, method="beam", num_beams=4, num_decodes=2, alpha=0.0)
-    assert tokens.shape == (8, L)
+    assert tokens.shape == (10, L)
     lengths = np.repeat(_lengths(prompts), 2)
     _check_against_full_forward(setup, tokens, scores, lengths, greedy=False)
     assert np.all(scores[0::2] >= scores[1::2] - 1e-6)  # best first (alpha 0: by log-probability)
     _, greedy_scores = _predict(setup)
     assert np.all(scores[0::2] >= greedy_scores - 1e-5)
-    assert not np.array_equal(tokens[0::2], tokens[1::2])
+    short = _short(prompts)
+    assert not np.array_equal(tokens[0::2][short], tokens[1::2][short])
 
 
 def test_decode_options_are_checked():

@@ -5,6 +5,8 @@ relative to the checkpoint folder, written here with TensorStore as t5x does) an
 arrays inline; t5x's names (`.../kernel`, `logits_dense`) and `DenseGeneral`'s flattened
 attention kernels. Not checked against t5x itself (it is not installable here)."""
 
+import functools
+
 import jax
 import ml_dtypes
 import numpy as np
@@ -74,6 +76,11 @@ def trained():
     return model, model.init(jax.random.PRNGKey(3))
 
 
+@functools.lru_cache
+def _apply(model):
+    return jax.jit(model.apply)
+
+
 def test_a_t5x_checkpoint_imports_exactly(tmp_path, trained):
     model, params = trained
     write_t5x(tmp_path / "run" / "checkpoint_100", t5x_layout(params))
@@ -83,7 +90,7 @@ def test_a_t5x_checkpoint_imports_exactly(tmp_path, trained):
     want = flatten_dict(params, sep="/")
     for name, value in flatten_dict(got, sep="/").items():
         np.testing.assert_array_equal(value, np.asarray(want[name]), err_msg=name)
-    np.testing.assert_array_equal(model.apply(got, BATCH), model.apply(params, BATCH))
+    np.testing.assert_array_equal(_apply(model)(got, BATCH), _apply(model)(params, BATCH))
 
 
 def test_into_a_scanned_model_and_from_version_0_and_bfloat16(tmp_path, trained):
@@ -98,8 +105,8 @@ def test_into_a_scanned_model_and_from_version_0_and_bfloat16(tmp_path, trained)
     emb = flatten_dict(got, sep="/")["token_embedder/embedding"]
     assert emb.dtype == np.float32
     np.testing.assert_array_equal(emb, np.asarray(params["token_embedder"]["embedding"]).astype(ml_dtypes.bfloat16))
-    unscanned_logits = model.apply(params, BATCH)
-    np.testing.assert_allclose(scanned.apply(got, BATCH), unscanned_logits, atol=0.05)  # bf16 embedding
+    unscanned_logits = _apply(model)(params, BATCH)
+    np.testing.assert_allclose(_apply(scanned)(got, BATCH), unscanned_logits, atol=0.05)  # bf16 embedding
 
 
 def test_bad_checkpoints_are_named(tmp_path, trained):

@@ -7,6 +7,8 @@ within 2e-5). With drops, a token dropped by all its experts gets a zero MLP out
 MLP through the residual), so its logits differ.
 """
 
+import functools
+
 import flax.linen as nn
 import flax.traverse_util as traverse_util
 import jax
@@ -31,13 +33,14 @@ def _batch(t5: bool) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def dense_llama():
-    return DecoderOnlyModel(LLAMA).init(jax.random.PRNGKey(0))
+def dense_llama(tiny):
+    """Any dense parameters do (random, of the init's tree: nothing compiled)."""
+    return tiny.random_params(DecoderOnlyModel(LLAMA), seed=0)
 
 
 @pytest.fixture(scope="module")
 def dense_t5(tiny):
-    return EncoderDecoderModel(tiny.t5_1_1).init(jax.random.PRNGKey(1))
+    return tiny.random_params(EncoderDecoderModel(tiny.t5_1_1), seed=1)
 
 
 def _cases(name, dense_llama, dense_t5, tiny):
@@ -54,16 +57,37 @@ def _cases(name, dense_llama, dense_t5, tiny):
     return tiny.t5_1_1, dense_t5, moe, EncoderDecoderModel
 
 
+def _is_mlp(module, method):
+    return isinstance(module, nn.Module) and module.name == "mlp"
+
+
+@functools.lru_cache
+def _jitted_capture(model):
+    def call(p, tokens):
+        return model.module.apply({"params": p}, tokens, capture_intermediates=_is_mlp, mutable=["intermediates"])
+
+    return jax.jit(call)
+
+
+def _run_capturing_the_mlp(model, params):
+    """Logits on `_batch(False)` and layer 0's MLP output (one compiled program per model)."""
+    logits, state = _jitted_capture(model)(params, _batch(False)["decoder_input_tokens"])
+    return logits, np.asarray(state["intermediates"]["layers_0"]["mlp"]["__call__"][0])
+
+
 @pytest.mark.parametrize("name", ["llama", "llama_scanned", "t5"])
 def test_upcycled_model_computes_the_dense_function_at_step_0(name, dense_llama, dense_t5, tiny):
     dense_config, dense, moe, model_cls = _cases(name, dense_llama, dense_t5, tiny)
     params = upcycle(dense, dense_config, moe, ROUTER_RNG)
     moe_model = model_cls(dense_config.replace(moe=moe))
-    fresh = traverse_util.flatten_dict(jax.jit(moe_model.init)(ROUTER_RNG))
+    # The MoE model's own init: its shapes abstractly, its router values computed (only those:
+    # the rest of the init program is dead code, so compiling it is cheap).
+    fresh_shapes = jax.eval_shape(moe_model.init, ROUTER_RNG)
+    assert jax.tree.map(np.shape, fresh_shapes) == jax.tree.map(np.shape, params)
     flat, flat_dense = traverse_util.flatten_dict(params), traverse_util.flatten_dict(dense)
-    assert jax.tree.map(np.shape, traverse_util.unflatten_dict(fresh)) == jax.tree.map(np.shape, params)
     routers = [p for p in flat if p[-2] == "router"]
     assert routers, "no routed layer"
+    fresh = jax.jit(lambda key: {p: traverse_util.flatten_dict(moe_model.init(key))[p] for p in routers})(ROUTER_RNG)
     scanned = dense_config.scan_layers
     for path, value in flat.items():
         if path[-2] == "router":  # fresh, as the MoE model's own init draws it
@@ -78,7 +102,10 @@ def test_upcycled_model_computes_the_dense_function_at_step_0(name, dense_llama,
             np.testing.assert_array_equal(value, flat_dense[path])
 
     batch = _batch(model_cls is EncoderDecoderModel)
-    dense_logits = jax.jit(model_cls(dense_config).apply)(dense, batch)
+    if name == "llama":  # the dense pass the next test runs too (one compiled program for both)
+        dense_logits = _run_capturing_the_mlp(DecoderOnlyModel(LLAMA), dense)[0]
+    else:
+        dense_logits = jax.jit(model_cls(dense_config).apply)(dense, batch)
     logits, sown = jax.jit(moe_model.apply_with_aux)(params, batch)
     dropped = [np.asarray(v) for p, v in traverse_util.flatten_dict(sown).items() if p[-1] == "dropped_fraction"]
     assert len(dropped) == (2 if name == "t5" else 1) and all(np.all(d == 0) for d in dropped)
@@ -91,20 +118,8 @@ def test_dropped_tokens_get_a_zero_mlp_output(dense_llama):
     MLP's, a dropped token's is zero, and the logits differ from the dense model's."""
     moe = MoeConfig(num_experts=4, top_k=1, capacity_factor=0.5)  # ceil(0.5 * 8 / 4) = 1 slot each
     params = upcycle(dense_llama, LLAMA, moe, ROUTER_RNG)
-    is_mlp = lambda module, method: isinstance(module, nn.Module) and module.name == "mlp"
-    batch = _batch(False)
-
-    def run(model, params):
-        def call(p):
-            return model.module.apply(
-                {"params": p}, batch["decoder_input_tokens"], capture_intermediates=is_mlp, mutable=["intermediates"]
-            )
-
-        logits, state = jax.jit(call)(params)
-        return logits, np.asarray(state["intermediates"]["layers_0"]["mlp"]["__call__"][0])
-
-    dense_logits, dense_out = run(DecoderOnlyModel(LLAMA), dense_llama)
-    logits, out = run(DecoderOnlyModel(LLAMA.replace(moe=moe)), params)
+    dense_logits, dense_out = _run_capturing_the_mlp(DecoderOnlyModel(LLAMA), dense_llama)
+    logits, out = _run_capturing_the_mlp(DecoderOnlyModel(LLAMA.replace(moe=moe)), params)
     zero = np.all(out == 0, axis=-1)
     kept = ~zero
     np.testing.assert_allclose(out[kept], dense_out[kept], rtol=0, atol=1e-6)
