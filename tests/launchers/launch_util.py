@@ -71,8 +71,8 @@ for i, argv in enumerate(json.loads(sys.argv[2])):
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        for fd, name in ((1, "out"), (2, "err")):
-            os.dup2(os.open(os.path.join(out_dir, f"{i}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        for fd, stream in ((1, "out"), (2, "err")):
+            os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         sys.argv = [module.__file__, *argv]
         code = 0
         try:
