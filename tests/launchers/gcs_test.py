@@ -235,19 +235,34 @@ def test_eval_and_infer_read_and_write_the_bucket(world):
     assert sorted(storage.sizes(out + ".parts")) == ["meta.json", "part-00000.jsonl", "part-00001.jsonl"]
 
 
-def test_the_lock_refuses_a_second_run(world):
+@pytest.fixture(scope="module")
+def refused(world):
+    """The train program on a model_dir whose lock another host holds, and on a missing bucket:
+    each run in its own process forked from one interpreter that imported it
+    (`launch_util.run_forked`)."""
     run = world["bucket"] + "/runs/locked"
     owner = {"pid": 12345, "host": "another-host"}
     assert storage.create_exclusive(run + "/cairn.lock", json.dumps(owner).encode())
-    proc = launch_util.train(args(world, run, 2), env=world["env"], timeout=300)
+    locked, missing = launch_util.run_forked(
+        "cairn.launchers.train_main",
+        [args(world, run, 2), args(world, "gs://no-such-bucket/run", 2)],
+        env=world["env"],
+        timeout=300,
+        preload=("cairn.models", "cairn.trainer"),
+    )
+    return {"locked": (run, locked), "missing": missing}
+
+
+def test_the_lock_refuses_a_second_run(refused):
+    run, proc = refused["locked"]
     assert proc.returncode == 2, launch_util.tail(proc)
     lines = proc.stderr.strip().splitlines()
     assert "in use by pid 12345 on host another-host" in lines[-1]
     assert sorted(storage.file_sizes(run)) == ["cairn.lock"]  # nothing written, nothing lost
 
 
-def test_a_missing_bucket_is_one_line(world):
-    proc = launch_util.train(args(world, "gs://no-such-bucket/run", 2), env=world["env"], timeout=300)
+def test_a_missing_bucket_is_one_line(refused):
+    proc = refused["missing"]
     assert proc.returncode == 2, launch_util.tail(proc)
     last = proc.stderr.strip().splitlines()[-1]
     assert "gs://no-such-bucket/run" in last and "bucket 'no-such-bucket' does not exist" in last
