@@ -1,6 +1,7 @@
 """Each library builds as its own wheel, declares what it imports, and installs alone."""
 
 import email.parser
+import functools
 import importlib.metadata
 import os
 import pathlib
@@ -14,10 +15,14 @@ import zipfile
 import pytest
 
 
-def _build_wheel(repo_root: pathlib.Path, lib: str, out: pathlib.Path) -> pathlib.Path:
-    # Copy (dereferencing Bazel's symlinks) so the build writes nowhere in the tree.
-    src = out / f"src-{lib}"
-    shutil.copytree(repo_root / lib, src, symlinks=False)
+def _build_wheels(repo_root: pathlib.Path, libs: list, out: pathlib.Path) -> dict:
+    """`pip wheel` of every library in one pip process; `{lib: wheel}`."""
+    srcs = []
+    for lib in libs:
+        # Copy (dereferencing Bazel's symlinks) so the build writes nowhere in the tree.
+        src = out / f"src-{lib}"
+        shutil.copytree(repo_root / lib, src, symlinks=False)
+        srcs.append(str(src))
     wheels = out / "wheels"
     subprocess.run(
         [
@@ -31,15 +36,17 @@ def _build_wheel(repo_root: pathlib.Path, lib: str, out: pathlib.Path) -> pathli
             "-q",
             "-w",
             str(wheels),
-            str(src),
+            *srcs,
         ],
         check=True,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
-    (wheel,) = wheels.glob(f"cairn_{lib}-*.whl")
-    return wheel
+    found = {}
+    for lib in libs:
+        (found[lib],) = wheels.glob(f"cairn_{lib}-*.whl")
+    return found
 
 
 def _requirements(wheel: pathlib.Path) -> set:
@@ -52,15 +59,22 @@ def _requirements(wheel: pathlib.Path) -> set:
     return names
 
 
+@functools.cache
+def _packages_distributions() -> dict:
+    """importlib.metadata.packages_distributions(), read once: it reads every installed
+    distribution's file list (about a second per call)."""
+    return importlib.metadata.packages_distributions()
+
+
 def _distributions_of(module: str) -> set:
-    dists = importlib.metadata.packages_distributions().get(module, [])
+    dists = _packages_distributions().get(module, [])
     return {d.lower().replace("_", "-") for d in dists}
 
 
 @pytest.fixture(scope="module")
 def wheels(repo_root, imports, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    return {lib: _build_wheel(repo_root, lib, out) for lib in imports.libraries}
+    return _build_wheels(repo_root, list(imports.libraries), out)
 
 
 def test_wheels_hold_their_library_and_no_namespace_init(wheels, imports):

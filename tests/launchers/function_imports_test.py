@@ -1,8 +1,8 @@
 """Function-level imports in cairn.launchers only where they keep a heavy import off a light
 path (docs/design.md §9): an import statement inside a function of module `F` must load, run
 alone in a fresh interpreter, a heavy package below that importing `F` itself does not load
-(so the import keeps it off `F`'s import), or be listed in `CYCLES` with the reason it cannot
-be at module level."""
+(so the import keeps it off `F`'s import; the test's docstring says how that is measured), or
+be listed in `CYCLES` with the reason it cannot be at module level."""
 
 import ast
 import json
@@ -49,35 +49,159 @@ def function_imports() -> list[tuple[str, int, str]]:
     return sorted(set(found))
 
 
-def heavy_roots(statement: str) -> list[str]:
-    """The heavy packages that running `statement` (an import) loads in a fresh interpreter."""
-    code = (
-        "import json, sys\n"
-        "exec(sys.argv[1])\n"
-        "print(json.dumps(sorted({k.split('.')[0] for k in sys.modules} & set(json.loads(sys.argv[2])))))"
-    )
+# Run in a fresh interpreter: runs argv[2] (the module's import), prints `HEAVY <JSON list>` (the
+# heavy packages in sys.modules), then, for each further argument, forks a child that runs it and
+# prints the same line; the parent waits for each child (exit 0) before forking the next.
+_PROBE = """
+import json, os, sys, traceback
+heavy = set(json.loads(sys.argv[1]))
+def report():
+    print("HEAVY", json.dumps(sorted({k.split(".")[0] for k in sys.modules} & heavy)), flush=True)
+exec(sys.argv[2], {})
+report()
+for statement in sys.argv[3:]:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(statement, {})
+            report()
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        sys.exit(f"{statement!r} failed (wait status {status})")
+"""
+
+
+def heavy_roots(module: str, statements: list[str]) -> tuple[set[str], list[set[str]]]:
+    """The heavy packages that `import cairn.launchers.<module>` loads in a fresh interpreter, and
+    those loaded after it and then each of `statements` (each run alone after the module's import:
+    in a child forked from that interpreter)."""
     run = subprocess.run(
-        [sys.executable, "-c", code, statement, json.dumps(sorted(HEAVY))], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _PROBE, json.dumps(sorted(HEAVY)), f"import cairn.launchers.{module}", *statements],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    rows = [set(json.loads(line[6:])) for line in run.stdout.splitlines() if line.startswith("HEAVY ")]
+    assert len(rows) == 1 + len(statements), run.stdout[-2000:]
+    return rows[0], rows[1:]
+
+
+# Run as `python -X importtime -c _SEQUENTIAL HEAVY_JSON IMPORT_MODULE STATEMENT...` in a fresh
+# interpreter: the module's import, then `HEAVY <JSON list>`; then for each statement a marker on
+# stderr, the statement, and `DEFINED <JSON list>`: the modules that define what it bound.
+_SEQUENTIAL = """
+import json, os, sys, types
+exec(sys.argv[2], {})
+print("HEAVY", json.dumps(sorted({k.split(".")[0] for k in sys.modules} & set(json.loads(sys.argv[1])))), flush=True)
+for statement in sys.argv[3:]:
+    sys.stderr.flush()
+    os.write(2, b"STATEMENT\\n")
+    bound = {}
+    exec(statement, bound)
+    defined = {v.__name__ if isinstance(v, types.ModuleType) else getattr(v, "__module__", None)
+               for k, v in bound.items() if k != "__builtins__"}
+    print("DEFINED", json.dumps(sorted(d for d in defined if isinstance(d, str))), flush=True)
+"""
+
+
+def first_loads(stderr: str) -> list[dict[str, set[str]]]:
+    """From `-X importtime` output, per `STATEMENT` marker: each module first loaded while that
+    statement ran -> the top-level names of it and of every module first loaded below it."""
+    segments = []
+    for segment in stderr.split("STATEMENT\n")[1:]:
+        pending: list[tuple[int, set[str]]] = []  # (depth, subtree): post-order, children first
+        subtrees: dict[str, set[str]] = {}
+        for line in segment.splitlines():
+            if not line.startswith("import time:") or "imported package" in line:
+                continue
+            field = line.rsplit("|", 1)[1]
+            depth = (len(field) - len(field.lstrip())) // 2
+            name = field.strip()
+            tree = {name.split(".")[0]}
+            while pending and pending[-1][0] > depth:
+                tree |= pending.pop()[1]
+            subtrees[name] = tree
+            pending.append((depth, tree))
+        segments.append(subtrees)
+    return segments
+
+
+def targets(statement: str) -> set[str]:
+    """The modules an import statement names: each named module, its parents and, for
+    `from M import n`, `M.n` (a submodule, if it is one)."""
+    node = ast.parse(statement).body[0]
+    names = (
+        [a.name for a in node.names]
+        if isinstance(node, ast.Import)
+        else [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    )
+    return {".".join(n.split(".")[: i + 1]) for n in names for i in range(n.count(".") + 1)}
+
+
+def sequential(module: str, statements: list[str]) -> tuple[set[str], list[str]]:
+    """`import cairn.launchers.<module>` then `statements` in one fresh interpreter (see the test's
+    docstring): the module's heavy packages, and the statements not shown to load another."""
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", _SEQUENTIAL, json.dumps(sorted(HEAVY))]
+        + [f"import cairn.launchers.{module}", *statements],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    base = [set(json.loads(line[6:])) for line in run.stdout.splitlines() if line.startswith("HEAVY ")]
+    defined = [set(json.loads(line[8:])) for line in run.stdout.splitlines() if line.startswith("DEFINED ")]
+    loads = first_loads(run.stderr)
+    assert len(base) == 1 and len(defined) == len(loads) == len(statements), run.stdout[-2000:]
+    base = base[0]
+    loaded_after = {m: tree for segment in loads for m, tree in segment.items()}
+
+    def justified(i: int) -> bool:
+        mine = set(loads[i]) | ((targets(statements[i]) | defined[i]) & set(loaded_after))
+        return any((loaded_after[m] & HEAVY) - base for m in mine)
+
+    return base, [st for i, st in enumerate(statements) if not justified(i)]
 
 
 def test_every_function_level_import_keeps_a_heavy_import_off_a_light_path():
+    """Measured per module `F` in one fresh interpreter (`-X importtime`): `import F` (its heavy
+    packages H, exactly), then every function-level import statement of `F` in turn. Importing
+    is idempotent and a module not loaded at some point was not loaded after `import F` alone
+    either, so a module M first loaded after F's import, with a heavy package P outside H first
+    loaded below it, is one whose import after `import F` alone runs the same chain of
+    not-yet-loaded modules down to P. A statement is justified (it loads P, which F does not, run
+    alone after `import F`) when such an M was first loaded while it ran, or is a module it names
+    (`targets`) or one that defines what it bound (`DEFINED`: it had to run for the name to
+    exist). The rest (an earlier statement loaded their packages first) are decided exactly by
+    `heavy_roots`: one interpreter imports F and forks a child per statement, each starting
+    from F's import alone; what F then the statement loads is H plus what the statement loads
+    alone in a fresh interpreter. The judgement is that of one fresh interpreter per statement
+    and one per module, with each package imported once per module instead of once per
+    statement."""
     imports = function_imports()
     assert imports, "no function-level imports found: has the layout moved?"
-    cache: dict[str, set[str]] = {}
-
-    def roots(statement: str) -> set[str]:
-        if statement not in cache:
-            cache[statement] = set(heavy_roots(statement))
-        return cache[statement]
-
-    pointless = [
-        f"{name}:{line} {statement}"
-        for name, line, statement in imports
-        if (name, statement) not in CYCLES and roots(statement) <= roots(f"import cairn.launchers.{name[:-3]}")
-    ]
+    by_module: dict[str, list[str]] = {}
+    for name, _, statement in imports:
+        if (name, statement) not in CYCLES and statement not in by_module.setdefault(name, []):
+            by_module[name].append(statement)
+    bad = set()
+    for name, statements in by_module.items():
+        if not statements:
+            continue
+        base, undecided = sequential(name[:-3], statements)
+        if undecided:
+            base_again, after = heavy_roots(name[:-3], undecided)
+            assert base_again == base
+            bad |= {(name, st) for st, now in zip(undecided, after) if now <= base}
+    pointless = [f"{name}:{line} {statement}" for name, line, statement in imports if (name, statement) in bad]
     assert pointless == [], "imports that keep nothing heavy off their module (move them up): " + "; ".join(pointless)
 
 

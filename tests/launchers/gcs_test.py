@@ -5,7 +5,8 @@ puts on local disk; the run is trained, SIGKILLed after a checkpoint, resumed, a
 with the same run on local disk (`verify` across the two model_dirs); 2 processes on the bucket
 match 1 on local disk; no torn object after the kill; eval and infer reading that model_dir and writing
 there; the lock refusing a second run;
-a missing bucket and an unreachable endpoint as one line, exit 2."""
+a missing bucket and an unreachable endpoint as one line, exit 2. The training runs skip the final
+evaluation (eval_main is the evaluation under test here)."""
 
 import json
 import os
@@ -58,6 +59,8 @@ def args(world, model_dir, steps=STEPS, *extra):
         "--config.trainer.log_every=1",
         "--config.trainer.checkpoint_every=2",
         "--config.fingerprint_every=2",
+        # No final evaluation: eval_main is the evaluation under test (test_eval_and_infer_...).
+        "--config.post_training.final_eval=false",
         "--config.post_training.num_samples=0",
         *extra,
     ]
@@ -103,14 +106,18 @@ def train_until_killed(world, model_dir, pattern, timeout=400):
     return "".join(lines)
 
 
-def test_cache_tasks_with_beam_into_the_bucket(world):
+def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
+    """`cache_main --beam` (a child process, as a user runs it) writes the cache into the bucket;
+    the in-process writer (`cache_main.cache`, called here: this process reads the emulator too)
+    on local disk and into the bucket gives the same records; `verify_cache` (its `_main`, here)
+    re-hashes the Beam cache in the bucket: ok."""
     from cairn.datatasks.deterministic import task_dir
     from cairn.datatasks.deterministic.store import CachedTask
+    from cairn.launchers import cache_main, config_io, verify_cache_main
 
-    common = [f"--config={launch_util.T5_CONFIG}", "--beam"]
     proc = launch_util.run(
         "cairn.launchers.cache_main",
-        common + [f"--config.data.cache_dir={world['gs_cache']}"],
+        [f"--config={launch_util.T5_CONFIG}", "--beam", f"--config.data.cache_dir={world['gs_cache']}"],
         env=world["env"],
         timeout=900,
     )
@@ -120,15 +127,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world):
     files = storage.sizes(gs_path)
     assert "COMPLETED" in files and "info.json" in files and any(f.endswith(".array_record") for f in files)
     # The in-process writer, on local disk and into the bucket: the same records everywhere.
+    monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", world["env"]["CAIRN_SHAKESPEARE_DIR"])
+    config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
     in_process = world["bucket"] + "/cache-in-process"
     for cache_dir in (world["local_cache"], in_process):
-        proc = launch_util.run(
-            "cairn.launchers.cache_main",
-            [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={cache_dir}"],
-            env=world["env"],
-            timeout=900,
-        )
-        assert proc.returncode == 0, launch_util.tail(proc)
+        config.data.cache_dir = cache_dir
+        assert cache_main.cache(config) == {"shakespeare_span_corruption": "cached"}
     local = CachedTask(task_dir(world["local_cache"], "shakespeare_span_corruption", "train"))
     for path in (gs_path, task_dir(in_process, "shakespeare_span_corruption", "train")):
         remote = CachedTask(path)  # shards read from the bucket by array-record itself
@@ -136,13 +140,10 @@ def test_cache_tasks_with_beam_into_the_bucket(world):
         assert remote.info["fingerprint"] == local.info["fingerprint"]
         assert remote.read(range(remote.num_records)) == local.read(range(local.num_records))
         assert (remote.lengths == local.lengths).all()
-    verify = launch_util.run(
-        "cairn.launchers.verify_cache_main",
-        [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={world['gs_cache']}"],
-        env=world["env"],
-        timeout=300,
-    )
-    assert verify.returncode == 0 and "shakespeare_span_corruption/train: ok" in verify.stdout, launch_util.tail(verify)
+    config.data.cache_dir = world["gs_cache"]
+    capsys.readouterr()
+    assert verify_cache_main._main(config) == 0
+    assert "shakespeare_span_corruption/train: ok" in capsys.readouterr().out
 
 
 def test_train_on_gs_killed_resumed_matches_local_disk(world):
@@ -234,19 +235,34 @@ def test_eval_and_infer_read_and_write_the_bucket(world):
     assert sorted(storage.sizes(out + ".parts")) == ["meta.json", "part-00000.jsonl", "part-00001.jsonl"]
 
 
-def test_the_lock_refuses_a_second_run(world):
+@pytest.fixture(scope="module")
+def refused(world):
+    """The train program on a model_dir whose lock another host holds, and on a missing bucket:
+    each run in its own process forked from one interpreter that imported it
+    (`launch_util.run_forked`)."""
     run = world["bucket"] + "/runs/locked"
     owner = {"pid": 12345, "host": "another-host"}
     assert storage.create_exclusive(run + "/cairn.lock", json.dumps(owner).encode())
-    proc = launch_util.train(args(world, run, 2), env=world["env"], timeout=300)
+    locked, missing = launch_util.run_forked(
+        "cairn.launchers.train_main",
+        [args(world, run, 2), args(world, "gs://no-such-bucket/run", 2)],
+        env=world["env"],
+        timeout=300,
+        preload=("cairn.models", "cairn.trainer"),
+    )
+    return {"locked": (run, locked), "missing": missing}
+
+
+def test_the_lock_refuses_a_second_run(refused):
+    run, proc = refused["locked"]
     assert proc.returncode == 2, launch_util.tail(proc)
     lines = proc.stderr.strip().splitlines()
     assert "in use by pid 12345 on host another-host" in lines[-1]
     assert sorted(storage.file_sizes(run)) == ["cairn.lock"]  # nothing written, nothing lost
 
 
-def test_a_missing_bucket_is_one_line(world):
-    proc = launch_util.train(args(world, "gs://no-such-bucket/run", 2), env=world["env"], timeout=300)
+def test_a_missing_bucket_is_one_line(refused):
+    proc = refused["missing"]
     assert proc.returncode == 2, launch_util.tail(proc)
     last = proc.stderr.strip().splitlines()[-1]
     assert "gs://no-such-bucket/run" in last and "bucket 'no-such-bucket' does not exist" in last

@@ -21,9 +21,21 @@ EXAMPLES = sorted(POD_DIR.glob("jobset_*.yaml"))
 BASE = [f"--config={CONFIG}", "--config.model_dir=gs://bucket/runs/tiny", "--image=registry.example/cairn:1"]
 
 
+ENV = {"BUILD_WORKSPACE_DIRECTORY": "", "BUILD_WORKING_DIRECTORY": ""}
+
+
 def _render(args, **kwargs):
-    env = {"BUILD_WORKSPACE_DIRECTORY": "", "BUILD_WORKING_DIRECTORY": ""}
-    return launch_util.run("cairn.launchers.jobset", args, env=env, timeout=240, **kwargs)
+    """`python -m cairn.launchers.jobset <args>`: a child process, as a user runs it."""
+    return launch_util.run("cairn.launchers.jobset", args, env=ENV, timeout=240, **kwargs)
+
+
+def _render_many(argvs):
+    """The renderer on each of `argvs`: each run in its own process, forked from one interpreter
+    that imported the renderer (`launch_util.run_forked`: the same program, exit status, stdout
+    and stderr, without importing it again for every run)."""
+    return launch_util.run_forked(
+        "cairn.launchers.jobset", argvs, env=ENV, timeout=240, preload=("cairn.models", "cairn.trainer")
+    )
 
 
 def _container(manifest):
@@ -233,17 +245,17 @@ def test_tpu_manifest(tmp_path):
     assert "volumes" not in pod
 
 
-def test_gpu_manifest_on_stdout():
-    result = _render(
-        BASE
-        + [
-            "--accelerator=nvidia-h100-80gb",
-            "--num_hosts=2",
-            "--config.data.batch_size=64",
-            "--name=gpu-run",
-            "--namespace=ml",
-        ]
-    )
+GPU_ARGS = BASE + [
+    "--accelerator=nvidia-h100-80gb",
+    "--num_hosts=2",
+    "--config.data.batch_size=64",
+    "--name=gpu-run",
+    "--namespace=ml",
+]
+
+
+def test_gpu_manifest_on_stdout(forked):
+    result = forked["gpu"]
     assert result.returncode == 0, launch_util.tail(result)
     m = yaml.safe_load(result.stdout)
     assert m["metadata"]["name"] == "gpu-run" and m["metadata"]["namespace"] == "ml"
@@ -285,33 +297,51 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(
-    "extra, message", BAD + [("missing image", "--image: required"), ("missing model_dir", "'model_dir': empty")]
-)
-def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
-    out = tmp_path / "jobset.yaml"
+BAD_CASES = BAD + [("missing image", "--image: required"), ("missing model_dir", "'model_dir': empty")]
+
+
+def _bad_args(extra):
     if extra == "missing image":
-        args = [a for a in BASE if not a.startswith("--image")] + ["--accelerator=nvidia-l4"]
-    elif extra == "missing model_dir":
-        args = [a for a in BASE if "model_dir" not in a] + ["--accelerator=nvidia-l4"]
-    else:
-        args = BASE + extra
-    result = _render(args + [f"--output={out}"])
+        return [a for a in BASE if not a.startswith("--image")] + ["--accelerator=nvidia-l4"]
+    if extra == "missing model_dir":
+        return [a for a in BASE if "model_dir" not in a] + ["--accelerator=nvidia-l4"]
+    return BASE + extra
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory):
+    """Every run of the renderer below but test_tpu_manifest's, in one `_render_many`: the GPU
+    manifest ("gpu"), each committed example's command line (its name), each bad input (its
+    index in BAD_CASES, with the --output it was given)."""
+    tmp = tmp_path_factory.mktemp("jobset")
+    runs = {"gpu": GPU_ARGS}
+    for example in EXAMPLES:
+        first = example.read_text().splitlines()[0]
+        assert first.startswith("# Rendered by //launchers:jobset from: ")
+        runs[example.name] = shlex.split(first.split(" from: ", 1)[1])
+    for i, (extra, _) in enumerate(BAD_CASES):
+        runs[i] = _bad_args(extra) + [f"--output={tmp / f'bad{i}.yaml'}"]
+    results = dict(zip(runs, _render_many(list(runs.values()))))
+    results["tmp"] = tmp
+    return results
+
+
+@pytest.mark.parametrize("extra, message", BAD_CASES)
+def test_bad_input_exits_2_with_one_line(forked, extra, message):
+    i = next(i for i, case in enumerate(BAD_CASES) if case == (extra, message))
+    result = forked[i]
     assert result.returncode == 2, launch_util.tail(result)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
-    assert not out.exists()
+    assert not (forked["tmp"] / f"bad{i}.yaml").exists()
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_committed_examples_are_what_the_renderer_writes(example):
+def test_committed_examples_are_what_the_renderer_writes(forked, example):
     """launchers/pod/jobset_*.yaml: rerendered from the flags in their first line, byte for byte
     (after a change to the renderer: rerun that command with --output=<the file>)."""
     text = example.read_text()
-    first = text.splitlines()[0]
-    assert first.startswith("# Rendered by //launchers:jobset from: ")
-    args = shlex.split(first.split(" from: ", 1)[1])
-    result = _render(args)
+    result = forked[example.name]
     assert result.returncode == 0, launch_util.tail(result)
     assert result.stdout == text
     m = yaml.safe_load(text)

@@ -81,3 +81,73 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# One interpreter imports the entry point's module, then forks a child per argv: each child runs
+# the module's `run()` with that argv (stdout and stderr to files) and exits with its status.
+_FORKED = """
+import importlib, json, os, sys, traceback
+module = importlib.import_module(sys.argv[1])
+out_dir = sys.argv[3]
+for name in sys.argv[4:]:
+    importlib.import_module(name)
+for i, argv in enumerate(json.loads(sys.argv[2])):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd, stream in ((1, "out"), (2, "err")):
+            os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = [module.__file__, *argv]
+        code = 0
+        try:
+            module.run()
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
+        f.write(str(os.waitstatus_to_exitcode(status)))
+"""
+
+
+def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
+    """`python -m <module> <argv>` for each of `argvs`, as one interpreter that imports `module`
+    once and forks a child per argv, which calls `module.run()` with `sys.argv` set: each run
+    starts from a fresh interpreter's state after `import <module>` (flags unparsed, nothing
+    else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
+    anyway, imported once before the forks. Returns a CompletedProcess per argv."""
+    import json
+    import tempfile
+
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory() as out_dir:
+        driver = subprocess.run(
+            [sys.executable, "-c", _FORKED, module, json.dumps([list(map(str, a)) for a in argvs]), out_dir, *preload],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=str(REPO),
+        )
+        assert driver.returncode == 0, f"the driver failed: {driver.stderr[-3000:]}"
+
+        def read(i: int, ext: str) -> str:
+            with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
+                return f.read()
+
+        return [
+            subprocess.CompletedProcess([module, *argv], int(read(i, "rc")), read(i, "out"), read(i, "err"))
+            for i, argv in enumerate(argvs)
+        ]

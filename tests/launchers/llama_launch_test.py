@@ -20,6 +20,7 @@ from cairn.launchers.validation import ConfigError
 
 CONFIG = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
 LLAMA_1B = "launchers/configs/llama_1b_pretrain.py"
+T5_XL = "launchers/configs/t5_1_1_pretrain.py:xl_bf16"
 SHAKESPEARE_SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")
 PROMPT = "ROMEO. O, she doth teach"
 POD_SETTINGS = [
@@ -111,20 +112,23 @@ def test_param_dtype_reaches_the_parameters():
     assert dtypes == {"bfloat16"}, dtypes
 
 
-def _train_fails(tmp_path, *overrides):
-    proc = launch_util.train([f"--config={CONFIG}", f"--config.model_dir={tmp_path / 'run'}", *overrides], timeout=180)
-    assert proc.returncode == 2, launch_util.tail(proc)
-    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists(), launch_util.tail(proc)
-    return proc.stderr.strip().splitlines()[-1]
-
-
 def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path):
-    line = _train_fails(tmp_path, "--config.model.dtype=bf16")
-    assert line.startswith("error: config key 'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'"), line
-    line = _train_fails(tmp_path, "--config.model.param_dtype=int8")
-    assert line.startswith("error: config key 'model.param_dtype': unknown value 'int8'"), line
-    line = _train_fails(tmp_path, "--config.model.overrides.num_kv_heads=3")
-    assert "num_heads (4) must be a multiple of num_kv_heads (3)" in line, line
+    """The train program on each bad value, each run in its own process forked from one
+    interpreter that imported it (`launch_util.run_forked`)."""
+    bad = ["--config.model.dtype=bf16", "--config.model.param_dtype=int8", "--config.model.overrides.num_kv_heads=3"]
+    argvs = [[f"--config={CONFIG}", f"--config.model_dir={tmp_path / f'run{i}'}", flag] for i, flag in enumerate(bad)]
+    lines = []
+    for i, proc in enumerate(
+        launch_util.run_forked(
+            "cairn.launchers.train_main", argvs, timeout=180, preload=("cairn.models", "cairn.trainer")
+        )
+    ):
+        assert proc.returncode == 2, launch_util.tail(proc)
+        assert "Traceback" not in proc.stderr and not (tmp_path / f"run{i}").exists(), launch_util.tail(proc)
+        lines.append(proc.stderr.strip().splitlines()[-1])
+    assert lines[0].startswith("error: config key 'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'"), lines
+    assert lines[1].startswith("error: config key 'model.param_dtype': unknown value 'int8'"), lines
+    assert "num_heads (4) must be a multiple of num_kv_heads (3)" in lines[2], lines
 
 
 @pytest.fixture(scope="module")
@@ -206,24 +210,38 @@ def test_pod_configs_validate_with_bf16_scan_and_remat():
     assert builder.model_config(llama, tokenizer).vocab_size == 128256
 
 
-def _jobset(tmp_path, spec, *extra):
-    out = tmp_path / "jobset.yaml"
-    env = {"BUILD_WORKSPACE_DIRECTORY": "", "BUILD_WORKING_DIRECTORY": ""}
+def _jobset_args(out, spec, *extra):
     args = [f"--config={spec}", "--config.model_dir=gs://bucket/runs/x", "--image=registry.example/cairn:1"]
-    args += ["--accelerator=tpu-v5-lite-podslice", "--topology=8x8", f"--output={out}", *extra]
-    proc = launch_util.run("cairn.launchers.jobset", args, env=env, timeout=240)
-    return proc, out
+    return args + ["--accelerator=tpu-v5-lite-podslice", "--topology=8x8", f"--output={out}", *extra]
 
 
-@pytest.mark.parametrize("spec", [LLAMA_1B, "launchers/configs/t5_1_1_pretrain.py:xl_bf16"])
-def test_pod_configs_pass_the_jobset_dry_run(tmp_path, spec):
+@pytest.fixture(scope="module")
+def jobset_runs(tmp_path_factory):
+    """The JobSet renderer on each pod config (and llama_1b_pretrain with too few devices for its
+    fsdp axis), each run in its own process forked from one interpreter that imported it
+    (`launch_util.run_forked`): `{name: (process, manifest path)}`."""
+    tmp = tmp_path_factory.mktemp("jobset")
+    llama = [f"--config.vocabulary.path={launch_util.tiny_tokenizer_json(tmp / 'tokenizer.json')}"]
+    runs = {
+        LLAMA_1B: (tmp / "llama.yaml", LLAMA_1B, *llama),
+        "llama_fsdp_128": (tmp / "fsdp.yaml", LLAMA_1B, *llama, "--config.partitioning.mesh.fsdp=128"),
+        T5_XL: (tmp / "t5.yaml", T5_XL, f"--config.vocabulary.path={SHAKESPEARE_SPM}"),
+    }
+    env = {"BUILD_WORKSPACE_DIRECTORY": "", "BUILD_WORKING_DIRECTORY": ""}
+    procs = launch_util.run_forked(
+        "cairn.launchers.jobset",
+        [_jobset_args(*run) for run in runs.values()],
+        env=env,
+        timeout=240,
+        preload=("cairn.models", "cairn.trainer"),
+    )
+    return {name: (proc, run[0]) for (name, run), proc in zip(runs.items(), procs)}
+
+
+@pytest.mark.parametrize("spec", [LLAMA_1B, T5_XL])
+def test_pod_configs_pass_the_jobset_dry_run(jobset_runs, spec):
     """The renderer validates the config for the slice (64 chips, 16 hosts) and writes no run."""
-    extra = []
-    if spec == LLAMA_1B:
-        extra.append(f"--config.vocabulary.path={launch_util.tiny_tokenizer_json(tmp_path / 'tokenizer.json')}")
-    else:
-        extra.append(f"--config.vocabulary.path={SHAKESPEARE_SPM}")
-    proc, out = _jobset(tmp_path, spec, *extra)
+    proc, out = jobset_runs[spec]
     assert proc.returncode == 0, launch_util.tail(proc)
     manifest = yaml.safe_load(out.read_text())
     job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
@@ -232,7 +250,7 @@ def test_pod_configs_pass_the_jobset_dry_run(tmp_path, spec):
     assert f"--config={spec}" in args
     # Too few devices for the fsdp axis: the renderer's one-line config error, exit 2.
     if spec == LLAMA_1B:
-        proc, _ = _jobset(tmp_path, spec, *extra, "--config.partitioning.mesh.fsdp=128")
+        proc, _ = jobset_runs["llama_fsdp_128"]
         assert proc.returncode == 2 and "partitioning.mesh" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
