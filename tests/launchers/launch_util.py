@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -133,15 +134,25 @@ def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, p
     full_env.setdefault("JAX_PLATFORMS", "cpu")
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory() as out_dir:
-        driver = subprocess.run(
+        # Its own process group, so that a timeout kills the forked runs too, not just the driver.
+        driver = subprocess.Popen(
             [sys.executable, "-c", _FORKED, module, json.dumps([list(map(str, a)) for a in argvs]), out_dir, *preload],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=full_env,
-            timeout=timeout,
             cwd=str(REPO),
+            start_new_session=True,
         )
-        assert driver.returncode == 0, f"the driver failed: {driver.stderr[-3000:]}"
+        try:
+            _, err = driver.communicate(timeout=timeout)
+        finally:
+            try:
+                os.killpg(driver.pid, signal.SIGKILL)  # anything of the group still running
+            except ProcessLookupError:
+                pass
+            driver.wait()
+        assert driver.returncode == 0, f"the driver failed: {err[-3000:]}"
 
         def read(i: int, ext: str) -> str:
             with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
