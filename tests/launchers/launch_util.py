@@ -5,6 +5,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+from unittest import mock
 
 import standard_runs
 
@@ -19,13 +20,20 @@ def small_texts(tmp: pathlib.Path) -> str:
     return standard_runs.small_texts(tmp)
 
 
-def run(module: str, args: list, env: dict = None, timeout: int = 300, cwd: str = None) -> subprocess.CompletedProcess:
-    """`python -m <module> <args>`; returns the completed process (text output)."""
+def child_env(env: dict = None) -> dict:
+    """This process's environment with `env` on top, and 8 CPU devices and quiet TensorFlow by
+    default: what every entry point started here runs with."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     full_env.setdefault("JAX_PLATFORMS", "cpu")
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return full_env
+
+
+def run(module: str, args: list, env: dict = None, timeout: int = 300, cwd: str = None) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>`; returns the completed process (text output)."""
+    full_env = child_env(env)
     return subprocess.run(
         [sys.executable, "-m", module] + list(args),
         capture_output=True,
@@ -69,19 +77,11 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
     Returns the lines infer printed."""
     from cairn.launchers import config_io, infer_main
 
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
+    with mock.patch.dict(os.environ, env or {}):
         config = config_io.resolve_paths(config_io.load_saved_config(os.path.join(model_dir, "config.json")))
         printed = []
         infer_main.infer(config, str(output), str(model_dir), out=printed.append, **kwargs)
         return printed
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # One interpreter imports the entry point's module, then forks a child per argv: each child runs
@@ -128,11 +128,7 @@ def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, p
     import json
     import tempfile
 
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    full_env.setdefault("JAX_PLATFORMS", "cpu")
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    full_env = child_env(env)
     with tempfile.TemporaryDirectory() as out_dir:
         # Its own process group, so that a timeout kills the forked runs too, not just the driver.
         driver = subprocess.Popen(
