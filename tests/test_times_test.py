@@ -1,5 +1,5 @@
-"""tools/ci/test_times.py: per-target wall time and process counts from Bazel's test.xml files,
-and pytest_main's process log (the children a test starts, counted into its test.xml)."""
+"""tools/ci/test_times.py: per-target wall time, CPU time and process counts from Bazel's test.xml
+files, and pytest_main's process log (the children a test starts, counted into its test.xml)."""
 
 import importlib.util
 import json
@@ -22,12 +22,15 @@ def _load(name, path):
 test_times = _load("test_times", ROOT / "tools" / "ci" / "test_times.py")
 
 
-def _xml(path, wall=None, procs=None, train=None, tests=3, suite_time=1.5):
+def _xml(path, wall=None, procs=None, train=None, tests=3, suite_time=1.5, cpu=None, tf=None):
     props = ""
     if wall is not None:
+        extra = "" if cpu is None else (
+            f'<property name="cpu_s" value="{cpu}" /><property name="tensorflow_processes" value="{tf}" />'
+        )
         props = (
             f'<properties><property name="wall_s" value="{wall}" /><property name="processes" value="{procs}" />'
-            f'<property name="train_processes" value="{train}" /></properties>'
+            f'<property name="train_processes" value="{train}" />{extra}</properties>'
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -37,16 +40,16 @@ def _xml(path, wall=None, procs=None, train=None, tests=3, suite_time=1.5):
 
 
 def test_targets_ranked_and_totalled(tmp_path, capsys):
-    _xml(tmp_path / "tests" / "a" / "slow_test" / "test.xml", wall=90.5, procs=6, train=4)
-    _xml(tmp_path / "tests" / "a" / "fast_test" / "test.xml", wall=2.0, procs=0, train=0)
+    _xml(tmp_path / "tests" / "a" / "slow_test" / "test.xml", wall=90.5, procs=6, train=4, cpu=150.25, tf=2)
+    _xml(tmp_path / "tests" / "a" / "fast_test" / "test.xml", wall=2.0, procs=0, train=0, cpu=1.5, tf=0)
     _xml(tmp_path / "tests" / "old_test" / "test.xml", suite_time=7.5)  # no properties: pytest's time
     out_json = tmp_path / "times.json"
     assert test_times.main([str(tmp_path), "--top", "2", "--json", str(out_json)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[:5] == ["//tests/a:slow_test", "90.5", "3", "6", "4"]
-    assert lines[2].split()[:5] == ["//tests:old_test", "7.5", "3", "-", "-"]
+    assert lines[1].split() == ["//tests/a:slow_test", "90.5", "3", "6", "4", "150.2", "2"]
+    assert lines[2].split() == ["//tests:old_test", "7.5", "3", "-", "-", "-", "-"]
     assert len(lines) == 4  # header, the 2 slowest, the total
-    assert lines[3].split()[:6] == ["total", "(3", "targets)", "100.0", "9", "6"]
+    assert lines[3].split() == ["total", "(3", "targets)", "100.0", "9", "6", "4", "151.8", "2"]
     rows = json.loads(out_json.read_text())
     assert [r["label"] for r in rows] == ["//tests/a:fast_test", "//tests/a:slow_test", "//tests:old_test"]
 
@@ -81,6 +84,17 @@ def test_children_are_logged_and_training_runs_told_apart(tmp_path):
     for code in ("pass", "import sys"):
         subprocess.run([sys.executable, "-c", code, "train_worker.py"], env=env, check=True, timeout=60)
     subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+    # A process that imports TensorFlow says so at exit (a stand-in module: the real one takes 4 s).
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text("")
+    tf_env = dict(env, PYTHONPATH=os.pathsep.join([str(folder), str(fake)]))
+    subprocess.run([sys.executable, "-c", "import tensorflow"], env=tf_env, check=True, timeout=60)
+    # One killed before exiting is counted as started, not as a TensorFlow process.
+    subprocess.run([sys.executable, "-c", "import os, tensorflow; os._exit(0)"], env=tf_env, check=True, timeout=60)
     main = _load("pytest_main_under_test", ROOT / "tools" / "testing" / "pytest_main.py")
-    assert main._count_processes(str(log)) == (3, 2)
-    assert main._count_processes(str(tmp_path / "none.jsonl")) == (0, 0)
+    assert main._count_processes(str(log)) == (5, 2, 1)
+    assert main._count_processes(str(tmp_path / "none.jsonl")) == (0, 0, 0)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    exits = [r for r in records if r.get("exit")]
+    assert len(exits) == 4 and all(r["cpu_s"] >= 0 for r in exits)

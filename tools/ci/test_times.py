@@ -3,11 +3,14 @@
 started (training runs apart), read from the JUnit XML that every target leaves in Bazel's
 test logs (`bazel-testlogs/<package>/<name>/test.xml`).
 
-`tools/testing/pytest_main.py` writes three properties into that XML: `wall_s` (from the
-interpreter's start to pytest's end), `processes` (Python processes the test started, as
-`tools/testing/process_log/sitecustomize.py` logged them) and `train_processes` (those that
-ran the train entry point or a training worker). A target without them (written by an older
-pytest_main) shows pytest's own suite time and no counts.
+`tools/testing/pytest_main.py` writes these properties into that XML: `wall_s` (from the
+interpreter's start to pytest's end), `cpu_s` (CPU seconds of the test process and of every
+process it waited for: on two cores the suite's wall time is at least half their sum),
+`processes` (Python processes the test started, as `tools/testing/process_log/sitecustomize.py`
+logged them), `train_processes` (those that ran the train entry point or a training worker) and
+`tensorflow_processes` (the test process and children that imported TensorFlow, about 4 s
+each; children killed before exiting are not counted). A target without them (written by an
+older pytest_main) shows pytest's own suite time and `-`.
 
 Usage:
     test_times.py [TESTLOGS_DIR] [--top N] [--log BAZEL_LOG] [--json OUT] [--markdown]
@@ -42,6 +45,8 @@ class Target:
     train_processes: int | None
     cached: bool = False
     status: str = ""
+    cpu_s: float | None = None
+    tensorflow_processes: int | None = None
 
 
 def read_target(label: str, xml: pathlib.Path) -> Target | None:
@@ -66,7 +71,16 @@ def read_target(label: str, xml: pathlib.Path) -> Target | None:
     def count(name: str) -> int | None:
         return int(props[name]) if name in props else None
 
-    return Target(label, wall, tests, count("processes"), count("train_processes"))
+    cpu = float(props["cpu_s"]) if "cpu_s" in props else None
+    return Target(
+        label,
+        wall,
+        tests,
+        count("processes"),
+        count("train_processes"),
+        cpu_s=cpu,
+        tensorflow_processes=count("tensorflow_processes"),
+    )
 
 
 def label_of(testlogs: pathlib.Path, xml: pathlib.Path) -> str:
@@ -101,10 +115,22 @@ def table(targets: list[Target], top: int | None, markdown: bool = False) -> str
     """The slowest `top` targets, then the totals (of all targets, and of those run now)."""
     ranked = sorted(targets, key=lambda t: -t.wall_s)
     shown = ranked[:top] if top else ranked
-    rows = [("target", "wall s", "tests", "processes", "train runs", "")]
+    rows = [("target", "wall s", "tests", "processes", "train runs", "cpu s", "TF procs", "")]
     for t in shown:
         note = " ".join(x for x in ("cached" if t.cached else "", t.status if t.status not in ("", "PASSED") else ""))
-        rows.append((t.label, f"{t.wall_s:.1f}", str(t.tests), _n(t.processes), _n(t.train_processes), note.strip()))
+        cpu = "-" if t.cpu_s is None else f"{t.cpu_s:.1f}"
+        rows.append(
+            (
+                t.label,
+                f"{t.wall_s:.1f}",
+                str(t.tests),
+                _n(t.processes),
+                _n(t.train_processes),
+                cpu,
+                _n(t.tensorflow_processes),
+                note.strip(),
+            )
+        )
     total = sum(t.wall_s for t in targets)
     run_now = [t for t in targets if not t.cached]
     procs = sum(t.processes or 0 for t in targets)
@@ -116,11 +142,15 @@ def table(targets: list[Target], top: int | None, markdown: bool = False) -> str
             str(sum(t.tests for t in targets)),
             str(procs),
             str(trains),
+            f"{sum(t.cpu_s or 0 for t in targets):.1f}",
+            str(sum(t.tensorflow_processes or 0 for t in targets)),
             "",
         )
     )
     if len(run_now) != len(targets):
-        rows.append((f"run now ({len(run_now)} targets)", f"{sum(t.wall_s for t in run_now):.1f}", "", "", "", ""))
+        rows.append(
+            (f"run now ({len(run_now)} targets)", f"{sum(t.wall_s for t in run_now):.1f}", "", "", "", "", "", "")
+        )
     if markdown:
         lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]

@@ -73,22 +73,33 @@ def _process_log() -> str:
 
 
 def _count_processes(path: str) -> tuple:
-    """(Python processes started, of which training runs) from the process log."""
+    """(Python processes started, of which training runs, of which imported TensorFlow) from the
+    process log (TensorFlow: those that exited normally, the only ones that say)."""
     import json
 
-    started = train = 0
+    started = train = tf = 0
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 try:
-                    argv = " ".join(json.loads(line)["argv"])
-                except (ValueError, KeyError, TypeError):
+                    record = json.loads(line)
+                    if record.get("exit"):
+                        tf += bool(record.get("tensorflow"))
+                        continue
+                    argv = " ".join(record["argv"])
+                except (ValueError, KeyError, TypeError, AttributeError):
                     continue
                 started += 1
                 train += any(m in argv for m in TRAIN_MARKERS)
     except OSError:
         pass
-    return started, train
+    return started, train, tf
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of every child it waited for (theirs included)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _annotate_xml(xml: str, properties: dict) -> None:
@@ -153,11 +164,17 @@ def main() -> int:
     if xml:
         args.append(f"--junitxml={xml}")
     code = pytest.main(args)
-    started, train = _count_processes(log)
+    started, train, tf = _count_processes(log)
     if xml:
         _annotate_xml(
             xml,
-            {"wall_s": f"{time.monotonic() - _START:.2f}", "processes": started, "train_processes": train},
+            {
+                "wall_s": f"{time.monotonic() - _START:.2f}",
+                "cpu_s": f"{_cpu_seconds():.2f}",
+                "processes": started,
+                "train_processes": train,
+                "tensorflow_processes": tf + ("tensorflow" in sys.modules),
+            },
         )
     if not os.environ.get("TEST_TMPDIR"):
         os.unlink(log)
