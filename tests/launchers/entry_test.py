@@ -69,3 +69,34 @@ def test_help_exits_0_with_the_flags():
     proc = _run("--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--what: ok | bad | bug | code" in proc.stdout
+
+
+def test_an_expected_error_named_by_its_module_is_caught_only_once_that_module_is_imported():
+    """`"module.Name"` in `expected`: looked up only if the module is loaded (no instance of a
+    class can exist before its module runs), so naming it imports nothing."""
+    from cairn.launchers import entry
+
+    assert "cairn_entry_test_absent" not in sys.modules
+    assert not entry.is_expected(ValueError("x"), ("cairn_entry_test_absent.Error",))
+    assert "cairn_entry_test_absent" not in sys.modules
+    assert entry.is_expected(KeyError("x"), ("builtins.LookupError",))
+    assert not entry.is_expected(KeyError("x"), ("builtins.TypeError", ValueError))
+    assert entry.is_expected(KeyError("x"), (TypeError, "builtins.KeyError"))
+
+
+def test_the_train_entry_point_refuses_a_bad_config_before_importing_jax():
+    """A bad config is the commonest first run: its one line comes before JAX, the trainer or
+    TensorFlow is imported (about a second of the start-up; benchmarks/startup_bench.py)."""
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "launchers", "configs", "shakespeare_t5_tiny.py")
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = ['train', '--config={config}', '--config.data.batch_size=-3']\n"
+        "try:\n"
+        "    runpy.run_module('cairn.launchers.train_main', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'tensorflow', 'flax', 'orbax'}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout == "2 []\n", proc.stderr[-2000:]
+    assert proc.stderr == "error: config key 'data.batch_size': must be >= 1, got -3\n"

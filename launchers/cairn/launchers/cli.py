@@ -220,7 +220,7 @@ def raw_config() -> Any:
 
 def run_entry_point(
     body: Callable[[Any], int | None],
-    expected: tuple[type[BaseException], ...] = (),
+    expected: tuple[entry.Expected, ...] = (),
     logs: Callable[[], None] | None = None,
     flags_parser: Callable[[list[str]], list[str]] = parse_flags,
     describe: Callable[[BaseException], BaseException | str] | None = None,

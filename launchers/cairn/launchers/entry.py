@@ -6,8 +6,9 @@ Each entry point (`train`, `eval`, `infer`, `cache_tasks`, `verify_cache`, `jobs
 - flags are parsed by absl (or by the given parser: the config programs use `cli.parse_flags`);
   positional arguments are refused;
 - `body()` returns the exit status (None: 0);
-- an error of one of the `expected` types (a bad config, bad data, an unusable path...) is one
-  line on stderr, `<prefix>: <message>`, exit status 2 -- with a traceback only under `--verbose`;
+- an error of one of the `expected` types (a bad config, bad data, an unusable path...; a type
+  may be named "module.Name", see `is_expected`) is one line on stderr, `<prefix>: <message>`,
+  exit status 2 -- with a traceback only under `--verbose`;
 - anything else is a bug, and keeps Python's traceback;
 - `--help` prints the program's docstring and flags and exits 0 (absl's own exits 1).
 
@@ -51,10 +52,30 @@ def fail(error: BaseException | str, prefix: str = "error") -> NoReturn:
     sys.exit(EXIT_CODE)
 
 
+Expected = type[BaseException] | str  # an exception class, or its "module.Name" (see `is_expected`)
+
+
+def is_expected(error: BaseException, expected: tuple[Expected, ...]) -> bool:
+    """Whether `error` is an instance of one of `expected`. A class given as "module.Name" is looked
+    up only if its module is already imported: an instance cannot exist before its class, so an
+    entry point names heavy modules' errors without importing them (a bad config is refused
+    before JAX is imported)."""
+    for cls in expected:
+        if isinstance(cls, str):
+            module, _, name = cls.rpartition(".")
+            loaded = sys.modules.get(module)
+            if loaded is None:
+                continue
+            cls = getattr(loaded, name)
+        if isinstance(error, cls):
+            return True
+    return False
+
+
 def run(
     body: Callable[[], int | None],
     *,
-    expected: tuple[type[BaseException], ...] = (),
+    expected: tuple[Expected, ...] = (),
     prefix: str = "error",
     flags_parser: Callable[[list[str]], list[str]] | None = None,
     describe: Callable[[BaseException], BaseException | str] | None = None,
@@ -65,10 +86,11 @@ def run(
     def main(argv: list[str]) -> None:
         if len(argv) > 1:
             fail(UsageError(f"unexpected arguments {argv[1:]}"), prefix)
-        caught: tuple[type[BaseException], ...] = (UsageError, *expected)
         try:
             code = body()
-        except caught as e:
+        except BaseException as e:
+            if not is_expected(e, (UsageError, *expected)):
+                raise
             if VERBOSE.value:
                 traceback.print_exc()
             fail(describe(e) if describe else e, prefix)

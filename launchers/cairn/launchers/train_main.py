@@ -26,24 +26,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 from absl import flags
 from absl import logging as absl_logging
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import (
-    builder,
-    cli,
-    config_io,
-    entry,
-    multihost,
-    optimizer_setup,
-    post_training,
-    resume_check,
-    validation,
-)
+from cairn.launchers import cli, config_io, entry, multihost, optimizer_setup, resume_check, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.fingerprint import RunFingerprint, config_hash
 from cairn.launchers.sources import source_errors_as_data_errors
@@ -58,6 +47,9 @@ def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("d
     shards. Returns `{"vocabulary", "tasks", "eval_tasks", "mesh", "partitioner", "model_config",
     "schedule"}`: the network config and the learning-rate schedule built while checking, for
     `builder.load_model(..., net=)` and `builder.make_trainer(..., schedule=)`."""
+    import jax
+
+    from cairn.launchers import builder
 
     preset = validation.check_static(config)
     multihost.initialize(config)
@@ -94,6 +86,7 @@ def check_model_dir(config: ml_collections.ConfigDict) -> None:
     """Every process can write `model_dir` (local, or a bucket: it exists, the endpoint answers,
     the credentials allow writing), else a `ConfigError` naming the URL and the cause; and no
     live run holds its lock (`ModelDirLockedError`), checked before anything is written."""
+    import jax
 
     from cairn.trainer import ModelDirLock
 
@@ -111,6 +104,8 @@ def check_model_dir(config: ml_collections.ConfigDict) -> None:
 
 def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Any | None:
     """Writes the run fingerprint's header; returns the `RunFingerprint` (None when off)."""
+    import jax
+
     if not config.fingerprint_every:
         return None
 
@@ -130,6 +125,7 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> A
 def _model_dir_lock(config: ml_collections.ConfigDict):
     """The model_dir lock, taken by process 0 (every process stops if it is refused) and held
     until the run ends (handed to `Trainer.train`)."""
+    import jax
 
     from cairn.trainer import ModelDirLock, ModelDirLockedError
 
@@ -163,6 +159,9 @@ def train(
 def _train(
     config: ml_collections.ConfigDict, out: Callable[[str], None], held: contextlib.ExitStack, restart_if_corrupt: bool
 ) -> dict[str, Any]:
+    import jax
+
+    from cairn.launchers import builder, post_training
 
     start = time.perf_counter()
     with source_errors_as_data_errors(config.data.task, config.data.split):
@@ -237,6 +236,7 @@ def _peek(reader: Any) -> Any:
 def print_on_process_0(text: str) -> None:
     """Prints on process 0 only (every process computes the same evaluation and samples).
     Called only after the multi-host start-up."""
+    import jax
 
     if jax.process_index() == 0:
         print(text, flush=True)
@@ -270,8 +270,6 @@ def _main(config: ml_collections.ConfigDict) -> None:
 def run() -> None:
     """The program: `train(config)`; bad data, a locked model_dir, unusable or full storage, a
     NaN/Inf loss or checkpoints that are all corrupt exit 2 with one line."""
-    from cairn.trainer import AllCheckpointsCorruptError, ModelDirLockedError, NonFiniteLossError
-
     # The program's own flag (defined here, not at import: eval and infer import this module).
     flags.DEFINE_bool(
         "restart_if_corrupt",
@@ -279,12 +277,13 @@ def run() -> None:
         "When every checkpoint in model_dir is corrupt, move them to corrupt_checkpoints/ and train "
         "from step 0 (default: exit 2 naming them).",
     )
+    # The trainer's errors by name: a bad config is refused before JAX or the trainer is imported.
     expected = (
         DataTasksError,
-        ModelDirLockedError,
+        "cairn.trainer.lock.ModelDirLockedError",
         storage.StorageError,
-        NonFiniteLossError,
-        AllCheckpointsCorruptError,
+        "cairn.trainer.faults.NonFiniteLossError",
+        "cairn.trainer.checkpoints.AllCheckpointsCorruptError",
     )
     cli.run_entry_point(_main, expected=expected, logs=quiet_logs)
 
