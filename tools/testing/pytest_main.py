@@ -1,7 +1,8 @@
 """Runs pytest on the module of the current Bazel test target (`//pkg:name` -> pkg/name.py).
 
 Outside Bazel, pass the test files as arguments. Every test sees 8 virtual CPU devices
-unless XLA_FLAGS says otherwise (docs/design.md §10).
+unless XLA_FLAGS says otherwise (docs/design.md §10), and compiles with the tests' XLA options
+(`process_log/sitecustomize.py`; `CAIRN_TEST_COMPILE=default` for XLA's own).
 """
 
 import os
@@ -13,6 +14,23 @@ _START = time.monotonic()  # the target's wall time, written into its test.xml (
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _test_site():
+    """`process_log/sitecustomize.py`, the start of every process a test starts, as a module."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_log", "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("cairn_test_site", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The tests' XLA options, for this process and (through the sitecustomize) every one it starts.
+os.environ.setdefault("CAIRN_TEST_COMPILE", "fast")
+if os.environ["CAIRN_TEST_COMPILE"] == "fast":
+    os.environ["XLA_FLAGS"] = _test_site().with_test_xla_flags(os.environ["XLA_FLAGS"])
 if os.environ.get("TEST_TMPDIR"):  # under Bazel the home may be read-only: caches go to the test's tmp
     os.environ.setdefault("CAIRN_CACHE_HOME", os.path.join(os.environ["TEST_TMPDIR"], "cairn-cache"))
 

@@ -1,11 +1,21 @@
-"""Records each Python process a test starts (tools/ci/test_times.py counts them).
+"""What every Python process a test starts does first: records itself (tools/ci/test_times.py
+counts them), and compiles with the tests' XLA options.
 
 `tools/testing/pytest_main.py` puts this folder on the PYTHONPATH of the processes a test
 starts and names a log in `CAIRN_TEST_PROCESS_LOG`; every interpreter that starts with both
 appends one JSON line (its pid and command line) to that log, and at a normal exit another
 (whether it imported TensorFlow, its CPU seconds). One `write` on a file opened for appending,
-so lines from concurrent processes never interleave. Outside a test nothing is set and this
-does nothing.
+so lines from concurrent processes never interleave.
+
+With `CAIRN_TEST_COMPILE=fast` (pytest_main sets it; the standard runs' genrule too), `XLA_FLAGS`
+gets `TEST_XLA_FLAGS` added: XLA:CPU compiles without LLVM's optimisation passes. Compiling is
+most of a test's CPU time on these tiny models, and this takes about a quarter of it off
+(docs/testing.md, "Compile fast"); the programs run slower, which tiny models do not notice.
+Results are not bit-identical to optimised code, so every process whose bits a test compares
+must run with the same options: hence here, in every process, not test by test.
+`CAIRN_TEST_COMPILE=default` keeps XLA's own options.
+
+Outside a test nothing is set and this does nothing.
 """
 
 import json
@@ -13,6 +23,19 @@ import os
 import sys
 
 _log = os.environ.get("CAIRN_TEST_PROCESS_LOG")
+
+# XLA:CPU without LLVM's optimisation passes (see the module docstring).
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+
+
+def with_test_xla_flags(xla_flags: str) -> str:
+    """`xla_flags` with each of `TEST_XLA_FLAGS` it does not set already appended."""
+    present = {flag.split("=")[0] for flag in xla_flags.split()}
+    return " ".join([*xla_flags.split(), *(f for f in TEST_XLA_FLAGS if f.split("=")[0] not in present)])
+
+
+if os.environ.get("CAIRN_TEST_COMPILE") == "fast":
+    os.environ["XLA_FLAGS"] = with_test_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 
 def _append(record: dict) -> None:
