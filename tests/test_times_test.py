@@ -25,8 +25,10 @@ test_times = _load("test_times", ROOT / "tools" / "ci" / "test_times.py")
 def _xml(path, wall=None, procs=None, train=None, tests=3, suite_time=1.5, cpu=None, tf=None):
     props = ""
     if wall is not None:
-        extra = "" if cpu is None else (
-            f'<property name="cpu_s" value="{cpu}" /><property name="tensorflow_processes" value="{tf}" />'
+        extra = (
+            ""
+            if cpu is None
+            else (f'<property name="cpu_s" value="{cpu}" /><property name="tensorflow_processes" value="{tf}" />')
         )
         props = (
             f'<properties><property name="wall_s" value="{wall}" /><property name="processes" value="{procs}" />'
