@@ -100,3 +100,19 @@ def test_children_are_logged_and_training_runs_told_apart(tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     exits = [r for r in records if r.get("exit")]
     assert len(exits) == 4 and all(r["cpu_s"] >= 0 for r in exits)
+
+
+def test_children_start_with_the_tests_xla_and_tensorflow_settings_unless_switched_off():
+    """`CAIRN_TEST_FAST=1`: the sitecustomize adds the tests' XLA options a child's `XLA_FLAGS`
+    lacks (keeping its own, e.g. its device count) and `TF_USE_LEGACY_KERAS=1`; `0`: neither."""
+    folder = ROOT / "tools" / "testing" / "process_log"
+    probe = "import os; print(os.environ.get('XLA_FLAGS')); print(os.environ.get('TF_USE_LEGACY_KERAS'))"
+    base = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "CAIRN_TEST_PROCESS_LOG")}
+    flags = "--xla_force_host_platform_device_count=3 --xla_backend_optimization_level=0"
+    out = {}
+    for fast in ("1", "0"):
+        env = dict(base, PYTHONPATH=str(folder), CAIRN_TEST_FAST=fast, XLA_FLAGS=flags)
+        proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        out[fast] = proc.stdout.splitlines()
+    assert out["1"] == [flags + " --xla_llvm_disable_expensive_passes=true", "1"]
+    assert out["0"] == [flags, "None"]

@@ -1,8 +1,8 @@
 """Runs pytest on the module of the current Bazel test target (`//pkg:name` -> pkg/name.py).
 
 Outside Bazel, pass the test files as arguments. Every test sees 8 virtual CPU devices
-unless XLA_FLAGS says otherwise (docs/design.md §10), and compiles with the tests' XLA options
-(`process_log/sitecustomize.py`; `CAIRN_TEST_COMPILE=default` for XLA's own).
+unless XLA_FLAGS says otherwise (docs/design.md §10), and starts with the tests' XLA and
+TensorFlow settings (`process_log/sitecustomize.py`; `CAIRN_TEST_FAST=0` for their own).
 """
 
 import os
@@ -27,10 +27,9 @@ def _test_site():
     return module
 
 
-# The tests' XLA options, for this process and (through the sitecustomize) every one it starts.
-os.environ.setdefault("CAIRN_TEST_COMPILE", "fast")
-if os.environ["CAIRN_TEST_COMPILE"] == "fast":
-    os.environ["XLA_FLAGS"] = _test_site().with_test_xla_flags(os.environ["XLA_FLAGS"])
+# The tests' start-up settings, for this process and (through the sitecustomize) every one it starts.
+os.environ.setdefault("CAIRN_TEST_FAST", "1")
+_test_site().apply_test_speedups(os.environ)
 if os.environ.get("TEST_TMPDIR"):  # under Bazel the home may be read-only: caches go to the test's tmp
     os.environ.setdefault("CAIRN_CACHE_HOME", os.path.join(os.environ["TEST_TMPDIR"], "cairn-cache"))
 

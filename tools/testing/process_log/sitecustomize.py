@@ -7,13 +7,19 @@ appends one JSON line (its pid and command line) to that log, and at a normal ex
 (whether it imported TensorFlow, its CPU seconds). One `write` on a file opened for appending,
 so lines from concurrent processes never interleave.
 
-With `CAIRN_TEST_COMPILE=fast` (pytest_main sets it; the standard runs' genrule too), `XLA_FLAGS`
-gets `TEST_XLA_FLAGS` added: XLA:CPU compiles without LLVM's optimisation passes. Compiling is
-most of a test's CPU time on these tiny models, and this takes about a quarter of it off
-(docs/testing.md, "Compile fast"); the programs run slower, which tiny models do not notice.
-Results are not bit-identical to optimised code, so every process whose bits a test compares
-must run with the same options: hence here, in every process, not test by test.
-`CAIRN_TEST_COMPILE=default` keeps XLA's own options.
+With `CAIRN_TEST_FAST=1` (pytest_main sets it; the standard runs' genrule too), two start-up
+settings that change nothing a test checks, and save most of a process's CPU on tiny models:
+
+- `XLA_FLAGS` gets `TEST_XLA_FLAGS`: XLA:CPU compiles without LLVM's optimisation passes.
+  Compiling is most of a test's CPU time, and this takes about a quarter of it off
+  (docs/testing.md, "Compile fast"); the programs run slower, which tiny models do not notice.
+  Results are not bit-identical to optimised code, so every process whose bits a test compares
+  must run with the same options: hence here, in every process, not test by test.
+- `TF_USE_LEGACY_KERAS=1`: TensorFlow's import then looks for `tf_keras` (not installed) instead
+  of importing Keras 3's optimizers for its SavedModel registry, and goes on without (about
+  1.5 s of CPU less per process that imports TensorFlow). Nothing in Cairn uses `tf.keras`.
+
+`CAIRN_TEST_FAST=0` keeps XLA's and TensorFlow's own behaviour.
 
 Outside a test nothing is set and this does nothing.
 """
@@ -34,8 +40,15 @@ def with_test_xla_flags(xla_flags: str) -> str:
     return " ".join([*xla_flags.split(), *(f for f in TEST_XLA_FLAGS if f.split("=")[0] not in present)])
 
 
-if os.environ.get("CAIRN_TEST_COMPILE") == "fast":
-    os.environ["XLA_FLAGS"] = with_test_xla_flags(os.environ.get("XLA_FLAGS", ""))
+def apply_test_speedups(environ) -> None:
+    """The settings of the module docstring, into `environ` (a process's, before JAX or
+    TensorFlow is imported), when `CAIRN_TEST_FAST=1`."""
+    if environ.get("CAIRN_TEST_FAST") == "1":
+        environ["XLA_FLAGS"] = with_test_xla_flags(environ.get("XLA_FLAGS", ""))
+        environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+apply_test_speedups(os.environ)
 
 
 def _append(record: dict) -> None:
