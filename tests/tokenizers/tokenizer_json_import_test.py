@@ -38,6 +38,7 @@ def _runfiles(tmp_path: pathlib.Path) -> pathlib.Path:
     """`<tmp>/t.runfiles/cairn_repo`: the declared files, linked as Bazel links them (no __init__.py)."""
     ws = tmp_path / "t.runfiles" / "cairn_repo"
     files = [TARGET + ".py", "tests/tokenizers/conftest.py", "tools/testing/pytest_main.py"]
+    files.append("tools/testing/process_log/sitecustomize.py")  # what pytest_main loads at start
     for lib in ("storage", "tokenizers"):
         files += [str(p.relative_to(ROOT)) for p in (ROOT / lib / "cairn").rglob("*.py")]
     for rel in files:
