@@ -2,6 +2,7 @@
 
 import ast
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -45,6 +46,17 @@ def third_party(module: str) -> bool:
     return module not in sys.stdlib_module_names and module not in ("cairn", "__future__")
 
 
+def copy_library(root: pathlib.Path, lib: str, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of `<root>/<lib>` at `dest` (dereferencing Bazel's symlinks, so that building writes
+    nowhere in the tree), with a stand-in README.md when the checkout's is not there: the library's
+    `:dist` leaves its documents out (only the docs checks read them), and the README is only the
+    wheel's long description."""
+    shutil.copytree(root / lib, dest, symlinks=False, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    if not (dest / "README.md").exists():
+        (dest / "README.md").write_text(f"# cairn-{lib}\n", encoding="utf-8")
+    return dest
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return _repo_root()
@@ -57,6 +69,7 @@ class _Scanner:
     scan_imports = staticmethod(scan_imports)
     library_sources = staticmethod(library_sources)
     third_party = staticmethod(third_party)
+    copy_library = staticmethod(copy_library)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ repository and no PYTHONPATH, so cairn can only come from what pip installed.
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -25,16 +24,6 @@ def _pip(*args) -> None:
     command = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", *map(str, args)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT)
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-
-
-def _copy_sources(repo_root: pathlib.Path, libraries, out: pathlib.Path) -> list[pathlib.Path]:
-    # A copy (dereferencing Bazel's symlinks), so that building writes nowhere in the tree.
-    srcs = []
-    for lib in libraries:
-        src = out / lib
-        shutil.copytree(repo_root / lib, src, symlinks=False, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-        srcs.append(src)
-    return srcs
 
 
 def _borrowing_venv(env_dir: pathlib.Path) -> pathlib.Path:
@@ -69,7 +58,7 @@ print("ok")
 def wheel_venv(repo_root, imports, tmp_path_factory):
     """`pip install --no-index --find-links WHEELHOUSE cairn-launchers`: the siblings resolve."""
     out = tmp_path_factory.mktemp("pip")
-    srcs = _copy_sources(repo_root, imports.libraries, out / "src")
+    srcs = [imports.copy_library(repo_root, lib, out / "src" / lib) for lib in imports.libraries]
     wheelhouse = out / "wheelhouse"
     _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", wheelhouse, *srcs)
     python = _borrowing_venv(out / "venv")
@@ -137,7 +126,7 @@ def test_cairn_verify_names_a_missing_run(wheel_venv, tmp_path):
 
 def test_editable_installs_of_the_eight_folders(repo_root, imports, tmp_path):
     """`pip install -e ./storage -e ./tokenizers ...`: the namespace spans eight source folders."""
-    srcs = _copy_sources(repo_root, imports.libraries, tmp_path / "src")
+    srcs = [imports.copy_library(repo_root, lib, tmp_path / "src" / lib) for lib in imports.libraries]
     python = _borrowing_venv(tmp_path / "venv")
     editables = [arg for src in srcs for arg in ("-e", src)]
     _pip("--python", python, "install", "--no-index", "--no-build-isolation", "-q", *editables)

@@ -18,6 +18,7 @@ import argparse
 import ast
 import json
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -46,13 +47,26 @@ def _tests_of(tree: ast.Module) -> list[tuple[str, str]]:
     return out
 
 
+def per_library(root: pathlib.Path = ROOT) -> set[str]:
+    """The test files that a `cairn_per_library_test` of tests/**/BUILD runs once per library."""
+    out = set()
+    for build in (root / "tests").rglob("BUILD"):
+        for name in re.findall(r'cairn_per_library_test\(\s*name = "(\w+)"', build.read_text(encoding="utf-8")):
+            out.add((build.parent / f"{name}.py").relative_to(root).as_posix())
+    return out
+
+
 def targets(root: pathlib.Path = ROOT) -> list[dict]:
-    """Every tests/**/*_test.py as {label, path, doc, tests}."""
+    """Every tests/**/*_test.py as {label, path, doc, tests}; a file run once per library is one
+    entry labelled `//pkg:<name>_<lib>`, its time the sum of its targets'."""
     out = []
+    each_library = per_library(root)
     for path in sorted((root / "tests").rglob("*_test.py")):
         rel = path.relative_to(root)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
         label = f"//{rel.parent.as_posix()}:{path.stem}"
+        if rel.as_posix() in each_library:
+            label += "_<lib>"
         out.append(
             {
                 "label": label,
@@ -75,15 +89,30 @@ def _time(t: dict | None) -> str:
     return ", ".join(parts)
 
 
+def _per_library_times(items: list[dict], times: dict[str, dict]) -> dict[str, dict]:
+    """`times` plus, for each `//pkg:<name>_<lib>` entry, the sum over its libraries' targets."""
+    out = dict(times)
+    for item in items:
+        if item["label"].endswith("_<lib>"):
+            prefix = item["label"][: -len("<lib>")]
+            mine = [t for label, t in times.items() if label.startswith(prefix)]
+            if mine:
+                keys = ("wall_s", "processes", "train_processes")
+                out[item["label"]] = {k: sum(t.get(k) or 0 for t in mine) for k in keys}
+    return out
+
+
 def generated(items: list[dict], times: dict[str, dict]) -> str:
+    times = _per_library_times(items, times)
     total = sum(times[i["label"]]["wall_s"] for i in items if i["label"] in times)
     n_tests = sum(len(i["tests"]) for i in items)
+    n_targets = sum(8 if i["label"].endswith("_<lib>") else 1 for i in items)  # one per library
     lines = [
         MARKER,
         "",
         "## Every target",
         "",
-        f"{len(items)} targets, {n_tests} test functions (parametrized cases counted once);"
+        f"{n_targets} targets, {n_tests} test functions (parametrized cases counted once);"
         f" measured times sum to {total:.0f} s.",
         "",
     ]

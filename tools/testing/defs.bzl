@@ -13,16 +13,39 @@ results and rerun them when the pinned packages change.
 # The pins of .venv: the runtime lock and the test-only lock (./bazelw installs both).
 LOCKS = ["//:requirements.lock", "//:requirements-test.lock"]
 
-def cairn_py_test(name, size, deps = [], data = [], **kwargs):
+# The eight libraries, bottom rung first (docs/design.md §1).
+LIBRARIES = ["storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers"]
+
+def cairn_py_test(name, size, deps = [], data = [], module = None, env = {}, **kwargs):
+    """A pytest target; `module` (default `<name>.py`) is the test file, `env` its environment."""
+    src = module or name + ".py"
     native.py_test(
         name = name,
-        srcs = [name + ".py", "//tools/testing:pytest_main.py"],
+        srcs = [src, "//tools/testing:pytest_main.py"],
         main = "//tools/testing:pytest_main.py",
         deps = deps,
         data = data + LOCKS + ["//tools/testing:process_log/sitecustomize.py"],
+        env = dict(env, CAIRN_TEST_MODULE = native.package_name() + "/" + src),
         size = size,
         python_version = "PY3",
         srcs_version = "PY3",
         legacy_create_init = False,
         **kwargs
     )
+
+def cairn_per_library_test(name, size, data = [], with_library = [], libraries = LIBRARIES, **kwargs):
+    """One target `<name>_<lib>` per library, each running `<name>.py` on that library alone
+    (`CAIRN_LIBRARY=<lib>`, which the module reads) with `//<lib>:dist` (its sources, BUILD and
+    pyproject.toml) as data, and `//<lib>` as a dep for the libraries in `with_library` (those
+    the module imports): a change to one library reruns that library's checks only
+    (docs/testing.md, "The dependency graph")."""
+    for lib in libraries:
+        cairn_py_test(
+            name = name + "_" + lib,
+            size = size,
+            module = name + ".py",
+            env = {"CAIRN_LIBRARY": lib},
+            data = data + ["//" + lib + ":dist"],
+            deps = ["//" + lib] if lib in with_library else [],
+            **kwargs
+        )

@@ -1,4 +1,5 @@
-"""Runs pytest on the module of the current Bazel test target (`//pkg:name` -> pkg/name.py).
+"""Runs pytest on the module of the current Bazel test target (`$CAIRN_TEST_MODULE`, which
+`cairn_py_test` sets; else `//pkg:name` -> pkg/name.py).
 
 Outside Bazel, pass the test files as arguments. Every test sees 8 virtual CPU devices
 unless XLA_FLAGS says otherwise (docs/design.md §10), and starts with the tests' XLA and
@@ -146,6 +147,8 @@ import pytest  # noqa: E402 (after the environment it reads)
 def _test_files() -> list:
     if len(sys.argv) > 1:
         return sys.argv[1:]
+    if os.environ.get("CAIRN_TEST_MODULE"):  # cairn_py_test sets it (several targets may run one file)
+        return [os.environ["CAIRN_TEST_MODULE"]]
     target = os.environ.get("TEST_TARGET", "")
     if not target.startswith("//") or ":" not in target:
         raise SystemExit("pytest_main: give test files, or run under `bazel test`")

@@ -2,25 +2,67 @@
 decoding, checkpoint interchange.
 
 Imports only JAX, Flax and NumPy (safetensors lazily, for Hugging Face interchange).
+
+The package imports its modules lazily (PEP 562): `from cairn.models import T5Config` or
+`cairn.models.moe` loads only what that name needs, so a program (or a Bazel target: `//models:t5`,
+`//models:moe`, ... in models/BUILD) that uses the T5 network never loads the routed MLP. Every
+name of `__all__` is available as before.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from cairn.models import decoder_only, decoding, families, llama, losses, moe, t5
-from cairn.models.decoder_only import DecoderOnlyConfig
-from cairn.models.decoder_only_model import DecoderOnlyModel
-from cairn.models.encoder_decoder_model import EncoderDecoderModel
-from cairn.models.families import ModelFamily, UnknownFamilyError, family_of, get_family
-from cairn.models.flops import flops_per_token, training_flops_per_step
-from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
-from cairn.models.llama import Llama, LlamaConfig
-from cairn.models.model_base import DecodeOptions
-from cairn.models.moe_config import MoeConfig
-from cairn.models.moe_upcycle import UpcycleError, upcycle
-from cairn.models.params import count_params, logical_axes
-from cairn.models.presets import PRESETS, get_preset
-from cairn.models.t5.config import T5Config
-from cairn.models.transformer_config import ModelConfig, TransformerConfig
+# Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
+# are imported as themselves.
+_SUBMODULES = frozenset({"decoder_only", "decoding", "families", "llama", "losses", "moe", "t5"})
+_DEFINED_IN = {
+    "DecodeOptions": "model_base",
+    "DecoderOnlyConfig": "decoder_only",
+    "DecoderOnlyModel": "decoder_only_model",
+    "EncoderDecoderModel": "encoder_decoder_model",
+    "HFInterchangeError": "hf_interchange",
+    "Llama": "llama",
+    "LlamaConfig": "llama",
+    "ModelConfig": "transformer_config",
+    "ModelFamily": "families",
+    "MoeConfig": "moe_config",
+    "PRESETS": "presets",
+    "T5Config": "t5.config",
+    "TransformerConfig": "transformer_config",
+    "UnknownFamilyError": "families",
+    "UpcycleError": "moe_upcycle",
+    "count_params": "params",
+    "export_hf": "hf_interchange",
+    "family_of": "families",
+    "flops_per_token": "flops",
+    "get_family": "families",
+    "get_preset": "presets",
+    "import_hf": "hf_interchange",
+    "logical_axes": "params",
+    "training_flops_per_step": "flops",
+    "upcycle": "moe_upcycle",
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run time
+    from cairn.models import decoder_only, decoding, families, llama, losses, moe, t5
+    from cairn.models.decoder_only import DecoderOnlyConfig
+    from cairn.models.decoder_only_model import DecoderOnlyModel
+    from cairn.models.encoder_decoder_model import EncoderDecoderModel
+    from cairn.models.families import ModelFamily, UnknownFamilyError, family_of, get_family
+    from cairn.models.flops import flops_per_token, training_flops_per_step
+    from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
+    from cairn.models.llama import Llama, LlamaConfig
+    from cairn.models.model_base import DecodeOptions
+    from cairn.models.moe_config import MoeConfig
+    from cairn.models.moe_upcycle import UpcycleError, upcycle
+    from cairn.models.params import count_params, logical_axes
+    from cairn.models.presets import PRESETS, get_preset
+    from cairn.models.t5.config import T5Config
+    from cairn.models.transformer_config import ModelConfig, TransformerConfig
 
 __all__ = [
     "DecodeOptions",
@@ -56,3 +98,19 @@ __all__ = [
     "training_flops_per_step",
     "upcycle",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Imports the module behind a public name on first use and caches the value here."""
+    if name in _SUBMODULES:
+        value: Any = importlib.import_module(f"{__name__}.{name}")
+    elif name in _DEFINED_IN:
+        value = getattr(importlib.import_module(f"{__name__}.{_DEFINED_IN[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

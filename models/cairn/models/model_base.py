@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from cairn.models import decoding
 from cairn.models.argmax import argmax_last
 from cairn.models.losses import LossNormalizingFactor, weighted_cross_entropy
-from cairn.models.moe import COLLECTION as MOE_COLLECTION
-from cairn.models.moe import moe_losses
+from cairn.models.moe_metrics import COLLECTION as MOE_COLLECTION
+from cairn.models.moe_metrics import moe_losses
 
 Batch = Mapping[str, jnp.ndarray]
 DECODE_METHODS = ("greedy", "sample", "beam")
@@ -237,7 +237,7 @@ class ModelBase:
     ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
         """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured;
         with routed MLPs, plus the weighted router losses (`moe/aux_loss`, and the `moe/*` metrics
-        of `cairn.models.moe.moe_losses`)."""
+        of `cairn.models.moe_metrics.moe_losses`)."""
         logits, aux = self.apply_with_aux(params, batch, dropout_rng)
         loss, metrics = loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
         routed = moe_losses(aux, getattr(self.config, "moe", None))

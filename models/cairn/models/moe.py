@@ -1,5 +1,6 @@
 """`MoeMlp`: a routed mixture-of-experts MLP (Switch, ST-MoE, Mixtral, expert choice), and
-`moe_losses`, which turns what its layers report into the auxiliary losses and metrics.
+`moe_losses` (defined in `cairn.models.moe_metrics`, re-exported here), which turns what its
+layers report into the auxiliary losses and metrics.
 
 Parameters (under the layer's `mlp`): `router/kernel [embed, experts]` (float32 whatever the
 parameter dtype: the router runs in float32), `wi_0/kernel`, `wi_1/kernel` (a gated MLP; `wi`
@@ -25,18 +26,27 @@ router logits) and the fraction of token assignments dropped for capacity (token
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models.layers import ACTIVATION_FNS, Kernel, MlpBlock, constrain, expert_dense
+from cairn.models.layers import ACTIVATION_FNS, Kernel, constrain, expert_dense
 from cairn.models.moe_config import MoeConfig
+from cairn.models.moe_metrics import COLLECTION, METRICS, moe_losses
 
-COLLECTION = "moe"
-METRICS = ("load_balance_loss", "router_z_loss", "dropped_fraction")
+__all__ = [
+    "COLLECTION",
+    "METRICS",
+    "MoeMlp",
+    "expert_choice",
+    "load_balance_loss",
+    "moe_losses",
+    "router_z_loss",
+    "token_choice",
+]
+
 EXPERT_ACT = ("expert", "batch", None, "embed")
 EXPERT_HIDDEN = ("expert", "batch", None, "mlp")
 
@@ -148,51 +158,3 @@ class MoeMlp(nn.Module):
         expert_out = constrain(expert_dense(h, wo), EXPERT_ACT)
         out = jnp.einsum("egcd,gtec->gtd", expert_out, combine.astype(dt))
         return constrain(out.astype(x.dtype), ("batch", "length", "embed"))
-
-
-def moe_losses(collection: Mapping[str, Any] | None, config: MoeConfig | None) -> dict[str, jnp.ndarray]:
-    """The mean over routed layers of each sown value (`moe/<name>` metrics) and the weighted
-    auxiliary loss `moe/aux_loss` to add to the training loss; {} for a dense model."""
-    if config is None or not collection:
-        return {}
-    values: dict[str, list[jnp.ndarray]] = {name: [] for name in METRICS}
-
-    def visit(tree: Any) -> None:
-        for key, value in tree.items():
-            if key in values:
-                values[key].extend(jnp.ravel(jnp.asarray(v, jnp.float32)) for v in value)
-            elif isinstance(value, Mapping):
-                visit(value)
-
-    visit(collection)
-    if not values["router_z_loss"]:
-        return {}
-    out = {f"moe/{name}": jnp.mean(jnp.concatenate(v)) for name, v in values.items()}
-    out["moe/aux_loss"] = (
-        config.load_balance_loss_weight * out["moe/load_balance_loss"]
-        + config.router_z_loss_weight * out["moe/router_z_loss"]
-    )
-    return out
-
-
-def t5_mlp(config: Any, sparse: bool, deterministic: bool, name: str = "mlp") -> nn.Module:
-    """A T5-style layer's MLP (`TransformerConfig`: T5 and GPT-style decoders): the dense
-    `MlpBlock`, or with `sparse` the routed one (experts initialised as the dense kernels,
-    float32 parameters)."""
-    dt = jnp.dtype(config.dtype)
-    if not sparse:
-        return MlpBlock(config.mlp_dim, config.mlp_activations, config.dropout_rate, dt, deterministic, name=name)
-    mlp_dim = config.moe.mlp_dim(config.mlp_dim)
-    return MoeMlp(
-        config.moe,
-        mlp_dim,
-        tuple(config.mlp_activations),
-        config.emb_dim**-0.5,
-        mlp_dim**-0.5,
-        0.02,
-        config.dropout_rate,
-        dt,
-        jnp.float32,
-        deterministic,
-        name=name,
-    )

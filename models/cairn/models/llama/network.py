@@ -20,7 +20,7 @@ from cairn.models.layers import Embed, Kernel, RMSNorm, constrain, dense
 from cairn.models.llama.attention import LlamaAttention
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables
-from cairn.models.moe import MoeMlp
+from cairn.models.mlp import routed_mlp
 from cairn.models.stacking import apply_layers
 
 ACT = ("batch", "length", "embed")
@@ -78,7 +78,7 @@ class LlamaLayer(nn.Module):
             return SwiGLU(cfg, self.deterministic, name="mlp")(y)
         dt, pdt = _dtypes(cfg)
         std = cfg.init_std
-        return MoeMlp(
+        return routed_mlp()(
             cfg.moe,
             cfg.moe.mlp_dim(cfg.mlp_dim),
             ("silu", "linear"),

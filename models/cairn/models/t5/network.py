@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from cairn.models.attention import MultiHeadAttention, causal_mask, mask_to_bias, segment_mask
 from cairn.models.layers import Embed, RMSNorm, constrain, dense, kernel
-from cairn.models.moe import t5_mlp
+from cairn.models.mlp import t5_mlp
 from cairn.models.relative_position import RelativePositionBias
 from cairn.models.stacking import apply_layers
 from cairn.models.t5.config import T5Config
