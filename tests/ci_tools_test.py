@@ -24,7 +24,8 @@ def _xml(path, wall, procs, train):
     path.write_text(
         f'<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2" time="1">'
         f'<properties><property name="wall_s" value="{wall}" /><property name="processes" value="{procs}" />'
-        f'<property name="train_processes" value="{train}" /></properties></testsuite></testsuites>'
+        f'<property name="train_processes" value="{train}" /><property name="cpu_s" value="{2 * wall}" />'
+        f"</properties></testsuite></testsuites>"
     )
 
 
@@ -44,7 +45,11 @@ def test_a_ci_log_becomes_a_record_and_the_readme_block(tmp_path):
     assert [s["label"] for s in record["slowest"][:2]] == ["//tests:t19_test", "//tests:t18_test"]
     assert len(record["slowest"]) == 15
     block = tool.render(record)
-    assert "took 12 min 34 s (57 passed, 0 failed)" in block and "20 test targets took 210 s" in block
+    assert record["cpu_s"] == 2 * sum(range(1, 21))
+    assert (
+        "took 12 min 34 s (57 passed, 0 failed)" in block
+        and "20 test targets took 210 s in all (420 s of CPU)" in block
+    )
     readme = f"intro\n{tool.BEGIN}\nold\n{tool.END}\nrest\n"
     updated = tool.replace_block(readme, block)
     assert tool.quoted_block(updated) == block and updated.endswith("rest\n")

@@ -76,6 +76,7 @@ def record_from(log: pathlib.Path, testlogs: pathlib.Path, wall_s: float, machin
         "result": results[-1] if results else "no result line",
         "targets": len(targets),
         "sum_s": round(sum(t.wall_s for t in targets), 1),
+        "cpu_s": round(sum(t.cpu_s or 0 for t in targets), 1),
         "processes": sum(t.processes or 0 for t in targets),
         "train_processes": sum(t.train_processes or 0 for t in targets),
         "slowest": [{"label": t.label, "wall_s": round(t.wall_s, 1)} for t in ranked[:15]],
@@ -86,11 +87,13 @@ def render(record: dict[str, Any]) -> str:
     """The README's suite block (without the markers)."""
     m = record["machine"]
     slow = ", ".join(f"`{s['label']}` {s['wall_s']:.0f} s" for s in record["slowest"][:TOP])
+    cpu = f" ({record['cpu_s']:.0f} s of CPU)" if record.get("cpu_s") else ""
     return (
         f"Measured {record['date']} at commit `{record['commit']}` on {m['cores']} CPU cores ({m['cpu']}; "
         f"load average {m['load_before']:.2f} before, {m['load_after']:.2f} after), by "
         f"`python3 tools/ci/suite_figures.py`: `.ci/run` on a new clone took {_minutes(record['wall_s'])} "
-        f"({record['result']}); its {record['targets']} test targets took {record['sum_s']:.0f} s in all, "
+        f"({record['result']}); its {record['targets']} test targets took {record['sum_s']:.0f} s in all"
+        f"{cpu}, "
         f"starting {record['train_processes']} training runs. The slowest: {slow}. Where each property is "
         f"checked, and every target's time: [docs/testing.md](docs/testing.md)."
     )
