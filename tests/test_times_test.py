@@ -116,3 +116,33 @@ def test_children_start_with_the_tests_xla_and_tensorflow_settings_unless_switch
         out[fast] = proc.stdout.splitlines()
     assert out["1"] == [flags + " --xla_llvm_disable_expensive_passes=true", "1"]
     assert out["0"] == [flags, "None"]
+
+
+def test_the_costliest_children_from_the_targets_process_logs(tmp_path, capsys):
+    import zipfile
+
+    _xml(tmp_path / "t" / "x_test" / "test.xml", wall=10, procs=3, train=1, cpu=30, tf=1)
+    records = [
+        {"pid": 1, "argv": ["python", "-m", "cairn.launchers.train_main", "--config=/a/b/exp.py"]},
+        {"pid": 2, "argv": ["python", "-c", "pass"]},
+        {"pid": 3, "argv": ["python", "-m", "cairn.launchers.eval_main"]},  # killed: no exit line
+        {"pid": 2, "exit": True, "tensorflow": False, "cpu_s": 0.5},
+        {"pid": 1, "exit": True, "tensorflow": True, "cpu_s": 12.25},
+    ]
+    outputs = tmp_path / "t" / "x_test" / "test.outputs"
+    outputs.mkdir(parents=True)
+    with zipfile.ZipFile(outputs / "outputs.zip", "w") as z:
+        z.writestr("processes.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    assert test_times.main([str(tmp_path), "--children", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = lines.index(next(line for line in lines if line.strip().startswith("cpu s")))
+    assert lines[first + 1].split() == [
+        "12.2",
+        "y",
+        "//t:x_test",
+        "-m",
+        "cairn.launchers.train_main",
+        "--config=exp.py",
+    ]
+    assert lines[first + 2].split()[:3] == ["0.5", "-", "//t:x_test"]
+    assert lines[first + 3] == "3 child processes, 2 exited normally: 12.8 s of CPU, 1 imported TensorFlow"

@@ -13,12 +13,14 @@ each; children killed before exiting are not counted). A target without them (wr
 older pytest_main) shows pytest's own suite time and `-`.
 
 Usage:
-    test_times.py [TESTLOGS_DIR] [--top N] [--log BAZEL_LOG] [--json OUT] [--markdown]
+    test_times.py [TESTLOGS_DIR] [--top N] [--log BAZEL_LOG] [--json OUT] [--markdown] [--children N]
 
 TESTLOGS_DIR defaults to `./bazel-testlogs`. With `--log`, only the targets named in that
 `bazel test` log's summary are counted (a stale test.xml of a target that is gone is left
 out), and each is marked `cached` when Bazel did not run it again. `--top N` prints the N
-slowest (default: all); the totals always cover every target.
+slowest (default: all); the totals always cover every target. `--children N` adds the N child
+processes that used the most CPU, over all those targets, from the process logs pytest_main keeps
+in each target's undeclared outputs.
 """
 
 from __future__ import annotations
@@ -162,6 +164,65 @@ def table(targets: list[Target], top: int | None, markdown: bool = False) -> str
     )
 
 
+def child_processes(testlogs: pathlib.Path, labels: list[str]) -> list[dict]:
+    """The child processes of `labels` (from the `processes.jsonl` pytest_main keeps in each
+    target's `test.outputs/outputs.zip`): `{"target", "argv", "cpu_s", "tensorflow"}`, those that
+    did not exit normally with `cpu_s` None."""
+    import zipfile
+
+    out = []
+    for label in labels:
+        package, name = label[2:].split(":", 1)
+        archive = testlogs / package / name / "test.outputs" / "outputs.zip"
+        try:
+            with zipfile.ZipFile(archive) as z:
+                lines = z.read("processes.jsonl").decode("utf-8", errors="replace").splitlines()
+        except (OSError, KeyError, zipfile.BadZipFile):
+            continue
+        started: dict[int, dict] = {}
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("exit") and record.get("pid") in started:
+                started[record["pid"]].update(cpu_s=record.get("cpu_s"), tensorflow=bool(record.get("tensorflow")))
+            elif "argv" in record:
+                started[record.get("pid")] = {
+                    "target": label,
+                    "argv": record["argv"],
+                    "cpu_s": None,
+                    "tensorflow": None,
+                }
+        out += started.values()
+    return out
+
+
+def _command(argv: list[str], width: int = 90) -> str:
+    """A child's command line, shortened: the module or script and its arguments, paths cut to
+    their last part."""
+    words = [a for a in argv[1:] if a not in ("-u", "-B")]
+    words = [w.rsplit("=", 1)[0] + "=" + w.rsplit("/", 1)[-1] if "=/" in w else w.rsplit("/", 1)[-1] for w in words]
+    text = " ".join(words)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def children_table(children: list[dict], top: int) -> str:
+    """The `top` costliest child processes by CPU, then how many there were and their CPU sum."""
+    timed = sorted((c for c in children if c["cpu_s"] is not None), key=lambda c: -c["cpu_s"])
+    lines = [f"{'cpu s':>7}  TF  {'target':<48} command"]
+    for c in timed[:top]:
+        lines.append(
+            f"{c['cpu_s']:7.1f}  {'y' if c['tensorflow'] else '-':>2}  {c['target']:<48} {_command(c['argv'])}"
+        )
+    tf = sum(1 for c in timed if c["tensorflow"])
+    lines.append(
+        f"{len(children)} child processes, {len(timed)} exited normally: {sum(c['cpu_s'] for c in timed):.1f} s of "
+        f"CPU, {tf} imported TensorFlow"
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("testlogs", nargs="?", default="bazel-testlogs")
@@ -169,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", help="a `bazel test` log: count only the targets of its summary")
     parser.add_argument("--json", help="also write every target's figures to this file")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
+    parser.add_argument("--children", type=int, default=0, help="also the N costliest child processes by CPU")
     args = parser.parse_args(argv)
     testlogs = pathlib.Path(args.testlogs)
     if not testlogs.is_dir():
@@ -179,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"test_times: no test.xml under {testlogs}", file=sys.stderr)
         return 2
     print(table(targets, args.top or None, args.markdown))
+    if args.children:
+        print()
+        print(children_table(child_processes(testlogs, [t.label for t in targets]), args.children))
     if args.json:
         pathlib.Path(args.json).write_text(
             json.dumps([dataclasses.asdict(t) for t in sorted(targets, key=lambda t: t.label)], indent=1) + "\n"
