@@ -48,7 +48,8 @@ def _runfiles(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def _run_like_bazel(ws: pathlib.Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("XML_OUTPUT_FILE", "PYTEST_ADDOPTS")}
+    drop = ("XML_OUTPUT_FILE", "PYTEST_ADDOPTS", "CAIRN_TEST_MODULE")  # this test's own, not the child's
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["TEST_TARGET"] = "//" + TARGET.replace("/tokenizer_json", ":tokenizer_json")
     env["PYTEST_ADDOPTS"] = f"-k '{SELECTED}'"
     # Bazel's stub: the runfiles root, the workspace root and each library's `imports = ["."]`.

@@ -20,6 +20,7 @@ from cairn.launchers.lm_evaluator import ContinuationEvaluator
 from cairn.launchers.mesh_checks import check_expert_axis, resolve_mesh
 from cairn.launchers.sharded_batches import ShardedBatches
 from cairn.launchers.validation import ConfigError, apply_model_keys, check_model
+from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes
 
@@ -341,8 +342,6 @@ def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_bat
     if config.init.upcycle_from:
         return upcycled_params(config, trainer, abstract)
     if config.init.t5x_checkpoint:
-        from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
-
         try:
             params = import_t5x(config.init.t5x_checkpoint, abstract, step=config.init.checkpoint_step)
         except T5xCheckpointError as e:

@@ -22,6 +22,8 @@ from cairn.launchers import config_base, schema
 from cairn.launchers.config_error import ConfigError
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.mesh_checks import check_expert_axis, resolve_mesh
+from cairn.models import TransformerConfig
+from cairn.models.moe_config import MoeConfig
 
 _KEYS = {k.path: k for k in schema.keys()}
 _SECTIONS = set(schema.sections())
@@ -240,8 +242,6 @@ def moe_config(config: Any) -> Any:
     `ConfigError` naming the key: another `model.moe` key set while num_experts is 0, a value
     `MoeConfig` refuses (`top_k` above `num_experts`, a capacity factor that is not positive,
     ...), or `model.overrides.moe` given as well."""
-    from cairn.models.moe_config import MoeConfig
-
     section = to_plain(config.model.get("moe", {})) or {}  # a config saved before model.moe: dense
     defaults = {k.path.rpartition(".")[2]: k.default for k in schema.keys(schema.Moe)}
     values = {**defaults, **section}
@@ -295,8 +295,6 @@ def check_paths(config: Any) -> None:
     if len(given) > 1:
         raise ConfigError(given[-1], f"set one of {', '.join(sources)}, not {' and '.join(given)}")
     if config.init.t5x_checkpoint:
-        from cairn.models import TransformerConfig
-
         if not issubclass(config_base.model_family(config.model.kind).config_class, TransformerConfig):
             raise ConfigError(
                 "init.t5x_checkpoint", f"t5x checkpoints hold T5-family models; model.kind is {config.model.kind!r}"
