@@ -71,3 +71,15 @@ def test_the_ledger_lists_every_target_and_test_function():
     assert ledger.missing(text.replace(section, section.replace(f"- `{name}`", "- (gone)", 1)), [first]) == [
         f"{first['label']}::{name}"
     ]
+
+
+def test_the_readme_quotes_the_recorded_suite_figures():
+    """README.md's suite block is `render` of docs/test_suite.json, the record of a measured
+    `.ci/run` on a new clone (`python3 tools/ci/suite_figures.py`): never typed by hand."""
+    import json
+
+    tool = _tool("suite_figures")
+    record = json.loads((ROOT / "docs" / "test_suite.json").read_text())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert tool.quoted_block(readme) == tool.render(record), "rerun python3 tools/ci/suite_figures.py"
+    assert ", 0 failed" in record["result"] and record["targets"] > 100
