@@ -20,6 +20,16 @@ def small_texts(tmp: pathlib.Path) -> str:
     return standard_runs.small_texts(tmp)
 
 
+def standard_data(tmp: pathlib.Path) -> tuple:
+    """`(texts, cache_dir)`: the standard runs' two short plays and their cached default task
+    (tests/fixtures/standard_runs.py, unpacked into `tmp`), for tests whose property is not the
+    caching: their first training run then caches nothing and imports no TensorFlow. Caching in
+    the first run of a fresh cache_dir is checked by train_test and train_faults_test's data
+    errors."""
+    std = standard_runs.unpack(tmp)
+    return std.texts, str(std.cache)
+
+
 def child_env(env: dict = None) -> dict:
     """This process's environment with `env` on top, and 8 CPU devices and quiet TensorFlow by
     default: what every entry point started here runs with."""

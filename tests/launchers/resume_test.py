@@ -12,13 +12,19 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def texts(tmp_path_factory):
-    return launch_util.small_texts(tmp_path_factory.mktemp("shakespeare"))
+def standard(tmp_path_factory):
+    """The standard runs' texts and task cache (`launch_util.standard_data`)."""
+    return launch_util.standard_data(tmp_path_factory.mktemp("standard"))
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
+def texts(standard):
+    return standard[0]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(standard):
+    return standard[1]
 
 
 def short(cache_dir, steps, *extra):
