@@ -179,22 +179,17 @@ def child_processes(testlogs: pathlib.Path, labels: list[str]) -> list[dict]:
                 lines = z.read("processes.jsonl").decode("utf-8", errors="replace").splitlines()
         except (OSError, KeyError, zipfile.BadZipFile):
             continue
-        started: dict[int, dict] = {}
+        latest: dict[int, dict] = {}  # pid -> the last process started with it (pids are reused)
         for line in lines:
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if record.get("exit") and record.get("pid") in started:
-                started[record["pid"]].update(cpu_s=record.get("cpu_s"), tensorflow=bool(record.get("tensorflow")))
+            if record.get("exit") and record.get("pid") in latest:
+                latest[record["pid"]].update(cpu_s=record.get("cpu_s"), tensorflow=bool(record.get("tensorflow")))
             elif "argv" in record:
-                started[record.get("pid")] = {
-                    "target": label,
-                    "argv": record["argv"],
-                    "cpu_s": None,
-                    "tensorflow": None,
-                }
-        out += started.values()
+                latest[record.get("pid")] = {"target": label, "argv": record["argv"], "cpu_s": None, "tensorflow": None}
+                out.append(latest[record.get("pid")])
     return out
 
 
