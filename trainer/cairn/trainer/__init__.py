@@ -17,6 +17,7 @@ from cairn.trainer.checkpoints import (
 from cairn.trainer.data_state import TfDataIterator
 from cairn.trainer.faults import DiskFullError, NonFiniteLossError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
+from cairn.trainer.memory_plan import MemoryPlan, StepDoesNotFitError, StepMemory, device_memory_limit, plan_memory
 from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
@@ -34,6 +35,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DEFAULT_NO_DECAY",
     "DiskFullError",
+    "MemoryPlan",
     "ModelDirLock",
     "ModelDirLockedError",
     "NoCheckpointError",
@@ -42,6 +44,8 @@ __all__ = [
     "ParamGroup",
     "PEAK_BF16_TFLOPS",
     "STANDARD_FACTOR_RULES",
+    "StepDoesNotFitError",
+    "StepMemory",
     "TrainResult",
     "TfDataIterator",
     "TrainState",
@@ -53,6 +57,7 @@ __all__ = [
     "adafactor_t5",
     "cosine_schedule",
     "cpu_matmul_peak_flops",
+    "device_memory_limit",
     "dropout_key",
     "evaluator_callback",
     "factor_schedule",
@@ -65,6 +70,7 @@ __all__ = [
     "mfu",
     "opt_state_specs",
     "peak_flops",
+    "plan_memory",
     "published_peak_flops",
     "restore_params",
     "stored_params",
