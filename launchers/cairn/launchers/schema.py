@@ -174,9 +174,7 @@ class Trainer:
     log_every: int = knob(100, "steps between metric logs", min=0, owner=_TRAINER + "log_every")
     tensorboard: bool = knob(True, "write TensorBoard event files", owner=_TRAINER + "tensorboard")
     offload_optimizer_state: bool = knob(
-        False,
-        "keep the optimizer state in host memory (pinned_host), on the device only for the update",
-        owner=_TRAINER + "offload_optimizer_state",
+        False, "the optimizer state in host memory between steps", owner=_TRAINER + "offload_optimizer_state"
     )
 
 

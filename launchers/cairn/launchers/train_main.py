@@ -174,8 +174,9 @@ def plan(trainer: Any, first_batch: Any, out: Callable[[str], None], limit_bytes
     from cairn.trainer import StepDoesNotFitError, plan_memory
 
     memory = plan_memory(trainer, first_batch, limit_bytes=limit_bytes)
-    out(memory.summary())
-    if memory.fits is False and (strict or memory.step.compile_error is not None):
+    refused = memory.fits is False and (strict or memory.step.compile_error is not None)
+    out(memory.summary(error=not refused))  # refused: the error's one line follows on stderr
+    if refused:
         raise StepDoesNotFitError(memory)
     if memory.fits is False:
         log.warning("%s", memory.error())

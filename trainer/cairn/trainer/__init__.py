@@ -6,6 +6,7 @@ TensorFlow is imported only when TensorBoard files are written.
 __version__ = "0.1.0"
 
 from cairn.trainer.adafactor_axes import STANDARD_FACTOR_RULES, adafactor_axes, logical_factor_map
+from cairn.trainer.callbacks import evaluator_callback
 from cairn.trainer.checkpoints import (
     AllCheckpointsCorruptError,
     CheckpointConfig,
@@ -26,7 +27,7 @@ from cairn.trainer.param_restore import restore_params, stored_params
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
-from cairn.trainer.trainer import Trainer, TrainerConfig, TrainResult, evaluator_callback
+from cairn.trainer.trainer import Trainer, TrainerConfig, TrainResult
 
 __all__ = [
     "AllCheckpointsCorruptError",

@@ -58,7 +58,8 @@ class MemoryPlan:
     `fits` is None without a device limit (CPU), else whether `step.peak_bytes <= limit_bytes`.
     `fitting_batch`: the largest global batch found to fit (compiled and checked), None when
     it fits already, no search ran, or no batch fits. `knobs`: settings that would lower the
-    peak, each with what it saves where the trainer can tell. `tried`: every compile, by batch.
+    peak, each with what it saves where the trainer can tell. `tried`: every compile of the
+    search (the run's batch among them), by batch; empty when no search ran.
     """
 
     step: StepMemory
@@ -85,9 +86,9 @@ class MemoryPlan:
             return None
         return self.step.peak_bytes <= self.limit_bytes
 
-    def summary(self) -> str:
+    def summary(self, error: bool = True) -> str:
         """A few lines: the peak and its parts against the device's memory; the error line when
-        it does not fit."""
+        it does not fit (unless `error` is False)."""
         s = self.step
         of = f" of {_fmt(self.limit_bytes)}" if self.limit_bytes is not None else " (no device limit known)"
         head = f"memory plan: train step at batch {s.batch_size} on {self.device}: peak {_fmt(s.peak_bytes)}{of}"
@@ -96,15 +97,15 @@ class MemoryPlan:
         lines = [head]
         if s.compile_error is None:
             parts = (
-                f"  arguments {_fmt(s.argument_bytes)}, outputs {_fmt(s.output_bytes)}, temporaries "
-                f"{_fmt(s.temp_bytes)}, aliased -{_fmt(s.alias_bytes)}, code {_fmt(s.generated_code_bytes)}"
+                f"  arguments {_fmt(s.argument_bytes)} + outputs {_fmt(s.output_bytes)} + temporaries "
+                f"{_fmt(s.temp_bytes)} - aliased {_fmt(s.alias_bytes)} + code {_fmt(s.generated_code_bytes)}"
             )
             if s.host_bytes:
                 parts += f"; host memory {_fmt(s.host_bytes)}"
             lines.append(parts)
         else:
             lines.append(f"  XLA: {s.compile_error}")
-        if self.fits is False:
+        if error and self.fits is False:
             lines.append(self.error())
         return "\n".join(lines)
 
@@ -119,8 +120,11 @@ class MemoryPlan:
         line = f"the train step at batch {s.batch_size} {need}{limit} device memory on {self.device}"
         if self.fitting_batch is not None:
             line += f"; batch {self.fitting_batch} fits ({_fmt(self._peak_at(self.fitting_batch))})"
-        elif self.tried and len(self.tried) > 1:
-            line += f"; no batch down to {min(t.batch_size for t in self.tried)} fits"
+        elif self.tried:
+            smallest = min(t.batch_size for t in self.tried)
+            line += f"; no batch down to {smallest} fits"
+            if smallest <= self.batch_unit:
+                line += f" (the batch moves in steps of {self.batch_unit} here)"
         if self.knobs:
             line += "; or try: " + ", ".join(self.knobs)
         return line
@@ -184,14 +188,15 @@ def plan_memory(
     plan = MemoryPlan(first, limit, _device_name(device), unit)
     if plan.fits is not False:
         return plan
-    tried = [first]
-    if search and limit is not None:
-        tried += _search(compile_at, first, limit, unit, max_compiles - 1)
-    fitting = [t.batch_size for t in tried if limit is not None and _fits(t, limit)]
+    knobs = suggest_knobs(trainer, first.batch_size)
+    if not search or limit is None:
+        return dataclasses.replace(plan, knobs=knobs)
+    tried = [first, *_search(compile_at, first, limit, unit, max_compiles - 1)]
+    fitting = [t.batch_size for t in tried if _fits(t, limit)]
     return dataclasses.replace(
         plan,
         fitting_batch=max(fitting) if fitting else None,
-        knobs=suggest_knobs(trainer, first.batch_size),
+        knobs=knobs,
         tried=tuple(sorted(tried, key=lambda t: t.batch_size)),
     )
 

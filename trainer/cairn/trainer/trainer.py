@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -15,6 +14,7 @@ import optax
 
 from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory
 from cairn.partitioning.peer_watchdog import await_lost_peer
+from cairn.trainer.callbacks import EvalFn, takes_metrics
 from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_like
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
 from cairn.trainer.faults import SigtermFlag
@@ -35,7 +35,6 @@ from cairn.trainer.train_step import (
 )
 
 log = logging.getLogger("cairn.trainer")
-EvalFn = Callable[[Any, int], Mapping[str, Any]]
 StepHook = Callable[[int, TrainState], None] | Callable[[int, TrainState, Mapping[str, float]], None]
 BatchHook = Callable[[int, GatheredDigests], None]
 
@@ -165,7 +164,7 @@ class Trainer:
         for hook in self.step_hooks + self.batch_hooks:
             if not callable(hook):
                 raise TypeError(f"Trainer step_hooks and batch_hooks must be callables, got {hook!r}")
-        self.hooks_take_metrics = tuple(_takes_three(hook) for hook in self.step_hooks)
+        self.hooks_take_metrics = tuple(takes_metrics(hook) for hook in self.step_hooks)
         self.batch_signature: BatchSignature | None = None  # the batch `setup` was given
         self.abstract_state: Any = None  # a TrainState of ShapeDtypeStructs, once set up
         self.abstract_batch: Any = None  # the set-up global batch's ShapeDtypeStructs
@@ -390,35 +389,3 @@ class Trainer:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)
         return state, step
-
-
-def _takes_three(hook: Callable) -> bool:
-    """Whether `hook` accepts a third positional argument (the step's metrics)."""
-    try:
-        params = inspect.signature(hook).parameters.values()
-    except (TypeError, ValueError):  # no signature (a builtin): the two-argument form
-        return False
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3
-
-
-def evaluator_callback(
-    evaluator: Any, make_predict_fn: Callable | None = None, make_score_fn: Callable | None = None
-) -> EvalFn:
-    """An `eval_fn` from a `cairn.evaluation.Evaluator`: `make_predict_fn(params)` /
-    `make_score_fn(params)` build the functions `Evaluator.evaluate` takes; returns
-    `{task: {metric: value}}`."""
-
-    def eval_fn(params, step):
-        result = evaluator.evaluate(
-            predict_fn=make_predict_fn(params) if make_predict_fn else None,
-            score_fn=make_score_fn(params) if make_score_fn else None,
-            step=step,
-        )
-        for task, errors in result.errors.items():
-            log.warning("evaluation of %s at step %d: %s", task, step, "; ".join(errors))
-        return result.metrics
-
-    return eval_fn
