@@ -106,6 +106,8 @@ def test_plan_memory_needs_a_batch_or_a_set_up_trainer():
     trainer = Trainer(TinyModel(), OptimizerConfig(), 0.01, one_device(), config())
     with pytest.raises(ValueError, match="needs a batch"):
         plan_memory(trainer)
+    with pytest.raises(ValueError, match="limit_bytes must be > 0, got 0"):
+        plan_memory(trainer, limit_bytes=0)
 
 
 # -- the search and XLA's refusal, without compiling ----------------------------------------------

@@ -155,7 +155,7 @@ def plan_memory(
       trainer: a `Trainer`; set up for `batch` here when it is not set up yet (as `train` would
         from its first batch, whose compile the first step then reuses).
       batch: a host-local batch (arrays or `jax.ShapeDtypeStruct`s); default: the set-up one.
-      limit_bytes: the device memory to plan against; default the first device's
+      limit_bytes: the device memory to plan against; default the first local device's
         `memory_stats()["bytes_limit"]` (none on CPU: the plan only reports).
       search: when the step does not fit, compile smaller batches (an affine fit of memory
         against batch, each prediction checked by a compile) for the largest that fits.
@@ -163,6 +163,10 @@ def plan_memory(
 
     Nothing is allocated on the device and nothing runs.
     """
+    if max_compiles < 1:
+        raise ValueError(f"plan_memory max_compiles must be >= 1, got {max_compiles}")
+    if limit_bytes is not None and limit_bytes <= 0:
+        raise ValueError(f"plan_memory limit_bytes must be > 0, got {limit_bytes}")
     if batch is None and trainer.batch_signature is None:
         raise ValueError("plan_memory needs a batch before the trainer is set up (Trainer.setup)")
     if batch is not None and trainer.batch_signature is None:
@@ -171,9 +175,7 @@ def plan_memory(
         batch = trainer.abstract_batch  # global shapes: turned back into host rows below
         shards = trainer.partitioner.data_layout().num_shards
         batch = jax.tree.map(lambda x: _rows(x, x.shape[0] // shards), batch)
-    if max_compiles < 1:
-        raise ValueError(f"plan_memory max_compiles must be >= 1, got {max_compiles}")
-    device = trainer.partitioner.mesh.devices.flat[0]
+    device = trainer.partitioner.mesh.local_devices[0]  # this process's: its memory_stats answer
     limit = device_memory_limit(device) if limit_bytes is None else int(limit_bytes)
     shards = trainer.partitioner.data_layout().num_shards
     unit = math.lcm(shards, trainer.partitioner.batch_parts()) * trainer.config.num_microbatches
