@@ -206,9 +206,10 @@ class Trainer:
         """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
         init_key, dropout_seed = self._keys()
         # Abstract leaves become host zeros for the model's init (a batch of token ids: small).
-        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)) if _is_abstract(x) else x, dict(batch))
+        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)) if _is_abstract(x) else x, batch)
         param_shapes, specs = abstract_init(self.model, init_key, host)
-        if self.optimizer_config is not None and self.optimizer_config.needs_param_axes:
+        if self.optimizer is None:  # factored by logical axes: built once, from the specs
+            assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
         optimizer = self.optimizer
         state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, dropout_seed), param_shapes)
@@ -231,7 +232,7 @@ class Trainer:
             offload_shardings=offload,
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
-        zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), host)
+        zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), dict(host))
 
         def create():
             return TrainState.create(init_params(self.model, init_key, zeros)[0], optimizer, dropout_seed)
