@@ -296,6 +296,8 @@ def _main(config: ml_collections.ConfigDict) -> None:
 
     try:
         limit = flags.FLAGS.memory_limit_gib
+        if limit is not None and limit <= 0:
+            raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
         train(
             config,
             out=print_on_process_0,
