@@ -92,6 +92,7 @@ HAND_WRITTEN = {
         "eval_every": 0,
         "log_every": 100,
         "tensorboard": True,
+        "offload_optimizer_state": False,
     },
     "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16, "decode_metrics": False},
     "post_training": {

@@ -288,6 +288,7 @@ def trainer_config(config: ml_collections.ConfigDict) -> Any:
         checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True),
         tensorboard=t.tensorboard,
         wandb=config.logging.wandb,
+        offload_optimizer_state=t.offload_optimizer_state,
     )
 
 

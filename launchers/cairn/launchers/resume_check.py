@@ -36,6 +36,7 @@ ALLOWED_ON_RESUME: dict[str, str] = {
     "trainer.checkpoint_every": "checkpoint cadence",
     "trainer.keep_checkpoints": "how many checkpoints are kept",
     "trainer.tensorboard": "an output format",
+    "trainer.offload_optimizer_state": "where the optimizer state lives, not what it is",
     "fingerprint_every": "run-fingerprint cadence",
     "eval": "evaluation reads the params, it does not change them",
     "post_training": "runs after training",

@@ -173,6 +173,9 @@ class Trainer:
     )
     log_every: int = knob(100, "steps between metric logs", min=0, owner=_TRAINER + "log_every")
     tensorboard: bool = knob(True, "write TensorBoard event files", owner=_TRAINER + "tensorboard")
+    offload_optimizer_state: bool = knob(
+        False, "the optimizer state in host memory between steps", owner=_TRAINER + "offload_optimizer_state"
+    )
 
 
 @dataclasses.dataclass

@@ -13,6 +13,12 @@ lock leaves model_dir as it was. Exit status 0 on success, on SIGTERM (the check
 saved) and when model_dir is already at `num_train_steps`; 2 with one line on a bad or
 changed config or data, a held lock, an unusable or full model_dir, a NaN/Inf loss, or
 checkpoints that are all corrupt.
+
+`--dry_run` stops after the model and the first batch: the train step is compiled on abstract
+shapes (nothing allocated, nothing written to model_dir) and its memory plan printed
+(`cairn.trainer.plan_memory`); exit 0, or 2 with one line (the batch that would fit, the knobs
+that would help) when it does not fit the device's memory (`--memory_limit_gib` plans against
+another size). On an accelerator every run prints the plan at start-up, before training.
 """
 
 from __future__ import annotations
@@ -147,17 +153,43 @@ def _model_dir_lock(config: ml_collections.ConfigDict):
 
 
 def train(
-    config: ml_collections.ConfigDict, out: Callable[[str], None] = print, restart_if_corrupt: bool = False
+    config: ml_collections.ConfigDict,
+    out: Callable[[str], None] = print,
+    restart_if_corrupt: bool = False,
+    dry_run: bool = False,
+    memory_limit_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Runs the experiment (validated first). Returns `{"result", "post"}`; raises `ConfigError`.
     `restart_if_corrupt`: when every checkpoint is corrupt, move them aside and start from step
-    0 (else `AllCheckpointsCorruptError`)."""
+    0 (else `AllCheckpointsCorruptError`). `dry_run`: only the memory plan (`{"plan"}`; raises
+    `StepDoesNotFitError` when the step does not fit), nothing written to model_dir.
+    `memory_limit_bytes`: the device memory to plan against (default: the device's own)."""
     with contextlib.ExitStack() as held:
-        return _train(config, out, held, restart_if_corrupt)
+        return _train(config, out, held, restart_if_corrupt, dry_run, memory_limit_bytes)
+
+
+def plan(trainer: Any, first_batch: Any, out: Callable[[str], None], limit_bytes: int | None, strict: bool) -> Any:
+    """The step's memory plan, printed; when it does not fit, `StepDoesNotFitError` if `strict` or
+    XLA refused to compile it (training could not start), else the one line as a warning."""
+    from cairn.trainer import StepDoesNotFitError, plan_memory
+
+    memory = plan_memory(trainer, first_batch, limit_bytes=limit_bytes)
+    refused = memory.fits is False and (strict or memory.step.compile_error is not None)
+    out(memory.summary(error=not refused))  # refused: the error's one line follows on stderr
+    if refused:
+        raise StepDoesNotFitError(memory)
+    if memory.fits is False:
+        log.warning("%s", memory.error())
+    return memory
 
 
 def _train(
-    config: ml_collections.ConfigDict, out: Callable[[str], None], held: contextlib.ExitStack, restart_if_corrupt: bool
+    config: ml_collections.ConfigDict,
+    out: Callable[[str], None],
+    held: contextlib.ExitStack,
+    restart_if_corrupt: bool,
+    dry_run: bool = False,
+    memory_limit_bytes: int | None = None,
 ) -> dict[str, Any]:
     import jax
 
@@ -179,6 +211,9 @@ def _train(
         reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
     model = builder.load_model(config, vocabulary, net=ready["model_config"])
     optimizer_setup.check_param_patterns(config, model, _peek(reader))  # optimizer.* patterns
+    if dry_run:  # the plan, then stop: no lock, nothing written
+        trainer = builder.make_trainer(config, model, partitioner, schedule=ready["schedule"])
+        return {"plan": plan(trainer, _peek(reader), out, memory_limit_bytes, strict=True)}
     lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
     if jax.process_index() == 0:
         config_io.write_config_json(config)
@@ -201,6 +236,8 @@ def _train(
     if restart_if_corrupt:
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
         trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
+    if jax.default_backend() != "cpu" or memory_limit_bytes is not None:  # before training: the plan
+        plan(trainer, _peek(reader), out, memory_limit_bytes, strict=False)
     init = None
     source = builder.init_source(config)
     if source:
@@ -258,7 +295,16 @@ def _main(config: ml_collections.ConfigDict) -> None:
     from cairn.trainer.faults import is_disk_full
 
     try:
-        train(config, out=print_on_process_0, restart_if_corrupt=flags.FLAGS.restart_if_corrupt)
+        limit = flags.FLAGS.memory_limit_gib
+        if limit is not None and limit <= 0:
+            raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
+        train(
+            config,
+            out=print_on_process_0,
+            restart_if_corrupt=flags.FLAGS.restart_if_corrupt,
+            dry_run=flags.FLAGS.dry_run,
+            memory_limit_bytes=None if limit is None else int(limit * 2**30),
+        )
     except OSError as e:  # a full disk met outside a checkpoint save (metrics, config.json)
         if isinstance(e, DiskFullError) or not is_disk_full(e):
             raise
@@ -277,6 +323,19 @@ def run() -> None:
         "When every checkpoint in model_dir is corrupt, move them to corrupt_checkpoints/ and train "
         "from step 0 (default: exit 2 naming them).",
     )
+    flags.DEFINE_bool(
+        "dry_run",
+        False,
+        "Compile the train step on abstract shapes, print its memory plan and exit (0; 2 with one line "
+        "when it does not fit the device's memory), without training or writing to model_dir.",
+    )
+    flags.DEFINE_float(
+        "memory_limit_gib",
+        None,
+        "Plan the step's memory against this many GiB of device memory instead of the device's own "
+        "(with --dry_run; or printed at start-up like on an accelerator).",
+        lower_bound=0.0,
+    )
     # The trainer's errors by name: a bad config is refused before JAX or the trainer is imported.
     expected = (
         DataTasksError,
@@ -284,6 +343,7 @@ def run() -> None:
         storage.StorageError,
         "cairn.trainer.faults.NonFiniteLossError",
         "cairn.trainer.checkpoints.AllCheckpointsCorruptError",
+        "cairn.trainer.memory_plan.StepDoesNotFitError",
     )
     cli.run_entry_point(_main, expected=expected, logs=quiet_logs)
 

@@ -6,6 +6,7 @@ TensorFlow is imported only when TensorBoard files are written.
 __version__ = "0.1.0"
 
 from cairn.trainer.adafactor_axes import STANDARD_FACTOR_RULES, adafactor_axes, logical_factor_map
+from cairn.trainer.callbacks import evaluator_callback
 from cairn.trainer.checkpoints import (
     AllCheckpointsCorruptError,
     CheckpointConfig,
@@ -17,6 +18,7 @@ from cairn.trainer.checkpoints import (
 from cairn.trainer.data_state import TfDataIterator
 from cairn.trainer.faults import DiskFullError, NonFiniteLossError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
+from cairn.trainer.memory_plan import MemoryPlan, StepDoesNotFitError, StepMemory, device_memory_limit, plan_memory
 from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
@@ -25,7 +27,7 @@ from cairn.trainer.param_restore import restore_params, stored_params
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
-from cairn.trainer.trainer import Trainer, TrainerConfig, TrainResult, evaluator_callback
+from cairn.trainer.trainer import Trainer, TrainerConfig, TrainResult
 
 __all__ = [
     "AllCheckpointsCorruptError",
@@ -34,6 +36,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DEFAULT_NO_DECAY",
     "DiskFullError",
+    "MemoryPlan",
     "ModelDirLock",
     "ModelDirLockedError",
     "NoCheckpointError",
@@ -42,6 +45,8 @@ __all__ = [
     "ParamGroup",
     "PEAK_BF16_TFLOPS",
     "STANDARD_FACTOR_RULES",
+    "StepDoesNotFitError",
+    "StepMemory",
     "TrainResult",
     "TfDataIterator",
     "TrainState",
@@ -53,6 +58,7 @@ __all__ = [
     "adafactor_t5",
     "cosine_schedule",
     "cpu_matmul_peak_flops",
+    "device_memory_limit",
     "dropout_key",
     "evaluator_callback",
     "factor_schedule",
@@ -65,6 +71,7 @@ __all__ = [
     "mfu",
     "opt_state_specs",
     "peak_flops",
+    "plan_memory",
     "published_peak_flops",
     "restore_params",
     "stored_params",

@@ -103,6 +103,12 @@ BatchSignature = tuple[tuple[str, tuple[int, ...], str], ...]
 
 
 def batch_signature(batch: Mapping[str, Any]) -> BatchSignature:
-    """`(key path, shape, dtype)` of each array of a host batch: all `Trainer.setup` depends on."""
+    """`(key path, shape, dtype)` of each array (or `jax.ShapeDtypeStruct`) of a host batch: all
+    `Trainer.setup` depends on."""
     leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
-    return tuple((jax.tree_util.keystr(path), tuple(np.shape(x)), str(np.asarray(x).dtype)) for path, x in leaves)
+    return tuple((jax.tree_util.keystr(path), tuple(np.shape(x)), str(leaf_dtype(x))) for path, x in leaves)
+
+
+def leaf_dtype(x: Any) -> np.dtype:
+    """An array's (or `jax.ShapeDtypeStruct`'s) dtype; a list's as numpy reads it."""
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype

@@ -43,6 +43,7 @@ def make_train_step(
     learning_rate_fn: Callable,
     num_microbatches: int = 1,
     reduction: str = "mean",
+    offload_shardings: tuple[Any, Any] | None = None,
 ) -> Callable:
     """`step(state, batch) -> (state, metrics)`, unjitted.
 
@@ -52,6 +53,10 @@ def make_train_step(
     The loss follows the same reduction; other metrics are averaged. Microbatch i draws dropout
     from `fold_in(fold_in(seed, step), i)`. Metrics: the model's, plus `loss`, `grad_norm`
     (before clipping) and `learning_rate` (the rate this update used).
+
+    `offload_shardings`: `(device, host)` shardings of the optimizer state (see
+    `offload_opt_state_shardings`) when it lives in host memory: it is moved to the device just
+    before the update (`jax.device_put` inside the step) and back to host memory after it.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -83,7 +88,12 @@ def make_train_step(
             loss, aux = loss * scale, jax.tree.map(lambda v: v / num_microbatches, aux)
             grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
         grad_norm = optax.tree.norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        opt_state = state.opt_state
+        if offload_shardings is not None:
+            opt_state = jax.device_put(opt_state, offload_shardings[0])
+        updates, opt_state = optimizer.update(grads, opt_state, state.params)
+        if offload_shardings is not None:
+            opt_state = jax.device_put(opt_state, offload_shardings[1])
         params = optax.apply_updates(state.params, updates)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
         metrics.update(
@@ -120,6 +130,30 @@ def state_shardings(
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
     # A TrainState whose leaves are shardings, not arrays.
     return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)  # type: ignore[arg-type]
+
+
+HOST_MEMORY_KIND = "pinned_host"  # where an offloaded optimizer state lives
+DEVICE_MEMORY_KIND = "device"
+
+
+def offload_opt_state_shardings(state_sh: TrainState) -> tuple[TrainState, tuple[Any, Any]]:
+    """The state's shardings with the optimizer state in host memory (`memory_kind=
+    "pinned_host"`), and the `(device, host)` shardings of the optimizer state that
+    `make_train_step(offload_shardings=...)` moves it between."""
+    host = jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY_KIND), state_sh.opt_state)
+    device = jax.tree.map(lambda s: s.with_memory_kind(DEVICE_MEMORY_KIND), state_sh.opt_state)
+    return state_sh.replace(opt_state=host), (device, host)
+
+
+def check_host_memory(partitioner: Partitioner) -> None:
+    """A `ValueError` unless every device of `partitioner`'s mesh has a pinned host memory (the
+    optimizer state's home under `offload_optimizer_state`)."""
+    for device in partitioner.mesh.local_devices:
+        kinds = [m.kind for m in device.addressable_memories()]
+        if HOST_MEMORY_KIND not in kinds:
+            raise ValueError(
+                f"offload_optimizer_state needs {HOST_MEMORY_KIND!r} memory, but device {device} has only {kinds}"
+            )
 
 
 def batch_shardings(partitioner: Partitioner, batch: Batch) -> Any:

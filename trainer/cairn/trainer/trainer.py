@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -15,25 +14,27 @@ import optax
 
 from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory
 from cairn.partitioning.peer_watchdog import await_lost_peer
+from cairn.trainer.callbacks import EvalFn, takes_metrics
 from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_like
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
 from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
 from cairn.trainer.loop import TrainLoop, TrainResult
-from cairn.trainer.model_protocol import BatchSignature, abstract_init, batch_signature, init_params
+from cairn.trainer.model_protocol import BatchSignature, abstract_init, batch_signature, init_params, leaf_dtype
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import (
     batch_shardings,
+    check_host_memory,
     make_train_step,
+    offload_opt_state_shardings,
     opt_state_specs,
     partitioned_train_step,
     state_shardings,
 )
 
 log = logging.getLogger("cairn.trainer")
-EvalFn = Callable[[Any, int], Mapping[str, Any]]
 StepHook = Callable[[int, TrainState], None] | Callable[[int, TrainState, Mapping[str, float]], None]
 BatchHook = Callable[[int, GatheredDigests], None]
 
@@ -47,7 +48,10 @@ class TrainerConfig:
     constant (t5x's loss_normalizing_factor); either way accumulation matches one full batch.
     `wandb`: a Weights & Biases project to log to as well (offline, under model_dir; '' off).
     `progress`: the console's progress line (process 0); `progress_interval_s` its interval
-    (None: 0.5 s on a terminal, 60 s in a file or pipe)."""
+    (None: 0.5 s on a terminal, 60 s in a file or pipe). `offload_optimizer_state`: the optimizer
+    state lives in host memory (`memory_kind="pinned_host"`) and visits the device only for the
+    update inside the step, freeing its device memory for the forward and backward passes
+    (float32 master statistics on one chip); checkpoints save and restore it as usual."""
 
     model_dir: str
     num_train_steps: int
@@ -66,6 +70,7 @@ class TrainerConfig:
     handle_sigterm: bool = True
     flops_per_token: float | None = None
     peak_flops: float | None = None
+    offload_optimizer_state: bool = False
 
     def __post_init__(self):
         for name in ("num_train_steps", "num_microbatches"):
@@ -78,6 +83,22 @@ class TrainerConfig:
         for name in ("checkpoint_every", "eval_every", "log_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainerConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepSetup:
+    """What `Trainer.setup` builds for one batch shape."""
+
+    param_specs: Any
+    state_shardings: TrainState
+    abstract_state: TrainState
+    abstract_batch: Any  # the global batch's ShapeDtypeStructs, with their shardings
+    train_step: Any
+    create: Any
+
+
+def _is_abstract(x: Any) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct)
 
 
 class Trainer:
@@ -143,9 +164,10 @@ class Trainer:
         for hook in self.step_hooks + self.batch_hooks:
             if not callable(hook):
                 raise TypeError(f"Trainer step_hooks and batch_hooks must be callables, got {hook!r}")
-        self.hooks_take_metrics = tuple(_takes_three(hook) for hook in self.step_hooks)
+        self.hooks_take_metrics = tuple(takes_metrics(hook) for hook in self.step_hooks)
         self.batch_signature: BatchSignature | None = None  # the batch `setup` was given
         self.abstract_state: Any = None  # a TrainState of ShapeDtypeStructs, once set up
+        self.abstract_batch: Any = None  # the set-up global batch's ShapeDtypeStructs
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
@@ -156,43 +178,73 @@ class Trainer:
         """Abstract state, shardings, the partitioned step and the init function for this batch's
         shapes; returns the abstract state. Done once: called again with a batch of the same
         shapes and dtypes (`batch_signature`), it returns at once. `train` sets up from the data's
-        first batch unless `setup` was called before (then the first batch must match)."""
+        first batch unless `setup` was called before (then the first batch must match). `batch`
+        is a host-local batch: arrays, or `jax.ShapeDtypeStruct`s (nothing is read from it)."""
         signature = batch_signature(batch)
         if signature == self.batch_signature:
             return self.abstract_state
+        built = self._build(batch)
+        self.param_specs, self.state_shardings = built.param_specs, built.state_shardings
+        self.abstract_state, self.abstract_batch = built.abstract_state, built.abstract_batch
+        self.train_step, self._create = built.train_step, built.create
+        self.batch_signature = signature
+        return self.abstract_state
+
+    def lower_step(self, batch: Mapping[str, Any] | None = None) -> jax.stages.Lowered:
+        """The partitioned train step lowered for a host-local `batch` (arrays or
+        `jax.ShapeDtypeStruct`s; default: the batch `setup` was given) on abstract state: nothing
+        is allocated or run. `.compile().memory_analysis()` is what `plan_memory` reads. A batch
+        of other shapes than the set-up one leaves the set-up as it is."""
+        if batch is None or batch_signature(batch) == self.batch_signature:
+            if self.batch_signature is None:
+                raise ValueError("Trainer.lower_step needs a batch before the trainer is set up (Trainer.setup)")
+            return self.train_step.lower(self.abstract_state, self.abstract_batch)
+        built = self._build(batch)
+        return built.train_step.lower(built.abstract_state, built.abstract_batch)
+
+    def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
+        """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
         init_key, dropout_seed = self._keys()
-        param_shapes, specs = abstract_init(self.model, init_key, batch)
-        if self.optimizer_config is not None and self.optimizer_config.needs_param_axes:
+        # Abstract leaves become host zeros for the model's init (a batch of token ids: small).
+        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)) if _is_abstract(x) else x, batch)
+        param_shapes, specs = abstract_init(self.model, init_key, host)
+        if self.optimizer is None:  # factored by logical axes: built once, from the specs
+            assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
-        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, self.optimizer, dropout_seed), param_shapes)
-        state_sh = state_shardings(self.partitioner, state_shapes, specs, self.optimizer)
+        optimizer = self.optimizer
+        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, dropout_seed), param_shapes)
+        state_sh = state_shardings(self.partitioner, state_shapes, specs, optimizer)
+        offload = None
+        if self.config.offload_optimizer_state:
+            check_host_memory(self.partitioner)
+            state_sh, offload = offload_opt_state_shardings(state_sh)
+        shards = self.partitioner.data_layout().num_shards
         gbatch_shapes = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(
-                (np.shape(x)[0] * self.partitioner.data_layout().num_shards,) + np.shape(x)[1:], np.asarray(x).dtype
-            ),
-            batch,
+            lambda x: jax.ShapeDtypeStruct((np.shape(x)[0] * shards,) + np.shape(x)[1:], leaf_dtype(x)), host
         )
         batch_sh = batch_shardings(self.partitioner, gbatch_shapes)
         step_fn = make_train_step(
             self.model.loss_fn,
-            self.optimizer,
+            optimizer,
             self.schedule,
             self.config.num_microbatches,
             self.config.microbatch_reduction,
+            offload_shardings=offload,
         )
-        self.param_specs, self.state_shardings = specs, state_sh
-        self.abstract_state = abstract_like(state_shapes, state_sh)
-        self.train_step = partitioned_train_step(
-            step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state
-        )
-        zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), np.asarray(x).dtype), dict(batch))
+        train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
+        zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), dict(host))
 
         def create():
-            return TrainState.create(init_params(self.model, init_key, zeros)[0], self.optimizer, dropout_seed)
+            return TrainState.create(init_params(self.model, init_key, zeros)[0], optimizer, dropout_seed)
 
-        self._create = self.partitioner.partition(create, out_shardings=state_sh)
-        self.batch_signature = signature
-        return self.abstract_state
+        return _StepSetup(
+            param_specs=specs,
+            state_shardings=state_sh,
+            abstract_state=abstract_like(state_shapes, state_sh),
+            abstract_batch=abstract_like(gbatch_shapes, batch_sh),
+            train_step=train_step,
+            create=self.partitioner.partition(create, out_shardings=state_sh),
+        )
 
     def initial_state(self, params: Any = None) -> TrainState:
         """A fresh state (params from the model's init, or the given `params`, e.g. pretrained)."""
@@ -338,35 +390,3 @@ class Trainer:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)
         return state, step
-
-
-def _takes_three(hook: Callable) -> bool:
-    """Whether `hook` accepts a third positional argument (the step's metrics)."""
-    try:
-        params = inspect.signature(hook).parameters.values()
-    except (TypeError, ValueError):  # no signature (a builtin): the two-argument form
-        return False
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3
-
-
-def evaluator_callback(
-    evaluator: Any, make_predict_fn: Callable | None = None, make_score_fn: Callable | None = None
-) -> EvalFn:
-    """An `eval_fn` from a `cairn.evaluation.Evaluator`: `make_predict_fn(params)` /
-    `make_score_fn(params)` build the functions `Evaluator.evaluate` takes; returns
-    `{task: {metric: value}}`."""
-
-    def eval_fn(params, step):
-        result = evaluator.evaluate(
-            predict_fn=make_predict_fn(params) if make_predict_fn else None,
-            score_fn=make_score_fn(params) if make_score_fn else None,
-            step=step,
-        )
-        for task, errors in result.errors.items():
-            log.warning("evaluation of %s at step %d: %s", task, step, "; ".join(errors))
-        return result.metrics
-
-    return eval_fn
