@@ -175,7 +175,9 @@ def tiny_rows(rows: Sequence[Row] = ROWS) -> tuple[Row, ...]:
             lengths = {k: 32 if k == "inputs" else 16 for k in row.lengths}
             overrides = {**row.overrides, "dtype": "float32", "vocab_size": 512}
             out.append(
-                dataclasses.replace(row, preset=preset, lengths=lengths, overrides=overrides, batch=2, steps=3, max_batch=16)
+                dataclasses.replace(
+                    row, preset=preset, lengths=lengths, overrides=overrides, batch=2, steps=3, max_batch=16
+                )
             )
         else:
             overrides = {**row.overrides, "dtype": "float32"}
@@ -388,7 +390,9 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, env: Mapping[str, Any], args: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> None:
+def write_json(
+    path: str, env: Mapping[str, Any], args: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
+) -> None:
     """`{"env", "args", "rows"}` to `path` (every value JSON-able; others as strings)."""
     with open(path, "w") as f:
         json.dump({"env": dict(env), "args": dict(args), "rows": list(results)}, f, indent=1, default=str)

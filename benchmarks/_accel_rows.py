@@ -213,7 +213,11 @@ class SyntheticBatches:
         weights = np.ones((b, lt), np.float32)
         if "inputs" not in self.lengths:
             rows = rng.integers(2, self.vocab, size=(b, lt + 1), dtype=np.int32)
-            return {"decoder_input_tokens": rows[:, :-1], "decoder_target_tokens": rows[:, 1:], "decoder_loss_weights": weights}
+            return {
+                "decoder_input_tokens": rows[:, :-1],
+                "decoder_target_tokens": rows[:, 1:],
+                "decoder_loss_weights": weights,
+            }
         inputs = rng.integers(2, self.vocab, size=(b, self.lengths["inputs"]), dtype=np.int32)
         targets = rng.integers(2, self.vocab, size=(b, lt), dtype=np.int32)
         shifted = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], axis=1)  # BOS 0 first
@@ -256,6 +260,10 @@ class _Candidate:
     bytes: int | None = None
     compile_s: float = 0.0
     error: str = ""
+
+
+def _label(variant: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(variant.items())) or "step"
 
 
 def _state_device_bytes(abstract_state: Any) -> tuple[int, int]:
@@ -421,7 +429,7 @@ class _TrainRowRunner:
             if fixed:
                 v, config, applied, ignored = survivors[0]
                 found: dict[int, _Candidate] = {}
-                self.measure_many(pool, config, [fixed], found, str(v), limit)
+                self.measure_many(pool, config, [fixed], found, _label(v), limit)
                 cand = found[fixed]
                 if cand.compiled is None or (limit is not None and cand.bytes is not None and cand.bytes > limit):
                     raise DoesNotFit(f"batch {fixed} does not fit: {cand.error or f'{cand.bytes / GIB:.2f} GiB'}")
@@ -429,10 +437,12 @@ class _TrainRowRunner:
                 result["program_bytes"] = cand.bytes
                 return v, config, applied, ignored, cand
             with concurrent.futures.ThreadPoolExecutor(len(survivors)) as outer:
-                futures = [outer.submit(self.search, pool, c[1], limit, str(c[0])) for c in survivors]
+                futures = [outer.submit(self.search, pool, c[1], limit, _label(c[0])) for c in survivors]
                 searched = [f.result() for f in futures]
         for (v, *_), (best, found) in zip(survivors, searched):
-            result["search"].append({"variant": v, "best": best, "bytes": {b: c.bytes for b, c in sorted(found.items())}})
+            result["search"].append(
+                {"variant": v, "best": best, "bytes": {b: c.bytes for b, c in sorted(found.items())}}
+            )
         pick = choose_variant([best for best, _ in searched], row.min_batch)
         if pick is None:
             raise DoesNotFit(f"no batch fits {limit / GIB:.2f} GiB: {result['search']}")
@@ -515,7 +525,9 @@ def _timed_calls(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str
     return times
 
 
-def kv_bytes_per_position(model: DecoderOnlyModel, params: Any, batch: int, lengths: tuple[int, int] = (256, 512)) -> float:
+def kv_bytes_per_position(
+    model: DecoderOnlyModel, params: Any, batch: int, lengths: tuple[int, int] = (256, 512)
+) -> float:
     """Bytes of key-value cache per row and position: how much the decode cache grows from one
     length to the other (from its shapes; nothing is allocated), whatever its layout or padding."""
 

@@ -47,8 +47,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _accel_plan, _machine (also when imported)
 
-from _accel_plan import ROWS, format_table, select_rows, tiny_rows, write_json  # noqa: E402
-from _machine import machine_line  # noqa: E402
+from _accel_plan import ROWS, format_table, select_rows, tiny_rows, write_json
+from _machine import machine_line
 
 WORKER_EXIT_RESTART = 3  # the worker stopped after a failed row: start a fresh one for the rest
 
@@ -59,14 +59,43 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", default="all", help=f"comma-separated rows to run (default all: {names})")
     p.add_argument("--tiny", action="store_true", help="tiny presets and shapes: the CPU smoke run")
     p.add_argument("--json", help="write the environment, the options and every row's result here")
-    p.add_argument("--peak_tflops", type=float, help="per-device dense peak (default: the device kind's published bf16 peak; CPU: a matmul probe)")
-    p.add_argument("--hbm_gbps", type=float, help="per-device HBM bandwidth, GB/s (default: the device kind's published figure; CPU: a copy probe)")
-    p.add_argument("--attention", choices=("auto", "xla", "pallas", "cudnn"), help="attention_implementation of every model (default: the config's)")
-    p.add_argument("--loss_chunk_size", type=int, help="tokens per chunk of the chunked loss for the training rows (0: whole logits; default: the row's)")
-    p.add_argument("--remat", choices=("none", "full", "dots"), help="one remat policy for the training rows instead of their variants")
+    p.add_argument(
+        "--peak_tflops",
+        type=float,
+        help="per-device dense peak (default: the device kind's published bf16 peak; CPU: a matmul probe)",
+    )
+    p.add_argument(
+        "--hbm_gbps",
+        type=float,
+        help="per-device HBM bandwidth, GB/s (default: the device kind's published figure; CPU: a copy probe)",
+    )
+    p.add_argument(
+        "--attention",
+        choices=("auto", "xla", "pallas", "cudnn"),
+        help="attention_implementation of every model (default: the config's)",
+    )
+    p.add_argument(
+        "--loss_chunk_size",
+        type=int,
+        help="tokens per chunk of the chunked loss for the training rows (0: whole logits; default: the row's)",
+    )
+    p.add_argument(
+        "--remat",
+        choices=("none", "full", "dots"),
+        help="one remat policy for the training rows instead of their variants",
+    )
     p.add_argument("--batch", type=int, default=0, help="a fixed batch for the training rows instead of the search")
-    p.add_argument("--steps", type=int, default=0, help="training steps per row, the first (compilation) untimed (default: the row's, 6)")
-    p.add_argument("--memory_limit_gb", type=float, help="device memory a program may use, GiB (default: bytes_limit less the margin)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="training steps per row, the first (compilation) untimed (default: the row's, 6)",
+    )
+    p.add_argument(
+        "--memory_limit_gb",
+        type=float,
+        help="device memory a program may use, GiB (default: bytes_limit less the margin)",
+    )
     p.add_argument("--memory_margin", type=float, default=0.03, help="share of bytes_limit kept free (fragmentation)")
     p.add_argument("--compile_threads", type=int, default=4, help="step compilations at once during the batch search")
     p.add_argument("--compile_cache", help="a persistent compilation cache directory (reruns compile nothing)")
@@ -226,7 +255,16 @@ def supervise(args: argparse.Namespace, argv: Sequence[str]) -> Collector:
         workers += 1
         fd, path = tempfile.mkstemp(prefix="accel_bench_", suffix=".jsonl")
         os.close(fd)
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", "--worker_results", path, "--rows", ",".join(remaining)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            *argv,
+            "--worker",
+            "--worker_results",
+            path,
+            "--rows",
+            ",".join(remaining),
+        ]
         proc = subprocess.Popen(cmd)
         offset, killed = 0, False
         while True:
@@ -249,7 +287,11 @@ def supervise(args: argparse.Namespace, argv: Sequence[str]) -> Collector:
             col.event(e)
         os.unlink(path)
         if col.started is not None:
-            why = "killed at the --budget_s deadline" if killed else f"the worker process died (exit code {rc}) in this row"
+            why = (
+                "killed at the --budget_s deadline"
+                if killed
+                else f"the worker process died (exit code {rc}) in this row"
+            )
             col.fail(col.started, why)
             col.started = None
         if rc == 0 and not killed:
