@@ -97,7 +97,7 @@ class DecodeRow:
 
 Row = TrainRow | DecodeRow
 
-_LLAMA = {"dtype": "bfloat16", "scan_layers": True}
+_LLAMA = {"dtype": "bfloat16", "scan_layers": True, "loss_chunk_size": 2048}  # chunked loss: 128k vocabulary
 _T5 = {"dtype": "bfloat16", "scan_layers": True}
 _REMATS = ({"remat_policy": "dots"}, {"remat_policy": "full"})
 _DECODE = {"dtype": "bfloat16", "param_dtype": "bfloat16", "scan_layers": False}
@@ -174,6 +174,8 @@ def tiny_rows(rows: Sequence[Row] = ROWS) -> tuple[Row, ...]:
         if isinstance(row, TrainRow):
             lengths = {k: 32 if k == "inputs" else 16 for k in row.lengths}
             overrides = {**row.overrides, "dtype": "float32", "vocab_size": 512}
+            if "loss_chunk_size" in overrides:
+                overrides["loss_chunk_size"] = 16  # several chunks of the tiny batch
             out.append(
                 dataclasses.replace(
                     row, preset=preset, lengths=lengths, overrides=overrides, batch=2, steps=3, max_batch=16

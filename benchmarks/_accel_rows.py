@@ -83,10 +83,11 @@ class Options:
     loss_chunk_size: int | None = None
     remat: str | None = None
     batch: int = 0
+    batches: dict[str, int] = dataclasses.field(default_factory=dict)  # row name -> fixed batch
     steps: int = 0
     memory_limit: float | None = None  # bytes per device
     memory_margin: float = 0.03
-    compile_threads: int = 4
+    compile_threads: int = 6
     verbose: bool = True
 
 
@@ -350,7 +351,7 @@ class _TrainRowRunner:
             lowered.append((cand, self.lower(cand, config)))
         for cand in [f.result() for f in [pool.submit(self.compile, c, lo) for c, lo in lowered]]:
             found[cand.batch] = cand
-            gib = "?" if cand.bytes is None else f"{cand.bytes / GIB:.2f} GiB"
+            gib = "?" if cand.bytes is None else f"{cand.bytes / GIB:.3g} GiB"
             log(self.row.name, f"{label} batch {cand.batch}: {gib} (compile {cand.compile_s:.1f} s)")
         out: dict[int, int | None] = {}
         for b in batches:
@@ -368,6 +369,7 @@ class _TrainRowRunner:
             row.probes,
             unit=self.unit,
             max_batch=max(self.unit, row.max_batch),
+            max_rounds=3,
         )
         for b, cand in list(found.items()):  # keep the executable of the best batch only
             if b != best:
@@ -388,7 +390,11 @@ class _TrainRowRunner:
                 seen.add(config)
                 configs.append((v, config, applied, ignored))
         limit = memory_limit(self.env, opts)
-        fixed = opts.batch or row.batch or (0 if limit is not None else max(self.unit, row.probes[0]))
+        # A fixed batch: --batches/--batch, else the row's own (--tiny) unless --memory_limit_gb asks
+        # for the search, else the first probe where the device reports no limit (CPU).
+        fixed = opts.batches.get(row.name) or opts.batch or (row.batch if opts.memory_limit is None else 0)
+        if not fixed and limit is None:
+            fixed = max(self.unit, row.probes[0])
         result: dict[str, Any] = {"memory_limit_bytes": limit, "search": []}
         search_start = time.perf_counter()
         chosen = self.choose(configs, limit, fixed, result)
@@ -418,12 +424,12 @@ class _TrainRowRunner:
             state_bytes, param_bytes = _state_device_bytes(cand.trainer.abstract_state)
             floor = state_bytes + param_bytes  # the state and the gradients, before any activation
             if limit is not None and floor > limit:
-                log(row.name, f"{v}: state + gradients {floor / GIB:.2f} GiB > limit {limit / GIB:.2f} GiB, skipped")
-                result["search"].append({"variant": v, "skipped": f"state + gradients {floor / GIB:.2f} GiB"})
+                log(row.name, f"{v}: state + gradients {floor / GIB:.3g} GiB > limit {limit / GIB:.3g} GiB, skipped")
+                result["search"].append({"variant": v, "skipped": f"state + gradients {floor / GIB:.3g} GiB"})
                 continue
             survivors.append((v, config, applied, ignored))
         if not survivors:
-            raise DoesNotFit(f"no variant fits: state + gradients exceed {limit / GIB:.2f} GiB ({result['search']})")
+            raise DoesNotFit(f"no variant fits: state + gradients exceed {limit / GIB:.3g} GiB ({result['search']})")
         workers = max(1, opts.compile_threads)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             if fixed:
@@ -432,7 +438,7 @@ class _TrainRowRunner:
                 self.measure_many(pool, config, [fixed], found, _label(v), limit)
                 cand = found[fixed]
                 if cand.compiled is None or (limit is not None and cand.bytes is not None and cand.bytes > limit):
-                    raise DoesNotFit(f"batch {fixed} does not fit: {cand.error or f'{cand.bytes / GIB:.2f} GiB'}")
+                    raise DoesNotFit(f"batch {fixed} does not fit: {cand.error or f'{cand.bytes / GIB:.3g} GiB'}")
                 result["compile_s"] = cand.compile_s
                 result["program_bytes"] = cand.bytes
                 return v, config, applied, ignored, cand
@@ -445,7 +451,7 @@ class _TrainRowRunner:
             )
         pick = choose_variant([best for best, _ in searched], row.min_batch)
         if pick is None:
-            raise DoesNotFit(f"no batch fits {limit / GIB:.2f} GiB: {result['search']}")
+            raise DoesNotFit(f"no batch fits {limit / GIB:.3g} GiB: {result['search']}")
         best, found = searched[pick]
         cand = found[best]
         result["compile_s"] = cand.compile_s
@@ -642,7 +648,10 @@ def run_row(row: TrainRow | DecodeRow, env: Mapping[str, Any], opts: Options) ->
     except Exception as e:  # one row's failure is recorded, never the end of the run
         import traceback
 
-        traceback.print_exc()
+        if not isinstance(e, DoesNotFit):
+            traceback.print_exc()
+        else:
+            log(row.name, str(e))
         first = (str(e).strip().splitlines() or [""])[0]
         out = {
             **head,

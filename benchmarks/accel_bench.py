@@ -86,6 +86,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--batch", type=int, default=0, help="a fixed batch for the training rows instead of the search")
     p.add_argument(
+        "--batches",
+        default="",
+        help="fixed batches of some training rows, e.g. llama_bf16=8,t5_large=96 (a rerun skips their search)",
+    )
+    p.add_argument(
         "--steps",
         type=int,
         default=0,
@@ -97,7 +102,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="device memory a program may use, GiB (default: bytes_limit less the margin)",
     )
     p.add_argument("--memory_margin", type=float, default=0.03, help="share of bytes_limit kept free (fragmentation)")
-    p.add_argument("--compile_threads", type=int, default=4, help="step compilations at once during the batch search")
+    p.add_argument("--compile_threads", type=int, default=6, help="step compilations at once during the batch search")
     p.add_argument("--compile_cache", help="a persistent compilation cache directory (reruns compile nothing)")
     p.add_argument("--budget_s", type=float, default=570.0, help="the worker is killed after this many seconds")
     p.add_argument("--in_process", action="store_true", help="run the rows in this process (no worker, no restarts)")
@@ -110,6 +115,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 0:
             p.error(f"--{name} must be >= 0, got {value}")
+    try:
+        args.batch_of = parse_batches(args.batches, [r.name for r in ROWS])
+    except ValueError as e:
+        p.error(str(e))
     if args.steps == 1:
         p.error("--steps must be >= 2: the first step compiles and is not timed")
     try:
@@ -117,6 +126,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def parse_batches(text: str, names: Sequence[str]) -> dict[str, int]:
+    """`{"llama_bf16": 8, ...}` from `llama_bf16=8,...`; a ValueError names a bad entry."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in names or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--batches: expected ROW=BATCH with ROW one of {', '.join(names)}, got {item!r}")
+        out[name] = int(value)
+    return out
 
 
 def options(args: argparse.Namespace):
@@ -130,6 +150,7 @@ def options(args: argparse.Namespace):
         loss_chunk_size=args.loss_chunk_size,
         remat=args.remat,
         batch=args.batch,
+        batches=args.batch_of,
         steps=args.steps,
         memory_limit=args.memory_limit_gb * 2**30 if args.memory_limit_gb else None,
         memory_margin=args.memory_margin,
@@ -210,7 +231,7 @@ class Collector:
 
 
 def _json_args(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in vars(args).items() if k not in ("selected", "worker", "worker_results")}
+    return {k: v for k, v in vars(args).items() if k not in ("selected", "batch_of", "worker", "worker_results")}
 
 
 def env_line(env: Mapping[str, Any]) -> str:
