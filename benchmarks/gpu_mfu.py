@@ -27,6 +27,10 @@ Targets: MFU >= 45% on one H200 for `decoder_only_1b` (issue #7), >= 50% for `ll
 Not yet run on a GPU: no GPU machine was lent to the sessions so far (neither preset). On one
 TPU v5e chip, `--preset llama_1b --param_dtype bfloat16 --optimizer adafactor --batch 2` gave
 35.7 % MFU (benchmarks/RESULTS.md).
+
+A thin wrapper over `accel_bench.py`'s training row (`_accel_rows.run_train_row`: the same
+Trainer, synthetic tokens and MFU) with one fixed batch; `accel_bench.py` runs issue 39's rows
+(the largest batch that fits, T5, decoding) on any accelerator.
 """
 
 from __future__ import annotations
@@ -34,60 +38,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import tempfile
-import time
 
-from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ (also when imported)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for lib in ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer"):
-    sys.path.insert(0, os.path.join(REPO, lib))
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cairn.models import DecoderOnlyModel, count_params, flops_per_token, get_preset  # noqa: E402
-from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
-from cairn.trainer import (  # noqa: E402
-    CheckpointConfig,
-    OptimizerConfig,
-    Trainer,
-    TrainerConfig,
-    cpu_matmul_peak_flops,
-    published_peak_flops,
-)
+from _accel_plan import TrainRow
+from _machine import machine_line
 
 # MFU targets on one H200-class GPU (bf16), by preset; other presets print none.
 TARGETS = {"decoder_only_1b": 0.45, "llama_1b": 0.50}
-
-
-class SyntheticTokens:
-    """Seeded random token rows `[batch, length + 1]`, split into decoder inputs and targets."""
-
-    def __init__(self, vocab: int, batch: int, length: int):
-        self.vocab, self.batch, self.length, self.position = vocab, batch, length, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        rng = np.random.default_rng([7, self.position])
-        self.position += 1
-        rows = rng.integers(2, self.vocab, size=(self.batch, self.length + 1), dtype=np.int32)
-        return {
-            "decoder_input_tokens": rows[:, :-1],
-            "decoder_target_tokens": rows[:, 1:],
-            "decoder_loss_weights": np.ones((self.batch, self.length), np.float32),
-        }
-
-    def get_state(self):
-        return {"position": self.position}
-
-    def set_state(self, state):
-        self.position = int(state["position"])
 
 
 def main() -> None:
@@ -97,7 +56,9 @@ def main() -> None:
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--dtype", default="bfloat16", help="activation dtype")
-    p.add_argument("--param_dtype", default="float32", help="parameter (and optimizer state) dtype")
+    p.add_argument(
+        "--param_dtype", default="float32", help="parameter (and optimizer state) dtype, where the config has it"
+    )
     p.add_argument(
         "--optimizer",
         default="adamw",
@@ -114,90 +75,76 @@ def main() -> None:
     )
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    if args.steps < 2:
+        p.error("--steps must be >= 2: the first step compiles and is not timed")
     print(machine_line(), flush=True)
 
-    devices = jax.devices()
-    kind = devices[0].device_kind
-    if args.peak_tflops:
-        peak_per_device = args.peak_tflops * 1e12
-    elif devices[0].platform == "cpu":  # a smoke run: the measured float32 matmul probe of this host
-        peak_per_device = cpu_matmul_peak_flops() / len(devices)
-    else:
-        peak_per_device = published_peak_flops(kind)
-    if not peak_per_device:
-        raise SystemExit(f"no published peak for device kind {kind!r}: pass --peak_tflops")
-    peak = peak_per_device * len(devices)
-    config = get_preset(
+    from _accel_rows import Options, environment, run_row  # imports JAX
+
+    adamw = args.optimizer == "adamw"
+    row = TrainRow(
+        "gpu_mfu",
+        f"{args.preset} x {args.batch} x {args.length}",
         args.preset,
-        dtype=args.dtype,
-        param_dtype=args.param_dtype,
-        scan_layers=not args.no_scan,
-        remat_policy=args.remat,
+        {"targets": args.length},
+        optimizer=args.optimizer,
+        learning_rate=3e-4,
+        optimizer_kwargs={"weight_decay": 0.1, "clip_grad_norm": 1.0} if adamw else {"clip_grad_norm": 1.0},
+        overrides={
+            "dtype": args.dtype,
+            "param_dtype": args.param_dtype,
+            "scan_layers": not args.no_scan,
+            "remat_policy": args.remat,
+        },
+        batch=args.batch,
+        steps=args.steps,  # the first compiles; the median is over the rest, as before
+        target_mfu=TARGETS.get(args.preset),
     )
-    model = DecoderOnlyModel(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
-    fpt = flops_per_token(config, {"targets": args.length})
-    partitioner = Partitioner(create_mesh({"data": -1, "model": 1}), standard_logical_axis_rules())
-    with tempfile.TemporaryDirectory() as model_dir:
-        cfg = TrainerConfig(
-            model_dir=model_dir,
-            num_train_steps=args.steps,
-            log_every=1,
-            checkpoint_every=0,
-            tensorboard=False,
-            handle_sigterm=False,
-            flops_per_token=fpt,
-            peak_flops=peak,
-            checkpoint=CheckpointConfig(keep=1, asynchronous=True),
-        )
-        trainer = Trainer(
-            model, OptimizerConfig(name=args.optimizer, weight_decay=0.1, clip_grad_norm=1.0), 3e-4, partitioner, cfg
-        )
-        start = time.perf_counter()
-        trainer.train(SyntheticTokens(config.vocab_size, args.batch, args.length))
-        total = time.perf_counter() - start
-        rows = [json.loads(line) for line in open(os.path.join(model_dir, "summaries", "metrics.jsonl"))]
-    step_times = [r["value"] for r in rows if r["metric"] == "step_time_s"]
-    losses = [r["value"] for r in rows if r["metric"] == "loss"]
-    median = statistics.median(step_times)
-    tokens = args.batch * args.length
-    mfu = fpt * tokens / median / peak
+    opts = Options(peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
+    env = environment(opts)
+    if not env["peak_flops_per_device"]:
+        raise SystemExit(f"no published peak for device kind {env['device_kind']!r}: pass --peak_tflops")
+    r = run_row(row, env, opts)
+    if r["status"] != "ok":
+        raise SystemExit(f"gpu_mfu failed: {r['error']}")
+    peak = env["peak_flops_per_device"] * env["devices"]
     result = {
-        "device": kind,
-        "devices": len(devices),
+        "device": env["device_kind"],
+        "devices": env["devices"],
         "preset": args.preset,
-        "params": count_params(config),
+        "params": r["params"],
         "batch": args.batch,
         "length": args.length,
         "dtype": args.dtype,
-        "param_dtype": args.param_dtype,
+        "param_dtype": r["config_overrides"].get("param_dtype", "float32 (the config has no param_dtype)"),
         "optimizer": args.optimizer,
         "remat": args.remat,
         "scan": not args.no_scan,
-        "model_tflops_per_step": fpt * tokens / 1e12,
+        "model_tflops_per_step": r["model_tflops_per_step"],
         "peak_tflops": peak / 1e12,
-        "median_step_s": median,
-        "tokens_per_s": tokens / median,
-        "mfu": mfu,
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
-        "wall_s_incl_compile": total,
+        "median_step_s": r["step_s"],
+        "tokens_per_s": r["tokens_per_s"],
+        "mfu": r["mfu"],
+        "first_loss": r["first_loss"],
+        "last_loss": r["last_loss"],
+        "wall_s_incl_compile": r["wall_s"],
+        "compile_s": r["compile_s"],
     }
-    print(f"{'device':24s}{kind} x{len(devices)}")
+    print(f"{'device':24s}{env['device_kind']} x{env['devices']}")
     for k in ("preset", "params", "batch", "length", "dtype", "param_dtype", "optimizer", "remat", "scan"):
-        print(
-            f"{k:24s}{result[k]:,}"
-            if isinstance(result[k], int) and not isinstance(result[k], bool)
-            else f"{k:24s}{result[k]}"
-        )
+        value = result[k]
+        print(f"{k:24s}{value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{k:24s}{value}")
     print(f"{'model TFLOP / step':24s}{result['model_tflops_per_step']:.2f}")
-    print(f"{'step time (median)':24s}{median * 1e3:.1f} ms over {len(step_times)} steps")
-    print(f"{'tokens/s':24s}{tokens / median:,.0f}")
-    peak_kind = "float32 matmul probe" if devices[0].platform == "cpu" else "dense bf16"
+    print(f"{'step time (median)':24s}{r['step_s'] * 1e3:.1f} ms over {r['steps_timed']} steps")
+    print(f"{'tokens/s':24s}{r['tokens_per_s']:,.0f}")
+    peak_kind = "float32 matmul probe" if env["platform"] == "cpu" else "dense bf16"
     print(f"{'peak':24s}{peak / 1e12:.3g} TFLOP/s ({peak_kind})")
     target = TARGETS.get(args.preset)
     note = f"(target >= {target:.0%} on an H200-class GPU)" if target else "(no target for this preset)"
-    print(f"{'MFU':24s}{100 * mfu:.1f} %   {note}")
-    print(f"{'loss first -> last':24s}{losses[0]:.3f} -> {losses[-1]:.3f}")
+    print(f"{'MFU':24s}{100 * r['mfu']:.1f} %   {note}")
+    print(f"{'loss first -> last':24s}{r['first_loss']:.3f} -> {r['last_loss']:.3f}")
+    if r["ignored_overrides"]:
+        print(f"{'ignored (not in config)':24s}{', '.join(r['ignored_overrides'])}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

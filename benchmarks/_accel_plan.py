@@ -1,0 +1,401 @@
+"""The pure parts of `accel_bench.py` (standard library only, tested on CPU by
+tests/accel_bench_test.py): the rows and their targets, the MFU and decode-roofline
+arithmetic, the search for the largest batch that fits, the choice among a row's variants,
+which config overrides a dataclass accepts, and the table and JSON of the results.
+
+Nothing here imports JAX: the supervising process of `accel_bench.py` uses this module alone,
+so only its worker process opens the accelerator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+#: Published HBM bandwidth per chip, GB/s (1e9 bytes/s), matched against `device.device_kind`
+#: as cairn.trainer.mfu matches its peaks (first match wins: "TPU v5 lite" before "TPU v5").
+HBM_GBPS = (
+    ("TPU v5p", 2765.0),
+    ("TPU v5 lite", 819.0),
+    ("TPU v5e", 819.0),
+    ("TPU v6 lite", 1640.0),
+    ("TPU v6e", 1640.0),
+    ("TPU v4", 1228.0),
+    ("H200", 4800.0),
+    ("H100", 3350.0),
+    ("A100", 2039.0),
+)
+
+
+def published_hbm_bandwidth(device_kind: str) -> float | None:
+    """Bytes/s of one chip of this kind (`HBM_GBPS`), or None if the kind is not listed."""
+    for name, gbps in HBM_GBPS:
+        if name.lower() in device_kind.lower():
+            return gbps * 1e9
+    return None
+
+
+# -- the rows ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRow:
+    """A training row: `preset` trained through `cairn.trainer.Trainer` on seeded synthetic
+    tokens of `lengths` (`{"targets": L}`, or `{"inputs": Li, "targets": Lt}` for T5).
+
+    `overrides` apply to the model config (only the fields it has: `split_overrides`);
+    `variants` are alternatives tried in order on top of them (e.g. remat policies), the first
+    whose largest fitting batch reaches `min_batch` winning (`choose_variant`).
+    `trainer_overrides` apply to `TrainerConfig` the same way. `batch` > 0 fixes the batch
+    (no search); otherwise the search starts from `probes` and stops at `max_batch`.
+    """
+
+    name: str
+    title: str
+    preset: str
+    lengths: Mapping[str, int]
+    optimizer: str = "adafactor"
+    learning_rate: float = 1e-3
+    optimizer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    variants: tuple[Mapping[str, Any], ...] = ({},)
+    trainer_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    batch: int = 0
+    probes: tuple[int, ...] = (4, 8)
+    min_batch: int = 1
+    max_batch: int = 256
+    steps: int = 6
+    target_mfu: float | None = None
+    target_note: str = ""
+
+    kind = "train"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeRow:
+    """A decoding row: greedy `predict_batch` of `batch` prompts of `prompt` random tokens,
+    `new` generated tokens (no EOS), with the key-value cache; the decode steps are timed
+    apart from the prefill. `target_roofline`: the fraction of the HBM roofline to reach."""
+
+    name: str
+    title: str
+    preset: str
+    batch: int
+    prompt: int = 128
+    new: int = 128
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    target_roofline: float | None = None
+    repeats: int = 5
+
+    kind = "decode"
+
+
+Row = TrainRow | DecodeRow
+
+_LLAMA = {"dtype": "bfloat16", "scan_layers": True, "loss_chunk_size": 2048}  # chunked loss: 128k vocabulary
+_T5 = {"dtype": "bfloat16", "scan_layers": True}
+_REMATS = ({"remat_policy": "dots"}, {"remat_policy": "full"})
+_DECODE = {"dtype": "bfloat16", "param_dtype": "bfloat16", "scan_layers": False}
+
+#: The rows of issue 39 on one TPU v5e chip, in the order they run.
+ROWS: tuple[Row, ...] = (
+    TrainRow(
+        "llama_bf16",
+        "llama_1b, bf16 params, Adafactor, 2048 tokens, largest batch",
+        "llama_1b",
+        {"targets": 2048},
+        overrides={**_LLAMA, "param_dtype": "bfloat16"},
+        variants=_REMATS,
+        probes=(4, 8, 12),
+        min_batch=8,
+        max_batch=64,
+        target_mfu=0.55,
+        target_note="batch >= 8",
+    ),
+    TrainRow(
+        "llama_f32",
+        "llama_1b, float32 params, AdamW (optimizer state offloaded)",
+        "llama_1b",
+        {"targets": 2048},
+        optimizer="adamw",
+        learning_rate=3e-4,
+        optimizer_kwargs={"weight_decay": 0.1, "clip_grad_norm": 1.0},
+        overrides={**_LLAMA, "param_dtype": "float32"},
+        variants=_REMATS,
+        trainer_overrides={"offload_optimizer_state": True},
+        probes=(2, 4, 8),
+        min_batch=4,
+        max_batch=64,
+        target_mfu=0.45,
+    ),
+    TrainRow(
+        "t5_large",
+        "T5.1.1-large, Adafactor, inputs 512 / targets 114",
+        "t5_1_1_large",
+        {"inputs": 512, "targets": 114},
+        overrides=_T5,
+        variants=_REMATS,
+        probes=(8, 16, 32),
+        min_batch=16,
+        max_batch=512,
+        target_mfu=0.50,
+    ),
+    TrainRow(
+        "t5_xl",
+        "T5.1.1-XL, Adafactor, 512/114 (bf16 params if float32 does not fit)",
+        "t5_1_1_xl",
+        {"inputs": 512, "targets": 114},
+        overrides=_T5,
+        variants=tuple({"param_dtype": p, **r} for p in ("float32", "bfloat16") for r in _REMATS),
+        probes=(4, 8, 16),
+        min_batch=8,
+        max_batch=256,
+        target_note="trains; MFU reported",
+    ),
+    DecodeRow("decode_b1", "llama_1b decode, batch 1", "llama_1b", 1, overrides=_DECODE, target_roofline=0.90),
+    DecodeRow("decode_b32", "llama_1b decode, batch 32", "llama_1b", 32, overrides=_DECODE, target_roofline=0.80),
+)
+
+
+def tiny_rows(rows: Sequence[Row] = ROWS) -> tuple[Row, ...]:
+    """The same rows on tiny presets and shapes (the CPU smoke run, `--tiny`): fixed batches,
+    three training steps, short prompts, float32 activations (XLA:CPU compiles and runs bf16
+    slowly), a 512-token vocabulary for training; the variants, other overrides and targets
+    unchanged."""
+    presets = {"llama_1b": "llama_tiny", "t5_1_1_large": "t5_1_1_tiny", "t5_1_1_xl": "t5_1_1_tiny"}
+    out: list[Row] = []
+    for row in rows:
+        preset = presets.get(row.preset, row.preset)
+        if isinstance(row, TrainRow):
+            lengths = {k: 32 if k == "inputs" else 16 for k in row.lengths}
+            overrides = {**row.overrides, "dtype": "float32", "vocab_size": 512}
+            if "loss_chunk_size" in overrides:
+                overrides["loss_chunk_size"] = 16  # several chunks of the tiny batch
+            out.append(
+                dataclasses.replace(
+                    row, preset=preset, lengths=lengths, overrides=overrides, batch=2, steps=3, max_batch=16
+                )
+            )
+        else:
+            overrides = {**row.overrides, "dtype": "float32"}
+            out.append(
+                dataclasses.replace(
+                    row, preset=preset, overrides=overrides, batch=min(row.batch, 4), prompt=8, new=8, repeats=2
+                )
+            )
+    return tuple(out)
+
+
+def select_rows(names: str | None, rows: Sequence[Row]) -> list[Row]:
+    """The rows named in the comma-separated `names` (None or "all": every row), in table order."""
+    if not names or names == "all":
+        return list(rows)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {r.name for r in rows}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"unknown rows {unknown}; known rows: {', '.join(r.name for r in rows)}")
+    return [r for r in rows if r.name in wanted]
+
+
+def split_overrides(fields: Iterable[str], overrides: Mapping[str, Any]) -> tuple[dict, dict]:
+    """`(applied, ignored)`: the overrides whose name is one of `fields` (a dataclass's field
+    names), and the rest (a config on an older main lacks them; the row says which)."""
+    names = set(fields)
+    applied = {k: v for k, v in overrides.items() if k in names}
+    ignored = {k: v for k, v in overrides.items() if k not in names}
+    return applied, ignored
+
+
+# -- MFU and the decode roofline -------------------------------------------------------------
+
+
+def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: `flops_per_step / step_s / peak_flops`."""
+    if step_s <= 0 or peak_flops <= 0:
+        raise ValueError(f"mfu needs a positive step time and peak, got {step_s} s and {peak_flops} FLOP/s")
+    return flops_per_step / step_s / peak_flops
+
+
+def decode_bytes_per_step(
+    weight_bytes: float, kv_bytes_per_position: float, batch: int, prompt_positions: int, steps: int
+) -> float:
+    """Bytes a decode step must read at least, averaged over `steps` model steps: every weight
+    once, plus the key-value cache written so far. Step `i` (1-based) attends over the
+    `prompt_positions` the prefill wrote and the `i` tokens fed since (its own included)."""
+    if steps < 1:
+        raise ValueError(f"decode_bytes_per_step needs steps >= 1, got {steps}")
+    mean_positions = prompt_positions + (steps + 1) / 2
+    return weight_bytes + kv_bytes_per_position * batch * mean_positions
+
+
+def roofline_fraction(bytes_per_step: float, bandwidth: float, step_s: float) -> float:
+    """The HBM roofline's step time (`bytes_per_step / bandwidth`) over the measured one."""
+    if step_s <= 0 or bandwidth <= 0:
+        raise ValueError(f"roofline_fraction needs a positive step time and bandwidth, got {step_s}, {bandwidth}")
+    return bytes_per_step / bandwidth / step_s
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("median of no values")
+    return statistics.median(values)
+
+
+# -- the largest batch that fits ---------------------------------------------------------------
+
+_OOM = re.compile(r"Used\s+([\d.]+)([KMGT]?)i?B?\s+of\s+([\d.]+)([KMGT]?)i?B?\s+hbm", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def bytes_from_oom_message(message: str) -> int | None:
+    """The bytes a program needed, from XLA's compile-time out-of-memory error ("Used 17.53G of
+    15.48G hbm"), or None when the message does not say."""
+    m = _OOM.search(message)
+    if not m:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _fit_line(points: Sequence[tuple[int, int]], limit: float) -> float | None:
+    """The batch at which a line through the two points nearest `limit` reaches it (None when
+    flat or falling: memory does not grow with the batch, so no estimate)."""
+    near = sorted(points, key=lambda p: abs(p[1] - limit))[:2]
+    (b1, m1), (b2, m2) = sorted(near)
+    if b2 == b1 or m2 <= m1:
+        return None
+    slope = (m2 - m1) / (b2 - b1)
+    return b1 + (limit - m1) / slope
+
+
+def next_candidates(known: Mapping[int, int | None], limit: float, unit: int, max_batch: int) -> list[int]:
+    """The batches to compile next, or [] when the largest fitting one is known.
+
+    `known` maps each batch compiled so far to its bytes (None: it did not fit and XLA said
+    nothing more). A batch fits when its bytes are at most `limit`. Candidates are multiples of
+    `unit` strictly between the largest fitting batch and the smallest one that does not fit
+    (`max_batch` caps them): the line through the measured points nearest the limit predicts
+    the last batch that fits, and that batch and its neighbours are tried."""
+    fits = [b for b, m in known.items() if m is not None and m <= limit]
+    lo = max(fits, default=0)
+    over = [b for b, m in known.items() if (m is None or m > limit) and b > lo]
+    hi = min(over, default=(max_batch // unit + 1) * unit)
+    if hi - lo <= unit:
+        return []
+    measured = [(b, m) for b, m in known.items() if m is not None]
+    estimate: float | None = None
+    if len(measured) >= 2:
+        estimate = _fit_line(measured, limit)
+    elif len(measured) == 1:
+        b1, m1 = measured[0]
+        estimate = b1 * limit / m1 if m1 > 0 else None  # through the origin: an underestimate
+    if estimate is None:
+        estimate = hi - unit if over == [] and fits else (lo + hi) / 2
+    best = int(math.floor(estimate / unit)) * unit
+    best = min(max(best, lo + unit), hi - unit)
+    out = {b for b in (best - unit, best, best + unit) if lo < b < hi and b not in known}
+    return sorted(out)
+
+
+def search_batch(
+    measure_many: Callable[[list[int]], Mapping[int, int | None]],
+    limit: float,
+    probes: Sequence[int],
+    unit: int = 1,
+    max_batch: int = 256,
+    max_rounds: int = 4,
+) -> tuple[int, dict[int, int | None]]:
+    """`(largest fitting batch or 0, every batch measured -> bytes)`. `measure_many(batches)`
+    compiles those batches (concurrently, say) and returns their bytes (None: did not fit).
+    Round one measures `probes` (rounded to multiples of `unit`, capped at `max_batch`); each
+    later round the `next_candidates`."""
+    if unit < 1 or max_batch < unit:
+        raise ValueError(f"search_batch needs 1 <= unit <= max_batch, got unit {unit}, max_batch {max_batch}")
+    first = sorted({min(max(unit, (p // unit) * unit), (max_batch // unit) * unit) for p in probes})
+    known: dict[int, int | None] = dict(measure_many(first))
+    for _ in range(max_rounds - 1):
+        todo = next_candidates(known, limit, unit, max_batch)
+        if not todo:
+            break
+        known.update(measure_many(todo))
+    best = max((b for b, m in known.items() if m is not None and m <= limit), default=0)
+    return best, known
+
+
+def choose_variant(best_batches: Sequence[int], min_batch: int) -> int | None:
+    """The index of the variant to run: the first whose largest batch reaches `min_batch`, else
+    the one with the largest batch (the earliest on a tie); None when none fits at all."""
+    for i, b in enumerate(best_batches):
+        if b >= min_batch:
+            return i
+    top = max(best_batches, default=0)
+    return best_batches.index(top) if top > 0 else None
+
+
+# -- the table and the JSON --------------------------------------------------------------------
+
+
+def verdict(value: float | None, target: float | None) -> str:
+    if target is None:
+        return "-"
+    if value is None:
+        return "MISSED"
+    return "holds" if value >= target else "MISSED"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table_rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """One list of cells per result (`TABLE_HEADER`'s columns)."""
+    out = []
+    for r in results:
+        decode = r.get("kind") == "decode"
+        score, target = (r.get("roofline_fraction"), r.get("target")) if decode else (r.get("mfu"), r.get("target"))
+        status = r.get("status", "?")
+        note = r.get("error") if status != "ok" else r.get("note", "")
+        out.append(
+            [
+                r["row"],
+                status,
+                _num(r.get("batch"), "d"),
+                _num(r.get("compile_s"), ".1f"),
+                _num(None if r.get("step_s") is None else 1e3 * r["step_s"], ".2f"),
+                _num(r.get("tokens_per_s"), ",.0f"),
+                ("roofline " if decode else "MFU ") + _pct(score),
+                "-" if target is None else f">= {100 * target:.0f} %",
+                "ERROR" if status != "ok" else verdict(score, target),
+                (note or "").replace("|", "/").replace("\n", " ")[:160],
+            ]
+        )
+    return out
+
+
+TABLE_HEADER = ["row", "status", "batch", "compile s", "step ms", "tokens/s", "score", "target", "verdict", "note"]
+
+
+def format_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """A Markdown table of the results (decode rows: the step is one decode step, tokens/s the
+    decode tokens, the score the fraction of the HBM roofline; training rows: MFU)."""
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
+    return "\n".join(lines)
+
+
+def write_json(
+    path: str, env: Mapping[str, Any], args: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
+) -> None:
+    """`{"env", "args", "rows"}` to `path` (every value JSON-able; others as strings)."""
+    with open(path, "w") as f:
+        json.dump({"env": dict(env), "args": dict(args), "rows": list(results)}, f, indent=1, default=str)
+        f.write("\n")

@@ -1,0 +1,669 @@
+"""The JAX side of `accel_bench.py`: runs one training or decoding row on this process's
+devices and returns its result (a JSON-able dict). `gpu_mfu.py` runs its one training row here.
+
+Training rows go through `cairn.trainer.Trainer` (its set-up step, state and loop) on seeded
+synthetic tokens; the batch is the largest that fits, found by compiling the step for
+candidate batches and reading `compiled.memory_analysis()` against the device's
+`bytes_limit` (`_accel_plan.search_batch`), the compiles running concurrently. Decoding rows
+time `predict_batch` with and without the decode steps.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+for _lib in ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer"):
+    if os.path.join(REPO, _lib) not in sys.path:
+        sys.path.insert(0, os.path.join(REPO, _lib))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _accel_plan import (  # noqa: E402
+    DecodeRow,
+    TrainRow,
+    bytes_from_oom_message,
+    choose_variant,
+    decode_bytes_per_step,
+    mfu,
+    published_hbm_bandwidth,
+    roofline_fraction,
+    search_batch,
+    split_overrides,
+)
+
+from cairn.models import (  # noqa: E402
+    DecodeOptions,
+    DecoderOnlyModel,
+    EncoderDecoderModel,
+    T5Config,
+    count_params,
+    get_preset,
+    training_flops_per_step,
+)
+from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
+from cairn.trainer import (  # noqa: E402
+    CheckpointConfig,
+    OptimizerConfig,
+    Trainer,
+    TrainerConfig,
+    cpu_matmul_peak_flops,
+    published_peak_flops,
+)
+
+GIB = 2**30
+_TRACE_LOCK = threading.Lock()  # tracing and lowering one at a time; compiles run concurrently
+HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
+
+
+class DoesNotFit(RuntimeError):
+    """No batch of the row fits the device's memory (a result, not a crash)."""
+
+
+@dataclasses.dataclass
+class Options:
+    """What the command line sets for every row (None: the row's own choice)."""
+
+    peak_flops: float | None = None  # per device
+    hbm_bandwidth: float | None = None  # bytes/s per device
+    attention: str | None = None  # "auto" (None in the config), "xla", "pallas", "cudnn"
+    loss_chunk_size: int | None = None
+    remat: str | None = None
+    batch: int = 0
+    batches: dict[str, int] = dataclasses.field(default_factory=dict)  # row name -> fixed batch
+    steps: int = 0
+    memory_limit: float | None = None  # bytes per device
+    memory_margin: float = 0.03
+    compile_threads: int = 6
+    verbose: bool = True
+
+
+def log(row: str, message: str) -> None:
+    print(f"[{row}] {message}", flush=True)
+
+
+# -- the device ----------------------------------------------------------------------------------
+
+
+def cpu_copy_bandwidth(megabytes: int = 64, repeats: int = 5) -> float:
+    """Bytes/s a jitted `x + 1` over `megabytes` of float32 reads and writes on this host (the
+    roofline's bandwidth on CPU, where no published figure applies)."""
+    x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+    f = jax.jit(lambda a: a + 1.0)
+    f(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.nbytes / best
+
+
+def environment(opts: Options) -> dict[str, Any]:
+    """The devices, their peak FLOP/s and HBM bandwidth (per device), the memory limit, versions."""
+    devices = jax.devices()
+    first = devices[0]
+    kind, platform = first.device_kind, first.platform
+    if opts.peak_flops:
+        peak, peak_source = opts.peak_flops, "--peak_tflops"
+    elif platform == "cpu":
+        peak, peak_source = cpu_matmul_peak_flops() / len(devices), "float32 matmul probe"
+    else:
+        peak, peak_source = published_peak_flops(kind), "published dense bf16"
+    if opts.hbm_bandwidth:
+        hbm, hbm_source = opts.hbm_bandwidth, "--hbm_gbps"
+    elif platform == "cpu":
+        hbm, hbm_source = cpu_copy_bandwidth(), "copy probe"
+    else:
+        hbm, hbm_source = published_hbm_bandwidth(kind), "published"
+    stats = first.memory_stats() or {}
+    versions = {"jax": jax.__version__, "jaxlib": getattr(jax.lib, "__version__", None)}
+    for name in ("flax", "optax", "orbax.checkpoint"):
+        module = sys.modules.get(name)
+        versions[name] = getattr(module, "__version__", None)
+    return {
+        "platform": platform,
+        "device_kind": kind,
+        "devices": len(devices),
+        "peak_flops_per_device": peak,
+        "peak_source": peak_source,
+        "hbm_bytes_per_s": hbm,
+        "hbm_source": hbm_source,
+        "bytes_limit": stats.get("bytes_limit"),
+        "versions": versions,
+    }
+
+
+def memory_limit(env: Mapping[str, Any], opts: Options) -> float | None:
+    """Bytes per device a program may use: `--memory_limit_gb`, else the device's limit less the
+    margin and what is in use now; None where the device reports none (CPU)."""
+    if opts.memory_limit:
+        return opts.memory_limit
+    if not env.get("bytes_limit"):
+        return None
+    in_use = (jax.devices()[0].memory_stats() or {}).get("bytes_in_use", 0)
+    return env["bytes_limit"] * (1 - opts.memory_margin) - in_use
+
+
+def program_bytes(compiled: Any) -> int | None:
+    """Device bytes a compiled program needs: arguments + outputs - aliased + temporaries + code."""
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return None
+    return int(
+        ma.argument_size_in_bytes
+        + ma.output_size_in_bytes
+        - ma.alias_size_in_bytes
+        + ma.temp_size_in_bytes
+        + ma.generated_code_size_in_bytes
+    )
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()
+
+
+def build_config(preset: str, overrides: Mapping[str, Any]) -> tuple[Any, dict, dict]:
+    """`(config, applied, ignored)`: the preset with the overrides its dataclass has."""
+    base = get_preset(preset)
+    applied, ignored = split_overrides((f.name for f in dataclasses.fields(base)), overrides)
+    return base.replace(**applied), applied, ignored
+
+
+def cli_model_overrides(opts: Options, train: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if opts.attention is not None:
+        out["attention_implementation"] = None if opts.attention == "auto" else opts.attention
+    if train and opts.loss_chunk_size is not None:
+        out["loss_chunk_size"] = opts.loss_chunk_size
+    return out
+
+
+# -- training rows ---------------------------------------------------------------------------
+
+
+class SyntheticBatches:
+    """Seeded random token batches: decoder-only (`{"targets": L}`) or encoder-decoder
+    (`{"inputs": Li, "targets": Lt}`), every position a real token."""
+
+    def __init__(self, vocab: int, batch: int, lengths: Mapping[str, int], seed: int = 7):
+        self.vocab, self.batch, self.lengths, self.seed, self.position = vocab, batch, dict(lengths), seed, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, self.position])
+        self.position += 1
+        b, lt = self.batch, self.lengths["targets"]
+        weights = np.ones((b, lt), np.float32)
+        if "inputs" not in self.lengths:
+            rows = rng.integers(2, self.vocab, size=(b, lt + 1), dtype=np.int32)
+            return {
+                "decoder_input_tokens": rows[:, :-1],
+                "decoder_target_tokens": rows[:, 1:],
+                "decoder_loss_weights": weights,
+            }
+        inputs = rng.integers(2, self.vocab, size=(b, self.lengths["inputs"]), dtype=np.int32)
+        targets = rng.integers(2, self.vocab, size=(b, lt), dtype=np.int32)
+        shifted = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], axis=1)  # BOS 0 first
+        return {
+            "encoder_input_tokens": inputs,
+            "decoder_input_tokens": shifted,
+            "decoder_target_tokens": targets,
+            "decoder_loss_weights": weights,
+        }
+
+    def get_state(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def set_state(self, state: Mapping[str, int]) -> None:
+        self.position = int(state["position"])
+
+
+class _Finished(Exception):
+    """Raised by `_StopHook` after the last step: the loop ends without its final checkpoint."""
+
+
+class _StopHook:
+    """A step hook: records when each step's hook ran and ends the loop after `steps`."""
+
+    def __init__(self, steps: int):
+        self.steps, self.times = steps, []
+
+    def __call__(self, step: int, state: Any) -> None:
+        self.times.append(time.perf_counter())
+        if step >= self.steps:
+            raise _Finished()
+
+
+@dataclasses.dataclass
+class _Candidate:
+    trainer: Trainer
+    hook: _StopHook
+    batch: int
+    compiled: Any = None
+    bytes: int | None = None
+    compile_s: float = 0.0
+    error: str = ""
+
+
+def _label(variant: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(variant.items())) or "step"
+
+
+def _state_device_bytes(abstract_state: Any) -> tuple[int, int]:
+    """`(bytes of the state kept in device memory, bytes of its params)`."""
+    on_device = 0
+    for leaf in jax.tree.leaves(abstract_state):
+        sharding = getattr(leaf, "sharding", None)
+        if getattr(sharding, "memory_kind", None) in HOST_MEMORY_KINDS:
+            continue
+        on_device += int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+    params = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(abstract_state.params))
+    return on_device, params
+
+
+class _TrainRowRunner:
+    def __init__(self, row: TrainRow, env: Mapping[str, Any], opts: Options):
+        self.row, self.env, self.opts = row, env, opts
+        self.steps = opts.steps or row.steps
+        self.partitioner = Partitioner(create_mesh({"data": -1, "model": 1}), standard_logical_axis_rules())
+        self.unit = len(jax.devices())
+        self.model_root = tempfile.mkdtemp(prefix=f"accel_bench_{row.name}_")
+        fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+        self.trainer_applied, self.trainer_ignored = split_overrides(fields, row.trainer_overrides)
+        self.peak = env["peak_flops_per_device"] * env["devices"] if env.get("peak_flops_per_device") else None
+        self.made = 0
+
+    # the trainer of one candidate (a fresh one each: `setup` fixes the batch shapes)
+    def make(self, config: Any, batch: int) -> _Candidate:
+        self.made += 1
+        model_dir = os.path.join(self.model_root, f"run{self.made}")
+        model_cls = EncoderDecoderModel if isinstance(config, T5Config) else DecoderOnlyModel
+        model = model_cls(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
+        cfg = TrainerConfig(
+            model_dir=model_dir,
+            num_train_steps=self.steps + 1,  # the hook stops the loop after `steps`: no final save
+            log_every=1,
+            checkpoint_every=0,
+            tensorboard=False,
+            progress=False,
+            handle_sigterm=False,
+            donate_state=True,
+            peak_flops=self.peak,
+            checkpoint=CheckpointConfig(keep=1, asynchronous=False),
+            **self.trainer_applied,
+        )
+        hook = _StopHook(self.steps)
+        optimizer = OptimizerConfig(name=self.row.optimizer, **dict(self.row.optimizer_kwargs))
+        trainer = Trainer(model, optimizer, self.row.learning_rate, self.partitioner, cfg, step_hooks=[hook])
+        with _TRACE_LOCK:
+            trainer.setup(self.batches(config, batch).__next__())
+        return _Candidate(trainer, hook, batch)
+
+    def batches(self, config: Any, batch: int) -> SyntheticBatches:
+        return SyntheticBatches(config.vocab_size, batch, self.row.lengths)
+
+    def lower(self, cand: _Candidate, config: Any) -> Any:
+        sample = self.batches(config, cand.batch).__next__()
+        shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in sample.items()}
+        with _TRACE_LOCK:
+            return cand.trainer.train_step.lower(cand.trainer.abstract_state, shapes)
+
+    @staticmethod
+    def compile(cand: _Candidate, lowered: Any) -> _Candidate:
+        start = time.perf_counter()
+        try:
+            cand.compiled = lowered.compile()
+            cand.bytes = program_bytes(cand.compiled)
+        except Exception as e:  # XLA refuses a program larger than the device's memory
+            text = str(e)
+            if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
+                raise
+            cand.bytes, cand.error = bytes_from_oom_message(text), text.splitlines()[0][:200]
+        cand.compile_s = time.perf_counter() - start
+        return cand
+
+    def measure_many(
+        self, pool, config: Any, batches: list[int], found: dict[int, _Candidate], label: str, limit: float | None
+    ) -> dict[int, int | None]:
+        """Compiles `batches` concurrently; `{batch: bytes}`, None for a batch XLA refused to
+        compile (or one whose refusal named fewer bytes than `limit`: it does not fit either)."""
+        lowered = []
+        for b in batches:
+            cand = self.make(config, b)
+            lowered.append((cand, self.lower(cand, config)))
+        for cand in [f.result() for f in [pool.submit(self.compile, c, lo) for c, lo in lowered]]:
+            found[cand.batch] = cand
+            gib = "?" if cand.bytes is None else f"{cand.bytes / GIB:.3g} GiB"
+            log(self.row.name, f"{label} batch {cand.batch}: {gib} (compile {cand.compile_s:.1f} s)")
+        out: dict[int, int | None] = {}
+        for b in batches:
+            cand = found[b]
+            refused_size = cand.bytes if cand.bytes is not None and limit is not None and cand.bytes > limit else None
+            out[b] = cand.bytes if cand.compiled is not None else refused_size
+        return out
+
+    def search(self, pool, config: Any, limit: float, label: str) -> tuple[int, dict[int, _Candidate]]:
+        found: dict[int, _Candidate] = {}
+        row = self.row
+        best, _ = search_batch(
+            lambda bs: self.measure_many(pool, config, bs, found, label, limit),
+            limit,
+            row.probes,
+            unit=self.unit,
+            max_batch=max(self.unit, row.max_batch),
+            max_rounds=3,
+        )
+        for b, cand in list(found.items()):  # keep the executable of the best batch only
+            if b != best:
+                cand.compiled = None
+        return best, found
+
+    def run(self) -> dict[str, Any]:
+        row, opts = self.row, self.opts
+        start = time.perf_counter()
+        overrides = {**row.overrides, **cli_model_overrides(opts, train=True)}
+        variants = [dict(v) for v in row.variants] or [{}]
+        if opts.remat:
+            variants = [{**v, "remat_policy": opts.remat} for v in variants]
+        configs, seen = [], set()
+        for v in variants:
+            config, applied, ignored = build_config(row.preset, {**overrides, **v})
+            if config not in seen:  # a variant whose only change was ignored is the one before
+                seen.add(config)
+                configs.append((v, config, applied, ignored))
+        limit = memory_limit(self.env, opts)
+        # A fixed batch: --batches/--batch, else the row's own (--tiny) unless --memory_limit_gb asks
+        # for the search, else the first probe where the device reports no limit (CPU).
+        fixed = opts.batches.get(row.name) or opts.batch or (row.batch if opts.memory_limit is None else 0)
+        if not fixed and limit is None:
+            fixed = max(self.unit, row.probes[0])
+        result: dict[str, Any] = {"memory_limit_bytes": limit, "search": []}
+        search_start = time.perf_counter()
+        chosen = self.choose(configs, limit, fixed, result)
+        result["search_s"] = time.perf_counter() - search_start
+        v, config, applied, ignored, cand = chosen
+        result.update(self.train(cand, config))
+        result.update(
+            variant=v,
+            config_overrides=applied,
+            ignored_overrides=sorted(set(ignored) | set(self.trainer_ignored)),
+            trainer_overrides=self.trainer_applied,
+            params=count_params(config),
+            wall_s=time.perf_counter() - start,
+        )
+        notes = [", ".join(f"{k}={v[k]}" for k in sorted(v))] if v else []
+        if result["ignored_overrides"]:
+            notes.append("ignored: " + ", ".join(result["ignored_overrides"]))
+        result["note"] = "; ".join(notes)
+        return result
+
+    def choose(self, configs, limit, fixed: int, result: dict) -> tuple:
+        """The variant and batch to run, with its compiled step."""
+        row, opts = self.row, self.opts
+        survivors = []
+        for v, config, applied, ignored in configs:
+            cand = self.make(config, self.unit)
+            state_bytes, param_bytes = _state_device_bytes(cand.trainer.abstract_state)
+            floor = state_bytes + param_bytes  # the state and the gradients, before any activation
+            if limit is not None and floor > limit:
+                log(row.name, f"{v}: state + gradients {floor / GIB:.3g} GiB > limit {limit / GIB:.3g} GiB, skipped")
+                result["search"].append({"variant": v, "skipped": f"state + gradients {floor / GIB:.3g} GiB"})
+                continue
+            survivors.append((v, config, applied, ignored))
+        if not survivors:
+            raise DoesNotFit(f"no variant fits: state + gradients exceed {limit / GIB:.3g} GiB ({result['search']})")
+        workers = max(1, opts.compile_threads)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            if fixed:
+                v, config, applied, ignored = survivors[0]
+                found: dict[int, _Candidate] = {}
+                self.measure_many(pool, config, [fixed], found, _label(v), limit)
+                cand = found[fixed]
+                if cand.compiled is None or (limit is not None and cand.bytes is not None and cand.bytes > limit):
+                    raise DoesNotFit(f"batch {fixed} does not fit: {cand.error or f'{cand.bytes / GIB:.3g} GiB'}")
+                result["compile_s"] = cand.compile_s
+                result["program_bytes"] = cand.bytes
+                return v, config, applied, ignored, cand
+            with concurrent.futures.ThreadPoolExecutor(len(survivors)) as outer:
+                futures = [outer.submit(self.search, pool, c[1], limit, _label(c[0])) for c in survivors]
+                searched = [f.result() for f in futures]
+        for (v, *_), (best, found) in zip(survivors, searched):
+            result["search"].append(
+                {"variant": v, "best": best, "bytes": {b: c.bytes for b, c in sorted(found.items())}}
+            )
+        pick = choose_variant([best for best, _ in searched], row.min_batch)
+        if pick is None:
+            raise DoesNotFit(f"no batch fits {limit / GIB:.3g} GiB: {result['search']}")
+        best, found = searched[pick]
+        cand = found[best]
+        result["compile_s"] = cand.compile_s
+        result["program_bytes"] = cand.bytes
+        return (*survivors[pick], cand)
+
+    def train(self, cand: _Candidate, config: Any) -> dict[str, Any]:
+        row, trainer = self.row, cand.trainer
+        compiled, jitted = cand.compiled, trainer.train_step
+
+        def step(state, batch):  # the executable compiled while searching; the jitted step if it refuses
+            try:
+                return compiled(state, batch)
+            except (TypeError, ValueError):
+                return jitted(state, batch)
+
+        trainer.train_step = step
+        log(row.name, f"training batch {cand.batch} for {self.steps} steps")
+        start = time.perf_counter()
+        try:
+            trainer.train(self.batches(config, cand.batch))
+        except _Finished:
+            pass
+        finally:
+            cand.compiled = None
+        wall = time.perf_counter() - start
+        metrics = os.path.join(trainer.config.model_dir, "summaries", "metrics.jsonl")
+        with open(metrics) as f:
+            rows = [json.loads(line) for line in f]
+        step_times = [r["value"] for r in rows if r["metric"] == "step_time_s"]
+        losses = [r["value"] for r in rows if r["metric"] == "loss"]
+        if not step_times:
+            raise RuntimeError(f"no step times in {metrics}: too few steps ({self.steps})")
+        step_s = statistics.median(step_times)
+        flops = training_flops_per_step(config, cand.batch, row.lengths)
+        target_tokens = cand.batch * row.lengths["targets"]
+        first_step = cand.hook.times[0] - start if cand.hook.times else None
+        stats = jax.devices()[0].memory_stats() or {}
+        return {
+            "batch": cand.batch,
+            "lengths": dict(row.lengths),
+            "steps_timed": len(step_times),
+            "step_s": step_s,
+            "tokens_per_s": target_tokens / step_s,
+            "input_tokens_per_s": cand.batch * row.lengths.get("inputs", 0) / step_s,
+            "model_tflops_per_step": flops / 1e12,
+            "mfu": mfu(flops, step_s, self.peak) if self.peak else None,
+            "target": row.target_mfu,
+            "first_step_s": first_step,
+            "train_wall_s": wall,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+        }
+
+
+def run_train_row(row: TrainRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+    """Trains `row` (the largest batch that fits, or its fixed batch) and measures it."""
+    return _TrainRowRunner(row, env, opts).run()
+
+
+# -- decoding rows ---------------------------------------------------------------------------
+
+_PARAMS: dict[str, Any] = {}  # the last decode row's params, reused by the next row of the same config
+
+
+def _timed_calls(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each function's calls, `repeats` rounds interleaved, after one warm-up each."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def kv_bytes_per_position(
+    model: DecoderOnlyModel, params: Any, batch: int, lengths: tuple[int, int] = (256, 512)
+) -> float:
+    """Bytes of key-value cache per row and position: how much the decode cache grows from one
+    length to the other (from its shapes; nothing is allocated), whatever its layout or padding."""
+
+    def cache_bytes(length: int) -> int:
+        def make_cache(p):
+            dummy = jnp.zeros((batch, length), jnp.int32)
+            return model.module.apply({"params": p}, dummy, decode=True, mutable=["cache"])[1]["cache"]
+
+        leaves = jax.tree.leaves(jax.eval_shape(make_cache, params))
+        return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
+
+    short, long = lengths
+    return (cache_bytes(long) - cache_bytes(short)) / (batch * (long - short))
+
+
+def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+    """Greedy decoding of `row.batch` prompts; the decode steps timed apart from the prefill."""
+    if row.new < 2:
+        raise ValueError(f"decode row {row.name}: new must be >= 2 (the first token comes from the prefill)")
+    start = time.perf_counter()
+    config, applied, ignored = build_config(row.preset, {**row.overrides, **cli_model_overrides(opts, train=False)})
+    model = DecoderOnlyModel(config)
+    key = repr(config)
+    if key not in _PARAMS:
+        _PARAMS.clear()
+        free_device_memory()
+        _PARAMS[key] = jax.block_until_ready(model.init(jax.random.PRNGKey(0)))
+    params = _PARAMS[key]
+    prompts = jnp.asarray(
+        np.random.default_rng([11, row.batch]).integers(2, config.vocab_size, (row.batch, row.prompt), dtype=np.int32)
+    )
+    lengths = {"full": row.prompt + row.new, "prefill": row.prompt + 1}
+    lowered = {}
+    for name, length in lengths.items():
+        options = DecodeOptions(max_decode_length=length, eos_id=-1)
+        fn = jax.jit(lambda p, x, o=options: model.predict_batch(p, x, o)[0])
+        lowered[name] = fn.lower(params, prompts)
+    compile_start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(2, opts.compile_threads))) as pool:
+        compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+    compile_s = time.perf_counter() - compile_start
+    log(row.name, f"compiled prefill and decode in {compile_s:.1f} s")
+    outputs: dict[str, Any] = {}
+
+    def call(name):
+        def fn():
+            outputs[name] = compiled[name](params, prompts)
+            return outputs[name]
+
+        return fn
+
+    times = _timed_calls({name: call(name) for name in compiled}, row.repeats)
+    full, prefill = np.asarray(outputs["full"]), np.asarray(outputs["prefill"])
+    first_tokens_agree = bool(np.array_equal(full[:, row.prompt], prefill[:, row.prompt]))
+    total_s, prefill_s = statistics.median(times["full"]), statistics.median(times["prefill"])
+    steps = row.new - 1  # the first new token comes from the prefill's logits
+    decode_s = total_s - prefill_s
+    weights = sum(x.nbytes for x in jax.tree.leaves(params))
+    tied = getattr(config, "tie_word_embeddings", getattr(config, "logits_via_embedding", False))
+    if not tied:  # an untied input embedding is only gathered, not read whole
+        weights -= params["token_embedder"]["embedding"].nbytes
+    kv = kv_bytes_per_position(model, params, row.batch)
+    per_step = decode_bytes_per_step(weights, kv, row.batch, row.prompt + 1, steps)
+    hbm = env.get("hbm_bytes_per_s")
+    step_s = decode_s / steps if decode_s > 0 else None
+    fraction = roofline_fraction(per_step, hbm, step_s) if hbm and step_s else None
+    prefill_flops = training_flops_per_step(config, row.batch, {"targets": row.prompt + 1}) / 3  # forward only
+    peak = (env.get("peak_flops_per_device") or 0) * env["devices"]
+    note = f"prefill {1e3 * prefill_s:.1f} ms"
+    if ignored:
+        note += "; ignored: " + ", ".join(sorted(ignored))
+    if not first_tokens_agree:
+        note += "; first new tokens differ between the two calls"
+    return {
+        "batch": row.batch,
+        "prompt": row.prompt,
+        "new": row.new,
+        "params": count_params(config),
+        "config_overrides": applied,
+        "ignored_overrides": sorted(ignored),
+        "compile_s": compile_s,
+        "call_s": total_s,
+        "prefill_s": prefill_s,
+        "prefill_mfu": prefill_flops / prefill_s / peak if peak else None,
+        "decode_s": decode_s,
+        "decode_steps": steps,
+        "step_s": step_s,
+        "tokens_per_s": row.batch * steps / decode_s if decode_s > 0 else None,
+        "weight_bytes": weights,
+        "kv_bytes_per_position": kv,
+        "bytes_per_step": per_step,
+        "roofline_step_s": per_step / hbm if hbm else None,
+        "roofline_fraction": fraction,
+        "target": row.target_roofline,
+        "first_tokens_agree": first_tokens_agree,
+        "times_s": times,
+        "wall_s": time.perf_counter() - start,
+        "note": note,
+    }
+
+
+def run_row(row: TrainRow | DecodeRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+    """The row's result: `{"row", "kind", "title", "preset", "status": "ok", ...}`, or status
+    "error" with `error` (the exception's type and first line) when it failed; `restart` says
+    whether the failure may have left the device in a bad state (any failure but a row that
+    does not fit or a bad option)."""
+    head = {"row": row.name, "kind": row.kind, "title": row.title, "preset": row.preset}
+    start = time.perf_counter()
+    try:
+        runner = run_train_row if isinstance(row, TrainRow) else run_decode_row
+        out = {**head, "status": "ok", **runner(row, env, opts)}
+    except Exception as e:  # one row's failure is recorded, never the end of the run
+        import traceback
+
+        if not isinstance(e, DoesNotFit):
+            traceback.print_exc()
+        else:
+            log(row.name, str(e))
+        first = (str(e).strip().splitlines() or [""])[0]
+        out = {
+            **head,
+            "status": "error",
+            "error": f"{type(e).__name__}: {first}"[:300],
+            "restart": not isinstance(e, (DoesNotFit, ValueError, KeyError, TypeError)),
+            "wall_s": time.perf_counter() - start,
+        }
+        if isinstance(row, TrainRow):
+            out["target"] = row.target_mfu
+        else:
+            out["target"] = row.target_roofline
+    finally:
+        free_device_memory()
+    return out
