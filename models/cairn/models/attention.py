@@ -119,7 +119,8 @@ class MultiHeadAttention(nn.Module):
 
     def _use_kernel(self, q_len: int, kv_len: int, bias) -> bool:
         """Whether this call runs the Pallas kernel (`pallas_attention.use_kernel`)."""
-        if self.decode or self.implementation == "xla":
+        # Decode steps keep XLA's path; initialising makes parameters only (any shape).
+        if self.decode or self.is_initializing() or self.implementation == "xla":
             return False
         why = None
         if not isinstance(bias, AttentionBias):

@@ -113,7 +113,8 @@ class LlamaAttention(nn.Module):
 
     def _use_kernel(self, length: int, mask, segment_ids, causal: bool) -> bool:
         """Whether this call runs the splash kernel (`pallas_attention.use_kernel`)."""
-        if self.decode:
+        # Decode steps keep XLA's path; initialising makes parameters only (any shape).
+        if self.decode or self.is_initializing():
             return False
         why = None
         if mask is not None and (not causal or segment_ids is None):
