@@ -25,6 +25,7 @@ MODELS_TARGETS = {
             "mlp.py",
             "moe_config.py",
             "moe_metrics.py",
+            "pallas_attention.py",
             "relative_position.py",
             "stacking.py",
             "transformer_config.py",

@@ -1,7 +1,10 @@
 """Multi-head dot-product attention with T5's conventions and an optional key-value cache.
 
 T5 does not scale `q . k` by `1/sqrt(head_dim)`: the query initializer folds it in.
-Masks and position biases arrive as one additive `bias` `[batch|1, heads|1, q, k]`.
+Masks and position biases arrive as one additive `bias` `[batch|1, heads|1, q, k]`, or as an
+`AttentionBias` that also keeps their parts apart for the Pallas kernel
+(`cairn.models.pallas_attention`; `implementation` chooses, as the configs'
+`attention_implementation`).
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import struct
 
+from cairn.models import pallas_attention
 from cairn.models.layers import constrain, dense, kernel
 
 NEG_INF = -1e10
@@ -33,6 +38,24 @@ def causal_mask(length: int):
     return (idx[None, :] <= idx[:, None])[None, None]
 
 
+@struct.dataclass
+class AttentionBias:
+    """An attention's masks and position bias, whole and in parts.
+
+    `dense` `[b|1, heads|1, q, k]`: everything added to the logits (XLA's path; under `jit` it
+    is not computed when the kernel runs). The kernel's parts: `kernel_bias` `[b|1, heads, q, k]`
+    or None (the position bias, plus a prefix LM's mask), `q_segment_ids` `[b, q]` and
+    `kv_segment_ids` `[b, k]` (0 = padding; both or neither) and `causal` (static). They must
+    mean the same as `dense` at every real (segment id > 0) query.
+    """
+
+    dense: jax.Array
+    kernel_bias: jax.Array | None = None
+    q_segment_ids: jax.Array | None = None
+    kv_segment_ids: jax.Array | None = None
+    causal: bool = struct.field(pytree_node=False, default=False)
+
+
 class MultiHeadAttention(nn.Module):
     """Attention from `x_q` to `x_kv`, with kernels q/k/v `[embed, heads, kv]`, o `[heads, kv, embed]`.
 
@@ -41,6 +64,10 @@ class MultiHeadAttention(nn.Module):
     call sizes them (zeros). Cross-attention (`cross=True`) projects the encoder keys and values
     in that first call and stores them: later calls only read them. So the first call must
     really run (under `jit` everything else in it is dead code), not only be shape-evaluated.
+
+    `implementation` (None, "xla", "pallas"; `cairn.models.pallas_attention`): the flash kernel
+    needs `bias` as an `AttentionBias`, no decode cache (decode steps always take XLA's path)
+    and no attention dropout in effect.
     """
 
     num_heads: int
@@ -50,6 +77,7 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True
     decode: bool = False
     cross: bool = False
+    implementation: str | None = None
 
     @nn.compact
     def __call__(self, x_q, x_kv, bias):
@@ -61,6 +89,16 @@ class MultiHeadAttention(nn.Module):
         wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
         q = dense(x_q, wq)
+        if self._use_kernel(x_q.shape[1], x_kv.shape[1], bias):
+            k, v = dense(x_kv, wk), dense(x_kv, wv)
+            q, k, v = (constrain(a, ("batch", "length", "heads", "kv")) for a in (q, k, v))
+            out = pallas_attention.flash_attention(
+                q, k, v, bias.kernel_bias, bias.q_segment_ids, bias.kv_segment_ids, causal=bias.causal
+            )
+            out = constrain(out, ("batch", "length", "heads", "kv"))
+            return dense(out, wo, 2)
+        if isinstance(bias, AttentionBias):
+            bias = bias.dense
         if self.decode:
             k, v = self._cached_kv(x_kv, wk, wv)
             kv = "bhkd"  # the cache's head-major layout
@@ -78,6 +116,18 @@ class MultiHeadAttention(nn.Module):
         out = jnp.einsum(f"bhqk,{kv}->bqhd", weights, v)
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return dense(out, wo, 2)
+
+    def _use_kernel(self, q_len: int, kv_len: int, bias) -> bool:
+        """Whether this call runs the Pallas kernel (`pallas_attention.use_kernel`)."""
+        # Decode steps keep XLA's path; initialising makes parameters only (any shape).
+        if self.decode or self.is_initializing() or self.implementation == "xla":
+            return False
+        why = None
+        if not isinstance(bias, AttentionBias):
+            why = "the mask is a plain additive bias, not an AttentionBias"
+        elif self.dropout_rate > 0 and not self.deterministic:
+            why = "attention dropout is in effect (the kernel has none)"
+        return pallas_attention.use_kernel(self.implementation, q_len, kv_len, self.head_dim, why)
 
     def _cached_kv(self, x_kv, wk, wv):
         """Keys and values `[b, heads, len, kv]` from the cache, after writing this chunk's."""

@@ -9,7 +9,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from cairn.models.attention import causal_mask, mask_to_bias, segment_mask
+from cairn.models.attention import AttentionBias, causal_mask, mask_to_bias, segment_mask
 from cairn.models.decode_cache import chunk_positions_and_mask
 from cairn.models.layers import Embed, RMSNorm, constrain, kernel
 from cairn.models.relative_position import RelativePositionBias
@@ -76,6 +76,7 @@ class Decoder(nn.Module):
             if decoder_causal_attention is not None:
                 prefix = decoder_causal_attention > 0
                 mask = mask | (prefix[:, :, None] & prefix[:, None, :])[:, None]
+            full_mask = mask  # before packing
             if decoder_segment_ids is not None:
                 mask = mask & segment_mask(decoder_segment_ids, decoder_segment_ids)
         else:
@@ -89,7 +90,19 @@ class Decoder(nn.Module):
             nn.initializers.normal(cfg.emb_dim**-0.5),
             name="relpos_bias",
         )(q_pos, k_pos)
-        bias = bias + mask_to_bias(mask, dt)
+        dense_bias = bias + mask_to_bias(mask, dt)
+        if not decode:
+            # The kernel's parts: a prefix LM's bidirectional block joins the position bias
+            # (then per row, `[b, heads, l, l]`); packing stays segment ids.
+            causal = decoder_causal_attention is None
+            if not causal:
+                bias = bias + mask_to_bias(full_mask, dt)
+            segments = decoder_segment_ids
+            if segments is None:
+                segments = jnp.ones(tokens.shape, jnp.int32)
+            bias = AttentionBias(dense_bias, bias, segments, segments, causal=causal)
+        else:
+            bias = dense_bias
         x = apply_layers(
             DecoderLayer,
             cfg.num_layers,

@@ -31,12 +31,17 @@ class ModelConfig:
     `REMAT_POLICIES`; `dtype` (the activations' and matmuls' dtype) one of `DTYPES`.
     `moe`: None (dense MLPs) or a `MoeConfig` (or a mapping of its fields) making every
     `moe.every`-th MLP a routed mixture of experts; `moe.every > 1` needs `scan_layers` off
-    (scanned layers must be identical).
+    (scanned layers must be identical). `attention_implementation`: one of
+    `ATTENTION_IMPLEMENTATIONS` (`cairn.models.pallas_attention`: None = the Pallas TPU
+    kernel on TPU for every attention it supports, XLA's einsum otherwise; "xla"; "pallas" =
+    always the kernel, interpreted off the TPU, a `ValueError` where unsupported).
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ()
     # Fields (besides `POSITIVE_FIELDS` and `LAYER_FIELDS`) that must be positive ints.
     EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # The values `attention_implementation` may take (a family may add its own).
+    ATTENTION_IMPLEMENTATIONS: ClassVar[tuple[str | None, ...]] = (None, "xla", "pallas")
 
     vocab_size: int = 32128
     emb_dim: int = 512
@@ -48,6 +53,7 @@ class ModelConfig:
     scan_layers: bool = False
     remat_policy: str = "none"
     moe: Any = None
+    attention_implementation: str | None = None
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -65,6 +71,11 @@ class ModelConfig:
             raise ValueError(f"{name}.dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"{name}.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.attention_implementation not in self.ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"{name}.attention_implementation must be one of {self.ATTENTION_IMPLEMENTATIONS}, "
+                f"got {self.attention_implementation!r}"
+            )
 
     def replace(self: C, **changes) -> C:
         """A copy with `changes` applied (validated again)."""

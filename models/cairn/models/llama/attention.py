@@ -1,5 +1,6 @@
-"""Llama's attention: grouped-query heads, RoPE, `jax.nn.dot_product_attention`, and the decode
-cache contract shared with `decoder_only.Decoder`.
+"""Llama's attention: grouped-query heads, RoPE, `jax.nn.dot_product_attention` or the Pallas
+splash kernel (`cairn.models.pallas_attention`), and the decode cache contract shared with
+`decoder_only.Decoder`.
 
 Kernels: `query/kernel [embed, heads, head_dim]`, `key/kernel` and `value/kernel
 [embed, kv_heads, head_dim]`, `out/kernel [heads, head_dim, embed]`. The key/value head axis is
@@ -23,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from cairn.models import pallas_attention
 from cairn.models.layers import Kernel, constrain, dense
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
@@ -32,9 +34,10 @@ __all__ = ["HEAD_ACT", "Kernel", "LlamaAttention", "attention_implementation"]
 
 
 def attention_implementation(config: LlamaConfig) -> str | None:
-    """What `jax.nn.dot_product_attention` is asked for: "xla" on CPU (cuDNN cannot run
-    there), else the config's `attention_implementation`."""
-    if jax.default_backend() == "cpu":
+    """What `jax.nn.dot_product_attention` is asked for when the Pallas kernel does not run:
+    "xla" on CPU (cuDNN cannot run there) and for "pallas", else the config's
+    `attention_implementation`."""
+    if jax.default_backend() == "cpu" or config.attention_implementation == "pallas":
         return "xla"
     return config.attention_implementation
 
@@ -46,7 +49,12 @@ class LlamaAttention(nn.Module):
     `rope.rope_tables` of the positions (a network computes them once for all its layers);
     `mask` `[b|1, 1, l, l]` bool or None (in decode mode: the prefix `[b, l]`, 1 = prompt
     position, or None); `causal` adds the causal mask (not in decode mode, which builds its
-    own); `segment_ids` `[b, l]` is read only when decoding (the key mask).
+    own); `segment_ids` `[b, l]`: when decoding the key mask; otherwise, with `causal`, the
+    packing that `mask` (then their segment mask, or None) expresses, for the splash kernel.
+
+    Without a decode cache, the splash kernel runs (`pallas_attention.use_kernel`) for a causal
+    attention whose `mask` is None or the segment mask of `segment_ids`, or a full attention
+    without `mask`; a prefix LM's mask (differing per row) takes XLA's path.
     """
 
     config: LlamaConfig
@@ -87,6 +95,10 @@ class LlamaAttention(nn.Module):
                 self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
                 mask = None  # decode mode's `mask` is a prefix `[b, n]`, not an attention mask
         q, k, v = constrain(q, HEAD_ACT), constrain(k, HEAD_ACT), constrain(v, HEAD_ACT)
+        if self._use_kernel(n, mask, segment_ids, causal):
+            segments = segment_ids if mask is not None else None
+            out = pallas_attention.splash_attention(q, k, v, segments, causal=causal, scale=d**-0.5)
+            return dense(constrain(out, HEAD_ACT), wo, 2)
         out = jax.nn.dot_product_attention(
             q,
             k,
@@ -98,6 +110,18 @@ class LlamaAttention(nn.Module):
         )
         out = constrain(out, HEAD_ACT)
         return dense(out, wo, 2)
+
+    def _use_kernel(self, length: int, mask, segment_ids, causal: bool) -> bool:
+        """Whether this call runs the splash kernel (`pallas_attention.use_kernel`)."""
+        # Decode steps keep XLA's path; initialising makes parameters only (any shape).
+        if self.decode or self.is_initializing():
+            return False
+        why = None
+        if mask is not None and (not causal or segment_ids is None):
+            why = "the mask is not a causal packed-segment mask (a prefix LM's differs per row)"
+        return pallas_attention.use_kernel(
+            self.config.attention_implementation, length, length, self.config.head_dim, why
+        )
 
     def _tables(self, positions):
         """`rope_tables` of `positions`, or `positions` when they are tables already."""

@@ -11,7 +11,7 @@ from cairn.models.transformer_config import DTYPES, ModelConfig
 
 # The keys of `rope_scaling` (transformers' "llama3" rope type), in the order they are stored.
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = (None, "xla", "pallas", "cudnn")
 
 
 def _rope_scaling(name: str, value: Any) -> tuple[tuple[str, float], ...] | None:
@@ -47,13 +47,15 @@ class LlamaConfig(ModelConfig):
       separate `logits` kernel; `init_std`: the normal initializer of every kernel and the embedding;
     * `param_dtype`: the dtype parameters are stored in (`dtype` is the compute dtype; softmax,
       norms and logits are float32 either way);
-    * `attention_implementation`: `jax.nn.dot_product_attention`'s `implementation` (None: JAX's
-      choice, XLA in jax 0.10.2; "xla"; "cudnn": flash attention on NVIDIA GPUs, bf16/fp16 only).
-      On CPU and TPU None and "xla" are the same.
+    * `attention_implementation`: None (the Pallas splash kernel on TPU wherever it applies,
+      else `jax.nn.dot_product_attention`'s own choice, XLA in jax 0.10.2), "xla", "pallas"
+      (always the kernel: `cairn.models.pallas_attention`) or "cudnn" (`dot_product_attention`'s
+      flash attention on NVIDIA GPUs, bf16/fp16 only).
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("num_layers",)
     EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("num_kv_heads",)
+    ATTENTION_IMPLEMENTATIONS: ClassVar[tuple[str | None, ...]] = ATTENTION_IMPLEMENTATIONS
 
     vocab_size: int = 49152
     emb_dim: int = 576
@@ -68,7 +70,6 @@ class LlamaConfig(ModelConfig):
     tie_word_embeddings: bool = True
     init_std: float = 0.02
     param_dtype: str = "float32"
-    attention_implementation: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -81,11 +82,6 @@ class LlamaConfig(ModelConfig):
             raise ValueError(f"{name}.head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
         if self.param_dtype not in DTYPES:
             raise ValueError(f"{name}.param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
-        if self.attention_implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"{name}.attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
-                f"got {self.attention_implementation!r}"
-            )
         for field in ("rope_theta", "rms_norm_eps", "init_std"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

@@ -150,7 +150,8 @@ class Llama(nn.Module):
             positions = tokens.shape[1]  # 0..l-1
         if positions is not None:  # RoPE's cos/sin once for all layers (decode steps: per layer)
             positions = config_rope_tables(cfg, positions)
-        segments = decoder_segment_ids if decode else None
+        # Decoding: the cache's key mask; otherwise the packing the splash kernel needs.
+        segments = decoder_segment_ids
         x = apply_layers(
             LlamaLayer,
             cfg.num_layers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from cairn.models.attention import MultiHeadAttention, causal_mask, mask_to_bias, segment_mask
+from cairn.models.attention import AttentionBias, MultiHeadAttention, causal_mask, mask_to_bias, segment_mask
 from cairn.models.layers import Embed, RMSNorm, constrain, dense, kernel
 from cairn.models.mlp import t5_mlp
 from cairn.models.relative_position import RelativePositionBias
@@ -37,9 +37,15 @@ class EncoderLayer(nn.Module):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
-        y = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic, name="attention")(
-            y, y, bias
-        )
+        y = MultiHeadAttention(
+            cfg.num_heads,
+            cfg.head_dim,
+            cfg.dropout_rate,
+            dt,
+            self.deterministic,
+            implementation=cfg.attention_implementation,
+            name="attention",
+        )(y, y, bias)
         x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
         y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
@@ -63,7 +69,14 @@ class DecoderLayer(nn.Module):
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_self_attention_layer_norm")(x)
         y = MultiHeadAttention(
-            cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dt, self.deterministic, self.decode, name="self_attention"
+            cfg.num_heads,
+            cfg.head_dim,
+            cfg.dropout_rate,
+            dt,
+            self.deterministic,
+            self.decode,
+            implementation=cfg.attention_implementation,
+            name="self_attention",
         )(y, y, self_bias)
         x = constrain(x + drop(y), ACT)
         if self.cross:
@@ -76,6 +89,7 @@ class DecoderLayer(nn.Module):
                 self.deterministic,
                 self.decode,
                 cross=True,
+                implementation=cfg.attention_implementation,
                 name="encoder_decoder_attention",
             )(y, encoded, cross_bias)
             x = constrain(x + drop(y), ACT)
@@ -105,7 +119,8 @@ class Encoder(nn.Module):
             nn.initializers.normal(cfg.emb_dim**-0.5),
             name="relpos_bias",
         )(pos, pos)
-        bias = bias + mask_to_bias(segment_mask(segment_ids, segment_ids), dt)
+        dense_bias = bias + mask_to_bias(segment_mask(segment_ids, segment_ids), dt)
+        bias = AttentionBias(dense_bias, bias, segment_ids, segment_ids, causal=False)
         x = apply_layers(
             EncoderLayer,
             cfg.num_encoder_layers,
@@ -169,8 +184,13 @@ class Decoder(nn.Module):
             decoder_segment_ids = jnp.ones(tokens.shape, jnp.int32)
         else:
             self_mask = causal & segment_mask(decoder_segment_ids, decoder_segment_ids)
-        self_bias = self_bias + mask_to_bias(self_mask, dt)
-        cross_bias = mask_to_bias(segment_mask(decoder_segment_ids, encoder_segment_ids), dt)
+        dense_self = self_bias + mask_to_bias(self_mask, dt)
+        dense_cross = mask_to_bias(segment_mask(decoder_segment_ids, encoder_segment_ids), dt)
+        if decode:  # cached steps take XLA's path
+            self_bias, cross_bias = dense_self, dense_cross
+        else:
+            self_bias = AttentionBias(dense_self, self_bias, decoder_segment_ids, decoder_segment_ids, causal=True)
+            cross_bias = AttentionBias(dense_cross, None, decoder_segment_ids, encoder_segment_ids)
         x = apply_layers(
             DecoderLayer,
             cfg.num_decoder_layers,
