@@ -127,7 +127,7 @@ def test_flash_with_bias_and_segments_matches_xla(case):
     _assert_close(got, want, real)
 
 
-def test_dispatch_chooses_xla_on_cpu_and_pallas_names_what_it_cannot_run():
+def test_dispatch_chooses_xla_on_cpu_and_pallas_names_what_it_cannot_run(monkeypatch):
     assert not pa.on_tpu()
     assert pa.use_kernel(None, 256, 256, 64) is False  # automatic: XLA off the TPU
     assert pa.use_kernel("xla", 256, 256, 64) is False
@@ -147,6 +147,14 @@ def test_dispatch_chooses_xla_on_cpu_and_pallas_names_what_it_cannot_run():
         with pa.block_sizes(q=100):
             pass
     assert pa.BLOCK_Q == 512
+    # On a TPU the automatic choice takes the kernel where supported, and the bias kernel only
+    # from `auto_min_length` (T5's 512 tokens stay on XLA, measured faster there).
+    monkeypatch.setattr(pa, "on_tpu", lambda: True)
+    assert pa.use_kernel(None, 2048, 2048, 64) is True
+    assert pa.use_kernel(None, 512, 512, 64, None, pa.FLASH_AUTO_MIN_LENGTH) is False
+    assert pa.use_kernel(None, 1024, 1024, 64, None, pa.FLASH_AUTO_MIN_LENGTH) is True
+    assert pa.use_kernel("pallas", 512, 512, 64, None, pa.FLASH_AUTO_MIN_LENGTH) is True
+    assert pa.use_kernel(None, 114, 512, 64) is False
 
 
 def test_configs_validate_attention_implementation():

@@ -127,7 +127,9 @@ class MultiHeadAttention(nn.Module):
             why = "the mask is a plain additive bias, not an AttentionBias"
         elif self.dropout_rate > 0 and not self.deterministic:
             why = "attention dropout is in effect (the kernel has none)"
-        return pallas_attention.use_kernel(self.implementation, q_len, kv_len, self.head_dim, why)
+        return pallas_attention.use_kernel(
+            self.implementation, q_len, kv_len, self.head_dim, why, pallas_attention.FLASH_AUTO_MIN_LENGTH
+        )
 
     def _cached_kv(self, x_kv, wk, wv):
         """Keys and values `[b, heads, len, kv]` from the cache, after writing this chunk's."""
