@@ -392,6 +392,20 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_profile(result: Mapping[str, Any], top: int = 8) -> str:
+    """A row's device time per op class and per tagged tensor kind (ms per step, share), from
+    its `profile` (`--profile`)."""
+    prof = result["profile"]
+    total = prof.get("device_ms_per_step") or 1.0
+    lines = [f"{result['row']}: device time per step {total:.2f} ms", "| op class | ms / step | share |"]
+    lines.append("|---|---|---|")
+    for name, ms in list(prof["classes_ms_per_step"].items())[:top]:
+        lines.append(f"| {name} | {ms:.2f} | {100 * ms / total:.1f} % |")
+    for name, ms in prof.get("tags_ms_per_step", {}).items():
+        lines.append(f"| tensors: {name} | {ms:.2f} | {100 * ms / total:.1f} % |")
+    return "\n".join(lines) + "\n"
+
+
 def write_json(
     path: str, env: Mapping[str, Any], args: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
 ) -> None:

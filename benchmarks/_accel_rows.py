@@ -29,6 +29,7 @@ for _lib in ("storage", "tokenizers", "datatasks", "partitioning", "models", "ev
     if os.path.join(REPO, _lib) not in sys.path:
         sys.path.insert(0, os.path.join(REPO, _lib))
 
+import _op_profile  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -89,6 +90,7 @@ class Options:
     memory_margin: float = 0.03
     compile_threads: int = 6
     verbose: bool = True
+    profile: bool = False  # trace extra steps (decode: one more call) and report device time per op class
 
 
 def log(row: str, message: str) -> None:
@@ -241,14 +243,25 @@ class _Finished(Exception):
 
 
 class _StopHook:
-    """A step hook: records when each step's hook ran and ends the loop after `steps`."""
+    """A step hook: records when each step's hook ran and ends the loop after `steps`. With
+    `profile_steps`, those steps run after the timed ones under `jax.profiler` (their times are
+    left out of the median) and `trace_file` names the trace written."""
 
-    def __init__(self, steps: int):
+    def __init__(self, steps: int, profile_steps: int = 0):
         self.steps, self.times = steps, []
+        self.profile_steps, self.trace_file = profile_steps, None
+        self.trace_dir = tempfile.mkdtemp(prefix="accel_bench_trace_") if profile_steps else None
 
     def __call__(self, step: int, state: Any) -> None:
         self.times.append(time.perf_counter())
-        if step >= self.steps:
+        if self.profile_steps and step == self.steps:
+            jax.block_until_ready(state)
+            jax.profiler.start_trace(self.trace_dir)
+        if step >= self.steps + self.profile_steps:
+            if self.profile_steps:
+                jax.block_until_ready(state)
+                jax.profiler.stop_trace()
+                self.trace_file = _op_profile.latest_trace(self.trace_dir)
             raise _Finished()
 
 
@@ -299,7 +312,7 @@ class _TrainRowRunner:
         model = model_cls(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
         cfg = TrainerConfig(
             model_dir=model_dir,
-            num_train_steps=self.steps + 1,  # the hook stops the loop after `steps`: no final save
+            num_train_steps=self.steps + PROFILE_STEPS + 1,  # the hook ends the loop first: no final save
             log_every=1,
             checkpoint_every=0,
             tensorboard=False,
@@ -310,7 +323,7 @@ class _TrainRowRunner:
             checkpoint=CheckpointConfig(keep=1, asynchronous=False),
             **self.trainer_applied,
         )
-        hook = _StopHook(self.steps)
+        hook = _StopHook(self.steps, PROFILE_STEPS if self.opts.profile else 0)
         optimizer = OptimizerConfig(name=self.row.optimizer, **dict(self.row.optimizer_kwargs))
         trainer = Trainer(model, optimizer, self.row.learning_rate, self.partitioner, cfg, step_hooks=[hook])
         with _TRACE_LOCK:
@@ -481,8 +494,9 @@ class _TrainRowRunner:
         metrics = os.path.join(trainer.config.model_dir, "summaries", "metrics.jsonl")
         with open(metrics) as f:
             rows = [json.loads(line) for line in f]
-        step_times = [r["value"] for r in rows if r["metric"] == "step_time_s"]
-        losses = [r["value"] for r in rows if r["metric"] == "loss"]
+        timed = [r for r in rows if r.get("step", 0) <= self.steps]  # not the profiled steps
+        step_times = [r["value"] for r in timed if r["metric"] == "step_time_s"]
+        losses = [r["value"] for r in timed if r["metric"] == "loss"]
         if not step_times:
             raise RuntimeError(f"no step times in {metrics}: too few steps ({self.steps})")
         step_s = statistics.median(step_times)
@@ -505,7 +519,40 @@ class _TrainRowRunner:
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+            **_profile_result(cand.hook.trace_file, cand.hook.profile_steps, _tags(config, row.lengths)),
         }
+
+
+PROFILE_STEPS = 2  # steps traced after the timed ones when `Options.profile`
+
+
+def _tags(config: Any, lengths: Mapping[str, int]) -> dict[str, str]:
+    """Regular expressions over an op's HLO text: ops on the vocabulary's tensors, and on
+    attention-shaped ones (`[..., L, L]` for a sequence length L)."""
+    tags = {"vocabulary (logits, loss)": rf"\b{config.vocab_size}\b"}
+    sizes = sorted({int(v) for v in lengths.values()})
+    tags["attention [..., L, L]"] = "|".join(rf",{a},{b}\]" for a in sizes for b in sizes)
+    return tags
+
+
+def _profile_result(trace_file: str | None, steps: int, tags: Mapping[str, str]) -> dict[str, Any]:
+    """`{"profile": {"classes", "tags", "ops", "ms_per_step"...}}` of a trace, or {} without one."""
+    if not trace_file:
+        return {}
+    try:
+        prof = _op_profile.op_classes(trace_file, top_ops=12, tags=dict(tags))
+    except Exception as e:  # a profile is a bonus: never fail the row for it
+        return {"profile": {"error": f"{type(e).__name__}: {e}"}}
+    per_step = lambda d: {k: v / steps for k, v in d.items()}
+    return {
+        "profile": {
+            "steps": steps,
+            "device_ms_per_step": prof["total_ms"] / steps,
+            "classes_ms_per_step": per_step(prof["classes"]),
+            "tags_ms_per_step": per_step(prof["tags"]),
+            "top_ops_ms_per_step": {k[:300]: v for k, v in per_step(prof["ops"]).items()},
+        }
+    }
 
 
 def run_train_row(row: TrainRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
@@ -586,6 +633,11 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
         return fn
 
     times = _timed_calls({name: call(name) for name in compiled}, row.repeats)
+    profile: dict[str, Any] = {}
+    if opts.profile:
+        trace = _op_profile.profile_steps(call("full"), 1, tempfile.mkdtemp(prefix="accel_bench_trace_"))
+        tags = {"vocabulary (logits, argmax)": rf"\b{config.vocab_size}\b"}
+        profile = _profile_result(trace, 1, tags)
     full, prefill = np.asarray(outputs["full"]), np.asarray(outputs["prefill"])
     first_tokens_agree = bool(np.array_equal(full[:, row.prompt], prefill[:, row.prompt]))
     total_s, prefill_s = statistics.median(times["full"]), statistics.median(times["prefill"])
@@ -632,6 +684,7 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
         "times_s": times,
         "wall_s": time.perf_counter() - start,
         "note": note,
+        **profile,
     }
 
 

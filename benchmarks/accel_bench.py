@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _accel_plan, _machine (also when imported)
 
-from _accel_plan import ROWS, format_table, select_rows, tiny_rows, write_json
+from _accel_plan import ROWS, format_profile, format_table, select_rows, tiny_rows, write_json
 from _machine import machine_line
 
 WORKER_EXIT_RESTART = 3  # the worker stopped after a failed row: start a fresh one for the rest
@@ -105,6 +105,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile_threads", type=int, default=6, help="step compilations at once during the batch search")
     p.add_argument("--compile_cache", help="a persistent compilation cache directory (reruns compile nothing)")
     p.add_argument("--budget_s", type=float, default=570.0, help="the worker is killed after this many seconds")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="trace 2 more steps per training row (one more call per decode row) and report device time per op class",
+    )
     p.add_argument("--in_process", action="store_true", help="run the rows in this process (no worker, no restarts)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker_results", help=argparse.SUPPRESS)
@@ -155,6 +160,7 @@ def options(args: argparse.Namespace):
         memory_limit=args.memory_limit_gb * 2**30 if args.memory_limit_gb else None,
         memory_margin=args.memory_margin,
         compile_threads=args.compile_threads,
+        profile=args.profile,
     )
 
 
@@ -356,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         col = supervise(args, argv)
     results = col.ordered()
     print()
+    for r in results:
+        if r.get("profile", {}).get("classes_ms_per_step"):
+            print(format_profile(r))
     print(format_table(results))
     print(f"{len(results)} rows in {time.perf_counter() - start:.0f} s" + (f"; JSON: {args.json}" if args.json else ""))
     return 0 if results and all(r.get("status") == "ok" for r in results) else 1
