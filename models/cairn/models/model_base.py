@@ -291,7 +291,9 @@ class ModelBase:
                 out, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor, chunk
             )
         else:
-            loss, metrics = loss_and_metrics(out, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+            loss, metrics = loss_and_metrics(
+                out, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor
+            )
         routed = moe_losses(aux, getattr(self.config, "moe", None))
         if routed:
             loss = loss + routed["moe/aux_loss"]

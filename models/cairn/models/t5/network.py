@@ -244,7 +244,13 @@ class EncoderDecoder(nn.Module):
         if encoder_segment_ids is None:
             encoder_segment_ids = (encoder_input_tokens > 0).astype(jnp.int32)
         return self.decoder(
-            encoded, decoder_input_tokens, encoder_segment_ids, decoder_segment_ids, deterministic, decode, return_hidden
+            encoded,
+            decoder_input_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            deterministic,
+            decode,
+            return_hidden,
         )
 
     def __call__(
