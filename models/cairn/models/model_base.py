@@ -282,8 +282,8 @@ class ModelBase:
     ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
         """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured
         (with `config.loss_chunk_size` > 0 computed in chunks of that many tokens from the hidden
-        states: `chunked_loss_and_metrics`); with routed MLPs, plus the weighted router losses (`moe/aux_loss`, and the `moe/*` metrics
-        of `cairn.models.moe_metrics.moe_losses`)."""
+        states: `chunked_loss_and_metrics`); with routed MLPs, plus the weighted router losses
+        (`moe/aux_loss`, and the `moe/*` metrics of `cairn.models.moe_metrics.moe_losses`)."""
         chunk = self.loss_chunk_size
         out, aux = self.apply_with_aux(params, batch, dropout_rng, return_hidden=chunk > 0)
         if chunk > 0:
