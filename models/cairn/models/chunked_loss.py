@@ -175,17 +175,17 @@ def _chunked_sums(hidden, kernel, targets, weights, mask, spec: _Spec):
 
 def _chunked_sums_fwd(hidden, kernel, targets, weights, mask, spec: _Spec):
     sums, grads = _sums(hidden, kernel, targets, weights, mask, spec, with_grads=True)
-    return sums, (grads, targets, weights, mask)
+    return sums, (grads, weights, mask)
 
 
 def _chunked_sums_bwd(spec: _Spec, res, cotangents):
-    (d_hidden, d_kernel), targets, weights, mask = res
+    (d_hidden, d_kernel), weights, mask = res
     g = cotangents[0]  # only the loss sum is differentiated (module docstring)
-    d_targets = None if not jnp.issubdtype(targets.dtype, jnp.inexact) else jnp.zeros_like(targets)
+    # Integer targets take no cotangent (None); the weights and mask are data.
     return (
-        (d_hidden * g.astype(d_hidden.dtype)),
-        (d_kernel * g.astype(d_kernel.dtype)),
-        d_targets,
+        d_hidden * g.astype(d_hidden.dtype),
+        d_kernel * g.astype(d_kernel.dtype),
+        None,
         jnp.zeros_like(weights),
         jnp.zeros_like(mask),
     )

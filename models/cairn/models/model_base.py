@@ -116,8 +116,6 @@ def chunked_loss_and_metrics(
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights")
     weights = (targets > 0).astype(jnp.float32) if weights is None else weights.astype(jnp.float32)
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     loss_weights, factor = normalizing_weights(
         weights, targets, loss_normalizing_factor, batch.get("decoder_segment_ids")
     )
