@@ -19,6 +19,7 @@ MODELS_TARGETS = {
         [
             "argmax.py",
             "attention.py",
+            "chunked_loss.py",
             "decode_cache.py",
             "layers.py",
             "losses.py",

@@ -43,9 +43,7 @@ class Model:
     )
     vocab_size: int = knob(0, "0: the vocabulary's size rounded up to a multiple of 128", min=0)
     dtype: str = knob("preset", "compute dtype, any family (preset: the preset's or checkpoint's)", choices=DTYPES)
-    param_dtype: str = knob(
-        "preset", "parameter dtype (preset: the preset's; a family without param_dtype stores float32)", choices=DTYPES
-    )
+    param_dtype: str = knob("preset", "parameter dtype, any family (preset: the preset's)", choices=DTYPES)
     label_smoothing: float = knob(0.0, "label smoothing of the cross-entropy loss")
     z_loss: float = knob(1e-4, "auxiliary z-loss coefficient (log of the softmax normalizer squared)")
     loss_normalizing_factor: str = knob(

@@ -18,7 +18,9 @@ __version__ = "0.1.0"
 
 # Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
 # are imported as themselves.
-_SUBMODULES = frozenset({"decoder_only", "decoding", "families", "llama", "losses", "moe", "pallas_attention", "t5"})
+_SUBMODULES = frozenset(
+    {"chunked_loss", "decoder_only", "decoding", "families", "llama", "losses", "moe", "pallas_attention", "t5"}
+)
 _DEFINED_IN = {
     "DecodeOptions": "model_base",
     "DecoderOnlyConfig": "decoder_only",
@@ -48,7 +50,7 @@ _DEFINED_IN = {
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run time
-    from cairn.models import decoder_only, decoding, families, llama, losses, moe, pallas_attention, t5
+    from cairn.models import chunked_loss, decoder_only, decoding, families, llama, losses, moe, pallas_attention, t5
     from cairn.models.decoder_only import DecoderOnlyConfig
     from cairn.models.decoder_only_model import DecoderOnlyModel
     from cairn.models.encoder_decoder_model import EncoderDecoderModel
@@ -80,6 +82,7 @@ __all__ = [
     "TransformerConfig",
     "UnknownFamilyError",
     "UpcycleError",
+    "chunked_loss",
     "count_params",
     "decoder_only",
     "decoding",

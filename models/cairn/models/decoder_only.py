@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from cairn.models.attention import AttentionBias, causal_mask, mask_to_bias, segment_mask
+from cairn.models.chunked_loss import Unembedding
 from cairn.models.decode_cache import chunk_positions_and_mask
 from cairn.models.layers import Embed, RMSNorm, constrain, kernel
 from cairn.models.relative_position import RelativePositionBias
@@ -43,6 +44,10 @@ class Decoder(nn.Module):
     `decoder_segment_ids` mark padded keys (0) and whose `decoder_causal_attention` makes the
     chunk's prompt positions attend each other (a prefix LM's prefill). Positions are
     relative, so a left-padded prompt with its padding masked gives the unpadded logits.
+
+    `return_hidden=True` returns a `chunked_loss.Unembedding` (final hidden states and output
+    projection) instead of logits, for the chunked loss. Parameters are stored as
+    `config.param_dtype`.
     """
 
     config: DecoderOnlyConfig
@@ -56,11 +61,12 @@ class Decoder(nn.Module):
         deterministic: bool = True,
         decode: bool = False,
         decoder_positions=None,
+        return_hidden: bool = False,
     ):
         del decoder_positions
         cfg = self.config
-        dt = jnp.dtype(cfg.dtype)
-        embed = Embed(cfg.vocab_size, cfg.emb_dim, dt, name="token_embedder")
+        dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        embed = Embed(cfg.vocab_size, cfg.emb_dim, dt, param_dtype=pdt, name="token_embedder")
         tokens = decoder_input_tokens.astype(jnp.int32)
         x = embed(tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
@@ -88,6 +94,7 @@ class Decoder(nn.Module):
             False,
             dt,
             nn.initializers.normal(cfg.emb_dim**-0.5),
+            pdt,
             name="relpos_bias",
         )(q_pos, k_pos)
         dense_bias = bias + mask_to_bias(mask, dt)
@@ -115,11 +122,16 @@ class Decoder(nn.Module):
             None,
             sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
-        x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
+        x = RMSNorm(cfg.layer_norm_epsilon, dt, pdt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
-            logits = embed.attend(x * (cfg.emb_dim**-0.5) if cfg.scale_tied_logits else x)
+            x = x * (cfg.emb_dim**-0.5) if cfg.scale_tied_logits else x
+            if return_hidden:
+                return Unembedding(constrain(x, ACT), embed.table(), tied=True)
+            logits = embed.attend(x)
         else:
-            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim**-0.5, dt)
+            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim**-0.5, dt, pdt)
+            if return_hidden:
+                return Unembedding(constrain(x, ACT), w, tied=False)
             logits = jnp.einsum("ble,ev->blv", x, w)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

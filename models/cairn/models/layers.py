@@ -83,6 +83,10 @@ class Embed(nn.Module):
     def __call__(self, ids):
         return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
 
+    def table(self):
+        """The table `[vocab, embed]` cast to `dtype` (a tied output projection)."""
+        return jnp.asarray(self.embedding, self.dtype)
+
     def attend(self, x, preferred_element_type=None):
         """`x @ embedding.T`: logits over the vocabulary (`attend_table`)."""
         return attend_table(x, jnp.asarray(self.embedding, self.dtype), preferred_element_type)
@@ -195,11 +199,32 @@ def _expert_dense_cpu_bwd(res, g):
 _expert_dense_cpu.defvjp(_expert_dense_cpu_fwd, _expert_dense_cpu_bwd)
 
 
+def enclosing_param_dtype(module: nn.Module) -> jnp.dtype:
+    """The `param_dtype` of the nearest module, `module` itself or one it is nested in, whose
+    `config` has one (a family config: T5Config, DecoderOnlyConfig, LlamaConfig); float32 when
+    none has. What `kernel` stores a parameter in when not told."""
+    m: object = module
+    while isinstance(m, nn.Module):
+        name = getattr(getattr(m, "config", None), "param_dtype", None)
+        if isinstance(name, str):
+            return jnp.dtype(name)
+        m = m.parent
+    return jnp.dtype(jnp.float32)
+
+
 def kernel(
-    module: nn.Module, name: str, shape: Sequence[int], axes: tuple[str, ...], stddev: float, dtype
+    module: nn.Module,
+    name: str,
+    shape: Sequence[int],
+    axes: tuple[str, ...],
+    stddev: float,
+    dtype,
+    param_dtype=None,
 ) -> jnp.ndarray:
-    """Declares a bias-free kernel with logical axes and returns it cast to `dtype`."""
-    value = module.param(name, nn.with_logical_partitioning(normal(stddev), axes), tuple(shape), jnp.float32)
+    """Declares a bias-free kernel with logical axes, stored as `param_dtype` (default: the
+    enclosing config's, `enclosing_param_dtype`), and returns it cast to `dtype`."""
+    pdt = enclosing_param_dtype(module) if param_dtype is None else jnp.dtype(param_dtype)
+    value = module.param(name, nn.with_logical_partitioning(normal(stddev), axes), tuple(shape), pdt)
     return jnp.asarray(value, dtype)
 
 
@@ -220,13 +245,15 @@ class Kernel(nn.Module):
 
 
 class MlpBlock(nn.Module):
-    """The position-wise MLP: `act(x Wi) Wo`, or gated `act0(x Wi0) * act1(x Wi1) Wo`."""
+    """The position-wise MLP: `act(x Wi) Wo`, or gated `act0(x Wi0) * act1(x Wi1) Wo` (kernels
+    stored as `param_dtype`, computed in `dtype`)."""
 
     mlp_dim: int
     activations: tuple[str, ...] = ("relu",)
     dropout_rate: float = 0.0
     dtype: jnp.dtype = jnp.float32
     deterministic: bool = True
+    param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x):
@@ -237,12 +264,12 @@ class MlpBlock(nn.Module):
             names = [f"wi_{i}" for i in range(len(self.activations))]
         h = None
         for name, act in zip(names, self.activations):
-            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb**-0.5, self.dtype)
+            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb**-0.5, self.dtype, self.param_dtype)
             y = ACTIVATION_FNS[act](dense(x, w))
             h = y if h is None else h * y
         h = constrain(h, ("batch", "length", "mlp"))
         h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
-        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim**-0.5, self.dtype)
+        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim**-0.5, self.dtype, self.param_dtype)
         return dense(h, wo)
 
 

@@ -24,8 +24,9 @@ def cross_entropy_with_logits(logits, soft_targets, z_loss: float = 0.0) -> tupl
     return loss + z, z
 
 
-def smoothed_targets(targets, vocab_size: int, label_smoothing: float):
-    """Soft targets and the constant that makes a perfect prediction's loss 0."""
+def smoothing_constants(vocab_size: int, label_smoothing: float) -> tuple[float, float, float]:
+    """`(confidence, low, constant)`: the target's and every other token's soft-target
+    probability, and the constant that makes a perfect prediction's loss 0."""
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab_size - 1)
     constant = (
@@ -33,6 +34,12 @@ def smoothed_targets(targets, vocab_size: int, label_smoothing: float):
         if label_smoothing > 0
         else 0.0
     )
+    return confidence, low, constant
+
+
+def smoothed_targets(targets, vocab_size: int, label_smoothing: float):
+    """Soft targets and the constant that makes a perfect prediction's loss 0."""
+    confidence, low, constant = smoothing_constants(vocab_size, label_smoothing)
     soft = jax.nn.one_hot(targets, vocab_size, dtype=jnp.float32) * (confidence - low) + low
     return soft, constant
 
@@ -46,6 +53,32 @@ def per_sequence_weights(weights, segment_ids=None):
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
         totals = jnp.einsum("bqk,bk->bq", same.astype(jnp.float32), weights)
     return jnp.where(totals > 0, weights / jnp.where(totals > 0, totals, 1.0), 0.0)
+
+
+def normalizing_weights(
+    weights, targets, loss_normalizing_factor: LossNormalizingFactor, segment_ids=None
+) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+    """`(weights, factor)`: the per-token weights of the summed loss (AVERAGE_PER_SEQUENCE
+    divides each by its sequence's total) and what the sums are divided by (None: nothing);
+    `weighted_cross_entropy` documents the modes. Shared with `chunked_loss`."""
+    weights = weights.astype(jnp.float32)
+    factor = None
+    if isinstance(loss_normalizing_factor, str):
+        if loss_normalizing_factor == NUM_REAL_TARGET_TOKENS:
+            factor = jnp.sum(weights)
+        elif loss_normalizing_factor == NUM_TOTAL_TARGET_TOKENS:
+            factor = jnp.asarray(float(targets.size))
+        elif loss_normalizing_factor == AVERAGE_PER_SEQUENCE:
+            weights = per_sequence_weights(weights, segment_ids)
+            factor = jnp.sum(weights)
+        else:
+            raise ValueError(
+                f"unknown loss_normalizing_factor {loss_normalizing_factor!r}; "
+                f"use a number, None or one of {NORMALIZING_MODES}"
+            )
+    elif loss_normalizing_factor is not None:
+        factor = jnp.asarray(float(loss_normalizing_factor))
+    return weights, factor
 
 
 def weighted_cross_entropy(
@@ -73,22 +106,7 @@ def weighted_cross_entropy(
     soft, constant = smoothed_targets(targets, logits.shape[-1], label_smoothing)
     loss, z = cross_entropy_with_logits(logits, soft, z_loss)
     loss = loss - constant
-    factor = None
-    if isinstance(loss_normalizing_factor, str):
-        if loss_normalizing_factor == NUM_REAL_TARGET_TOKENS:
-            factor = jnp.sum(weights)
-        elif loss_normalizing_factor == NUM_TOTAL_TARGET_TOKENS:
-            factor = jnp.asarray(float(targets.size))
-        elif loss_normalizing_factor == AVERAGE_PER_SEQUENCE:
-            weights = per_sequence_weights(weights, segment_ids)
-            factor = jnp.sum(weights)
-        else:
-            raise ValueError(
-                f"unknown loss_normalizing_factor {loss_normalizing_factor!r}; "
-                f"use a number, None or one of {NORMALIZING_MODES}"
-            )
-    elif loss_normalizing_factor is not None:
-        factor = jnp.asarray(float(loss_normalizing_factor))
+    weights, factor = normalizing_weights(weights, targets, loss_normalizing_factor, segment_ids)
     total, total_z, weight_sum = jnp.sum(loss * weights), jnp.sum(z * weights), jnp.sum(weights)
     if factor is not None:
         factor = jnp.maximum(factor, 1e-8)

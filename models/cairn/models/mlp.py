@@ -31,10 +31,12 @@ def routed_mlp() -> type[nn.Module]:
 def t5_mlp(config: Any, sparse: bool, deterministic: bool, name: str = "mlp") -> nn.Module:
     """A T5-style layer's MLP (`TransformerConfig`: T5 and GPT-style decoders): the dense
     `MlpBlock`, or with `sparse` the routed one (experts initialised as the dense kernels,
-    float32 parameters)."""
-    dt = jnp.dtype(config.dtype)
+    parameters stored as `config.param_dtype`; the router float32)."""
+    dt, pdt = jnp.dtype(config.dtype), jnp.dtype(getattr(config, "param_dtype", "float32"))
     if not sparse:
-        return MlpBlock(config.mlp_dim, config.mlp_activations, config.dropout_rate, dt, deterministic, name=name)
+        return MlpBlock(
+            config.mlp_dim, config.mlp_activations, config.dropout_rate, dt, deterministic, param_dtype=pdt, name=name
+        )
     mlp_dim = config.moe.mlp_dim(config.mlp_dim)
     return routed_mlp()(
         config.moe,
@@ -45,7 +47,7 @@ def t5_mlp(config: Any, sparse: bool, deterministic: bool, name: str = "mlp") ->
         0.02,
         config.dropout_rate,
         dt,
-        jnp.float32,
+        pdt,
         deterministic,
         name=name,
     )

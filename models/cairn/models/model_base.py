@@ -12,7 +12,8 @@ import jax.numpy as jnp
 
 from cairn.models import decoding
 from cairn.models.argmax import argmax_last
-from cairn.models.losses import LossNormalizingFactor, weighted_cross_entropy
+from cairn.models.chunked_loss import Unembedding, chunked_cross_entropy, chunked_token_log_probs
+from cairn.models.losses import LossNormalizingFactor, normalizing_weights, weighted_cross_entropy
 from cairn.models.moe_metrics import COLLECTION as MOE_COLLECTION
 from cairn.models.moe_metrics import moe_losses
 
@@ -97,6 +98,45 @@ def loss_and_metrics(
         "cross_ent_loss": loss - z,
         "weight_sum": weight_sum,
         "accuracy": jnp.sum(correct) / jnp.maximum(jnp.sum(weights > 0), 1),
+    }
+    return loss, metrics
+
+
+def chunked_loss_and_metrics(
+    head: Unembedding,
+    batch: Batch,
+    label_smoothing: float,
+    z_loss: float,
+    loss_normalizing_factor: LossNormalizingFactor,
+    chunk_size: int,
+) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+    """`loss_and_metrics` from a network's hidden states and output projection
+    (`return_hidden=True`), the logits computed `chunk_size` tokens at a time
+    (`cairn.models.chunked_loss`): the same loss and metrics, never the whole logits tensor."""
+    targets = batch["decoder_target_tokens"]
+    weights = batch.get("decoder_loss_weights")
+    weights = (targets > 0).astype(jnp.float32) if weights is None else weights.astype(jnp.float32)
+    loss_weights, factor = normalizing_weights(
+        weights, targets, loss_normalizing_factor, batch.get("decoder_segment_ids")
+    )
+    loss, z, correct = chunked_cross_entropy(
+        head,
+        targets,
+        loss_weights,
+        chunk_size,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        accuracy_mask=weights > 0,
+    )
+    if factor is not None:
+        factor = jnp.maximum(factor, 1e-8)
+        loss, z = loss / factor, z / factor
+    metrics = {
+        "loss": loss,
+        "z_loss": z,
+        "cross_ent_loss": loss - z,
+        "weight_sum": jnp.sum(loss_weights),
+        "accuracy": correct / jnp.maximum(jnp.sum(weights > 0), 1),
     }
     return loss, metrics
 
@@ -208,11 +248,14 @@ class ModelBase:
         return self.apply_with_aux(params, batch, dropout_rng)[0]
 
     def apply_with_aux(
-        self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None
-    ) -> tuple[jnp.ndarray, dict[str, Any]]:
+        self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, return_hidden: bool = False
+    ) -> tuple[Any, dict[str, Any]]:
         """`(logits, moe)`: the logits and what routed MLPs sowed (the `moe` collection; {} for
-        a dense model: see `cairn.models.moe`)."""
+        a dense model: see `cairn.models.moe`). `return_hidden`: a `chunked_loss.Unembedding`
+        (hidden states and output projection) in place of the logits."""
         args, kwargs = self.call_args(batch)
+        if return_hidden:
+            kwargs = {**kwargs, "return_hidden": True}
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         deterministic = dropout_rng is None
         if getattr(self.config, "moe", None) is None:
@@ -235,11 +278,20 @@ class ModelBase:
     def loss_fn(
         self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None
     ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
-        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured;
-        with routed MLPs, plus the weighted router losses (`moe/aux_loss`, and the `moe/*` metrics
-        of `cairn.models.moe_metrics.moe_losses`)."""
-        logits, aux = self.apply_with_aux(params, batch, dropout_rng)
-        loss, metrics = loss_and_metrics(logits, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor)
+        """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured
+        (with `config.loss_chunk_size` > 0 computed in chunks of that many tokens from the hidden
+        states: `chunked_loss_and_metrics`); with routed MLPs, plus the weighted router losses
+        (`moe/aux_loss`, and the `moe/*` metrics of `cairn.models.moe_metrics.moe_losses`)."""
+        chunk = self.loss_chunk_size
+        out, aux = self.apply_with_aux(params, batch, dropout_rng, return_hidden=chunk > 0)
+        if chunk > 0:
+            loss, metrics = chunked_loss_and_metrics(
+                out, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor, chunk
+            )
+        else:
+            loss, metrics = loss_and_metrics(
+                out, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor
+            )
         routed = moe_losses(aux, getattr(self.config, "moe", None))
         if routed:
             loss = loss + routed["moe/aux_loss"]
@@ -248,6 +300,16 @@ class ModelBase:
 
     def score_batch(self, params: Any, batch: Batch) -> jnp.ndarray:
         """`[b]`: log-likelihood of each row's targets (weighted by `decoder_loss_weights` if given)."""
-        return sequence_log_likelihood(
-            self.apply(params, batch), batch["decoder_target_tokens"], batch.get("decoder_loss_weights")
-        )
+        targets, weights = batch["decoder_target_tokens"], batch.get("decoder_loss_weights")
+        chunk = self.loss_chunk_size
+        if chunk <= 0:
+            return sequence_log_likelihood(self.apply(params, batch), targets, weights)
+        head, _ = self.apply_with_aux(params, batch, return_hidden=True)
+        if weights is None:
+            weights = (targets > 0).astype(jnp.float32)
+        return jnp.sum(chunked_token_log_probs(head, targets, chunk) * weights, axis=-1)
+
+    @property
+    def loss_chunk_size(self) -> int:
+        """The config's `loss_chunk_size` (0, the whole-logits loss, for a config without one)."""
+        return int(getattr(self.config, "loss_chunk_size", 0) or 0)

@@ -38,7 +38,8 @@ def relative_position_bucket(
 class RelativePositionBias(nn.Module):
     """A learned scalar per (head, bucket), added to the attention logits of every layer.
 
-    Returns `[1, heads, q_len, k_len]` for query positions `q_pos` and key positions `k_pos`.
+    Returns `[1, heads, q_len, k_len]` for query positions `q_pos` and key positions `k_pos`;
+    the table is stored as `param_dtype`.
     """
 
     num_heads: int
@@ -47,6 +48,7 @@ class RelativePositionBias(nn.Module):
     bidirectional: bool = True
     dtype: jnp.dtype = jnp.float32
     embedding_init: nn.initializers.Initializer = nn.initializers.normal(1.0)
+    param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, q_pos, k_pos):
@@ -54,7 +56,7 @@ class RelativePositionBias(nn.Module):
             "rel_embedding",
             nn.with_logical_partitioning(self.embedding_init, ("heads", "relpos_buckets")),
             (self.num_heads, self.num_buckets),
-            jnp.float32,
+            self.param_dtype,
         )
         buckets = relative_position_bucket(
             k_pos[None, :] - q_pos[:, None], self.bidirectional, self.num_buckets, self.max_distance

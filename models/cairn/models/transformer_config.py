@@ -28,7 +28,13 @@ class ModelConfig:
     """The fields of every family's config (validated on creation).
 
     `scan_layers` stacks the layers under `jax.lax.scan`; `remat_policy` is one of
-    `REMAT_POLICIES`; `dtype` (the activations' and matmuls' dtype) one of `DTYPES`.
+    `REMAT_POLICIES`; `dtype` (the activations' and matmuls' dtype) one of `DTYPES`;
+    `param_dtype` (one of `DTYPES`) the dtype parameters are stored in (cast to `dtype` where
+    they are used; softmax, norms, logits and the loss are float32 either way).
+    `loss_chunk_size`: 0 computes the training loss from the whole float32 logits `[b, l,
+    vocab]`; a positive value computes it from the final hidden states in chunks of about that
+    many tokens (`cairn.models.chunked_loss`: the same loss, metrics and gradients, one chunk's
+    logits in memory at a time).
     `moe`: None (dense MLPs) or a `MoeConfig` (or a mapping of its fields) making every
     `moe.every`-th MLP a routed mixture of experts; `moe.every > 1` needs `scan_layers` off
     (scanned layers must be identical). `attention_implementation`: one of
@@ -54,6 +60,8 @@ class ModelConfig:
     remat_policy: str = "none"
     moe: Any = None
     attention_implementation: str | None = None
+    param_dtype: str = "float32"
+    loss_chunk_size: int = 0
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -76,6 +84,11 @@ class ModelConfig:
                 f"{name}.attention_implementation must be one of {self.ATTENTION_IMPLEMENTATIONS}, "
                 f"got {self.attention_implementation!r}"
             )
+        if self.param_dtype not in DTYPES:
+            raise ValueError(f"{name}.param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
+        chunk = self.loss_chunk_size
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+            raise ValueError(f"{name}.loss_chunk_size must be an int >= 0 (0: whole logits), got {chunk!r}")
 
     def replace(self: C, **changes) -> C:
         """A copy with `changes` applied (validated again)."""
@@ -92,7 +105,8 @@ class TransformerConfig(ModelConfig):
     rescales the decoder output by `emb_dim ** -0.5` (T5.1.0; without it the tied head is
     unscaled, as transformers 5 runs mT5); otherwise a separate `logits` kernel is used (T5.1.1).
     Relative position biases use `relative_attention_num_buckets` buckets up to
-    `relative_attention_max_distance`. Parameters are float32; `dtype` is the compute dtype.
+    `relative_attention_max_distance`. Parameters are stored as `param_dtype` (default
+    float32); `dtype` is the compute dtype.
     """
 
     EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("relative_attention_num_buckets",)

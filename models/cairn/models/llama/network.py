@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from cairn.models.attention import segment_mask
+from cairn.models.chunked_loss import Unembedding
 from cairn.models.layers import Embed, Kernel, RMSNorm, constrain, dense
 from cairn.models.llama.attention import LlamaAttention
 from cairn.models.llama.config import LlamaConfig
@@ -118,7 +119,9 @@ class Llama(nn.Module):
     sequences apart (0 = padding), `decoder_causal_attention` (1 on input positions) makes
     attention over the prefix bidirectional, `decoder_positions` are the RoPE positions
     (restarting per packed segment; default `0..l-1`, or the cache positions when decoding).
-    With `decode=True` it follows the cache contract in `llama.attention`.
+    With `decode=True` it follows the cache contract in `llama.attention`; `return_hidden=True`
+    returns a `chunked_loss.Unembedding` (final hidden states and output projection) instead of
+    logits, for the chunked loss.
     """
 
     config: LlamaConfig
@@ -132,6 +135,7 @@ class Llama(nn.Module):
         deterministic: bool = True,
         decode: bool = False,
         decoder_positions=None,
+        return_hidden: bool = False,
     ):
         cfg = self.config
         dt, pdt = _dtypes(cfg)
@@ -167,9 +171,13 @@ class Llama(nn.Module):
         x = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.tie_word_embeddings:
+            if return_hidden:
+                return Unembedding(constrain(x, ACT), embed.table(), tied=True)
             logits = embed.attend(x, preferred_element_type=jnp.float32)
         else:  # one 2-D matmul over the flattened tokens, as `attend_table` (its docstring says why)
             w = Kernel((cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.init_std, dt, pdt, name="logits")()
+            if return_hidden:
+                return Unembedding(constrain(x, ACT), w, tied=False)
             flat = jnp.einsum("te,ev->tv", x.reshape(-1, cfg.emb_dim), w, preferred_element_type=jnp.float32)
             logits = flat.reshape(*x.shape[:-1], cfg.vocab_size)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

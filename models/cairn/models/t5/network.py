@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from cairn.models.attention import AttentionBias, MultiHeadAttention, causal_mask, mask_to_bias, segment_mask
+from cairn.models.chunked_loss import Unembedding
 from cairn.models.layers import Embed, RMSNorm, constrain, dense, kernel
 from cairn.models.mlp import t5_mlp
 from cairn.models.relative_position import RelativePositionBias
@@ -22,6 +23,10 @@ ACT = ("batch", "length", "embed")
 
 def _dtype(config) -> jnp.dtype:
     return jnp.dtype(config.dtype)
+
+
+def _param_dtype(config) -> jnp.dtype:
+    return jnp.dtype(config.param_dtype)
 
 
 class EncoderLayer(nn.Module):
@@ -36,7 +41,7 @@ class EncoderLayer(nn.Module):
     def __call__(self, x, bias):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
-        y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
+        y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_attention_layer_norm")(x)
         y = MultiHeadAttention(
             cfg.num_heads,
             cfg.head_dim,
@@ -47,7 +52,7 @@ class EncoderLayer(nn.Module):
             name="attention",
         )(y, y, bias)
         x = constrain(x + drop(y), ACT)
-        y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
+        y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_mlp_layer_norm")(x)
         y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
         x = constrain(x + drop(y), ACT)
         return (x, None) if self.scanned else x
@@ -67,7 +72,7 @@ class DecoderLayer(nn.Module):
     def __call__(self, x, encoded, self_bias, cross_bias):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
-        y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_self_attention_layer_norm")(x)
+        y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_self_attention_layer_norm")(x)
         y = MultiHeadAttention(
             cfg.num_heads,
             cfg.head_dim,
@@ -80,7 +85,7 @@ class DecoderLayer(nn.Module):
         )(y, y, self_bias)
         x = constrain(x + drop(y), ACT)
         if self.cross:
-            y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_cross_attention_layer_norm")(x)
+            y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_cross_attention_layer_norm")(x)
             y = MultiHeadAttention(
                 cfg.num_heads,
                 cfg.head_dim,
@@ -93,7 +98,7 @@ class DecoderLayer(nn.Module):
                 name="encoder_decoder_attention",
             )(y, encoded, cross_bias)
             x = constrain(x + drop(y), ACT)
-        y = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
+        y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_mlp_layer_norm")(x)
         y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
         x = constrain(x + drop(y), ACT)
         return (x, None) if self.scanned else x
@@ -117,6 +122,7 @@ class Encoder(nn.Module):
             True,
             dt,
             nn.initializers.normal(cfg.emb_dim**-0.5),
+            _param_dtype(cfg),
             name="relpos_bias",
         )(pos, pos)
         dense_bias = bias + mask_to_bias(segment_mask(segment_ids, segment_ids), dt)
@@ -131,7 +137,7 @@ class Encoder(nn.Module):
             bias,
             sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
-        x = RMSNorm(cfg.layer_norm_epsilon, dt, name="encoder_norm")(x)
+        x = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="encoder_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
 
@@ -164,6 +170,7 @@ class Decoder(nn.Module):
         decoder_segment_ids,
         deterministic: bool = True,
         decode: bool = False,
+        return_hidden: bool = False,
     ):
         cfg, dt = self.config, _dtype(self.config)
         x = self.shared_embedding(tokens.astype(jnp.int32))
@@ -177,6 +184,7 @@ class Decoder(nn.Module):
             False,
             dt,
             nn.initializers.normal(cfg.emb_dim**-0.5),
+            _param_dtype(cfg),
             name="relpos_bias",
         )(q_pos, k_pos)
         if decoder_segment_ids is None:
@@ -203,24 +211,34 @@ class Decoder(nn.Module):
             cross_bias,
             sparse=None if cfg.moe is None else cfg.moe.is_sparse,
         )
-        x = RMSNorm(cfg.layer_norm_epsilon, dt, name="decoder_norm")(x)
+        x = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="decoder_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         if cfg.logits_via_embedding:
-            logits = self.shared_embedding.attend(x * (cfg.emb_dim**-0.5) if cfg.scale_tied_logits else x)
+            x = x * (cfg.emb_dim**-0.5) if cfg.scale_tied_logits else x
+            if return_hidden:
+                return Unembedding(constrain(x, ACT), self.shared_embedding.table(), tied=True)
+            logits = self.shared_embedding.attend(x)
         else:
-            w = kernel(self, "logits", (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"), cfg.emb_dim**-0.5, dt)
+            shape, pdt = (cfg.emb_dim, cfg.vocab_size), _param_dtype(cfg)
+            w = kernel(self, "logits", shape, ("embed", "vocab"), cfg.emb_dim**-0.5, dt, pdt)
+            if return_hidden:
+                return Unembedding(constrain(x, ACT), w, tied=False)
             logits = dense(x, w)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
 class EncoderDecoder(nn.Module):
-    """The T5 encoder-decoder. `__call__` returns float32 logits `[batch, target_len, vocab]`."""
+    """The T5 encoder-decoder. `__call__` returns float32 logits `[batch, target_len, vocab]`
+    (`return_hidden=True`: a `chunked_loss.Unembedding`, the decoder's final hidden states and
+    output projection, for the chunked loss). Parameters are stored as `config.param_dtype`."""
 
     config: T5Config
 
     def setup(self):
         cfg = self.config
-        self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, _dtype(cfg), name="token_embedder")
+        self.token_embedder = Embed(
+            cfg.vocab_size, cfg.emb_dim, _dtype(cfg), param_dtype=_param_dtype(cfg), name="token_embedder"
+        )
         self.encoder = Encoder(cfg, self.token_embedder)
         self.decoder = Decoder(cfg, self.token_embedder)
 
@@ -239,12 +257,20 @@ class EncoderDecoder(nn.Module):
         decoder_segment_ids=None,
         deterministic: bool = True,
         decode: bool = False,
+        return_hidden: bool = False,
     ):
-        """Logits for `decoder_input_tokens` given the encoder outputs (one step when `decode`)."""
+        """Logits for `decoder_input_tokens` given the encoder outputs (one step when `decode`);
+        with `return_hidden`, the decoder's `chunked_loss.Unembedding` instead."""
         if encoder_segment_ids is None:
             encoder_segment_ids = (encoder_input_tokens > 0).astype(jnp.int32)
         return self.decoder(
-            encoded, decoder_input_tokens, encoder_segment_ids, decoder_segment_ids, deterministic, decode
+            encoded,
+            decoder_input_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            deterministic,
+            decode,
+            return_hidden,
         )
 
     def __call__(
@@ -255,6 +281,7 @@ class EncoderDecoder(nn.Module):
         decoder_segment_ids=None,
         deterministic: bool = True,
         decode: bool = False,
+        return_hidden: bool = False,
     ):
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, deterministic)
         return self.decode(
@@ -265,4 +292,5 @@ class EncoderDecoder(nn.Module):
             decoder_segment_ids,
             deterministic,
             decode,
+            return_hidden,
         )
