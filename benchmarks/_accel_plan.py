@@ -98,8 +98,10 @@ class DecodeRow:
 Row = TrainRow | DecodeRow
 
 _LLAMA = {"dtype": "bfloat16", "scan_layers": True, "loss_chunk_size": 2048}  # chunked loss: 128k vocabulary
-_T5 = {"dtype": "bfloat16", "scan_layers": True}
-_REMATS = ({"remat_policy": "dots"}, {"remat_policy": "full"})
+# T5: t5x's default attention numerics (`float32_attention_logits=False`: bf16 logits and softmax)
+_T5 = {"dtype": "bfloat16", "scan_layers": True, "float32_attention_logits": False}
+# remat policies tried, in order of preference (the first reaching the row's minimum batch runs)
+_REMATS = ({"remat_policy": "dots"}, {"remat_policy": "dots_except_mlp_wi"}, {"remat_policy": "full"})
 _DECODE = {"dtype": "bfloat16", "param_dtype": "bfloat16", "scan_layers": False}
 
 #: The rows of issue 39 on one TPU v5e chip, in the order they run.

@@ -81,7 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--remat",
-        choices=("none", "full", "dots"),
+        choices=("none", "full", "dots", "dots_except_mlp_wi", "minimal"),
         help="one remat policy for the training rows instead of their variants",
     )
     p.add_argument("--batch", type=int, default=0, help="a fixed batch for the training rows instead of the search")

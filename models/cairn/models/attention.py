@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from cairn.models import pallas_attention
-from cairn.models.layers import constrain, dense, kernel
+from cairn.models.layers import ATTENTION_PROJECTIONS, constrain, dense, kernel, named
 
 NEG_INF = -1e10
 
@@ -67,7 +67,10 @@ class MultiHeadAttention(nn.Module):
 
     `implementation` (None, "xla", "pallas"; `cairn.models.pallas_attention`): the flash kernel
     needs `bias` as an `AttentionBias`, no decode cache (decode steps always take XLA's path)
-    and no attention dropout in effect.
+    and no attention dropout in effect. `float32_logits` (XLA's path): the logits, bias and
+    softmax in float32 (default), or in the compute `dtype` as t5x computes them by default
+    (`float32_attention_logits=False`: half the memory traffic of the `[b, heads, q, k]`
+    tensors in bfloat16; the kernel computes in float32 either way).
     """
 
     num_heads: int
@@ -78,6 +81,7 @@ class MultiHeadAttention(nn.Module):
     decode: bool = False
     cross: bool = False
     implementation: str | None = None
+    float32_logits: bool = True
 
     @nn.compact
     def __call__(self, x_q, x_kv, bias):
@@ -88,34 +92,37 @@ class MultiHeadAttention(nn.Module):
         wk = kernel(self, "key", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
         wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
-        q = dense(x_q, wq)
+        q_name, k_name, v_name, out_name = ATTENTION_PROJECTIONS
+        q = named(dense(x_q, wq), q_name)
         if self._use_kernel(x_q.shape[1], x_kv.shape[1], bias):
-            k, v = dense(x_kv, wk), dense(x_kv, wv)
+            k, v = named(dense(x_kv, wk), k_name), named(dense(x_kv, wv), v_name)
             q, k, v = (constrain(a, ("batch", "length", "heads", "kv")) for a in (q, k, v))
             out = pallas_attention.flash_attention(
                 q, k, v, bias.kernel_bias, bias.q_segment_ids, bias.kv_segment_ids, causal=bias.causal
             )
             out = constrain(out, ("batch", "length", "heads", "kv"))
-            return dense(out, wo, 2)
+            return named(dense(out, wo, 2), out_name)
         if isinstance(bias, AttentionBias):
             bias = bias.dense
         if self.decode:
             k, v = self._cached_kv(x_kv, wk, wv)
             kv = "bhkd"  # the cache's head-major layout
         else:
-            k, v = dense(x_kv, wk), dense(x_kv, wv)
+            k, v = named(dense(x_kv, wk), k_name), named(dense(x_kv, wv), v_name)
             q = constrain(q, ("batch", "length", "heads", "kv"))
             k = constrain(k, ("batch", "length", "heads", "kv"))
             v = constrain(v, ("batch", "length", "heads", "kv"))
             kv = "bkhd"
-        logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k).astype(jnp.float32)
+        # float32 logits and softmax, or (`float32_logits=False`, t5x's default) the compute dtype's
+        logits_dtype = jnp.float32 if self.float32_logits else self.dtype
+        logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k, preferred_element_type=logits_dtype)
         if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
+            logits = logits + bias.astype(logits_dtype)
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic)
         out = jnp.einsum(f"bhqk,{kv}->bqhd", weights, v)
         out = constrain(out, ("batch", "length", "heads", "kv"))
-        return dense(out, wo, 2)
+        return named(dense(out, wo, 2), out_name)
 
     def _use_kernel(self, q_len: int, kv_len: int, bias) -> bool:
         """Whether this call runs the Pallas kernel (`pallas_attention.use_kernel`)."""

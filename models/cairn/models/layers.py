@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.platform import platform_variant
@@ -265,18 +266,47 @@ class MlpBlock(nn.Module):
         h = None
         for name, act in zip(names, self.activations):
             w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb**-0.5, self.dtype, self.param_dtype)
-            y = ACTIVATION_FNS[act](dense(x, w))
+            y = ACTIVATION_FNS[act](named(dense(x, w), MLP_WI))
             h = y if h is None else h * y
         h = constrain(h, ("batch", "length", "mlp"))
         h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
         wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim**-0.5, self.dtype, self.param_dtype)
-        return dense(h, wo)
+        return named(dense(h, wo), MLP_WO)
+
+
+# Names (`jax.ad_checkpoint.checkpoint_name`) of the activations a remat policy may save: the
+# attention's four projections, the Pallas attention kernel's residuals (its output and
+# log-sum-exp), and the MLP's input kernels' and output kernel's products.
+ATTENTION_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj")
+ATTENTION_KERNEL = "attention_kernel"
+MLP_WI, MLP_WO = "mlp_wi", "mlp_wo"
+
+
+def named(x, name: str):
+    """`x`, named for the remat policies (`remat_policy`): a no-op outside `jax.checkpoint`."""
+    return checkpoint_name(x, name)
 
 
 def remat_policy(name: str):
-    """The `jax.checkpoint` policy for a config's `remat_policy` (`full` saves nothing)."""
+    """The `jax.checkpoint` policy for a config's `remat_policy`: what the backward pass reads
+    from the forward instead of recomputing it.
+
+    * "full": nothing (each layer's forward runs again in the backward);
+    * "dots": every matmul product without batch dimensions (the projections and MLP kernels,
+      not attention's batched einsums) and the attention kernel's residuals;
+    * "dots_except_mlp_wi": the same but the MLP's input products (`[tokens, mlp_dim]`, the
+      largest: recomputed, one extra matmul per MLP input kernel);
+    * "minimal": the attention projections and kernel residuals only (the whole MLP recomputed).
+    """
+    policies = jax.checkpoint_policies
     if name == "full":
         return None
     if name == "dots":
-        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        return policies.save_from_both_policies(
+            policies.dots_with_no_batch_dims_saveable, policies.save_only_these_names(ATTENTION_KERNEL)
+        )
+    if name == "dots_except_mlp_wi":
+        return policies.save_only_these_names(*ATTENTION_PROJECTIONS, ATTENTION_KERNEL, MLP_WO)
+    if name == "minimal":
+        return policies.save_only_these_names(*ATTENTION_PROJECTIONS, ATTENTION_KERNEL)
     raise ValueError(f"no checkpoint policy for remat_policy={name!r}")

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from cairn.models.layers import ATTENTION_KERNEL
 from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.rules import logical_to_mesh_spec
 
@@ -233,6 +234,7 @@ def _splash_kernel(num_heads: int, q_len: int, kv_len: int, causal: bool, interp
         block_sizes=blocks,
         head_shards=1,
         q_seq_shards=1,
+        residual_checkpoint_name=ATTENTION_KERNEL,  # a remat policy may keep them (`layers.remat_policy`)
         interpret=interpret,
     )
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from cairn.models import pallas_attention
-from cairn.models.layers import Kernel, constrain, dense
+from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
 
@@ -71,7 +71,7 @@ class LlamaAttention(nn.Module):
         wk = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="key")()
         wv = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="value")()
         wo = Kernel((h, d, e), ("heads", "kv", "embed"), std, dt, pdt, name="out")()
-        q, k, v = dense(x, wq), dense(x, wk), dense(x, wv)
+        q, k, v = (named(dense(x, w), name) for w, name in zip((wq, wk, wv), ATTENTION_PROJECTIONS))
         b, n = x.shape[0], x.shape[1]
         causal = self.causal
         if self.decode and self.has_variable("cache", "cached_key"):
@@ -98,7 +98,7 @@ class LlamaAttention(nn.Module):
         if self._use_kernel(n, mask, segment_ids, causal):
             segments = segment_ids if mask is not None else None
             out = pallas_attention.splash_attention(q, k, v, segments, causal=causal, scale=d**-0.5)
-            return dense(constrain(out, HEAD_ACT), wo, 2)
+            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
         out = jax.nn.dot_product_attention(
             q,
             k,
@@ -109,7 +109,7 @@ class LlamaAttention(nn.Module):
             implementation=attention_implementation(cfg),
         )
         out = constrain(out, HEAD_ACT)
-        return dense(out, wo, 2)
+        return named(dense(out, wo, 2), ATTENTION_PROJECTIONS[3])
 
     def _use_kernel(self, length: int, mask, segment_ids, causal: bool) -> bool:
         """Whether this call runs the splash kernel (`pallas_attention.use_kernel`)."""

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from cairn.models.attention import segment_mask
 from cairn.models.chunked_loss import Unembedding
-from cairn.models.layers import Embed, Kernel, RMSNorm, constrain, dense
+from cairn.models.layers import MLP_WI, MLP_WO, Embed, Kernel, RMSNorm, constrain, dense, named
 from cairn.models.llama.attention import LlamaAttention
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables
@@ -45,9 +45,10 @@ class SwiGLU(nn.Module):
         gate = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, name="wi_0")()
         up = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, name="wi_1")()
         down = Kernel((m, e), ("mlp", "embed"), std, dt, pdt, name="wo")()
-        h = constrain(jax.nn.silu(dense(x, gate)) * dense(x, up), ("batch", "length", "mlp"))
+        h = jax.nn.silu(named(dense(x, gate), MLP_WI)) * named(dense(x, up), MLP_WI)
+        h = constrain(h, ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
-        return dense(h, down)
+        return named(dense(h, down), MLP_WO)
 
 
 class LlamaLayer(nn.Module):

@@ -49,6 +49,7 @@ class EncoderLayer(nn.Module):
             dt,
             self.deterministic,
             implementation=cfg.attention_implementation,
+            float32_logits=cfg.float32_attention_logits,
             name="attention",
         )(y, y, bias)
         x = constrain(x + drop(y), ACT)
@@ -81,6 +82,7 @@ class DecoderLayer(nn.Module):
             self.deterministic,
             self.decode,
             implementation=cfg.attention_implementation,
+            float32_logits=cfg.float32_attention_logits,
             name="self_attention",
         )(y, y, self_bias)
         x = constrain(x + drop(y), ACT)
@@ -95,6 +97,7 @@ class DecoderLayer(nn.Module):
                 self.decode,
                 cross=True,
                 implementation=cfg.attention_implementation,
+                float32_logits=cfg.float32_attention_logits,
                 name="encoder_decoder_attention",
             )(y, encoded, cross_bias)
             x = constrain(x + drop(y), ACT)

@@ -1,0 +1,84 @@
+"""The named remat policies save what they say (`layers.remat_policy`: read off
+`jax.ad_checkpoint.print_saved_residuals`, no compile), and T5's `float32_attention_logits=False`
+keeps XLA's attention logits in the compute dtype (t5x's default) with the same loss to bfloat16
+rounding."""
+
+import contextlib
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cairn.models import DecoderOnlyModel, EncoderDecoderModel, LlamaConfig, T5Config
+
+MLP = 96  # the MLP's width: its products are the residuals `[tokens, 96]`
+LLAMA = LlamaConfig(
+    vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=MLP, num_layers=2, init_std=0.2
+)
+
+
+def _batch(b: int = 2, length: int = 16, vocab: int = 64, encoder: int = 0) -> dict:
+    rng = np.random.default_rng(0)
+    targets = rng.integers(2, vocab, (b, length)).astype(np.int32)
+    batch = {
+        "decoder_input_tokens": np.roll(targets, 1, axis=1),
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": np.ones((b, length), np.float32),
+    }
+    if encoder:
+        batch["encoder_input_tokens"] = rng.integers(2, vocab, (b, encoder)).astype(np.int32)
+    return batch
+
+
+def _saved(policy: str) -> list[str]:
+    """The residuals the backward pass reads under `policy` (one line each)."""
+    model = DecoderOnlyModel(LLAMA.replace(remat_policy=policy))
+    params = DecoderOnlyModel(LLAMA).init(jax.random.PRNGKey(0))
+    batch = _batch()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(lambda p: model.loss_fn(p, batch)[0], params)
+    return [line for line in out.getvalue().splitlines() if "from the argument" not in line]
+
+
+def _mlp_products(lines: list[str]) -> int:
+    return sum(f",{MLP}]" in line.split(" ")[0] for line in lines)
+
+
+def test_named_policies_save_less_of_the_mlp():
+    dots, except_wi, minimal = _saved("dots"), _saved("dots_except_mlp_wi"), _saved("minimal")
+    assert _mlp_products(dots) >= 2 * LLAMA.num_layers  # the gate's and up's products, per layer
+    assert _mlp_products(except_wi) == 0 and _mlp_products(minimal) == 0
+    for name in ("query_proj", "key_proj", "value_proj", "out_proj"):
+        assert sum(f"named '{name}'" in line for line in except_wi) == LLAMA.num_layers, name
+        assert sum(f"named '{name}'" in line for line in minimal) == LLAMA.num_layers, name
+    with pytest.raises(ValueError, match="remat_policy"):
+        LLAMA.replace(remat_policy="some")
+
+
+def test_t5_attention_logits_in_the_compute_dtype():
+    cfg = T5Config(
+        vocab_size=64,
+        emb_dim=32,
+        num_heads=2,
+        head_dim=16,
+        mlp_dim=48,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dtype="bfloat16",
+    )
+    batch = _batch(length=8, encoder=24)
+    params = EncoderDecoderModel(cfg).init(jax.random.PRNGKey(0), 24, 8)
+    losses, einsums = {}, {}
+    for f32 in (True, False):
+        model = EncoderDecoderModel(cfg.replace(float32_attention_logits=f32))
+        fn = lambda p, m=model: m.loss_fn(p, batch)[0]
+        text = str(jax.make_jaxpr(fn)(params))
+        # the encoder's attention logits `[b, heads, q, k]`: float32, or bfloat16 without float32 logits
+        einsums[f32] = {dt for dt in ("f32", "bf16") if f"{dt}[2,2,24,24] = dot_general" in text}
+        losses[f32] = float(fn(params))
+    assert einsums == {True: {"f32"}, False: {"bf16"}}
+    assert np.isfinite(losses[False]) and losses[False] == pytest.approx(losses[True], rel=2e-2)
+    assert jnp.dtype(cfg.dtype) == jnp.bfloat16
