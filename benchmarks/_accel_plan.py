@@ -120,6 +120,20 @@ ROWS: tuple[Row, ...] = (
         target_note="batch >= 8",
     ),
     TrainRow(
+        "t5_large",
+        "T5.1.1-large, Adafactor, inputs 512 / targets 114",
+        "t5_1_1_large",
+        {"inputs": 512, "targets": 114},
+        overrides=_T5,
+        variants=_REMATS,
+        probes=(8, 16, 32),
+        min_batch=16,
+        max_batch=512,
+        target_mfu=0.50,
+    ),
+    DecodeRow("decode_b1", "llama_1b decode, batch 1", "llama_1b", 1, overrides=_DECODE, target_roofline=0.90),
+    DecodeRow("decode_b32", "llama_1b decode, batch 32", "llama_1b", 32, overrides=_DECODE, target_roofline=0.80),
+    TrainRow(
         "llama_f32",
         "llama_1b, float32 params, AdamW (optimizer state offloaded)",
         "llama_1b",
@@ -136,18 +150,6 @@ ROWS: tuple[Row, ...] = (
         target_mfu=0.45,
     ),
     TrainRow(
-        "t5_large",
-        "T5.1.1-large, Adafactor, inputs 512 / targets 114",
-        "t5_1_1_large",
-        {"inputs": 512, "targets": 114},
-        overrides=_T5,
-        variants=_REMATS,
-        probes=(8, 16, 32),
-        min_batch=16,
-        max_batch=512,
-        target_mfu=0.50,
-    ),
-    TrainRow(
         "t5_xl",
         "T5.1.1-XL, Adafactor, 512/114 (bf16 params if float32 does not fit)",
         "t5_1_1_xl",
@@ -159,8 +161,6 @@ ROWS: tuple[Row, ...] = (
         max_batch=256,
         target_note="trains; MFU reported",
     ),
-    DecodeRow("decode_b1", "llama_1b decode, batch 1", "llama_1b", 1, overrides=_DECODE, target_roofline=0.90),
-    DecodeRow("decode_b32", "llama_1b decode, batch 32", "llama_1b", 32, overrides=_DECODE, target_roofline=0.80),
 )
 
 
