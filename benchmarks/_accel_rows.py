@@ -445,16 +445,21 @@ class _TrainRowRunner:
             raise DoesNotFit(f"no variant fits: state + gradients exceed {limit / GIB:.3g} GiB ({result['search']})")
         workers = max(1, opts.compile_threads)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            if fixed:
-                v, config, applied, ignored = survivors[0]
-                found: dict[int, _Candidate] = {}
-                self.measure_many(pool, config, [fixed], found, _label(v), limit)
-                cand = found[fixed]
-                if cand.compiled is None or (limit is not None and cand.bytes is not None and cand.bytes > limit):
-                    raise DoesNotFit(f"batch {fixed} does not fit: {cand.error or f'{cand.bytes / GIB:.3g} GiB'}")
-                result["compile_s"] = cand.compile_s
-                result["program_bytes"] = cand.bytes
-                return v, config, applied, ignored, cand
+            if fixed:  # the first variant (in order) that fits the fixed batch
+                refused = []
+                for v, config, applied, ignored in survivors:
+                    found: dict[int, _Candidate] = {}
+                    self.measure_many(pool, config, [fixed], found, _label(v), limit)
+                    cand = found[fixed]
+                    if cand.compiled is None or (limit is not None and cand.bytes is not None and cand.bytes > limit):
+                        why = cand.error or f"{cand.bytes / GIB:.3g} GiB"
+                        refused.append(f"{_label(v)}: {why}")
+                        result["search"].append({"variant": v, "batch": fixed, "does_not_fit": why})
+                        continue
+                    result["compile_s"] = cand.compile_s
+                    result["program_bytes"] = cand.bytes
+                    return v, config, applied, ignored, cand
+                raise DoesNotFit(f"batch {fixed} does not fit: " + "; ".join(refused))
             with concurrent.futures.ThreadPoolExecutor(len(survivors)) as outer:
                 futures = [outer.submit(self.search, pool, c[1], limit, _label(c[0])) for c in survivors]
                 searched = [f.result() for f in futures]
