@@ -2,6 +2,7 @@
 prompt token by token == full forward passes, sampling, beam search with prompts, num_decodes."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -174,6 +175,35 @@ def test_greedy_prefill_equals_forcing_and_the_full_forward(setup):
     assert tokens.shape == (5, L) and np.all(scores[_short(prompts)] < 0)
     np.testing.assert_array_equal(tokens[_FULL], prompts[_FULL, :L])
     assert scores[_FULL] == 0.0 and forced_scores[_FULL] == 0.0
+
+
+def test_the_decode_loop_updates_the_cache_in_place(setup):
+    """The prefill's first logits are used before the loop (`decoding.loop.FirstLogits`), so no
+    conditional carries the key-value cache through the loop: XLA copied the whole cache out of
+    one at every step. The compiled greedy program has no conditional and copies no buffer of
+    the cache's shape."""
+    model, params, prompts = setup
+    opts = DecodeOptions(max_decode_length=L)
+    fn = jax.jit(functools.partial(model.predict_batch, options=opts))
+    hlo = fn.lower(params, prompts).compile().as_text()
+    cache = model.module.apply({"params": params}, np.zeros((prompts.shape[0], L), np.int32), **_DECODE)[1]["cache"]
+    shapes = {
+        f"{jnp.dtype(x.dtype).name.replace('float', 'f')}[{','.join(map(str, x.shape))}]"
+        for x in jax.tree_util.tree_leaves(cache)
+        if x.ndim >= 3
+    }
+    assert shapes, "no cache arrays found"
+    assert " conditional(" not in hlo
+    bodies = re.findall(r" while\(.*?body=%?([\w.\-]+)", hlo)
+    assert bodies, "no while loop in the compiled program"
+    computations = {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) \(.*?\{\n(.*?)\n\}", hlo, re.S)}
+    copies = [
+        line
+        for body in bodies
+        for line in computations[body].splitlines()
+        if " copy(" in line and any(s in line for s in shapes)
+    ]
+    assert copies == [], copies[:3]
 
 
 def test_prefill_without_cache_equals_with_cache(setup):

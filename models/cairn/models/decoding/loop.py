@@ -19,19 +19,32 @@ TokensToLogits = Callable[[jnp.ndarray, Any, jnp.ndarray], tuple[jnp.ndarray, An
 ChooseFn = Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]
 
 
-def with_first_logits(tokens_to_logits: TokensToLogits, first_logits: jnp.ndarray) -> TokensToLogits:
-    """`tokens_to_logits` whose step 0 returns `first_logits` (the prefill's last position)
-    without running the model; later steps run it on the fed token."""
+class FirstLogits:
+    """A `TokensToLogits` whose step 0 returns `first_logits` (the prefill's last position)
+    without running the model; later steps run `inner` on the fed token.
 
-    def step_fn(tokens, cache, step):
+    Called as a function (beam search) it chooses with `jax.lax.cond`. `decode_loop` instead
+    runs step 0 before its loop and calls `inner` alone inside it: a conditional that carries
+    the key-value cache through made XLA copy the whole cache out of it at every step (on a
+    TPU v5e chip, 1.7 ms of each 5.3 ms llama_1b step at batch 32).
+    """
+
+    def __init__(self, inner: TokensToLogits, first_logits: jnp.ndarray):
+        self.inner, self.first_logits = inner, first_logits
+
+    def __call__(self, tokens, cache, step):
         return jax.lax.cond(
             step == 0,
-            lambda c: (first_logits.astype(jnp.float32), c),
-            lambda c: _as_float32(tokens_to_logits(tokens, c, step)),
+            lambda c: (self.first_logits.astype(jnp.float32), c),
+            lambda c: _as_float32(self.inner(tokens, c, step)),
             cache,
         )
 
-    return step_fn
+
+def with_first_logits(tokens_to_logits: TokensToLogits, first_logits: jnp.ndarray) -> TokensToLogits:
+    """`tokens_to_logits` whose step 0 returns `first_logits` (the prefill's last position)
+    without running the model; later steps run it on the fed token (`FirstLogits`)."""
+    return FirstLogits(tokens_to_logits, first_logits)
 
 
 def _as_float32(result):
@@ -72,9 +85,8 @@ def decode_loop(
         step, _, _, _, done, _ = state
         return (step < max_decode_len) & ~jnp.all(done)
 
-    def body(state):
-        step, token, cache, out, done, logp = state
-        logits, cache = tokens_to_logits(token, cache, step)
+    def advance(state, logits, cache):
+        step, token, _, out, done, logp = state
         logits = logits.astype(jnp.float32)
         nxt = choose(logits, start + step).astype(jnp.int32)
         forced = jnp.zeros_like(done)
@@ -88,6 +100,14 @@ def decode_loop(
         done = done | ((nxt == eos_id) & ~forced) | (step + 1 >= budget)
         return step + 1, nxt, cache, out, done, logp
 
+    first = tokens_to_logits.first_logits if isinstance(tokens_to_logits, FirstLogits) else None
+    model = tokens_to_logits.inner if isinstance(tokens_to_logits, FirstLogits) else tokens_to_logits
+
+    def body(state):
+        step, token, cache = state[0], state[1], state[2]
+        logits, cache = model(token, cache, step)
+        return advance(state, logits, cache)
+
     state = (
         jnp.array(0, jnp.int32),
         jnp.full((batch_size,), bos_id, jnp.int32),
@@ -96,5 +116,9 @@ def decode_loop(
         budget <= 0,
         jnp.zeros((batch_size,), jnp.float32),
     )
+    if first is not None:  # step 0 from the prefill's logits, before the loop (see `FirstLogits`)
+        stepped = advance(state, first, cache)
+        run = cond(state)
+        state = tuple(c if i == 2 else jnp.where(run, a, b) for i, (a, b, c) in enumerate(zip(stepped, state, state)))
     _, _, _, out, _, logp = jax.lax.while_loop(cond, body, state)
     return out, logp
