@@ -36,6 +36,15 @@ def test_equals_jnp_argmax_with_and_without_ties(vocab):
     assert got[0, 0] == vocab - 1 and got[0, 1] == 0 and got.dtype == np.int32
 
 
+def test_chunks_only_on_cpu(monkeypatch):
+    """Off the CPU (a TPU relayouts chunks that are not lane-aligned) it is the plain reduction."""
+    x = jnp.zeros((2, 49152), jnp.float32)
+    assert "reshape" in str(jax.make_jaxpr(argmax_last)(x))
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    text = str(jax.make_jaxpr(lambda a: argmax_last(a))(x))  # a new function: no cached trace
+    assert "reshape" not in text and "argmax" in text
+
+
 def test_attend_table_matches_the_einsum_and_its_gradients():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 7, 16)), jnp.float32)
