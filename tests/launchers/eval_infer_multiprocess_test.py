@@ -3,7 +3,9 @@
 one padded, with 3 rows), the same bytes out (eval's evaluated.jsonl, metrics and example files; infer's
 predictions), each process decoding only its rows, one writer. The processes keep the
 default `data.batch_size` (32, which does not divide over 3 shards): eval and infer check only
-their own batch sizes, and refuse those that do not split over the processes (exit 2)."""
+their own batch sizes, and refuse those that do not split over the processes (exit 2). The
+checkpoint is the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once
+per build on 1 process x 8 devices): eval and infer restore it onto their mesh."""
 
 import json
 import os
@@ -16,15 +18,21 @@ from collections import defaultdict
 
 import launch_util
 import pytest
+import standard_runs
 
 EXAMPLES = 27
 BATCH = 6  # eval.batch_size and infer's --chunk_size: 5 batches, the last with 3 rows (one per process)
 TIMEOUT = 600  # per launch (three processes compiling on a loaded 2-core machine)
+STEP = standard_runs.CHECKPOINTED_STEPS  # the checkpoint read (the latest)
+# What the eval and infer processes import after their module (TensorFlow for their data):
+# imported once by the interpreter their 3 processes are forked from.
+PRELOAD = ("tensorflow", "cairn.evaluation", "cairn.trainer")
 LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
 
 
 def texts(tmp):
-    """Train: the Sonnets' first 600 lines; validation: all of Hamlet (124 examples >= 27)."""
+    """The standard texts but all of Hamlet for validation (124 examples >= 27; the standard runs'
+    first 400 lines give 8): the validation split is not cached, eval and infer read it."""
     import importlib.util
     import pathlib
 
@@ -43,9 +51,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(module, args, tmp, name, processes=1, devices=3, env=None):
+def launch(module, args, tmp, name, processes=1, devices=3, env=None, preload=()):
     """Runs `python -m module args` as `processes` processes x `devices` CPU devices; returns
-    `[(returncode, stdout, stderr)]` per process. Process groups are killed on the way out."""
+    `[(returncode, stdout, stderr)]` per process. Process groups are killed on the way out.
+    Several processes are forks of one interpreter that imported `module` (and `preload`),
+    started together (`launch_util.run_forked`): each joins the job, parses its flags and runs
+    as its own process, without importing again what every one of them imports."""
     base = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
@@ -56,16 +67,29 @@ def launch(module, args, tmp, name, processes=1, devices=3, env=None):
     base.pop("BUILD_WORKING_DIRECTORY", None)
     if processes > 1:
         base.update(CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}", CAIRN_NUM_PROCESSES=str(processes))
+    if processes > 1:
+        procs = launch_util.run_forked(
+            module,
+            [args] * processes,
+            env=base,
+            timeout=TIMEOUT,
+            preload=preload,
+            together=True,
+            child_envs=[{"CAIRN_PROCESS_ID": str(i)} for i in range(processes)],
+        )
+        for i, p in enumerate(procs):
+            (tmp / f"{name}-p{i}.out").write_text(p.stdout)
+            (tmp / f"{name}-p{i}.err").write_text(p.stderr)
+        return [(p.returncode, p.stdout, p.stderr) for p in procs]
     logs, procs = [], []
     try:
         for i in range(processes):
             out, err = open(tmp / f"{name}-p{i}.out", "w+"), open(tmp / f"{name}-p{i}.err", "w+")
             logs.append((out, err))
-            env_i = dict(base, CAIRN_PROCESS_ID=str(i)) if processes > 1 else base
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", module] + list(args),
-                    env=env_i,
+                    env=base,
                     stdout=out,
                     stderr=err,
                     cwd=str(launch_util.REPO),
@@ -125,34 +149,20 @@ def check_shares(results, what):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A 2-step run on 1 process x 3 devices (checkpoint at step 2)."""
+    """The standard runs' checkpointed run (tests/fixtures/standard_runs.py: 6 steps on 1
+    process x 8 devices, its checkpoints unpacked; the latest, step 6, is read) and task cache
+    (the training split), with `texts`' validation split."""
     tmp = tmp_path_factory.mktemp("evalinfer_mp")
+    std = standard_runs.unpack(tmp, checkpoints=True)
     env = {"CAIRN_SHAKESPEARE_DIR": texts(tmp)}
-    model_dir = tmp / "run"
     common = [
         f"--config={launch_util.T5_CONFIG}",
-        f"--config.model_dir={model_dir}",
-        f"--config.data.cache_dir={tmp / 'cache'}",
-        "--config.num_train_steps=2",
+        f"--config.model_dir={std.run(standard_runs.CHECKPOINTED)}",
+        f"--config.data.cache_dir={std.cache}",
+        f"--config.num_train_steps={standard_runs.CHECKPOINTED_STEPS}",
         f"--config.eval.num_examples={EXAMPLES}",
         f"--config.eval.batch_size={BATCH}",
     ]
-    ok(
-        launch(
-            "cairn.launchers.train_main",
-            common
-            + [
-                "--config.data.batch_size=6",
-                "--config.trainer.checkpoint_every=2",
-                "--config.post_training.final_eval=false",
-                "--config.post_training.num_samples=0",
-                "--config.trainer.tensorboard=false",
-            ],
-            tmp,
-            "train",
-            env=env,
-        )
-    )
     return tmp, common, env
 
 
@@ -169,6 +179,7 @@ def test_eval_on_three_processes_equals_one(run):
         processes=3,
         devices=1,
         env=env,
+        preload=PRELOAD,
     )
     ok(three)
     for name in ("evaluated.jsonl", "metrics.jsonl"):
@@ -183,7 +194,7 @@ def test_eval_on_three_processes_equals_one(run):
         assert a == b and a.count(b"\n") == EXAMPLES and b'"score"' in a, name
     assert any(f.startswith("events.") for _, _, fs in os.walk(tmp / "eval3" / "tensorboard") for f in fs)
     # Process 0 prints the result; the others print nothing and decode only their share.
-    assert any(line.startswith("step 2: shakespeare_span_corruption") for line in own_lines(three[0][1]))
+    assert any(line.startswith(f"step {STEP}: shakespeare_span_corruption") for line in own_lines(three[0][1]))
     assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
     check_shares(three, "scores")
     assert shares(one, "scores")[0] == list(range(EXAMPLES))
@@ -202,6 +213,7 @@ def test_infer_on_three_processes_equals_one(run):
         processes=3,
         devices=1,
         env=env,
+        preload=PRELOAD,
     )
     ok(three)
     a, b = (tmp / "one.jsonl").read_bytes(), (tmp / "three.jsonl").read_bytes()
@@ -212,7 +224,7 @@ def test_infer_on_three_processes_equals_one(run):
     assert (tmp / "one.jsonl.parts" / "meta.json").read_bytes() == (
         tmp / "three.jsonl.parts" / "meta.json"
     ).read_bytes()
-    assert f"{EXAMPLES} predictions of step 2" in three[0][1]
+    assert f"{EXAMPLES} predictions of step {STEP}" in three[0][1]
     assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
     check_shares(three, "decodes")
     assert shares(one, "decodes")[0] == list(range(EXAMPLES))
@@ -235,4 +247,4 @@ def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_p
             size = extra[-1].rpartition("=")[2]
             assert f"'{key}': {size} does not divide over the 3 host data shards" in err, err[-3000:]
     assert not (tmp_path / "p.jsonl.parts").exists()
-    assert not (tmp / "run" / "eval").exists()  # nothing written
+    assert not (tmp / "standard" / "runs" / standard_runs.CHECKPOINTED / "eval").exists()  # nothing written

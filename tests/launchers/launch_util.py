@@ -96,53 +96,83 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
 
 # One interpreter imports the entry point's module, then forks a child per argv: each child runs
 # the module's `run()` with that argv (stdout and stderr to files) and exits with its status.
+# Children run one after the other, or all at once (`together`: the processes of one job).
 _FORKED = """
 import importlib, json, os, sys, traceback
 module = importlib.import_module(sys.argv[1])
 out_dir = sys.argv[3]
-for name in sys.argv[4:]:
+together, child_envs = json.loads(sys.argv[4])
+for name in sys.argv[5:]:
     importlib.import_module(name)
+
+def child(i, argv):
+    for fd, stream in ((1, "out"), (2, "err")):
+        os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.environ.update(child_envs[i])
+    sys.argv = [module.__file__, *argv]
+    code = 0
+    try:
+        module.run()
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+def wait(i, pid):
+    _, status = os.waitpid(pid, 0)
+    with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
+        f.write(str(os.waitstatus_to_exitcode(status)))
+
+pids = []
 for i, argv in enumerate(json.loads(sys.argv[2])):
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        for fd, stream in ((1, "out"), (2, "err")):
-            os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = [module.__file__, *argv]
-        code = 0
-        try:
-            module.run()
-        except SystemExit as e:
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
-        f.write(str(os.waitstatus_to_exitcode(status)))
+        child(i, argv)
+    if together:
+        pids.append((i, pid))
+    else:
+        wait(i, pid)
+for i, pid in pids:
+    wait(i, pid)
 """
 
 
-def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
+def run_forked(
+    module: str,
+    argvs: list,
+    env: dict = None,
+    timeout: int = 300,
+    preload: tuple = (),
+    together: bool = False,
+    child_envs: list = None,
+) -> list:
     """`python -m <module> <argv>` for each of `argvs`, as one interpreter that imports `module`
     once and forks a child per argv, which calls `module.run()` with `sys.argv` set: each run
     starts from a fresh interpreter's state after `import <module>` (flags unparsed, nothing
     else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
-    anyway, imported once before the forks. Returns a CompletedProcess per argv."""
+    anyway, imported once before the forks. The runs go one after the other, or with
+    `together` all at once (the processes of one multi-process job); `child_envs`: per argv,
+    variables set in that child only. Returns a CompletedProcess per argv."""
     import json
     import tempfile
 
     full_env = child_env(env)
+    child_envs = child_envs or [{} for _ in argvs]
+    assert len(child_envs) == len(argvs)
+    mode = json.dumps([together, child_envs])
     with tempfile.TemporaryDirectory() as out_dir:
         # Its own process group, so that a timeout kills the forked runs too, not just the driver.
+        argv_json = json.dumps([list(map(str, a)) for a in argvs])
         driver = subprocess.Popen(
-            [sys.executable, "-c", _FORKED, module, json.dumps([list(map(str, a)) for a in argvs]), out_dir, *preload],
+            [sys.executable, "-c", _FORKED, module, argv_json, out_dir, mode, *preload],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
