@@ -5,15 +5,15 @@ predictions), each process decoding only its rows, one writer. The processes kee
 default `data.batch_size` (32, which does not divide over 3 shards): eval and infer check only
 their own batch sizes, and refuse those that do not split over the processes (exit 2). The
 checkpoint is the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once
-per build on 1 process x 8 devices): eval and infer restore it onto their mesh."""
+per build on 1 process x 8 devices): eval and infer restore it onto their mesh. The processes
+of a launch are forks of one interpreter that imported the entry point (and, for the runs that
+read data, TensorFlow), started together (`launch_util.run_forked`); the 1-process run is one
+of them, with its own device count and no job to join."""
 
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 from collections import defaultdict
 
 import launch_util
@@ -51,64 +51,52 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(module, args, tmp, name, processes=1, devices=3, env=None, preload=()):
-    """Runs `python -m module args` as `processes` processes x `devices` CPU devices; returns
-    `[(returncode, stdout, stderr)]` per process. Process groups are killed on the way out.
-    Several processes are forks of one interpreter that imported `module` (and `preload`),
-    started together (`launch_util.run_forked`): each joins the job, parses its flags and runs
-    as its own process, without importing again what every one of them imports."""
+def launch(module, argvs, child_envs, tmp, name, env, preload=()):
+    """`python -m module <argv>` for each of `argvs` at once, as forks of one interpreter that
+    imported `module` and `preload` (`launch_util.run_forked`): each parses its flags and runs as
+    its own process, without importing again what every one imports. They see a 3-process job
+    on 127.0.0.1 and 1 CPU device each, with `child_envs` on top (per argv). Returns
+    `[(returncode, stdout, stderr)]` per argv; their logs go to `tmp/<name>-p<i>.out/.err`."""
     base = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        **(env or {}),
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
+        CAIRN_NUM_PROCESSES="3",
+        **env,
     )
     base.pop("BUILD_WORKING_DIRECTORY", None)
-    if processes > 1:
-        base.update(CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}", CAIRN_NUM_PROCESSES=str(processes))
-    if processes > 1:
-        procs = launch_util.run_forked(
-            module,
-            [args] * processes,
-            env=base,
-            timeout=TIMEOUT,
-            preload=preload,
-            together=True,
-            child_envs=[{"CAIRN_PROCESS_ID": str(i)} for i in range(processes)],
-        )
-        for i, p in enumerate(procs):
-            (tmp / f"{name}-p{i}.out").write_text(p.stdout)
-            (tmp / f"{name}-p{i}.err").write_text(p.stderr)
-        return [(p.returncode, p.stdout, p.stderr) for p in procs]
-    logs, procs = [], []
-    try:
-        for i in range(processes):
-            out, err = open(tmp / f"{name}-p{i}.out", "w+"), open(tmp / f"{name}-p{i}.err", "w+")
-            logs.append((out, err))
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", module] + list(args),
-                    env=base,
-                    stdout=out,
-                    stderr=err,
-                    cwd=str(launch_util.REPO),
-                    start_new_session=True,
-                )
-            )
-        for p in procs:
-            p.wait(timeout=TIMEOUT)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    results = []
-    for p, (out, err) in zip(procs, logs):
-        out.seek(0), err.seek(0)
-        results.append((p.returncode, out.read(), err.read()))
-        out.close(), err.close()
-    return results
+    procs = launch_util.run_forked(
+        module, argvs, env=base, timeout=TIMEOUT, preload=preload, together=True, child_envs=child_envs
+    )
+    for i, p in enumerate(procs):
+        (tmp / f"{name}-p{i}.out").write_text(p.stdout)
+        (tmp / f"{name}-p{i}.err").write_text(p.stderr)
+    return [(p.returncode, p.stdout, p.stderr) for p in procs]
+
+
+JOB = [{"CAIRN_PROCESS_ID": str(i)} for i in range(3)]  # the 3 processes' own settings
+
+
+def launch_three(module, args, tmp, name, env):
+    """`module` on 3 processes x 1 CPU device."""
+    return launch(module, [args] * 3, JOB, tmp, name, env)
+
+
+def launch_one_and_three(module, one_args, three_args, tmp, name, env):
+    """`module` on 1 process x 3 devices (`one_args`: no job to join) and, at the same time, on
+    3 processes x 1 device (`three_args`), all forks of one interpreter that imported `PRELOAD`
+    too. Returns `(one, three)`."""
+    # The tests' XLA options (this process's, tools/testing/process_log) with 3 devices.
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    single = {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=3 {flags}".strip(),
+        "CAIRN_COORDINATOR_ADDRESS": None,
+        "CAIRN_NUM_PROCESSES": None,
+    }
+    results = launch(module, [one_args] + [three_args] * 3, [single] + JOB, tmp, name, env, PRELOAD)
+    return results[:1], results[1:]
 
 
 def ok(results):
@@ -169,18 +157,15 @@ def run(tmp_path_factory):
 def test_eval_on_three_processes_equals_one(run):
     tmp, common, env = run
     args = common  # the task's metric (perplexity) scores; decoding is covered by infer below
-    one = launch("cairn.launchers.eval_main", args + [f"--eval_dir={tmp / 'eval1'}"], tmp, "eval1", env=env)
-    ok(one)
-    three = launch(
+    one, three = launch_one_and_three(
         "cairn.launchers.eval_main",
+        args + [f"--eval_dir={tmp / 'eval1'}"],
         args + [f"--eval_dir={tmp / 'eval3'}"],
         tmp,
-        "eval3",
-        processes=3,
-        devices=1,
-        env=env,
-        preload=PRELOAD,
+        "eval",
+        env,
     )
+    ok(one)
     ok(three)
     for name in ("evaluated.jsonl", "metrics.jsonl"):
         a, b = (tmp / "eval1" / name).read_bytes(), (tmp / "eval3" / name).read_bytes()
@@ -203,18 +188,15 @@ def test_eval_on_three_processes_equals_one(run):
 def test_infer_on_three_processes_equals_one(run):
     tmp, common, env = run
     args = common + [f"--chunk_size={BATCH}", f"--num_examples={EXAMPLES}"]
-    one = launch("cairn.launchers.infer_main", args + [f"--output={tmp / 'one.jsonl'}"], tmp, "infer1", env=env)
-    ok(one)
-    three = launch(
+    one, three = launch_one_and_three(
         "cairn.launchers.infer_main",
+        args + [f"--output={tmp / 'one.jsonl'}"],
         args + [f"--output={tmp / 'three.jsonl'}"],
         tmp,
-        "infer3",
-        processes=3,
-        devices=1,
-        env=env,
-        preload=PRELOAD,
+        "infer",
+        env,
     )
+    ok(one)
     ok(three)
     a, b = (tmp / "one.jsonl").read_bytes(), (tmp / "three.jsonl").read_bytes()
     assert a == b, "3-process predictions differ from 1-process ones"
@@ -241,7 +223,7 @@ def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_p
         ),
         ("bad-eval", "cairn.launchers.eval_main", ["--config.eval.batch_size=16"], "eval.batch_size"),
     ):
-        results = launch(module, common + extra, tmp, name, processes=3, devices=1, env=env)
+        results = launch_three(module, common + extra, tmp, name, env)
         for rc, _, err in results:
             assert rc == 2, err[-3000:]
             size = extra[-1].rpartition("=")[2]

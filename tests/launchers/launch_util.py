@@ -108,7 +108,11 @@ for name in sys.argv[5:]:
 def child(i, argv):
     for fd, stream in ((1, "out"), (2, "err")):
         os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    os.environ.update(child_envs[i])
+    for key, value in child_envs[i].items():  # None: unset
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     sys.argv = [module.__file__, *argv]
     code = 0
     try:
@@ -160,7 +164,8 @@ def run_forked(
     else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
     anyway, imported once before the forks. The runs go one after the other, or with
     `together` all at once (the processes of one multi-process job); `child_envs`: per argv,
-    variables set in that child only. Returns a CompletedProcess per argv."""
+    variables set (None: unset) in that child only, before it runs (`XLA_FLAGS` too: JAX has not
+    started when it forks). Returns a CompletedProcess per argv."""
     import json
     import tempfile
 
