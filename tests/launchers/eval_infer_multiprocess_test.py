@@ -51,10 +51,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(module, argvs, child_envs, tmp, name, env, preload=()):
-    """`python -m module <argv>` for each of `argvs` at once, as forks of one interpreter that
-    imported `module` and `preload` (`launch_util.run_forked`): each parses its flags and runs as
-    its own process, without importing again what every one imports. They see a 3-process job
+def launch(module, argvs, child_envs, tmp, name, env, preload=(), together=True):
+    """`python -m module <argv>` for each of `argvs` (at once, or in the batches of `together`),
+    as forks of one interpreter that imported `module` and `preload` (`launch_util.run_forked`):
+    each parses its flags and runs as its own process, without importing again what every one
+    imports. They see a 3-process job
     on 127.0.0.1 and 1 CPU device each, with `child_envs` on top (per argv). Returns
     `[(returncode, stdout, stderr)]` per argv; their logs go to `tmp/<name>-p<i>.out/.err`."""
     base = dict(
@@ -68,7 +69,7 @@ def launch(module, argvs, child_envs, tmp, name, env, preload=()):
     )
     base.pop("BUILD_WORKING_DIRECTORY", None)
     procs = launch_util.run_forked(
-        module, argvs, env=base, timeout=TIMEOUT, preload=preload, together=True, child_envs=child_envs
+        module, argvs, env=base, timeout=TIMEOUT, preload=preload, together=together, child_envs=child_envs
     )
     for i, p in enumerate(procs):
         (tmp / f"{name}-p{i}.out").write_text(p.stdout)
@@ -85,9 +86,9 @@ def launch_three(module, args, tmp, name, env):
 
 
 def launch_one_and_three(module, one_args, three_args, tmp, name, env):
-    """`module` on 1 process x 3 devices (`one_args`: no job to join) and, at the same time, on
-    3 processes x 1 device (`three_args`), all forks of one interpreter that imported `PRELOAD`
-    too. Returns `(one, three)`."""
+    """`module` on 1 process x 3 devices (`one_args`: no job to join), then on 3 processes x 1
+    device (`three_args`), all forks of one interpreter that imported `PRELOAD` too. Returns
+    `(one, three)`."""
     # The tests' XLA options (this process's, tools/testing/process_log) with 3 devices.
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
     single = {
@@ -95,7 +96,9 @@ def launch_one_and_three(module, one_args, three_args, tmp, name, env):
         "CAIRN_COORDINATOR_ADDRESS": None,
         "CAIRN_NUM_PROCESSES": None,
     }
-    results = launch(module, [one_args] + [three_args] * 3, [single] + JOB, tmp, name, env, PRELOAD)
+    # The 1-process run first, then the job (4 processes at once on the 2 cores of CI would
+    # spend their waits in the job's collectives).
+    results = launch(module, [one_args] + [three_args] * 3, [single] + JOB, tmp, name, env, PRELOAD, [0, 1, 1, 1])
     return results[:1], results[1:]
 
 

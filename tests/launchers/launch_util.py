@@ -96,7 +96,8 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
 
 # One interpreter imports the entry point's module, then forks a child per argv: each child runs
 # the module's `run()` with that argv (stdout and stderr to files) and exits with its status.
-# Children run one after the other, or all at once (`together`: the processes of one job).
+# Children run one after the other, all at once (`together`: the processes of one job), or in
+# batches (`together` a batch number per argv: a batch at once, batches in turn).
 _FORKED = """
 import importlib, json, os, sys, traceback
 module = importlib.import_module(sys.argv[1])
@@ -133,19 +134,22 @@ def wait(i, pid):
     with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
         f.write(str(os.waitstatus_to_exitcode(status)))
 
-pids = []
-for i, argv in enumerate(json.loads(sys.argv[2])):
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        child(i, argv)
-    if together:
+argvs = json.loads(sys.argv[2])
+# The children of one batch run at once; batches one after the other.
+batches = together if isinstance(together, list) else [0 if together else i for i in range(len(argvs))]
+for batch in sorted(set(batches)):
+    pids = []
+    for i, argv in enumerate(argvs):
+        if batches[i] != batch:
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(i, argv)
         pids.append((i, pid))
-    else:
+    for i, pid in pids:
         wait(i, pid)
-for i, pid in pids:
-    wait(i, pid)
 """
 
 
@@ -155,7 +159,7 @@ def run_forked(
     env: dict = None,
     timeout: int = 300,
     preload: tuple = (),
-    together: bool = False,
+    together: bool | list = False,
     child_envs: list = None,
 ) -> list:
     """`python -m <module> <argv>` for each of `argvs`, as one interpreter that imports `module`
@@ -163,7 +167,8 @@ def run_forked(
     starts from a fresh interpreter's state after `import <module>` (flags unparsed, nothing
     else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
     anyway, imported once before the forks. The runs go one after the other, or with
-    `together` all at once (the processes of one multi-process job); `child_envs`: per argv,
+    `together` all at once (the processes of one multi-process job), or with `together` a
+    list of batch numbers (one per argv) a batch at once, batches in order; `child_envs`: per argv,
     variables set (None: unset) in that child only, before it runs (`XLA_FLAGS` too: JAX has not
     started when it forks). Returns a CompletedProcess per argv."""
     import json
