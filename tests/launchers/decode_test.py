@@ -3,9 +3,10 @@ the decoder-only twin trained with `eval.decode_metrics` writes prediction metri
 steps; `eval --decode` continues prompts (a task's `inputs`, else the first half of `targets`)
 and compares the continuation without the prompt; `infer` in its three modes over a two-task
 mixture writes one file per task in input order, and a killed infer resumes to the same files;
-the T5 twin's decode metrics during training and its scores. Infers whose files are the point
-run in this process (`launch_util.infer_in_process`); a killed infer, its resumption and an
-unknown mode run the entry point as a child."""
+infer of the LM twin continues the prompts of an `--input_file`; the T5 twin's decode metrics
+during training and its scores. Infers whose files are the point run in this process
+(`launch_util.infer_in_process`); a killed infer and an unknown mode run the entry point as a
+child (the killed infer's resumption, whose files are the point, in this process)."""
 
 import json
 import math
@@ -31,6 +32,13 @@ LM_TASK, PREFIX_TASK, SPAN_TASK, MIX = (
 )
 MODULES = "--config.data.task_modules=('cairn.launchers.tasks.shakespeare', 'decode_tasks')"
 EXAMPLES = 4
+# The trainings evaluate (and decode) every 2 steps, the last step included (the loop's
+# evaluation): the final evaluation after training would repeat the last one.
+TRAIN_EVAL = [
+    "--config.trainer.eval_every=2",
+    "--config.eval.decode_metrics=true",
+    "--config.post_training.final_eval=false",
+]
 
 
 def _env(tmp):
@@ -61,9 +69,7 @@ def lm(tmp_path_factory):
         "--config.post_training.decode_method=greedy",
         "--config.post_training.max_decode_length=8",
     ]
-    proc = launch_util.train(
-        common + ["--config.trainer.eval_every=2", "--config.eval.decode_metrics=true"], env=env, timeout=600
-    )
+    proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     return tmp, common, env, proc
 
@@ -141,8 +147,9 @@ def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
     for t, rows in pred.items():
         assert [r["index"] for r in rows] == list(range(EXAMPLES)), t
         assert all(len(r["prediction_ids"]) <= 8 and _stripped(r["prediction"], r["input"]) for r in rows), rows
-    # The prefix-LM task's prompt is its inputs (6 tokens) and the target its 6 next tokens.
-    assert all(r["input"] and r["target"] for r in pred[PREFIX_TASK])
+    # The prefix-LM task's prompt is its inputs (6 tokens) and the target its 6 next tokens; the
+    # LM task (targets only) is continued from the first half of each example, the target the rest.
+    assert all(r["input"] and r["target"] for r in pred[PREFIX_TASK] + pred[LM_TASK])
     # eval --decode's example rows hold the same prompts, targets and predictions.
     _, lm_rows, prefix_rows = evaluated
     assert [(r["inputs"], r["targets"]) for r in lm_rows] == [(r["input"], r["target"]) for r in pred[LM_TASK]]
@@ -176,11 +183,13 @@ def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
 
 
 def test_killed_infer_resumes_to_the_same_files(lm):
-    tmp, common, env, _ = lm
+    """infer SIGKILLed (a child process) after its first part, resumed (in this process: what the
+    killed process left on disk is the point) to the files of an uninterrupted infer."""
+    tmp, _, env, _ = lm
     full = tmp / "full.jsonl"
     _infer(tmp / "run", env, full, chunk_size=1)
     out = tmp / "killed.jsonl"
-    args = common + [f"--output={out}", "--chunk_size=1"]
+    args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--chunk_size=1"]
     first_parts = pathlib.Path(f"{tmp / 'killed'}-{LM_TASK}.jsonl.parts")
     run_env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", **env)
     child = subprocess.Popen(
@@ -203,15 +212,30 @@ def test_killed_infer_resumes_to_the_same_files(lm):
         child.wait()
     second = pathlib.Path(f"{tmp / 'killed'}-{PREFIX_TASK}.jsonl")
     assert not second.exists(), "killed too late: nothing left to resume"
-    proc = launch_util.run("cairn.launchers.infer_main", args, env=env, timeout=600)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    printed = proc.stdout
+    printed = _infer(tmp / "run", env, out, chunk_size=1)
     done = re.search(
         rf"{EXAMPLES} predictions of step 4 in \S+{LM_TASK}\.jsonl \((\d) chunks computed, (\d) resumed", printed
     )
     assert done and int(done.group(2)) >= 1 and int(done.group(1)) + int(done.group(2)) == EXAMPLES, printed
     for t in (LM_TASK, PREFIX_TASK):
         assert (tmp / f"killed-{t}.jsonl").read_text() == (tmp / f"full-{t}.jsonl").read_text()
+
+
+def test_infer_of_the_lm_twin_continues_the_lines_of_an_input_file(lm):
+    """A decoder-only model (the family's `continues_prompt`) continues `--input_file`'s lines
+    (one file, empty targets); the prediction excludes the prompt. (Moved here from
+    eval_infer_test, which trained an LM twin for it; the first half of each evaluation example
+    continued is `test_infer_modes_write_one_file_per_task_in_input_order`'s LM task.)"""
+    tmp, _, env, _ = lm
+    prompts = tmp / "prompts.txt"
+    prompts.write_text("ROMEO. O, she\n\nTo be, or not\n")
+    out = tmp / "file.jsonl"
+    _infer(tmp / "run", env, out, chunk_size=8, input_file=str(prompts))
+    rows = _lines(out)
+    assert [(r["index"], r["input"], r["target"]) for r in rows] == [(0, "ROMEO. O, she", ""), (1, "To be, or not", "")]
+    # At most max_decode_length (8) new tokens after each prompt, whatever its length.
+    assert all(all(isinstance(t, int) for t in r["prediction_ids"]) for r in rows), rows
+    assert all(len(r["prediction_ids"]) <= 8 for r in rows), rows
 
 
 def test_t5_decode_metrics_during_training_and_scores(tmp_path):
@@ -228,9 +252,7 @@ def test_t5_decode_metrics_during_training_and_scores(tmp_path):
         MODULES,
         f"--config.eval.task={SPAN_TASK}",
     ]
-    proc = launch_util.train(
-        common + ["--config.trainer.eval_every=2", "--config.eval.decode_metrics=true"], env=env, timeout=600
-    )
+    proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     got = {r["metric"] for r in eval_rows(tmp_path / "run" / "summaries" / "metrics.jsonl") if r["step"] == 2}
     assert {f"{SPAN_TASK}/sequence_accuracy", f"{SPAN_TASK}/perplexity"} <= got, got

@@ -3,28 +3,36 @@
 one padded, with 3 rows), the same bytes out (eval's evaluated.jsonl, metrics and example files; infer's
 predictions), each process decoding only its rows, one writer. The processes keep the
 default `data.batch_size` (32, which does not divide over 3 shards): eval and infer check only
-their own batch sizes, and refuse those that do not split over the processes (exit 2)."""
+their own batch sizes, and refuse those that do not split over the processes (exit 2). The
+checkpoint is the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once
+per build on 1 process x 8 devices): eval and infer restore it onto their mesh. The processes
+of a launch are forks of one interpreter that imported the entry point (and, for the runs that
+read data, TensorFlow), started together (`launch_util.run_forked`); the 1-process run is one
+of them, with its own device count and no job to join."""
 
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 from collections import defaultdict
 
 import launch_util
 import pytest
+import standard_runs
 
 EXAMPLES = 27
 BATCH = 6  # eval.batch_size and infer's --chunk_size: 5 batches, the last with 3 rows (one per process)
 TIMEOUT = 600  # per launch (three processes compiling on a loaded 2-core machine)
+STEP = standard_runs.CHECKPOINTED_STEPS  # the checkpoint read (the latest)
+# What the eval and infer processes import after their module (TensorFlow for their data):
+# imported once by the interpreter their 3 processes are forked from.
+PRELOAD = ("tensorflow", "cairn.evaluation", "cairn.trainer")
 LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
 
 
 def texts(tmp):
-    """Train: the Sonnets' first 600 lines; validation: all of Hamlet (124 examples >= 27)."""
+    """The standard texts but all of Hamlet for validation (124 examples >= 27; the standard runs'
+    first 400 lines give 8): the validation split is not cached, eval and infer read it."""
     import importlib.util
     import pathlib
 
@@ -43,48 +51,55 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(module, args, tmp, name, processes=1, devices=3, env=None):
-    """Runs `python -m module args` as `processes` processes x `devices` CPU devices; returns
-    `[(returncode, stdout, stderr)]` per process. Process groups are killed on the way out."""
+def launch(module, argvs, child_envs, tmp, name, env, preload=(), together=True):
+    """`python -m module <argv>` for each of `argvs` (at once, or in the batches of `together`),
+    as forks of one interpreter that imported `module` and `preload` (`launch_util.run_forked`):
+    each parses its flags and runs as its own process, without importing again what every one
+    imports. They see a 3-process job
+    on 127.0.0.1 and 1 CPU device each, with `child_envs` on top (per argv). Returns
+    `[(returncode, stdout, stderr)]` per argv; their logs go to `tmp/<name>-p<i>.out/.err`."""
     base = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        **(env or {}),
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
+        CAIRN_NUM_PROCESSES="3",
+        **env,
     )
     base.pop("BUILD_WORKING_DIRECTORY", None)
-    if processes > 1:
-        base.update(CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}", CAIRN_NUM_PROCESSES=str(processes))
-    logs, procs = [], []
-    try:
-        for i in range(processes):
-            out, err = open(tmp / f"{name}-p{i}.out", "w+"), open(tmp / f"{name}-p{i}.err", "w+")
-            logs.append((out, err))
-            env_i = dict(base, CAIRN_PROCESS_ID=str(i)) if processes > 1 else base
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", module] + list(args),
-                    env=env_i,
-                    stdout=out,
-                    stderr=err,
-                    cwd=str(launch_util.REPO),
-                    start_new_session=True,
-                )
-            )
-        for p in procs:
-            p.wait(timeout=TIMEOUT)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    results = []
-    for p, (out, err) in zip(procs, logs):
-        out.seek(0), err.seek(0)
-        results.append((p.returncode, out.read(), err.read()))
-        out.close(), err.close()
-    return results
+    procs = launch_util.run_forked(
+        module, argvs, env=base, timeout=TIMEOUT, preload=preload, together=together, child_envs=child_envs
+    )
+    for i, p in enumerate(procs):
+        (tmp / f"{name}-p{i}.out").write_text(p.stdout)
+        (tmp / f"{name}-p{i}.err").write_text(p.stderr)
+    return [(p.returncode, p.stdout, p.stderr) for p in procs]
+
+
+JOB = [{"CAIRN_PROCESS_ID": str(i)} for i in range(3)]  # the 3 processes' own settings
+
+
+def launch_three(module, args, tmp, name, env):
+    """`module` on 3 processes x 1 CPU device."""
+    return launch(module, [args] * 3, JOB, tmp, name, env)
+
+
+def launch_one_and_three(module, one_args, three_args, tmp, name, env):
+    """`module` on 1 process x 3 devices (`one_args`: no job to join), then on 3 processes x 1
+    device (`three_args`), all forks of one interpreter that imported `PRELOAD` too. Returns
+    `(one, three)`."""
+    # The tests' XLA options (this process's, tools/testing/process_log) with 3 devices.
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    single = {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=3 {flags}".strip(),
+        "CAIRN_COORDINATOR_ADDRESS": None,
+        "CAIRN_NUM_PROCESSES": None,
+    }
+    # The 1-process run first, then the job (4 processes at once on the 2 cores of CI would
+    # spend their waits in the job's collectives).
+    results = launch(module, [one_args] + [three_args] * 3, [single] + JOB, tmp, name, env, PRELOAD, [0, 1, 1, 1])
+    return results[:1], results[1:]
 
 
 def ok(results):
@@ -125,51 +140,35 @@ def check_shares(results, what):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A 2-step run on 1 process x 3 devices (checkpoint at step 2)."""
+    """The standard runs' checkpointed run (tests/fixtures/standard_runs.py: 6 steps on 1
+    process x 8 devices, its checkpoints unpacked; the latest, step 6, is read) and task cache
+    (the training split), with `texts`' validation split."""
     tmp = tmp_path_factory.mktemp("evalinfer_mp")
+    std = standard_runs.unpack(tmp, checkpoints=True)
     env = {"CAIRN_SHAKESPEARE_DIR": texts(tmp)}
-    model_dir = tmp / "run"
     common = [
         f"--config={launch_util.T5_CONFIG}",
-        f"--config.model_dir={model_dir}",
-        f"--config.data.cache_dir={tmp / 'cache'}",
-        "--config.num_train_steps=2",
+        f"--config.model_dir={std.run(standard_runs.CHECKPOINTED)}",
+        f"--config.data.cache_dir={std.cache}",
+        f"--config.num_train_steps={standard_runs.CHECKPOINTED_STEPS}",
         f"--config.eval.num_examples={EXAMPLES}",
         f"--config.eval.batch_size={BATCH}",
     ]
-    ok(
-        launch(
-            "cairn.launchers.train_main",
-            common
-            + [
-                "--config.data.batch_size=6",
-                "--config.trainer.checkpoint_every=2",
-                "--config.post_training.final_eval=false",
-                "--config.post_training.num_samples=0",
-                "--config.trainer.tensorboard=false",
-            ],
-            tmp,
-            "train",
-            env=env,
-        )
-    )
     return tmp, common, env
 
 
 def test_eval_on_three_processes_equals_one(run):
     tmp, common, env = run
     args = common  # the task's metric (perplexity) scores; decoding is covered by infer below
-    one = launch("cairn.launchers.eval_main", args + [f"--eval_dir={tmp / 'eval1'}"], tmp, "eval1", env=env)
-    ok(one)
-    three = launch(
+    one, three = launch_one_and_three(
         "cairn.launchers.eval_main",
+        args + [f"--eval_dir={tmp / 'eval1'}"],
         args + [f"--eval_dir={tmp / 'eval3'}"],
         tmp,
-        "eval3",
-        processes=3,
-        devices=1,
-        env=env,
+        "eval",
+        env,
     )
+    ok(one)
     ok(three)
     for name in ("evaluated.jsonl", "metrics.jsonl"):
         a, b = (tmp / "eval1" / name).read_bytes(), (tmp / "eval3" / name).read_bytes()
@@ -183,7 +182,7 @@ def test_eval_on_three_processes_equals_one(run):
         assert a == b and a.count(b"\n") == EXAMPLES and b'"score"' in a, name
     assert any(f.startswith("events.") for _, _, fs in os.walk(tmp / "eval3" / "tensorboard") for f in fs)
     # Process 0 prints the result; the others print nothing and decode only their share.
-    assert any(line.startswith("step 2: shakespeare_span_corruption") for line in own_lines(three[0][1]))
+    assert any(line.startswith(f"step {STEP}: shakespeare_span_corruption") for line in own_lines(three[0][1]))
     assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
     check_shares(three, "scores")
     assert shares(one, "scores")[0] == list(range(EXAMPLES))
@@ -192,17 +191,15 @@ def test_eval_on_three_processes_equals_one(run):
 def test_infer_on_three_processes_equals_one(run):
     tmp, common, env = run
     args = common + [f"--chunk_size={BATCH}", f"--num_examples={EXAMPLES}"]
-    one = launch("cairn.launchers.infer_main", args + [f"--output={tmp / 'one.jsonl'}"], tmp, "infer1", env=env)
-    ok(one)
-    three = launch(
+    one, three = launch_one_and_three(
         "cairn.launchers.infer_main",
+        args + [f"--output={tmp / 'one.jsonl'}"],
         args + [f"--output={tmp / 'three.jsonl'}"],
         tmp,
-        "infer3",
-        processes=3,
-        devices=1,
-        env=env,
+        "infer",
+        env,
     )
+    ok(one)
     ok(three)
     a, b = (tmp / "one.jsonl").read_bytes(), (tmp / "three.jsonl").read_bytes()
     assert a == b, "3-process predictions differ from 1-process ones"
@@ -212,7 +209,7 @@ def test_infer_on_three_processes_equals_one(run):
     assert (tmp / "one.jsonl.parts" / "meta.json").read_bytes() == (
         tmp / "three.jsonl.parts" / "meta.json"
     ).read_bytes()
-    assert f"{EXAMPLES} predictions of step 2" in three[0][1]
+    assert f"{EXAMPLES} predictions of step {STEP}" in three[0][1]
     assert own_lines(three[1][1]) == own_lines(three[2][1]) == []
     check_shares(three, "decodes")
     assert shares(one, "decodes")[0] == list(range(EXAMPLES))
@@ -229,10 +226,10 @@ def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_p
         ),
         ("bad-eval", "cairn.launchers.eval_main", ["--config.eval.batch_size=16"], "eval.batch_size"),
     ):
-        results = launch(module, common + extra, tmp, name, processes=3, devices=1, env=env)
+        results = launch_three(module, common + extra, tmp, name, env)
         for rc, _, err in results:
             assert rc == 2, err[-3000:]
             size = extra[-1].rpartition("=")[2]
             assert f"'{key}': {size} does not divide over the 3 host data shards" in err, err[-3000:]
     assert not (tmp_path / "p.jsonl.parts").exists()
-    assert not (tmp / "run" / "eval").exists()  # nothing written
+    assert not (tmp / "standard" / "runs" / standard_runs.CHECKPOINTED / "eval").exists()  # nothing written

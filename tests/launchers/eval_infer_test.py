@@ -1,42 +1,40 @@
 """`//launchers:eval` and `//launchers:infer` on a short run of the default experiment (child
 processes, two short plays): evaluating one checkpoint and watching a run's checkpoints,
-skipping those already evaluated; predictions in chunks, resumed, and never mixed; the LM twin
-continuing prompts. Infers whose files are the point run in this process on the run's saved
-config (`launch_util.infer_in_process`); the refusal to mix runs the entry point as a child."""
+skipping those already evaluated; predictions in chunks, resumed, and never mixed. Infer runs
+in this process on the run's saved config (`launch_util.infer_in_process`): its files and its
+refusal to mix are the point (its process's exit status is decode_test's). The run is
+the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once per build);
+the LM twin continuing prompts is decode_test's (its trained LM twin)."""
 
 import json
 import os
 
 import launch_util
 import pytest
+import standard_runs
+
+from cairn.launchers.validation import ConfigError
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A 6-step run with checkpoints at 2, 4 and 6."""
-    tmp = tmp_path_factory.mktemp("evalinfer")
-    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)}
-    model_dir = tmp / "run"
+    """The standard 6-step run with checkpoints at 2, 4 and 6 (`standard_runs.CHECKPOINTED`,
+    unpacked with its checkpoints), evaluated after training on 8 examples in batches of 4."""
+    std = standard_runs.unpack(tmp_path_factory.mktemp("evalinfer"), checkpoints=True)
+    env = {"CAIRN_SHAKESPEARE_DIR": std.texts}
+    model_dir = std.run(standard_runs.CHECKPOINTED)
     common = [
         f"--config={launch_util.T5_CONFIG}",
         f"--config.model_dir={model_dir}",
-        f"--config.data.cache_dir={tmp / 'cache'}",
+        f"--config.data.cache_dir={std.cache}",
         "--config.num_train_steps=6",
         "--config.data.batch_size=8",
         "--config.eval.num_examples=8",
         "--config.eval.batch_size=4",
     ]
-    proc = launch_util.train(
-        common
-        + [
-            "--config.trainer.checkpoint_every=2",
-            "--config.trainer.keep_checkpoints=0",
-            "--config.post_training.num_samples=0",
-        ],
-        env=env,
-    )
-    assert proc.returncode == 0, launch_util.tail(proc)
-    final = [line for line in proc.stdout.splitlines() if line.startswith("final evaluation at step 6")]
+    assert json.loads((model_dir / "config.json").read_text())["num_train_steps"] == 6
+    out = std.log(standard_runs.CHECKPOINTED, stream="out")
+    final = [line for line in out.splitlines() if line.startswith("final evaluation at step 6")]
     return model_dir, common, env, final
 
 
@@ -44,18 +42,30 @@ def eval_rows(path):
     return [json.loads(line) for line in open(path)]
 
 
-def test_eval_one_checkpoint_and_watch(run):
-    model_dir, common, env, final = run
-    proc = launch_util.run("cairn.launchers.eval_main", common + ["--step=4"], env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    assert "step 4: shakespeare_span_corruption: nll_per_token" in proc.stdout
+@pytest.fixture(scope="module")
+def evals(run, tmp_path_factory):
+    """The eval entry point three times, in turn (`launch_util.run_forked`: one interpreter
+    imports it, each run a fork with its own exit status and output): `--step=4`, then
+    `--watch`, then `--checkpoint=<an empty folder>`. Returns `(the three processes, the empty
+    folder)`."""
+    _, common, env, _ = run
+    empty = tmp_path_factory.mktemp("empty")
+    argvs = [common + ["--step=4"], common + ["--watch", "--poll_seconds=0.2"], common + [f"--checkpoint={empty}"]]
+    return launch_util.run_forked("cairn.launchers.eval_main", argvs, env=env, preload=("tensorflow",)), empty
+
+
+def test_eval_one_checkpoint_and_watch(run, evals):
+    model_dir, _, _, final = run
+    (step4, watch, _), _ = evals
+    assert step4.returncode == 0, launch_util.tail(step4)
+    assert "step 4: shakespeare_span_corruption: nll_per_token" in step4.stdout
+    assert "step 2:" not in step4.stdout and "step 6:" not in step4.stdout
     log = model_dir / "eval" / "validation" / "evaluated.jsonl"
-    assert [r["step"] for r in eval_rows(log)] == [4]
-    # --watch evaluates the others (2 and 6; 4 is skipped) and stops at the final step.
-    proc = launch_util.run("cairn.launchers.eval_main", common + ["--watch", "--poll_seconds=0.2"], env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
+    # --watch (run after --step=4 wrote its row) evaluates the others (2 and 6; 4 is skipped)
+    # and stops at the final step.
+    assert watch.returncode == 0, launch_util.tail(watch)
     assert [r["step"] for r in eval_rows(log)] == [4, 2, 6]
-    assert "step 4:" not in proc.stdout and "evaluated the final step 6" in proc.stdout
+    assert "step 4:" not in watch.stdout and "evaluated the final step 6" in watch.stdout
     # The same numbers as the train entry point's own final evaluation.
     six = eval_rows(log)[-1]["metrics"]["shakespeare_span_corruption"]
     assert final and f"perplexity {six['perplexity']:.4g}" in final[0], (final, six)
@@ -64,11 +74,8 @@ def test_eval_one_checkpoint_and_watch(run):
     )
 
 
-def test_eval_without_checkpoints_is_a_clear_error(run, tmp_path):
-    _, common, env, _ = run
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    proc = launch_util.run("cairn.launchers.eval_main", common + [f"--checkpoint={empty}"], env=env)
+def test_eval_without_checkpoints_is_a_clear_error(evals):
+    (_, _, proc), empty = evals
     assert proc.returncode == 2, launch_util.tail(proc)
     assert "no complete checkpoint" in proc.stderr and str(empty) in proc.stderr
 
@@ -90,41 +97,10 @@ def test_infer_writes_chunks_resumes_and_refuses_to_mix(run, tmp_path):
     printed = launch_util.infer_in_process(model_dir, out, env, chunk_size=3, num_examples=8)
     assert "1 chunks computed, 2 resumed" in printed[-1]
     assert out.read_text() == first
-    # Other predictions (another checkpoint step) into the same parts: refused (the entry point
-    # in a child process: exit 2), nothing lost.
-    args = [f"--config={model_dir / 'config.json'}", f"--output={out}", "--chunk_size=3", "--num_examples=8"]
-    proc = launch_util.run("cairn.launchers.infer_main", args + ["--step=4"], env=env)
-    assert proc.returncode == 2, launch_util.tail(proc)
-    assert "holds parts of other predictions" in proc.stderr and "step" in proc.stderr
+    # Other predictions (another checkpoint step) into the same parts: refused with a
+    # ConfigError naming the step, nothing lost. (The entry point turns infer's ConfigError into
+    # one line and exit 2: decode_test's unknown mode, in a child process.)
+    with pytest.raises(ConfigError, match="holds parts of other predictions") as refused:
+        launch_util.infer_in_process(model_dir, out, env, chunk_size=3, num_examples=8, step=4)
+    assert "step" in str(refused.value)
     assert out.read_text() == first
-
-
-def test_infer_of_the_lm_twin_continues_prompts(tmp_path):
-    """A decoder-only model (the family's `continues_prompt`): `--input_file`'s lines, else the
-    first half of each evaluation example, continued; the prediction excludes the prompt."""
-    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    common = [
-        f"--config={launch_util.LM_CONFIG}",
-        f"--config.model_dir={tmp_path / 'lm'}",
-        f"--config.data.cache_dir={tmp_path / 'cache'}",
-        "--config.num_train_steps=2",
-        "--config.data.batch_size=8",
-        "--config.eval.num_examples=4",
-        "--config.post_training.max_decode_length=6",
-    ]
-    proc = launch_util.train(common + ["--config.post_training.final_eval=false"], env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("ROMEO. O, she\n\nTo be, or not\n")
-    out = tmp_path / "file.jsonl"
-    launch_util.infer_in_process(tmp_path / "lm", out, env, chunk_size=8, input_file=str(prompts))
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["index"], r["input"], r["target"]) for r in rows] == [(0, "ROMEO. O, she", ""), (1, "To be, or not", "")]
-    # At most max_decode_length (6) new tokens after each prompt, whatever its length.
-    assert all(all(isinstance(t, int) for t in r["prediction_ids"]) for r in rows), rows
-    assert all(len(r["prediction_ids"]) <= 6 for r in rows), rows
-    out = tmp_path / "eval.jsonl"
-    launch_util.infer_in_process(tmp_path / "lm", out, env, chunk_size=8)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["index"] for r in rows] == list(range(4))
-    assert all(r["input"] and r["target"] and isinstance(r["prediction_ids"], list) for r in rows), rows

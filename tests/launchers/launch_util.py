@@ -96,53 +96,93 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
 
 # One interpreter imports the entry point's module, then forks a child per argv: each child runs
 # the module's `run()` with that argv (stdout and stderr to files) and exits with its status.
+# Children run one after the other, all at once (`together`: the processes of one job), or in
+# batches (`together` a batch number per argv: a batch at once, batches in turn).
 _FORKED = """
 import importlib, json, os, sys, traceback
 module = importlib.import_module(sys.argv[1])
 out_dir = sys.argv[3]
-for name in sys.argv[4:]:
+together, child_envs = json.loads(sys.argv[4])
+for name in sys.argv[5:]:
     importlib.import_module(name)
-for i, argv in enumerate(json.loads(sys.argv[2])):
+
+def child(i, argv):
+    for fd, stream in ((1, "out"), (2, "err")):
+        os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    for key, value in child_envs[i].items():  # None: unset
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    sys.argv = [module.__file__, *argv]
+    code = 0
+    try:
+        module.run()
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        for fd, stream in ((1, "out"), (2, "err")):
-            os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = [module.__file__, *argv]
-        code = 0
-        try:
-            module.run()
-        except SystemExit as e:
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    os._exit(code)
+
+def wait(i, pid):
     _, status = os.waitpid(pid, 0)
     with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
         f.write(str(os.waitstatus_to_exitcode(status)))
+
+argvs = json.loads(sys.argv[2])
+# The children of one batch run at once; batches one after the other.
+batches = together if isinstance(together, list) else [0 if together else i for i in range(len(argvs))]
+for batch in sorted(set(batches)):
+    pids = []
+    for i, argv in enumerate(argvs):
+        if batches[i] != batch:
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(i, argv)
+        pids.append((i, pid))
+    for i, pid in pids:
+        wait(i, pid)
 """
 
 
-def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
+def run_forked(
+    module: str,
+    argvs: list,
+    env: dict = None,
+    timeout: int = 300,
+    preload: tuple = (),
+    together: bool | list = False,
+    child_envs: list = None,
+) -> list:
     """`python -m <module> <argv>` for each of `argvs`, as one interpreter that imports `module`
     once and forks a child per argv, which calls `module.run()` with `sys.argv` set: each run
     starts from a fresh interpreter's state after `import <module>` (flags unparsed, nothing
     else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
-    anyway, imported once before the forks. Returns a CompletedProcess per argv."""
+    anyway, imported once before the forks. The runs go one after the other, or with
+    `together` all at once (the processes of one multi-process job), or with `together` a
+    list of batch numbers (one per argv) a batch at once, batches in order; `child_envs`: per argv,
+    variables set (None: unset) in that child only, before it runs (`XLA_FLAGS` too: JAX has not
+    started when it forks). Returns a CompletedProcess per argv."""
     import json
     import tempfile
 
     full_env = child_env(env)
+    child_envs = child_envs or [{} for _ in argvs]
+    assert len(child_envs) == len(argvs)
+    mode = json.dumps([together, child_envs])
     with tempfile.TemporaryDirectory() as out_dir:
         # Its own process group, so that a timeout kills the forked runs too, not just the driver.
+        argv_json = json.dumps([list(map(str, a)) for a in argvs])
         driver = subprocess.Popen(
-            [sys.executable, "-c", _FORKED, module, json.dumps([list(map(str, a)) for a in argvs]), out_dir, *preload],
+            [sys.executable, "-c", _FORKED, module, argv_json, out_dir, mode, *preload],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
