@@ -94,24 +94,29 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
         return printed
 
 
-# One interpreter imports the entry point's module, then forks a child per argv: each child runs
-# the module's `run()` with that argv (stdout and stderr to files) and exits with its status.
+# One interpreter imports the preloaded modules, then forks a child per run: each child sets the
+# run's environment variables, imports its entry point's module (at once if preloaded), runs its
+# `run()` with its argv (stdout and stderr to files) and exits with its status. (Two entry points
+# may define the same absl flag: only the child imports its own.)
 _FORKED = """
-import importlib, json, os, sys, traceback
-module = importlib.import_module(sys.argv[1])
-out_dir = sys.argv[3]
-for name in sys.argv[4:]:
+import importlib, json, os, sys, time, traceback
+runs = json.loads(sys.argv[1])
+out_dir = sys.argv[2]
+for name in sys.argv[3:]:
     importlib.import_module(name)
-for i, argv in enumerate(json.loads(sys.argv[2])):
+for i, r in enumerate(runs):
     sys.stdout.flush()
     sys.stderr.flush()
+    start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         for fd, stream in ((1, "out"), (2, "err")):
             os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = [module.__file__, *argv]
+        os.environ.update(r["env"])
         code = 0
         try:
+            module = importlib.import_module(r["module"])
+            sys.argv = [module.__file__, *r["argv"]]
             module.run()
         except SystemExit as e:
             if isinstance(e.code, str):
@@ -125,24 +130,39 @@ for i, argv in enumerate(json.loads(sys.argv[2])):
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
-        f.write(str(os.waitstatus_to_exitcode(status)))
+        f.write(f"{os.waitstatus_to_exitcode(status)} {time.monotonic() - start}")
 """
 
 
-def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
+def run_forked(
+    module: str, argvs: list, env: dict = None, timeout: int = 300, preload: tuple = (), envs: list = None
+) -> list:
     """`python -m <module> <argv>` for each of `argvs`, as one interpreter that imports `module`
     once and forks a child per argv, which calls `module.run()` with `sys.argv` set: each run
     starts from a fresh interpreter's state after `import <module>` (flags unparsed, nothing
     else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
-    anyway, imported once before the forks. Returns a CompletedProcess per argv."""
+    anyway, imported once before the forks; `envs`: per argv, variables set on top of `env` in
+    that child only (read after the fork, e.g. `CAIRN_SHAKESPEARE_DIR`). Returns a
+    CompletedProcess per argv, with `seconds`: its wall time."""
+    envs = envs or [{}] * len(argvs)
+    runs = [(module, argv, e) for argv, e in zip(argvs, envs, strict=True)]
+    return run_forked_each(runs, env, timeout, (*preload, module))
+
+
+def run_forked_each(runs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
+    """`run_forked` for runs of several entry points: `runs` is a list of `(module, argv,
+    extra_env)`; the interpreter imports `preload` before the forks, each child its own module
+    (entry points that define the same flags cannot share an interpreter: preload at most one
+    of those)."""
     import json
     import tempfile
 
     full_env = child_env(env)
+    spec = [{"module": m, "argv": list(map(str, a)), "env": dict(e or {})} for m, a, e in runs]
     with tempfile.TemporaryDirectory() as out_dir:
         # Its own process group, so that a timeout kills the forked runs too, not just the driver.
         driver = subprocess.Popen(
-            [sys.executable, "-c", _FORKED, module, json.dumps([list(map(str, a)) for a in argvs]), out_dir, *preload],
+            [sys.executable, "-c", _FORKED, json.dumps(spec), out_dir, *preload],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -164,7 +184,10 @@ def run_forked(module: str, argvs: list, env: dict = None, timeout: int = 300, p
             with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
                 return f.read()
 
-        return [
-            subprocess.CompletedProcess([module, *argv], int(read(i, "rc")), read(i, "out"), read(i, "err"))
-            for i, argv in enumerate(argvs)
-        ]
+        procs = []
+        for i, r in enumerate(spec):
+            code, seconds = read(i, "rc").split()
+            proc = subprocess.CompletedProcess([r["module"], *r["argv"]], int(code), read(i, "out"), read(i, "err"))
+            proc.seconds = float(seconds)  # from the fork to the child's exit
+            procs.append(proc)
+        return procs
