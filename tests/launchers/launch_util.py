@@ -115,6 +115,7 @@ for i, r in enumerate(runs):
         os.environ.update(r["env"])
         code = 0
         try:
+            exec(r["prelude"], {})
             module = importlib.import_module(r["module"])
             sys.argv = [module.__file__, *r["argv"]]
             module.run()
@@ -151,14 +152,18 @@ def run_forked(
 
 def run_forked_each(runs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
     """`run_forked` for runs of several entry points: `runs` is a list of `(module, argv,
-    extra_env)`; the interpreter imports `preload` before the forks, each child its own module
-    (entry points that define the same flags cannot share an interpreter: preload at most one
-    of those)."""
+    extra_env)` or `(module, argv, extra_env, prelude)`, `prelude` Python source the child runs
+    first (a fault injected into a library, say); the interpreter imports `preload` before the
+    forks, each child its own module (entry points that define the same flags cannot share an
+    interpreter: preload at most one of those)."""
     import json
     import tempfile
 
     full_env = child_env(env)
-    spec = [{"module": m, "argv": list(map(str, a)), "env": dict(e or {})} for m, a, e in runs]
+    spec = [
+        {"module": r[0], "argv": list(map(str, r[1])), "env": dict(r[2] or {}), "prelude": r[3] if len(r) > 3 else ""}
+        for r in runs
+    ]
     with tempfile.TemporaryDirectory() as out_dir:
         # Its own process group, so that a timeout kills the forked runs too, not just the driver.
         driver = subprocess.Popen(

@@ -1,6 +1,7 @@
 """User mistakes and faults at the train and cache_tasks entry points, in child processes: each
-exits 2 with one line (no traceback), and a refused run leaves model_dir as it was. The runs
-refused before training are processes forked from one interpreter (the `refused` fixture)."""
+exits 2 with one line (no traceback), and a refused run leaves model_dir as it was. Every run that
+fails is a process forked from one interpreter that imported the train program (the `refused`
+fixture; the full disk is injected into that process alone)."""
 
 import json
 import os
@@ -72,9 +73,10 @@ def flip_a_byte_in_every_state_file(model_dir: pathlib.Path) -> None:
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory, texts, cache_dir):
-    """The runs here that the programs refuse, each set up here and then run in its own process
-    forked from one interpreter that imported train and cache_tasks (`launch_util.run_forked_each`:
-    its own exit status, stdout and stderr); the tests assert on them. `{case: (process, ...)}`."""
+    """The runs here that fail (the programs refusing them, or the fault they train into), each
+    set up here and then run in its own process forked from one interpreter that imported train
+    (`launch_util.run_forked_each`: its own exit status, stdout and stderr); the tests assert on
+    them. `{case: (process, ...)}`."""
     tmp = tmp_path_factory.mktemp("refused")
     texts_env = {"CAIRN_SHAKESPEARE_DIR": texts}
     runs, cases = [], {}
@@ -83,11 +85,14 @@ def refused(tmp_path_factory, texts, cache_dir):
         cases[case] = (len(runs), facts)
         runs.append((module, argv, env))
 
-    # cache_tasks on a missing and on an empty source.
-    (tmp / "empty").mkdir()
-    for source in ("missing", "empty"):
-        argv = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp / 'c'}"]
-        add(f"source_{source}", "cairn.launchers.cache_main", argv, {"CAIRN_SHAKESPEARE_DIR": str(tmp / source)}, tmp)
+    # Every checkpoint corrupt: a 2-step run (its own child process), a byte flipped in each file.
+    corrupt = tmp / "corrupt"
+    proc = launch_util.train(small(corrupt, cache_dir, 2), env=texts_env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert sorted(os.listdir(corrupt / "checkpoints")) == ["2"]
+    flip_a_byte_in_every_state_file(corrupt)
+    corrupt_argv = small(corrupt, cache_dir, 4)
+    corrupt_before = tree(corrupt / "checkpoints")
 
     # A lock held by a live process on this host, taken 1h 2m ago.
     locked = tmp / "locked"
@@ -99,6 +104,12 @@ def refused(tmp_path_factory, texts, cache_dir):
     lock = {"pid": holder.pid, "host": socket.gethostname(), "time": time.time() - 3725}
     (locked / "cairn.lock").write_text(json.dumps(lock))
     add("locked", TRAIN, small(locked, cache_dir, 2, "--config.fingerprint_every=1"), texts_env, locked, tree(locked))
+
+    # cache_tasks on a missing and on an empty source.
+    (tmp / "empty").mkdir()
+    for source in ("missing", "empty"):
+        argv = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp / 'c'}"]
+        add(f"source_{source}", "cairn.launchers.cache_main", argv, {"CAIRN_SHAKESPEARE_DIR": str(tmp / source)}, tmp)
 
     # A cache with a shard gone (the standard cache, copied), and a missing source.
     gone = tmp / "cache_gone"
@@ -115,16 +126,21 @@ def refused(tmp_path_factory, texts, cache_dir):
     for model_dir, why in ((tmp / "a_file" / "run", "is not a directory"), ("/proc/cairn_run", "cannot write")):
         add(f"unwritable {why}", TRAIN, small(model_dir, cache_dir, 2), texts_env, model_dir, why)
 
-    # Every checkpoint corrupt: a 2-step run (its own child process), a byte flipped in each file.
-    corrupt = tmp / "corrupt"
-    proc = launch_util.train(small(corrupt, cache_dir, 2), env=texts_env)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    assert sorted(os.listdir(corrupt / "checkpoints")) == ["2"]
-    flip_a_byte_in_every_state_file(corrupt)
-    add("corrupt", TRAIN, small(corrupt, cache_dir, 4), texts_env, corrupt, tree(corrupt / "checkpoints"))
+    add("corrupt", TRAIN, corrupt_argv, texts_env, corrupt, corrupt_before)
+
+    # Runs that train into a fault: a NaN loss (learning rate 1e30), a full disk at the second
+    # checkpoint (an injected ENOSPC).
+    nan = tmp / "nan"
+    argv = small(nan, cache_dir, 8, "--config.optimizer.schedule=constant")
+    argv += ["--config.optimizer.learning_rate=1e30", "--config.trainer.checkpoint_every=1"]
+    add("nan", TRAIN, argv, texts_env, nan)
+    full = tmp / "full"
+    argv = small(full, cache_dir, 40, "--config.trainer.checkpoint_every=2")
+    runs.append((TRAIN, argv, texts_env, DISK_FULL))
+    cases["disk_full"] = (len(runs) - 1, (full,))
 
     try:
-        procs = launch_util.run_forked_each(runs, timeout=300, preload=("cairn.models", "cairn.trainer"))
+        procs = launch_util.run_forked_each(runs, timeout=600, preload=("cairn.models", "cairn.trainer", TRAIN))
     finally:
         holder.kill()
         holder.wait()
@@ -181,20 +197,19 @@ def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(refused, tex
     assert sorted(os.listdir(model_dir / "corrupt_checkpoints")) == ["2"]
 
 
-def test_a_nan_stop_is_one_line_with_the_step_and_the_checkpoint_kept(tmp_path, texts, cache_dir):
-    model_dir = tmp_path / "run"
-    args = small(model_dir, cache_dir, 8, "--config.optimizer.schedule=constant")
-    args += ["--config.optimizer.learning_rate=1e30", "--config.trainer.checkpoint_every=1"]
-    line = one_error_line(launch_util.train(args, env={"CAIRN_SHAKESPEARE_DIR": texts}))
+def test_a_nan_stop_is_one_line_with_the_step_and_the_checkpoint_kept(refused):
+    proc, model_dir = refused["nan"]
+    line = one_error_line(proc)
     assert " at step " in line and "training stopped and " in line
     step = int(line.split(" at step ")[1].split(";")[0])
     assert f"the last good checkpoint (step {step - 1}) is kept in {model_dir}" in line
     assert sorted(int(s) for s in os.listdir(model_dir / "checkpoints"))[-1] == step - 1
 
 
+# Run in the forked child before the train program (`launch_util.run_forked_each`'s prelude).
 DISK_FULL = textwrap.dedent(
     """
-    import errno, sys
+    import errno
     import orbax.checkpoint as ocp
     real_save = ocp.CheckpointManager.save
 
@@ -204,26 +219,12 @@ DISK_FULL = textwrap.dedent(
         return real_save(self, step, *args, **kwargs)
 
     ocp.CheckpointManager.save = save
-    sys.argv[0] = "train"
-    from cairn.launchers import train_main
-    train_main.run()
     """
 )
 
 
-def test_a_full_disk_is_one_line_with_the_path_and_free_space(tmp_path, texts, cache_dir):
-    model_dir = tmp_path / "run"
-    args = small(model_dir, cache_dir, 40, "--config.trainer.checkpoint_every=2")
-    env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    proc = subprocess.run(
-        [sys.executable, "-c", DISK_FULL, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=str(launch_util.REPO),
-    )
+def test_a_full_disk_is_one_line_with_the_path_and_free_space(refused):
+    proc, model_dir = refused["disk_full"]
     line = one_error_line(proc)
     assert line.startswith(f"error: no space left on device writing checkpoint step 4 in {model_dir} (")
     assert " free); the last good checkpoint (step 2) is intact" in line
