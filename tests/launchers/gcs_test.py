@@ -44,7 +44,7 @@ def world(tmp_path_factory):
             "emu": emu,
             "bucket": bucket,
             "env": env,
-            "local_cache": str(tmp / "cache"),
+            "local_cache": str(standard.cache),  # the standard runs' (train's in-process writer)
             "gs_cache": bucket + "/cache",
         }
     finally:
@@ -133,8 +133,9 @@ def train_until_killed(world, model_dir, pattern, timeout=400):
 def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     """`cache_main --beam` (a child process, as a user runs it) writes the cache into the bucket;
     the in-process writer (`cache_main.cache`, called here: this process reads the emulator too)
-    on local disk and into the bucket gives the same records; `verify_cache` (its `_main`, here)
-    re-hashes the Beam cache in the bucket: ok."""
+    into the bucket, and on local disk (the standard runs' cache, written by the same writer in
+    the train program), give the same records; `verify_cache` (its `_main`, here) re-hashes the
+    Beam cache in the bucket: ok."""
     from cairn.datatasks.deterministic import task_dir
     from cairn.datatasks.deterministic.store import CachedTask
     from cairn.launchers import cache_main, config_io, verify_cache_main
@@ -150,13 +151,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     gs_path = task_dir(world["gs_cache"], "shakespeare_span_corruption", "train")
     files = storage.sizes(gs_path)
     assert "COMPLETED" in files and "info.json" in files and any(f.endswith(".array_record") for f in files)
-    # The in-process writer, on local disk and into the bucket: the same records everywhere.
+    # The in-process writer, into the bucket and on local disk: the same records everywhere.
     monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", world["env"]["CAIRN_SHAKESPEARE_DIR"])
     config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
     in_process = world["bucket"] + "/cache-in-process"
-    for cache_dir in (world["local_cache"], in_process):
-        config.data.cache_dir = cache_dir
-        assert cache_main.cache(config) == {"shakespeare_span_corruption": "cached"}
+    config.data.cache_dir = in_process
+    assert cache_main.cache(config) == {"shakespeare_span_corruption": "cached"}
     local = CachedTask(task_dir(world["local_cache"], "shakespeare_span_corruption", "train"))
     for path in (gs_path, task_dir(in_process, "shakespeare_span_corruption", "train")):
         remote = CachedTask(path)  # shards read from the bucket by array-record itself
