@@ -80,6 +80,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
         cache_dir,
         100000,
         "--config.post_training.num_samples=0",
+        "--config.post_training.final_eval=false",  # no evaluation set up: it never gets there
         "--config.trainer.log_every=1",
     )
     full_env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts)
