@@ -94,29 +94,32 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
         return printed
 
 
-# One interpreter imports the entry point's module, then forks a child per argv: each child runs
-# the module's `run()` with that argv (stdout and stderr to files) and exits with its status.
-# Children run one after the other, all at once (`together`: the processes of one job), or in
-# batches (`together` a batch number per argv: a batch at once, batches in turn).
+# One interpreter imports the preloaded modules, then forks a child per run: each child sets the
+# run's environment variables (None: unset), runs its prelude, imports its entry point's module
+# (at once if preloaded), runs its `run()` with its argv (stdout and stderr to files) and exits
+# with its status. The runs of one batch are forked at once (the processes of one job), batches
+# one after the other. (Two entry points may define the same absl flag: only the child imports
+# its own.)
 _FORKED = """
-import importlib, json, os, sys, traceback
-module = importlib.import_module(sys.argv[1])
-out_dir = sys.argv[3]
-together, child_envs = json.loads(sys.argv[4])
-for name in sys.argv[5:]:
+import importlib, json, os, sys, time, traceback
+runs = json.loads(sys.argv[1])
+out_dir = sys.argv[2]
+for name in sys.argv[3:]:
     importlib.import_module(name)
 
-def child(i, argv):
+def child(i, r):
     for fd, stream in ((1, "out"), (2, "err")):
         os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    for key, value in child_envs[i].items():  # None: unset
+    for key, value in r["env"].items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    sys.argv = [module.__file__, *argv]
     code = 0
     try:
+        exec(r["prelude"], {})
+        module = importlib.import_module(r["module"])
+        sys.argv = [module.__file__, *r["argv"]]
         module.run()
     except SystemExit as e:
         if isinstance(e.code, str):
@@ -129,27 +132,25 @@ def child(i, argv):
     sys.stderr.flush()
     os._exit(code)
 
-def wait(i, pid):
-    _, status = os.waitpid(pid, 0)
-    with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
-        f.write(str(os.waitstatus_to_exitcode(status)))
-
-argvs = json.loads(sys.argv[2])
-# The children of one batch run at once; batches one after the other.
-batches = together if isinstance(together, list) else [0 if together else i for i in range(len(argvs))]
-for batch in sorted(set(batches)):
-    pids = []
-    for i, argv in enumerate(argvs):
-        if batches[i] != batch:
+for batch in sorted({r["batch"] for r in runs}):
+    started = {}
+    for i, r in enumerate(runs):
+        if r["batch"] != batch:
             continue
         sys.stdout.flush()
         sys.stderr.flush()
+        start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            child(i, argv)
-        pids.append((i, pid))
-    for i, pid in pids:
-        wait(i, pid)
+            child(i, r)
+        started[pid] = (i, start)
+    while started:
+        pid, status = os.wait()
+        if pid not in started:
+            continue
+        i, start = started.pop(pid)
+        with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
+            f.write(f"{os.waitstatus_to_exitcode(status)} {time.monotonic() - start}")
 """
 
 
@@ -170,19 +171,48 @@ def run_forked(
     `together` all at once (the processes of one multi-process job), or with `together` a
     list of batch numbers (one per argv) a batch at once, batches in order; `child_envs`: per argv,
     variables set (None: unset) in that child only, before it runs (`XLA_FLAGS` too: JAX has not
-    started when it forks). Returns a CompletedProcess per argv."""
+    started when it forks). Returns a CompletedProcess per argv, with `seconds`: its wall time."""
+    child_envs = child_envs or [{} for _ in argvs]
+    if isinstance(together, list):
+        batches = together
+    else:
+        batches = [0 if together else i for i in range(len(argvs))]
+    spec = [
+        {"module": module, "argv": list(map(str, a)), "env": dict(e), "prelude": "", "batch": b}
+        for a, e, b in zip(argvs, child_envs, batches, strict=True)
+    ]
+    return _fork_runs(spec, env, timeout, (*preload, module))
+
+
+def run_forked_each(runs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
+    """`run_forked` for runs of several entry points, one after the other: `runs` is a list of
+    `(module, argv, extra_env)` or `(module, argv, extra_env, prelude)`, `prelude` Python source
+    the child runs first (a fault injected into a library, say); the interpreter imports
+    `preload` before the forks, each child its own module (entry points that define the same
+    flags cannot share an interpreter: preload at most one of those)."""
+    spec = [
+        {
+            "module": r[0],
+            "argv": list(map(str, r[1])),
+            "env": dict(r[2] or {}),
+            "prelude": r[3] if len(r) > 3 else "",
+            "batch": i,
+        }
+        for i, r in enumerate(runs)
+    ]
+    return _fork_runs(spec, env, timeout, preload)
+
+
+def _fork_runs(spec: list, env: dict, timeout: int, preload: tuple) -> list:
+    """Runs `spec` (dicts: module, argv, env, prelude, batch) through `_FORKED`."""
     import json
     import tempfile
 
     full_env = child_env(env)
-    child_envs = child_envs or [{} for _ in argvs]
-    assert len(child_envs) == len(argvs)
-    mode = json.dumps([together, child_envs])
     with tempfile.TemporaryDirectory() as out_dir:
         # Its own process group, so that a timeout kills the forked runs too, not just the driver.
-        argv_json = json.dumps([list(map(str, a)) for a in argvs])
         driver = subprocess.Popen(
-            [sys.executable, "-c", _FORKED, module, argv_json, out_dir, mode, *preload],
+            [sys.executable, "-c", _FORKED, json.dumps(spec), out_dir, *preload],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -204,7 +234,10 @@ def run_forked(
             with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
                 return f.read()
 
-        return [
-            subprocess.CompletedProcess([module, *argv], int(read(i, "rc")), read(i, "out"), read(i, "err"))
-            for i, argv in enumerate(argvs)
-        ]
+        procs = []
+        for i, r in enumerate(spec):
+            code, seconds = read(i, "rc").split()
+            proc = subprocess.CompletedProcess([r["module"], *r["argv"]], int(code), read(i, "out"), read(i, "err"))
+            proc.seconds = float(seconds)  # from the fork to the child's exit
+            procs.append(proc)
+        return procs

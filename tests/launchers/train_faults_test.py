@@ -1,9 +1,12 @@
 """User mistakes and faults at the train and cache_tasks entry points, in child processes: each
-exits 2 with one line (no traceback), and a refused run leaves model_dir as it was."""
+exits 2 with one line (no traceback), and a refused run leaves model_dir as it was. Every run that
+fails is a process forked from one interpreter that imported the train program (the `refused`
+fixture; the full disk is injected into that process alone)."""
 
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +31,9 @@ def texts(standard):
 @pytest.fixture(scope="module")
 def cache_dir(standard):
     return standard[1]
+
+
+TRAIN = "cairn.launchers.train_main"
 
 
 def small(model_dir, cache_dir, steps, *extra):
@@ -65,101 +71,145 @@ def flip_a_byte_in_every_state_file(model_dir: pathlib.Path) -> None:
             f.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("source", ["missing", "empty"])
-def test_cache_tasks_on_a_missing_or_empty_source_is_one_line(tmp_path, source):
-    (tmp_path / "empty").mkdir()
-    proc = launch_util.run(
-        "cairn.launchers.cache_main",
-        [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp_path / 'c'}"],
-        env={"CAIRN_SHAKESPEARE_DIR": str(tmp_path / source)},
-    )
-    line = one_error_line(proc)
-    assert "task 'shakespeare_span_corruption' (split 'train'): its source cannot be read" in line
-    assert str(tmp_path / source) in line
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, texts, cache_dir):
+    """The runs here that fail (the programs refusing them, or the fault they train into), each
+    set up here and then run in its own process forked from one interpreter that imported train
+    (`launch_util.run_forked_each`: its own exit status, stdout and stderr); the tests assert on
+    them. `{case: (process, ...)}`."""
+    tmp = tmp_path_factory.mktemp("refused")
+    texts_env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    runs, cases = [], {}
 
+    def add(case, module, argv, env, *facts):
+        cases[case] = (len(runs), facts)
+        runs.append((module, argv, env))
 
-def test_a_held_lock_is_refused_before_anything_is_written(tmp_path, texts, cache_dir):
-    model_dir = tmp_path / "run"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text('{"the": "first run"}\n')
-    (model_dir / "fingerprint").mkdir()
-    (model_dir / "fingerprint" / "header.json").write_text('{"the": "first run"}\n')
+    # Every checkpoint corrupt: a 2-step run (its own child process), a byte flipped in each file.
+    corrupt = tmp / "corrupt"
+    proc = launch_util.train(small(corrupt, cache_dir, 2), env=texts_env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert sorted(os.listdir(corrupt / "checkpoints")) == ["2"]
+    flip_a_byte_in_every_state_file(corrupt)
+    corrupt_argv = small(corrupt, cache_dir, 4)
+    corrupt_before = tree(corrupt / "checkpoints")
+
+    # A lock held by a live process on this host, taken 1h 2m ago.
+    locked = tmp / "locked"
+    locked.mkdir()
+    (locked / "config.json").write_text('{"the": "first run"}\n')
+    (locked / "fingerprint").mkdir()
+    (locked / "fingerprint" / "header.json").write_text('{"the": "first run"}\n')
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    lock = {"pid": holder.pid, "host": socket.gethostname(), "time": time.time() - 3725}
+    (locked / "cairn.lock").write_text(json.dumps(lock))
+    add("locked", TRAIN, small(locked, cache_dir, 2, "--config.fingerprint_every=1"), texts_env, locked, tree(locked))
+
+    # cache_tasks on a missing and on an empty source.
+    (tmp / "empty").mkdir()
+    for source in ("missing", "empty"):
+        argv = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp / 'c'}"]
+        add(f"source_{source}", "cairn.launchers.cache_main", argv, {"CAIRN_SHAKESPEARE_DIR": str(tmp / source)}, tmp)
+
+    # A cache with a shard gone (the standard cache, copied), and a missing source.
+    gone = tmp / "cache_gone"
+    shutil.copytree(cache_dir, gone)
+    split_dir = gone / "shakespeare_span_corruption" / "train"
+    shard = sorted(p for p in split_dir.iterdir() if p.name.endswith(".array_record"))[0]
+    shard.unlink()
+    add("shard_gone", TRAIN, small(tmp / "run_shard", gone, 2), texts_env, tmp / "run_shard", shard.name)
+    missing_env = {"CAIRN_SHAKESPEARE_DIR": str(tmp / "no")}
+    add("no_source", TRAIN, small(tmp / "run_source", tmp / "c2", 2), missing_env, tmp / "run_source")
+
+    # A model_dir under a file, and one that cannot be written.
+    (tmp / "a_file").write_text("x")
+    for model_dir, why in ((tmp / "a_file" / "run", "is not a directory"), ("/proc/cairn_run", "cannot write")):
+        add(f"unwritable {why}", TRAIN, small(model_dir, cache_dir, 2), texts_env, model_dir, why)
+
+    add("corrupt", TRAIN, corrupt_argv, texts_env, corrupt, corrupt_before)
+
+    # Runs that train into a fault: a NaN loss (learning rate 1e30), a full disk at the second
+    # checkpoint (an injected ENOSPC).
+    nan = tmp / "nan"
+    argv = small(nan, cache_dir, 8, "--config.optimizer.schedule=constant")
+    argv += ["--config.optimizer.learning_rate=1e30", "--config.trainer.checkpoint_every=1"]
+    add("nan", TRAIN, argv, texts_env, nan)
+    full = tmp / "full"
+    argv = small(full, cache_dir, 40, "--config.trainer.checkpoint_every=2")
+    runs.append((TRAIN, argv, texts_env, DISK_FULL))
+    cases["disk_full"] = (len(runs) - 1, (full,))
+
     try:
-        lock = {"pid": holder.pid, "host": socket.gethostname(), "time": time.time() - 3725}
-        (model_dir / "cairn.lock").write_text(json.dumps(lock))
-        before = tree(model_dir)
-        proc = launch_util.train(
-            small(model_dir, cache_dir, 2, "--config.fingerprint_every=1"), env={"CAIRN_SHAKESPEARE_DIR": texts}
-        )
-        line = one_error_line(proc)
-        assert f"in use by pid {holder.pid} on host {socket.gethostname()} (taken 1h 2m " in line
-        assert tree(model_dir) == before  # config.json, the fingerprint header and the lock untouched
+        procs = launch_util.run_forked_each(runs, timeout=600, preload=("cairn.models", "cairn.trainer", TRAIN))
     finally:
         holder.kill()
         holder.wait()
+    return {case: (procs[i], *facts) for case, (i, facts) in cases.items()}
 
 
-def test_data_errors_are_found_before_anything_is_written(tmp_path, texts):
+@pytest.mark.parametrize("source", ["missing", "empty"])
+def test_cache_tasks_on_a_missing_or_empty_source_is_one_line(refused, source):
+    proc, tmp = refused[f"source_{source}"]
+    line = one_error_line(proc)
+    assert "task 'shakespeare_span_corruption' (split 'train'): its source cannot be read" in line
+    assert str(tmp / source) in line
+
+
+def test_a_held_lock_is_refused_before_anything_is_written(refused):
+    proc, model_dir, before = refused["locked"]
+    line = one_error_line(proc)
+    lock = json.loads((model_dir / "cairn.lock").read_text())
+    assert f"in use by pid {lock['pid']} on host {socket.gethostname()} (taken 1h 2m " in line
+    assert tree(model_dir) == before  # config.json, the fingerprint header and the lock untouched
+
+
+def test_data_errors_are_found_before_anything_is_written(refused):
     """A cache with a shard gone (found when the reader opens it, after the config checks) and a
     missing source: model_dir is not even created."""
-    cache = tmp_path / "cache"
-    env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    args = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={cache}"]
-    assert launch_util.run("cairn.launchers.cache_main", args, env=env).returncode == 0
-    split_dir = cache / "shakespeare_span_corruption" / "train"
-    shard = sorted(p for p in split_dir.iterdir() if p.name.endswith(".array_record"))[0]
-    shard.unlink()
-    line = one_error_line(launch_util.train(small(tmp_path / "run", cache, 2), env=env))
-    assert shard.name in line
-    assert not (tmp_path / "run").exists()
-    env = {"CAIRN_SHAKESPEARE_DIR": str(tmp_path / "no")}
-    proc = launch_util.train(small(tmp_path / "run", tmp_path / "c2", 2), env=env)
+    proc, model_dir, shard = refused["shard_gone"]
+    assert shard in one_error_line(proc)
+    assert not model_dir.exists()
+    proc, model_dir = refused["no_source"]
     assert "its source cannot be read: no *_gut.txt play texts in" in one_error_line(proc)
-    assert not (tmp_path / "run").exists()
+    assert not model_dir.exists()
 
 
-def test_an_unwritable_model_dir_or_one_under_a_file_is_one_line(tmp_path, texts, cache_dir):
-    (tmp_path / "a_file").write_text("x")
-    for model_dir, why in ((tmp_path / "a_file" / "run", "is not a directory"), ("/proc/cairn_run", "cannot write")):
-        proc = launch_util.train(small(model_dir, cache_dir, 2), env={"CAIRN_SHAKESPEARE_DIR": texts})
+def test_an_unwritable_model_dir_or_one_under_a_file_is_one_line(refused):
+    for why in ("is not a directory", "cannot write"):
+        proc, model_dir, _ = refused[f"unwritable {why}"]
         line = one_error_line(proc)
         assert line.startswith("error: config key 'model_dir': directory ") and str(model_dir) in line and why in line
-    assert (tmp_path / "a_file").read_text() == "x"
+    _, model_dir, _ = refused["unwritable is not a directory"]
+    assert model_dir.parent.read_text() == "x"
 
 
-def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(tmp_path, texts, cache_dir):
-    env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    model_dir = tmp_path / "run"
-    proc = launch_util.train(small(model_dir, cache_dir, 2), env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    assert sorted(os.listdir(model_dir / "checkpoints")) == ["2"]
-    flip_a_byte_in_every_state_file(model_dir)
-    before = tree(model_dir / "checkpoints")
-    line = one_error_line(launch_util.train(small(model_dir, cache_dir, 4), env=env))
+def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(refused, texts, cache_dir):
+    proc, model_dir, before = refused["corrupt"]
+    line = one_error_line(proc)
     assert f"every checkpoint in {model_dir / 'checkpoints'} is unusable (step 2: checkpoint " in line
     assert "same size, other bytes" in line and "--restart_if_corrupt" in line
     assert tree(model_dir / "checkpoints") == before  # nothing moved: a rerun says the same
-    proc = launch_util.train(small(model_dir, cache_dir, 4, "--restart_if_corrupt"), env=env)
+    proc = launch_util.train(
+        small(model_dir, cache_dir, 4, "--restart_if_corrupt"), env={"CAIRN_SHAKESPEARE_DIR": texts}
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "trained to step 4" in proc.stdout and "starting again from step 0" in proc.stderr
     assert sorted(os.listdir(model_dir / "corrupt_checkpoints")) == ["2"]
 
 
-def test_a_nan_stop_is_one_line_with_the_step_and_the_checkpoint_kept(tmp_path, texts, cache_dir):
-    model_dir = tmp_path / "run"
-    args = small(model_dir, cache_dir, 8, "--config.optimizer.schedule=constant")
-    args += ["--config.optimizer.learning_rate=1e30", "--config.trainer.checkpoint_every=1"]
-    line = one_error_line(launch_util.train(args, env={"CAIRN_SHAKESPEARE_DIR": texts}))
+def test_a_nan_stop_is_one_line_with_the_step_and_the_checkpoint_kept(refused):
+    proc, model_dir = refused["nan"]
+    line = one_error_line(proc)
     assert " at step " in line and "training stopped and " in line
     step = int(line.split(" at step ")[1].split(";")[0])
     assert f"the last good checkpoint (step {step - 1}) is kept in {model_dir}" in line
     assert sorted(int(s) for s in os.listdir(model_dir / "checkpoints"))[-1] == step - 1
 
 
+# Run in the forked child before the train program (`launch_util.run_forked_each`'s prelude).
 DISK_FULL = textwrap.dedent(
     """
-    import errno, sys
+    import errno
     import orbax.checkpoint as ocp
     real_save = ocp.CheckpointManager.save
 
@@ -169,26 +219,12 @@ DISK_FULL = textwrap.dedent(
         return real_save(self, step, *args, **kwargs)
 
     ocp.CheckpointManager.save = save
-    sys.argv[0] = "train"
-    from cairn.launchers import train_main
-    train_main.run()
     """
 )
 
 
-def test_a_full_disk_is_one_line_with_the_path_and_free_space(tmp_path, texts, cache_dir):
-    model_dir = tmp_path / "run"
-    args = small(model_dir, cache_dir, 40, "--config.trainer.checkpoint_every=2")
-    env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    proc = subprocess.run(
-        [sys.executable, "-c", DISK_FULL, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=str(launch_util.REPO),
-    )
+def test_a_full_disk_is_one_line_with_the_path_and_free_space(refused):
+    proc, model_dir = refused["disk_full"]
     line = one_error_line(proc)
     assert line.startswith(f"error: no space left on device writing checkpoint step 4 in {model_dir} (")
     assert " free); the last good checkpoint (step 2) is intact" in line
