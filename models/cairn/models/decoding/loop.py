@@ -108,7 +108,7 @@ def decode_loop(
         logits, cache = model(token, cache, step)
         return advance(state, logits, cache)
 
-    state = (
+    state: tuple[Any, ...] = (
         jnp.array(0, jnp.int32),
         jnp.full((batch_size,), bos_id, jnp.int32),
         cache,
