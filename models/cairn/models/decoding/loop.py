@@ -86,7 +86,7 @@ def decode_loop(
         return (step < max_decode_len) & ~jnp.all(done)
 
     def advance(state, logits, cache):
-        step, token, _, out, done, logp = state
+        step, _, _, out, done, logp = state
         logits = logits.astype(jnp.float32)
         nxt = choose(logits, start + step).astype(jnp.int32)
         forced = jnp.zeros_like(done)

@@ -29,6 +29,22 @@ def _param_dtype(config) -> jnp.dtype:
     return jnp.dtype(config.param_dtype)
 
 
+def _attention(cfg: T5Config, deterministic: bool, decode: bool = False, cross: bool = False, *, name: str):
+    """A layer's `MultiHeadAttention` as the config sets it up."""
+    return MultiHeadAttention(
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.dropout_rate,
+        _dtype(cfg),
+        deterministic,
+        decode,
+        cross,
+        implementation=cfg.attention_implementation,
+        float32_logits=cfg.float32_attention_logits,
+        name=name,
+    )
+
+
 class EncoderLayer(nn.Module):
     """Self-attention then MLP, each pre-normed with a residual connection."""
 
@@ -42,16 +58,7 @@ class EncoderLayer(nn.Module):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_attention_layer_norm")(x)
-        y = MultiHeadAttention(
-            cfg.num_heads,
-            cfg.head_dim,
-            cfg.dropout_rate,
-            dt,
-            self.deterministic,
-            implementation=cfg.attention_implementation,
-            float32_logits=cfg.float32_attention_logits,
-            name="attention",
-        )(y, y, bias)
+        y = _attention(cfg, self.deterministic, name="attention")(y, y, bias)
         x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_mlp_layer_norm")(x)
         y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
@@ -74,32 +81,12 @@ class DecoderLayer(nn.Module):
         cfg, dt = self.config, _dtype(self.config)
         drop = lambda y: nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=self.deterministic)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_self_attention_layer_norm")(x)
-        y = MultiHeadAttention(
-            cfg.num_heads,
-            cfg.head_dim,
-            cfg.dropout_rate,
-            dt,
-            self.deterministic,
-            self.decode,
-            implementation=cfg.attention_implementation,
-            float32_logits=cfg.float32_attention_logits,
-            name="self_attention",
-        )(y, y, self_bias)
+        y = _attention(cfg, self.deterministic, self.decode, name="self_attention")(y, y, self_bias)
         x = constrain(x + drop(y), ACT)
         if self.cross:
             y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_cross_attention_layer_norm")(x)
-            y = MultiHeadAttention(
-                cfg.num_heads,
-                cfg.head_dim,
-                cfg.dropout_rate,
-                dt,
-                self.deterministic,
-                self.decode,
-                cross=True,
-                implementation=cfg.attention_implementation,
-                float32_logits=cfg.float32_attention_logits,
-                name="encoder_decoder_attention",
-            )(y, encoded, cross_bias)
+            attention = _attention(cfg, self.deterministic, self.decode, cross=True, name="encoder_decoder_attention")
+            y = attention(y, encoded, cross_bias)
             x = constrain(x + drop(y), ACT)
         y = RMSNorm(cfg.layer_norm_epsilon, dt, _param_dtype(cfg), name="pre_mlp_layer_norm")(x)
         y = t5_mlp(cfg, self.sparse, self.deterministic)(y)
