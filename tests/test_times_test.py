@@ -114,7 +114,11 @@ def test_children_start_with_the_tests_xla_and_tensorflow_settings_unless_switch
         env = dict(base, PYTHONPATH=str(folder), CAIRN_TEST_FAST=fast, XLA_FLAGS=flags)
         proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
         out[fast] = proc.stdout.splitlines()
-    assert out["1"] == [flags + " --xla_llvm_disable_expensive_passes=true", "1"]
+    added = (
+        " --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+        " --xla_cpu_use_thunk_runtime=false --xla_cpu_parallel_codegen_split_count=1"
+    )
+    assert out["1"] == [flags + added, "1"]
     assert out["0"] == [flags, "None"]
 
 
