@@ -333,7 +333,14 @@ def group_size_table(args, env: dict) -> None:
                 else:
                     path = store.task_dir(paths(root, n, tag)[1], NAME, "train")
                 proc = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--measure_chunks", path, "--seconds", str(args.seconds)],
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--measure_chunks",
+                        path,
+                        "--seconds",
+                        str(args.seconds),
+                    ],
                     env=env,
                     capture_output=True,
                     text=True,

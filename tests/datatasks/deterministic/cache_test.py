@@ -16,10 +16,10 @@ from cairn.datatasks.deterministic import (
     DeterministicReader,
     cache_task_in_process,
     records,
+    store,
     task_dir,
     task_fingerprint,
 )
-from cairn.datatasks.deterministic import store
 from cairn.datatasks.deterministic.fingerprint import source_description
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import pattern_root, relative_name
@@ -313,7 +313,7 @@ def test_open_shards_stay_within_the_bound_and_reads_stay_right(chunked, monkeyp
         opened = cache._open
         most = []
 
-        def counting(shards, cache=cache, opened=opened):
+        def counting(shards, cache=cache, opened=opened, most=most):
             readers = opened(shards)
             most.append(len(cache._readers))
             return readers

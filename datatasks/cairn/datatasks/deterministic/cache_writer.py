@@ -183,9 +183,7 @@ def write_shard_files(
     return summary
 
 
-def write_shard(
-    task: Any, split: str, index: int, count: int, path: str, group_size: int = DEFAULT_GROUP_SIZE
-) -> dict:
+def write_shard(task: Any, split: str, index: int, count: int, path: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict:
     """Runs the source shard `index` of `count` through the cacheable preprocessors and
     writes its records and lengths under `path` (`group_size` records per chunk, shuffled
     within the shard by `shuffle_key(task, split)`); for a file source, also fingerprints

@@ -264,6 +264,12 @@ class CachedTask:
     lists the task's source files and compares their relative names and sizes with the
     recorded ones (one glob per pattern, one stat per file; no byte is read), or, for a
     source that is not made of files, the code behind it.
+
+    Reading: `read` fetches whole chunks (`group_size` records; 1 for format 2) and keeps
+    the decoded ones in an LRU of at most `chunk_cache_bytes`; at most `max_open_shards`
+    ArrayRecord readers stay open (`open_shards_bytes` over the estimated cost of one open
+    shard: `OPEN_SHARD_BYTES_REMOTE` at a URL, `OPEN_SHARD_BYTES_LOCAL` on disk, plus its
+    chunk index), the least recently used closed first. Thread-safe.
     """
 
     def __init__(
@@ -456,15 +462,11 @@ class CachedTask:
             wave = order[at : at + self.max_open_shards]
             readers = dict(zip(wave, self._open(wave)))
             todo = [j for s in wave for j in by_shard[s]]
-
-            def one(j: int) -> list[bytes]:
-                s, arg = jobs[j]
-                return readers[s].read(*arg)
-
+            calls = [(readers[jobs[j][0]], jobs[j][1]) for j in todo]
             if self._pool is None or len(wave) < 2:
-                got = [one(j) for j in todo]
+                got = [r.read(*arg) for r, arg in calls]
             else:  # at a URL every read is a request: the shards' requests in flight together
-                got = list(self._pool.map(one, todo))
+                got = list(self._pool.map(lambda call: call[0].read(*call[1]), calls))
             for j, g in zip(todo, got):
                 out[j] = g
         return out
@@ -491,14 +493,14 @@ class CachedTask:
             g = self.group_size
             chunk = self._chunk_base[shard] + local // g
             have: dict[int, list[bytes]] = {}
-            missing = []
+            missing: list[int] = []
             for c in np.unique(chunk).tolist():
-                got = self._chunks.get(c)
-                if got is None:
+                kept = self._chunks.get(c)
+                if kept is None:
                     missing.append(c)
                 else:
                     self._chunks.move_to_end(c)
-                    have[c] = got
+                    have[c] = kept
             self._stats["chunk_hits"] += len(have)
             if missing:
                 jobs = []
