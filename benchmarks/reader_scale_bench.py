@@ -186,13 +186,13 @@ def upload(root: str, n: int, bucket: str, tag: str = "") -> float:
     return time.perf_counter() - start
 
 
-def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None) -> dict:
+def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None, tag: str = "") -> dict:
     """One (size, mode) in this (fresh) process; `cache_dir` (e.g. a gs:// copy) instead of
     the local cache."""
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
-    src_dir, local_cache = paths(root, n)
+    src_dir, local_cache = paths(root, n, tag)
     cache_dir = cache_dir or local_cache
     task = make_task(src_dir)
     base_rss = rss_mb()
@@ -381,6 +381,7 @@ def main() -> None:
         default="local",
         help="local and/or gcs (a fake-gcs-server bucket: the cache uploaded, read over HTTP)",
     )
+    p.add_argument("--group_size", type=int, help="records per chunk of the caches (default: the writer's)")
     p.add_argument("--group_sizes", help="instead: rows/s and open-shard memory for these chunk sizes, e.g. 1,16,64")
     p.add_argument("--scale", type=int, default=1, help="--group_sizes: rows this many times longer")
     p.add_argument("--seconds", type=float, default=3.0, help="--group_sizes: seconds per rate")
@@ -392,7 +393,8 @@ def main() -> None:
     sys.path[:0] = [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
     if args.measure:
         n, pack = args.measure.split(",")
-        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir), sys.stdout)
+        tag = f"_g{args.group_size}" if args.group_size else ""
+        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir, tag), sys.stdout)
         return
     if args.measure_chunks:
         json.dump(measure_chunks(args.measure_chunks, args.seconds), sys.stdout)
@@ -407,6 +409,7 @@ def main() -> None:
         group_size_table(args, env)
         return
     root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
+    tag = f"_g{args.group_size}" if args.group_size else ""
     wheres = [w.strip() for w in args.storage.split(",")]
     emulator, bucket = None, None
     rows = []
@@ -420,17 +423,18 @@ def main() -> None:
             env = emulator.environ(env)
             env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
         for n in sizes:
-            seconds = build(root, n, args.shards, args.workers)
+            seconds = build(root, n, args.shards, args.workers, args.group_size, tag=tag)
             if seconds is not None:
                 print(
                     f"built {n:,} records in {args.shards} shards: {seconds:.1f} s ({n / seconds:,.0f} records/s)",
                     flush=True,
                 )
             if bucket:
-                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket):.1f} s", flush=True)
+                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket, tag):.1f} s", flush=True)
             for where in wheres:
                 for mode in modes:
-                    extra = ["--cache_dir", bucket_cache(bucket, n)] if where == "gcs" else []
+                    extra = ["--cache_dir", bucket_cache(bucket, n, tag)] if where == "gcs" else []
+                    extra += ["--group_size", str(args.group_size)] if args.group_size else []
                     proc = subprocess.run(
                         [
                             sys.executable,
@@ -456,7 +460,12 @@ def main() -> None:
             emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{args.shards} shards; EncDec {LENGTHS}, global batch {BATCH}; medians of {args.repeats}\n")
+    from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE
+
+    print(
+        f"\n{args.shards} shards, group_size {args.group_size or DEFAULT_GROUP_SIZE}; EncDec {LENGTHS}, "
+        f"global batch {BATCH}; medians of {args.repeats}\n"
+    )
     local = {(r["n"], r["pack"]): r["build_s"] for r in rows if r["where"] == "local"}
     print(
         "| records | storage | mode | bins | construction s (CPU s) | vs local | first batch step 0 s | "
