@@ -65,9 +65,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def paths(root: str, n: int) -> tuple[str, str]:
-    """`(source dir, cache dir)` of the synthetic task of `n` records."""
-    base = os.path.join(root, f"{NAME}_{n}")
+def paths(root: str, n: int, tag: str = "") -> tuple[str, str]:
+    """`(source dir, cache dir)` of the synthetic task of `n` records (`tag`: a variant)."""
+    base = os.path.join(root, f"{NAME}_{n}{tag}")
     return os.path.join(base, "src"), os.path.join(base, "cache")
 
 
@@ -82,15 +82,16 @@ def make_task(src_dir: str):
     return dt.Task(NAME, source, feats, [pp.append_eos_after_trim])
 
 
-def pool():
-    """`(serialized records, [POOL, 2] lengths)`: the distinct records the shards draw from."""
+def pool(scale: int = 1):
+    """`(serialized records, [POOL, 2] lengths)`: the distinct records the shards draw from
+    (`scale` times longer rows than the default)."""
     import numpy as np
 
     from cairn.datatasks.deterministic import records
 
     rng = np.random.default_rng(1234)
     specs = {"inputs": records.FeatureSpec("int32", 1), "targets": records.FeatureSpec("int32", 1)}
-    lens = np.stack([rng.integers(4, 24, POOL), rng.integers(2, 14, POOL)], 1).astype(np.int32)
+    lens = np.stack([rng.integers(4, 24, POOL), rng.integers(2, 14, POOL)], 1).astype(np.int32) * scale
     recs = [
         records.serialize({"inputs": rng.integers(3, 259, a), "targets": rng.integers(3, 259, b)}, specs)
         for a, b in lens
@@ -104,14 +105,14 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 
 def write_shards(args: tuple) -> int:
     """Writes shards `todo` of the cache of `n` records (run in a worker process)."""
-    n, shards, todo, src_dir, path = args
+    n, shards, todo, src_dir, path, group_size, scale = args
     import numpy as np
 
     from cairn.datatasks.deterministic import cache_writer
     from cairn.datatasks.deterministic.fingerprint import file_fingerprint
     from cairn.datatasks.sources import SourceFile
 
-    recs, lens = pool()
+    recs, lens = pool(scale)
     bounds = shard_bounds(n, shards)
     feats = {"inputs": {"dtype": "int32", "rank": 1}, "targets": {"dtype": "int32", "rank": 1}}
     for s in todo:
@@ -120,16 +121,29 @@ def write_shards(args: tuple) -> int:
         name = f"part-{s:05d}.txt"
         src = file_fingerprint(SourceFile(0, os.path.join(src_dir, name), name))
         cache_writer.write_shard_files(
-            path, s, shards, (recs[i] for i in pick.tolist()), lens[pick], feats, ["inputs", "targets"], {}, src
+            path,
+            s,
+            shards,
+            (recs[i] for i in pick.tolist()),
+            lens[pick],
+            feats,
+            ["inputs", "targets"],
+            {},
+            src,
+            group_size=group_size,
+            shuffle=f"{NAME}-{n}",
         )
     return len(todo)
 
 
-def build(root: str, n: int, shards: int, workers: int) -> float | None:
+def build(
+    root: str, n: int, shards: int, workers: int, group_size: int | None = None, scale: int = 1, tag: str = ""
+) -> float | None:
     """Writes the synthetic cache of `n` records (unless complete); returns seconds or None."""
     from cairn.datatasks.deterministic import cache_writer, store
 
-    src_dir, cache_dir = paths(root, n)
+    group_size = group_size or cache_writer.DEFAULT_GROUP_SIZE
+    src_dir, cache_dir = paths(root, n, tag)
     path = store.task_dir(cache_dir, NAME, "train")
     if store.is_completed(path):
         return None
@@ -139,7 +153,7 @@ def build(root: str, n: int, shards: int, workers: int) -> float | None:
         with open(os.path.join(src_dir, f"part-{s:05d}.txt"), "w", encoding="utf-8") as f:
             f.write(f"synthetic shard {s} of {shards}\n")
     cache_writer.prepare(path, overwrite=True)
-    jobs = [(n, shards, list(range(w, shards, workers)), src_dir, path) for w in range(workers)]
+    jobs = [(n, shards, list(range(w, shards, workers)), src_dir, path, group_size, scale) for w in range(workers)]
     if workers > 1:
         import multiprocessing
 
@@ -154,31 +168,31 @@ def build(root: str, n: int, shards: int, workers: int) -> float | None:
     return time.perf_counter() - start
 
 
-def bucket_cache(bucket: str, n: int) -> str:
+def bucket_cache(bucket: str, n: int, tag: str = "") -> str:
     """Where the emulator copy of the cache of `n` records lives."""
-    return f"{bucket}/{NAME}_{n}/cache"
+    return f"{bucket}/{NAME}_{n}{tag}/cache"
 
 
-def upload(root: str, n: int, bucket: str) -> float:
+def upload(root: str, n: int, bucket: str, tag: str = "") -> float:
     """Copies the local cache of `n` records into the bucket (each file one whole object);
     returns seconds."""
     from cairn import storage
 
-    _, cache_dir = paths(root, n)
+    _, cache_dir = paths(root, n, tag)
     start = time.perf_counter()
     for rel in storage.file_sizes(cache_dir):
         with open(os.path.join(cache_dir, rel), "rb") as f:
-            storage.write_bytes(storage.join(bucket_cache(bucket, n), *rel.split("/")), f.read())
+            storage.write_bytes(storage.join(bucket_cache(bucket, n, tag), *rel.split("/")), f.read())
     return time.perf_counter() - start
 
 
-def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None) -> dict:
+def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None, tag: str = "") -> dict:
     """One (size, mode) in this (fresh) process; `cache_dir` (e.g. a gs:// copy) instead of
     the local cache."""
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
-    src_dir, local_cache = paths(root, n)
+    src_dir, local_cache = paths(root, n, tag)
     cache_dir = cache_dir or local_cache
     task = make_task(src_dir)
     base_rss = rss_mb()
@@ -237,6 +251,123 @@ def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None =
     }
 
 
+def measure_chunks(path: str, seconds: float) -> dict:
+    """Reads the cache at `path` with `CachedTask` alone (no reader, no LRU of chunks): the
+    memory of every shard open, rows/s reading whole random chunks (8 per call) and single
+    random records (32 per call, each costing its chunk), and the chunk fetches per 1,000 rows."""
+    import numpy as np
+
+    from cairn.datatasks.deterministic.store import CachedTask
+
+    cache = CachedTask(path, chunk_cache_bytes=0, open_shards_bytes=1 << 50)
+    shards = len(cache.offsets) - 1
+    cache.read([0])  # the first shard also loads array-record (and at a URL, its client)
+    base = rss_mb()
+    start = time.perf_counter()
+    for s in range(1, shards):
+        cache.read([int(cache.offsets[s])])
+    open_s = (time.perf_counter() - start) / (shards - 1)
+    open_kb = (rss_mb() - base) * 1024 / (shards - 1)
+    g, base_of = cache.group_size, cache._chunk_base
+    rng = np.random.default_rng(0)
+
+    def rate(batch_ids) -> tuple[float, float]:
+        before = cache.stats()["chunk_fetches"]
+        start, rows = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds:
+            rows += len(cache.read(batch_ids()))
+        return rows / (time.perf_counter() - start), (cache.stats()["chunk_fetches"] - before) * 1000 / rows
+
+    def whole_chunks() -> np.ndarray:
+        out = []
+        for c in rng.integers(0, cache.num_chunks, 8).tolist():
+            s = int(np.searchsorted(base_of, c, side="right")) - 1
+            first = int(cache.offsets[s]) + (c - int(base_of[s])) * g
+            out.append(np.arange(first, min(first + g, int(cache.offsets[s + 1]))))
+        return np.concatenate(out)
+
+    whole, _ = rate(whole_chunks)
+    single, per_1000 = rate(lambda: rng.integers(0, cache.num_records, 32))
+    size = sum(int(s["bytes"]) for s in cache.info["shards"])
+    cache.close()
+    return {
+        "group_size": g,
+        "where": "gcs" if "://" in path else "local",
+        "mb": size / 2**20,
+        "record_bytes": size / cache.num_records,
+        "open_s": open_s,
+        "open_kb": open_kb,
+        "whole_rows_per_s": whole,
+        "single_rows_per_s": single,
+        "fetches_per_1000": per_1000,
+    }
+
+
+def group_size_table(args, env: dict) -> None:
+    """`--group_sizes`: one cache per group size (`--sizes`' first, `--shards`, rows `--scale`
+    times the default's), each read by `measure_chunks` in a fresh process per storage."""
+    from cairn.datatasks.deterministic import store
+
+    n = int(float(args.sizes.split(",")[0]))
+    wheres = [w.strip() for w in args.storage.split(",")]
+    root = args.root or tempfile.mkdtemp(prefix="cairn-group-sizes-")
+    emulator, bucket, rows = None, None, []
+    try:
+        if "gcs" in wheres:
+            from cairn.storage.testing import GcsEmulator
+
+            emulator = GcsEmulator().start()
+            emulator.activate()
+            bucket = emulator.create_bucket("group-sizes")
+            env = emulator.environ(env)
+            env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
+        for g in [int(x) for x in args.group_sizes.split(",")]:
+            tag = f"_g{g}_x{args.scale}"
+            seconds = build(root, n, args.shards, args.workers, g, args.scale, tag)
+            if seconds is not None:
+                print(f"built {n:,} records, group_size {g}: {seconds:.1f} s", flush=True)
+            for where in wheres:
+                if where == "gcs":
+                    upload(root, n, bucket, tag)
+                    path = store.task_dir(bucket_cache(bucket, n, tag), NAME, "train")
+                else:
+                    path = store.task_dir(paths(root, n, tag)[1], NAME, "train")
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--measure_chunks",
+                        path,
+                        "--seconds",
+                        str(args.seconds),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                if proc.returncode != 0:
+                    raise SystemExit(f"measuring group_size {g} {where} failed:\n{proc.stderr[-3000:]}")
+                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        if emulator is not None:
+            emulator.stop()
+        if not args.root:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\n{n:,} records in {args.shards} shards, rows x{args.scale}; CachedTask alone, no LRU of chunks\n")
+    print(
+        "| group_size | storage | shards MB (bytes/record) | per open shard KB | whole chunks rows/s "
+        "| single records rows/s (32 a call) | chunk fetches per 1,000 single rows | ms to open a shard |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['group_size']} | {r['where']} | {r['mb']:.1f} ({r['record_bytes']:.0f}) | {r['open_kb']:,.0f} "
+            f"| {r['whole_rows_per_s']:,.0f} | {r['single_rows_per_s']:,.0f} | {r['fetches_per_1000']:,.0f} "
+            f"| {r['open_s'] * 1000:.2f} |"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="1e5,1e6,1e7", help="record counts, comma-separated")
@@ -250,6 +381,11 @@ def main() -> None:
         default="local",
         help="local and/or gcs (a fake-gcs-server bucket: the cache uploaded, read over HTTP)",
     )
+    p.add_argument("--group_size", type=int, help="records per chunk of the caches (default: the writer's)")
+    p.add_argument("--group_sizes", help="instead: rows/s and open-shard memory for these chunk sizes, e.g. 1,16,64")
+    p.add_argument("--scale", type=int, default=1, help="--group_sizes: rows this many times longer")
+    p.add_argument("--seconds", type=float, default=3.0, help="--group_sizes: seconds per rate")
+    p.add_argument("--measure_chunks", help="internal: the cache measured in this process")
     p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
     p.add_argument("--cache_dir", help="internal: the cache to measure")
     args = p.parse_args()
@@ -257,15 +393,23 @@ def main() -> None:
     sys.path[:0] = [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")]
     if args.measure:
         n, pack = args.measure.split(",")
-        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir), sys.stdout)
+        tag = f"_g{args.group_size}" if args.group_size else ""
+        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir, tag), sys.stdout)
+        return
+    if args.measure_chunks:
+        json.dump(measure_chunks(args.measure_chunks, args.seconds), sys.stdout)
         return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
-    root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(REPO, lib) for lib in ("storage", "tokenizers", "datatasks")] + [env.get("PYTHONPATH", "")]
     )
+    if args.group_sizes:
+        group_size_table(args, env)
+        return
+    root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
+    tag = f"_g{args.group_size}" if args.group_size else ""
     wheres = [w.strip() for w in args.storage.split(",")]
     emulator, bucket = None, None
     rows = []
@@ -279,17 +423,18 @@ def main() -> None:
             env = emulator.environ(env)
             env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
         for n in sizes:
-            seconds = build(root, n, args.shards, args.workers)
+            seconds = build(root, n, args.shards, args.workers, args.group_size, tag=tag)
             if seconds is not None:
                 print(
                     f"built {n:,} records in {args.shards} shards: {seconds:.1f} s ({n / seconds:,.0f} records/s)",
                     flush=True,
                 )
             if bucket:
-                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket):.1f} s", flush=True)
+                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket, tag):.1f} s", flush=True)
             for where in wheres:
                 for mode in modes:
-                    extra = ["--cache_dir", bucket_cache(bucket, n)] if where == "gcs" else []
+                    extra = ["--cache_dir", bucket_cache(bucket, n, tag)] if where == "gcs" else []
+                    extra += ["--group_size", str(args.group_size)] if args.group_size else []
                     proc = subprocess.run(
                         [
                             sys.executable,
@@ -315,7 +460,12 @@ def main() -> None:
             emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{args.shards} shards; EncDec {LENGTHS}, global batch {BATCH}; medians of {args.repeats}\n")
+    from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE
+
+    print(
+        f"\n{args.shards} shards, group_size {args.group_size or DEFAULT_GROUP_SIZE}; EncDec {LENGTHS}, "
+        f"global batch {BATCH}; medians of {args.repeats}\n"
+    )
     local = {(r["n"], r["pack"]): r["build_s"] for r in rows if r["where"] == "local"}
     print(
         "| records | storage | mode | bins | construction s (CPU s) | vs local | first batch step 0 s | "

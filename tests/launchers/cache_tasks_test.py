@@ -6,7 +6,10 @@ import os
 import launch_util
 
 
-def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch):
+def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
+    import json
+    import pathlib
+
     from cairn.datatasks.deterministic import task_dir
     from cairn.datatasks.deterministic.store import CachedTask
     from cairn.launchers import cache_main, config_io
@@ -16,6 +19,12 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch):
     config.data.cache_dir = str(tmp_path / "a")
     assert cache_main.cache(config) == {"shakespeare_lm": "cached"}
     assert cache_main.cache(config) == {"shakespeare_lm": "already cached"}
+    # A cache of the older format 2 is re-cached (as the train launcher does), with a notice.
+    path = task_dir(str(tmp_path / "a"), "shakespeare_lm", "train")
+    pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": 2}) + "\n")
+    capfd.readouterr()
+    assert cache_main.cache(config) == {"shakespeare_lm": "cached"}
+    assert f"cairn: re-caching {path}: it was written in cache format 2" in capfd.readouterr().err
     a = CachedTask(task_dir(str(tmp_path / "a"), "shakespeare_lm", "train"))
     config.data.cache_dir = str(tmp_path / "b")
     assert cache_main.cache(config, beam=True) == {"shakespeare_lm": "cached"}

@@ -5,7 +5,7 @@ Each split is a `grain.MapDataset` or any Grain `RandomAccessDataSource` (an obj
 of features (numbers, strings, bytes or NumPy arrays of them) or one such value. `None`
 elements (what a `MapDataset.filter` leaves) are skipped. Shard `k` of `n` (`ShardInfo`, or
 the cache job's shards with `num_shards=n`) is a contiguous range of indices, split as Grain's
-`even_split` splits (the remainder to the first shards), so the cache keeps the source order;
+`even_split` splits (the remainder to the first shards), so a cache shard holds a contiguous range of it;
 `shuffle=True` reads the shard's indices in a seeded order.
 
 Grain itself is never imported here: the source is read through `len` and `[i]`, in the

@@ -15,12 +15,14 @@ from __future__ import annotations
 import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import shlex
+import sys
 
 from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, task_dir
+from cairn.datatasks.deterministic.store import recache_notice
 from cairn.launchers import cli, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.sources import source_errors_as_data_errors
@@ -53,6 +55,9 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     for name, task in sorted(tasks.items()):
         path = task_dir(config.data.cache_dir, name, config.data.split)
         stale = name in data_lib.cache_missing(config, {name: task})
+        notice = recache_notice(path) if stale and not overwrite else None
+        if notice:  # an older format: re-cached, as the train launcher does
+            print(notice, file=sys.stderr, flush=True)
         with source_errors_as_data_errors(name, config.data.split):
             fresh = cache_task_in_process(task, config.data.split, path, overwrite=overwrite or stale)
         done[name] = "cached" if fresh else "already cached"

@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import ml_collections
 import cairn.datatasks as dt
 from cairn.datatasks import DEFAULT_REGISTRY, DataTasksError, Mixture
 from cairn.datatasks.deterministic import DeterministicReader, cache_task_in_process, task_dir
-from cairn.datatasks.deterministic.store import INFO, is_completed, read_json
+from cairn.datatasks.deterministic.store import INFO, is_completed, read_json, recache_notice
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.multihost import stop_together
@@ -80,14 +81,15 @@ def sequence_length(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 
 def cache_missing(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:
-    """Tasks whose cache under `data.cache_dir` is missing or incomplete."""
+    """Tasks whose cache under `data.cache_dir` is missing, incomplete or of an older format."""
 
     return [n for n in sorted(tasks) if not is_completed(task_dir(config.data.cache_dir, n, config.data.split))]
 
 
 def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:
-    """Caches (in this process) every task whose cache is missing or incomplete; on several
-    processes, process 0 writes and the others wait. Returns the tasks cached now."""
+    """Caches (in this process) every task whose cache is missing, incomplete or of an older
+    format (a one-line notice on stderr says which and why); on several processes, process 0
+    writes and the others wait. Returns the tasks cached now."""
     import jax
 
     todo = cache_missing(config, tasks)
@@ -96,6 +98,9 @@ def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
         try:
             for name in todo:
                 path = task_dir(config.data.cache_dir, name, config.data.split)
+                notice = recache_notice(path)
+                if notice:
+                    print(notice, file=sys.stderr, flush=True)
                 print(f"caching task {name} ({config.data.split}) in {path}", flush=True)
                 cache_task_in_process(tasks[name], config.data.split, path, overwrite=True)
         except Exception as e:

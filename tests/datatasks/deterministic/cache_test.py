@@ -16,6 +16,7 @@ from cairn.datatasks.deterministic import (
     DeterministicReader,
     cache_task_in_process,
     records,
+    store,
     task_dir,
     task_fingerprint,
 )
@@ -39,7 +40,8 @@ def test_layout_info_and_stats(det_env):
     assert set(info["fingerprint"]) == {"preprocessors", "features", "vocabulary", "source", "total"}
     # Written once by the writer: per shard its size and SHA-256; the source files by name
     # relative to the pattern's root, never an absolute path.
-    assert info["format_version"] == 2
+    assert info["format_version"] == 3
+    assert info["group_size"] == 64 and info["record_order"] == "shuffled_within_shards"
     for s in info["shards"]:
         data = pathlib.Path(path, s["file"]).read_bytes()
         assert s["bytes"] == len(data) and s["sha256"] == hashlib.sha256(data).hexdigest()
@@ -54,7 +56,7 @@ def test_layout_info_and_stats(det_env):
     }
     assert [f["name"] for f in info["source"]["files"]] == ["a0.txt", "a1.txt"]
     assert det_env[0] not in pathlib.Path(path, "info.json").read_text()
-    assert json.loads(pathlib.Path(path, "COMPLETED").read_text()) == {"format_version": 2}
+    assert json.loads(pathlib.Path(path, "COMPLETED").read_text()) == {"format_version": 3}
     lengths = np.load(os.path.join(path, "lengths.npy"))
     assert lengths.shape == (280, 2) and lengths.dtype == np.int32
     stats = json.loads(pathlib.Path(path, "stats.json").read_text())
@@ -62,10 +64,14 @@ def test_layout_info_and_stats(det_env):
     cache = CachedTask(path, registry.get_task("det_a"))
     assert isinstance(cache.lengths, np.memmap)  # local: mapped, not read into memory
     np.testing.assert_array_equal(cache.lengths, lengths)
-    ex = records.parse(cache.read([151])[0], cache.specs)
+    # Shard 1's records are shuffled: source line 1 of a1.txt is its record order.index(1).
+    order = store.within_shard_order(info["shuffle_key"], 1, 130)
+    assert sorted(order.tolist()) == list(range(130)) and order[:20].tolist() != list(range(20))
+    at = 150 + int(np.nonzero(order == 1)[0][0])
+    ex = records.parse(cache.read([at])[0], cache.specs)
     words = pathlib.Path(det_env[0], "a1.txt").read_text().splitlines()[1].split()
     assert ex["inputs_pretokenized"] == " ".join(words[: len(words) // 2]).encode()
-    assert len(ex["inputs"]) == lengths[151, 0]
+    assert len(ex["inputs"]) == lengths[at, 0]
 
 
 def test_records_are_the_same_bytes_on_every_run(det_env, tmp_path):
@@ -77,6 +83,9 @@ def test_records_are_the_same_bytes_on_every_run(det_env, tmp_path):
     second = CachedTask(other, task)
     ids = list(range(first.num_records))
     assert first.read(ids) == second.read(ids)
+    # The within-shard shuffle is seeded: the same shard files, byte for byte.
+    assert [s["sha256"] for s in first.info["shards"]] == [s["sha256"] for s in second.info["shards"]]
+    assert first.info["shuffle_key"] == second.info["shuffle_key"] and first.info["shuffle_key"]
     assert first.read([5, 3]) == [first.read([5])[0], first.read([3])[0]]
 
 
@@ -235,3 +244,137 @@ def test_lengths_at_a_url_are_copied_once_or_read_into_memory_when_home_is_read_
     in_memory = store.load_lengths(url, "sha-b")
     assert not isinstance(in_memory, np.memmap) and in_memory.tolist() == list(range(7))
     assert "reading it into memory" in capfd.readouterr().err
+
+
+# -- format 3: chunked shards, shuffled within shards; the chunk and open-shard LRUs ---------
+
+
+@pytest.fixture(scope="module")
+def chunked(det_env, tmp_path_factory):
+    """`(task, {group size: cache path})`: det_a (shards of 150 and 130 records) cached with
+    7 records per chunk (chunks that straddle nothing: 22 + 19) and with 1."""
+    _, _, registry = det_env
+    task = registry.get_task("det_a")
+    root = tmp_path_factory.mktemp("chunked")
+    paths = {}
+    for g in (7, 1):
+        paths[g] = task_dir(str(root / f"g{g}"), "det_a", "train")
+        cache_task_in_process(task, "train", paths[g], group_size=g)
+    return task, paths
+
+
+def test_a_chunked_cache_reads_every_record_by_global_index_in_any_order(chunked, det_env):
+    task, paths = chunked
+    seven, one = CachedTask(paths[7], task), CachedTask(paths[1], task)
+    default = CachedTask(task_dir(det_env[1], "det_a", "train"), task)  # 64 per chunk
+    assert (seven.group_size, one.group_size, default.group_size) == (7, 1, 64)
+    assert seven.offsets.tolist() == [0, 150, 280] and seven.num_chunks == 22 + 19
+    assert seven.chunk_of([0, 6, 7, 149, 150, 156, 157, 279]).tolist() == [0, 0, 1, 21, 22, 22, 23, 40]
+    # The same shuffle (it depends on the shard and the task, not the chunk size): the same
+    # record at every global index, whatever the chunking.
+    np.testing.assert_array_equal(seven.lengths, one.lengths)
+    ids = np.random.default_rng(0).permutation(280).tolist() + [149, 150, 0, 279, 6, 7, 6]
+    got = seven.read(ids)
+    assert got == one.read(ids) == default.read(ids)
+    assert len(set(got[:280])) == 280
+    for i, rec in zip(ids[:40], got[:40]):
+        assert len(records.parse(rec, seven.specs)["inputs"]) == seven.lengths[i, 0]
+    for c in (seven, one, default):
+        c.close()
+
+
+def test_a_chunk_is_fetched_once_then_served_from_the_lru(chunked):
+    task, paths = chunked
+    cache = CachedTask(paths[7], task)
+    first = cache.read(range(7, 14))  # chunk 1 of shard 0, whole
+    assert cache.stats()["chunk_fetches"] == 1 and cache.stats()["chunk_hits"] == 0
+    assert cache.read([13, 7, 9]) == [first[6], first[0], first[2]]
+    assert cache.stats()["chunk_fetches"] == 1 and cache.stats()["chunk_hits"] == 1
+    cache.read([6, 7, 150])  # chunks 0 and 22 are new, 1 is kept
+    assert cache.stats()["chunk_fetches"] == 3 and cache.stats()["cached_chunk_bytes"] > 0
+    cache.close()
+    nothing_kept = CachedTask(paths[7], task, chunk_cache_bytes=0)
+    nothing_kept.read(range(7, 14))
+    assert nothing_kept.read(range(7, 14)) == first
+    assert nothing_kept.stats()["chunk_fetches"] == 2 and nothing_kept.stats()["cached_chunk_bytes"] == 0
+    nothing_kept.close()
+    per_record = CachedTask(paths[1], task)  # group_size 1: a fetch per record, no LRU
+    per_record.read([3, 4, 200])
+    assert per_record.stats()["chunk_fetches"] == 3
+    per_record.close()
+
+
+def test_open_shards_stay_within_the_bound_and_reads_stay_right(chunked, monkeypatch):
+    task, paths = chunked
+    reference = CachedTask(paths[1], task)
+    for g in (7, 1):
+        cache = CachedTask(paths[g], task, chunk_cache_bytes=0, open_shards_bytes=1)
+        assert cache.max_open_shards == 1
+        opened = cache._open
+        most = []
+
+        def counting(shards, cache=cache, opened=opened, most=most):
+            readers = opened(shards)
+            most.append(len(cache._readers))
+            return readers
+
+        monkeypatch.setattr(cache, "_open", counting)
+        for ids in ([0, 1], [200], [5, 279, 140, 150], [3], list(range(280))):
+            assert cache.read(ids) == reference.read(ids)
+            assert cache.stats()["open_shards"] <= 1
+        assert max(most) == 1 and cache.stats()["shard_closes"] >= 4
+        cache.close()
+    reference.close()
+    assert CachedTask(paths[7], task).max_open_shards >= 256  # the default budget, locally
+
+
+def _as_format_2(path):
+    """What format 2 wrote (one record per chunk, source order), as format 2's files say it."""
+    info = json.loads(pathlib.Path(path, "info.json").read_text())
+    info["format_version"] = 2
+    for k in ("group_size", "record_order", "shuffle_key"):
+        del info[k]
+    pathlib.Path(path, "info.json").write_text(json.dumps(info))
+    pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": 2}) + "\n")
+
+
+def test_a_format_2_cache_reads_as_it_is_and_is_re_cached_when_asked(chunked, tmp_path, capfd):
+    task, paths = chunked
+    path = str(tmp_path / "det_a" / "train")
+    shutil.copytree(paths[1], path)
+    _as_format_2(path)
+    assert store.cache_state(path) == "older" and not store.is_completed(path)
+    old, new = CachedTask(path, task), CachedTask(paths[1], task)
+    assert old.group_size == 1 and old.read(range(280)) == new.read(range(280))
+    old.close()
+    new.close()
+    assert store.recache_notice(path) == (
+        f"cairn: re-caching {path}: it was written in cache format 2; this version writes "
+        f"format 3 (chunked shards, records shuffled within shards)"
+    )
+    assert not cache_task_in_process(task, "train", path)  # readable: kept, with a notice
+    assert "is in cache format 2" in capfd.readouterr().err
+    assert cache_task_in_process(task, "train", path, overwrite=True)  # what the launcher does
+    assert store.cache_state(path) == "complete" and store.recache_notice(path) is None
+
+
+def test_a_chunked_cache_reads_from_the_bucket_a_request_per_chunk(chunked, tmp_path, monkeypatch):
+    from cairn import storage
+    from cairn.storage.testing import GcsEmulator
+
+    task, paths = chunked
+    monkeypatch.setenv("CAIRN_CACHE_HOME", str(tmp_path / "home"))
+    with GcsEmulator() as emu:
+        emu.activate()
+        url = emu.create_bucket("chunked") + "/det_a/train"
+        for name in sorted(os.listdir(paths[7])):
+            storage.copy_file(os.path.join(paths[7], name), f"{url}/{name}")
+        remote, local = CachedTask(url, task), CachedTask(paths[7], task)
+        assert remote.group_size == 7 and 200 < remote.max_open_shards <= 256  # ~1 MB per shard
+        ids = [13, 7, 150, 279, 8, 0]  # chunks 1, 22, 40, 0
+        assert remote.read(ids) == local.read(ids)
+        assert remote.stats()["chunk_fetches"] == 4
+        assert remote.read(range(7, 14)) == local.read(range(7, 14))
+        assert remote.stats()["chunk_fetches"] == 4  # chunk 1 again: from the LRU
+        remote.close()
+        local.close()

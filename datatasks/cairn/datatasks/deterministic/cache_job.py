@@ -3,7 +3,8 @@
 One Beam element per (task, source shard): a worker runs the shard through the task's
 cacheable preprocessors and writes one ArrayRecord shard (`cache_writer.write_shard`);
 the driver then merges the summaries and writes `COMPLETED` (`cache_writer.finalize`).
-Records keep the source order, so record `i` is the same bytes on every run and runner.
+Each shard's records are shuffled once by a permutation seeded with the shard index and the
+task's fingerprint, so record `i` is the same bytes on every run and runner.
 Apache Beam is imported only inside the functions here (docs/design.md §1).
 """
 

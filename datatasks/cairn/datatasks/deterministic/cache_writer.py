@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,20 +37,38 @@ from cairn.datatasks.deterministic.store import (
     FORMAT_VERSION,
     INFO,
     LENGTHS,
+    RECORD_ORDER_SHUFFLED,
     STATS,
     cache_state,
     clear_hint,
     completed_marker,
+    format_version,
     outdated_error,
     read_json,
     shard_name,
+    within_shard_order,
     write_json,
 )
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
 
-WRITER_OPTIONS = "group_size:1"  # one record per chunk: fast single-record random reads
+# Records per ArrayRecord chunk: the reader fetches a chunk per request (benchmarks/README.md
+# "reader_scale_bench.py --group_sizes" measured 16-1024).
+DEFAULT_GROUP_SIZE = 64
+SHUFFLE_BATCH = 4096  # records copied at once from the unshuffled temporary file
+
+
+def writer_options(group_size: int) -> str:
+    """The ArrayRecord writer options of a shard with `group_size` records per chunk."""
+    return f"group_size:{int(group_size)}"
+
+
+def shuffle_key(task: Any, split: str) -> str:
+    """The key of the within-shard shuffle: the task's fingerprint without its source part
+    (computed without reading a source file, the same on every worker), and the split."""
+    parts = task_fingerprint(task, split, with_source=False)
+    return hashlib.sha256(json.dumps([parts, split], sort_keys=True).encode()).hexdigest()
 
 
 def num_source_shards(task: Any, split: str) -> int:
@@ -57,13 +77,21 @@ def num_source_shards(task: Any, split: str) -> int:
 
 def prepare(path: str, overwrite: bool) -> bool:
     """Readies `path` for a new cache; False when a complete cache is there (skip it).
-    A complete cache of an older format is refused (`CacheFormatError`) unless `overwrite`."""
+    A complete cache of an older format this version reads is kept (a one-line notice); one
+    it cannot read is refused (`CacheFormatError`) unless `overwrite`."""
     present = storage.file_sizes(path)
     if present or storage.path(path).exists():
         state = cache_state(path)
         if overwrite:
             storage.remove_tree(path)
         elif state == "complete":
+            return False
+        elif state == "older":  # readable as it is: kept (overwrite=True rewrites it)
+            print(
+                f"cairn: {path} is in cache format {format_version(path)} (one record per chunk, "
+                f"source order); it reads as it is; --overwrite rewrites it in format {FORMAT_VERSION}",
+                file=sys.stderr,
+            )
             return False
         elif state == "outdated":
             raise outdated_error(path)
@@ -91,26 +119,46 @@ def write_shard_files(
     length_features: list,
     stats: dict | None = None,
     source_file: dict | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    shuffle: str | None = None,
 ) -> dict:
     """Writes shard `index` of `count` under `path`: the ArrayRecord file of `records_iter`
-    (written locally, hashed, then uploaded whole: never torn, on a bucket too), its lengths (`lengths`, read after the
-    records are consumed, so a generator may fill a list) and its summary JSON with the
-    shard's record count, byte size and SHA-256. Returns the summary."""
-    from array_record.python.array_record_module import ArrayRecordWriter
+    (`group_size` records per chunk; written locally, hashed, then uploaded whole: never
+    torn, on a bucket too), its lengths (`lengths`, read after the records are consumed, so
+    a generator may fill a list) and its summary JSON with the shard's record count, byte
+    size and SHA-256. `shuffle` (a key, `shuffle_key`) puts the records, and their lengths,
+    in the seeded order `store.within_shard_order(shuffle, index, n)`: they are first written
+    to a temporary unchunked file, then copied in that order (memory: a batch of records);
+    None keeps the source order (format 2's). Returns the summary."""
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
+    if not isinstance(group_size, int) or group_size < 1:
+        raise DataTasksError(f"group_size must be a positive integer, got {group_size!r}")
     name = shard_name(index, count)
     tmp = tempfile.mkdtemp(prefix="cairn-cache-")
     try:
         local = os.path.join(tmp, name + ".array_record")
-        writer = ArrayRecordWriter(local, WRITER_OPTIONS)
+        first = os.path.join(tmp, "unshuffled.array_record") if shuffle is not None else local
+        writer = ArrayRecordWriter(first, writer_options(1 if shuffle is not None else group_size))
         num = 0
         for rec in records_iter:
             writer.write(rec)
             num += 1
         writer.close()
+        arr = np.asarray(lengths, np.int32).reshape(num, len(length_features))
+        if shuffle is not None:
+            order = within_shard_order(shuffle, index, num)
+            arr = arr[order]
+            reader = ArrayRecordReader(first, "readahead_buffer_size:0")
+            writer = ArrayRecordWriter(local, writer_options(group_size))
+            for at in range(0, num, SHUFFLE_BATCH):
+                for rec in reader.read(order[at : at + SHUFFLE_BATCH].tolist()):
+                    writer.write(rec)
+            writer.close()
+            reader.close()
+            os.remove(first)
         size, sha = file_digest(local)
         storage.copy_file(local, storage.join(path, name + ".array_record"))
-        arr = np.asarray(lengths, np.int32).reshape(num, len(length_features))
         buf = io.BytesIO()
         np.save(buf, arr)
         storage.write_bytes(storage.join(path, name + ".lengths.npy"), buf.getvalue())
@@ -126,6 +174,8 @@ def write_shard_files(
         "length_features": list(length_features),
         "stats": dict(stats or {}),
         "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(length_features)},
+        "group_size": group_size,
+        "shuffle_key": shuffle,
     }
     if source_file is not None:
         summary["source_file"] = source_file
@@ -133,11 +183,12 @@ def write_shard_files(
     return summary
 
 
-def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dict:
+def write_shard(task: Any, split: str, index: int, count: int, path: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict:
     """Runs the source shard `index` of `count` through the cacheable preprocessors and
-    writes its records and lengths under `path`; for a file source, also fingerprints the
-    source file of the shard (so the driver never reads the sources). Returns the shard's
-    summary."""
+    writes its records and lengths under `path` (`group_size` records per chunk, shuffled
+    within the shard by `shuffle_key(task, split)`); for a file source, also fingerprints
+    the source file of the shard (so the driver never reads the sources). Returns the
+    shard's summary."""
     stats = DataStats()
     info = ShardInfo(index, count) if count > 1 else None
     source_file = None
@@ -169,6 +220,8 @@ def write_shard(task: Any, split: str, index: int, count: int, path: str) -> dic
         keys,
         stats.as_dict(),
         source_file,
+        group_size=group_size,
+        shuffle=shuffle_key(task, split),
     )
 
 
@@ -204,6 +257,13 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
                 f"cache {path!r}: shard {s['index']} has features {s['features']}, shard 0 has {feats}"
             )
     keys = shards[0]["length_features"] if shards else []
+    layouts = {(s.get("group_size", 1), s.get("shuffle_key")) for s in shards}
+    if len(layouts) > 1:
+        raise DataTasksError(
+            f"cache {path!r}: the shards were written with different group sizes or shuffle keys "
+            f"({sorted(layouts, key=str)}); clear the cache ({clear_hint(path)})"
+        )
+    group_size, key = next(iter(layouts)) if layouts else (DEFAULT_GROUP_SIZE, None)
     parts = []
     for i in range(count):
         parts.append(np.load(io.BytesIO(storage.read_bytes(storage.join(path, shard_name(i, count) + ".lengths.npy")))))
@@ -238,6 +298,11 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
         "fingerprint": task_fingerprint(task, split, source=source),
         "source": source,
         "cacheable_preprocessors": len(task.cacheable_preprocessors),
+        "group_size": group_size,
+        # "shuffled_within_shards": shard s holds its source records in the order
+        # store.within_shard_order(shuffle_key, s, n_s); "source": in source order.
+        "record_order": RECORD_ORDER_SHUFFLED if key is not None else "source",
+        "shuffle_key": key,
         "shards": [
             {"file": s["file"], "num_records": s["num_records"], "bytes": s["bytes"], "sha256": s["sha256"]}
             for s in shards
@@ -252,12 +317,14 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     return info
 
 
-def cache_task_in_process(task: Any, split: str, path: str, overwrite: bool = False) -> bool:
+def cache_task_in_process(
+    task: Any, split: str, path: str, overwrite: bool = False, group_size: int = DEFAULT_GROUP_SIZE
+) -> bool:
     """Caches `task` without Beam (small data, tests). False when already complete."""
     if not prepare(path, overwrite):
         return False
     count = num_source_shards(task, split)
     for i in range(count):
-        write_shard(task, split, i, count, path)
+        write_shard(task, split, i, count, path, group_size)
     finalize(task, split, path, count)
     return True

@@ -18,7 +18,12 @@ import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
-from cairn.datatasks.deterministic.store import CachedTask, task_dir
+from cairn.datatasks.deterministic.store import (
+    DEFAULT_CHUNK_CACHE_BYTES,
+    DEFAULT_OPEN_SHARDS_BYTES,
+    CachedTask,
+    task_dir,
+)
 from cairn.datatasks.deterministic.task_stream import TaskStream
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
@@ -55,6 +60,14 @@ class DeterministicReader:
         first-fit from the next `packing_window` unplaced records; fuller rows, a
         different order). Either is a pure function of (seed, step): resumable and the
         same global batches for any host count. `get_state` records a first-fit window.
+      chunk_cache_bytes: decoded cache chunks kept in memory (an LRU, shared evenly among
+        a mixture's tasks): a chunk read for one row serves the other rows in it without
+        another read (at a URL, another request). Changes no batch.
+      open_shards_bytes: the memory budget of open cache shards (shared evenly among a
+        mixture's tasks): at most `budget / cost` ArrayRecord readers stay open per task,
+        the least recently used closed first (a shard costs ~1 MB at a URL, ~32 KB locally,
+        plus its chunk index). Memory no longer grows with the number of shards. Changes
+        no batch.
     """
 
     def __init__(
@@ -76,6 +89,8 @@ class DeterministicReader:
         steps_per_call: int | None = None,
         packing: str = "greedy",
         packing_window: int = 128,
+        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+        open_shards_bytes: int = DEFAULT_OPEN_SHARDS_BYTES,
     ):
         if not (isinstance(host_count, int) and host_count >= 1 and 0 <= host_index < host_count):
             raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} of {host_count}")
@@ -106,7 +121,14 @@ class DeterministicReader:
         self.streams = [
             TaskStream(
                 t,
-                CachedTask(task_dir(cache_dir, t.name, split), t if check_task else None, split, check_source_files),
+                CachedTask(
+                    task_dir(cache_dir, t.name, split),
+                    t if check_task else None,
+                    split,
+                    check_source_files,
+                    chunk_cache_bytes=int(chunk_cache_bytes) // len(tasks),
+                    open_shards_bytes=int(open_shards_bytes) // len(tasks),
+                ),
                 self.seed,
                 feature_converter,
                 self.lengths,

@@ -1,16 +1,20 @@
 """The on-disk layout of a task cache and the random-access reader over it.
 
     <output_dir>/<task>/<split>/
-      shard-00000-of-00004.array_record   records of source shard 0, in source order
+      shard-00000-of-00004.array_record   records of source shard 0, shuffled within the shard,
+                                          `group_size` records per ArrayRecord chunk
       lengths.npy                         int32 [num_records, len(length_features)]
       info.json                           features, counts, fingerprint, shards, source files
       stats.json                          tokens per feature, skipped examples and why
       COMPLETED                           written last (holds the format version); a cache
                                           without it is not read
 
-Record `i` is record `i - offset[s]` of the shard `s` whose range holds it.
+Record `i` is record `i - offsets[s]` of the shard `s` whose range holds it, in chunk
+`(i - offsets[s]) // group_size` of that shard. Within a shard the records are in a seeded
+order (`within_shard_order`: a pure function of the shard index and the task's fingerprint),
+so a chunk is not a run of consecutive source lines; `lengths.npy` follows the same order.
 
-`info.json` (format 2) records, once, when the cache is written: per shard its file name,
+`info.json` (format 3) records, once, when the cache is written: per shard its file name,
 record count, byte size and SHA-256; the size and SHA-256 of `lengths.npy`; the task
 fingerprint (`fingerprint.PARTS`) and the source description it was computed from (per
 source file: pattern index, relative name, size, SHA-256). Opening a cache reads only
@@ -32,6 +36,7 @@ import os
 import re
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
@@ -40,15 +45,28 @@ import numpy as np
 
 from cairn import storage
 from cairn.datatasks.deterministic import fingerprint as fp
+from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.records import FeatureSpec
+from cairn.datatasks.deterministic.seeds import derive
 from cairn.datatasks.errors import DataTasksError
 
 INFO, STATS, LENGTHS, COMPLETED = "info.json", "stats.json", "lengths.npy", "COMPLETED"
 # 1: shards with record counts only, absolute source file names in the fingerprint.
 # 2: shards with byte sizes and SHA-256, lengths.npy size and SHA-256, the source files by
 #    relative name in `info["source"]`, the format version in COMPLETED.
-FORMAT_VERSION = 2
+# 3: chunked shards (`info["group_size"]` records per ArrayRecord chunk, read a chunk per
+#    request), records shuffled within each shard (`info["record_order"]`, `shuffle_key`).
+FORMAT_VERSION = 3
+READABLE_FORMATS = (2, 3)  # format 2 reads as it is: group_size 1, source order
 REMOTE_READ_THREADS = 32  # shards read at once from a bucket (see CachedTask.read)
+DEFAULT_CHUNK_CACHE_BYTES = 256 << 20  # decoded chunks kept per CachedTask (an LRU)
+DEFAULT_OPEN_SHARDS_BYTES = 256 << 20  # open ArrayRecord readers per CachedTask (an LRU)
+# What one open shard costs (measured, benchmarks/README.md "reader_scale_bench.py"): a
+# fixed part (a bucket's shard holds its own HTTP client and buffers) plus its chunk index.
+OPEN_SHARD_BYTES_LOCAL = 32 << 10
+OPEN_SHARD_BYTES_REMOTE = 1 << 20
+INDEX_BYTES_PER_CHUNK = 9
+RECORD_ORDER_SHUFFLED = "shuffled_within_shards"
 
 
 class CacheFormatError(DataTasksError):
@@ -176,21 +194,37 @@ def format_version(path: str) -> int | None:
 
 
 def cache_state(path: str) -> str:
-    """`"complete"` (this format), `"outdated"` (complete, another format: re-cache it),
-    `"incomplete"` (files but no `COMPLETED`) or `"missing"`."""
+    """`"complete"` (this format), `"older"` (complete, an older format this version still
+    reads: callers that cache what is missing re-cache it, `recache_notice`), `"outdated"`
+    (complete, a format this version cannot read: re-cache it), `"incomplete"` (files but
+    no `COMPLETED`) or `"missing"`."""
     version = format_version(path)
     if version == FORMAT_VERSION:
         return "complete"
+    if version in READABLE_FORMATS:
+        return "older"
     if version is not None:
         return "outdated"
     return "incomplete" if exists(path) else "missing"
 
 
 def is_completed(path: str) -> bool:
-    """True when `path` holds a complete cache this version can read. A complete cache of
-    another format version counts as not complete, so callers that cache what is missing
+    """True when `path` holds a complete cache in this format. A cache of an older format
+    (readable or not) counts as not complete, so callers that cache what is missing
     (`overwrite=True`) re-cache it."""
     return cache_state(path) == "complete"
+
+
+def recache_notice(path: str) -> str | None:
+    """The one line a caller that re-caches what is missing prints for a complete cache
+    of an older format (None when `path` holds none)."""
+    state = cache_state(path)
+    if state not in ("older", "outdated"):
+        return None
+    return (
+        f"cairn: re-caching {path}: it was written in cache format {format_version(path)}; this "
+        f"version writes format {FORMAT_VERSION} (chunked shards, records shuffled within shards)"
+    )
 
 
 def clear_hint(path: str) -> str:
@@ -212,9 +246,9 @@ def verify_hint(path: str, task: str | None, split: str | None) -> str:
 def outdated_error(path: str, name: str | None = None) -> CacheFormatError:
     return CacheFormatError(
         f"cache {path!r}{f' of task {name!r}' if name else ''} was written in format "
-        f"{format_version(path)} by an older cairn-datatasks; this version reads format "
-        f"{FORMAT_VERSION} (sizes and checksums of every shard, source files by relative "
-        f"name). Re-cache it: {clear_hint(path)}, then cache again"
+        f"{format_version(path)} by another cairn-datatasks; this version reads formats "
+        f"{', '.join(map(str, READABLE_FORMATS))} (sizes and checksums of every shard, source files by "
+        f"relative name). Re-cache it: {clear_hint(path)}, then cache again"
     )
 
 
@@ -230,21 +264,35 @@ class CachedTask:
     lists the task's source files and compares their relative names and sizes with the
     recorded ones (one glob per pattern, one stat per file; no byte is read), or, for a
     source that is not made of files, the code behind it.
+
+    Reading: `read` fetches whole chunks (`group_size` records; 1 for format 2) and keeps
+    the decoded ones in an LRU of at most `chunk_cache_bytes`; at most `max_open_shards`
+    ArrayRecord readers stay open (`open_shards_bytes` over the estimated cost of one open
+    shard: `OPEN_SHARD_BYTES_REMOTE` at a URL, `OPEN_SHARD_BYTES_LOCAL` on disk, plus its
+    chunk index), the least recently used closed first. Thread-safe.
     """
 
-    def __init__(self, path: str, task: Any = None, split: str = "train", check_source_files: bool = True):
+    def __init__(
+        self,
+        path: str,
+        task: Any = None,
+        split: str = "train",
+        check_source_files: bool = True,
+        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+        open_shards_bytes: int = DEFAULT_OPEN_SHARDS_BYTES,
+    ):
         self.path = path
         name = getattr(task, "name", None)
         state = cache_state(path)
         if state == "outdated":
             raise outdated_error(path, name)
-        if state != "complete":
+        if state not in ("complete", "older"):
             raise DataTasksError(
                 f"cache {path!r}{f' of task {name!r}' if name else ''} lacks {COMPLETED}: it "
                 f"is incomplete or still being written; {clear_hint(path)}, then cache again"
             )
         self.info = read_json(storage.join(path, INFO))
-        if int(self.info.get("format_version", 1)) != FORMAT_VERSION:
+        if int(self.info.get("format_version", 1)) not in READABLE_FORMATS:
             raise outdated_error(path, name)
         if task is not None:
             self._check(task, split, check_source_files)
@@ -259,12 +307,27 @@ class CachedTask:
                 f"{(self.num_records, len(self.length_features))}; "
                 f"{verify_hint(path, name, split)}, then re-cache"
             )
-        self._offsets = np.cumsum([0] + [s["num_records"] for s in self.info["shards"]])
-        self._readers: dict[int, Any] = {}
+        # Format 2 has no group_size (one record per chunk) and keeps the source order.
+        self.group_size = int(self.info.get("group_size", 1))
+        if self.group_size < 1:
+            raise CacheIntegrityError(f"cache {path!r}: info.json has group_size {self.group_size}; re-cache it")
+        counts = np.asarray([int(s["num_records"]) for s in self.info["shards"]], np.int64)
+        self.offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # The first global chunk number of each shard (chunk k of shard s is chunk_base[s] + k).
+        self._chunk_base = np.concatenate([[0], np.cumsum(-(-counts // self.group_size))]).astype(np.int64)
+        cost = (OPEN_SHARD_BYTES_LOCAL if _is_local(path) else OPEN_SHARD_BYTES_REMOTE) + INDEX_BYTES_PER_CHUNK * int(
+            np.diff(self._chunk_base).max(initial=0)
+        )
+        self.max_open_shards = max(1, int(open_shards_bytes) // cost)
+        self.chunk_cache_bytes = max(0, int(chunk_cache_bytes))
+        self._readers: OrderedDict[int, Any] = OrderedDict()  # LRU: least recently used first
+        self._chunks: OrderedDict[int, list[bytes]] = OrderedDict()  # LRU of decoded chunks
+        self._chunk_bytes = 0
+        self._stats = {"chunk_fetches": 0, "chunk_hits": 0, "shard_opens": 0, "shard_closes": 0}
         self._lock = threading.Lock()
-        # Reads from a bucket are network requests (one per record with `group_size:1`): the
-        # shards of one batch are read by this many threads at once (array-record releases
-        # the GIL). Local reads stay in the caller's thread.
+        # Reads from a bucket are network requests (one per chunk): the shards of one batch
+        # are read by this many threads at once (array-record releases the GIL). Local reads
+        # stay in the caller's thread.
         self._pool = (
             None
             if _is_local(path)
@@ -346,43 +409,148 @@ class CachedTask:
             return np.take(flat, ids).view(np.int32).reshape(-1, k)
         return np.asarray(self.lengths[ids])
 
-    def _reader(self, shard: int) -> Any:
-        if shard not in self._readers:
-            from array_record.python.array_record_module import ArrayRecordReader
+    @property
+    def num_chunks(self) -> int:
+        return int(self._chunk_base[-1])
 
-            name = self.info["shards"][shard]["file"]
+    def chunk_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The global chunk number of each record in `ids` (the chunks of shard 0 first;
+        chunk k of shard s holds its local records `[k * G, min((k + 1) * G, n_s))`)."""
+        idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        return self._chunk_base[shard] + (idx - self.offsets[shard]) // self.group_size
+
+    def stats(self) -> dict[str, int]:
+        """Counters since opening: `chunk_fetches` (chunks read from the files: at a URL one
+        request each; with group_size 1 one per record read), `chunk_hits` (chunks served
+        from the LRU), `shard_opens`, `shard_closes` (ArrayRecord readers opened and closed
+        by the open-shard LRU), `open_shards`, `cached_chunk_bytes`."""
+        with self._lock:
+            return dict(self._stats, open_shards=len(self._readers), cached_chunk_bytes=self._chunk_bytes)
+
+    def _open(self, shards: Sequence[int]) -> list[Any]:
+        """Readers of `shards` (at most `max_open_shards` distinct), opening those not open
+        and closing the least recently used others beyond the bound."""
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        for s in shards:
+            if s in self._readers:
+                self._readers.move_to_end(s)
+        for s in shards:
+            if s in self._readers:
+                continue
+            while len(self._readers) >= self.max_open_shards:
+                _, old = self._readers.popitem(last=False)
+                old.close()
+                self._stats["shard_closes"] += 1
+            name = self.info["shards"][s]["file"]
             # A gs:// shard is opened by array-record itself (google-cloud-cpp; its emulator
             # switch is set by cairn.storage from STORAGE_EMULATOR_HOST).
-            self._readers[shard] = ArrayRecordReader(storage.join(self.path, name), "readahead_buffer_size:0")
-        return self._readers[shard]
+            self._readers[s] = ArrayRecordReader(storage.join(self.path, name), "readahead_buffer_size:0")
+            self._stats["shard_opens"] += 1
+        return [self._readers[s] for s in shards]
+
+    def _run(self, jobs: list[tuple[int, Any]]) -> list[list[bytes]]:
+        """`jobs` = `[(shard, arg of ArrayRecordReader.read), ...]`, read in waves of at most
+        `max_open_shards` shards; at a URL each wave's shards are read in parallel."""
+        out: list[list[bytes]] = [[] for _ in jobs]
+        by_shard: dict[int, list[int]] = {}
+        for j, (s, _) in enumerate(jobs):
+            by_shard.setdefault(s, []).append(j)
+        order = list(by_shard)
+        for at in range(0, len(order), self.max_open_shards):
+            wave = order[at : at + self.max_open_shards]
+            readers = dict(zip(wave, self._open(wave)))
+            todo = [j for s in wave for j in by_shard[s]]
+            calls = [(readers[jobs[j][0]], jobs[j][1]) for j in todo]
+            if self._pool is None or len(wave) < 2:
+                got = [r.read(*arg) for r, arg in calls]
+            else:  # at a URL every read is a request: the shards' requests in flight together
+                got = list(self._pool.map(lambda call: call[0].read(*call[1]), calls))
+            for j, g in zip(todo, got):
+                out[j] = g
+        return out
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The records at `indices` (any order), read in one batch per shard."""
+        """The records at `indices` (any order). Each chunk they fall in is read once (one
+        request at a URL) unless it is in the LRU of decoded chunks; with group_size 1 the
+        records are read directly, in one batch per shard. Thread-safe."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
             raise IndexError(f"cache {self.path!r} has {self.num_records} records; asked for {idx.min()}..{idx.max()}")
-        shard = np.searchsorted(self._offsets, idx, side="right") - 1
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        local = idx - self.offsets[shard]
         out: list[bytes] = [b""] * idx.size
-        groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
         with self._lock:
-            readers = [self._reader(s) for s, _ in groups]
-            if self._pool is None or len(groups) < 2:
-                results = [r.read((idx[w] - self._offsets[s]).tolist()) for r, (s, w) in zip(readers, groups)]
-            else:  # at a URL every read is a request: the shards' requests in flight together
-                results = list(
-                    self._pool.map(
-                        lambda a: a[0].read((idx[a[1][1]] - self._offsets[a[1][0]]).tolist()), zip(readers, groups)
-                    )
-                )
-        for (_, where), got in zip(groups, results):
-            for w, rec in zip(where.tolist(), got):
-                out[w] = rec
+            if self.group_size == 1:  # a chunk is a record: no chunk cache (as format 2 read)
+                groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
+                results = self._run([(s, (local[w].tolist(),)) for s, w in groups])
+                self._stats["chunk_fetches"] += int(idx.size)
+                for (_, where), got in zip(groups, results):
+                    for w, rec in zip(where.tolist(), got):
+                        out[w] = rec
+                return out
+            g = self.group_size
+            chunk = self._chunk_base[shard] + local // g
+            have: dict[int, list[bytes]] = {}
+            missing: list[int] = []
+            for c in np.unique(chunk).tolist():
+                kept = self._chunks.get(c)
+                if kept is None:
+                    missing.append(c)
+                else:
+                    self._chunks.move_to_end(c)
+                    have[c] = kept
+            self._stats["chunk_hits"] += len(have)
+            if missing:
+                jobs = []
+                for c in missing:
+                    s = int(np.searchsorted(self._chunk_base, c, side="right")) - 1
+                    k = c - int(self._chunk_base[s])
+                    n_s = int(self.offsets[s + 1] - self.offsets[s])
+                    jobs.append((s, (k * g, min((k + 1) * g, n_s))))
+                fetched = self._run(jobs)
+                self._stats["chunk_fetches"] += len(missing)
+                have.update(zip(missing, fetched))
+            first = (chunk - self._chunk_base[shard]) * g  # the chunk's first local record
+            for w, (c, at) in enumerate(zip(chunk.tolist(), (local - first).tolist())):
+                out[w] = have[c][at]
+            if missing:
+                self._keep(missing, have)
         return out
+
+    def _keep(self, chunks: list[int], have: dict[int, list[bytes]]) -> None:
+        """Puts the fetched `chunks` into the LRU, then drops the least recently used ones
+        beyond `chunk_cache_bytes`."""
+        for c in chunks:
+            recs = have[c]
+            self._chunks[c] = recs
+            self._chunk_bytes += _chunk_size(recs)
+        while self._chunk_bytes > self.chunk_cache_bytes and self._chunks:
+            _, recs = self._chunks.popitem(last=False)
+            self._chunk_bytes -= _chunk_size(recs)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        for r in self._readers.values():
-            r.close()
-        self._readers.clear()
+        with self._lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
+            self._chunks.clear()
+            self._chunk_bytes = 0
+
+
+def _chunk_size(records: list[bytes]) -> int:
+    """The bytes a decoded chunk holds (its records and their Python objects)."""
+    return sum(len(r) for r in records) + 64 * len(records)
+
+
+def within_shard_order(shuffle_key: str, shard: int, num_records: int) -> np.ndarray:
+    """`order[j]`: the source position (within shard `shard`) of the shard's record `j`: a
+    seeded permutation that depends only on the shard index and `shuffle_key` (the task's
+    fingerprint, `info["shuffle_key"]`)."""
+    if num_records == 0:
+        return np.zeros([0], np.int64)
+    return Permutation(int(num_records), derive(shuffle_key, "within_shard", int(shard))).range(0, int(num_records))

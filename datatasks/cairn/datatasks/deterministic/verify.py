@@ -80,8 +80,8 @@ def verify_task_cache(path: str, task: Any, split: str = "train") -> list[str]:
         return [f"{store.COMPLETED} missing: the cache is incomplete or still being written"]
     if state == "outdated":
         return [
-            f"written in format {store.format_version(path)}; this version reads format "
-            f"{store.FORMAT_VERSION}: re-cache it (--overwrite)"
+            f"written in format {store.format_version(path)}; this version reads formats "
+            f"{', '.join(map(str, store.READABLE_FORMATS))}: re-cache it (--overwrite)"
         ]
     info = store.read_json(store.join(path, store.INFO))
     problems = []
