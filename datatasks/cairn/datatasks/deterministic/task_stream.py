@@ -1,5 +1,10 @@
 """`TaskStream`: one cached task's side of `DeterministicReader` (its cache, packing plan,
-epoch permutations, and the post-cache stages that turn planned rows into examples)."""
+read order, and the post-cache stages that turn planned rows into examples).
+
+Two read orders (`shuffle`): "global", a seeded base order over all records (the plan's bins
+are runs in it) and a seeded permutation of the bins per epoch; "chunks", the cache order as
+the base order (the plan does not depend on the seed) and the bins visited in chunk-window
+order (`chunk_order.ChunkOrder`), so a batch reads few chunks of the cache."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, ChunkOrder, chunk_bounds
 from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
 from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.seeds import derive, record_key
@@ -33,22 +39,33 @@ class TaskStream:
         keys: list[str],
         packing: str = "greedy",
         packing_window: int = 128,
+        shuffle: str = "global",
+        shuffle_chunk: int = 1,
+        shuffle_window: int = DEFAULT_WINDOW,
     ):
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
-        self.base = Permutation(n, derive(seed, task.name, "base"))
+        # The base order: seeded ("global") or the cache's own (None: the identity, "chunks").
+        self.base = Permutation(n, derive(seed, task.name, "base")) if shuffle == "global" else None
         self.sequence_length = dict(lengths)
         self.check_lengths = converter.pack
         if converter.pack:
             # Block by block over the base order: never an [N, K] array or the whole order.
             def units(a: int, b: int) -> np.ndarray:
-                return converter.packing_units(self.expected_lengths(self.base.range(a, b)), lengths)[0]
+                ids = np.arange(a, b, dtype=np.int64) if self.base is None else self.base.range(a, b)
+                return converter.packing_units(self.expected_lengths(ids), lengths)[0]
 
             _, capacity = converter.packing_units(self.expected_lengths(np.zeros(1, np.int64)), lengths)
             self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
             cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
+        self.order: ChunkOrder | None = None
+        if shuffle == "chunks":
+            offsets = getattr(cache, "offsets", None)
+            offsets = cache._offsets if offsets is None else offsets
+            bounds = chunk_bounds(offsets, shuffle_chunk)
+            self.order = ChunkOrder(self.plan.starts, bounds, derive(seed, task.name, "chunk_order"), shuffle_window)
         self._perms: dict[int, Permutation] = {}
         self._lock = threading.Lock()
         self._converter, self._keys = converter, keys
@@ -96,10 +113,16 @@ class TaskStream:
         ends = np.empty_like(cursors)
         for e in np.unique(epochs):
             where = np.nonzero(epochs == e)[0]
-            starts[where], ends[where] = self.plan.bins(self._epoch_perm(int(e))(ks[where]))
+            if self.order is None:
+                bins = self._epoch_perm(int(e))(ks[where])
+            else:
+                bins = self.order(int(e), ks[where])
+            starts[where], ends[where] = self.plan.bins(bins)
         sizes = ends - starts
         offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
-        records = self.base(self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
+        records = self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets)
+        if self.base is not None:
+            records = self.base(records)
         return epochs, records, sizes
 
     def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
