@@ -323,13 +323,15 @@ def test_chunk_order_is_elastic_and_every_epoch_visits_every_row_once(chunked, n
             seen.setdefault((task, epoch), []).extend(ids.tolist())
     for s in one.streams:
         assert sorted(seen[(s.task.name, 0)]) == list(range(s.cache.num_records)), s.task.name
-        assert s.base is None and s.order is not None
+        assert s.base is None and s.order.chunks is not None
 
 
 def test_chunk_order_batches_read_few_chunks_and_global_reads_many(chunked, shared):
     steps = range(30)
     local = [len(chunks_of(chunked("det_a", False), chunked("det_a", False).row_records(s))) for s in steps]
-    spread = [len(chunks_of(shared("det_a", False, batch=8), shared("det_a", False, batch=8).row_records(s))) for s in steps]
+    spread = [
+        len(chunks_of(shared("det_a", False, batch=8), shared("det_a", False, batch=8).row_records(s))) for s in steps
+    ]
     # A batch of 8 rows lies in at most two windows of 2 chunks; a global batch of 8 in ~7 of 35.
     assert max(local) <= 4 and np.mean(spread) > 6, (local, spread)
     packed = chunked("det_a", True)
@@ -352,7 +354,7 @@ def test_global_order_keeps_todays_rows(shared, det_env):
     for r in (shared("det_mix", True), explicit):
         rows = r.row_records(0) + r.row_records(40)
         assert [(n[-1], ids.tolist()) for n, _, ids in rows] == want
-        assert all(s.order is None for s in r.streams) and "shuffle" not in r.get_state()
+        assert all(s.order.chunks is None for s in r.streams) and "shuffle" not in r.get_state()
     unpacked = [ids.tolist() for _, _, ids in shared("det_mix", False).row_records(40)]
     assert unpacked == [[34], [66], [45], [101]]
     explicit.close()
@@ -362,7 +364,7 @@ def test_chunk_order_seeks_restores_and_refuses_another_order(det_env, chunked, 
     from cairn.datatasks.deterministic import CachedTask
 
     monkeypatch.setattr(CachedTask, "group_size", 8, raising=False)  # a chunked cache: "chunks" by default
-    run = make_reader(det_env, "det_mix", True, batch=8, shuffle_window=2)
+    run = make_reader(det_env, "det_mix", True, batch=8, shuffle_window=2, prefetch=1, steps_per_call=4)
     assert run.orders == [("chunks", 8), ("chunks", 8)]
     got = []
     for _ in range(7):
@@ -388,3 +390,21 @@ def test_chunk_order_seeks_restores_and_refuses_another_order(det_env, chunked, 
     ):
         with pytest.raises(DataTasksError, match=match):
             make_reader(det_env, "det_a", True, **bad)
+
+
+def test_chunk_order_sorts_batch_rows_so_a_host_reads_few_chunks(chunked):
+    """One host of 4 reads about a quarter of each batch's chunks, because the rows of a global
+    batch are sorted by first record; unsorted, its 4 rows spread over the window's chunks."""
+    host, whole = chunked("det_a", False, 0, 4, batch=16), chunked("det_a", False, batch=16)
+    sorted_rows = [len(chunks_of(host, host.row_records(s))) for s in range(16)]
+    host.sorted_rows = False
+    unsorted = [len(chunks_of(host, host.row_records(s))) for s in range(16)]
+    host.sorted_rows = True
+    assert np.mean(sorted_rows) <= 1.5 and np.mean(unsorted) >= 1.7, (sorted_rows, unsorted)
+    rows = [
+        (ids.tolist(), sorted_ids.tolist())
+        for (_, _, ids), (_, _, sorted_ids) in zip(
+            whole.row_records(3), sorted(whole.row_records(3), key=lambda r: r[2][0])
+        )
+    ]
+    assert all(a == b for a, b in rows)  # a batch's rows are in record order

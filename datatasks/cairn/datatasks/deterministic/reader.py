@@ -21,6 +21,7 @@ import numpy as np
 from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, SHUFFLES
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
+from cairn.datatasks.deterministic.read_order import sort_rows
 from cairn.datatasks.deterministic.store import CachedTask, task_dir
 from cairn.datatasks.deterministic.task_stream import TaskStream
 from cairn.datatasks.errors import DataTasksError
@@ -135,6 +136,7 @@ class DeterministicReader:
             mode = shuffle or ("chunks" if group > 1 else "global")
             self.orders.append((mode, (shuffle_chunk or group) if mode == "chunks" else 1))
         self.shuffle_window = shuffle_window
+        self.sorted_rows = any(mode == "chunks" for mode, _ in self.orders)
         self.streams = [
             TaskStream(
                 t,
@@ -229,13 +231,23 @@ class DeterministicReader:
 
     # -- rows ----------------------------------------------------------------------
     def _assigned(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """(task index, cursor in that task's stream) of this host's rows at the steps."""
-        rows = (
-            (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
-            + self.first_row
-            + np.arange(self.per_host, dtype=np.int64)[None, :]
-        ).reshape(-1)
-        return self.schedule.assign(rows)
+        """(task index, cursor in that task's stream) of this host's rows at the steps.
+
+        With a chunk order, the rows of each global batch are sorted by (task, first record)
+        before hosts take their slices (`read_order.sort_rows`): a host then reads the same few
+        chunks of a window at every step, whatever the host count."""
+        steps = (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
+        if not self.sorted_rows:
+            return self.schedule.assign((steps + self.first_row + np.arange(self.per_host)[None, :]).reshape(-1))
+        tasks, cursors = self.schedule.assign((steps + np.arange(self.batch)[None, :]).reshape(-1))
+        first = np.empty_like(cursors)
+        for t in np.unique(tasks).tolist():
+            where = np.nonzero(tasks == t)[0]
+            _, records, sizes = self.streams[t].planned(cursors[where])
+            first[where] = records[np.cumsum(sizes) - sizes]
+        order = sort_rows(tasks, first, self.batch).reshape(count, self.batch)
+        mine = order[:, self.first_row : self.first_row + self.per_host].reshape(-1)
+        return tasks[mine], cursors[mine]
 
     def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
         """`(task name, epoch, record ids)` of each of this host's rows at steps

@@ -1,10 +1,6 @@
 """`TaskStream`: one cached task's side of `DeterministicReader` (its cache, packing plan,
-read order, and the post-cache stages that turn planned rows into examples).
-
-Two read orders (`shuffle`): "global", a seeded base order over all records (the plan's bins
-are runs in it) and a seeded permutation of the bins per epoch; "chunks", the cache order as
-the base order (the plan does not depend on the seed) and the bins visited in chunk-window
-order (`chunk_order.ChunkOrder`), so a batch reads few chunks of the cache."""
+read order (`read_order`: "global" or "chunks"), and the post-cache stages that turn planned
+rows into examples)."""
 
 from __future__ import annotations
 
@@ -15,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
-from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, ChunkOrder, chunk_bounds
+from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW
 from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
-from cairn.datatasks.deterministic.permutation import Permutation
-from cairn.datatasks.deterministic.seeds import derive, record_key
+from cairn.datatasks.deterministic.read_order import ReadOrder, base_order
+from cairn.datatasks.deterministic.seeds import record_key
 from cairn.datatasks.deterministic.store import CachedTask
 from cairn.datatasks.deterministic.wire import WireFormatError
 from cairn.datatasks.errors import DataTasksError
@@ -45,8 +41,7 @@ class TaskStream:
     ):
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
-        # The base order: seeded ("global") or the cache's own (None: the identity, "chunks").
-        self.base = Permutation(n, derive(seed, task.name, "base")) if shuffle == "global" else None
+        self.base = base_order(n, seed, task.name, shuffle)
         self.sequence_length = dict(lengths)
         self.check_lengths = converter.pack
         if converter.pack:
@@ -60,13 +55,9 @@ class TaskStream:
             cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
-        self.order: ChunkOrder | None = None
-        if shuffle == "chunks":
-            offsets = getattr(cache, "offsets", None)
-            offsets = cache._offsets if offsets is None else offsets
-            bounds = chunk_bounds(offsets, shuffle_chunk)
-            self.order = ChunkOrder(self.plan.starts, bounds, derive(seed, task.name, "chunk_order"), shuffle_window)
-        self._perms: dict[int, Permutation] = {}
+        offsets = getattr(cache, "offsets", None)  # chunked caches name them; earlier ones keep them private
+        offsets = cache._offsets if offsets is None else offsets
+        self.order = ReadOrder(self.plan, self.base, seed, task.name, offsets, shuffle_chunk, shuffle_window)
         self._lock = threading.Lock()
         self._converter, self._keys = converter, keys
         start = len(task.cacheable_preprocessors)
@@ -96,34 +87,10 @@ class TaskStream:
         stored = {k: rows[:, j] for j, k in enumerate(self.cache.length_features)}
         return plan_lib.post_cache_lengths(self.task, stored, self.sequence_length)
 
-    def _epoch_perm(self, epoch: int) -> Permutation:
-        with self._lock:
-            if epoch not in self._perms:
-                if len(self._perms) > 8:
-                    self._perms.clear()
-                self._perms[epoch] = Permutation(self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
-            return self._perms[epoch]
-
     def planned(self, cursors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`(epochs [m], record ids, sizes [m])` of the task's rows at stream positions
         `cursors`: row `i` holds the next `sizes[i]` of the ids, in order."""
-        bins_n = self.plan.num_bins
-        epochs, ks = cursors // bins_n, cursors % bins_n
-        starts = np.empty_like(cursors)
-        ends = np.empty_like(cursors)
-        for e in np.unique(epochs):
-            where = np.nonzero(epochs == e)[0]
-            if self.order is None:
-                bins = self._epoch_perm(int(e))(ks[where])
-            else:
-                bins = self.order(int(e), ks[where])
-            starts[where], ends[where] = self.plan.bins(bins)
-        sizes = ends - starts
-        offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
-        records = self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets)
-        if self.base is not None:
-            records = self.base(records)
-        return epochs, records, sizes
+        return self.order.planned(cursors)
 
     def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """`(epoch, record ids)` of the task's rows at stream positions `cursors`."""
