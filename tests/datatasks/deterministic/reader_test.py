@@ -376,6 +376,8 @@ def test_chunk_order_seeks_restores_and_refuses_another_order(det_env, chunked, 
     want = chunked("det_mix", True).batches_at(0, 7)
     for a, b in zip(got, want):
         assert det_run.digest(a) == det_run.digest(b)
+    halves = [chunked("det_mix", True, h, 2).batch_at(5) for h in (0, 1)]
+    assert det_run.digest({k: np.concatenate([h[k] for h in halves]) for k in want[5]}) == det_run.digest(want[5])
     fresh = make_reader(det_env, "det_mix", True, batch=8, prefetch=0, steps_per_call=2, **CHUNKED)
     fresh.set_state(state)
     assert det_run.digest(next(fresh)) == det_run.digest(got[6])
