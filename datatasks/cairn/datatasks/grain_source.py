@@ -41,7 +41,17 @@ from cairn.datatasks.registry import get_mixture_or_task
 ELEMENTS = ("row", "batch")
 # DeterministicReader arguments a source passes through; host_index/host_count come from
 # `shard_options`, and the source reads on demand (no prefetch of its own: Grain prefetches).
-READER_OPTIONS = ("split", "registry", "check_source_files", "steps_per_call", "packing", "packing_window")
+READER_OPTIONS = (
+    "split",
+    "registry",
+    "check_source_files",
+    "steps_per_call",
+    "packing",
+    "packing_window",
+    "shuffle",
+    "shuffle_chunk",
+    "shuffle_window",
+)
 _KEEP_CHUNKS = 4  # passes of steps kept for the rows that Grain's reader threads ask for next
 
 

@@ -75,3 +75,43 @@ def test_in_place_network_is_the_feistel_formula():
     for k in p._keys:
         left, right = right, left ^ (_mix(right ^ k) & mask)
     np.testing.assert_array_equal(p._network(x.copy(), p._keys), (left << h) | right)
+
+
+# -- the chunk-window order (chunk_order.py) -------------------------------------------------
+def test_chunk_bounds_cut_each_shard_and_skip_empty_ones():
+    from cairn.datatasks.deterministic.chunk_order import chunk_bounds
+
+    assert chunk_bounds(np.array([0, 10, 10, 35]), 8).tolist() == [0, 8, 10, 18, 26, 34, 35]
+    assert chunk_bounds(np.array([0, 5]), 1).tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_chunk_order_visits_every_bin_once_window_by_window(packed):
+    from cairn.datatasks.deterministic.chunk_order import ChunkOrder, chunk_bounds
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    bounds = chunk_bounds(np.array([0, 1000, 1000, 2200, n]), 16)  # an empty shard, ragged chunks
+    starts = np.unique(np.append(np.cumsum(rng.integers(1, 40, n)), 0)) if packed else None
+    starts = None if starts is None else np.append(starts[starts < n], n)  # bins up to 39 records
+    order = ChunkOrder(starts, bounds, key=3, window=4)
+    bins = order.num_bins
+    assert bins == (starts.size - 1 if packed else n)
+    first = {}
+    for epoch in (0, 1):
+        got = order(epoch, np.arange(bins))
+        assert (np.bincount(got, minlength=bins) == 1).all(), epoch
+        first[epoch] = got
+        # Positions of window w are exactly the bins starting in its 4 chunks.
+        _, prefix = order._epoch(epoch)
+        for w in (0, prefix.size // 2, prefix.size - 2):
+            chunks = order.chunks_of_window(epoch, w)
+            want = np.concatenate([np.arange(order.first_bin[c], order.first_bin[c + 1]) for c in chunks])
+            assert sorted(got[prefix[w] : prefix[w + 1]].tolist()) == sorted(want.tolist())
+        # A seek: any subset, in any order, gives the same bins.
+        ks = rng.permutation(bins)[:50]
+        np.testing.assert_array_equal(order(epoch, ks), got[ks])
+    assert (first[0] != first[1]).mean() > 0.9
+    assert (ChunkOrder(starts, bounds, key=4, window=4)(0, np.arange(bins)) != first[0]).mean() > 0.9
+    with pytest.raises(IndexError, match="out of range"):
+        order(0, np.array([bins]))

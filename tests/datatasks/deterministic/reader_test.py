@@ -271,3 +271,142 @@ def test_prefix_lm_packed_rows_follow_the_plan(det_env):
     assert full["decoder_target_tokens"].shape == (4, 32)
     for i, (_, _, ids) in enumerate(one.row_records(3)):
         assert full["decoder_segment_ids"][i].max() == len(ids)
+
+
+# -- shuffle="chunks": a read order with locality (chunk_order.py) ----------------------------
+CHUNKED = {"shuffle": "chunks", "shuffle_chunk": 8, "shuffle_window": 2}
+
+
+@pytest.fixture(scope="module")
+def chunked(det_env):
+    """`chunked(name, pack, ...)`: shared readers in chunk order (8 records a chunk, windows of
+    2 chunks), read only through `batch_at` / `row_records`."""
+    made = {}
+
+    def get(name, pack, host_index=0, host_count=1, batch=8, seed=7, **kwargs):
+        key = (name, pack, host_index, host_count, batch, seed, tuple(sorted(kwargs.items())))
+        if key not in made:
+            options = {**CHUNKED, **kwargs}
+            made[key] = make_reader(det_env, name, pack, host_index, host_count, batch, seed, prefetch=0, **options)
+        return made[key]
+
+    yield get
+    for reader in made.values():
+        reader.close()
+
+
+def chunks_of(reader, rows):
+    """The set of (task, chunk of 8 records) that the records of `rows` lie in."""
+    from cairn.datatasks.deterministic.chunk_order import chunk_bounds
+
+    bounds = {s.task.name: chunk_bounds(s.cache.offsets, 8) for s in reader.streams}
+    return {(name, int(c)) for name, _, ids in rows for c in np.searchsorted(bounds[name], ids, side="right") - 1}
+
+
+@pytest.mark.parametrize(
+    "name,pack,packing", [("det_a", False, "greedy"), ("det_mix", True, "greedy"), ("det_a", True, "first_fit")]
+)
+def test_chunk_order_is_elastic_and_every_epoch_visits_every_row_once(chunked, name, pack, packing):
+    opts = {"packing": packing, "packing_window": 16} if packing == "first_fit" else {}
+    one = chunked(name, pack, **opts)
+    for hosts in (2, 4):
+        readers = [chunked(name, pack, h, hosts, **opts) for h in range(hosts)]
+        for step in (0, 3, 57):
+            parts = [row for r in readers for row in r.row_records(step)]
+            assert [(n, e, ids.tolist()) for n, e, ids in parts] == [
+                (n, e, ids.tolist()) for n, e, ids in one.row_records(step)
+            ], (hosts, step)
+    # Every record once per epoch, task by task (det_b has ~90 records, det_a ~280).
+    seen: dict = {}
+    for step in range(80):
+        for task, epoch, ids in one.row_records(step):
+            seen.setdefault((task, epoch), []).extend(ids.tolist())
+    for s in one.streams:
+        assert sorted(seen[(s.task.name, 0)]) == list(range(s.cache.num_records)), s.task.name
+        assert s.base is None and s.order.chunks is not None
+
+
+def test_chunk_order_batches_read_few_chunks_and_global_reads_many(chunked, shared):
+    steps = range(30)
+    local = [len(chunks_of(chunked("det_a", False), chunked("det_a", False).row_records(s))) for s in steps]
+    spread = [
+        len(chunks_of(shared("det_a", False, batch=8), shared("det_a", False, batch=8).row_records(s))) for s in steps
+    ]
+    # A batch of 8 rows lies in at most two windows of 2 chunks; a global batch of 8 in ~7 of 35.
+    assert max(local) <= 4 and np.mean(spread) > 6, (local, spread)
+    packed = chunked("det_a", True)
+    first = [[(n, e, ids[:1]) for n, e, ids in packed.row_records(s)] for s in steps]
+    assert max(len(chunks_of(packed, rows)) for rows in first) <= 4
+
+
+def test_chunk_order_is_seeded_and_its_plan_is_not(chunked):
+    a, b = chunked("det_a", True), chunked("det_a", True, seed=8)
+    np.testing.assert_array_equal(a.streams[0].plan.starts, b.streams[0].plan.starts)
+    rows = [[ids.tolist() for _, _, ids in r.row_records(0, 10)] for r in (a, b)]
+    assert rows[0] != rows[1]
+    assert rows[0] == [ids.tolist() for _, _, ids in chunked("det_a", True).row_records(0, 10)]
+
+
+def test_global_order_keeps_todays_rows(shared, det_env):
+    """shuffle="global" (the default on unchunked caches) keeps its rows: pinned here, so a change
+    to the global order shows. The shared caches are chunked, so their default is "chunks"."""
+    explicit = make_reader(det_env, "det_mix", True, prefetch=0, shuffle="global")
+    rows = explicit.row_records(0) + explicit.row_records(40)
+    want = [("b", [82]), ("a", [22]), ("b", [88]), ("a", [57]), ("b", [45]), ("a", [246]), ("b", [86]), ("a", [143])]
+    assert [(n[-1], ids.tolist()) for n, _, ids in rows] == want
+    unpacked = make_reader(det_env, "det_mix", False, prefetch=0, shuffle="global")
+    assert [ids.tolist() for _, _, ids in unpacked.row_records(40)] == [[34], [66], [45], [101]]
+    assert all(s.order.chunks is None for s in explicit.streams) and "shuffle" not in explicit.get_state()
+    assert shared("det_mix", True).orders == [("chunks", 64), ("chunks", 64)]
+    explicit.close()
+    unpacked.close()
+
+
+def test_chunk_order_seeks_restores_and_refuses_another_order(det_env, chunked):
+    # The caches are chunked (format 3): "chunks" by default, here with order chunks of 8 records.
+    run = make_reader(det_env, "det_mix", True, batch=8, shuffle_chunk=8, shuffle_window=2, prefetch=1, steps_per_call=4)
+    assert run.orders == [("chunks", 8), ("chunks", 8)]
+    got = []
+    for _ in range(7):
+        state = run.get_state()
+        got.append(next(run))
+    run.close()
+    assert state == {"step": 6, "seed": 7, "global_batch_size": 8, **CHUNKED}
+    # A seek equals iterating, and equals the explicitly chunked reader's batches.
+    want = chunked("det_mix", True).batches_at(0, 7)
+    for a, b in zip(got, want):
+        assert det_run.digest(a) == det_run.digest(b)
+    halves = [chunked("det_mix", True, h, 2).batch_at(5) for h in (0, 1)]
+    assert det_run.digest({k: np.concatenate([h[k] for h in halves]) for k in want[5]}) == det_run.digest(want[5])
+    fresh = make_reader(det_env, "det_mix", True, batch=8, prefetch=0, steps_per_call=2, **CHUNKED)
+    fresh.set_state(state)
+    assert det_run.digest(next(fresh)) == det_run.digest(got[6])
+    with pytest.raises(DataTasksError, match="shuffle_window=2.*shuffle_window=64"):
+        make_reader(det_env, "det_mix", True, batch=8, shuffle="chunks").set_state(state)
+    with pytest.raises(DataTasksError, match="shuffle='chunks'.*shuffle='global'"):
+        make_reader(det_env, "det_mix", True, batch=8, shuffle="global").set_state(state)
+    for bad, match in (
+        ({"shuffle": "local"}, "unknown shuffle 'local'"),
+        ({"shuffle_window": 0}, "shuffle_window must be a positive integer, got 0"),
+        ({"shuffle": "global", "shuffle_chunk": 8}, "needs shuffle='chunks'"),
+    ):
+        with pytest.raises(DataTasksError, match=match):
+            make_reader(det_env, "det_a", True, **bad)
+
+
+def test_chunk_order_sorts_batch_rows_so_a_host_reads_few_chunks(chunked):
+    """One host of 4 reads about a quarter of each batch's chunks, because the rows of a global
+    batch are sorted by first record; unsorted, its 4 rows spread over the window's chunks."""
+    host, whole = chunked("det_a", False, 0, 4, batch=16), chunked("det_a", False, batch=16)
+    sorted_rows = [len(chunks_of(host, host.row_records(s))) for s in range(16)]
+    host.sorted_rows = False
+    unsorted = [len(chunks_of(host, host.row_records(s))) for s in range(16)]
+    host.sorted_rows = True
+    assert np.mean(sorted_rows) <= 1.5 and np.mean(unsorted) >= 1.7, (sorted_rows, unsorted)
+    rows = [
+        (ids.tolist(), sorted_ids.tolist())
+        for (_, _, ids), (_, _, sorted_ids) in zip(
+            whole.row_records(3), sorted(whole.row_records(3), key=lambda r: r[2][0])
+        )
+    ]
+    assert all(a == b for a, b in rows)  # a batch's rows are in record order

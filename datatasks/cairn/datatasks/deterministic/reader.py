@@ -3,8 +3,10 @@
 
 Global row `r` of step `s` is `s * global_batch_size + j`. For a mixture, `r` picks its
 task and the cursor `q` in that task's stream statelessly (`mixing`); a task's stream
-is epoch `q // bins` and bin `perm_epoch(q % bins)` of its packing plan (`plan`); a bin
-is a run of records in the task's seeded base order. Host `h` of `H` owns rows
+is epoch `q // bins` and bin `order_epoch(q % bins)` of its packing plan (`plan`); a bin
+is a run of records in the task's base order. The order (`shuffle`) is "global" (a seeded
+base order, a seeded permutation of the bins per epoch) or "chunks" (the cache order, bins
+visited in a seeded chunk-window order: `chunk_order`). Host `h` of `H` owns rows
 `j in [h * B / H, (h + 1) * B / H)` and reads only their records. The state is the step.
 """
 
@@ -17,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, SHUFFLES
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
+from cairn.datatasks.deterministic.read_order import sort_rows
 from cairn.datatasks.deterministic.store import (
     DEFAULT_CHUNK_CACHE_BYTES,
     DEFAULT_OPEN_SHARDS_BYTES,
@@ -60,6 +64,14 @@ class DeterministicReader:
         first-fit from the next `packing_window` unplaced records; fuller rows, a
         different order). Either is a pure function of (seed, step): resumable and the
         same global batches for any host count. `get_state` records a first-fit window.
+      shuffle: the read order of each task: "global" (a seeded permutation over all records:
+        every batch draws from the whole cache) or "chunks" (a seeded order of chunks of
+        `shuffle_chunk` consecutive cache records, the rows of each window of `shuffle_window`
+        chunks shuffled together: a batch reads about `shuffle_window` chunks). Default: per
+        task, "chunks" when its cache is chunked (`group_size > 1`), else "global". Both are
+        pure functions of (seed, step), elastic and resumable; `get_state` records "chunks".
+      shuffle_chunk: records per order chunk (default: the cache's `group_size`).
+      shuffle_window: chunks shuffled together (default 64).
       chunk_cache_bytes: decoded cache chunks kept in memory (an LRU, shared evenly among
         a mixture's tasks): a chunk read for one row serves the other rows in it without
         another read (at a URL, another request). Changes no batch.
@@ -89,6 +101,9 @@ class DeterministicReader:
         steps_per_call: int | None = None,
         packing: str = "greedy",
         packing_window: int = 128,
+        shuffle: str | None = None,
+        shuffle_chunk: int | None = None,
+        shuffle_window: int = DEFAULT_WINDOW,
         chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
         open_shards_bytes: int = DEFAULT_OPEN_SHARDS_BYTES,
     ):
@@ -104,6 +119,13 @@ class DeterministicReader:
             raise DataTasksError(f"packing={packing!r} plans packed rows, but the feature converter has pack=False")
         if not isinstance(packing_window, int) or isinstance(packing_window, bool) or packing_window < 1:
             raise DataTasksError(f"packing_window must be a positive integer, got {packing_window!r}")
+        if shuffle is not None and shuffle not in SHUFFLES:
+            raise DataTasksError(f"unknown shuffle {shuffle!r}; expected one of {SHUFFLES}")
+        for name, value in (("shuffle_chunk", shuffle_chunk), ("shuffle_window", shuffle_window)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise DataTasksError(f"{name} must be a positive integer, got {value!r}")
+        if shuffle == "global" and shuffle_chunk is not None:
+            raise DataTasksError("shuffle_chunk orders chunks: it needs shuffle='chunks', not 'global'")
         # 0: greedy (what a state without the key means); the window of a first-fit plan.
         self.packing_window = packing_window if packing == "first_fit" else 0
         obj = get_mixture_or_task(mixture_or_task, registry) if isinstance(mixture_or_task, str) else mixture_or_task
@@ -118,25 +140,40 @@ class DeterministicReader:
         self.lengths = dict(sequence_length)
         self.converter = feature_converter
         keys = list(feature_converter.TASK_FEATURES)
+        caches = [
+            CachedTask(
+                task_dir(cache_dir, t.name, split),
+                t if check_task else None,
+                split,
+                check_source_files,
+                chunk_cache_bytes=int(chunk_cache_bytes) // len(tasks),
+                open_shards_bytes=int(open_shards_bytes) // len(tasks),
+            )
+            for t in tasks
+        ]
+        # Per task: (shuffle, records per chunk); "chunks" by default on a chunked cache.
+        self.orders: list[tuple[str, int]] = []
+        for cache in caches:
+            group = cache.group_size
+            mode = shuffle or ("chunks" if group > 1 else "global")
+            self.orders.append((mode, (shuffle_chunk or group) if mode == "chunks" else 1))
+        self.shuffle_window = shuffle_window
+        self.sorted_rows = any(mode == "chunks" for mode, _ in self.orders)
         self.streams = [
             TaskStream(
                 t,
-                CachedTask(
-                    task_dir(cache_dir, t.name, split),
-                    t if check_task else None,
-                    split,
-                    check_source_files,
-                    chunk_cache_bytes=int(chunk_cache_bytes) // len(tasks),
-                    open_shards_bytes=int(open_shards_bytes) // len(tasks),
-                ),
+                cache,
                 self.seed,
                 feature_converter,
                 self.lengths,
                 keys,
                 packing,
                 packing_window,
+                mode,
+                chunk,
+                shuffle_window,
             )
-            for t in tasks
+            for t, cache, (mode, chunk) in zip(tasks, caches, self.orders)
         ]
         self.schedule = MixtureSchedule([t.name for t in tasks], rates, self.seed)
         self._convert: Any = None
@@ -153,13 +190,28 @@ class DeterministicReader:
         self._last: tuple[int, list] | None = None
 
     # -- state ---------------------------------------------------------------------
-    def get_state(self) -> dict[str, int]:
-        state = {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
+    def order_state(self) -> dict[str, int | str]:
+        """The read order as `get_state` records it: nothing for "global" (as before the
+        option existed), else `shuffle`, `shuffle_chunk` and `shuffle_window` (with tasks of
+        different orders, `shuffle` names the chunked tasks and `shuffle_chunk` is per task)."""
+        chunked = [(s.task.name, c) for s, (m, c) in zip(self.streams, self.orders) if m == "chunks"]
+        if not chunked:
+            return {}
+        sizes = {c for _, c in chunked}
+        return {
+            "shuffle": "chunks" if len(chunked) == len(self.streams) else ",".join(n for n, _ in chunked),
+            "shuffle_chunk": sizes.pop() if len(sizes) == 1 else ",".join(f"{n}:{c}" for n, c in chunked),
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def get_state(self) -> dict[str, int | str]:
+        state: dict[str, int | str] = {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
         if self.packing_window:
             state["packing_window"] = self.packing_window
+        state.update(self.order_state())
         return state
 
-    def set_state(self, state: Mapping[str, int]) -> None:
+    def set_state(self, state: Mapping[str, int | str]) -> None:
         for k in ("seed", "global_batch_size"):
             if k in state and int(state[k]) != getattr(self, "seed" if k == "seed" else "batch"):
                 raise DataTasksError(
@@ -174,6 +226,16 @@ class DeterministicReader:
             raise DataTasksError(
                 f"state was saved by a reader with {what(window)}; this "
                 f"reader has {what(self.packing_window)}: its rows differ"
+            )
+        ours = self.order_state()
+        theirs = {k: state[k] for k in ("shuffle", "shuffle_chunk", "shuffle_window") if k in state}
+        if theirs != ours:
+
+            def order(o: Mapping[str, int | str]) -> str:
+                return ", ".join(f"{k}={v!r}" for k, v in o.items()) if o else "shuffle='global'"
+
+            raise DataTasksError(
+                f"state was saved by a reader with {order(theirs)}; this reader has {order(ours)}: its rows differ"
             )
         step = int(state["step"])
         if step < 0:
@@ -191,13 +253,23 @@ class DeterministicReader:
 
     # -- rows ----------------------------------------------------------------------
     def _assigned(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """(task index, cursor in that task's stream) of this host's rows at the steps."""
-        rows = (
-            (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
-            + self.first_row
-            + np.arange(self.per_host, dtype=np.int64)[None, :]
-        ).reshape(-1)
-        return self.schedule.assign(rows)
+        """(task index, cursor in that task's stream) of this host's rows at the steps.
+
+        With a chunk order, the rows of each global batch are sorted by (task, first record)
+        before hosts take their slices (`read_order.sort_rows`): a host then reads the same few
+        chunks of a window at every step, whatever the host count."""
+        steps = (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
+        if not self.sorted_rows:
+            return self.schedule.assign((steps + self.first_row + np.arange(self.per_host)[None, :]).reshape(-1))
+        tasks, cursors = self.schedule.assign((steps + np.arange(self.batch)[None, :]).reshape(-1))
+        first = np.empty_like(cursors)
+        for t in np.unique(tasks).tolist():
+            where = np.nonzero(tasks == t)[0]
+            _, records, sizes = self.streams[t].planned(cursors[where])
+            first[where] = records[np.cumsum(sizes) - sizes]
+        order = sort_rows(tasks, first, self.batch).reshape(count, self.batch)
+        mine = order[:, self.first_row : self.first_row + self.per_host].reshape(-1)
+        return tasks[mine], cursors[mine]
 
     def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
         """`(task name, epoch, record ids)` of each of this host's rows at steps

@@ -1,5 +1,6 @@
 """`TaskStream`: one cached task's side of `DeterministicReader` (its cache, packing plan,
-epoch permutations, and the post-cache stages that turn planned rows into examples)."""
+read order (`read_order`: "global" or "chunks"), and the post-cache stages that turn planned
+rows into examples)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW
 from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
-from cairn.datatasks.deterministic.permutation import Permutation
-from cairn.datatasks.deterministic.seeds import derive, record_key
+from cairn.datatasks.deterministic.read_order import ReadOrder, base_order
+from cairn.datatasks.deterministic.seeds import record_key
 from cairn.datatasks.deterministic.store import CachedTask
 from cairn.datatasks.deterministic.wire import WireFormatError
 from cairn.datatasks.errors import DataTasksError
@@ -33,23 +35,27 @@ class TaskStream:
         keys: list[str],
         packing: str = "greedy",
         packing_window: int = 128,
+        shuffle: str = "global",
+        shuffle_chunk: int = 1,
+        shuffle_window: int = DEFAULT_WINDOW,
     ):
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
-        self.base = Permutation(n, derive(seed, task.name, "base"))
+        self.base = base_order(n, seed, task.name, shuffle)
         self.sequence_length = dict(lengths)
         self.check_lengths = converter.pack
         if converter.pack:
             # Block by block over the base order: never an [N, K] array or the whole order.
             def units(a: int, b: int) -> np.ndarray:
-                return converter.packing_units(self.expected_lengths(self.base.range(a, b)), lengths)[0]
+                ids = np.arange(a, b, dtype=np.int64) if self.base is None else self.base.range(a, b)
+                return converter.packing_units(self.expected_lengths(ids), lengths)[0]
 
             _, capacity = converter.packing_units(self.expected_lengths(np.zeros(1, np.int64)), lengths)
             self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
             cache.remap_lengths()
         else:
             self.plan = plan_lib.Plan(n)
-        self._perms: dict[int, Permutation] = {}
+        self.order = ReadOrder(self.plan, self.base, seed, task.name, cache.offsets, shuffle_chunk, shuffle_window)
         self._lock = threading.Lock()
         self._converter, self._keys = converter, keys
         start = len(task.cacheable_preprocessors)
@@ -79,28 +85,10 @@ class TaskStream:
         stored = {k: rows[:, j] for j, k in enumerate(self.cache.length_features)}
         return plan_lib.post_cache_lengths(self.task, stored, self.sequence_length)
 
-    def _epoch_perm(self, epoch: int) -> Permutation:
-        with self._lock:
-            if epoch not in self._perms:
-                if len(self._perms) > 8:
-                    self._perms.clear()
-                self._perms[epoch] = Permutation(self.plan.num_bins, derive(self.seed, self.task.name, "epoch", epoch))
-            return self._perms[epoch]
-
     def planned(self, cursors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`(epochs [m], record ids, sizes [m])` of the task's rows at stream positions
         `cursors`: row `i` holds the next `sizes[i]` of the ids, in order."""
-        bins_n = self.plan.num_bins
-        epochs, ks = cursors // bins_n, cursors % bins_n
-        starts = np.empty_like(cursors)
-        ends = np.empty_like(cursors)
-        for e in np.unique(epochs):
-            where = np.nonzero(epochs == e)[0]
-            starts[where], ends[where] = self.plan.bins(self._epoch_perm(int(e))(ks[where]))
-        sizes = ends - starts
-        offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
-        records = self.base(self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets))
-        return epochs, records, sizes
+        return self.order.planned(cursors)
 
     def rows(self, cursors: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """`(epoch, record ids)` of the task's rows at stream positions `cursors`."""
