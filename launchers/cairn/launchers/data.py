@@ -149,6 +149,9 @@ def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]
     for name in sorted(tasks):
         info = read_json(os.path.join(task_dir(config.data.cache_dir, name, config.data.split), INFO))
         parts[name] = {"fingerprint": info.get("fingerprint"), "num_records": info.get("num_records")}
+        # A chunked cache (format 3) orders its records within shards and is read in chunk
+        # order by default: both shape the batches (absent from earlier caches' fingerprints).
+        parts[name].update({k: info[k] for k in ("group_size", "record_order", "shuffle_key") if k in info})
     payload = {
         "tasks": parts,
         "mixture": config.data.task,
