@@ -156,6 +156,8 @@ def test_tfds_source_reads_a_prepared_folder_and_refuses_otherwise(tmp_path):
     out = list(src.get_dataset("train", shuffle=False).as_numpy_iterator())
     assert [x["text"] for x in out] == [b"hello", b"world"]
     assert out[0]["ids"].tolist() == [1, 2, 3]
+    at_url = dt.TfdsDataSource("toy", "file://" + str(tmp_path), ["train[1:]"])  # listed and read through storage
+    assert [x["text"] for x in at_url.get_dataset("train[1:]", shuffle=False).as_numpy_iterator()] == [b"world"]
     with pytest.raises(dt.DataTasksError, match="not prepared.*does not download"):
         dt.TfdsDataSource("c4/en:3.0.1", str(tmp_path))
 

@@ -15,9 +15,10 @@ class ProtoDataSource(TFRecordFileSource):
 
     `decode_proto_fn(serialized: tf.Tensor) -> dict[str, tf.Tensor]` runs in the tf.data
     graph (e.g. `tf.io.decode_proto` with the message type and a descriptor set, or
-    `tf.io.parse_single_example`); `reader_cls(path)` reads a file's records
-    (when None: `tf.data.TFRecordDataset`, or `cairn.storage` for files at a URL). The decode function's source is part of a cache's
-    fingerprint, so changing it invalidates caches built with the old one.
+    `tf.io.parse_single_example`); `reader_cls(path)` reads a file's records (when None:
+    `tf.data.TFRecordDataset`, or `cairn.storage` for files at a URL). The decode function's
+    source is part of a cache's fingerprint, so changing it invalidates caches built with the
+    old one.
     """
 
     def __init__(

@@ -35,9 +35,7 @@ def _resolve(name: str, data_dir: str) -> tuple[str, str]:
         )
     if not version:
         versions = sorted(
-            v
-            for v in url_sources.list_dir(root)
-            if url_sources.exists(os.path.join(root, v, "dataset_info.json"))
+            v for v in url_sources.list_dir(root) if url_sources.exists(os.path.join(root, v, "dataset_info.json"))
         )
         if not versions:
             raise DataTasksError(f"TFDS dataset {name!r}: no prepared version under {root}")
