@@ -4,7 +4,9 @@ Every source maps split names to data, lists its shards (`list_shards`), knows
 `num_input_examples` when it was told, and reads a split as a `tf.data.Dataset` for
 one `ShardInfo`: whole files per shard when there are at least as many files as
 shards, every `num_shards`-th example otherwise. File order is shuffled with a
-seeded permutation when `shuffle=True`; nothing here uses an unseeded RNG.
+seeded permutation when `shuffle=True`; nothing here uses an unseeded RNG. Files at a URL
+(`gs://...`) are listed and read through `cairn.storage` (`url_sources`), local files by
+tf.data's readers: the same examples in the same order either way.
 """
 
 from __future__ import annotations
