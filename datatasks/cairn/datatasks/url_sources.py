@@ -15,6 +15,7 @@ No TensorFlow here: `sources` wraps these generators in tf.data (`records_datase
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from collections.abc import Callable, Iterator
@@ -82,12 +83,11 @@ def iter_lines(f: IO[bytes]) -> Iterator[bytes]:
         block = f.read(BLOCK)
         if not block:
             break
-        parts = (tail + block).split(b"\n")
+        parts = (tail + block.replace(b"\r", b"")).split(b"\n")
         tail = parts.pop()
-        for line in parts:
-            yield line.replace(b"\r", b"")
+        yield from parts
     if tail:
-        yield tail.replace(b"\r", b"")
+        yield tail
 
 
 def _crc32c() -> Callable[[bytes], int]:
@@ -102,14 +102,37 @@ def masked_crc(data: bytes, crc32c: Callable[[bytes], int] | None = None) -> int
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+class _Blocks:
+    """`read(n)`: exactly `n` bytes of `f` (fewer at its end), fetched `BLOCK` bytes per
+    request (a remote file object may send a request per small read)."""
+
+    def __init__(self, f: IO[bytes]):
+        self._f, self._buf, self._pos = f, b"", 0
+
+    def read(self, n: int) -> bytes:
+        if self._pos + n > len(self._buf):
+            parts, have = [self._buf[self._pos :]], len(self._buf) - self._pos
+            while have < n:
+                block = self._f.read(max(BLOCK, n - have))
+                if not block:
+                    break
+                parts.append(block)
+                have += len(block)
+            self._buf, self._pos = b"".join(parts), 0
+        out = self._buf[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+
 def iter_tfrecords(f: IO[bytes], name: str) -> Iterator[bytes]:
     """The records of the TFRecord file `f` (`name` for errors). Each record is framed as
     `uint64 length, uint32 masked_crc(length), data, uint32 masked_crc(data)` (little-endian);
     both CRCs are checked."""
     crc32c = _crc32c()
+    blocks = _Blocks(f)
     offset = 0
     while True:
-        header = f.read(12)
+        header = blocks.read(12)
         if not header:
             return
         if len(header) < 12:
@@ -118,7 +141,7 @@ def iter_tfrecords(f: IO[bytes], name: str) -> Iterator[bytes]:
         (want,) = struct.unpack("<I", header[8:])
         if masked_crc(header[:8], crc32c) != want:
             raise CorruptSourceError(f"TFRecord file {name}: corrupted record length at byte {offset} (CRC mismatch)")
-        body = f.read(length + 4)
+        body = blocks.read(length + 4)
         if len(body) < length + 4:
             raise CorruptSourceError(
                 f"TFRecord file {name}: truncated record at byte {offset} ({length} bytes announced)"
@@ -139,11 +162,6 @@ FORMATS: dict[str, Callable[[IO[bytes], str], Iterator[bytes]]] = {
 def batches(path: str, file_format: str, size: int = BATCH) -> Iterator[list[bytes]]:
     """The records of the file at `path` in `file_format` (`FORMATS`), `size` at a time."""
     with open_binary(path) as f:
-        batch: list[bytes] = []
-        for record in FORMATS[file_format](f, path):
-            batch.append(record)
-            if len(batch) == size:
-                yield batch
-                batch = []
-        if batch:
+        records = FORMATS[file_format](f, path)
+        while batch := list(itertools.islice(records, size)):
             yield batch
