@@ -156,5 +156,66 @@ def test_tfds_source_reads_a_prepared_folder_and_refuses_otherwise(tmp_path):
     out = list(src.get_dataset("train", shuffle=False).as_numpy_iterator())
     assert [x["text"] for x in out] == [b"hello", b"world"]
     assert out[0]["ids"].tolist() == [1, 2, 3]
+    at_url = dt.TfdsDataSource("toy", "file://" + str(tmp_path), ["train[1:]"])  # listed and read through storage
+    assert [x["text"] for x in at_url.get_dataset("train[1:]", shuffle=False).as_numpy_iterator()] == [b"world"]
     with pytest.raises(dt.DataTasksError, match="not prepared.*does not download"):
         dt.TfdsDataSource("c4/en:3.0.1", str(tmp_path))
+
+
+def _example(i: int) -> bytes:
+    feature = {"v": tf.train.Feature(int64_list=tf.train.Int64List(value=[i] * (i % 3)))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
+
+
+def test_files_at_a_url_are_read_through_storage_as_tf_data_reads_them(tmp_path):
+    """`file://` patterns take the URL path (`cairn.storage`, as gs:// does, without an emulator):
+    the same examples in the same order as tf.data's readers on the local paths, for every
+    shard and shuffle; TFRecord CRCs are checked; no match is the same one-line error."""
+    from cairn.datatasks import url_sources
+
+    for i, data in enumerate([b"h\r\na\n\n c \rd\r\r\ne", b"x\ny\n", b"", b"\n", b"  \nz"]):
+        (tmp_path / f"t{i}.txt").write_bytes(data)
+    with tf.io.TFRecordWriter(str(tmp_path / "r0.tfrecord")) as w:
+        w.write(b"")  # an empty record: an empty Example
+        for i in range(6):
+            w.write(_example(i))
+    with tf.io.TFRecordWriter(str(tmp_path / "r1.tfrecord")) as w:
+        w.write(_example(9))
+    (tmp_path / "j.jsonl").write_text('{"q": "a", "n": 1}\n\n{bad\n{"q": "b", "n": 2}\r\n')
+    desc = {"v": tf.io.VarLenFeature(tf.int64)}
+    make = [
+        lambda p: dt.TextLineDataSource({"train": p + "/t*.txt"}, skip_header_lines=1),
+        lambda p: dt.TextLineDataSource({"train": [p + "/t[0-2].txt", p + "/t4.txt"]}, skip_empty_lines=False),
+        lambda p: dt.TFExampleDataSource({"train": p + "/r*.tfrecord"}, desc),
+        lambda p: dt.JsonLinesDataSource({"train": p + "/*.jsonl"}),
+    ]
+    local, url = str(tmp_path), "file://" + str(tmp_path)
+    for new in make:
+        a, b = new(local), new(url)
+        assert [f.name for f in a.source_files("train")] == [f.name for f in b.source_files("train")]
+        assert all(p.startswith("file:///") for p in b.list_shards("train"))
+        seen = 0
+        for shard, shuffle in ((None, False), (None, True), (dt.ShardInfo(1, 2), True), (dt.ShardInfo(2, 5), False)):
+            got = [
+                [tf.nest.map_structure(lambda t: t.values if isinstance(t, tf.SparseTensor) else t, x) for x in s]
+                for s in (src.get_dataset("train", shuffle=shuffle, seed=5, shard_info=shard) for src in (a, b))
+            ]
+            assert str(got[0]) == str(got[1])
+            seen += len(got[0])
+        assert seen > 4
+    lines = list(dt.TextLineDataSource({"train": url + "/t0.txt"}, skip_empty_lines=False).get_dataset("train"))
+    assert [x.numpy() for x in lines] == [b"h", b"a", b"", b" c d", b"e"]  # \r dropped, as TextLineDataset
+    # A flipped payload byte, and a truncated file, are caught by the CRC / framing checks.
+    good = (tmp_path / "r0.tfrecord").read_bytes()
+    (tmp_path / "bad.tfrecord").write_bytes(good[:-5] + bytes([good[-5] ^ 1]) + good[-4:])  # last payload byte
+    with pytest.raises(url_sources.CorruptSourceError, match=r"bad.tfrecord: corrupted record at byte \d+ \(CRC"):
+        list(url_sources.batches(url + "/bad.tfrecord", "tfrecord"))
+    (tmp_path / "bad.tfrecord").write_bytes(good[:-3])
+    with pytest.raises(url_sources.CorruptSourceError, match="truncated record at byte"):
+        list(url_sources.batches(url + "/bad.tfrecord", "tfrecord"))
+    errors = []
+    for root in (local, url):
+        with pytest.raises(dt.DataTasksError) as e:
+            dt.TextLineDataSource({"train": root + "/none-*.txt"}).source_files("train")
+        errors.append(str(e.value).replace(root, "ROOT"))
+    assert errors[0] == errors[1] == "split 'train': no file matches 'ROOT/none-*.txt'"

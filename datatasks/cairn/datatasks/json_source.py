@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from cairn.datatasks import url_sources
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
-from cairn.datatasks.sources import FileDataSource, ShardInfo
+from cairn.datatasks.sources import FileDataSource, ShardInfo, records_dataset
 from cairn.datatasks.stats import DataStats, counted_filter
 
 
@@ -54,8 +55,8 @@ class JsonLinesDataSource(FileDataSource):
 
     def _feature_spec(self, split: str) -> dict[str, tf.TensorSpec]:
         if self._spec is None:
-            with tf.io.gfile.GFile(self.list_shards(split)[0], "rb") as f:
-                for line in f:
+            with url_sources.open_binary(self.list_shards(split)[0]) as f:
+                for line in url_sources.iter_lines(f):
                     if line.strip():
                         self._spec = {k: _json_spec(v) for k, v in json.loads(line).items()}
                         break
@@ -65,6 +66,9 @@ class JsonLinesDataSource(FileDataSource):
 
     def _read_file(self, path):
         return tf.data.TextLineDataset(path)
+
+    def _read_url_file(self, path):
+        return records_dataset(path, "lines")
 
     def get_dataset(
         self,

@@ -7,17 +7,18 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
-from cairn.datatasks.sources import FileDataSource
+from cairn.datatasks.sources import TFRecordFileSource
 
 
-class ProtoDataSource(FileDataSource):
+class ProtoDataSource(TFRecordFileSource):
     """Records of serialized protos, one example each, decoded by `decode_proto_fn`.
 
     `decode_proto_fn(serialized: tf.Tensor) -> dict[str, tf.Tensor]` runs in the tf.data
     graph (e.g. `tf.io.decode_proto` with the message type and a descriptor set, or
-    `tf.io.parse_single_example`); `reader_cls(path)` reads a file's records
-    (`tf.data.TFRecordDataset` when None). The decode function's source is part of a cache's
-    fingerprint, so changing it invalidates caches built with the old one.
+    `tf.io.parse_single_example`); `reader_cls(path)` reads a file's records (when None:
+    `tf.data.TFRecordDataset`, or `cairn.storage` for files at a URL). The decode function's
+    source is part of a cache's fingerprint, so changing it invalidates caches built with the
+    old one.
     """
 
     def __init__(
@@ -30,9 +31,6 @@ class ProtoDataSource(FileDataSource):
         super().__init__(split_to_filepattern, num_input_examples)
         self.decode_fn = decode_proto_fn
         self._reader = reader_cls
-
-    def _read_file(self, path):
-        return (self._reader or tf.data.TFRecordDataset)(path)
 
     def _postprocess(self, ds, stats):
         return map_inline(ds, lambda record: dict(self.decode_fn(record)))

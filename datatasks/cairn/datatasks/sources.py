@@ -4,7 +4,9 @@ Every source maps split names to data, lists its shards (`list_shards`), knows
 `num_input_examples` when it was told, and reads a split as a `tf.data.Dataset` for
 one `ShardInfo`: whole files per shard when there are at least as many files as
 shards, every `num_shards`-th example otherwise. File order is shuffled with a
-seeded permutation when `shuffle=True`; nothing here uses an unseeded RNG.
+seeded permutation when `shuffle=True`; nothing here uses an unseeded RNG. Files at a URL
+(`gs://...`) are listed and read through `cairn.storage` (`url_sources`), local files by
+tf.data's readers: the same examples in the same order either way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from cairn import storage
+from cairn.datatasks import url_sources
 from cairn.datatasks.errors import DataTasksError, unknown
 from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
@@ -126,16 +130,34 @@ def _seeded_order(n: int, seed: int | None) -> np.ndarray:
     return np.random.default_rng(0 if seed is None else seed).permutation(n)
 
 
-def _glob(pattern: str) -> list[str]:
+def glob_files(pattern: str) -> list[str]:
     """Files matching `pattern`: local ones with Python's glob (dot-files too, as
-    `tf.io.gfile.glob`, so no TensorFlow is imported to list them), URLs with TensorFlow."""
+    `tf.io.gfile.glob`, so no TensorFlow is imported to list them), URLs through
+    `cairn.storage` (`url_sources.glob`)."""
     if "://" not in pattern:
         return glob.glob(pattern, include_hidden=True)
-    return tf.io.gfile.glob(pattern)
+    return url_sources.glob(pattern)
+
+
+def records_dataset(path: tf.Tensor, file_format: str) -> tf.data.Dataset:
+    """The records of one file (`path`, a string tensor) read through `cairn.storage`:
+    `url_sources.FORMATS` `"lines"` (as `tf.data.TextLineDataset`) or `"tfrecord"` (as
+    `tf.data.TFRecordDataset`, CRCs checked), handed to tf.data a batch at a time."""
+    return tf.data.Dataset.from_generator(
+        lambda p: url_sources.batches(p.decode(), file_format),
+        output_signature=tf.TensorSpec([None], tf.string),
+        args=(path,),
+    ).unbatch()
 
 
 class FileDataSource(DataSource):
-    """A source reading files matched by a glob pattern (or a list of them) per split."""
+    """A source reading files matched by a glob pattern (or a list of them) per split.
+
+    Local files are read by `_read_file` (a tf.data reader). A split with a file at a URL
+    (`gs://...`) is listed through `cairn.storage` and read by `_read_url_file`, which the
+    text and TFRecord sources implement through `cairn.storage` too (`records_dataset`), so
+    the emulator covers them; its default is `_read_file`.
+    """
 
     def __init__(
         self,
@@ -156,7 +178,7 @@ class FileDataSource(DataSource):
         self._check_split(split)
         files: list[SourceFile] = []
         for i, pattern in enumerate(self._patterns[split]):
-            matched = sorted(_glob(pattern))
+            matched = sorted(glob_files(pattern))
             if not matched:
                 raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
             root = pattern_root(pattern)
@@ -165,6 +187,10 @@ class FileDataSource(DataSource):
 
     @abc.abstractmethod
     def _read_file(self, path: tf.Tensor) -> tf.data.Dataset: ...
+
+    def _read_url_file(self, path: tf.Tensor) -> tf.data.Dataset:
+        """The examples of one file of a split that has files at a URL."""
+        return self._read_file(path)
 
     def _postprocess(self, ds: tf.data.Dataset, stats: DataStats | None) -> tf.data.Dataset:
         return ds
@@ -178,6 +204,7 @@ class FileDataSource(DataSource):
         stats: DataStats | None = None,
     ) -> tf.data.Dataset:
         files = self.source_files(split)
+        urls = any(storage.is_url(f.path) for f in files)
         example_level = False
         if shard_info is not None and shard_info.num_shards > 1:
             if len(files) >= shard_info.num_shards:
@@ -187,7 +214,8 @@ class FileDataSource(DataSource):
         if shuffle:
             files = [files[i] for i in _seeded_order(len(files), seed)]
         paths = [f.path for f in files]
-        read: Callable[..., tf.data.Dataset] = self._read_file
+        read_file = self._read_url_file if urls else self._read_file
+        read: Callable[..., tf.data.Dataset] = read_file
         if any(f.windowed for f in files):  # each file's window: skip, then take (-1: all)
             ds = tf.data.Dataset.from_tensor_slices(
                 (
@@ -196,7 +224,7 @@ class FileDataSource(DataSource):
                     np.array([-1 if f.take is None else f.take for f in files], np.int64),
                 )
             )
-            read = lambda path, skip, take: self._read_file(path).skip(skip).take(take)
+            read = lambda path, skip, take: read_file(path).skip(skip).take(take)
         else:
             ds = tf.data.Dataset.from_tensor_slices(paths)
         if len(files) == 1 or not shuffle:
@@ -230,6 +258,9 @@ class TextLineDataSource(FileDataSource):
     def _read_file(self, path):
         return tf.data.TextLineDataset(path).skip(self._skip_header_lines)
 
+    def _read_url_file(self, path):
+        return records_dataset(path, "lines").skip(self._skip_header_lines)
+
     def _postprocess(self, ds, stats):
         if not self._skip_empty:
             return ds
@@ -261,7 +292,21 @@ def drop_empty_lines(ds: tf.data.Dataset, stats: DataStats | None, batch: int = 
     return map_inline(ds.batch(batch), keep).unbatch()
 
 
-class TFExampleDataSource(FileDataSource):
+class TFRecordFileSource(FileDataSource):
+    """Base of the sources of TFRecord files: `self._reader` (a `reader_cls(path)`, or None:
+    `tf.data.TFRecordDataset` for local files, `records_dataset` through `cairn.storage` at a
+    URL; a custom `reader_cls` reads URLs itself)."""
+
+    _reader: Callable[..., tf.data.Dataset] | None = None
+
+    def _read_file(self, path):
+        return (self._reader or tf.data.TFRecordDataset)(path)
+
+    def _read_url_file(self, path):
+        return records_dataset(path, "tfrecord") if self._reader is None else self._reader(path)
+
+
+class TFExampleDataSource(TFRecordFileSource):
     """TFRecord files of serialized `tf.train.Example`s, parsed with `feature_description`."""
 
     def __init__(
@@ -273,10 +318,7 @@ class TFExampleDataSource(FileDataSource):
     ):
         super().__init__(split_to_filepattern, num_input_examples)
         self._description = dict(feature_description)
-        self._reader = reader_cls  # None: tf.data.TFRecordDataset
-
-    def _read_file(self, path):
-        return (self._reader or tf.data.TFRecordDataset)(path)
+        self._reader = reader_cls  # None: tf.data.TFRecordDataset, or cairn.storage at a URL
 
     def _postprocess(self, ds, stats):
         return map_inline(ds, lambda r: tf.io.parse_single_example(r, self._description))

@@ -14,11 +14,12 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
-from cairn.datatasks import split_slicing
+from cairn import storage
+from cairn.datatasks import split_slicing, url_sources
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
-from cairn.datatasks.sources import SourceFile, TFExampleDataSource
+from cairn.datatasks.sources import SourceFile, TFExampleDataSource, glob_files
 
 
 def _resolve(name: str, data_dir: str) -> tuple[str, str]:
@@ -26,7 +27,7 @@ def _resolve(name: str, data_dir: str) -> tuple[str, str]:
     base, _, version = name.partition(":")
     ds_name = base.split("/")[0]
     root = os.path.join(data_dir, base)
-    if not tf.io.gfile.isdir(root):
+    if not url_sources.is_dir(root):
         raise DataTasksError(
             f"TFDS dataset {name!r} is not prepared under {data_dir!r} (no folder {root}); "
             f"cairn does not download data: run `tfds build {base}` with "
@@ -34,26 +35,32 @@ def _resolve(name: str, data_dir: str) -> tuple[str, str]:
         )
     if not version:
         versions = sorted(
-            v
-            for v in tf.io.gfile.listdir(root)
-            if tf.io.gfile.exists(os.path.join(root, v.rstrip("/"), "dataset_info.json"))
+            v for v in url_sources.list_dir(root) if url_sources.exists(os.path.join(root, v, "dataset_info.json"))
         )
         if not versions:
             raise DataTasksError(f"TFDS dataset {name!r}: no prepared version under {root}")
-        version = versions[-1].rstrip("/")
+        version = versions[-1]
     folder = os.path.join(root, version)
-    if not tf.io.gfile.exists(os.path.join(folder, "dataset_info.json")):
+    if not url_sources.exists(os.path.join(folder, "dataset_info.json")):
         raise DataTasksError(
             f"TFDS dataset {name!r}: {folder} has no dataset_info.json (not prepared, or preparation did not finish)"
         )
     return folder, ds_name
 
 
-def _feature_description(path: str) -> dict:
+def _first_record(path: str) -> bytes | None:
+    if storage.is_url(path):
+        with url_sources.open_binary(path) as f:
+            return next(url_sources.iter_tfrecords(f, path), None)
     record = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
+    return None if record is None else record.numpy()
+
+
+def _feature_description(path: str) -> dict:
+    record = _first_record(path)
     if record is None:
         raise DataTasksError(f"TFDS shard {path} is empty")
-    example = tf.train.Example.FromString(record.numpy())
+    example = tf.train.Example.FromString(record)
     out = {}
     for key, feat in example.features.feature.items():
         kind = feat.WhichOneof("kind")
@@ -83,8 +90,7 @@ class TfdsDataSource(TFExampleDataSource):
         for spec in (specs or {}).values():
             split_slicing.parse(spec)  # a spec that does not parse is named before any file is read
         folder, ds_name = _resolve(tfds_name, tfds_data_dir)
-        with tf.io.gfile.GFile(os.path.join(folder, "dataset_info.json")) as f:
-            info = json.load(f)
+        info = json.loads(storage.read_text(os.path.join(folder, "dataset_info.json")))
         self._name, self._folder, self._ds_name = tfds_name, folder, ds_name
         self._lengths = {s["name"]: [int(n) for n in s.get("shardLengths", [])] for s in info.get("splits", [])}
         if specs is None:
@@ -124,7 +130,7 @@ class TfdsDataSource(TFExampleDataSource):
         out, listed = [], {}
         for w in windows:
             if w.split not in listed:
-                listed[w.split] = sorted(tf.io.gfile.glob(self._pattern(w.split)))
+                listed[w.split] = sorted(glob_files(self._pattern(w.split)))
                 if len(listed[w.split]) != len(self._lengths[w.split]):
                     raise DataTasksError(
                         f"TFDS dataset {self._name!r} split {w.split!r}: dataset_info.json lists "

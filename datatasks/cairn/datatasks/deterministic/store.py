@@ -44,6 +44,7 @@ from typing import IO, Any
 import numpy as np
 
 from cairn import storage
+from cairn.datatasks import url_sources
 from cairn.datatasks.deterministic import fingerprint as fp
 from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.records import FeatureSpec
@@ -109,10 +110,7 @@ def read_json(path: str) -> Any:
 
 def open_read(path: str) -> IO[bytes]:
     """A binary file object for reading (a context manager; ranged reads at a URL)."""
-    if _is_local(path):
-        return open(path, "rb")
-    fs, inner = storage.filesystem(path)
-    return fs.open(inner, "rb")
+    return url_sources.open_binary(path)
 
 
 def list_sizes(directory: str) -> dict[str, int]:
