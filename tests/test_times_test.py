@@ -116,7 +116,7 @@ def test_children_start_with_the_tests_xla_and_tensorflow_settings_unless_switch
         out[fast] = proc.stdout.splitlines()
     added = (
         " --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
-        " --xla_cpu_use_thunk_runtime=false --xla_cpu_parallel_codegen_split_count=1"
+        " --xla_cpu_parallel_codegen_split_count=1"
     )
     assert out["1"] == [flags + added, "1"]
     assert out["0"] == [flags, "None"]

@@ -132,7 +132,7 @@ def test_dataset_iterator_state_resumes_identically(env):
     again.set_state(state)
     _assert_batches_equal(list(again), rest, "restored DatasetIterator")
     reader = _reader(env, pack=False)
-    reader.set_state({"step": 2, "seed": 5, "global_batch_size": 4})
+    reader.set_state({**reader.get_state(), "step": 2})
     _assert_batches_equal(rest, [next(reader) for _ in range(4)], "against the reader resumed at step 2")
 
 

@@ -100,9 +100,9 @@ def test_default_is_greedy(det_env):
     plan = default.streams[0].plan
     assert plan.order is None
     stream = default.streams[0]
-    units = default.converter.packing_units(
-        stream.expected_lengths(stream.base.range(0, stream.cache.num_records)), default.lengths
-    )[0]
+    n = stream.cache.num_records  # the base order: the cache order under the chunk order
+    ids = np.arange(n, dtype=np.int64) if stream.base is None else stream.base.range(0, n)
+    units = default.converter.packing_units(stream.expected_lengths(ids), default.lengths)[0]
     greedy = plan_lib.greedy_bins(units, np.array([48, 16]))
     np.testing.assert_array_equal(plan.starts, greedy.starts)
     explicit = reader(det_env, packing="greedy")

@@ -364,7 +364,9 @@ def test_global_order_keeps_todays_rows(shared, det_env):
 
 def test_chunk_order_seeks_restores_and_refuses_another_order(det_env, chunked):
     # The caches are chunked (format 3): "chunks" by default, here with order chunks of 8 records.
-    run = make_reader(det_env, "det_mix", True, batch=8, shuffle_chunk=8, shuffle_window=2, prefetch=1, steps_per_call=4)
+    run = make_reader(
+        det_env, "det_mix", True, batch=8, shuffle_chunk=8, shuffle_window=2, prefetch=1, steps_per_call=4
+    )
     assert run.orders == [("chunks", 8), ("chunks", 8)]
     got = []
     for _ in range(7):

@@ -11,8 +11,8 @@ With `CAIRN_TEST_FAST=1` (pytest_main sets it; the standard runs' genrule too), 
 settings that change nothing a test checks, and save most of a process's CPU on tiny models:
 
 - `XLA_FLAGS` gets `TEST_XLA_FLAGS`: XLA:CPU compiles without LLVM's optimisation passes,
-  with its classic loop-fusion emitters instead of the MLIR fusion emitters, and its classic
-  runtime (one LLVM module per program) instead of the thunk runtime, on one codegen thread.
+  with its classic loop-fusion emitters instead of the MLIR fusion emitters, on one codegen
+  thread.
   Compiling is most of a test's CPU time, and these take about half of it off (docs/testing.md,
   "Compile fast"); the programs run slower, which tiny models do not notice.
   Results are not bit-identical to optimised code, so every process whose bits a test compares
@@ -32,13 +32,12 @@ import sys
 
 _log = os.environ.get("CAIRN_TEST_PROCESS_LOG")
 
-# XLA:CPU without LLVM's optimisation passes, with its classic emitters and runtime, and one
-# codegen thread (see the module docstring).
+# XLA:CPU without LLVM's optimisation passes, with its classic fusion emitters, and one codegen
+# thread (see the module docstring).
 TEST_XLA_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
     "--xla_cpu_use_fusion_emitters=false",
-    "--xla_cpu_use_thunk_runtime=false",
     "--xla_cpu_parallel_codegen_split_count=1",
 )
 
