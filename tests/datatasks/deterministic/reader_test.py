@@ -1,5 +1,7 @@
 """DeterministicReader: restore at any step, host-count independence, epochs, seeds."""
 
+import pathlib
+
 import det_run
 import numpy as np
 import pytest
@@ -412,3 +414,67 @@ def test_chunk_order_sorts_batch_rows_so_a_host_reads_few_chunks(chunked):
         )
     ]
     assert all(a == b for a, b in rows)  # a batch's rows are in record order
+
+
+def test_a_packed_plan_is_built_once_beside_the_cache_and_mapped_after(det_env, monkeypatch, capfd):
+    """The first packed reader builds and stores each task's plan (`<cache>/plans/`), under a
+    lock; later readers memory-map it. The batches are those of a reader that keeps its plan in
+    memory; other sequence lengths, seeds under the global order, or a damaged plan file get a
+    plan of their own; a lock held by a live process is waited for, a stale one taken over; an
+    unwritable cache keeps the plan in memory with a one-line notice."""
+    import json as json_lib
+
+    from cairn.datatasks.deterministic import plan_store
+
+    plans = pathlib.Path(det_env[1]) / "det_a" / "train" / plan_store.PLANS
+    fresh = make_reader(det_env, "det_a", True, prefetch=0, seed=3)
+    first = fresh.streams[0]
+    assert first.plan_source in ("built", "stored")  # another test may have stored it already
+    again = make_reader(det_env, "det_a", True, prefetch=0, seed=3).streams[0]
+    assert again.plan_source == "stored" and isinstance(again.plan.starts, np.memmap)
+    np.testing.assert_array_equal(again.plan.starts, first.plan.starts)
+    memory = make_reader(det_env, "det_a", True, prefetch=0, seed=3, store_plan=False)
+    assert memory.streams[0].plan_source == "memory"
+    np.testing.assert_array_equal(memory.streams[0].plan.starts, first.plan.starts)
+    assert det_run.digest(fresh.batch_at(2)) == det_run.digest(memory.batch_at(2))
+    # The chunk order's plan does not depend on the seed; the global order's does.
+    keys = {p.name for p in plans.glob("*.json")}
+    make_reader(det_env, "det_a", True, prefetch=0, seed=4)
+    assert {p.name for p in plans.glob("*.json")} == keys
+    make_reader(det_env, "det_a", True, prefetch=0, seed=4, shuffle="global")
+    make_reader(det_env, "det_a", True, prefetch=0, seed=5, shuffle="global")
+    assert len({p.name for p in plans.glob("*.json")} - keys) == 2
+    assert not list(plans.glob("*.lock"))
+    # A damaged array (truncated) is not read: the plan is built and written again.
+    key = first.plan_key
+    record = json_lib.loads((plans / f"{key}.json").read_text())
+    starts = plans / record["arrays"]["starts"]["file"]
+    saved = starts.read_bytes()
+    cut = plans / "cut.npy"
+    cut.write_bytes(saved[:-8])
+    cut.replace(starts)  # a new file: the readers' maps of the old one stay valid
+    cache = again.cache
+    assert plan_store.load_or_build(cache, key, lambda: first.plan)[1] == "built"
+    assert starts.read_bytes() == saved
+    # A lock: a live holder is waited for (here not long), a stale one is taken over.
+    other = "0" * 64
+    lock = plans / f"{other}.lock"
+    lock.write_text(json_lib.dumps({"host": "h", "pid": 1, "time": __import__("time").time()}))
+    monkeypatch.setattr(plan_store, "WAIT_S", 0.6)
+    monkeypatch.setattr(plan_store, "POLL_S", 0.2)
+    assert plan_store.load_or_build(cache, other, lambda: first.plan)[1] == "memory"
+    lock.write_text(json_lib.dumps({"host": "h", "pid": 1, "time": 0.0}))
+    plan, how = plan_store.load_or_build(cache, other, lambda: first.plan)
+    assert how == "built" and not lock.exists()
+    np.testing.assert_array_equal(plan.starts, first.plan.starts)
+
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(plan_store.storage, "create_exclusive", refuse)
+    capfd.readouterr()
+    assert plan_store.load_or_build(cache, "1" * 64, lambda: first.plan)[1] == "memory"
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cairn: packing plan kept in memory: cannot write under")
+    for r in (fresh, memory):
+        r.close()

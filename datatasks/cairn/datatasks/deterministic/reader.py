@@ -80,6 +80,10 @@ class DeterministicReader:
         the least recently used closed first (a shard costs ~1 MB at a URL, ~32 KB locally,
         plus its chunk index). Memory no longer grows with the number of shards. Changes
         no batch.
+      store_plan: keep each packed task's plan beside its cache (`<cache>/plans/`,
+        `plan_store`): the first reader builds it under a lock, every later one (any host)
+        memory-maps it, so start-up no longer passes over the lengths. Where the cache is
+        not writable the plan stays in memory (a one-line notice). Changes no batch.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class DeterministicReader:
         shuffle_window: int = DEFAULT_WINDOW,
         chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
         open_shards_bytes: int = DEFAULT_OPEN_SHARDS_BYTES,
+        store_plan: bool = True,
     ):
         if not (isinstance(host_count, int) and host_count >= 1 and 0 <= host_index < host_count):
             raise DataTasksError(f"host_index must be in [0, host_count), got {host_index} of {host_count}")
@@ -172,6 +177,7 @@ class DeterministicReader:
                 mode,
                 chunk,
                 shuffle_window,
+                store_plan,
             )
             for t, cache, (mode, chunk) in zip(tasks, caches, self.orders)
         ]

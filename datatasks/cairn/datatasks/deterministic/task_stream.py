@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic import plan_store
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW
 from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
 from cairn.datatasks.deterministic.read_order import ReadOrder, base_order
@@ -38,6 +39,7 @@ class TaskStream:
         shuffle: str = "global",
         shuffle_chunk: int = 1,
         shuffle_window: int = DEFAULT_WINDOW,
+        store_plan: bool = True,
     ):
         self.task, self.cache, self.seed = task, cache, seed
         n = cache.num_records
@@ -51,10 +53,24 @@ class TaskStream:
                 return converter.packing_units(self.expected_lengths(ids), lengths)[0]
 
             _, capacity = converter.packing_units(self.expected_lengths(np.zeros(1, np.int64)), lengths)
-            self.plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
-            cache.remap_lengths()
+
+            def build() -> plan_lib.Plan:
+                plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
+                cache.remap_lengths()
+                return plan
+
+            if store_plan:  # built once beside the cache, memory-mapped by every later start
+                base = {"order": "cache"} if self.base is None else {"order": "global", "seed": int(seed)}
+                split = str(cache.info.get("split", "train"))
+                key = plan_store.plan_key(
+                    cache, task, split, converter, lengths, capacity, packing, packing_window, base
+                )
+                self.plan, self.plan_source = plan_store.load_or_build(cache, key, build, {"task": task.name, **base})
+                self.plan_key: str | None = key
+            else:
+                self.plan, self.plan_source, self.plan_key = build(), "memory", None
         else:
-            self.plan = plan_lib.Plan(n)
+            self.plan, self.plan_source, self.plan_key = plan_lib.Plan(n), "unpacked", None
         self.order = ReadOrder(self.plan, self.base, seed, task.name, cache.offsets, shuffle_chunk, shuffle_window)
         self._lock = threading.Lock()
         self._converter, self._keys = converter, keys
