@@ -260,7 +260,7 @@ def measure_chunks(path: str, seconds: float) -> dict:
     random records (32 per call, each costing its chunk), and the chunk fetches per 1,000 rows."""
     import numpy as np
 
-    from cairn.datatasks.deterministic.store import CachedTask
+    from cairn.datatasks.deterministic.cached_task import CachedTask
 
     cache = CachedTask(path, chunk_cache_bytes=0, open_shards_bytes=1 << 50)
     shards = len(cache.offsets) - 1

@@ -11,7 +11,7 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
     import pathlib
 
     from cairn.datatasks.deterministic import task_dir
-    from cairn.datatasks.deterministic.store import CachedTask
+    from cairn.datatasks.deterministic.cached_task import CachedTask
     from cairn.launchers import cache_main, config_io
 
     monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", launch_util.small_texts(tmp_path))

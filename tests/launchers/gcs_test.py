@@ -137,7 +137,7 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     the train program), give the same records; `verify_cache` (its `_main`, here) re-hashes the
     Beam cache in the bucket: ok."""
     from cairn.datatasks.deterministic import task_dir
-    from cairn.datatasks.deterministic.store import CachedTask
+    from cairn.datatasks.deterministic.cached_task import CachedTask
     from cairn.launchers import cache_main, config_io, verify_cache_main
 
     proc = launch_util.run(

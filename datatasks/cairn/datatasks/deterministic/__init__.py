@@ -11,11 +11,11 @@ verify_cache("/data/cache", "my_task")   # {task: [problems]}: re-hashes every b
 
 from cairn.datatasks.deterministic.cache_job import cache_tasks
 from cairn.datatasks.deterministic.cache_writer import cache_task_in_process
+from cairn.datatasks.deterministic.cached_task import CachedTask
 from cairn.datatasks.deterministic.fingerprint import task_fingerprint
 from cairn.datatasks.deterministic.permutation import Permutation
 from cairn.datatasks.deterministic.reader import DeterministicReader
 from cairn.datatasks.deterministic.store import (
-    CachedTask,
     CacheFormatError,
     CacheIntegrityError,
     CacheMismatchError,

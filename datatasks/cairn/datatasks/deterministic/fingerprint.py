@@ -13,7 +13,7 @@ Parts (each a SHA-256 hex digest), so a mismatch can say what changed:
     them, or what their `fingerprint_description(split)` gives (`GrainDataSource`).
 
 The cache writer computes the fingerprint once and stores it, with the per-file details,
-in `info.json`; a reader compares the cheap parts only (`store.CachedTask`), and
+in `info.json`; a reader compares the cheap parts only (`cached_task.CachedTask`), and
 `verify.verify_cache` re-hashes everything.
 """
 

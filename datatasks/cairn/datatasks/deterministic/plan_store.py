@@ -36,8 +36,9 @@ import numpy as np
 
 from cairn import storage
 from cairn.datatasks.deterministic import fingerprint as fp
+from cairn.datatasks.deterministic.cached_task import CachedTask
 from cairn.datatasks.deterministic.plan import Plan
-from cairn.datatasks.deterministic.store import CachedTask, load_lengths
+from cairn.datatasks.deterministic.store import load_lengths
 
 PLANS = "plans"
 PLAN_FORMAT = 1

@@ -19,15 +19,11 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.cached_task import DEFAULT_CHUNK_CACHE_BYTES, DEFAULT_OPEN_SHARDS_BYTES, CachedTask
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, SHUFFLES
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
 from cairn.datatasks.deterministic.read_order import sort_rows
-from cairn.datatasks.deterministic.store import (
-    DEFAULT_CHUNK_CACHE_BYTES,
-    DEFAULT_OPEN_SHARDS_BYTES,
-    CachedTask,
-    task_dir,
-)
+from cairn.datatasks.deterministic.store import task_dir
 from cairn.datatasks.deterministic.task_stream import TaskStream
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter

@@ -12,11 +12,11 @@ import numpy as np
 
 from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic import plan_store
+from cairn.datatasks.deterministic.cached_task import CachedTask
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW
 from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
 from cairn.datatasks.deterministic.read_order import ReadOrder, base_order
 from cairn.datatasks.deterministic.seeds import record_key
-from cairn.datatasks.deterministic.store import CachedTask
 from cairn.datatasks.deterministic.wire import WireFormatError
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter

@@ -1,6 +1,6 @@
 """`verify_cache`: the explicit, full check of a task cache (every byte, every source file).
 
-Opening a cache (`store.CachedTask`) reads metadata only: it trusts the checksums and the
+Opening a cache (`cached_task.CachedTask`) reads metadata only: it trusts the checksums and the
 source fingerprint that the cache writer recorded. `verify_cache` reads everything again:
 it re-hashes every shard and `lengths.npy` against the SHA-256 in `info.json`, and
 fingerprints the task's source files again against the recorded ones, and names what

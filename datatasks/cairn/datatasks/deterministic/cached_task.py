@@ -1,0 +1,341 @@
+"""`CachedTask`: random access to the records of one cached task split (the layout and the
+file access are `store`'s).
+
+Opening reads metadata only (O(shards)). Reads fetch whole ArrayRecord chunks (one request
+per chunk at a URL), kept decoded in an LRU bounded by bytes; at most K shards stay open (an
+LRU, K from a memory budget), so memory does not grow with the number of shards.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from cairn import storage
+from cairn.datatasks.deterministic import fingerprint as fp
+from cairn.datatasks.deterministic.records import FeatureSpec
+from cairn.datatasks.deterministic.store import (
+    COMPLETED,
+    INFO,
+    LENGTHS,
+    READABLE_FORMATS,
+    CacheIntegrityError,
+    CacheMismatchError,
+    cache_state,
+    clear_hint,
+    file_size,
+    list_sizes,
+    load_lengths,
+    outdated_error,
+    read_json,
+    verify_hint,
+)
+from cairn.datatasks.errors import DataTasksError
+
+REMOTE_READ_THREADS = 32  # shards read at once from a bucket (see CachedTask.read)
+DEFAULT_CHUNK_CACHE_BYTES = 256 << 20  # decoded chunks kept per CachedTask (an LRU)
+DEFAULT_OPEN_SHARDS_BYTES = 256 << 20  # open ArrayRecord readers per CachedTask (an LRU)
+# What one open shard costs (measured, benchmarks/README.md "reader_scale_bench.py"): a
+# fixed part (a bucket's shard holds its own HTTP client and buffers) plus its chunk index.
+OPEN_SHARD_BYTES_LOCAL = 32 << 10
+OPEN_SHARD_BYTES_REMOTE = 1 << 20
+INDEX_BYTES_PER_CHUNK = 9
+
+
+class CachedTask:
+    """Random access to the records of one cached task split.
+
+    Opening reads metadata only (O(shards), never the records or the source files):
+    refuses a cache without `COMPLETED` or of another format (`CacheFormatError`), one whose
+    shards are missing or not of their recorded sizes (`CacheIntegrityError`, suggesting
+    `verify_cache`), and, when `task` is given, one built from another task definition
+    (`CacheMismatchError`): the preprocessors, features and vocabulary are fingerprinted
+    again (cheap), the source part is taken as recorded. `check_source_files=True` also
+    lists the task's source files and compares their relative names and sizes with the
+    recorded ones (one glob per pattern, one stat per file; no byte is read), or, for a
+    source that is not made of files, the code behind it.
+
+    Reading: `read` fetches whole chunks (`group_size` records; 1 for format 2) and keeps
+    the decoded ones in an LRU of at most `chunk_cache_bytes`; at most `max_open_shards`
+    ArrayRecord readers stay open (`open_shards_bytes` over the estimated cost of one open
+    shard: `OPEN_SHARD_BYTES_REMOTE` at a URL, `OPEN_SHARD_BYTES_LOCAL` on disk, plus its
+    chunk index), the least recently used closed first. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        task: Any = None,
+        split: str = "train",
+        check_source_files: bool = True,
+        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+        open_shards_bytes: int = DEFAULT_OPEN_SHARDS_BYTES,
+    ):
+        self.path = path
+        name = getattr(task, "name", None)
+        state = cache_state(path)
+        if state == "outdated":
+            raise outdated_error(path, name)
+        if state not in ("complete", "older"):
+            raise DataTasksError(
+                f"cache {path!r}{f' of task {name!r}' if name else ''} lacks {COMPLETED}: it "
+                f"is incomplete or still being written; {clear_hint(path)}, then cache again"
+            )
+        self.info = read_json(storage.join(path, INFO))
+        if int(self.info.get("format_version", 1)) not in READABLE_FORMATS:
+            raise outdated_error(path, name)
+        if task is not None:
+            self._check(task, split, check_source_files)
+        self._check_files(name or self.info.get("task"), self.info.get("split", split))
+        self.specs = {k: FeatureSpec(**v) for k, v in self.info["features"].items()}
+        self.num_records = int(self.info["num_records"])
+        self.length_features: list[str] = list(self.info["length_features"])
+        self.lengths = load_lengths(storage.join(path, LENGTHS), self.info["lengths"].get("sha256"))
+        if self.lengths.shape != (self.num_records, len(self.length_features)):
+            raise CacheIntegrityError(
+                f"cache {path!r}: {LENGTHS} has shape {self.lengths.shape}, info.json says "
+                f"{(self.num_records, len(self.length_features))}; "
+                f"{verify_hint(path, name, split)}, then re-cache"
+            )
+        # Format 2 has no group_size (one record per chunk) and keeps the source order.
+        self.group_size = int(self.info.get("group_size", 1))
+        if self.group_size < 1:
+            raise CacheIntegrityError(f"cache {path!r}: info.json has group_size {self.group_size}; re-cache it")
+        counts = np.asarray([int(s["num_records"]) for s in self.info["shards"]], np.int64)
+        self.offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # The first global chunk number of each shard (chunk k of shard s is chunk_base[s] + k).
+        self._chunk_base = np.concatenate([[0], np.cumsum(-(-counts // self.group_size))]).astype(np.int64)
+        fixed = OPEN_SHARD_BYTES_LOCAL if not storage.is_url(path) else OPEN_SHARD_BYTES_REMOTE
+        cost = fixed + INDEX_BYTES_PER_CHUNK * int(np.diff(self._chunk_base).max(initial=0))
+        self.max_open_shards = max(1, int(open_shards_bytes) // cost)
+        self.chunk_cache_bytes = max(0, int(chunk_cache_bytes))
+        self._readers: OrderedDict[int, Any] = OrderedDict()  # LRU: least recently used first
+        self._chunks: OrderedDict[int, list[bytes]] = OrderedDict()  # LRU of decoded chunks
+        self._chunk_bytes = 0
+        self._stats = {"chunk_fetches": 0, "chunk_hits": 0, "shard_opens": 0, "shard_closes": 0}
+        self._lock = threading.Lock()
+        # Reads from a bucket are network requests (one per chunk): the shards of one batch
+        # are read by this many threads at once (array-record releases the GIL). Local reads
+        # stay in the caller's thread.
+        self._pool = (
+            None
+            if not storage.is_url(path)
+            else ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read")
+        )
+
+    def _check(self, task: Any, split: str, check_source_files: bool) -> None:
+        if self.info.get("task") != task.name or self.info.get("split") != split:
+            raise CacheMismatchError(
+                f"cache {self.path!r} holds task {self.info.get('task')!r} split "
+                f"{self.info.get('split')!r}, not task {task.name!r} split {split!r}"
+            )
+        cached = self.info["fingerprint"]
+        current = dict(fp.task_fingerprint(task, split, with_source=False), source=cached.get("source"))
+        file_source = fp.is_file_source(task.source)
+        if check_source_files and not file_source:  # the code behind the source: cheap
+            current["source"] = fp.source_digest(fp.source_description(task, split))
+        bad = fp.mismatched_parts(cached, current)
+        if bad:
+            diff = "; ".join(f"{p}: cache {cached.get(p, '')[:12]} vs task {current.get(p, '')[:12]}" for p in bad)
+            raise CacheMismatchError(
+                f"cache {self.path!r} does not match task {task.name!r}: the task's "
+                f"{', '.join(bad)} changed since it was cached ({diff}); {clear_hint(self.path)} "
+                f"and cache again"
+            )
+        if check_source_files and file_source:
+            listed = {
+                "type": type(task.source).__name__,
+                "split": split,
+                "files": [
+                    {"pattern": f.pattern, "name": f.name, "size": file_size(f.path)}
+                    | ({"window": [f.skip, f.take]} if getattr(f, "windowed", False) else {})
+                    for f in task.source.source_files(split)
+                ],
+            }
+            diff_lines = fp.source_differences(self.info.get("source", {}), listed, compare_content=False)
+            if diff_lines:
+                raise CacheMismatchError(
+                    f"cache {self.path!r} does not match the source files of task "
+                    f"{task.name!r}: {'; '.join(diff_lines[:5])}"
+                    f"{f' (and {len(diff_lines) - 5} more)' if len(diff_lines) > 5 else ''}; "
+                    f"{clear_hint(self.path)} and cache again (check_source_files=False reads "
+                    f"the cache as it is)"
+                )
+
+    def _check_files(self, name: str | None, split: str) -> None:
+        """Every shard and the lengths present with their recorded sizes (one listing)."""
+        sizes = list_sizes(self.path)
+        expected = [(s["file"], int(s["bytes"])) for s in self.info["shards"]]
+        expected.append((LENGTHS, int(self.info["lengths"]["bytes"])))
+        problems = []
+        for file, want in expected:
+            got = sizes.get(file)
+            if got is None:
+                problems.append(f"{file} is missing")
+            elif got != want:
+                problems.append(f"{file} has {got} bytes, info.json recorded {want} (truncated or replaced)")
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise CacheIntegrityError(
+                f"cache {self.path!r} is damaged: {'; '.join(problems[:5])}{more}; "
+                f"{verify_hint(self.path, name, split)}, then re-cache ({clear_hint(self.path)})"
+            )
+
+    def remap_lengths(self) -> None:
+        """Maps `lengths.npy` afresh: the pages a full pass (the packing plan) touched leave
+        this process's resident memory (they stay in the OS page cache)."""
+        if isinstance(self.lengths, np.memmap):
+            self.lengths = load_lengths(storage.join(self.path, LENGTHS), self.info["lengths"].get("sha256"))
+
+    def lengths_of(self, ids: np.ndarray) -> np.ndarray:
+        """`[len(ids), K]` rows of the lengths (read from the memory map: only these rows)."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        k = self.lengths.shape[1]
+        if k in (1, 2) and self.lengths.dtype == np.int32 and self.lengths.flags.c_contiguous:
+            # One 4- or 8-byte element per row: a flat `take`, several times faster than
+            # row-wise fancy indexing for the random order of a packing plan.
+            flat = np.asarray(self.lengths).view(np.int32 if k == 1 else np.int64).reshape(-1)
+            return np.take(flat, ids).view(np.int32).reshape(-1, k)
+        return np.asarray(self.lengths[ids])
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self._chunk_base[-1])
+
+    def chunk_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The global chunk number of each record in `ids` (the chunks of shard 0 first;
+        chunk k of shard s holds its local records `[k * G, min((k + 1) * G, n_s))`)."""
+        idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        return self._chunk_base[shard] + (idx - self.offsets[shard]) // self.group_size
+
+    def stats(self) -> dict[str, int]:
+        """Counters since opening: `chunk_fetches` (chunks read from the files: at a URL one
+        request each; with group_size 1 one per record read), `chunk_hits` (chunks served
+        from the LRU), `shard_opens`, `shard_closes` (ArrayRecord readers opened and closed
+        by the open-shard LRU), `open_shards`, `cached_chunk_bytes`."""
+        with self._lock:
+            return dict(self._stats, open_shards=len(self._readers), cached_chunk_bytes=self._chunk_bytes)
+
+    def _open(self, shards: Sequence[int]) -> list[Any]:
+        """Readers of `shards` (at most `max_open_shards` distinct), opening those not open
+        and closing the least recently used others beyond the bound."""
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        for s in shards:
+            if s in self._readers:
+                self._readers.move_to_end(s)
+        for s in shards:
+            if s in self._readers:
+                continue
+            while len(self._readers) >= self.max_open_shards:
+                _, old = self._readers.popitem(last=False)
+                old.close()
+                self._stats["shard_closes"] += 1
+            name = self.info["shards"][s]["file"]
+            # A gs:// shard is opened by array-record itself (google-cloud-cpp; its emulator
+            # switch is set by cairn.storage from STORAGE_EMULATOR_HOST).
+            self._readers[s] = ArrayRecordReader(storage.join(self.path, name), "readahead_buffer_size:0")
+            self._stats["shard_opens"] += 1
+        return [self._readers[s] for s in shards]
+
+    def _run(self, jobs: list[tuple[int, Any]]) -> list[list[bytes]]:
+        """`jobs` = `[(shard, arg of ArrayRecordReader.read), ...]`, read in waves of at most
+        `max_open_shards` shards; at a URL each wave's shards are read in parallel."""
+        out: list[list[bytes]] = [[] for _ in jobs]
+        by_shard: dict[int, list[int]] = {}
+        for j, (s, _) in enumerate(jobs):
+            by_shard.setdefault(s, []).append(j)
+        order = list(by_shard)
+        for at in range(0, len(order), self.max_open_shards):
+            wave = order[at : at + self.max_open_shards]
+            readers = dict(zip(wave, self._open(wave)))
+            todo = [j for s in wave for j in by_shard[s]]
+            calls = [(readers[jobs[j][0]], jobs[j][1]) for j in todo]
+            if self._pool is None or len(wave) < 2:
+                got = [r.read(*arg) for r, arg in calls]
+            else:  # at a URL every read is a request: the shards' requests in flight together
+                got = list(self._pool.map(lambda call: call[0].read(*call[1]), calls))
+            for j, g in zip(todo, got):
+                out[j] = g
+        return out
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The records at `indices` (any order). Each chunk they fall in is read once (one
+        request at a URL) unless it is in the LRU of decoded chunks; with group_size 1 the
+        records are read directly, in one batch per shard. Thread-safe."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
+            raise IndexError(f"cache {self.path!r} has {self.num_records} records; asked for {idx.min()}..{idx.max()}")
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        local = idx - self.offsets[shard]
+        out: list[bytes] = [b""] * idx.size
+        with self._lock:
+            if self.group_size == 1:  # a chunk is a record: no chunk cache (as format 2 read)
+                groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
+                results = self._run([(s, (local[w].tolist(),)) for s, w in groups])
+                self._stats["chunk_fetches"] += int(idx.size)
+                for (_, where), got in zip(groups, results):
+                    for w, rec in zip(where.tolist(), got):
+                        out[w] = rec
+                return out
+            g = self.group_size
+            chunk = self._chunk_base[shard] + local // g
+            have: dict[int, list[bytes]] = {}
+            missing: list[int] = []
+            for c in np.unique(chunk).tolist():
+                kept = self._chunks.get(c)
+                if kept is None:
+                    missing.append(c)
+                else:
+                    self._chunks.move_to_end(c)
+                    have[c] = kept
+            self._stats["chunk_hits"] += len(have)
+            if missing:
+                jobs = []
+                for c in missing:
+                    s = int(np.searchsorted(self._chunk_base, c, side="right")) - 1
+                    k = c - int(self._chunk_base[s])
+                    n_s = int(self.offsets[s + 1] - self.offsets[s])
+                    jobs.append((s, (k * g, min((k + 1) * g, n_s))))
+                fetched = self._run(jobs)
+                self._stats["chunk_fetches"] += len(missing)
+                have.update(zip(missing, fetched))
+            first = (chunk - self._chunk_base[shard]) * g  # the chunk's first local record
+            for w, (c, at) in enumerate(zip(chunk.tolist(), (local - first).tolist())):
+                out[w] = have[c][at]
+            if missing:
+                self._keep(missing, have)
+        return out
+
+    def _keep(self, chunks: list[int], have: dict[int, list[bytes]]) -> None:
+        """Puts the fetched `chunks` into the LRU, then drops the least recently used ones
+        beyond `chunk_cache_bytes`."""
+        for c in chunks:
+            recs = have[c]
+            self._chunks[c] = recs
+            self._chunk_bytes += _chunk_size(recs)
+        while self._chunk_bytes > self.chunk_cache_bytes and self._chunks:
+            _, recs = self._chunks.popitem(last=False)
+            self._chunk_bytes -= _chunk_size(recs)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        with self._lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
+            self._chunks.clear()
+            self._chunk_bytes = 0
+
+
+def _chunk_size(records: list[bytes]) -> int:
+    """The bytes a decoded chunk holds (its records and their Python objects)."""
+    return sum(len(r) for r in records) + 64 * len(records)
