@@ -91,6 +91,26 @@ def test_a_flipped_byte_passes_start_up_and_fails_verify_cache(fresh):
     assert problems[0].startswith(f"{SHARD}: content differs from info.json")
 
 
+def test_stored_plans_are_verified(fresh):
+    """A packed reader stores its plan beside the cache; `verify_cache` re-hashes it and names a
+    corrupt or missing array (deleting the plans is the fix: they are rebuilt)."""
+    _, cache_dir, registry, task = fresh
+    reader = _reader(cache_dir, registry)
+    key = reader.streams[0].plan_key
+    reader.close()
+    assert verify_cache(cache_dir, task) == {"det_b": []}
+    plans = pathlib.Path(task_dir(cache_dir, "det_b", "train")) / "plans"
+    starts = plans / f"{key}.starts.npy"
+    _flip_byte(starts, starts.stat().st_size - 1)
+    problems = verify_cache(cache_dir, task)["det_b"]
+    assert problems == [
+        f"plans/{key}.starts.npy: differs from its record {key}.json (corrupt); delete {plans} "
+        f"(plans are rebuilt on the next start)"
+    ]
+    starts.unlink()
+    assert verify_cache(cache_dir, task)["det_b"][0].startswith(f"plans/{key}.starts.npy: missing; delete")
+
+
 def test_a_truncated_or_missing_shard_fails_start_up_suggesting_verify_cache(fresh):
     _, cache_dir, registry, task = fresh
     path = task_dir(cache_dir, "det_b", "train")

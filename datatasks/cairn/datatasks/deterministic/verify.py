@@ -2,7 +2,8 @@
 
 Opening a cache (`cached_task.CachedTask`) reads metadata only: it trusts the checksums and the
 source fingerprint that the cache writer recorded. `verify_cache` reads everything again:
-it re-hashes every shard and `lengths.npy` against the SHA-256 in `info.json`, and
+it re-hashes every shard and `lengths.npy` against the SHA-256 in `info.json`, and every
+stored packing plan's arrays against their records (`plan_store`), and
 fingerprints the task's source files again against the recorded ones, and names what
 differs: a shard file, a source file (by its name relative to its pattern's root), a
 fingerprint part. Its cost is one read of the cache and of the sources.
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cairn.datatasks.deterministic import fingerprint as fp
-from cairn.datatasks.deterministic import store
+from cairn.datatasks.deterministic import plan_store, store
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry
 
@@ -53,6 +54,31 @@ def _shard_problems(path: str, info: dict) -> list[str]:
                 f"{name}: content differs from info.json (sha256 {got_sha[:12]}, "
                 f"recorded {sha[:12]}): the file is corrupt"
             )
+    return problems
+
+
+def _plan_problems(path: str) -> list[str]:
+    """The stored packing plans (`plans/`, `plan_store`): every array of every plan re-hashed
+    against its record. A damaged plan is harmless to delete: the next reader builds it again."""
+    folder = store.join(path, plan_store.PLANS)
+    sizes = store.list_sizes(folder)
+    problems = []
+    hint = f"delete {folder} (plans are rebuilt on the next start)"
+    for record_name in sorted(n for n in sizes if n.endswith(".json")):
+        try:
+            record = store.read_json(store.join(folder, record_name))
+            arrays = sorted(record["arrays"].items())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            problems.append(f"{plan_store.PLANS}/{record_name}: unreadable; {hint}")
+            continue
+        for _, meta in arrays:
+            name = f"{plan_store.PLANS}/{meta['file']}"
+            if meta["file"] not in sizes:
+                problems.append(f"{name}: missing; {hint}")
+                continue
+            got_size, got_sha = fp.file_digest(store.join(folder, meta["file"]))
+            if got_size != int(meta["bytes"]) or got_sha != meta["sha256"]:
+                problems.append(f"{name}: differs from its record {record_name} (corrupt); {hint}")
     return problems
 
 
@@ -98,6 +124,7 @@ def verify_task_cache(path: str, task: Any, split: str = "train") -> list[str]:
                 f"(cache {str(recorded.get(part))[:12]}, task {current[part][:12]})"
             )
     problems += _shard_problems(path, info)
+    problems += _plan_problems(path)
     problems += _source_problems(task, split, info)
     return problems
 
