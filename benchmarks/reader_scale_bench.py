@@ -306,6 +306,16 @@ def measure_chunks(path: str, seconds: float) -> dict:
     }
 
 
+def _measure_in_child(argv: list, env: dict, what: str) -> dict:
+    """Runs a measuring child (this script with `argv`), prints and returns its last JSON line."""
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"measuring {what} failed:\n{proc.stderr[-3000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def group_size_table(args, env: dict) -> None:
     """`--group_sizes`: one cache per group size (`--sizes`' first, `--shards`, rows `--scale`
     times the default's), each read by `measure_chunks` in a fresh process per storage."""
@@ -335,7 +345,7 @@ def group_size_table(args, env: dict) -> None:
                     path = store.task_dir(bucket_cache(bucket, n, tag), NAME, "train")
                 else:
                     path = store.task_dir(paths(root, n, tag)[1], NAME, "train")
-                proc = subprocess.run(
+                row = _measure_in_child(
                     [
                         sys.executable,
                         os.path.abspath(__file__),
@@ -344,14 +354,10 @@ def group_size_table(args, env: dict) -> None:
                         "--seconds",
                         str(args.seconds),
                     ],
-                    env=env,
-                    capture_output=True,
-                    text=True,
+                    env,
+                    f"group_size {g} {where}",
                 )
-                if proc.returncode != 0:
-                    raise SystemExit(f"measuring group_size {g} {where} failed:\n{proc.stderr[-3000:]}")
-                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                print(json.dumps(rows[-1]), flush=True)
+                rows.append(row)
     finally:
         if emulator is not None:
             emulator.stop()
@@ -438,7 +444,7 @@ def main() -> None:
                 for mode in modes:
                     extra = ["--cache_dir", bucket_cache(bucket, n, tag)] if where == "gcs" else []
                     extra += ["--group_size", str(args.group_size)] if args.group_size else []
-                    proc = subprocess.run(
+                    row = _measure_in_child(
                         [
                             sys.executable,
                             os.path.abspath(__file__),
@@ -450,14 +456,10 @@ def main() -> None:
                             f"{n},{int(mode == 'packed')}",
                         ]
                         + extra,
-                        env=env,
-                        capture_output=True,
-                        text=True,
+                        env,
+                        f"{n} {mode} {where}",
                     )
-                    if proc.returncode != 0:
-                        raise SystemExit(f"measuring {n} {mode} {where} failed:\n{proc.stderr[-3000:]}")
-                    rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                    print(json.dumps(rows[-1]), flush=True)
+                    rows.append(row)
     finally:
         if emulator is not None:
             emulator.stop()
