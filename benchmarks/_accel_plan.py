@@ -103,6 +103,14 @@ _T5 = {"dtype": "bfloat16", "scan_layers": True, "float32_attention_logits": Fal
 # remat policies tried, in order of preference (the first reaching the row's minimum batch runs)
 _REMATS = ({"remat_policy": "dots"}, {"remat_policy": "dots_except_mlp_wi"}, {"remat_policy": "full"})
 _DECODE = {"dtype": "bfloat16", "param_dtype": "bfloat16", "scan_layers": False}
+#: `--remat` policies (`cairn.models` remat_policy values).
+REMAT_POLICIES = ("none", "full", "dots", "dots_except_mlp_wi", "minimal")
+#: Ways a decode step can write the key-value cache (`_accel_rows.DECODE_WRITERS`): the model's
+#: own ("model": on TPU, the slice with the cache pinned head-major), `dynamic_update_slice` alone
+#: ("slice"), a select over the whole cache ("select"), and the slice with the cache's layout
+#: pinned for XLA: row-major ("row_major": b, position, head, dim), head-major ("head_major": b,
+#: head, position, dim) or position-major ("position_major": position, b, head, dim).
+DECODE_VARIANTS = ("model", "slice", "select", "row_major", "head_major", "position_major")
 
 #: The rows of issue 39 on one TPU v5e chip, in the order they run.
 ROWS: tuple[Row, ...] = (

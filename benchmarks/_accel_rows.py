@@ -45,6 +45,7 @@ from _accel_plan import (  # noqa: E402
     search_batch,
     split_overrides,
 )
+from jax.experimental.layout import Layout, with_layout_constraint  # noqa: E402
 
 from cairn.models import (  # noqa: E402
     DecodeOptions,
@@ -55,6 +56,7 @@ from cairn.models import (  # noqa: E402
     get_preset,
     training_flops_per_step,
 )
+from cairn.models.llama import attention as llama_attention  # noqa: E402
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
 from cairn.trainer import (  # noqa: E402
     CheckpointConfig,
@@ -82,7 +84,8 @@ class Options:
     hbm_bandwidth: float | None = None  # bytes/s per device
     attention: str | None = None  # "auto" (None in the config), "xla", "pallas", "cudnn"
     loss_chunk_size: int | None = None
-    remat: str | None = None
+    remat: dict[str, str] = dataclasses.field(default_factory=dict)  # row name (or "*") -> remat policy
+    decode_variants: tuple[str, ...] = ("slice",)  # decode-cache writes compared (DECODE_WRITERS)
     batch: int = 0
     batches: dict[str, int] = dataclasses.field(default_factory=dict)  # row name -> fixed batch
     steps: int = 0
@@ -365,7 +368,8 @@ class _TrainRowRunner:
         for cand in [f.result() for f in [pool.submit(self.compile, c, lo) for c, lo in lowered]]:
             found[cand.batch] = cand
             gib = "?" if cand.bytes is None else f"{cand.bytes / GIB:.3g} GiB"
-            log(self.row.name, f"{label} batch {cand.batch}: {gib} (compile {cand.compile_s:.1f} s)")
+            refused = f"; refused: {cand.error}" if cand.compiled is None and cand.error else ""
+            log(self.row.name, f"{label} batch {cand.batch}: {gib} (compile {cand.compile_s:.1f} s){refused}")
         out: dict[int, int | None] = {}
         for b in batches:
             cand = found[b]
@@ -394,8 +398,9 @@ class _TrainRowRunner:
         start = time.perf_counter()
         overrides = {**row.overrides, **cli_model_overrides(opts, train=True)}
         variants = [dict(v) for v in row.variants] or [{}]
-        if opts.remat:
-            variants = [{**v, "remat_policy": opts.remat} for v in variants]
+        policy = opts.remat.get(row.name, opts.remat.get("*"))
+        if policy:
+            variants = [{**v, "remat_policy": policy} for v in variants]
         configs, seen = [], set()
         for v in variants:
             config, applied, ignored = build_config(row.preset, {**overrides, **v})
@@ -464,9 +469,9 @@ class _TrainRowRunner:
                 futures = [outer.submit(self.search, pool, c[1], limit, _label(c[0])) for c in survivors]
                 searched = [f.result() for f in futures]
         for (v, *_), (best, found) in zip(survivors, searched):
-            result["search"].append(
-                {"variant": v, "best": best, "bytes": {b: c.bytes for b, c in sorted(found.items())}}
-            )
+            entry = {"variant": v, "best": best, "bytes": {b: c.bytes for b, c in sorted(found.items())}}
+            refused = {b: c.error for b, c in sorted(found.items()) if c.compiled is None and c.error}
+            result["search"].append({**entry, "refused": refused} if refused else entry)
         pick = choose_variant([best for best, _ in searched], row.min_batch)
         if pick is None:
             raise DoesNotFit(f"no batch fits {limit / GIB:.3g} GiB: {result['search']}")
@@ -545,7 +550,7 @@ def _profile_result(trace_file: str | None, steps: int, tags: Mapping[str, str])
     if not trace_file:
         return {}
     try:
-        prof = _op_profile.op_classes(trace_file, top_ops=12, tags=dict(tags))
+        prof = _op_profile.op_classes(trace_file, top_ops=40, tags=dict(tags))
     except Exception as e:  # a profile is a bonus: never fail the row for it
         return {"profile": {"error": f"{type(e).__name__}: {e}"}}
     per_step = lambda d: {k: v / steps for k, v in d.items()}
@@ -562,6 +567,8 @@ def _profile_result(trace_file: str | None, steps: int, tags: Mapping[str, str])
 
 def run_train_row(row: TrainRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
     """Trains `row` (the largest batch that fits, or its fixed batch) and measures it."""
+    _PARAMS.clear()  # a decode row's weights would hold device memory the search counts as taken
+    free_device_memory()
     return _TrainRowRunner(row, env, opts).run()
 
 
@@ -601,8 +608,62 @@ def kv_bytes_per_position(
     return (cache_bytes(long) - cache_bytes(short)) / (batch * (long - short))
 
 
+def _write_select(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
+    """A one-token chunk written by a select over the whole cache (longer chunks: the model's)."""
+    if chunk.shape[1] != 1:
+        return _write_slice(cache, chunk, start)
+    at = jnp.arange(cache.shape[1], dtype=jnp.int32)[None, :, None, None] == start
+    return jnp.where(at, chunk.astype(cache.dtype), cache)
+
+
+def _write_pinned(major_to_minor: tuple[int, ...]) -> Callable:
+    """The model's write, then the cache's layout pinned for XLA (`with_layout_constraint`)."""
+
+    def write(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
+        return with_layout_constraint(_write_slice(cache, chunk, start), Layout(major_to_minor=major_to_minor))
+
+    return write
+
+
+def _write_slice(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
+    """`dynamic_update_slice` alone, the cache's layout left to XLA."""
+    return jax.lax.dynamic_update_slice(cache, chunk.astype(cache.dtype), (0, start, 0, 0))
+
+
+_MODEL_WRITE = llama_attention.write_cache
+#: `--decode_variants`: how a decode step writes its key-value cache `[b, len, kv_heads, head_dim]`
+#: ("model": the model's own, `cairn.models.llama.attention.write_cache`).
+DECODE_WRITERS: dict[str, Callable] = {
+    "model": _MODEL_WRITE,
+    "slice": _write_slice,
+    "select": _write_select,
+    "row_major": _write_pinned((0, 1, 2, 3)),
+    "head_major": _write_pinned((0, 2, 1, 3)),
+    "position_major": _write_pinned((1, 0, 2, 3)),
+}
+
+
+def _compile_decode(model: DecoderOnlyModel, params: Any, prompts: Any, row: DecodeRow, writer: Callable, opts):
+    """`({"full": executable, "prefill": executable}, compile seconds)` with `writer` writing the cache."""
+    lengths = {"full": row.prompt + row.new, "prefill": row.prompt + 1}
+    lowered = {}
+    llama_attention.write_cache = writer  # read when the model is traced, i.e. while lowering
+    try:
+        for name, length in lengths.items():
+            options = DecodeOptions(max_decode_length=length, eos_id=-1)
+            fn = jax.jit(lambda p, x, o=options: model.predict_batch(p, x, o)[0])
+            lowered[name] = fn.lower(params, prompts)
+    finally:
+        llama_attention.write_cache = _MODEL_WRITE
+    compile_start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(2, opts.compile_threads))) as pool:
+        compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+    return compiled, time.perf_counter() - compile_start
+
+
 def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
-    """Greedy decoding of `row.batch` prompts; the decode steps timed apart from the prefill."""
+    """Greedy decoding of `row.batch` prompts; the decode steps timed apart from the prefill,
+    for each of `opts.decode_variants` (the fastest is the row's result)."""
     if row.new < 2:
         raise ValueError(f"decode row {row.name}: new must be >= 2 (the first token comes from the prefill)")
     start = time.perf_counter()
@@ -617,37 +678,7 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
     prompts = jnp.asarray(
         np.random.default_rng([11, row.batch]).integers(2, config.vocab_size, (row.batch, row.prompt), dtype=np.int32)
     )
-    lengths = {"full": row.prompt + row.new, "prefill": row.prompt + 1}
-    lowered = {}
-    for name, length in lengths.items():
-        options = DecodeOptions(max_decode_length=length, eos_id=-1)
-        fn = jax.jit(lambda p, x, o=options: model.predict_batch(p, x, o)[0])
-        lowered[name] = fn.lower(params, prompts)
-    compile_start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(2, opts.compile_threads))) as pool:
-        compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
-    compile_s = time.perf_counter() - compile_start
-    log(row.name, f"compiled prefill and decode in {compile_s:.1f} s")
-    outputs: dict[str, Any] = {}
-
-    def call(name):
-        def fn():
-            outputs[name] = compiled[name](params, prompts)
-            return outputs[name]
-
-        return fn
-
-    times = _timed_calls({name: call(name) for name in compiled}, row.repeats)
-    profile: dict[str, Any] = {}
-    if opts.profile:
-        trace = _op_profile.profile_steps(call("full"), 1, tempfile.mkdtemp(prefix="accel_bench_trace_"))
-        tags = {"vocabulary (logits, argmax)": rf"\b{config.vocab_size}\b"}
-        profile = _profile_result(trace, 1, tags)
-    full, prefill = np.asarray(outputs["full"]), np.asarray(outputs["prefill"])
-    first_tokens_agree = bool(np.array_equal(full[:, row.prompt], prefill[:, row.prompt]))
-    total_s, prefill_s = statistics.median(times["full"]), statistics.median(times["prefill"])
     steps = row.new - 1  # the first new token comes from the prefill's logits
-    decode_s = total_s - prefill_s
     weights = sum(x.nbytes for x in jax.tree.leaves(params))
     tied = getattr(config, "tie_word_embeddings", getattr(config, "logits_via_embedding", False))
     if not tied:  # an untied input embedding is only gathered, not read whole
@@ -655,15 +686,70 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
     kv = kv_bytes_per_position(model, params, row.batch)
     per_step = decode_bytes_per_step(weights, kv, row.batch, row.prompt + 1, steps)
     hbm = env.get("hbm_bytes_per_s")
-    step_s = decode_s / steps if decode_s > 0 else None
-    fraction = roofline_fraction(per_step, hbm, step_s) if hbm and step_s else None
+    measured: dict[str, dict[str, Any]] = {}
+    executables: dict[str, dict[str, Any]] = {}
+    reference = None
+    for variant in opts.decode_variants:
+        try:
+            compiled, compile_s = _compile_decode(model, params, prompts, row, DECODE_WRITERS[variant], opts)
+        except Exception as e:  # a variant XLA or the layout pass refuses is a result too
+            measured[variant] = {"error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]}
+            log(row.name, f"cache write {variant}: {measured[variant]['error']}")
+            continue
+        log(row.name, f"cache write {variant}: compiled prefill and decode in {compile_s:.1f} s")
+        outputs: dict[str, Any] = {}
+
+        def call(name, compiled=compiled, outputs=outputs):
+            def fn():
+                outputs[name] = compiled[name](params, prompts)
+                return outputs[name]
+
+            return fn
+
+        times = _timed_calls({name: call(name) for name in compiled}, row.repeats)
+        full, prefill = np.asarray(outputs["full"]), np.asarray(outputs["prefill"])
+        reference = full if reference is None else reference
+        total_s, prefill_s = statistics.median(times["full"]), statistics.median(times["prefill"])
+        decode_s = total_s - prefill_s
+        step_s = decode_s / steps if decode_s > 0 else None
+        measured[variant] = {
+            "compile_s": compile_s,
+            "call_s": total_s,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "step_s": step_s,
+            "roofline_fraction": roofline_fraction(per_step, hbm, step_s) if hbm and step_s else None,
+            "first_tokens_agree": bool(np.array_equal(full[:, row.prompt], prefill[:, row.prompt])),
+            "tokens_equal_first_variant": bool(np.array_equal(full, reference)),
+            "times_s": times,
+        }
+        executables[variant] = compiled
+        del outputs
+    timed = [v for v in measured if "step_s" in measured[v] and measured[v]["step_s"]]
+    if not timed:
+        raise RuntimeError(f"no decode variant ran: {measured}")
+    best = min(timed, key=lambda v: measured[v]["step_s"])
+    chosen = measured[best]
+    profile: dict[str, Any] = {}
+    if opts.profile:
+        compiled = executables[best]
+        trace = _op_profile.profile_steps(
+            lambda: compiled["full"](params, prompts), 1, tempfile.mkdtemp(prefix="accel_bench_trace_")
+        )
+        tags = {"vocabulary (logits, argmax)": rf"\b{config.vocab_size}\b"}
+        profile = _profile_result(trace, 1, tags)
+    prefill_s, decode_s, step_s = chosen["prefill_s"], chosen["decode_s"], chosen["step_s"]
     prefill_flops = training_flops_per_step(config, row.batch, {"targets": row.prompt + 1}) / 3  # forward only
     peak = (env.get("peak_flops_per_device") or 0) * env["devices"]
     note = f"prefill {1e3 * prefill_s:.1f} ms"
+    if len(opts.decode_variants) > 1:
+        note += f"; cache write {best}"
     if ignored:
         note += "; ignored: " + ", ".join(sorted(ignored))
-    if not first_tokens_agree:
+    if not chosen["first_tokens_agree"]:
         note += "; first new tokens differ between the two calls"
+    if not all(m.get("tokens_equal_first_variant", True) for m in measured.values()):
+        note += "; the cache writes decoded different tokens"
     return {
         "batch": row.batch,
         "prompt": row.prompt,
@@ -671,8 +757,8 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
         "params": count_params(config),
         "config_overrides": applied,
         "ignored_overrides": sorted(ignored),
-        "compile_s": compile_s,
-        "call_s": total_s,
+        "compile_s": chosen["compile_s"],
+        "call_s": chosen["call_s"],
         "prefill_s": prefill_s,
         "prefill_mfu": prefill_flops / prefill_s / peak if peak else None,
         "decode_s": decode_s,
@@ -683,10 +769,12 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
         "kv_bytes_per_position": kv,
         "bytes_per_step": per_step,
         "roofline_step_s": per_step / hbm if hbm else None,
-        "roofline_fraction": fraction,
+        "roofline_fraction": chosen["roofline_fraction"],
         "target": row.target_roofline,
-        "first_tokens_agree": first_tokens_agree,
-        "times_s": times,
+        "first_tokens_agree": chosen["first_tokens_agree"],
+        "cache_write": best,
+        "cache_writes": {v: {k: x for k, x in m.items() if k != "times_s"} for v, m in measured.items()},
+        "times_s": chosen["times_s"],
         "wall_s": time.perf_counter() - start,
         "note": note,
         **profile,

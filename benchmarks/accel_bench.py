@@ -47,7 +47,16 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _accel_plan, _machine (also when imported)
 
-from _accel_plan import ROWS, format_profile, format_table, select_rows, tiny_rows, write_json
+from _accel_plan import (
+    DECODE_VARIANTS,
+    REMAT_POLICIES,
+    ROWS,
+    format_profile,
+    format_table,
+    select_rows,
+    tiny_rows,
+    write_json,
+)
 from _machine import machine_line
 
 WORKER_EXIT_RESTART = 3  # the worker stopped after a failed row: start a fresh one for the rest
@@ -81,8 +90,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--remat",
-        choices=("none", "full", "dots", "dots_except_mlp_wi", "minimal"),
-        help="one remat policy for the training rows instead of their variants",
+        default="",
+        help=f"a remat policy ({', '.join(REMAT_POLICIES)}) for every training row instead of its variants, "
+        "or for some rows: t5_xl=full,llama_bf16=dots",
+    )
+    p.add_argument(
+        "--decode_variants",
+        default="model",
+        help=f"ways of writing the decode cache each decode row compares ({', '.join(DECODE_VARIANTS)}); "
+        "the row reports the fastest",
     )
     p.add_argument("--batch", type=int, default=0, help="a fixed batch for the training rows instead of the search")
     p.add_argument(
@@ -122,6 +138,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 0, got {value}")
     try:
         args.batch_of = parse_batches(args.batches, [r.name for r in ROWS])
+        args.remat_of = parse_remat(args.remat, [r.name for r in ROWS])
+        args.decode_variant_list = parse_decode_variants(args.decode_variants)
     except ValueError as e:
         p.error(str(e))
     if args.steps == 1:
@@ -144,6 +162,29 @@ def parse_batches(text: str, names: Sequence[str]) -> dict[str, int]:
     return out
 
 
+def parse_remat(text: str, names: Sequence[str]) -> dict[str, str]:
+    """`{"*": "full"}` from `full`, `{"t5_xl": "full", ...}` from `t5_xl=full,...`."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, policy = item.rpartition("=") if "=" in item else ("*", "", item)
+        if (sep and name not in names) or policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"--remat: expected POLICY or ROW=POLICY with POLICY one of {', '.join(REMAT_POLICIES)}"
+                f" and ROW one of {', '.join(names)}, got {item!r}"
+            )
+        out[name] = policy
+    return out
+
+
+def parse_decode_variants(text: str) -> list[str]:
+    """The decode-cache writes to compare, in order; a ValueError names an unknown one."""
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in DECODE_VARIANTS]
+    if bad or not out:
+        raise ValueError(f"--decode_variants: expected some of {', '.join(DECODE_VARIANTS)}, got {text!r}")
+    return out
+
+
 def options(args: argparse.Namespace):
     """The `_accel_rows.Options` of the command line (imports JAX)."""
     from _accel_rows import Options
@@ -153,7 +194,8 @@ def options(args: argparse.Namespace):
         hbm_bandwidth=args.hbm_gbps * 1e9 if args.hbm_gbps else None,
         attention=args.attention,
         loss_chunk_size=args.loss_chunk_size,
-        remat=args.remat,
+        remat=args.remat_of,
+        decode_variants=tuple(args.decode_variant_list),
         batch=args.batch,
         batches=args.batch_of,
         steps=args.steps,

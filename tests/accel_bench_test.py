@@ -206,3 +206,19 @@ def test_the_supervisor_imports_no_jax():
         [sys.executable, os.path.join(BENCH, "accel_bench.py"), "--rows", "nope"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "unknown rows" in bad.stderr
+
+
+def test_remat_and_decode_variant_options():
+    import accel_bench
+
+    names = [r.name for r in plan.ROWS]
+    assert accel_bench.parse_remat("full", names) == {"*": "full"}
+    assert accel_bench.parse_remat("t5_xl=full, llama_bf16=dots", names) == {"t5_xl": "full", "llama_bf16": "dots"}
+    for bad in ("nope", "t5_xl=nope", "nope=full"):
+        with pytest.raises(ValueError, match="--remat"):
+            accel_bench.parse_remat(bad, names)
+    assert accel_bench.parse_decode_variants("slice,row_major") == ["slice", "row_major"]
+    assert plan.DECODE_VARIANTS[0] == "model" and set(plan.DECODE_VARIANTS) >= {"slice", "select"}
+    for bad in ("", "slice,nope"):
+        with pytest.raises(ValueError, match="--decode_variants"):
+            accel_bench.parse_decode_variants(bad)

@@ -319,3 +319,23 @@ def test_rope_scaling_is_stored_hashable_and_given_back_as_transformers_writes_i
     hash(c)
     assert c.rope_scaling_dict == {"rope_type": "llama3", **SCALING}
     assert c.replace(rope_scaling=c.rope_scaling) == c
+
+
+def test_the_decode_cache_write_pins_a_head_major_layout_on_tpu(monkeypatch):
+    """On TPU `write_cache` pins the cache's layout (a position-minor cache made every step
+    rewrite it whole); the values are the slice's. The pin is checked in the lowered program
+    (a CPU stands in for the TPU: `default_backend` is patched while tracing)."""
+    import jax.numpy as jnp
+
+    from cairn.models.llama import attention
+
+    cache = jnp.arange(2 * 6 * 3 * 4, dtype=jnp.float32).reshape(2, 6, 3, 4)
+    chunk = -jnp.ones((2, 1, 3, 4), jnp.float32)
+    expected = np.asarray(cache).copy()
+    expected[:, 4] = -1
+    plain = jax.jit(attention.write_cache).lower(cache, chunk, 4).as_text()
+    assert "LayoutConstraint" not in plain
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    pinned = jax.jit(lambda *a: attention.write_cache(*a))  # a new function: traced again
+    assert "LayoutConstraint" in pinned.lower(cache, chunk, 4).as_text()
+    np.testing.assert_array_equal(np.asarray(pinned(cache, chunk, 4)), expected)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from cairn.models import pallas_attention
 from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named
@@ -30,7 +31,27 @@ from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
 
 HEAD_ACT = ("batch", "length", "heads", "kv")
-__all__ = ["HEAD_ACT", "Kernel", "LlamaAttention", "attention_implementation"]
+__all__ = ["HEAD_ACT", "Kernel", "LlamaAttention", "attention_implementation", "write_cache"]
+
+
+#: The decode cache's layout on TPU, major to minor: batch, head, position, head_dim.
+TPU_CACHE_LAYOUT = (0, 2, 1, 3)
+
+
+def write_cache(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
+    """`cache` `[b, max_len, kv_heads, head_dim]` with `chunk` `[b, n, kv_heads, head_dim]`
+    written at positions `[start, start + n)`: the one place a decode step writes the cache
+    (module-level, so that an accelerator benchmark can compare other ways of writing it).
+
+    On TPU the cache's layout is pinned head-major (`TPU_CACHE_LAYOUT`). Left to itself, XLA
+    lays the cache out with positions minor (what the `q . k` product prefers), and then each
+    step's one-position write rewrites the whole cache: 1.7 ms of a 5.1 ms llama_1b step at
+    batch 32 on a v5e; pinned, the step takes 4.5 ms (benchmarks/RESULTS.md, `accel_bench.py`).
+    """
+    out = jax.lax.dynamic_update_slice(cache, chunk.astype(cache.dtype), (0, start, 0, 0))
+    if jax.default_backend() == "tpu":
+        out = with_layout_constraint(out, Layout(major_to_minor=TPU_CACHE_LAYOUT))
+    return out
 
 
 def attention_implementation(config: LlamaConfig) -> str | None:
@@ -137,8 +158,7 @@ class LlamaAttention(nn.Module):
         start = index.value
         b, n = k_new.shape[0], k_new.shape[1]
         real = jnp.ones((b, n), jnp.int32) if segment_ids is None else (segment_ids > 0).astype(jnp.int32)
-        k = jax.lax.dynamic_update_slice(cached_key.value, k_new.astype(cached_key.value.dtype), (0, start, 0, 0))
-        v = jax.lax.dynamic_update_slice(cached_value.value, v_new.astype(cached_value.value.dtype), (0, start, 0, 0))
+        k, v = write_cache(cached_key.value, k_new, start), write_cache(cached_value.value, v_new, start)
         keys = jax.lax.dynamic_update_slice(key_mask.value, real, (0, start))
         cached_key.value, cached_value.value, key_mask.value = k, v, keys
         index.value = start + n
