@@ -151,7 +151,8 @@ ROWS: tuple[Row, ...] = (
         optimizer_kwargs={"weight_decay": 0.1, "clip_grad_norm": 1.0},
         overrides={**_LLAMA, "param_dtype": "float32"},
         variants=_REMATS,
-        trainer_overrides={"offload_optimizer_state": True},
+        # the state of 256 MB of parameters on the device at a time (the whole of it did not fit)
+        trainer_overrides={"offload_optimizer_state": True, "offload_group_bytes": 256 * 2**20},
         probes=(2, 4, 8),
         min_batch=4,
         max_batch=64,

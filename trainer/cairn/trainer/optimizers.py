@@ -253,12 +253,39 @@ def make_optimizer(
         return adafactor_t5(lr, **options)
 
     tx = param_groups.grouped(make, config.freeze, config.groups)
+    frozen = param_groups.matches_any(config.freeze) if config.freeze else None
     if config.clip_grad_norm is not None:
-        tx = optax.chain(optax.clip_by_global_norm(config.clip_grad_norm), tx)
-    if config.freeze:  # frozen gradients do not count in the global norm
-        frozen = param_groups.matches_any(config.freeze)
+        tx = optax.chain(clip_by_global_norm(config.clip_grad_norm, frozen), tx)
+    if frozen is not None:  # frozen gradients do not count in the global norm
         tx = optax.chain(optax.masked(optax.set_to_zero(), lambda p: param_groups.path_mask(p, frozen)), tx)
     return tx
+
+
+def clip_by_global_norm(
+    max_norm: float, frozen: Callable[[str], bool] | None = None
+) -> optax.GradientTransformationExtraArgs:
+    """`optax.clip_by_global_norm` (the same arithmetic, so the same bits) whose norm can come
+    from the whole gradient tree when the update sees part of it: the extra argument
+    `offload_full_updates` (`offload_update.grouped_update`), with the parameters that
+    `frozen(path)` names counted as zeros, as the chain's freezing makes them."""
+
+    def update(updates, state, params=None, *, offload_full_updates=None, **extra_args):
+        del params, extra_args
+        whole = updates
+        if offload_full_updates is not None:
+            whole = offload_full_updates
+            if frozen is not None:
+                mask = param_groups.path_mask(whole, frozen)
+                whole = jax.tree.map(lambda g, m: jnp.zeros_like(g) if m else g, whole, mask)
+        g_norm = optax.tree.norm(whole)
+        trigger = jnp.squeeze(g_norm < max_norm)
+
+        def clip(t):
+            return jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm)
+
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
 def as_schedule(learning_rate: float | Callable) -> Callable:

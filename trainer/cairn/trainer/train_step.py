@@ -12,6 +12,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from cairn.partitioning import Partitioner, opt_state_logical_specs
+from cairn.trainer.offload_update import grouped_update
 from cairn.trainer.train_state import TrainState
 
 Batch = Mapping[str, Any]
@@ -44,6 +45,7 @@ def make_train_step(
     num_microbatches: int = 1,
     reduction: str = "mean",
     offload_shardings: tuple[Any, Any] | None = None,
+    offload_group_bytes: int | None = None,
 ) -> Callable:
     """`step(state, batch) -> (state, metrics)`, unjitted.
 
@@ -56,7 +58,9 @@ def make_train_step(
 
     `offload_shardings`: `(device, host)` shardings of the optimizer state (see
     `offload_opt_state_shardings`) when it lives in host memory: it is moved to the device just
-    before the update (`jax.device_put` inside the step) and back to host memory after it.
+    before the update (`jax.device_put` inside the step) and back to host memory after it; with
+    `offload_group_bytes` a group of parameters of about that many bytes at a time
+    (`offload_update.grouped_update`: for optimizers from `make_optimizer`).
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -89,11 +93,16 @@ def make_train_step(
             grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
         grad_norm = optax.tree.norm(grads)
         opt_state = state.opt_state
-        if offload_shardings is not None:
-            opt_state = jax.device_put(opt_state, offload_shardings[0])
-        updates, opt_state = optimizer.update(grads, opt_state, state.params)
-        if offload_shardings is not None:
-            opt_state = jax.device_put(opt_state, offload_shardings[1])
+        if offload_shardings is not None and offload_group_bytes:
+            updates, opt_state = grouped_update(
+                optimizer, grads, opt_state, state.params, offload_shardings, offload_group_bytes
+            )
+        else:
+            if offload_shardings is not None:
+                opt_state = jax.device_put(opt_state, offload_shardings[0])
+            updates, opt_state = optimizer.update(grads, opt_state, state.params)
+            if offload_shardings is not None:
+                opt_state = jax.device_put(opt_state, offload_shardings[1])
         params = optax.apply_updates(state.params, updates)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
         metrics.update(

@@ -51,7 +51,11 @@ class TrainerConfig:
     (None: 0.5 s on a terminal, 60 s in a file or pipe). `offload_optimizer_state`: the optimizer
     state lives in host memory (`memory_kind="pinned_host"`) and visits the device only for the
     update inside the step, freeing its device memory for the forward and backward passes
-    (float32 master statistics on one chip); checkpoints save and restore it as usual."""
+    (float32 master statistics on one chip); checkpoints save and restore it as usual. With an
+    `OptimizerConfig` and `offload_group_bytes` > 0 the update moves the state of that many bytes
+    of parameters at a time (`offload_update.grouped_update`: the device never holds the whole
+    state; equal to the whole update within float32 rounding); 0 moves the whole state at once
+    (bit-identical to no offload)."""
 
     model_dir: str
     num_train_steps: int
@@ -71,6 +75,7 @@ class TrainerConfig:
     flops_per_token: float | None = None
     peak_flops: float | None = None
     offload_optimizer_state: bool = False
+    offload_group_bytes: int = 0
 
     def __post_init__(self):
         for name in ("num_train_steps", "num_microbatches"):
@@ -80,7 +85,7 @@ class TrainerConfig:
             raise ValueError(
                 f"TrainerConfig.microbatch_reduction must be 'mean' or 'sum', got {self.microbatch_reduction!r}"
             )
-        for name in ("checkpoint_every", "eval_every", "log_every"):
+        for name in ("checkpoint_every", "eval_every", "log_every", "offload_group_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainerConfig.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -230,6 +235,7 @@ class Trainer:
             self.config.num_microbatches,
             self.config.microbatch_reduction,
             offload_shardings=offload,
+            offload_group_bytes=self.config.offload_group_bytes if self.optimizer_config is not None else None,
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
         zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), dict(host))
