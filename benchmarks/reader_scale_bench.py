@@ -187,9 +187,13 @@ def upload(root: str, n: int, bucket: str, tag: str = "") -> float:
     return time.perf_counter() - start
 
 
-def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None, tag: str = "") -> dict:
+def measure(
+    root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None, tag: str = "", steps: int = 0
+) -> dict:
     """One (size, mode) in this (fresh) process; `cache_dir` (e.g. a gs:// copy) instead of
-    the local cache."""
+    the local cache. The far step is `FAR_STEP`, or with `steps` (the growth table, issue 37)
+    the last step of the first epoch; the steady rate is then `steps` steps, with the RSS after
+    them and the chunk fetches and shard opens per 1,000 rows."""
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
@@ -218,8 +222,11 @@ def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None =
         bins = reader.streams[0].plan.num_bins
         reader.close()
         del reader
-    firsts: dict = {0: [], FAR_STEP: []}
-    for step in (0, FAR_STEP) * (repeats + 1):  # the first round is dropped: warm-up
+    far = FAR_STEP
+    if steps:  # the last step of the first epoch: a plan's bins (or records) over the batch
+        far = max(1, bins // BATCH - 1)
+    firsts: dict = {0: [], far: []}
+    for step in (0, far) * (repeats + 1):  # the first round is dropped: warm-up
         reader = make(prefetch=0, steps_per_call=1)
         start = time.perf_counter()
         reader.set_state({**reader.get_state(), "step": step})
@@ -229,12 +236,17 @@ def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None =
     reader = make()
     for _ in range(5):
         next(reader)
+    cache = reader.streams[0].cache
+    before = cache.stats()
     start, count = time.perf_counter(), 0
-    while time.perf_counter() - start < 3.0 or count < 20:
+    while (count < steps) if steps else (time.perf_counter() - start < 3.0 or count < 20):
         batch = next(reader)
         count += 1
     seconds = time.perf_counter() - start
+    after = cache.stats()
+    rss_after = rss_mb()
     examples = int(batch["encoder_segment_ids"].max(axis=1).sum()) if pack else BATCH
+    rows_read = count * BATCH
     reader.close()
     return {
         "n": n,
@@ -246,8 +258,15 @@ def measure(root: str, n: int, pack: bool, repeats: int, cache_dir: str | None =
         "build_s": statistics.median(walls[1:] or walls),
         "build_cpu_s": statistics.median(cpus[1:] or cpus),
         "first_0_s": statistics.median(firsts[0][1:]),
-        "first_far_s": statistics.median(firsts[FAR_STEP][1:]),
+        "far_step": far,
+        "first_far_s": statistics.median(firsts[far][1:]),
         "rows_per_s": count * BATCH / seconds,
+        "steps": count,
+        "rss_after_mb": rss_after,
+        # per 1,000 rows: at a URL each chunk fetch is one request, and each shard open a few
+        "fetches_per_1000_rows": (after["chunk_fetches"] - before["chunk_fetches"]) * 1000 / rows_read,
+        "opens_per_1000_rows": (after["shard_opens"] - before["shard_opens"]) * 1000 / rows_read,
+        "open_shards": after["open_shards"],
         "examples_per_row": examples / BATCH,
         "base_rss_mb": base_rss,
         "peak_rss_mb": peak_rss_mb(),
@@ -394,6 +413,13 @@ def main() -> None:
     p.add_argument("--group_sizes", help="instead: rows/s and open-shard memory for these chunk sizes, e.g. 1,16,64")
     p.add_argument("--scale", type=int, default=1, help="--group_sizes: rows this many times longer")
     p.add_argument("--seconds", type=float, default=3.0, help="--group_sizes: seconds per rate")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="the growth table (issue 37): read this many steps for the steady rate and the RSS after them, "
+        "and take the first batch at the last step of the first epoch instead of step 1,000,000",
+    )
     p.add_argument("--measure_chunks", help="internal: the cache measured in this process")
     p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
     p.add_argument("--cache_dir", help="internal: the cache to measure")
@@ -403,7 +429,7 @@ def main() -> None:
     if args.measure:
         n, pack = args.measure.split(",")
         tag = f"_g{args.group_size}" if args.group_size else ""
-        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir, tag), sys.stdout)
+        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir, tag, args.steps), sys.stdout)
         return
     if args.measure_chunks:
         json.dump(measure_chunks(args.measure_chunks, args.seconds), sys.stdout)
@@ -454,6 +480,8 @@ def main() -> None:
                             str(args.repeats),
                             "--measure",
                             f"{n},{int(mode == 'packed')}",
+                            "--steps",
+                            str(args.steps),
                         ]
                         + extra,
                         env,
@@ -471,6 +499,9 @@ def main() -> None:
         f"\n{args.shards} shards, group_size {args.group_size or DEFAULT_GROUP_SIZE}; EncDec {LENGTHS}, "
         f"global batch {BATCH}; medians of {args.repeats}\n"
     )
+    if args.steps:
+        growth_table(rows, args.steps)
+        return
     local = {(r["n"], r["pack"]): r["build_s"] for r in rows if r["where"] == "local"}
     print(
         "| records | storage | mode | bins | first construction s | later construction s (CPU s) | vs local | "
@@ -487,6 +518,27 @@ def main() -> None:
             f"({r['build_cpu_s']:.2f}) | {ratio} | {r['first_0_s']:.3f} | {r['first_far_s']:.3f} "
             f"({r['first_far_s'] / r['first_0_s']:.2f}x) | {r['rows_per_s']:,.0f} "
             f"| {r['peak_rss_mb']:,.0f} ({r['peak_rss_mb'] - r['base_rss_mb']:+,.0f}) |"
+        )
+
+
+def growth_table(rows: list[dict], steps: int) -> None:
+    """Issue 37's growth table: each row of the reader at one size, mode and storage."""
+    local = {(r["n"], r["pack"]): r for r in rows if r["where"] == "local"}
+    print(
+        "| records | storage | mode | construction s (first) | first batch step 0 s | last step of epoch 0 s (ratio) "
+        f"| rows/s over {steps:,} steps (vs local) | RSS after them MB (above imports) | chunk fetches / shard opens "
+        "per 1,000 rows | open shards |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mode = f"packed ({r['examples_per_row']:.1f}/row)" if r["pack"] else "unpacked"
+        ref = local.get((r["n"], r["pack"]))
+        vs = f" ({r['rows_per_s'] / ref['rows_per_s']:.2f}x)" if ref and r is not ref else ""
+        print(
+            f"| {r['n']:,} | {r['where']} | {mode} | {r['build_s']:.2f} ({r['first_build_s']:.2f}) "
+            f"| {r['first_0_s']:.3f} | {r['first_far_s']:.3f} ({r['first_far_s'] / r['first_0_s']:.2f}x) "
+            f"| {r['rows_per_s']:,.0f}{vs} | {r['rss_after_mb']:,.0f} ({r['rss_after_mb'] - r['base_rss_mb']:+,.0f}) "
+            f"| {r['fetches_per_1000_rows']:.1f} / {r['opens_per_1000_rows']:.2f} | {r['open_shards']:,} |"
         )
 
 
