@@ -1,4 +1,5 @@
-"""`cairn_py_test`: a py_test that runs pytest on one test module.
+"""`cairn_py_test`: a py_test that runs pytest on one test module (`cairn_py_test_group`: on
+several, in one process).
 
 Each test target runs pytest on its own file (`<name>.py`) through one shared main, so
 `pytest tests/<library>` works outside Bazel too. `size` is required, so every test
@@ -26,6 +27,26 @@ def cairn_py_test(name, size, deps = [], data = [], module = None, env = {}, **k
         deps = deps,
         data = data + LOCKS + ["//tools/testing:process_log/sitecustomize.py"],
         env = dict(env, CAIRN_TEST_MODULE = native.package_name() + "/" + src),
+        size = size,
+        python_version = "PY3",
+        srcs_version = "PY3",
+        legacy_create_init = False,
+        **kwargs
+    )
+
+def cairn_py_test_group(name, size, modules, deps = [], data = [], env = {}, **kwargs):
+    """One pytest process for several small test modules (`modules`, files of this package):
+    what each module pays to start (Python, pytest, JAX, often TensorFlow: 2-6 s of CPU) is paid
+    once per group. For modules that share a library and need no process of their own (a test
+    of what a fresh interpreter imports, or of process-wide settings, keeps its own target);
+    docs/testing.md, "Where the time goes"."""
+    native.py_test(
+        name = name,
+        srcs = modules + ["//tools/testing:pytest_main.py"],
+        main = "//tools/testing:pytest_main.py",
+        deps = deps,
+        data = data + LOCKS + ["//tools/testing:process_log/sitecustomize.py"],
+        env = dict(env, CAIRN_TEST_MODULE = ",".join([native.package_name() + "/" + m for m in modules])),
         size = size,
         python_version = "PY3",
         srcs_version = "PY3",

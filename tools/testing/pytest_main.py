@@ -1,5 +1,6 @@
 """Runs pytest on the module of the current Bazel test target (`$CAIRN_TEST_MODULE`, which
-`cairn_py_test` sets; else `//pkg:name` -> pkg/name.py).
+`cairn_py_test` sets, comma-separated modules for `cairn_py_test_group`; else `//pkg:name` ->
+pkg/name.py).
 
 Outside Bazel, pass the test files as arguments. Every test sees 8 virtual CPU devices
 unless XLA_FLAGS says otherwise (docs/design.md §10), and starts with the tests' XLA and
@@ -147,8 +148,8 @@ import pytest  # noqa: E402 (after the environment it reads)
 def _test_files() -> list:
     if len(sys.argv) > 1:
         return sys.argv[1:]
-    if os.environ.get("CAIRN_TEST_MODULE"):  # cairn_py_test sets it (several targets may run one file)
-        return [os.environ["CAIRN_TEST_MODULE"]]
+    if os.environ.get("CAIRN_TEST_MODULE"):  # cairn_py_test sets it (several targets may run one file;
+        return os.environ["CAIRN_TEST_MODULE"].split(",")  # cairn_py_test_group, several files in one)
     target = os.environ.get("TEST_TARGET", "")
     if not target.startswith("//") or ":" not in target:
         raise SystemExit("pytest_main: give test files, or run under `bazel test`")
