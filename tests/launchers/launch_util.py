@@ -30,6 +30,30 @@ def standard_data(tmp: pathlib.Path) -> tuple:
     return std.texts, str(std.cache)
 
 
+def use_devices(count: int) -> None:
+    """This test process, and every process it starts that does not set `XLA_FLAGS` itself
+    (they inherit this process's), runs on `count` virtual CPU devices instead of
+    `tools/testing/pytest_main.py`'s 8. Call it at the top of a test module whose properties do
+    not need a mesh of 8 (a decode, an eval, a console's output): a training child on 1-2
+    devices costs about half the CPU of one on 8 (mostly compilation). Never for a test that
+    compares bits with a standard run (tests/fixtures/standard_runs.py: 1 x 8): it must train
+    on that run's layout. JAX reads `XLA_FLAGS` when it starts its backend, so this must come
+    before anything in this process touches a device; `check_devices` asserts it did."""
+    import re
+
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count} {flags}".strip()
+
+
+def check_devices(count: int) -> None:
+    """Asserts that JAX in this process sees `count` devices (`use_devices` came in time), and
+    that the processes it starts get as many."""
+    import jax
+
+    assert jax.device_count() == count, f"{jax.device_count()} devices, not {count}: JAX started before use_devices"
+    assert f"--xla_force_host_platform_device_count={count}" in child_env()["XLA_FLAGS"].split()
+
+
 def child_env(env: dict = None) -> dict:
     """This process's environment with `env` on top, and 8 CPU devices and quiet TensorFlow by
     default: what every entry point started here runs with."""
