@@ -208,11 +208,12 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
     world["gs_run"] = gs_run
 
 
-def test_two_processes_on_the_bucket_match_local_disk(world):
+def test_two_processes_on_the_bucket_match_one(world):
     """2 processes x 2 devices, model_dir and cache in the bucket (orbax writes from both
     processes through tensorstore): bit-exact with the standard run of the same layout on local
     disk ("t5_2x2": losses, batch fingerprints, parameter checksums). Its cache is the one the
-    first test wrote into the bucket. (2 x 4 matching 1 x 8 is pod_layouts_test's.)"""
+    first test wrote into the bucket. ("one": the one run on local disk it matches; 2 x 4
+    matching 1 x 8 is pod_layouts_test's.)"""
     import pod_runs
 
     run = world["bucket"] + "/runs/t5-2x2"
