@@ -3,7 +3,7 @@ line budget, no TensorFlow/CUDA/absl start-up noise, the progress line, the summ
 next commands; the final evaluation written at the last step; SIGTERM between metric logs loses
 no step.
 
-The runs use 2 CPU devices (`launch_util.use_devices`): the console says the same on any
+The runs use 2 CPU devices (`launch_util.devices`): the console says the same on any
 mesh, and a training child on 2 devices costs about half the CPU of one on 8."""
 
 import json
@@ -19,7 +19,7 @@ import pytest
 
 from cairn.launchers.fingerprint import load_run
 
-launch_util.use_devices(2)
+devices = launch_util.devices_fixture(2)
 
 NOISE = re.compile(
     r"oneDNN|cuda|CUDA|InitializeLog|^[IWE]0000 |WARNING:tensorflow|UserWarning|FutureWarning|DeprecationWarning",

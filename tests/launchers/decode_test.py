@@ -8,7 +8,7 @@ during training and its scores. Infers whose files are the point run in this pro
 (`launch_util.infer_in_process`); a killed infer and an unknown mode run the entry point as a
 child (the killed infer's resumption, whose files are the point, in this process).
 
-Everything here runs on 2 CPU devices (`launch_util.use_devices`: this process and the ones it
+Everything here runs on 2 CPU devices (`launch_util.devices`: this process and the ones it
 starts), a mesh of data=2: no property of decoding needs 8, and a training child on 2 costs about
 half the CPU of one on 8. The runs compared (the training's evaluation with `eval --decode`,
 `eval --decode` with infer, a killed infer with an uninterrupted one) share that layout."""
@@ -28,8 +28,7 @@ import pytest
 
 from cairn.launchers.validation import ConfigError
 
-DEVICES = 2
-launch_util.use_devices(DEVICES)
+devices = launch_util.devices_fixture(2, this_process=True)
 HERE = str(pathlib.Path(__file__).absolute().parent)
 LM_TASK, PREFIX_TASK, SPAN_TASK, MIX = (
     "shakespeare_lm_decode",
@@ -78,7 +77,6 @@ def lm(tmp_path_factory):
     ]
     proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
-    launch_util.check_devices(DEVICES)  # the infers in this process: the children's layout
     return tmp, common, env, proc
 
 
@@ -199,7 +197,7 @@ def test_killed_infer_resumes_to_the_same_files(lm):
     out = tmp / "killed.jsonl"
     args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--chunk_size=1"]
     first_parts = pathlib.Path(f"{tmp / 'killed'}-{LM_TASK}.jsonl.parts")
-    run_env = launch_util.child_env(env)  # this process's devices (DEVICES)
+    run_env = launch_util.child_env(env)  # the module's `devices`, as this process
     child = subprocess.Popen(
         [sys.executable, "-m", "cairn.launchers.infer_main", *args],
         env=run_env,

@@ -11,7 +11,7 @@ the final evaluation (eval_main is the evaluation under test here).
 
 The bucket runs train on the standard runs' layouts (1 x 8, 2 x 2: their bits are compared);
 everything else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
-(`launch_util.use_devices`), which costs about half the CPU of 8."""
+(`launch_util.devices`), which costs about half the CPU of 8."""
 
 import json
 import os
@@ -28,7 +28,7 @@ import standard_runs
 from cairn import storage
 from cairn.storage.testing import GcsEmulator
 
-launch_util.use_devices(2)
+devices = launch_util.devices_fixture(2)
 STEPS = standard_runs.STEPS
 # The environment of a run compared with the standard run "t5": its layout, 1 process x 8 devices.
 ONE_BY_EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}

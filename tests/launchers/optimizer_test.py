@@ -3,7 +3,7 @@ rest trains (Adafactor factored by logical axes, a group at half the learning ra
 that matches no parameter, or a bad group entry, exits 2 with one line naming it. Plus the
 config -> OptimizerConfig mapping in-process.
 
-The child processes run on 2 CPU devices (`launch_util.use_devices`): the optimizer groups need
+The child processes run on 2 CPU devices (`launch_util.devices`): the optimizer groups need
 no mesh of 8, and a training child on 2 devices costs about half the CPU of one on 8."""
 
 import os
@@ -12,7 +12,7 @@ import launch_util
 import numpy as np
 import pytest
 
-launch_util.use_devices(2)
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")

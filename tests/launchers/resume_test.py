@@ -4,7 +4,7 @@ is written (exit 2, each key old -> new, the two ways on), or allowed with `--al
 nothing left to train is "already at step N of N", exit 0; a run's config.json given back as
 `--config` reproduces the run (`verify` says equal).
 
-The child processes run on 2 CPU devices (`launch_util.use_devices`): every run compared here is
+The child processes run on 2 CPU devices (`launch_util.devices`): every run compared here is
 one of its own, on the same 2, and a training child on 2 devices costs about half the CPU of one
 on 8."""
 
@@ -14,7 +14,7 @@ import os
 import launch_util
 import pytest
 
-launch_util.use_devices(2)
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ exits 2 with one line (no traceback), and a refused run leaves model_dir as it w
 fails is a process forked from one interpreter that imported the train program (the `refused`
 fixture; the full disk is injected into that process alone).
 
-The child processes run on 2 CPU devices (`launch_util.use_devices`): no fault here depends on
+The child processes run on 2 CPU devices (`launch_util.devices`): no fault here depends on
 the mesh, and a training child on 2 devices costs about half the CPU of one on 8."""
 
 import json
@@ -19,7 +19,7 @@ import time
 import launch_util
 import pytest
 
-launch_util.use_devices(2)
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")

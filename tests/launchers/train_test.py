@@ -3,7 +3,7 @@ experiment shrunk by overrides (checkpoints, TensorBoard, metrics, config.json, 
 printed model_dir and denoising samples), resuming, SIGTERM (saved, exit 0, resumed), and the LM
 twin generating text.
 
-The runs use 2 CPU devices (`launch_util.use_devices`, a mesh of data=2): what is checked here is
+The runs use 2 CPU devices (`launch_util.devices`, a mesh of data=2): what is checked here is
 the entry point's behaviour, not a layout, and a training child on 2 devices costs about half the
 CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py)."""
 
@@ -17,8 +17,7 @@ import time
 import launch_util
 import pytest
 
-DEVICES = 2
-launch_util.use_devices(DEVICES)
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,7 @@ def losses(model_dir):
     return {r["step"]: r["value"] for r in rows if r["task"] == "train" and r["metric"] == "loss"}
 
 
-def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(tmp_path, texts, cache_dir):
+def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(tmp_path, texts, cache_dir, devices):
     """One run through three processes: 6 steps (caching, the final evaluation, samples); resumed
     from checkpoint 6 with no step limit in sight and SIGTERMed once it trained on (it saves
     and exits 0); resumed from that checkpoint for two more steps."""
@@ -76,7 +75,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert config["num_train_steps"] == 6 and config["data"]["batch_size"] == 8
     assert config["model_dir"] == str(model_dir)
     header = json.loads((model_dir / "fingerprint" / "header.json").read_text())
-    assert header["seed"] == 0 and header["device_count"] == DEVICES and len(header["data_fingerprint"]) == 64
+    assert header["seed"] == 0 and header["device_count"] == devices and len(header["data_fingerprint"]) == 64
     before = losses(model_dir)
 
     # Resume with no end in sight (the cache is reused), then SIGTERM once it trained past step 8:
