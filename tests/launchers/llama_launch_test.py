@@ -3,7 +3,10 @@
 shakespeare_llama_tiny experiment trained, continued, evaluated with `--decode` and inferred
 from prompts, and the bf16 pod configs (llama_1b_pretrain, t5_1_1_pretrain:xl_bf16 / xxl_bf16)
 checked by the JobSet renderer's and tpu.sh's dry runs; the dtype keys on a Hugging Face
-Llama directory's config."""
+Llama directory's config.
+
+The child processes run on 2 CPU devices (`launch_util.devices`): training, `eval --decode`
+and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2."""
 
 import json
 import os
@@ -18,6 +21,7 @@ import yaml
 from cairn.launchers import builder, config_base, config_io, validation
 from cairn.launchers.validation import ConfigError
 
+devices = launch_util.devices_fixture(2)
 CONFIG = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
 LLAMA_1B = "launchers/configs/llama_1b_pretrain.py"
 T5_XL = "launchers/configs/t5_1_1_pretrain.py:xl_bf16"

@@ -1,13 +1,18 @@
 """optimizer.* controls through the train entry point: a frozen group stays as it started while the
 rest trains (Adafactor factored by logical axes, a group at half the learning rate); a pattern
 that matches no parameter, or a bad group entry, exits 2 with one line naming it. Plus the
-config -> OptimizerConfig mapping in-process."""
+config -> OptimizerConfig mapping in-process.
+
+The child processes run on 2 CPU devices (`launch_util.devices`): the optimizer groups need
+no mesh of 8, and a training child on 2 devices costs about half the CPU of one on 8."""
 
 import os
 
 import launch_util
 import numpy as np
 import pytest
+
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,19 @@
 model_dir under the user's directory, printed first; a changed setting refused before anything
 is written (exit 2, each key old -> new, the two ways on), or allowed with `--allow_changed`;
 nothing left to train is "already at step N of N", exit 0; a run's config.json given back as
-`--config` reproduces the run (`verify` says equal)."""
+`--config` reproduces the run (`verify` says equal).
+
+The child processes run on 2 CPU devices (`launch_util.devices`): every run compared here is
+one of its own, on the same 2, and a training child on 2 devices costs about half the CPU of one
+on 8."""
 
 import json
 import os
 
 import launch_util
 import pytest
+
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")

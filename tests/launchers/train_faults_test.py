@@ -1,7 +1,10 @@
 """User mistakes and faults at the train and cache_tasks entry points, in child processes: each
 exits 2 with one line (no traceback), and a refused run leaves model_dir as it was. Every run that
 fails is a process forked from one interpreter that imported the train program (the `refused`
-fixture; the full disk is injected into that process alone)."""
+fixture; the full disk is injected into that process alone).
+
+The child processes run on 2 CPU devices (`launch_util.devices`): no fault here depends on
+the mesh, and a training child on 2 devices costs about half the CPU of one on 8."""
 
 import json
 import os
@@ -15,6 +18,8 @@ import time
 
 import launch_util
 import pytest
+
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")

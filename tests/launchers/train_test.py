@@ -1,7 +1,11 @@
 """The train entry point end to end, in child processes, on two short plays: the default
 experiment shrunk by overrides (checkpoints, TensorBoard, metrics, config.json, fingerprint,
 printed model_dir and denoising samples), resuming, SIGTERM (saved, exit 0, resumed), and the LM
-twin generating text."""
+twin generating text.
+
+The runs use 2 CPU devices (`launch_util.devices`, a mesh of data=2): what is checked here is
+the entry point's behaviour, not a layout, and a training child on 2 devices costs about half the
+CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py)."""
 
 import json
 import os
@@ -12,6 +16,8 @@ import time
 
 import launch_util
 import pytest
+
+devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,7 @@ def losses(model_dir):
     return {r["step"]: r["value"] for r in rows if r["task"] == "train" and r["metric"] == "loss"}
 
 
-def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(tmp_path, texts, cache_dir):
+def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(tmp_path, texts, cache_dir, devices):
     """One run through three processes: 6 steps (caching, the final evaluation, samples); resumed
     from checkpoint 6 with no step limit in sight and SIGTERMed once it trained on (it saves
     and exits 0); resumed from that checkpoint for two more steps."""
@@ -69,7 +75,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert config["num_train_steps"] == 6 and config["data"]["batch_size"] == 8
     assert config["model_dir"] == str(model_dir)
     header = json.loads((model_dir / "fingerprint" / "header.json").read_text())
-    assert header["seed"] == 0 and header["device_count"] == 8 and len(header["data_fingerprint"]) == 64
+    assert header["seed"] == 0 and header["device_count"] == devices and len(header["data_fingerprint"]) == 64
     before = losses(model_dir)
 
     # Resume with no end in sight (the cache is reused), then SIGTERM once it trained past step 8:
@@ -83,8 +89,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
         "--config.post_training.final_eval=false",  # no evaluation set up: it never gets there
         "--config.trainer.log_every=1",
     )
-    full_env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts)
-    full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    full_env = launch_util.child_env({"CAIRN_SHAKESPEARE_DIR": texts})
     proc = subprocess.Popen(
         [sys.executable, "-m", "cairn.launchers.train_main"] + args,
         env=full_env,
