@@ -71,6 +71,14 @@ def test_the_ledger_lists_every_target_and_test_function():
     assert ledger.missing(text.replace(section, section.replace(f"- `{name}`", "- (gone)", 1)), [first]) == [
         f"{first['label']}::{name}"
     ]
+    # A module of a cairn_py_test_group is listed under its group, whose time it shows.
+    grouped = {i["path"]: i for i in items}["tests/datatasks/inspect_test.py"]
+    assert grouped["target"] == "//tests/datatasks:text_tasks_group_test"
+    assert grouped["label"] == "//tests/datatasks:text_tasks_group_test (inspect_test)"
+    times = {grouped["target"]: {"wall_s": 30.0}}
+    assert "### `//tests/datatasks:text_tasks_group_test (inspect_test)` (30 s for the group)" in ledger.generated(
+        [grouped], times
+    )
 
 
 def test_the_readme_quotes_the_recorded_suite_figures():

@@ -56,20 +56,53 @@ def per_library(root: pathlib.Path = ROOT) -> set[str]:
     return out
 
 
+def groups(root: pathlib.Path = ROOT) -> dict[str, str]:
+    """`{tests/pkg/module.py: "//tests/pkg:group"}` for the modules that a `cairn_py_test_group`
+    of tests/**/BUILD runs together. The BUILD files are evaluated as Python with every rule a
+    recorder (they are Starlark of Python's syntax: calls, lists and comprehensions)."""
+    out: dict[str, str] = {}
+    for build in sorted((root / "tests").rglob("BUILD")):
+        package = build.parent.relative_to(root).as_posix()
+        text = build.read_text(encoding="utf-8")
+        if "cairn_py_test_group(" not in text:
+            continue
+
+        def group(name, modules=(), package=package, **_):
+            for module in modules:
+                out[f"{package}/{module}"] = f"//{package}:{name}"
+
+        def ignore(*_, **__):
+            return None
+
+        scope: dict = {"cairn_py_test_group": group, "__builtins__": {"range": range, "len": len}}
+        for rule in set(re.findall(r"\b([a-z_]+)\(", text)) - {"cairn_py_test_group"}:
+            scope[rule] = ignore
+        exec(compile(text, str(build), "exec"), scope)  # noqa: S102 (the repository's own BUILD files)
+    return out
+
+
 def targets(root: pathlib.Path = ROOT) -> list[dict]:
-    """Every tests/**/*_test.py as {label, path, doc, tests}; a file run once per library is one
-    entry labelled `//pkg:<name>_<lib>`, its time the sum of its targets'."""
+    """Every tests/**/*_test.py as {label, target, path, doc, tests}; a file run once per library
+    is one entry labelled `//pkg:<name>_<lib>`, its time the sum of its targets'; a module of a
+    `cairn_py_test_group` is labelled `//pkg:<group> (<module>)`, its target the group's."""
     out = []
     each_library = per_library(root)
+    grouped = groups(root)
     for path in sorted((root / "tests").rglob("*_test.py")):
         rel = path.relative_to(root)
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
         label = f"//{rel.parent.as_posix()}:{path.stem}"
+        target = label
         if rel.as_posix() in each_library:
             label += "_<lib>"
+            target = label
+        elif rel.as_posix() in grouped:
+            target = grouped[rel.as_posix()]
+            label = f"{target} ({path.stem})"
         out.append(
             {
                 "label": label,
+                "target": target,
                 "path": rel.as_posix(),
                 "doc": _first_paragraph(ast.get_docstring(tree)),
                 "tests": _tests_of(tree),
@@ -104,9 +137,10 @@ def _per_library_times(items: list[dict], times: dict[str, dict]) -> dict[str, d
 
 def generated(items: list[dict], times: dict[str, dict]) -> str:
     times = _per_library_times(items, times)
-    total = sum(times[i["label"]]["wall_s"] for i in items if i["label"] in times)
+    distinct = {i.get("target", i["label"]) for i in items}
+    total = sum(times[t]["wall_s"] for t in distinct if t in times)
     n_tests = sum(len(i["tests"]) for i in items)
-    n_targets = sum(8 if i["label"].endswith("_<lib>") else 1 for i in items)  # one per library
+    n_targets = sum(8 if t.endswith("_<lib>") else 1 for t in distinct)  # one per library
     lines = [
         MARKER,
         "",
@@ -117,7 +151,9 @@ def generated(items: list[dict], times: dict[str, dict]) -> str:
         "",
     ]
     for item in items:
-        lines.append(f"### `{item['label']}` ({_time(times.get(item['label']))})")
+        target = item.get("target", item["label"])
+        when = _time(times.get(target)) + (" for the group" if target != item["label"] and target in times else "")
+        lines.append(f"### `{item['label']}` ({when})")
         lines.append("")
         if item["doc"]:
             lines.append(item["doc"])
