@@ -230,17 +230,21 @@ class CachedTask:
         for s in shards:
             if s in self._readers:
                 self._readers.move_to_end(s)
-        for s in shards:
-            if s in self._readers:
-                continue
-            while len(self._readers) >= self.max_open_shards:
-                _, old = self._readers.popitem(last=False)
-                old.close()
-                self._stats["shard_closes"] += 1
-            name = self.info["shards"][s]["file"]
+        new = [s for s in dict.fromkeys(shards) if s not in self._readers]
+        for _ in range(len(self._readers) + len(new) - self.max_open_shards):
+            _, old = self._readers.popitem(last=False)
+            old.close()
+            self._stats["shard_closes"] += 1
+
+        def open_one(s: int) -> Any:
             # A gs:// shard is opened by array-record itself (google-cloud-cpp; its emulator
             # switch is set by cairn.storage from STORAGE_EMULATOR_HOST).
-            self._readers[s] = ArrayRecordReader(storage.join(self.path, name), "readahead_buffer_size:0")
+            return ArrayRecordReader(storage.join(self.path, self.info["shards"][s]["file"]), "readahead_buffer_size:0")
+
+        # At a URL an open is requests (the footer and the chunk index): the wave's in flight together.
+        opened = list(self._pool.map(open_one, new)) if self._pool is not None and len(new) > 1 else map(open_one, new)
+        for s, reader in zip(new, opened):
+            self._readers[s] = reader
             self._stats["shard_opens"] += 1
         return [self._readers[s] for s in shards]
 
