@@ -379,7 +379,7 @@ def test_a_chunked_cache_reads_from_the_bucket_a_request_per_chunk(chunked, in_b
     task, paths = chunked
     url = in_bucket[1] + "/det_a/train"
     remote, local = CachedTask(url, task), CachedTask(paths[7], task)
-    assert remote.group_size == 7 and 200 < remote.max_open_shards <= 256  # ~1 MB per shard
+    assert remote.group_size == 7 and 900 < remote.max_open_shards <= 1024  # ~256 KB per shard
     ids = [13, 7, 150, 279, 8, 0]  # chunks 1, 22, 40, 0
     assert remote.read(ids) == local.read(ids)
     assert remote.stats()["chunk_fetches"] == 4

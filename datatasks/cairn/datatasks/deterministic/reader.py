@@ -73,7 +73,7 @@ class DeterministicReader:
         another read (at a URL, another request). Changes no batch.
       open_shards_bytes: the memory budget of open cache shards (shared evenly among a
         mixture's tasks): at most `budget / cost` ArrayRecord readers stay open per task,
-        the least recently used closed first (a shard costs ~1 MB at a URL, ~32 KB locally,
+        the least recently used closed first (a shard costs ~256 KB at a URL, ~32 KB locally,
         plus its chunk index). Memory no longer grows with the number of shards. Changes
         no batch.
       store_plan: keep each packed task's plan beside its cache (`<cache>/plans/`,
