@@ -430,3 +430,38 @@ def test_four_hosts_reading_the_bucket_at_once_make_one_process_global_batches(c
         assert [r for share in shares for r in share[step]] == rows, step
         assert all(len(share[step]) == batch // 4 for share in shares)
     whole.close()
+
+
+def test_concurrent_reads_from_the_bucket_share_fetches_and_keep_every_batch(chunked, in_bucket, det_env):
+    """The prefetch threads' reads fetch at the same time (no lock held over a request): with one
+    open shard allowed and no chunk kept, 8 threads reading overlapping records get the right
+    bytes and leave nothing pinned; a reader with 6 passes of read-ahead gives the batches of a
+    reader without any, step for step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import det_run
+
+    task, paths = chunked
+    output_dir = in_bucket[1]
+    local = CachedTask(paths[7], task)
+    remote = CachedTask(output_dir + "/det_a/train", task, chunk_cache_bytes=0, open_shards_bytes=1)
+    rng = np.random.default_rng(3)
+    asks = [rng.integers(0, 280, 40) for _ in range(24)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(remote.read, asks))
+    assert got == [local.read(ids) for ids in asks]
+    stats = remote.stats()
+    assert stats["open_shards"] <= 1 and stats["cached_chunk_bytes"] == 0
+    assert not remote._users and not remote._inflight and not remote._opening
+    remote.close()
+    local.close()
+    data_dir = det_env[0]
+    ahead = det_run.reader(
+        data_dir, output_dir, "det_a", True, batch=8, noisy=False, prefetch=6, steps_per_call=1, chunk_cache_bytes=4096
+    )
+    still = det_run.reader(data_dir, output_dir, "det_a", True, batch=8, noisy=False, prefetch=0, steps_per_call=1)
+    for step in range(12):
+        a, b = next(ahead), next(still)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), step
+    ahead.close()
+    still.close()
