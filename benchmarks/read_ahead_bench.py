@@ -1,17 +1,17 @@
 """Read-ahead against a bucket: the reader's steady rows/s from the emulator vs local disk, by prefetch.
 
   .venv/bin/python benchmarks/read_ahead_bench.py [--records 1e6] [--shards 1000] [--prefetch 0,2,8]
-      [--latency_ms 0,20] [--seconds 3] [--modes packed] [--root DIR]
+      [--latency_ms 0,20] [--seconds 3] [--modes packed] [--group_size 64] [--root DIR]
 
-The synthetic format-3 cache of `reader_scale_bench.py` (short token rows, 64 records a chunk, the
-default chunk read order), on local disk and uploaded to a fake-gcs-server bucket started here.
-Each row is one fresh process: a `DeterministicReader` (EncDec, global batch 32, inputs 128 /
-targets 64) with `prefetch=P`; every shard is opened first (one record read from each: the
-steady state of a long run, where the open-shard LRU holds them all), then 5 warm-up steps, then
-`--seconds` of steps. Printed per row: steady rows/s and its ratio to local disk at the same
-prefetch, the HTTP requests per 1,000 rows and per 1,000 records (chunk fetches plus shard
-opens: each is one GET to the emulator), the reader's CPU milliseconds per 1,000 rows, and the
-process's peak RSS above its imports.
+The synthetic format-3 cache of `reader_scale_bench.py` (short token rows, `--group_size` records
+a chunk, default the writer's 64; the default chunk read order), on local disk and uploaded to a
+fake-gcs-server bucket started here. Each row is one fresh process: a `DeterministicReader`
+(EncDec, global batch 32, inputs 128 / targets 64) with `prefetch=P`; every shard is opened first
+(one record read from each: the steady state of a long run, where the open-shard LRU holds them
+all), then 5 warm-up steps, then `--seconds` of steps. Printed per row: steady rows/s and its
+ratio to local disk at the same prefetch, the HTTP requests per 1,000 rows and per 1,000
+records (chunk fetches plus shard opens: each is one GET to the emulator), the reader's CPU
+milliseconds per 1,000 rows, and the process's peak RSS above its imports.
 
 `--latency_ms L` (for L > 0) adds rows where every request to the bucket (a shard open, a chunk
 read) first waits L ms in the reading thread, as a real bucket's round trip would (the emulator
@@ -113,20 +113,24 @@ def main() -> None:
     p.add_argument("--modes", default="packed", help="packed and/or unpacked")
     p.add_argument("--root", help="keep (and reuse) the synthetic cache in this directory")
     p.add_argument("--workers", type=int, default=2, help="processes writing shards")
+    p.add_argument("--group_size", type=int, help="records per chunk of the cache (default: the writer's)")
     p.add_argument("--child", help="internal: CACHE_DIR,PACK,PREFETCH,LATENCY_MS measured in this process")
     args = p.parse_args()
     n = int(float(args.records))
+    tag = f"_g{args.group_size}" if args.group_size else ""  # reader_scale_bench's name for it
     here = os.path.dirname(os.path.abspath(__file__))
     libs = [os.path.join(os.path.dirname(here), lib) for lib in ("storage", "tokenizers", "datatasks")]
     sys.path[:0] = libs
     if args.child:
         cache_dir, pack, prefetch, latency = args.child.rsplit(",", 3)
-        src_dir = rsb.paths(args.root, n)[0]
+        src_dir = rsb.paths(args.root, n, tag)[0]
         json.dump(measure(cache_dir, src_dir, pack == "1", int(prefetch), float(latency), args.seconds), sys.stdout)
         return
     print(machine_line(), flush=True)
+    from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE
     from cairn.storage.testing import GcsEmulator
 
+    group = args.group_size or DEFAULT_GROUP_SIZE
     root = args.root or tempfile.mkdtemp(prefix="cairn-read-ahead-")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(libs + [os.environ.get("PYTHONPATH", "")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -139,18 +143,19 @@ def main() -> None:
         bucket = emulator.create_bucket("read-ahead")
         env = emulator.environ(env)
         env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
-        seconds = rsb.build(root, n, args.shards, args.workers)
+        seconds = rsb.build(root, n, args.shards, args.workers, args.group_size, tag=tag)
         if seconds is not None:
             print(f"built {n:,} records in {args.shards} shards: {seconds:.1f} s", flush=True)
-        print(f"uploaded to the emulator: {rsb.upload(root, n, bucket):.1f} s", flush=True)
-        places = [("local", rsb.paths(root, n)[1], 0.0)]
-        places += [("gcs", rsb.bucket_cache(bucket, n), latency) for latency in latencies]
+        print(f"uploaded to the emulator: {rsb.upload(root, n, bucket, tag):.1f} s", flush=True)
+        places = [("local", rsb.paths(root, n, tag)[1], 0.0)]
+        places += [("gcs", rsb.bucket_cache(bucket, n, tag), latency) for latency in latencies]
         for mode in [m.strip() for m in args.modes.split(",")]:
             for _, cache_dir, latency in places:
                 for prefetch in prefetches:
                     child = f"{cache_dir},{int(mode == 'packed')},{prefetch},{latency}"
                     argv = [sys.executable, os.path.abspath(__file__), "--root", root, "--records", str(n)]
                     argv += ["--seconds", str(args.seconds), "--child", child]
+                    argv += ["--group_size", str(args.group_size)] if args.group_size else []
                     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
                     if proc.returncode != 0:
                         raise SystemExit(f"measuring {child} failed:\n{proc.stderr[-3000:]}")
@@ -162,7 +167,7 @@ def main() -> None:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     print(
-        f"\n{n:,} records in {args.shards} shards (format 3, 64 records a chunk, chunk read order); EncDec "
+        f"\n{n:,} records in {args.shards} shards (format 3, {group} records a chunk, chunk read order); EncDec "
         f"{rsb.LENGTHS}, global batch {rsb.BATCH}; every shard open first, {WARMUP} warm-up steps, {args.seconds} s\n"
     )
     local = {(r["mode"], r["prefetch"]): r["rows_per_s"] for r in rows if r["where"] == "local"}
