@@ -48,7 +48,9 @@ class DeterministicReader:
         a cache never reads the records or the source bytes (`verify_cache` does).
       check_task: compare each cache with its task's definition (fingerprint). A Grain
         source's worker processes leave it off: the source checked when it was made.
-      prefetch: chunks computed ahead in background threads (0: none).
+      prefetch: passes (of `steps_per_call` steps) computed ahead in background threads (0:
+        none); their cache reads are in flight together (at a URL: raise it to hide the
+        bucket's round trips). Changes no batch.
       prefetch_until: no chunk starting at or after this step is computed ahead (a run that
         stops there never reads it; `next` past it still works, computing in the foreground).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
