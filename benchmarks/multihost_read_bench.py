@@ -54,21 +54,9 @@ def row_digests(batch: dict) -> list[str]:
 def read_share(cache_dir: str, src_dir: str, pack: bool, host: int, hosts: int, batch: int, steps: int) -> dict:
     """This process's share (host `host` of `hosts`) of `steps` global batches: its figures and
     its rows' digests per step."""
-    import cairn.datatasks as dt
-    from cairn.datatasks.deterministic import DeterministicReader
-
     task = rsb.make_task(src_dir)
     base = rsb.rss_mb()
-    reader = DeterministicReader(
-        task,
-        cache_dir,
-        seed=0,
-        global_batch_size=batch,
-        sequence_length=rsb.LENGTHS,
-        feature_converter=dt.EncDecFeatureConverter(pack=pack),
-        host_index=host,
-        host_count=hosts,
-    )
+    reader = rsb.open_reader(task, cache_dir, pack, batch, host_index=host, host_count=hosts)
     digests = [row_digests(next(reader)) for _ in range(WARMUP)]
     cache = reader.streams[0].cache
     before = cache.stats()
@@ -116,6 +104,16 @@ def run_hosts(argv: list[str], hosts: int, env: dict) -> list[dict]:
     return results
 
 
+def matches(single: dict, shares: list[dict], mode: str) -> bool:
+    """Whether the hosts' rows, concatenated in host order, are the single process's at every
+    step (prints the first step where they are not)."""
+    for step, whole in enumerate(single["digests"]):
+        if [d for share in shares for d in share["digests"][step]] != whole:
+            print(f"{mode}: step {step - WARMUP}: the {len(shares)} hosts' rows differ from one process's")
+            return False
+    return True
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--records", default="1e5")
@@ -142,37 +140,21 @@ def main() -> None:
     if args.batch % args.hosts:
         raise SystemExit(f"--batch {args.batch} must be a multiple of --hosts {args.hosts}")
     print(machine_line(), flush=True)
-    from cairn.storage.testing import GcsEmulator
-
     root = args.root or tempfile.mkdtemp(prefix="cairn-multihost-")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(libs + [os.environ.get("PYTHONPATH", "")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     rows, same = [], True
-    emulator = GcsEmulator().start()
     try:
-        emulator.activate()
-        bucket = emulator.create_bucket("multihost")
-        env = emulator.environ(env)
-        env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
-        seconds = rsb.build(root, n, args.shards, args.workers)
-        if seconds is not None:
-            print(f"built {n:,} records in {args.shards} shards: {seconds:.1f} s", flush=True)
-        print(f"uploaded to the emulator: {rsb.upload(root, n, bucket):.1f} s", flush=True)
-        for mode in [m.strip() for m in args.modes.split(",")]:
-            argv = [sys.executable, os.path.abspath(__file__), "--root", root, "--records", str(n)]
-            argv += ["--cache_dir", rsb.bucket_cache(bucket, n), "--pack", str(int(mode == "packed"))]
-            argv += ["--steps", str(args.steps), "--batch", str(args.batch)]
-            single = run_hosts(argv, 1, env)[0]
-            shares = run_hosts(argv, args.hosts, env)
-            for step, whole in enumerate(single["digests"]):
-                together = [d for share in shares for d in share["digests"][step]]
-                if together != whole:
-                    same = False
-                    print(f"{mode}: step {step - WARMUP}: the {args.hosts} hosts' rows differ from one process's")
-                    break
-            rows.append((mode, single, shares))
+        with rsb.in_emulator(root, n, args.shards, args.workers, env, "multihost") as (env, bucket):
+            for mode in [m.strip() for m in args.modes.split(",")]:
+                argv = [sys.executable, os.path.abspath(__file__), "--root", root, "--records", str(n)]
+                argv += ["--cache_dir", rsb.bucket_cache(bucket, n), "--pack", str(int(mode == "packed"))]
+                argv += ["--steps", str(args.steps), "--batch", str(args.batch)]
+                single = run_hosts(argv, 1, env)[0]
+                shares = run_hosts(argv, args.hosts, env)
+                same = same and matches(single, shares, mode)
+                rows.append((mode, single, shares))
     finally:
-        emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     print(

@@ -59,22 +59,11 @@ def add_latency(seconds: float) -> None:
 
 def measure(cache_dir: str, src_dir: str, pack: bool, prefetch: int, latency_ms: float, seconds: float) -> dict:
     """One row, in this (fresh) process."""
-    import cairn.datatasks as dt
-    from cairn.datatasks.deterministic import DeterministicReader
-
     if latency_ms > 0:
         add_latency(latency_ms / 1000)
     task = rsb.make_task(src_dir)
     base = rsb.rss_mb()
-    reader = DeterministicReader(
-        task,
-        cache_dir,
-        seed=0,
-        global_batch_size=rsb.BATCH,
-        sequence_length=rsb.LENGTHS,
-        feature_converter=dt.EncDecFeatureConverter(pack=pack),
-        prefetch=prefetch,
-    )
+    reader = rsb.open_reader(task, cache_dir, pack, prefetch=prefetch)
     cache = reader.streams[0].cache
     cache.read(cache.offsets[:-1])  # every shard open (a long run's steady state)
     for _ in range(WARMUP):
@@ -128,7 +117,6 @@ def main() -> None:
         return
     print(machine_line(), flush=True)
     from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE
-    from cairn.storage.testing import GcsEmulator
 
     group = args.group_size or DEFAULT_GROUP_SIZE
     root = args.root or tempfile.mkdtemp(prefix="cairn-read-ahead-")
@@ -137,33 +125,27 @@ def main() -> None:
     prefetches = [int(x) for x in args.prefetch.split(",")]
     latencies = [float(x) for x in args.latency_ms.split(",")]
     rows = []
-    emulator = GcsEmulator().start()
     try:
-        emulator.activate()
-        bucket = emulator.create_bucket("read-ahead")
-        env = emulator.environ(env)
-        env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
-        seconds = rsb.build(root, n, args.shards, args.workers, args.group_size, tag=tag)
-        if seconds is not None:
-            print(f"built {n:,} records in {args.shards} shards: {seconds:.1f} s", flush=True)
-        print(f"uploaded to the emulator: {rsb.upload(root, n, bucket, tag):.1f} s", flush=True)
-        places = [("local", rsb.paths(root, n, tag)[1], 0.0)]
-        places += [("gcs", rsb.bucket_cache(bucket, n, tag), latency) for latency in latencies]
-        for mode in [m.strip() for m in args.modes.split(",")]:
-            for _, cache_dir, latency in places:
-                for prefetch in prefetches:
-                    child = f"{cache_dir},{int(mode == 'packed')},{prefetch},{latency}"
-                    argv = [sys.executable, os.path.abspath(__file__), "--root", root, "--records", str(n)]
-                    argv += ["--seconds", str(args.seconds), "--child", child]
-                    argv += ["--group_size", str(args.group_size)] if args.group_size else []
-                    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-                    if proc.returncode != 0:
-                        raise SystemExit(f"measuring {child} failed:\n{proc.stderr[-3000:]}")
-                    row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), mode=mode)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+        with rsb.in_emulator(root, n, args.shards, args.workers, env, "read-ahead", args.group_size, tag) as (
+            env,
+            bucket,
+        ):
+            places = [("local", rsb.paths(root, n, tag)[1], 0.0)]
+            places += [("gcs", rsb.bucket_cache(bucket, n, tag), latency) for latency in latencies]
+            for mode in [m.strip() for m in args.modes.split(",")]:
+                for _, cache_dir, latency in places:
+                    for prefetch in prefetches:
+                        child = f"{cache_dir},{int(mode == 'packed')},{prefetch},{latency}"
+                        argv = [sys.executable, os.path.abspath(__file__), "--root", root, "--records", str(n)]
+                        argv += ["--seconds", str(args.seconds), "--child", child]
+                        argv += ["--group_size", str(args.group_size)] if args.group_size else []
+                        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+                        if proc.returncode != 0:
+                            raise SystemExit(f"measuring {child} failed:\n{proc.stderr[-3000:]}")
+                        row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), mode=mode)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
     finally:
-        emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     print(
