@@ -220,8 +220,9 @@ class CachedTask:
     def stats(self) -> dict[str, int]:
         """Counters since opening: `chunk_fetches` (chunks read from the files: at a URL one
         request each; with group_size 1 one per record read), `chunk_hits` (chunks served
-        from the LRU), `shard_opens`, `shard_closes` (ArrayRecord readers opened and closed
-        by the open-shard LRU), `open_shards`, `cached_chunk_bytes`."""
+        from the LRU, or by another thread's fetch under way), `shard_opens`, `shard_closes`
+        (ArrayRecord readers opened and closed by the open-shard LRU), `open_shards`,
+        `cached_chunk_bytes`."""
         with self._lock:
             return dict(self._stats, open_shards=len(self._readers), cached_chunk_bytes=self._chunk_bytes)
 
