@@ -35,6 +35,7 @@ construction time's ratio to local disk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
 
@@ -81,6 +83,22 @@ def make_task(src_dir: str):
     feats = {"inputs": dt.Feature(vocab), "targets": dt.Feature(vocab)}
     source = dt.TextLineDataSource({"train": os.path.join(src_dir, "part-*.txt")})
     return dt.Task(NAME, source, feats, [pp.append_eos_after_trim])
+
+
+def open_reader(task, cache_dir: str, pack: bool, batch: int = BATCH, **kwargs):
+    """A `DeterministicReader` of the synthetic `task` over `cache_dir` (seed 0, EncDec `LENGTHS`)."""
+    import cairn.datatasks as dt
+    from cairn.datatasks.deterministic import DeterministicReader
+
+    return DeterministicReader(
+        task,
+        cache_dir,
+        seed=0,
+        global_batch_size=batch,
+        sequence_length=LENGTHS,
+        feature_converter=dt.EncDecFeatureConverter(pack=pack),
+        **kwargs,
+    )
 
 
 def pool(scale: int = 1):
@@ -187,6 +205,29 @@ def upload(root: str, n: int, bucket: str, tag: str = "") -> float:
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def in_emulator(
+    root: str, n: int, shards: int, workers: int, env: dict, name: str, group_size: int | None = None, tag: str = ""
+) -> Iterator[tuple[dict, str]]:
+    """Builds the cache of `n` records (unless complete), starts a fake-gcs-server and uploads
+    the cache to its bucket `name`; yields `(env pointing children at it, gs://name)` and stops
+    the server on the way out."""
+    from cairn.storage.testing import GcsEmulator
+
+    emulator = GcsEmulator().start()
+    try:
+        emulator.activate()
+        bucket = emulator.create_bucket(name)
+        env = dict(emulator.environ(env), CAIRN_CACHE_HOME=os.path.join(root, "cairn-cache-home"))
+        seconds = build(root, n, shards, workers, group_size, tag=tag)
+        if seconds is not None:
+            print(f"built {n:,} records in {shards} shards: {seconds:.1f} s", flush=True)
+        print(f"uploaded to the emulator: {upload(root, n, bucket, tag):.1f} s", flush=True)
+        yield env, bucket
+    finally:
+        emulator.stop()
+
+
 def measure(
     root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None, tag: str = "", steps: int = 0
 ) -> dict:
@@ -194,8 +235,6 @@ def measure(
     the local cache. The far step is `FAR_STEP`, or with `steps` (the growth table, issue 37)
     the last step of the first epoch; the steady rate is then `steps` steps, with the RSS after
     them and the chunk fetches and shard opens per 1,000 rows."""
-    import cairn.datatasks as dt
-    from cairn.datatasks.deterministic import DeterministicReader
 
     src_dir, local_cache = paths(root, n, tag)
     cache_dir = cache_dir or local_cache
@@ -203,15 +242,7 @@ def measure(
     base_rss = rss_mb()
 
     def make(**kwargs):
-        return DeterministicReader(
-            task,
-            cache_dir,
-            seed=0,
-            global_batch_size=BATCH,
-            sequence_length=LENGTHS,
-            feature_converter=dt.EncDecFeatureConverter(pack=pack),
-            **kwargs,
-        )
+        return open_reader(task, cache_dir, pack, **kwargs)
 
     walls, cpus = [], []
     for _ in range(repeats):

@@ -358,23 +358,110 @@ def test_a_format_2_cache_reads_as_it_is_and_is_re_cached_when_asked(chunked, tm
     assert store.cache_state(path) == "complete" and store.recache_notice(path) is None
 
 
-def test_a_chunked_cache_reads_from_the_bucket_a_request_per_chunk(chunked, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def in_bucket(chunked, tmp_path_factory):
+    """`(emulator, output_dir)`: the 7-records-a-chunk cache of det_a copied into a
+    fake-gcs-server bucket (`<output_dir>/det_a/train`) that this process reads."""
     from cairn import storage
     from cairn.storage.testing import GcsEmulator
 
-    task, paths = chunked
-    monkeypatch.setenv("CAIRN_CACHE_HOME", str(tmp_path / "home"))
-    with GcsEmulator() as emu:
+    _, paths = chunked
+    with pytest.MonkeyPatch.context() as mp, GcsEmulator() as emu:
+        mp.setenv("CAIRN_CACHE_HOME", str(tmp_path_factory.mktemp("home")))
         emu.activate()
-        url = emu.create_bucket("chunked") + "/det_a/train"
+        output_dir = emu.create_bucket("chunked") + "/cache"
         for name in sorted(os.listdir(paths[7])):
-            storage.copy_file(os.path.join(paths[7], name), f"{url}/{name}")
-        remote, local = CachedTask(url, task), CachedTask(paths[7], task)
-        assert remote.group_size == 7 and 200 < remote.max_open_shards <= 256  # ~1 MB per shard
-        ids = [13, 7, 150, 279, 8, 0]  # chunks 1, 22, 40, 0
-        assert remote.read(ids) == local.read(ids)
-        assert remote.stats()["chunk_fetches"] == 4
-        assert remote.read(range(7, 14)) == local.read(range(7, 14))
-        assert remote.stats()["chunk_fetches"] == 4  # chunk 1 again: from the LRU
-        remote.close()
-        local.close()
+            storage.copy_file(os.path.join(paths[7], name), f"{output_dir}/det_a/train/{name}")
+        yield emu, output_dir
+
+
+def test_a_chunked_cache_reads_from_the_bucket_a_request_per_chunk(chunked, in_bucket):
+    task, paths = chunked
+    url = in_bucket[1] + "/det_a/train"
+    remote, local = CachedTask(url, task), CachedTask(paths[7], task)
+    assert remote.group_size == 7 and 900 < remote.max_open_shards <= 1024  # ~256 KB per shard
+    ids = [13, 7, 150, 279, 8, 0]  # chunks 1, 22, 40, 0
+    assert remote.read(ids) == local.read(ids)
+    assert remote.stats()["chunk_fetches"] == 4
+    assert remote.read(range(7, 14)) == local.read(range(7, 14))
+    assert remote.stats()["chunk_fetches"] == 4  # chunk 1 again: from the LRU
+    remote.close()
+    local.close()
+
+
+def test_four_hosts_reading_the_bucket_at_once_make_one_process_global_batches(chunked, in_bucket, det_env):
+    """Issue 37 item 7 at a small size: 4 reader processes (hosts 0..3 of 4) read their shares
+    of the same global batches from the bucket at once; put together, they are the batches
+    one process reads."""
+    import subprocess
+    import sys
+
+    import det_run
+
+    emu, output_dir = in_bucket
+    data_dir = det_env[0]
+    steps, batch = 6, 8
+    script = os.path.join(os.path.dirname(os.path.abspath(det_run.__file__)), "det_run.py")
+    env = emu.environ(dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    children = [
+        subprocess.Popen(
+            [sys.executable, script, data_dir, output_dir, "det_a", "1", str(steps), str(h), "4", str(batch)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in range(4)
+    ]
+    try:
+        outputs = [c.communicate(timeout=120) for c in children]
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+    for c, (_, err) in zip(children, outputs):
+        assert c.returncode == 0, err[-2000:]
+    shares = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    whole = det_run.reader(data_dir, output_dir, "det_a", True, batch=batch, noisy=False, prefetch=0)
+    for step in range(steps):
+        rows = det_run.row_digests(next(whole))
+        assert len(set(rows)) == batch  # packed rows of distinct records
+        assert [r for share in shares for r in share[step]] == rows, step
+        assert all(len(share[step]) == batch // 4 for share in shares)
+    whole.close()
+
+
+def test_concurrent_reads_from_the_bucket_share_fetches_and_keep_every_batch(chunked, in_bucket, det_env):
+    """The prefetch threads' reads fetch at the same time (no lock held over a request): with one
+    open shard allowed and no chunk kept, 8 threads reading overlapping records get the right
+    bytes and leave nothing pinned; a reader with 6 passes of read-ahead gives the batches of a
+    reader without any, step for step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import det_run
+
+    task, paths = chunked
+    output_dir = in_bucket[1]
+    local = CachedTask(paths[7], task)
+    remote = CachedTask(output_dir + "/det_a/train", task, chunk_cache_bytes=0, open_shards_bytes=1)
+    rng = np.random.default_rng(3)
+    asks = [rng.integers(0, 280, 40) for _ in range(24)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(remote.read, asks))
+    assert got == [local.read(ids) for ids in asks]
+    stats = remote.stats()
+    assert stats["open_shards"] <= 1 and stats["cached_chunk_bytes"] == 0
+    assert not remote._users and not remote._inflight and not remote._opening
+    remote.close()
+    local.close()
+    data_dir = det_env[0]
+    ahead = det_run.reader(
+        data_dir, output_dir, "det_a", True, batch=8, noisy=False, prefetch=6, steps_per_call=1, chunk_cache_bytes=4096
+    )
+    still = det_run.reader(data_dir, output_dir, "det_a", True, batch=8, noisy=False, prefetch=0, steps_per_call=1)
+    for step in range(12):
+        a, b = next(ahead), next(still)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), step
+    ahead.close()
+    still.close()

@@ -1,6 +1,9 @@
 """Runs a deterministic reader and prints per-step SHA-256 digests as JSON (for tests).
 
-python det_run.py DATA_DIR CACHE_DIR NAME PACK STEPS [HOST_INDEX HOST_COUNT]
+python det_run.py DATA_DIR CACHE_DIR NAME PACK STEPS [HOST_INDEX HOST_COUNT BATCH]
+
+With a host: this host's share of each global batch of BATCH rows, read by the tasks without
+their TensorFlow noise (so the process never imports TensorFlow), as one digest per row.
 """
 
 import hashlib
@@ -22,9 +25,15 @@ def digest(batch) -> str:
     return h.hexdigest()
 
 
-def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4, **kwargs):
+def row_digests(batch) -> list:
+    """One digest per row of `batch` (its features' values in that row)."""
+    rows = len(next(iter(batch.values())))
+    return [digest({k: v[i] for k, v in batch.items()}) for i in range(rows)]
+
+
+def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4, noisy=True, **kwargs):
     registry = dt.Registry()
-    det_tasks.make(data_dir, registry)
+    det_tasks.make(data_dir, registry, noisy=noisy)
     return DeterministicReader(
         name,
         cache_dir,
@@ -50,6 +59,11 @@ def run(r, steps: int) -> list:
 
 def main(argv):
     data_dir, cache_dir, name, pack, steps = argv[:5]
+    if len(argv) > 5:
+        host, count, batch = (int(a) for a in argv[5:8])
+        r = reader(data_dir, cache_dir, name, pack == "1", host, count, batch, noisy=False)
+        print(json.dumps([row_digests(next(r)) for _ in range(int(steps))]))
+        return
     r = reader(data_dir, cache_dir, name, pack == "1")
     print(json.dumps(run(r, int(steps))))
 

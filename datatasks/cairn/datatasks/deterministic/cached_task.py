@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,7 @@ DEFAULT_OPEN_SHARDS_BYTES = 256 << 20  # open ArrayRecord readers per CachedTask
 # What one open shard costs (measured, benchmarks/README.md "reader_scale_bench.py"): a
 # fixed part (a bucket's shard holds its own HTTP client and buffers) plus its chunk index.
 OPEN_SHARD_BYTES_LOCAL = 32 << 10
-OPEN_SHARD_BYTES_REMOTE = 1 << 20
+OPEN_SHARD_BYTES_REMOTE = 256 << 10
 INDEX_BYTES_PER_CHUNK = 9
 
 
@@ -115,6 +115,9 @@ class CachedTask:
         self.max_open_shards = max(1, int(open_shards_bytes) // cost)
         self.chunk_cache_bytes = max(0, int(chunk_cache_bytes))
         self._readers: OrderedDict[int, Any] = OrderedDict()  # LRU: least recently used first
+        self._users: dict[int, int] = {}  # shard -> reads using its reader now (never closed)
+        self._opening: dict[int, Future] = {}  # shard -> its reader, being opened by a thread
+        self._inflight: dict[int, Future] = {}  # chunk -> its records, being fetched by a thread
         self._chunks: OrderedDict[int, list[bytes]] = OrderedDict()  # LRU of decoded chunks
         self._chunk_bytes = 0
         self._stats = {"chunk_fetches": 0, "chunk_hits": 0, "shard_opens": 0, "shard_closes": 0}
@@ -217,36 +220,81 @@ class CachedTask:
     def stats(self) -> dict[str, int]:
         """Counters since opening: `chunk_fetches` (chunks read from the files: at a URL one
         request each; with group_size 1 one per record read), `chunk_hits` (chunks served
-        from the LRU), `shard_opens`, `shard_closes` (ArrayRecord readers opened and closed
-        by the open-shard LRU), `open_shards`, `cached_chunk_bytes`."""
+        from the LRU, or by another thread's fetch under way), `shard_opens`, `shard_closes`
+        (ArrayRecord readers opened and closed by the open-shard LRU), `open_shards`,
+        `cached_chunk_bytes`."""
         with self._lock:
             return dict(self._stats, open_shards=len(self._readers), cached_chunk_bytes=self._chunk_bytes)
 
     def _open(self, shards: Sequence[int]) -> list[Any]:
-        """Readers of `shards` (at most `max_open_shards` distinct), opening those not open
-        and closing the least recently used others beyond the bound."""
+        """Readers of `shards` (distinct, at most `max_open_shards`), pinned until `_release`:
+        opens those not open (at a URL in parallel: an open is requests for the footer and the
+        chunk index), outside the lock, and closes the least recently used unpinned others
+        beyond the bound. A shard another thread is opening is waited for, not opened twice."""
         from array_record.python.array_record_module import ArrayRecordReader
 
-        for s in shards:
-            if s in self._readers:
-                self._readers.move_to_end(s)
-        for s in shards:
-            if s in self._readers:
-                continue
-            while len(self._readers) >= self.max_open_shards:
-                _, old = self._readers.popitem(last=False)
-                old.close()
-                self._stats["shard_closes"] += 1
-            name = self.info["shards"][s]["file"]
+        mine: list[int] = []
+        waits: list[Future] = []
+        with self._lock:
+            for s in shards:
+                self._users[s] = self._users.get(s, 0) + 1
+                if s in self._readers:
+                    self._readers.move_to_end(s)
+                elif s in self._opening:
+                    waits.append(self._opening[s])
+                else:
+                    self._opening[s] = Future()
+                    mine.append(s)
+            self._evict(room=len(mine))
+
+        def open_one(s: int) -> Any:
             # A gs:// shard is opened by array-record itself (google-cloud-cpp; its emulator
             # switch is set by cairn.storage from STORAGE_EMULATOR_HOST).
-            self._readers[s] = ArrayRecordReader(storage.join(self.path, name), "readahead_buffer_size:0")
-            self._stats["shard_opens"] += 1
-        return [self._readers[s] for s in shards]
+            return ArrayRecordReader(storage.join(self.path, self.info["shards"][s]["file"]), "readahead_buffer_size:0")
+
+        try:
+            if mine:
+                opened = list(self._pool.map(open_one, mine) if self._pool and len(mine) > 1 else map(open_one, mine))
+                with self._lock:
+                    for s, reader in zip(mine, opened):
+                        self._readers[s] = reader
+                        self._opening.pop(s).set_result(reader)
+                        self._stats["shard_opens"] += 1
+                    self._evict()
+            for f in waits:
+                f.result()
+        except BaseException as e:
+            with self._lock:
+                for s in mine:
+                    if s in self._opening:
+                        self._opening.pop(s).set_exception(e)
+            self._release(shards)
+            raise
+        with self._lock:
+            return [self._readers[s] for s in shards]
+
+    def _release(self, shards: Sequence[int]) -> None:
+        """Unpins `shards` (after `_open`), closing readers beyond the bound that were pinned."""
+        with self._lock:
+            for s in shards:
+                self._users[s] -= 1
+                if not self._users[s]:
+                    del self._users[s]
+            self._evict()
+
+    def _evict(self, room: int = 0) -> None:
+        """Closes the least recently used unpinned readers until `room` more fit in the bound
+        (pinned ones are never closed: with concurrent reads the bound may be exceeded by the
+        shards in use). Called with the lock held."""
+        excess = len(self._readers) + room - self.max_open_shards
+        for s in [s for s in self._readers if s not in self._users][: max(0, excess)]:
+            self._readers.pop(s).close()
+            self._stats["shard_closes"] += 1
 
     def _run(self, jobs: list[tuple[int, Any]]) -> list[list[bytes]]:
         """`jobs` = `[(shard, arg of ArrayRecordReader.read), ...]`, read in waves of at most
-        `max_open_shards` shards; at a URL each wave's shards are read in parallel."""
+        `max_open_shards` shards; at a URL each wave's reads are in flight together. Called
+        without the lock: reads of other threads proceed at the same time."""
         out: list[list[bytes]] = [[] for _ in jobs]
         by_shard: dict[int, list[int]] = {}
         for j, (s, _) in enumerate(jobs):
@@ -255,62 +303,82 @@ class CachedTask:
         for at in range(0, len(order), self.max_open_shards):
             wave = order[at : at + self.max_open_shards]
             readers = dict(zip(wave, self._open(wave)))
-            todo = [j for s in wave for j in by_shard[s]]
-            calls = [(readers[jobs[j][0]], jobs[j][1]) for j in todo]
-            if self._pool is None or len(wave) < 2:
-                got = [r.read(*arg) for r, arg in calls]
-            else:  # at a URL every read is a request: the shards' requests in flight together
-                got = list(self._pool.map(lambda call: call[0].read(*call[1]), calls))
+            try:
+                todo = [j for s in wave for j in by_shard[s]]
+                calls = [(readers[jobs[j][0]], jobs[j][1]) for j in todo]
+                if self._pool is None or len(calls) < 2:
+                    got = [r.read(*arg) for r, arg in calls]
+                else:  # at a URL every read is a request: the wave's requests in flight together
+                    got = list(self._pool.map(lambda call: call[0].read(*call[1]), calls))
+            finally:
+                self._release(wave)
             for j, g in zip(todo, got):
                 out[j] = g
         return out
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The records at `indices` (any order). Each chunk they fall in is read once (one
-        request at a URL) unless it is in the LRU of decoded chunks; with group_size 1 the
-        records are read directly, in one batch per shard. Thread-safe."""
+        request at a URL) unless it is in the LRU of decoded chunks or another thread is
+        fetching it (then this read waits for that fetch); with group_size 1 the records are
+        read directly, in one batch per shard. Thread-safe; the fetches of concurrent reads
+        (the reader's prefetch threads) are in flight together."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
             raise IndexError(f"cache {self.path!r} has {self.num_records} records; asked for {idx.min()}..{idx.max()}")
         shard = np.searchsorted(self.offsets, idx, side="right") - 1
         local = idx - self.offsets[shard]
         out: list[bytes] = [b""] * idx.size
-        with self._lock:
-            if self.group_size == 1:  # a chunk is a record: no chunk cache (as format 2 read)
-                groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
-                results = self._run([(s, (local[w].tolist(),)) for s, w in groups])
+        if self.group_size == 1:  # a chunk is a record: no chunk cache (as format 2 read)
+            groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
+            results = self._run([(s, (local[w].tolist(),)) for s, w in groups])
+            with self._lock:
                 self._stats["chunk_fetches"] += int(idx.size)
-                for (_, where), got in zip(groups, results):
-                    for w, rec in zip(where.tolist(), got):
-                        out[w] = rec
-                return out
-            g = self.group_size
-            chunk = self._chunk_base[shard] + local // g
-            have: dict[int, list[bytes]] = {}
-            missing: list[int] = []
+            for (_, where), got in zip(groups, results):
+                for w, rec in zip(where.tolist(), got):
+                    out[w] = rec
+            return out
+        g = self.group_size
+        chunk = self._chunk_base[shard] + local // g
+        have: dict[int, list[bytes]] = {}
+        waits: dict[int, Future] = {}
+        missing: list[int] = []
+        with self._lock:
             for c in np.unique(chunk).tolist():
                 kept = self._chunks.get(c)
-                if kept is None:
-                    missing.append(c)
-                else:
+                if kept is not None:
                     self._chunks.move_to_end(c)
                     have[c] = kept
-            self._stats["chunk_hits"] += len(have)
-            if missing:
-                jobs = []
-                for c in missing:
-                    s = int(np.searchsorted(self._chunk_base, c, side="right")) - 1
-                    k = c - int(self._chunk_base[s])
-                    n_s = int(self.offsets[s + 1] - self.offsets[s])
-                    jobs.append((s, (k * g, min((k + 1) * g, n_s))))
+                elif c in self._inflight:
+                    waits[c] = self._inflight[c]
+                else:
+                    self._inflight[c] = Future()
+                    missing.append(c)
+            self._stats["chunk_hits"] += len(have) + len(waits)
+            self._stats["chunk_fetches"] += len(missing)
+        if missing:
+            jobs = []
+            for c in missing:
+                s = int(np.searchsorted(self._chunk_base, c, side="right")) - 1
+                k = c - int(self._chunk_base[s])
+                n_s = int(self.offsets[s + 1] - self.offsets[s])
+                jobs.append((s, (k * g, min((k + 1) * g, n_s))))
+            try:
                 fetched = self._run(jobs)
-                self._stats["chunk_fetches"] += len(missing)
-                have.update(zip(missing, fetched))
-            first = (chunk - self._chunk_base[shard]) * g  # the chunk's first local record
-            for w, (c, at) in enumerate(zip(chunk.tolist(), (local - first).tolist())):
-                out[w] = have[c][at]
-            if missing:
+            except BaseException as e:
+                with self._lock:
+                    for c in missing:
+                        self._inflight.pop(c).set_exception(e)
+                raise
+            have.update(zip(missing, fetched))
+            with self._lock:
                 self._keep(missing, have)
+                for c in missing:
+                    self._inflight.pop(c).set_result(have[c])
+        for c, f in waits.items():
+            have[c] = f.result()
+        first = (chunk - self._chunk_base[shard]) * g  # the chunk's first local record
+        for w, (c, at) in enumerate(zip(chunk.tolist(), (local - first).tolist())):
+            out[w] = have[c][at]
         return out
 
     def _keep(self, chunks: list[int], have: dict[int, list[bytes]]) -> None:

@@ -48,7 +48,9 @@ class DeterministicReader:
         a cache never reads the records or the source bytes (`verify_cache` does).
       check_task: compare each cache with its task's definition (fingerprint). A Grain
         source's worker processes leave it off: the source checked when it was made.
-      prefetch: chunks computed ahead in background threads (0: none).
+      prefetch: passes (of `steps_per_call` steps) computed ahead in background threads (0:
+        none); their cache reads are in flight together (at a URL: raise it to hide the
+        bucket's round trips). Changes no batch.
       prefetch_until: no chunk starting at or after this step is computed ahead (a run that
         stops there never reads it; `next` past it still works, computing in the foreground).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
@@ -73,7 +75,7 @@ class DeterministicReader:
         another read (at a URL, another request). Changes no batch.
       open_shards_bytes: the memory budget of open cache shards (shared evenly among a
         mixture's tasks): at most `budget / cost` ArrayRecord readers stay open per task,
-        the least recently used closed first (a shard costs ~1 MB at a URL, ~32 KB locally,
+        the least recently used closed first (a shard costs ~256 KB at a URL, ~32 KB locally,
         plus its chunk index). Memory no longer grows with the number of shards. Changes
         no batch.
       store_plan: keep each packed task's plan beside its cache (`<cache>/plans/`,
