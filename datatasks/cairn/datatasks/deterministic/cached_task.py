@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cairn import storage
-from cairn.datatasks.deterministic import fingerprint as fp
+from cairn.datatasks.deterministic import cache_checks
 from cairn.datatasks.deterministic.records import FeatureSpec
 from cairn.datatasks.deterministic.store import (
     COMPLETED,
@@ -25,11 +25,8 @@ from cairn.datatasks.deterministic.store import (
     LENGTHS,
     READABLE_FORMATS,
     CacheIntegrityError,
-    CacheMismatchError,
     cache_state,
     clear_hint,
-    file_size,
-    list_sizes,
     load_lengths,
     outdated_error,
     read_json,
@@ -90,8 +87,8 @@ class CachedTask:
         if int(self.info.get("format_version", 1)) not in READABLE_FORMATS:
             raise outdated_error(path, name)
         if task is not None:
-            self._check(task, split, check_source_files)
-        self._check_files(name or self.info.get("task"), self.info.get("split", split))
+            cache_checks.check_task(self.info, self.path, task, split, check_source_files)
+        cache_checks.check_files(self.info, self.path, name or self.info.get("task"), self.info.get("split", split))
         self.specs = {k: FeatureSpec(**v) for k, v in self.info["features"].items()}
         self.num_records = int(self.info["num_records"])
         self.length_features: list[str] = list(self.info["length_features"])
@@ -130,64 +127,6 @@ class CachedTask:
             if not storage.is_url(path)
             else ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read")
         )
-
-    def _check(self, task: Any, split: str, check_source_files: bool) -> None:
-        if self.info.get("task") != task.name or self.info.get("split") != split:
-            raise CacheMismatchError(
-                f"cache {self.path!r} holds task {self.info.get('task')!r} split "
-                f"{self.info.get('split')!r}, not task {task.name!r} split {split!r}"
-            )
-        cached = self.info["fingerprint"]
-        current = dict(fp.task_fingerprint(task, split, with_source=False), source=cached.get("source"))
-        file_source = fp.is_file_source(task.source)
-        if check_source_files and not file_source:  # the code behind the source: cheap
-            current["source"] = fp.source_digest(fp.source_description(task, split))
-        bad = fp.mismatched_parts(cached, current)
-        if bad:
-            diff = "; ".join(f"{p}: cache {cached.get(p, '')[:12]} vs task {current.get(p, '')[:12]}" for p in bad)
-            raise CacheMismatchError(
-                f"cache {self.path!r} does not match task {task.name!r}: the task's "
-                f"{', '.join(bad)} changed since it was cached ({diff}); {clear_hint(self.path)} "
-                f"and cache again"
-            )
-        if check_source_files and file_source:
-            listed = {
-                "type": type(task.source).__name__,
-                "split": split,
-                "files": [
-                    {"pattern": f.pattern, "name": f.name, "size": file_size(f.path)}
-                    | ({"window": [f.skip, f.take]} if getattr(f, "windowed", False) else {})
-                    for f in task.source.source_files(split)
-                ],
-            }
-            diff_lines = fp.source_differences(self.info.get("source", {}), listed, compare_content=False)
-            if diff_lines:
-                raise CacheMismatchError(
-                    f"cache {self.path!r} does not match the source files of task "
-                    f"{task.name!r}: {'; '.join(diff_lines[:5])}"
-                    f"{f' (and {len(diff_lines) - 5} more)' if len(diff_lines) > 5 else ''}; "
-                    f"{clear_hint(self.path)} and cache again (check_source_files=False reads "
-                    f"the cache as it is)"
-                )
-
-    def _check_files(self, name: str | None, split: str) -> None:
-        """Every shard and the lengths present with their recorded sizes (one listing)."""
-        sizes = list_sizes(self.path)
-        expected = [(s["file"], int(s["bytes"])) for s in self.info["shards"]]
-        expected.append((LENGTHS, int(self.info["lengths"]["bytes"])))
-        problems = []
-        for file, want in expected:
-            got = sizes.get(file)
-            if got is None:
-                problems.append(f"{file} is missing")
-            elif got != want:
-                problems.append(f"{file} has {got} bytes, info.json recorded {want} (truncated or replaced)")
-        if problems:
-            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-            raise CacheIntegrityError(
-                f"cache {self.path!r} is damaged: {'; '.join(problems[:5])}{more}; "
-                f"{verify_hint(self.path, name, split)}, then re-cache ({clear_hint(self.path)})"
-            )
 
     def remap_lengths(self) -> None:
         """Maps `lengths.npy` afresh: the pages a full pass (the packing plan) touched leave
