@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -139,12 +138,7 @@ def main() -> None:
                         argv = [sys.executable, os.path.abspath(__file__), "--root", root, "--records", str(n)]
                         argv += ["--seconds", str(args.seconds), "--child", child]
                         argv += ["--group_size", str(args.group_size)] if args.group_size else []
-                        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-                        if proc.returncode != 0:
-                            raise SystemExit(f"measuring {child} failed:\n{proc.stderr[-3000:]}")
-                        row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), mode=mode)
-                        print(json.dumps(row), flush=True)
-                        rows.append(row)
+                        rows.append(dict(rsb.measure_in_child(argv, env, child), mode=mode))
     finally:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)

@@ -356,7 +356,7 @@ def measure_chunks(path: str, seconds: float) -> dict:
     }
 
 
-def _measure_in_child(argv: list, env: dict, what: str) -> dict:
+def measure_in_child(argv: list, env: dict, what: str) -> dict:
     """Runs a measuring child (this script with `argv`), prints and returns its last JSON line."""
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -395,7 +395,7 @@ def group_size_table(args, env: dict) -> None:
                     path = store.task_dir(bucket_cache(bucket, n, tag), NAME, "train")
                 else:
                     path = store.task_dir(paths(root, n, tag)[1], NAME, "train")
-                row = _measure_in_child(
+                row = measure_in_child(
                     [
                         sys.executable,
                         os.path.abspath(__file__),
@@ -501,7 +501,7 @@ def main() -> None:
                 for mode in modes:
                     extra = ["--cache_dir", bucket_cache(bucket, n, tag)] if where == "gcs" else []
                     extra += ["--group_size", str(args.group_size)] if args.group_size else []
-                    row = _measure_in_child(
+                    row = measure_in_child(
                         [
                             sys.executable,
                             os.path.abspath(__file__),

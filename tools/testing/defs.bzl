@@ -17,29 +17,8 @@ LOCKS = ["//:requirements.lock", "//:requirements-test.lock"]
 # The eight libraries, bottom rung first (docs/design.md §1).
 LIBRARIES = ["storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers"]
 
-def cairn_py_test(name, size, deps = [], data = [], module = None, env = {}, **kwargs):
-    """A pytest target; `module` (default `<name>.py`) is the test file, `env` its environment."""
-    src = module or name + ".py"
-    native.py_test(
-        name = name,
-        srcs = [src, "//tools/testing:pytest_main.py"],
-        main = "//tools/testing:pytest_main.py",
-        deps = deps,
-        data = data + LOCKS + ["//tools/testing:process_log/sitecustomize.py"],
-        env = dict(env, CAIRN_TEST_MODULE = native.package_name() + "/" + src),
-        size = size,
-        python_version = "PY3",
-        srcs_version = "PY3",
-        legacy_create_init = False,
-        **kwargs
-    )
-
-def cairn_py_test_group(name, size, modules, deps = [], data = [], env = {}, **kwargs):
-    """One pytest process for several small test modules (`modules`, files of this package):
-    what each module pays to start (Python, pytest, JAX, often TensorFlow: 2-6 s of CPU) is paid
-    once per group. For modules that share a library and need no process of their own (a test
-    of what a fresh interpreter imports, or of process-wide settings, keeps its own target);
-    docs/testing.md, "Where the time goes"."""
+def _pytest_target(name, size, modules, deps, data, env, **kwargs):
+    """A py_test running pytest_main on `modules` (files of this package) in one process."""
     native.py_test(
         name = name,
         srcs = modules + ["//tools/testing:pytest_main.py"],
@@ -53,6 +32,18 @@ def cairn_py_test_group(name, size, modules, deps = [], data = [], env = {}, **k
         legacy_create_init = False,
         **kwargs
     )
+
+def cairn_py_test(name, size, deps = [], data = [], module = None, env = {}, **kwargs):
+    """A pytest target; `module` (default `<name>.py`) is the test file, `env` its environment."""
+    _pytest_target(name, size, [module or name + ".py"], deps, data, env, **kwargs)
+
+def cairn_py_test_group(name, size, modules, deps = [], data = [], env = {}, **kwargs):
+    """One pytest process for several small test modules (`modules`, files of this package):
+    what each module pays to start (Python, pytest, JAX, often TensorFlow: 2-6 s of CPU) is paid
+    once per group. For modules that share a library and need no process of their own (a test
+    of what a fresh interpreter imports, or of process-wide settings, keeps its own target);
+    docs/testing.md, "Where the time goes"."""
+    _pytest_target(name, size, modules, deps, data, env, **kwargs)
 
 def cairn_per_library_test(name, size, data = [], with_library = [], libraries = LIBRARIES, **kwargs):
     """One target `<name>_<lib>` per library, each running `<name>.py` on that library alone
