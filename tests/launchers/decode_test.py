@@ -4,9 +4,10 @@ steps; `eval --decode` continues prompts (a task's `inputs`, else the first half
 and compares the continuation without the prompt; `infer` in its three modes over a two-task
 mixture writes one file per task in input order, and a killed infer resumes to the same files;
 infer of the LM twin continues the prompts of an `--input_file`; the T5 twin's decode metrics
-during training and its scores. Infers whose files are the point run in this process
-(`launch_util.infer_in_process`); a killed infer and an unknown mode run the entry point as a
-child (the killed infer's resumption, whose files are the point, in this process).
+during training and its scores. `eval --decode` and the infers whose files are the point run in
+this process (`eval_main.evaluate`, `launch_util.infer_in_process`); a killed infer and an
+unknown mode run the entry point as a child (the killed infer's resumption, whose files are the
+point, in this process).
 
 Everything here runs on 2 CPU devices (`launch_util.devices`: this process and the ones it
 starts), a mesh of data=2: no property of decoding needs 8, and a training child on 2 costs about
@@ -106,10 +107,20 @@ def test_decode_metrics_during_training(lm):
 
 @pytest.fixture(scope="module")
 def evaluated(lm):
-    """`eval --decode` of step 4: `(metrics, LM task example rows, prefix-LM task example rows)`."""
-    tmp, common, env, _ = lm
-    proc = launch_util.run("cairn.launchers.eval_main", common + ["--decode", "--step=4"], env=env, timeout=600)
-    assert proc.returncode == 0, launch_util.tail(proc)
+    """`eval --decode` of step 4: `(metrics, LM task example rows, prefix-LM task example rows)`.
+    What `python -m cairn.launchers.eval_main --config=<run>/config.json --decode --step=4` runs
+    once its flags are parsed (`eval_main.evaluate`), called in this process (a new interpreter
+    would cost its imports and tracing again; the eval program's own process, exit status and
+    one-line errors are eval_infer_test's and eval_infer_multiprocess_test's)."""
+    from unittest import mock
+
+    from cairn.launchers import config_io, eval_main
+
+    tmp, _, env, _ = lm
+    with mock.patch.dict(os.environ, env):
+        config = config_io.resolve_paths(config_io.load_saved_config(str(tmp / "run" / "config.json")))
+        printed = []
+        assert list(eval_main.evaluate(config, config.model_dir, 4, decode=True, out=printed.append)) == [4], printed
     out_dir = tmp / "run" / "eval" / "validation"
     metrics = [json.loads(line) for line in open(out_dir / "evaluated.jsonl")][-1]["metrics"]
     rows = [_lines(out_dir / "examples" / f"{t}-00000004.jsonl") for t in (LM_TASK, PREFIX_TASK)]

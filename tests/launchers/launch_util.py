@@ -153,18 +153,19 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
 
 # One interpreter imports the preloaded modules, then forks a child per run: each child sets the
 # run's environment variables (None: unset), runs its prelude, imports its entry point's module
-# (at once if preloaded), runs its `run()` with its argv (stdout and stderr to files) and exits
-# with its status. The runs of one batch are forked at once (the processes of one job), batches
-# one after the other. (Two entry points may define the same absl flag: only the child imports
-# its own.)
-_FORKED = """
+# (at once if preloaded), runs its `run()` with its argv (stdout and stderr to files, stdin from
+# /dev/null) and exits with its status. (Two entry points may define the same absl flag: only the
+# child imports its own.) `_FORKED` then forks the runs of `runs.json` a batch at once (the
+# processes of one job), batches one after the other; `_SERVER` forks one run per line of its
+# stdin and answers, once that run ended, with a line `[i, exit status, seconds]`.
+_CHILD = """
 import importlib, json, os, sys, time, traceback
-runs = json.loads(sys.argv[1])
-out_dir = sys.argv[2]
-for name in sys.argv[3:]:
+out_dir = sys.argv[1]
+for name in sys.argv[2:]:
     importlib.import_module(name)
 
 def child(i, r):
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     for fd, stream in ((1, "out"), (2, "err")):
         os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     for key, value in r["env"].items():
@@ -189,18 +190,25 @@ def child(i, r):
     sys.stderr.flush()
     os._exit(code)
 
+def fork(i, r):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child(i, r)
+    return pid
+"""
+
+_FORKED = (
+    _CHILD
+    + """
+with open(os.path.join(out_dir, "runs.json")) as f:
+    runs = json.load(f)
 for batch in sorted({r["batch"] for r in runs}):
     started = {}
     for i, r in enumerate(runs):
-        if r["batch"] != batch:
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            child(i, r)
-        started[pid] = (i, start)
+        if r["batch"] == batch:
+            started[fork(i, r)] = (i, time.monotonic())
     while started:
         pid, status = os.wait()
         if pid not in started:
@@ -209,6 +217,18 @@ for batch in sorted({r["batch"] for r in runs}):
         with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
             f.write(f"{os.waitstatus_to_exitcode(status)} {time.monotonic() - start}")
 """
+)
+
+_SERVER = (
+    _CHILD
+    + """
+for line in sys.stdin:
+    i, r = json.loads(line)
+    start = time.monotonic()
+    _, status = os.waitpid(fork(i, r), 0)
+    print(json.dumps([i, os.waitstatus_to_exitcode(status), time.monotonic() - start]), flush=True)
+"""
+)
 
 
 def run_forked(
@@ -265,36 +285,108 @@ def _fork_runs(spec: list, env: dict, timeout: int, preload: tuple) -> list:
     import json
     import tempfile
 
-    full_env = child_env(env)
     with tempfile.TemporaryDirectory() as out_dir:
-        # Its own process group, so that a timeout kills the forked runs too, not just the driver.
-        driver = subprocess.Popen(
-            [sys.executable, "-c", _FORKED, json.dumps(spec), out_dir, *preload],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=full_env,
-            cwd=str(REPO),
-            start_new_session=True,
-        )
+        with open(os.path.join(out_dir, "runs.json"), "w") as f:
+            json.dump(spec, f)
+        driver = _start_driver(_FORKED, out_dir, preload, env, stdin=None)
         try:
             _, err = driver.communicate(timeout=timeout)
         finally:
-            try:
-                os.killpg(driver.pid, signal.SIGKILL)  # anything of the group still running
-            except ProcessLookupError:
-                pass
-            driver.wait()
+            _kill_group(driver)
         assert driver.returncode == 0, f"the driver failed: {err[-3000:]}"
-
-        def read(i: int, ext: str) -> str:
-            with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
-                return f.read()
-
         procs = []
         for i, r in enumerate(spec):
-            code, seconds = read(i, "rc").split()
-            proc = subprocess.CompletedProcess([r["module"], *r["argv"]], int(code), read(i, "out"), read(i, "err"))
-            proc.seconds = float(seconds)  # from the fork to the child's exit
-            procs.append(proc)
+            code, seconds = _read(out_dir, i, "rc").split()
+            procs.append(_completed(out_dir, i, r, int(code), float(seconds)))
         return procs
+
+
+def _start_driver(script: str, out_dir: str, preload: tuple, env: dict, stdin: Any) -> subprocess.Popen:
+    # Its own process group, so that a timeout kills the forked runs too, not just the driver.
+    return subprocess.Popen(
+        [sys.executable, "-c", script, out_dir, *preload],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(env),
+        cwd=str(REPO),
+        start_new_session=True,
+    )
+
+
+def _kill_group(driver: subprocess.Popen) -> None:
+    try:
+        os.killpg(driver.pid, signal.SIGKILL)  # anything of the group still running
+    except ProcessLookupError:
+        pass
+    driver.wait()
+
+
+def _read(out_dir: str, i: int, ext: str) -> str:
+    with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _completed(out_dir: str, i: int, run: dict, code: int, seconds: float) -> subprocess.CompletedProcess:
+    proc = subprocess.CompletedProcess(
+        [run["module"], *run["argv"]], code, _read(out_dir, i, "out"), _read(out_dir, i, "err")
+    )
+    proc.seconds = seconds  # from the fork to the child's exit
+    return proc
+
+
+class ForkServer:
+    """`run_forked` one run at a time, for a whole test module: one interpreter imports `module`
+    (and `preload`) once and stays; each `run(argv)` forks a child of it that runs
+    `python -m <module> <argv>` from that state (flags unparsed, nothing else run) and waits for
+    it: its own exit status, stdout and stderr, as `launch_util.run` returns them, without a new
+    interpreter's start-up and imports each time (about 1-2 s of CPU per program). For runs that
+    end by themselves (refusals, short runs); a run the test signals needs a process of its own.
+    `env`: the interpreter's variables on top of this process's (as `child_env`); each run's
+    `env` is set in its child only (None: unset; `XLA_FLAGS` too: JAX has not started)."""
+
+    def __init__(self, module: str, env: dict = None, preload: tuple = ()):
+        import tempfile
+
+        self.module = module
+        self._dir = tempfile.TemporaryDirectory()
+        self._count = 0
+        self._driver = _start_driver(_SERVER, self._dir.name, (*preload, module), env, stdin=subprocess.PIPE)
+
+    def run(self, argv: list, env: dict = None, timeout: float = 300, prelude: str = "") -> subprocess.CompletedProcess:
+        """`argv` run in a child forked from the interpreter; fails (and ends the server) when
+        it has not exited within `timeout` seconds."""
+        import json
+        import select
+
+        i, self._count = self._count, self._count + 1
+        spec = {"module": self.module, "argv": list(map(str, argv)), "env": dict(env or {}), "prelude": prelude}
+        self._driver.stdin.write(json.dumps([i, spec]) + "\n")
+        self._driver.stdin.flush()
+        ready, _, _ = select.select([self._driver.stdout], [], [], timeout)
+        line = self._driver.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            raise AssertionError(
+                f"{argv}: no exit within {timeout} s (or the server died): {self._driver.stderr.read()[-3000:]}"
+            )
+        _, code, seconds = json.loads(line)
+        return _completed(self._dir.name, i, spec, code, seconds)
+
+    def close(self) -> None:
+        """Ends the interpreter (and any run still going)."""
+        if self._driver.poll() is None:
+            self._driver.stdin.close()
+            try:
+                self._driver.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(self._driver)
+        self._dir.cleanup()
+
+    def __enter__(self) -> "ForkServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -5,8 +5,9 @@ from prompts, and the bf16 pod configs (llama_1b_pretrain, t5_1_1_pretrain:xl_bf
 checked by the JobSet renderer's and tpu.sh's dry runs; the dtype keys on a Hugging Face
 Llama directory's config.
 
-The child processes run on 2 CPU devices (`launch_util.devices`): training, `eval --decode`
-and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2."""
+The child processes, and this one, run on 2 CPU devices (`launch_util.devices`): training,
+`eval --decode` and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2.
+`eval --decode` and infer run in this process on the trained run's saved config."""
 
 import json
 import os
@@ -21,7 +22,7 @@ import yaml
 from cairn.launchers import builder, config_base, config_io, validation
 from cairn.launchers.validation import ConfigError
 
-devices = launch_util.devices_fixture(2)
+devices = launch_util.devices_fixture(2, this_process=True)
 CONFIG = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
 LLAMA_1B = "launchers/configs/llama_1b_pretrain.py"
 T5_XL = "launchers/configs/t5_1_1_pretrain.py:xl_bf16"
@@ -32,7 +33,6 @@ POD_SETTINGS = [
     "--config.model.overrides.scan_layers=True",
     "--config.model.overrides.remat_policy=full",
 ]
-DECODE_MODULES = "--config.data.task_modules=('cairn.launchers.tasks.shakespeare', 'decode_tasks')"
 
 
 def _config(kind="llama", preset="llama_tiny", **overrides):
@@ -166,15 +166,23 @@ def test_training_ends_by_continuing_the_prompts(trained):
 
 def test_eval_decode_and_infer_with_prompts(trained):
     """`eval --decode` on the LM task with prediction metrics (decode_tasks.py): prompts (the first
-    half of each example) continued; `infer --mode=predict` continues `--input_file`'s lines."""
-    tmp, common, env, _ = trained
-    here = os.path.dirname(os.path.abspath(__file__))
-    decode_env = {**env, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    decode = [DECODE_MODULES, "--config.eval.task=shakespeare_lm_decode"]
-    proc = launch_util.run(
-        "cairn.launchers.eval_main", common + decode + ["--decode", "--step=4"], env=decode_env, timeout=600
-    )
-    assert proc.returncode == 0, launch_util.tail(proc)
+    half of each example) continued; `infer --mode=predict` continues `--input_file`'s lines.
+    Both in this process, on the run's saved config (`eval_main.evaluate`, what the program runs
+    once its flags are parsed, and `launch_util.infer_in_process`): the programs' own processes
+    are decode_test's, eval_infer_test's and eval_infer_multiprocess_test's."""
+    from unittest import mock
+
+    from cairn.launchers import eval_main
+
+    tmp, _, env, _ = trained
+    with mock.patch.dict(os.environ, env):
+        config = config_io.load_saved_config(str(tmp / "run" / "config.json"))
+        modules = ("cairn.launchers.tasks.shakespeare", "decode_tasks")
+        config.data.task_modules = type(config.data.task_modules)(modules)
+        config.eval.task = "shakespeare_lm_decode"
+        config = config_io.resolve_paths(config)
+        printed = []
+        assert list(eval_main.evaluate(config, config.model_dir, 4, decode=True, out=printed.append)) == [4], printed
     out_dir = tmp / "run" / "eval" / "validation"
     evaluated = [json.loads(l) for l in open(out_dir / "evaluated.jsonl")]
     metrics = evaluated[-1]["metrics"]["shakespeare_lm_decode"]
@@ -184,13 +192,7 @@ def test_eval_decode_and_infer_with_prompts(trained):
     prompts = tmp / "prompts.txt"
     prompts.write_text(f"{PROMPT}\nTo be, or not\n")
     out = tmp / "pred.jsonl"
-    proc = launch_util.run(
-        "cairn.launchers.infer_main",
-        common + [f"--output={out}", "--mode=predict", f"--input_file={prompts}"],
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, launch_util.tail(proc)
+    launch_util.infer_in_process(tmp / "run", out, env, mode="predict", input_file=str(prompts))
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [(r["index"], r["input"]) for r in rows] == [(0, PROMPT), (1, "To be, or not")]
     assert all(0 < len(r["prediction_ids"]) <= 8 and r["prediction"] for r in rows), rows

@@ -5,7 +5,10 @@ twin generating text.
 
 The runs use 2 CPU devices (`launch_util.devices`, a mesh of data=2): what is checked here is
 the entry point's behaviour, not a layout, and a training child on 2 devices costs about half the
-CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py)."""
+CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py).
+The runs that end by themselves are processes forked from one interpreter that imported the
+train program and the libraries it trains with (`launch_util.ForkServer`); the SIGTERMed one is
+a process of its own."""
 
 import json
 import os
@@ -30,6 +33,13 @@ def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture(scope="module")
+def train(devices):
+    """`train(args, env)`: the train program, forked (the module's `devices` in its environment)."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server.run
+
+
 def small(config, model_dir, cache_dir, steps, *extra):
     return [
         f"--config={config}",
@@ -49,15 +59,15 @@ def losses(model_dir):
     return {r["step"]: r["value"] for r in rows if r["task"] == "train" and r["metric"] == "loss"}
 
 
-def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(tmp_path, texts, cache_dir, devices):
+def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(
+    train, tmp_path, texts, cache_dir, devices
+):
     """One run through three processes: 6 steps (caching, the final evaluation, samples); resumed
     from checkpoint 6 with no step limit in sight and SIGTERMed once it trained on (it saves
     and exits 0); resumed from that checkpoint for two more steps."""
     model_dir = tmp_path / "run"
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    proc = launch_util.train(
-        small(launch_util.T5_CONFIG, model_dir, cache_dir, 6, "--config.post_training.num_samples=2"), env=env
-    )
+    proc = train(small(launch_util.T5_CONFIG, model_dir, cache_dir, 6, "--config.post_training.num_samples=2"), env=env)
     assert proc.returncode == 0, launch_util.tail(proc)
     out = proc.stdout
     assert f"model_dir: {model_dir}" in out
@@ -118,7 +128,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert step >= 8
 
     # Resumed from the checkpoint the SIGTERM saved: two more steps.
-    proc = launch_util.train(
+    proc = train(
         small(
             launch_util.T5_CONFIG,
             model_dir,
@@ -136,9 +146,9 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert str(step + 2) in os.listdir(model_dir / "checkpoints")
 
 
-def test_lm_twin_generates_text(tmp_path, texts, cache_dir):
+def test_lm_twin_generates_text(train, tmp_path, texts, cache_dir):
     model_dir = tmp_path / "lm"
-    proc = launch_util.train(
+    proc = train(
         small(launch_util.LM_CONFIG, model_dir, cache_dir, 4, "--config.post_training.max_decode_length=8"),
         env={"CAIRN_SHAKESPEARE_DIR": texts},
     )
