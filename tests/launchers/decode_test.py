@@ -59,7 +59,18 @@ def eval_rows(path, task="eval"):
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def train(devices):
+    """`train(args, env=..., timeout=...)`: the train program in a process forked from one
+    interpreter that imported it, TensorFlow (both runs cache their tasks) and the libraries it
+    trains with (`launch_util.ForkServer`), on the module's `devices`."""
+    preload = ("tensorflow", "cairn.models", "cairn.trainer")
+    env = {"PYTHONPATH": os.pathsep.join([HERE, *(p for p in sys.path if p)])}  # decode_tasks
+    with launch_util.ForkServer("cairn.launchers.train_main", env=env, preload=preload) as server:
+        yield server.run
+
+
+@pytest.fixture(scope="module")
+def lm(train, tmp_path_factory):
     """The LM twin, 4 steps, evaluated (with decoding) at steps 2 and 4 on the mixture."""
     tmp = tmp_path_factory.mktemp("decode_lm")
     env = _env(tmp)
@@ -76,7 +87,7 @@ def lm(tmp_path_factory):
         "--config.post_training.decode_method=greedy",
         "--config.post_training.max_decode_length=8",
     ]
-    proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
+    proc = train(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     return tmp, common, env, proc
 
@@ -255,7 +266,7 @@ def test_infer_of_the_lm_twin_continues_the_lines_of_an_input_file(lm):
     assert all(len(r["prediction_ids"]) <= 8 for r in rows), rows
 
 
-def test_t5_decode_metrics_during_training_and_scores(tmp_path):
+def test_t5_decode_metrics_during_training_and_scores(train, tmp_path):
     env = _env(tmp_path)
     common = [
         f"--config={launch_util.T5_CONFIG}",
@@ -269,7 +280,7 @@ def test_t5_decode_metrics_during_training_and_scores(tmp_path):
         MODULES,
         f"--config.eval.task={SPAN_TASK}",
     ]
-    proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
+    proc = train(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     got = {r["metric"] for r in eval_rows(tmp_path / "run" / "summaries" / "metrics.jsonl") if r["step"] == 2}
     assert {f"{SPAN_TASK}/sequence_accuracy", f"{SPAN_TASK}/perplexity"} <= got, got
