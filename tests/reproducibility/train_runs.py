@@ -1,7 +1,10 @@
 """Runs `python -m cairn.launchers.train_main` (what `bazel run //launchers:train` runs) with the
 standard runs' texts, task cache and flags (tests/fixtures/standard_runs.py), in child processes
 with hard timeouts: single runs, a run SIGKILLed after a logged step or a checkpoint, and runs
-of several processes on 127.0.0.1."""
+of several processes on 127.0.0.1. The runs that end by themselves (`train`, `train_group`) are
+processes forked from one interpreter that imported the train program and the libraries it
+trains with (`forks.run_forked`), without a new interpreter's start-up and imports each; a run
+the test kills is a process of its own (`start`, `start_group`)."""
 
 from __future__ import annotations
 
@@ -14,9 +17,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import forks
 import standard_runs as sr
 
 TIMEOUT_S = 600  # one run on a loaded 2-core machine
+TRAIN = "cairn.launchers.train_main"
+PRELOAD = ("cairn.models", "cairn.trainer")  # what a training run imports after the program
 
 
 def start(args: Sequence[str], texts: str, devices: int = 8, log: Path | None = None) -> subprocess.Popen:
@@ -49,9 +55,12 @@ def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIM
 def train(
     model_dir: Path, std: sr.Standard, extra: Sequence[str] = (), devices: int = 8, steps: int = sr.STEPS
 ) -> Path:
-    """One process to the end; returns its log."""
+    """One process to the end (forked); returns its log (stdout, then stderr)."""
     log = model_dir.parent / f"{model_dir.name}.log"
-    finish(start(sr.overrides(model_dir, std.cache, steps, extra), std.texts, devices, log), log)
+    args = sr.overrides(model_dir, std.cache, steps, extra)
+    (proc,) = forks.run_forked(TRAIN, [args], env=sr.child_env(std.texts, devices), timeout=TIMEOUT_S, preload=PRELOAD)
+    log.write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, f"train exited {proc.returncode}:\n{tail(log)}"
     return log
 
 
@@ -109,19 +118,31 @@ def start_group(
     return procs, logs
 
 
+def train_group(
+    model_dir: Path, std: sr.Standard, processes: int, devices_each: int, extra: Sequence[str] = ()
+) -> list[Path]:
+    """One run as `processes` processes x `devices_each` CPU devices to the end, forked together;
+    returns their logs (stdout, then stderr)."""
+    address = f"127.0.0.1:{sr.free_port()}"
+    argvs = [
+        sr.overrides(model_dir, std.cache, extra=extra) + sr.multihost_flags(address, processes, i)
+        for i in range(processes)
+    ]
+    env = sr.child_env(std.texts, devices_each)
+    procs = forks.run_forked(TRAIN, argvs, env=env, timeout=TIMEOUT_S, preload=PRELOAD, together=True)
+    logs = [model_dir.parent / f"{model_dir.name}-p{i}.log" for i in range(processes)]
+    for proc, log in zip(procs, logs):
+        log.write_text(proc.stdout + proc.stderr)
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, f"train exited {proc.returncode}:\n{tail(log)}"
+    return logs
+
+
 def kill_all(procs: list) -> None:
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-
-
-def finish_group(procs: list, logs: list) -> None:
-    try:
-        for p, log in zip(procs, logs):
-            finish(p, log)
-    finally:
-        kill_all(procs)
 
 
 def kill_after_checkpoint(model_dir: Path, procs: list, logs: list, step: int) -> None:
