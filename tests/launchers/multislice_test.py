@@ -122,9 +122,20 @@ def test_two_simulated_slices_train_like_one_slice(tmp_path):
     standard = sr.unpack(tmp_path)
     two = tmp_path / "two_slices"
     args = sr.overrides(two, standard.cache, extra=(*sr.MESH_DATA2_MODEL4, "--config.partitioning.num_slices=2"))
-    sr.train_group(two, args, 2, 4, standard.texts, tmp_path, "slice", timeout=RUN_TIMEOUT_S)
-    for i in range(2):
-        text = (tmp_path / f"slice-p{i}.err").read_text() + (tmp_path / f"slice-p{i}.out").read_text()
+    address = f"127.0.0.1:{sr.free_port()}"
+    argvs = [args + sr.multihost_flags(address, 2, i) for i in range(2)]
+    # The two processes forked together from one interpreter that imported the train program.
+    procs = launch_util.run_forked(
+        "cairn.launchers.train_main",
+        argvs,
+        env=sr.child_env(standard.texts, 4),
+        timeout=RUN_TIMEOUT_S,
+        preload=("cairn.models", "cairn.trainer"),
+        together=True,
+    )
+    for i, proc in enumerate(procs):
+        assert proc.returncode == 0, launch_util.tail(proc)
+        text = proc.stderr + proc.stdout
         assert "hybrid mesh over 2 slices" in text and f"process {i} reads data shard {i} of 2" in text, text[-3000:]
     one = standard.run("t5_data2_model4")
     assert "hybrid mesh" not in standard.log("t5_data2_model4") + standard.log("t5_data2_model4", stream="out")

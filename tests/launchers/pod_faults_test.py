@@ -8,8 +8,10 @@ the same step and exits 0); then, resumed, SIGKILL of one process (the other sto
 trace); then resumed to the end, bit-identical to the uninterrupted standard run of the same
 layout (tests/fixtures/standard_runs.py; `verify`, exact), with no torn save left behind. (One
 run through five process groups instead of two runs through three each: each stage's processes
-cost their start-up, and the final resume and comparison are shared.) Also, from that standard
-run: only process 0 writes summaries, and process 1 logs an MFU comparable to process 0's."""
+cost their start-up, and the final resume and comparison are shared; the ten processes are forked
+from one interpreter that imported the train program, `pod_runs.spawner`.) Also, from that
+standard run: only process 0 writes summaries, and process 1 logs an MFU comparable to process
+0's."""
 
 import collections
 import re
@@ -29,6 +31,14 @@ MARGIN_S = 20  # the watchdog's polling and grace, and a loaded machine
 @pytest.fixture(scope="module")
 def standard(tmp_path_factory):
     return sr.unpack(tmp_path_factory.mktemp("pod_faults"))
+
+
+@pytest.fixture(scope="module")
+def spawner(standard):
+    """The pods' processes are forked from one interpreter that imported the train program
+    (`pod_runs.spawner`): ten processes, one set of imports."""
+    with pod_runs.spawner(DEVICES, standard.texts) as s:
+        yield s
 
 
 def test_process_0_writes_the_summaries_and_every_process_logs_its_mfu(standard):
@@ -70,7 +80,7 @@ def agreed_stop(pod):
     return saved.pop(), [s[0][0] for s in stops]
 
 
-def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, tmp_path):
+def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, spawner, tmp_path):
     """The run of the module docstring: SIGTERM to all, SIGKILL of all during a background save,
     SIGTERM to one, SIGKILL of one, resumed to the end (the name predates the first two stages,
     pod_checkpoint_test's until they joined this run)."""
@@ -80,14 +90,18 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, t
     )
 
     # 1. SIGTERM to every process: one agreed step saved, exit 0.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm_all") as pod:
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm_all", spawner=spawner
+    ) as pod:
         pod.wait_for(r"train step 2:", process=1)
         pod.kill(signal.SIGTERM, group=False)
         step, _ = agreed_stop(pod)
     assert 2 <= step < 8 and checkpoints(model_dir)[-1] == step, (step, checkpoints(model_dir))
 
     # 2. Resumed: checkpoint 8 is being written in the background on every process when all die.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_all") as pod:
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_all", spawner=spawner
+    ) as pod:
         for i in range(PROCESSES):  # save() has returned on every process...
             pod.wait_for(r"checkpoint at step 8 \(blocked the loop", process=i)
         pod.kill(signal.SIGKILL)  # ...and every process dies while step 8 is being written
@@ -98,7 +112,9 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, t
     assert 8 not in on_disk and on_disk[-1] == 4, f"the kill should interrupt the save of step 8: {on_disk}"
 
     # 3. Resumed from step 4, then SIGTERM to process 1 only: both save one agreed step, exit 0.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm_one") as pod:
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm_one", spawner=spawner
+    ) as pod:
         pod.wait_for(r"train step 5:", process=1)
         assert "restored step 4 from" in pod.stderr(0), pod.tails()
         pod.kill(signal.SIGTERM, which=[1], group=False)
@@ -107,7 +123,9 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, t
     assert 5 <= step < sr.STEPS and checkpoints(model_dir)[-1] == step, (step, checkpoints(model_dir))
 
     # 4. Resumed, then SIGKILL of process 1: process 0 stops within the bound, one line, exit 3.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_one") as pod:
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_one", spawner=spawner
+    ) as pod:
         pod.wait_for(rf"train step {step + 1}:", process=1)
         assert f"restored step {step} from" in pod.stderr(0), pod.tails()
         killed_at = time.monotonic()
@@ -125,7 +143,7 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, t
         assert trace not in stderr, stderr[-3000:]
 
     # 5. Resumed to the end: the same bits as the run that never stopped, no torn save left.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="resumed") as pod:
+    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="resumed", spawner=spawner) as pod:
         pod.finish()
         assert "restored step" in pod.stderr(0), pod.tails()
     leftovers = [p.name for p in (model_dir / "checkpoints").iterdir() if not p.name.isdigit()]

@@ -1,18 +1,18 @@
 """Runs `python -m cairn.launchers.train_main` (what `bazel run //launchers:train` runs) with the
 standard runs' texts, task cache and flags (tests/fixtures/standard_runs.py), in child processes
 with hard timeouts: single runs, a run SIGKILLed after a logged step or a checkpoint, and runs
-of several processes on 127.0.0.1. The runs that end by themselves (`train`, `train_group`) are
-processes forked from one interpreter that imported the train program and the libraries it
-trains with (`forks.run_forked`), without a new interpreter's start-up and imports each; a run
-the test kills is a process of its own (`start`, `start_group`)."""
+of several processes on 127.0.0.1. Every run is a process forked from an interpreter that
+imported the train program and the libraries it trains with (`forks.Spawner`, one per device
+count and texts, kept until this process exits), without a new interpreter's start-up and
+imports each (about 2 s of CPU)."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,23 +25,34 @@ TRAIN = "cairn.launchers.train_main"
 PRELOAD = ("cairn.models", "cairn.trainer")  # what a training run imports after the program
 
 
-def start(args: Sequence[str], texts: str, devices: int = 8, log: Path | None = None) -> subprocess.Popen:
-    out = open(log, "w") if log else subprocess.DEVNULL
-    return subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.train_main", *args],
-        env=sr.child_env(texts, devices),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        cwd=str(sr.REPO),
-        start_new_session=True,
-    )
+_SPAWNERS: dict[tuple[int, str], forks.Spawner] = {}
+
+
+def _spawner(devices: int, texts: str) -> forks.Spawner:
+    key = (devices, texts)
+    if key not in _SPAWNERS:
+        env = sr.child_env(texts, devices)
+        _SPAWNERS[key] = forks.Spawner(env, preload=(*PRELOAD, TRAIN))
+    return _SPAWNERS[key]
+
+
+@atexit.register
+def _close_spawners() -> None:
+    for spawner in _SPAWNERS.values():
+        spawner.close()
+
+
+def start(args: Sequence[str], texts: str, devices: int = 8, log: Path | None = None) -> forks.Spawned:
+    """The train program with `args`, started (stdout and stderr to `log`)."""
+    out = str(log) if log else os.devnull
+    return _spawner(devices, texts).popen(TRAIN, list(args), stdout=out, stderr=out)
 
 
 def tail(log: Path | None, n: int = 4000) -> str:
     return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
 
 
-def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIMEOUT_S) -> None:
+def finish(proc: forks.Spawned, log: Path | None = None, timeout: float = TIMEOUT_S) -> None:
     """Waits for `proc`; kills its process group and fails with the log's tail on timeout or error."""
     try:
         code = proc.wait(timeout=timeout)
@@ -55,12 +66,9 @@ def finish(proc: subprocess.Popen, log: Path | None = None, timeout: float = TIM
 def train(
     model_dir: Path, std: sr.Standard, extra: Sequence[str] = (), devices: int = 8, steps: int = sr.STEPS
 ) -> Path:
-    """One process to the end (forked); returns its log (stdout, then stderr)."""
+    """One process to the end; returns its log."""
     log = model_dir.parent / f"{model_dir.name}.log"
-    args = sr.overrides(model_dir, std.cache, steps, extra)
-    (proc,) = forks.run_forked(TRAIN, [args], env=sr.child_env(std.texts, devices), timeout=TIMEOUT_S, preload=PRELOAD)
-    log.write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, f"train exited {proc.returncode}:\n{tail(log)}"
+    finish(start(sr.overrides(model_dir, std.cache, steps, extra), std.texts, devices, log), log)
     return log
 
 
@@ -121,20 +129,13 @@ def start_group(
 def train_group(
     model_dir: Path, std: sr.Standard, processes: int, devices_each: int, extra: Sequence[str] = ()
 ) -> list[Path]:
-    """One run as `processes` processes x `devices_each` CPU devices to the end, forked together;
-    returns their logs (stdout, then stderr)."""
-    address = f"127.0.0.1:{sr.free_port()}"
-    argvs = [
-        sr.overrides(model_dir, std.cache, extra=extra) + sr.multihost_flags(address, processes, i)
-        for i in range(processes)
-    ]
-    env = sr.child_env(std.texts, devices_each)
-    procs = forks.run_forked(TRAIN, argvs, env=env, timeout=TIMEOUT_S, preload=PRELOAD, together=True)
-    logs = [model_dir.parent / f"{model_dir.name}-p{i}.log" for i in range(processes)]
-    for proc, log in zip(procs, logs):
-        log.write_text(proc.stdout + proc.stderr)
-    for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, f"train exited {proc.returncode}:\n{tail(log)}"
+    """One run as `processes` processes x `devices_each` CPU devices to the end; returns their logs."""
+    procs, logs = start_group(model_dir, std, processes, devices_each, extra)
+    try:
+        for p, log in zip(procs, logs):
+            finish(p, log)
+    finally:
+        kill_all(procs)
     return logs
 
 
