@@ -6,15 +6,12 @@ twin generating text.
 The runs use 2 CPU devices (`launch_util.devices`, a mesh of data=2): what is checked here is
 the entry point's behaviour, not a layout, and a training child on 2 devices costs about half the
 CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py).
-The runs that end by themselves are processes forked from one interpreter that imported the
-train program and the libraries it trains with (`launch_util.ForkServer`); the SIGTERMed one is
-a process of its own."""
+Every run is a process forked from one interpreter that imported the train program and the
+libraries it trains with (`launch_util.ForkServer`), the SIGTERMed one too."""
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import launch_util
@@ -35,9 +32,10 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def train(devices):
-    """`train(args, env)`: the train program, forked (the module's `devices` in its environment)."""
+    """The train program, forked (the module's `devices` in its environment): `train.run(args,
+    env)` runs it to its end; `train.popen` starts the one the test SIGTERMs."""
     with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
-        yield server.run
+        yield server
 
 
 def small(config, model_dir, cache_dir, steps, *extra):
@@ -67,7 +65,9 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     and exits 0); resumed from that checkpoint for two more steps."""
     model_dir = tmp_path / "run"
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    proc = train(small(launch_util.T5_CONFIG, model_dir, cache_dir, 6, "--config.post_training.num_samples=2"), env=env)
+    proc = train.run(
+        small(launch_util.T5_CONFIG, model_dir, cache_dir, 6, "--config.post_training.num_samples=2"), env=env
+    )
     assert proc.returncode == 0, launch_util.tail(proc)
     out = proc.stdout
     assert f"model_dir: {model_dir}" in out
@@ -99,15 +99,8 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
         "--config.post_training.final_eval=false",  # no evaluation set up: it never gets there
         "--config.trainer.log_every=1",
     )
-    full_env = launch_util.child_env({"CAIRN_SHAKESPEARE_DIR": texts})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.train_main"] + args,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(launch_util.REPO),
-    )
+    out_path, err_path = tmp_path / "sigterm.out", tmp_path / "sigterm.err"
+    proc = train.popen(train.module, args, out_path, err_path, env={"CAIRN_SHAKESPEARE_DIR": texts})
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
@@ -116,11 +109,12 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
             time.sleep(0.5)
         assert proc.poll() is None, "the run ended before SIGTERM"
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    out, err = out_path.read_text(), err_path.read_text()
     assert proc.returncode == 0, err[-3000:]
     assert "restored step 6" in err and "caching task" not in out
     assert "preempted: checkpoint saved" in out
@@ -128,7 +122,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert step >= 8
 
     # Resumed from the checkpoint the SIGTERM saved: two more steps.
-    proc = train(
+    proc = train.run(
         small(
             launch_util.T5_CONFIG,
             model_dir,
@@ -148,7 +142,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
 
 def test_lm_twin_generates_text(train, tmp_path, texts, cache_dir):
     model_dir = tmp_path / "lm"
-    proc = train(
+    proc = train.run(
         small(launch_util.LM_CONFIG, model_dir, cache_dir, 4, "--config.post_training.max_decode_length=8"),
         env={"CAIRN_SHAKESPEARE_DIR": texts},
     )
