@@ -27,23 +27,10 @@ TIMEOUT_S = 600  # one run on a loaded 2-core machine (about 1 min quiet for 2 p
 TRAIN = "cairn.launchers.train_main"
 
 
-def _env(devices: int, texts: str) -> dict:
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        CAIRN_SHAKESPEARE_DIR=texts,
-    )
-    env.pop("BUILD_WORKING_DIRECTORY", None)
-    return env
-
-
 def spawner(devices: int, texts: str) -> forks.Spawner:
     """An interpreter that forks the processes of `Pod(..., spawner=...)` runs on `devices` CPU
     devices each, reading `texts`."""
-    return forks.Spawner(_env(devices, texts), preload=("cairn.models", "cairn.trainer", TRAIN))
+    return forks.Spawner(sr.child_env(texts, devices), preload=("cairn.models", "cairn.trainer", TRAIN))
 
 
 def overrides(model_dir: Path, cache_dir: Path, steps: int, extra: Sequence[str] = ()) -> list[str]:
@@ -72,7 +59,7 @@ class Pod:
         name = log_name or model_dir.name
         log_dir = log_dir or model_dir.parent
         self.logs = [(log_dir / f"{name}-p{i}.out", log_dir / f"{name}-p{i}.err") for i in range(processes)]
-        env = _env(devices, texts)
+        env = sr.child_env(texts, devices)
         address = f"127.0.0.1:{sr.free_port()}"
         self.procs = []
         for i, (out, err) in enumerate(self.logs):
