@@ -11,7 +11,7 @@ from typing import Any
 from unittest import mock
 
 import standard_runs
-from forks import ForkServer, child_env, run_forked, run_forked_each  # noqa: F401 (this module's API)
+from forks import ForkServer, Spawner, child_env, run_forked, run_forked_each  # noqa: F401 (this module's API)
 
 REPO = pathlib.Path(__file__).absolute().parent.parent.parent
 CONFIGS = REPO / "launchers" / "configs"
