@@ -7,7 +7,8 @@ Llama directory's config.
 
 The child processes, and this one, run on 2 CPU devices (`launch_util.devices`): training,
 `eval --decode` and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2.
-`eval --decode` and infer run in this process on the trained run's saved config."""
+`eval --decode` runs in this process on the trained run's saved config; the train and infer
+programs are processes forked from one interpreter (`launch_util.ForkServer`)."""
 
 import json
 import os
@@ -112,17 +113,13 @@ def test_param_dtype_reaches_the_parameters():
     assert dtypes == {"bfloat16"}, dtypes
 
 
-def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path):
+def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(programs, tmp_path):
     """The train program on each bad value, each run in its own process forked from one
-    interpreter that imported it (`launch_util.run_forked`)."""
+    interpreter that imported it (`launch_util.ForkServer`)."""
     bad = ["--config.model.dtype=bf16", "--config.model.param_dtype=int8", "--config.model.overrides.num_kv_heads=3"]
-    argvs = [[f"--config={CONFIG}", f"--config.model_dir={tmp_path / f'run{i}'}", flag] for i, flag in enumerate(bad)]
     lines = []
-    for i, proc in enumerate(
-        launch_util.run_forked(
-            "cairn.launchers.train_main", argvs, timeout=180, preload=("cairn.models", "cairn.trainer")
-        )
-    ):
+    for i, flag in enumerate(bad):
+        proc = programs.run([f"--config={CONFIG}", f"--config.model_dir={tmp_path / f'run{i}'}", flag], timeout=180)
         assert proc.returncode == 2, launch_util.tail(proc)
         assert "Traceback" not in proc.stderr and not (tmp_path / f"run{i}").exists(), launch_util.tail(proc)
         lines.append(proc.stderr.strip().splitlines()[-1])
@@ -132,7 +129,15 @@ def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def programs(devices):
+    """The launchers' programs in processes forked from one interpreter that imported the train
+    program and the libraries it trains with (`launch_util.ForkServer`)."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def trained(programs, tmp_path_factory):
     """shakespeare_llama_tiny, 4 steps on two short plays, with llama_1b_pretrain's model settings
     from the command line (bfloat16 compute, scanned layers, full remat)."""
     tmp = tmp_path_factory.mktemp("llama")
@@ -148,7 +153,7 @@ def trained(tmp_path_factory):
         "--config.post_training.max_decode_length=8",
     ]
     common += POD_SETTINGS
-    proc = launch_util.train(common, env=env, timeout=600)
+    proc = programs.run(common, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     return tmp, common, env, proc
 
@@ -164,12 +169,12 @@ def test_training_ends_by_continuing_the_prompts(trained):
     assert saved["model"]["overrides"]["scan_layers"] is True
 
 
-def test_eval_decode_and_infer_with_prompts(trained):
+def test_eval_decode_and_infer_with_prompts(programs, trained):
     """`eval --decode` on the LM task with prediction metrics (decode_tasks.py): prompts (the first
     half of each example) continued; `infer --mode=predict` continues `--input_file`'s lines.
-    Both in this process, on the run's saved config (`eval_main.evaluate`, what the program runs
-    once its flags are parsed, and `launch_util.infer_in_process`): the programs' own processes
-    are decode_test's, eval_infer_test's and eval_infer_multiprocess_test's."""
+    The evaluation in this process, on the run's saved config (`eval_main.evaluate`, what the
+    program runs once its flags are parsed; the eval program's own process is decode_test's,
+    eval_infer_test's and eval_infer_multiprocess_test's); infer a forked child."""
     from unittest import mock
 
     from cairn.launchers import eval_main
@@ -192,7 +197,9 @@ def test_eval_decode_and_infer_with_prompts(trained):
     prompts = tmp / "prompts.txt"
     prompts.write_text(f"{PROMPT}\nTo be, or not\n")
     out = tmp / "pred.jsonl"
-    launch_util.infer_in_process(tmp / "run", out, env, mode="predict", input_file=str(prompts))
+    args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--mode=predict", f"--input_file={prompts}"]
+    proc = programs.call("cairn.launchers.infer_main", args, env=env, timeout=600)
+    assert proc.returncode == 0, launch_util.tail(proc)
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [(r["index"], r["input"]) for r in rows] == [(0, PROMPT), (1, "To be, or not")]
     assert all(0 < len(r["prediction_ids"]) <= 8 and r["prediction"] for r in rows), rows
