@@ -2,8 +2,7 @@
 and `partitioning.mesh.expert` (bad values: `ConfigError` naming the key; one line, exit 2 from
 the train entry point), a config saved before the keys existed resumes, shakespeare_moe_tiny
 trained a few steps with expert parallelism (routing metrics in metrics.jsonl and on the
-progress line), and moe_1b_pretrain through the JobSet renderer's dry run. The train program's
-two runs are processes forked from one interpreter that imported it (`launch_util.ForkServer`)."""
+progress line), and moe_1b_pretrain through the JobSet renderer's dry run."""
 
 import json
 
@@ -13,15 +12,6 @@ import yaml
 
 from cairn.launchers import cli_help, config_io, resume_check, validation
 from cairn.launchers.validation import ConfigError
-
-
-@pytest.fixture(scope="module")
-def train():
-    """`train(args, ...)`: the train program in a process forked from one interpreter that
-    imported it and the libraries it trains with (`launch_util.ForkServer`)."""
-    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
-        yield server.run
-
 
 CONFIG = str(launch_util.CONFIGS / "shakespeare_moe_tiny.py")
 MOE_1B = "launchers/configs/moe_1b_pretrain.py"
@@ -95,8 +85,8 @@ def test_a_config_saved_before_the_moe_keys_resumes(tmp_path):
         resume_check.check(config, allowed=[])
 
 
-def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(train, tmp_path):
-    proc = train(
+def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(tmp_path):
+    proc = launch_util.train(
         [f"--config={CONFIG}", f"--config.model_dir={tmp_path / 'run'}", "--config.model.moe.top_k=5"], timeout=180
     )
     assert proc.returncode == 2, launch_util.tail(proc)
@@ -105,7 +95,7 @@ def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(train, tmp_path)
     assert line.startswith("error: config key 'model.moe.top_k': moe.top_k (5) must be <= moe.num_experts (4)"), line
 
 
-def test_a_short_expert_parallel_run_logs_the_routing_metrics(train, tmp_path):
+def test_a_short_expert_parallel_run_logs_the_routing_metrics(tmp_path):
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
     args = [
         f"--config={CONFIG}",
@@ -118,7 +108,7 @@ def test_a_short_expert_parallel_run_logs_the_routing_metrics(train, tmp_path):
         "--config.post_training.final_eval=False",
         "--config.post_training.prompts=()",
     ]
-    proc = train(args, env=env, timeout=300)
+    proc = launch_util.train(args, env=env, timeout=300)
     assert proc.returncode == 0, launch_util.tail(proc)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "summaries" / "metrics.jsonl")]
     train = {(r["step"], r["metric"]): r["value"] for r in rows if r["task"] == "train"}
