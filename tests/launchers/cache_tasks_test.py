@@ -1,5 +1,7 @@
 """`//launchers:cache_tasks`: the config's training tasks cached in-process and with Apache
-Beam give the same records; a complete cache is left alone; the entry point exits 0."""
+Beam give the same records; a complete cache is left alone; the entry point exits 0. The
+programs run as processes forked from one interpreter that imported TensorFlow and the data
+libraries (`launch_util.Spawner`): each its own exit status and output."""
 
 import os
 
@@ -36,7 +38,13 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
 
 def test_entry_point(tmp_path):
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
-    proc = launch_util.run(
+    preload = ("cairn.launchers.startup", "tensorflow", "cairn.datatasks.deterministic", "cairn.launchers.data")
+    with launch_util.Spawner(preload=preload) as programs:
+        _entry_points(programs.call, tmp_path, env)
+
+
+def _entry_points(run, tmp_path, env):
+    proc = run(
         "cairn.launchers.cache_main",
         [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp_path / 'c'}"],
         env=env,
@@ -46,7 +54,7 @@ def test_entry_point(tmp_path):
     assert os.path.exists(tmp_path / "c" / "shakespeare_span_corruption" / "train" / "COMPLETED")
     # //launchers:verify_cache: all shards match, then one byte flipped (same size) is named.
     args = [f"--config={launch_util.T5_CONFIG}", f"--config.data.cache_dir={tmp_path / 'c'}"]
-    proc = launch_util.run("cairn.launchers.verify_cache_main", args, env=env)
+    proc = run("cairn.launchers.verify_cache_main", args, env=env)
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "shakespeare_span_corruption/train: ok" in proc.stdout
     split_dir = tmp_path / "c" / "shakespeare_span_corruption" / "train"
@@ -54,6 +62,6 @@ def test_entry_point(tmp_path):
     data = bytearray((split_dir / shard).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (split_dir / shard).write_bytes(bytes(data))
-    proc = launch_util.run("cairn.launchers.verify_cache_main", args, env=env)
+    proc = run("cairn.launchers.verify_cache_main", args, env=env)
     assert proc.returncode == 2, launch_util.tail(proc)
     assert shard in proc.stdout + proc.stderr and "Traceback" not in proc.stderr

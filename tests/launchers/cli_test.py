@@ -1,7 +1,9 @@
 """The train program's command line before any training (child processes, as a user runs it):
 `--help`, `--print_config`, a saved config.json given back as `--config`, overrides adding keys
 under `model.overrides`, derived values following overrides, paths stored as given, and config
-files that fail (exit 2, one line with file:line). Also `resume_check`'s comparison in-process."""
+files that fail (exit 2, one line with file:line). Also `resume_check`'s comparison in-process.
+The programs are processes forked from one interpreter that imported the train program
+(`launch_util.ForkServer`): each its own exit status and output, without a new interpreter each."""
 
 import json
 
@@ -11,9 +13,14 @@ import pytest
 from cairn.launchers import config_io, resume_check, schema
 
 
-def train(tmp_path, *args, env=None):
-    """The train program with `tmp_path` as the user's directory (nothing is trained here)."""
-    return launch_util.train(list(args), env={"BUILD_WORKING_DIRECTORY": str(tmp_path), **(env or {})}, timeout=240)
+@pytest.fixture(scope="module")
+def train():
+    """`train(tmp_path, *args)`: the train program with `tmp_path` as the user's directory
+    (nothing is trained here)."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models",)) as server:
+        yield lambda tmp_path, *args: server.run(
+            list(args), env={"BUILD_WORKING_DIRECTORY": str(tmp_path)}, timeout=240
+        )
 
 
 def one_line_error(proc):
@@ -24,7 +31,7 @@ def one_line_error(proc):
     return lines[0]
 
 
-def test_help_exits_0_and_lists_the_config_flag_and_every_key(tmp_path):
+def test_help_exits_0_and_lists_the_config_flag_and_every_key(train, tmp_path):
     proc = train(tmp_path, "--help")
     assert proc.returncode == 0, launch_util.tail(proc)
     out = proc.stdout
@@ -37,7 +44,7 @@ def test_help_exits_0_and_lists_the_config_flag_and_every_key(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_print_config_overrides_derived_values_free_form_keys_and_relative_paths(tmp_path):
+def test_print_config_overrides_derived_values_free_form_keys_and_relative_paths(train, tmp_path):
     proc = train(
         tmp_path,
         f"--config={launch_util.T5_CONFIG}",
@@ -58,14 +65,14 @@ def test_print_config_overrides_derived_values_free_form_keys_and_relative_paths
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_a_relative_vocabulary_path_is_stored_relative(tmp_path):
+def test_a_relative_vocabulary_path_is_stored_relative(train, tmp_path):
     (tmp_path / "spm.model").write_bytes((launch_util.REPO / "launchers" / "data" / "shakespeare.model").read_bytes())
     proc = train(tmp_path, f"--config={launch_util.T5_CONFIG}", "--config.vocabulary.path=spm.model", "--print_config")
     assert proc.returncode == 0, launch_util.tail(proc)
     assert json.loads(proc.stdout)["vocabulary"]["path"] == "spm.model"
 
 
-def test_a_saved_config_loads_as_config_and_prints_the_same(tmp_path):
+def test_a_saved_config_loads_as_config_and_prints_the_same(train, tmp_path):
     first = train(
         tmp_path, f"--config={launch_util.T5_CONFIG}", "--config.model.overrides.dropout_rate=0.0", "--print_config"
     )
@@ -79,36 +86,36 @@ def test_a_saved_config_loads_as_config_and_prints_the_same(tmp_path):
     assert json.loads(changed.stdout)["seed"] == 3
 
 
-def test_config_file_syntax_error_is_one_line_with_file_and_line(tmp_path):
+def test_config_file_syntax_error_is_one_line_with_file_and_line(train, tmp_path):
     (tmp_path / "exp.py").write_text("from cairn.launchers import config_base\n\ndef get_config(:\n    pass\n")
     line = one_line_error(train(tmp_path, "--config=exp.py"))
     assert f"{tmp_path / 'exp.py'}:3: syntax error" in line
 
 
-def test_bad_import_in_a_config_file_is_one_line(tmp_path):
+def test_bad_import_in_a_config_file_is_one_line(train, tmp_path):
     (tmp_path / "exp.py").write_text("import cairn.launchers.no_such_module\n\ndef get_config():\n    return None\n")
     line = one_line_error(train(tmp_path, "--config=exp.py"))
     assert f"{tmp_path / 'exp.py'}:1: ModuleNotFoundError" in line and "no_such_module" in line
 
 
-def test_a_missing_config_file_is_one_line(tmp_path):
+def test_a_missing_config_file_is_one_line(train, tmp_path):
     line = one_line_error(train(tmp_path, "--config=missing.py"))
     assert "config file 'missing.py' does not exist" in line
 
 
-def test_invalid_saved_config_names_file_and_line(tmp_path):
+def test_invalid_saved_config_names_file_and_line(train, tmp_path):
     (tmp_path / "config.json").write_text('{\n  "seed": 0,\n  "model": nope\n}\n')
     line = one_line_error(train(tmp_path, "--config=config.json"))
     assert f"{tmp_path / 'config.json'}:3: not valid JSON" in line
 
 
-def test_an_override_that_does_not_parse_names_the_value_without_a_stray_colon(tmp_path):
+def test_an_override_that_does_not_parse_names_the_value_without_a_stray_colon(train, tmp_path):
     line = one_line_error(train(tmp_path, f"--config={launch_util.T5_CONFIG}", "--config.trainer.log_every=abc"))
     assert "'trainer.log_every': cannot parse the override 'abc' as int" in line
     assert "'abc:'" not in line
 
 
-def test_a_free_form_override_of_an_unknown_preset_field_is_named(tmp_path):
+def test_a_free_form_override_of_an_unknown_preset_field_is_named(train, tmp_path):
     line = one_line_error(
         train(tmp_path, f"--config={launch_util.T5_CONFIG}", "--config.model.overrides.dropout_rat=0.0")
     )

@@ -4,7 +4,10 @@ next commands; the final evaluation written at the last step; SIGTERM between me
 no step.
 
 The runs use 2 CPU devices (`launch_util.devices`): the console says the same on any
-mesh, and a training child on 2 devices costs about half the CPU of one on 8."""
+mesh, and a training child on 2 devices costs about half the CPU of one on 8. They read the
+standard runs' two short plays (`launch_util.standard_data`); the first caches its task in a
+fresh cache_dir (a user's first run, TensorFlow's start-up included), the SIGTERMed one reads
+the archive's cache (its property is the steps logged, not the caching)."""
 
 import json
 import os
@@ -28,8 +31,14 @@ NOISE = re.compile(
 
 
 @pytest.fixture(scope="module")
-def texts(tmp_path_factory):
-    return launch_util.small_texts(tmp_path_factory.mktemp("shakespeare"))
+def standard(tmp_path_factory):
+    """`(texts, cache_dir)`: the standard runs' (`launch_util.standard_data`)."""
+    return launch_util.standard_data(tmp_path_factory.mktemp("standard"))
+
+
+@pytest.fixture(scope="module")
+def texts(standard):
+    return standard[0]
 
 
 def train_args(model_dir, cache_dir, steps, *extra):
@@ -94,11 +103,11 @@ def test_the_console_in_a_pipe_is_short_quiet_and_says_what_next(tmp_path, texts
     assert any(f.startswith("events.") for f in os.listdir(model_dir / "tensorboard" / "eval"))
 
 
-def test_sigterm_between_metric_logs_loses_no_step(tmp_path, texts):
+def test_sigterm_between_metric_logs_loses_no_step(tmp_path, texts, standard):
     model_dir = tmp_path / "run"
     args = train_args(
         model_dir,
-        tmp_path / "cache",
+        standard[1],
         100000,
         "--config.post_training.num_samples=0",
         "--config.trainer.log_every=1000",  # no metric log before the SIGTERM

@@ -6,7 +6,9 @@ mixture writes one file per task in input order, and a killed infer resumes to t
 infer of the LM twin continues the prompts of an `--input_file`; the T5 twin's decode metrics
 during training and its scores. Infers whose files are the point run in this process
 (`launch_util.infer_in_process`); a killed infer and an unknown mode run the entry point as a
-child (the killed infer's resumption, whose files are the point, in this process).
+child (the killed infer's resumption, whose files are the point, in this process). The child
+processes (training, `eval --decode`, infer) are forked from one interpreter that imported the
+programs' libraries and TensorFlow (`launch_util.ForkServer`).
 
 Everything here runs on 2 CPU devices (`launch_util.devices`: this process and the ones it
 starts), a mesh of data=2: no property of decoding needs 8, and a training child on 2 costs about
@@ -19,7 +21,6 @@ import os
 import pathlib
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -58,7 +59,19 @@ def eval_rows(path, task="eval"):
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def train(devices):
+    """The programs in processes forked from one interpreter that imported the train program,
+    TensorFlow (both runs cache their tasks) and the libraries it trains with
+    (`launch_util.ForkServer`), on the module's `devices`: `train.run(args, ...)` trains,
+    `train.call(module, args, ...)` and `train.popen(...)` run eval and infer."""
+    preload = ("tensorflow", "cairn.models", "cairn.trainer")
+    env = {"PYTHONPATH": os.pathsep.join([HERE, *(p for p in sys.path if p)])}  # decode_tasks
+    with launch_util.ForkServer("cairn.launchers.train_main", env=env, preload=preload) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lm(train, tmp_path_factory):
     """The LM twin, 4 steps, evaluated (with decoding) at steps 2 and 4 on the mixture."""
     tmp = tmp_path_factory.mktemp("decode_lm")
     env = _env(tmp)
@@ -75,7 +88,7 @@ def lm(tmp_path_factory):
         "--config.post_training.decode_method=greedy",
         "--config.post_training.max_decode_length=8",
     ]
-    proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
+    proc = train.run(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     return tmp, common, env, proc
 
@@ -105,10 +118,10 @@ def test_decode_metrics_during_training(lm):
 
 
 @pytest.fixture(scope="module")
-def evaluated(lm):
+def evaluated(train, lm):
     """`eval --decode` of step 4: `(metrics, LM task example rows, prefix-LM task example rows)`."""
     tmp, common, env, _ = lm
-    proc = launch_util.run("cairn.launchers.eval_main", common + ["--decode", "--step=4"], env=env, timeout=600)
+    proc = train.call("cairn.launchers.eval_main", common + ["--decode", "--step=4"], env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     out_dir = tmp / "run" / "eval" / "validation"
     metrics = [json.loads(line) for line in open(out_dir / "evaluated.jsonl")][-1]["metrics"]
@@ -145,7 +158,7 @@ def _lines(path):
     return [json.loads(line) for line in open(path)]
 
 
-def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
+def test_infer_modes_write_one_file_per_task_in_input_order(train, lm, evaluated):
     tmp, common, env, _ = lm
     _infer(tmp / "run", env, tmp / "pred.jsonl")
     files = {t: tmp / f"pred-{t}.jsonl" for t in (LM_TASK, PREFIX_TASK)}
@@ -179,16 +192,14 @@ def test_infer_modes_write_one_file_per_task_in_input_order(lm, evaluated):
     # entry point in a child process).
     with pytest.raises(ConfigError, match="holds parts of other predictions"):
         _infer(tmp / "run", env, tmp / "pred.jsonl", mode="score")
-    proc = launch_util.run(
-        "cairn.launchers.infer_main", common + [f"--output={tmp / 'x.jsonl'}", "--mode=scores"], env=env
-    )
+    proc = train.call("cairn.launchers.infer_main", common + [f"--output={tmp / 'x.jsonl'}", "--mode=scores"], env=env)
     assert proc.returncode == 2, launch_util.tail(proc)
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: config key 'mode': unknown mode 'scores'; allowed: predict, score, predict_with_aux"
     )
 
 
-def test_killed_infer_resumes_to_the_same_files(lm):
+def test_killed_infer_resumes_to_the_same_files(train, lm):
     """infer SIGKILLed (a child process) after its first part, resumed (in this process: what the
     killed process left on disk is the point) to the files of an uninterrupted infer."""
     tmp, _, env, _ = lm
@@ -197,15 +208,7 @@ def test_killed_infer_resumes_to_the_same_files(lm):
     out = tmp / "killed.jsonl"
     args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--chunk_size=1"]
     first_parts = pathlib.Path(f"{tmp / 'killed'}-{LM_TASK}.jsonl.parts")
-    run_env = launch_util.child_env(env)  # the module's `devices`, as this process
-    child = subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.infer_main", *args],
-        env=run_env,
-        cwd=str(launch_util.REPO),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    child = train.popen("cairn.launchers.infer_main", args, os.devnull, os.devnull, env=env)
     try:
         deadline = time.monotonic() + 600
         while not (first_parts / "part-00000.jsonl").exists():
@@ -244,7 +247,7 @@ def test_infer_of_the_lm_twin_continues_the_lines_of_an_input_file(lm):
     assert all(len(r["prediction_ids"]) <= 8 for r in rows), rows
 
 
-def test_t5_decode_metrics_during_training_and_scores(tmp_path):
+def test_t5_decode_metrics_during_training_and_scores(train, tmp_path):
     env = _env(tmp_path)
     common = [
         f"--config={launch_util.T5_CONFIG}",
@@ -258,7 +261,7 @@ def test_t5_decode_metrics_during_training_and_scores(tmp_path):
         MODULES,
         f"--config.eval.task={SPAN_TASK}",
     ]
-    proc = launch_util.train(common + TRAIN_EVAL, env=env, timeout=600)
+    proc = train.run(common + TRAIN_EVAL, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     got = {r["metric"] for r in eval_rows(tmp_path / "run" / "summaries" / "metrics.jsonl") if r["step"] == 2}
     assert {f"{SPAN_TASK}/sequence_accuracy", f"{SPAN_TASK}/perplexity"} <= got, got

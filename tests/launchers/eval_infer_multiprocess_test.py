@@ -6,13 +6,14 @@ default `data.batch_size` (32, which does not divide over 3 shards): eval and in
 their own batch sizes, and refuse those that do not split over the processes (exit 2). The
 checkpoint is the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once
 per build on 1 process x 8 devices): eval and infer restore it onto their mesh. The processes
-of a launch are forks of one interpreter that imported the entry point (and, for the runs that
-read data, TensorFlow), started together (`launch_util.run_forked`); the 1-process run is one
-of them, with its own device count and no job to join."""
+of every launch are forks of one interpreter that imported TensorFlow and the libraries they
+use (`launch_util.Spawner`, kept for the module), a launch's started together; the 1-process
+run is one of them, with its own device count and no job to join."""
 
 import json
 import os
 import re
+import signal
 import socket
 from collections import defaultdict
 
@@ -25,7 +26,7 @@ BATCH = 6  # eval.batch_size and infer's --chunk_size: 5 batches, the last with 
 TIMEOUT = 600  # per launch (three processes compiling on a loaded 2-core machine)
 STEP = standard_runs.CHECKPOINTED_STEPS  # the checkpoint read (the latest)
 # What the eval and infer processes import after their module (TensorFlow for their data):
-# imported once by the interpreter their 3 processes are forked from.
+# imported once by the interpreter every process here is forked from.
 PRELOAD = ("tensorflow", "cairn.evaluation", "cairn.trainer")
 LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
 
@@ -51,44 +52,59 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(module, argvs, child_envs, tmp, name, env, preload=(), together=True):
-    """`python -m module <argv>` for each of `argvs` (at once, or in the batches of `together`),
-    as forks of one interpreter that imported `module` and `preload` (`launch_util.run_forked`):
-    each parses its flags and runs as its own process, without importing again what every one
-    imports. They see a 3-process job
-    on 127.0.0.1 and 1 CPU device each, with `child_envs` on top (per argv). Returns
-    `[(returncode, stdout, stderr)]` per argv; their logs go to `tmp/<name>-p<i>.out/.err`."""
-    base = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        CAIRN_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
-        CAIRN_NUM_PROCESSES="3",
-        **env,
-    )
-    base.pop("BUILD_WORKING_DIRECTORY", None)
-    procs = launch_util.run_forked(
-        module, argvs, env=base, timeout=TIMEOUT, preload=preload, together=together, child_envs=child_envs
-    )
-    for i, p in enumerate(procs):
-        (tmp / f"{name}-p{i}.out").write_text(p.stdout)
-        (tmp / f"{name}-p{i}.err").write_text(p.stderr)
-    return [(p.returncode, p.stdout, p.stderr) for p in procs]
+@pytest.fixture(scope="module")
+def spawner():
+    """The interpreter every process here is forked from: it imported `PRELOAD` (each process
+    then imports its entry point) and sees a 3-process job of 1 CPU device each."""
+    env = {
+        "JAX_PLATFORMS": "cpu",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "CAIRN_NUM_PROCESSES": "3",
+    }
+    with launch_util.Spawner(env, preload=PRELOAD) as s:
+        yield s
+
+
+def launch(spawner, module, argvs, child_envs, tmp, name, env, batches=None):
+    """`python -m module <argv>` for each of `argvs` (at once, or a batch at once, batches in
+    order: `batches`, a batch number per argv), as processes forked from `spawner`: each parses
+    its flags and runs as its own process, without importing again what every one imports. They
+    see a 3-process job on 127.0.0.1 and 1 CPU device each, with `env` and then `child_envs` (per
+    argv) on top. Returns `[(returncode, stdout, stderr)]` per argv; their logs go to
+    `tmp/<name>-p<i>.out/.err`."""
+    base = {"CAIRN_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "BUILD_WORKING_DIRECTORY": None, **env}
+    batches = batches or [0] * len(argvs)
+    procs = [None] * len(argvs)
+    for batch in sorted(set(batches)):
+        for i in (i for i, b in enumerate(batches) if b == batch):
+            logs = (tmp / f"{name}-p{i}.out", tmp / f"{name}-p{i}.err")
+            procs[i] = spawner.popen(module, argvs[i], *logs, env={**base, **child_envs[i]})
+        try:
+            for i in (i for i, b in enumerate(batches) if b == batch):
+                procs[i].wait(TIMEOUT)
+        finally:
+            for proc in procs:
+                if proc is not None and proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    return [
+        (p.returncode, (tmp / f"{name}-p{i}.out").read_text(), (tmp / f"{name}-p{i}.err").read_text())
+        for i, p in enumerate(procs)
+    ]
 
 
 JOB = [{"CAIRN_PROCESS_ID": str(i)} for i in range(3)]  # the 3 processes' own settings
 
 
-def launch_three(module, args, tmp, name, env):
+def launch_three(spawner, module, args, tmp, name, env):
     """`module` on 3 processes x 1 CPU device."""
-    return launch(module, [args] * 3, JOB, tmp, name, env)
+    return launch(spawner, module, [args] * 3, JOB, tmp, name, env)
 
 
-def launch_one_and_three(module, one_args, three_args, tmp, name, env):
+def launch_one_and_three(spawner, module, one_args, three_args, tmp, name, env):
     """`module` on 1 process x 3 devices (`one_args`: no job to join), then on 3 processes x 1
-    device (`three_args`), all forks of one interpreter that imported `PRELOAD` too. Returns
-    `(one, three)`."""
+    device (`three_args`). Returns `(one, three)`."""
     # The tests' XLA options (this process's, tools/testing/process_log) with 3 devices.
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
     single = {
@@ -98,7 +114,7 @@ def launch_one_and_three(module, one_args, three_args, tmp, name, env):
     }
     # The 1-process run first, then the job (4 processes at once on the 2 cores of CI would
     # spend their waits in the job's collectives).
-    results = launch(module, [one_args] + [three_args] * 3, [single] + JOB, tmp, name, env, PRELOAD, [0, 1, 1, 1])
+    results = launch(spawner, module, [one_args] + [three_args] * 3, [single] + JOB, tmp, name, env, [0, 1, 1, 1])
     return results[:1], results[1:]
 
 
@@ -164,10 +180,11 @@ def run(tmp_path_factory):
     return tmp, common, env
 
 
-def test_eval_on_three_processes_equals_one(run):
+def test_eval_on_three_processes_equals_one(spawner, run):
     tmp, common, env = run
     args = common  # the task's metric (perplexity) scores; decoding is covered by infer below
     one, three = launch_one_and_three(
+        spawner,
         "cairn.launchers.eval_main",
         args + [f"--eval_dir={tmp / 'eval1'}"],
         args + [f"--eval_dir={tmp / 'eval3'}"],
@@ -195,10 +212,11 @@ def test_eval_on_three_processes_equals_one(run):
     assert shares(one, "scores")[0] == list(range(EXAMPLES))
 
 
-def test_infer_on_three_processes_equals_one(run):
+def test_infer_on_three_processes_equals_one(spawner, run):
     tmp, common, env = run
     args = common + [f"--chunk_size={BATCH}", f"--num_examples={EXAMPLES}"]
     one, three = launch_one_and_three(
+        spawner,
         "cairn.launchers.infer_main",
         args + [f"--output={tmp / 'one.jsonl'}"],
         args + [f"--output={tmp / 'three.jsonl'}"],
@@ -222,7 +240,7 @@ def test_infer_on_three_processes_equals_one(run):
     assert shares(one, "decodes")[0] == list(range(EXAMPLES))
 
 
-def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_path):
+def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(spawner, run, tmp_path):
     tmp, common, env = run
     for name, module, extra, key in (
         (
@@ -233,7 +251,7 @@ def test_batch_sizes_that_do_not_split_over_the_processes_are_refused(run, tmp_p
         ),
         ("bad-eval", "cairn.launchers.eval_main", ["--config.eval.batch_size=16"], "eval.batch_size"),
     ):
-        results = launch_three(module, common + extra, tmp, name, env)
+        results = launch_three(spawner, module, common + extra, tmp, name, env)
         for rc, _, err in results:
             assert rc == 2, err[-3000:]
             size = extra[-1].rpartition("=")[2]

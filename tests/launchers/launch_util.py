@@ -4,7 +4,6 @@ import contextlib
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from typing import Any
 from unittest import mock
 
 import standard_runs
+from forks import ForkServer, Spawner, child_env, run_forked, run_forked_each  # noqa: F401 (this module's API)
 
 REPO = pathlib.Path(__file__).absolute().parent.parent.parent
 CONFIGS = REPO / "launchers" / "configs"
@@ -87,17 +87,6 @@ def devices_fixture(count: int, this_process: bool = False) -> Any:
     return _devices
 
 
-def child_env(env: dict = None) -> dict:
-    """This process's environment with `env` on top, and 8 CPU devices and quiet TensorFlow by
-    default: what every entry point started here runs with."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    full_env.setdefault("JAX_PLATFORMS", "cpu")
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return full_env
-
-
 def run(module: str, args: list, env: dict = None, timeout: int = 300, cwd: str = None) -> subprocess.CompletedProcess:
     """`python -m <module> <args>`; returns the completed process (text output)."""
     full_env = child_env(env)
@@ -149,152 +138,3 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
         printed = []
         infer_main.infer(config, str(output), str(model_dir), out=printed.append, **kwargs)
         return printed
-
-
-# One interpreter imports the preloaded modules, then forks a child per run: each child sets the
-# run's environment variables (None: unset), runs its prelude, imports its entry point's module
-# (at once if preloaded), runs its `run()` with its argv (stdout and stderr to files) and exits
-# with its status. The runs of one batch are forked at once (the processes of one job), batches
-# one after the other. (Two entry points may define the same absl flag: only the child imports
-# its own.)
-_FORKED = """
-import importlib, json, os, sys, time, traceback
-runs = json.loads(sys.argv[1])
-out_dir = sys.argv[2]
-for name in sys.argv[3:]:
-    importlib.import_module(name)
-
-def child(i, r):
-    for fd, stream in ((1, "out"), (2, "err")):
-        os.dup2(os.open(os.path.join(out_dir, f"{i}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    for key, value in r["env"].items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    code = 0
-    try:
-        exec(r["prelude"], {})
-        module = importlib.import_module(r["module"])
-        sys.argv = [module.__file__, *r["argv"]]
-        module.run()
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-for batch in sorted({r["batch"] for r in runs}):
-    started = {}
-    for i, r in enumerate(runs):
-        if r["batch"] != batch:
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            child(i, r)
-        started[pid] = (i, start)
-    while started:
-        pid, status = os.wait()
-        if pid not in started:
-            continue
-        i, start = started.pop(pid)
-        with open(os.path.join(out_dir, f"{i}.rc"), "w") as f:
-            f.write(f"{os.waitstatus_to_exitcode(status)} {time.monotonic() - start}")
-"""
-
-
-def run_forked(
-    module: str,
-    argvs: list,
-    env: dict = None,
-    timeout: int = 300,
-    preload: tuple = (),
-    together: bool | list = False,
-    child_envs: list = None,
-) -> list:
-    """`python -m <module> <argv>` for each of `argvs`, as one interpreter that imports `module`
-    once and forks a child per argv, which calls `module.run()` with `sys.argv` set: each run
-    starts from a fresh interpreter's state after `import <module>` (flags unparsed, nothing
-    else run), with its own exit status, stdout and stderr; `preload`: modules the runs import
-    anyway, imported once before the forks. The runs go one after the other, or with
-    `together` all at once (the processes of one multi-process job), or with `together` a
-    list of batch numbers (one per argv) a batch at once, batches in order; `child_envs`: per argv,
-    variables set (None: unset) in that child only, before it runs (`XLA_FLAGS` too: JAX has not
-    started when it forks). Returns a CompletedProcess per argv, with `seconds`: its wall time."""
-    child_envs = child_envs or [{} for _ in argvs]
-    if isinstance(together, list):
-        batches = together
-    else:
-        batches = [0 if together else i for i in range(len(argvs))]
-    spec = [
-        {"module": module, "argv": list(map(str, a)), "env": dict(e), "prelude": "", "batch": b}
-        for a, e, b in zip(argvs, child_envs, batches, strict=True)
-    ]
-    return _fork_runs(spec, env, timeout, (*preload, module))
-
-
-def run_forked_each(runs: list, env: dict = None, timeout: int = 300, preload: tuple = ()) -> list:
-    """`run_forked` for runs of several entry points, one after the other: `runs` is a list of
-    `(module, argv, extra_env)` or `(module, argv, extra_env, prelude)`, `prelude` Python source
-    the child runs first (a fault injected into a library, say); the interpreter imports
-    `preload` before the forks, each child its own module (entry points that define the same
-    flags cannot share an interpreter: preload at most one of those)."""
-    spec = [
-        {
-            "module": r[0],
-            "argv": list(map(str, r[1])),
-            "env": dict(r[2] or {}),
-            "prelude": r[3] if len(r) > 3 else "",
-            "batch": i,
-        }
-        for i, r in enumerate(runs)
-    ]
-    return _fork_runs(spec, env, timeout, preload)
-
-
-def _fork_runs(spec: list, env: dict, timeout: int, preload: tuple) -> list:
-    """Runs `spec` (dicts: module, argv, env, prelude, batch) through `_FORKED`."""
-    import json
-    import tempfile
-
-    full_env = child_env(env)
-    with tempfile.TemporaryDirectory() as out_dir:
-        # Its own process group, so that a timeout kills the forked runs too, not just the driver.
-        driver = subprocess.Popen(
-            [sys.executable, "-c", _FORKED, json.dumps(spec), out_dir, *preload],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=full_env,
-            cwd=str(REPO),
-            start_new_session=True,
-        )
-        try:
-            _, err = driver.communicate(timeout=timeout)
-        finally:
-            try:
-                os.killpg(driver.pid, signal.SIGKILL)  # anything of the group still running
-            except ProcessLookupError:
-                pass
-            driver.wait()
-        assert driver.returncode == 0, f"the driver failed: {err[-3000:]}"
-
-        def read(i: int, ext: str) -> str:
-            with open(os.path.join(out_dir, f"{i}.{ext}"), encoding="utf-8", errors="replace") as f:
-                return f.read()
-
-        procs = []
-        for i, r in enumerate(spec):
-            code, seconds = read(i, "rc").split()
-            proc = subprocess.CompletedProcess([r["module"], *r["argv"]], int(code), read(i, "out"), read(i, "err"))
-            proc.seconds = float(seconds)  # from the fork to the child's exit
-            procs.append(proc)
-        return procs

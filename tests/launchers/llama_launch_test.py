@@ -5,8 +5,10 @@ from prompts, and the bf16 pod configs (llama_1b_pretrain, t5_1_1_pretrain:xl_bf
 checked by the JobSet renderer's and tpu.sh's dry runs; the dtype keys on a Hugging Face
 Llama directory's config.
 
-The child processes run on 2 CPU devices (`launch_util.devices`): training, `eval --decode`
-and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2."""
+The child processes, and this one, run on 2 CPU devices (`launch_util.devices`): training,
+`eval --decode` and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2.
+`eval --decode` runs in this process on the trained run's saved config; the train and infer
+programs are processes forked from one interpreter (`launch_util.ForkServer`)."""
 
 import json
 import os
@@ -21,7 +23,7 @@ import yaml
 from cairn.launchers import builder, config_base, config_io, validation
 from cairn.launchers.validation import ConfigError
 
-devices = launch_util.devices_fixture(2)
+devices = launch_util.devices_fixture(2, this_process=True)
 CONFIG = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
 LLAMA_1B = "launchers/configs/llama_1b_pretrain.py"
 T5_XL = "launchers/configs/t5_1_1_pretrain.py:xl_bf16"
@@ -32,7 +34,6 @@ POD_SETTINGS = [
     "--config.model.overrides.scan_layers=True",
     "--config.model.overrides.remat_policy=full",
 ]
-DECODE_MODULES = "--config.data.task_modules=('cairn.launchers.tasks.shakespeare', 'decode_tasks')"
 
 
 def _config(kind="llama", preset="llama_tiny", **overrides):
@@ -112,17 +113,13 @@ def test_param_dtype_reaches_the_parameters():
     assert dtypes == {"bfloat16"}, dtypes
 
 
-def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path):
+def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(programs, tmp_path):
     """The train program on each bad value, each run in its own process forked from one
-    interpreter that imported it (`launch_util.run_forked`)."""
+    interpreter that imported it (`launch_util.ForkServer`)."""
     bad = ["--config.model.dtype=bf16", "--config.model.param_dtype=int8", "--config.model.overrides.num_kv_heads=3"]
-    argvs = [[f"--config={CONFIG}", f"--config.model_dir={tmp_path / f'run{i}'}", flag] for i, flag in enumerate(bad)]
     lines = []
-    for i, proc in enumerate(
-        launch_util.run_forked(
-            "cairn.launchers.train_main", argvs, timeout=180, preload=("cairn.models", "cairn.trainer")
-        )
-    ):
+    for i, flag in enumerate(bad):
+        proc = programs.run([f"--config={CONFIG}", f"--config.model_dir={tmp_path / f'run{i}'}", flag], timeout=180)
         assert proc.returncode == 2, launch_util.tail(proc)
         assert "Traceback" not in proc.stderr and not (tmp_path / f"run{i}").exists(), launch_util.tail(proc)
         lines.append(proc.stderr.strip().splitlines()[-1])
@@ -132,7 +129,15 @@ def test_bad_dtypes_and_heads_from_the_command_line_are_one_line_exit_2(tmp_path
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def programs(devices):
+    """The launchers' programs in processes forked from one interpreter that imported the train
+    program and the libraries it trains with (`launch_util.ForkServer`)."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def trained(programs, tmp_path_factory):
     """shakespeare_llama_tiny, 4 steps on two short plays, with llama_1b_pretrain's model settings
     from the command line (bfloat16 compute, scanned layers, full remat)."""
     tmp = tmp_path_factory.mktemp("llama")
@@ -148,7 +153,7 @@ def trained(tmp_path_factory):
         "--config.post_training.max_decode_length=8",
     ]
     common += POD_SETTINGS
-    proc = launch_util.train(common, env=env, timeout=600)
+    proc = programs.run(common, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     return tmp, common, env, proc
 
@@ -164,17 +169,25 @@ def test_training_ends_by_continuing_the_prompts(trained):
     assert saved["model"]["overrides"]["scan_layers"] is True
 
 
-def test_eval_decode_and_infer_with_prompts(trained):
+def test_eval_decode_and_infer_with_prompts(programs, trained):
     """`eval --decode` on the LM task with prediction metrics (decode_tasks.py): prompts (the first
-    half of each example) continued; `infer --mode=predict` continues `--input_file`'s lines."""
-    tmp, common, env, _ = trained
-    here = os.path.dirname(os.path.abspath(__file__))
-    decode_env = {**env, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    decode = [DECODE_MODULES, "--config.eval.task=shakespeare_lm_decode"]
-    proc = launch_util.run(
-        "cairn.launchers.eval_main", common + decode + ["--decode", "--step=4"], env=decode_env, timeout=600
-    )
-    assert proc.returncode == 0, launch_util.tail(proc)
+    half of each example) continued; `infer --mode=predict` continues `--input_file`'s lines.
+    The evaluation in this process, on the run's saved config (`eval_main.evaluate`, what the
+    program runs once its flags are parsed; the eval program's own process is decode_test's,
+    eval_infer_test's and eval_infer_multiprocess_test's); infer a forked child."""
+    from unittest import mock
+
+    from cairn.launchers import eval_main
+
+    tmp, _, env, _ = trained
+    with mock.patch.dict(os.environ, env):
+        config = config_io.load_saved_config(str(tmp / "run" / "config.json"))
+        modules = ("cairn.launchers.tasks.shakespeare", "decode_tasks")
+        config.data.task_modules = type(config.data.task_modules)(modules)
+        config.eval.task = "shakespeare_lm_decode"
+        config = config_io.resolve_paths(config)
+        printed = []
+        assert list(eval_main.evaluate(config, config.model_dir, 4, decode=True, out=printed.append)) == [4], printed
     out_dir = tmp / "run" / "eval" / "validation"
     evaluated = [json.loads(l) for l in open(out_dir / "evaluated.jsonl")]
     metrics = evaluated[-1]["metrics"]["shakespeare_lm_decode"]
@@ -184,12 +197,8 @@ def test_eval_decode_and_infer_with_prompts(trained):
     prompts = tmp / "prompts.txt"
     prompts.write_text(f"{PROMPT}\nTo be, or not\n")
     out = tmp / "pred.jsonl"
-    proc = launch_util.run(
-        "cairn.launchers.infer_main",
-        common + [f"--output={out}", "--mode=predict", f"--input_file={prompts}"],
-        env=env,
-        timeout=600,
-    )
+    args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--mode=predict", f"--input_file={prompts}"]
+    proc = programs.call("cairn.launchers.infer_main", args, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [(r["index"], r["input"]) for r in rows] == [(0, PROMPT), (1, "To be, or not")]

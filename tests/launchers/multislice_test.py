@@ -1,23 +1,20 @@
 """Multi-slice from a config: `partitioning.num_slices` / `partitioning.dcn_mesh` are validated,
 build a hybrid mesh (data parallel across slices), and two simulated slices (2 processes x 4
-CPU devices on 127.0.0.1, one slice per process) train the tiny config like one slice of
-1 process x 8 devices (checked with `verify --rtol=1e-5`, losses and parameter checksums)."""
-
-import os
-import signal
-import socket
-import subprocess
-import sys
+CPU devices on 127.0.0.1, one slice per process; mesh data=2 across the slices, model=4 inside
+each) train the standard run like one slice of 1 process x 8 devices with that mesh (the standard
+run "t5_data2_model4", tests/fixtures/standard_runs.py, trained once per build; checked with
+`verify --rtol=1e-5`: losses, batch fingerprints and parameter checksums)."""
 
 import jax
 import launch_util
 import numpy as np
 import pytest
+import standard_runs as sr
 
 from cairn.launchers import builder, config_base, validation
 from cairn.launchers.validation import ConfigError
 
-RUN_TIMEOUT_S = 380  # one 4-step run (about 60 s on a quiet 2-core machine); two runs fit "large" (900 s)
+RUN_TIMEOUT_S = 600  # one 12-step run of 2 processes (about 40 s on a quiet 2-core machine)
 
 
 def _config(**partitioning):
@@ -116,97 +113,35 @@ def test_a_slice_count_that_does_not_fit_exits_2_with_one_line(tmp_path):
 
 
 # -- two simulated slices against one slice -----------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _args(model_dir, cache_dir, *extra):
-    return [
-        f"--config={launch_util.T5_CONFIG}",
-        f"--config.model_dir={model_dir}",
-        f"--config.data.cache_dir={cache_dir}",
-        "--config.num_train_steps=4",
-        "--config.data.batch_size=8",
-        "--config.partitioning.mesh.data=4",
-        "--config.partitioning.mesh.model=2",
-        "--config.fingerprint_every=2",
-        "--config.trainer.log_every=1",
-        "--config.trainer.tensorboard=false",
-        "--config.post_training.final_eval=false",
-        "--config.post_training.num_samples=0",
-        *extra,
-    ]
-
-
-def _run_all(procs, logs):
-    """Waits for every process (one deadline); kills their process groups if any is left."""
-    try:
-        for p in procs:
-            p.wait(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"timed out after {RUN_TIMEOUT_S}s:\n{logs[0].read_text()[-3000:]}") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, f"{log}: rc={p.returncode}\n{log.read_text()[-3000:]}"
-
-
-def _start(args, env, log):
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cairn.launchers.train_main", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=str(launch_util.REPO),
-            start_new_session=True,
-        )
-
-
 def test_two_simulated_slices_train_like_one_slice(tmp_path):
-    texts, cache = launch_util.small_texts(tmp_path), tmp_path / "cache"
-    env = dict(os.environ, CAIRN_SHAKESPEARE_DIR=texts, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    port = _free_port()
-    # Two slices: one per process, mesh data=4 (2 across slices x 2 inside), model=2 (inside).
+    """Two slices, one per process: mesh data=2 (one across the slices) x model=4 (inside each),
+    the standard run's flags and its archive's texts and cache (so the slices cache nothing),
+    against the standard run of 1 process x 8 devices with the same mesh: same losses, batch
+    fingerprints and parameter checksums within rtol 1e-5 (the configs differ only in
+    `partitioning.num_slices`, hence `--allow_config_diff`)."""
+    standard = sr.unpack(tmp_path)
     two = tmp_path / "two_slices"
-    logs = [tmp_path / f"slice{i}.log" for i in range(2)]
-    procs = [
-        _start(
-            _args(
-                two,
-                cache,
-                "--config.partitioning.num_slices=2",
-                f"--config.multihost.coordinator_address=127.0.0.1:{port}",
-                "--config.multihost.num_processes=2",
-                f"--config.multihost.process_id={i}",
-            ),
-            dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
-            log,
-        )
-        for i, log in enumerate(logs)
-    ]
-    _run_all(procs, logs)
-    for i, log in enumerate(logs):
-        text = log.read_text()
+    args = sr.overrides(two, standard.cache, extra=(*sr.MESH_DATA2_MODEL4, "--config.partitioning.num_slices=2"))
+    address = f"127.0.0.1:{sr.free_port()}"
+    argvs = [args + sr.multihost_flags(address, 2, i) for i in range(2)]
+    # The two processes forked together from one interpreter that imported the train program.
+    procs = launch_util.run_forked(
+        "cairn.launchers.train_main",
+        argvs,
+        env=sr.child_env(standard.texts, 4),
+        timeout=RUN_TIMEOUT_S,
+        preload=("cairn.models", "cairn.trainer"),
+        together=True,
+    )
+    for i, proc in enumerate(procs):
+        assert proc.returncode == 0, launch_util.tail(proc)
+        text = proc.stderr + proc.stdout
         assert "hybrid mesh over 2 slices" in text and f"process {i} reads data shard {i} of 2" in text, text[-3000:]
-    # One slice: 1 process x 8 devices, the same mesh.
-    one = tmp_path / "one_slice"
-    one_log = tmp_path / "one.log"
-    _run_all(
-        [_start(_args(one, cache), dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8"), one_log)], [one_log]
+    one = standard.run("t5_data2_model4")
+    assert "hybrid mesh" not in standard.log("t5_data2_model4") + standard.log("t5_data2_model4", stream="out")
+    verify = sr.verify(two, one, "--rtol=1e-5", "--allow_config_diff")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert f"identical through step {sr.STEPS}" in verify.stdout and "data fingerprint: same" in verify.stdout, (
+        verify.stdout
     )
-    assert "hybrid mesh" not in one_log.read_text()
-    # Same losses, parameter checksums and batch rows within rtol 1e-5 (the configs differ only in
-    # partitioning.num_slices, hence --allow_config_diff).
-    verify = launch_util.run(
-        "cairn.launchers.verify",
-        [f"--run_a={two}", f"--run_b={one}", "--rtol=1e-5", "--allow_config_diff"],
-        timeout=120,
-    )
-    assert verify.returncode == 0, launch_util.tail(verify)
-    assert "identical through step 4" in verify.stdout and "data fingerprint: same" in verify.stdout, verify.stdout
+    assert f"{sr.STEPS // sr.FINGERPRINT_EVERY} batch fingerprints compared" in verify.stdout, verify.stdout

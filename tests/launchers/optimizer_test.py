@@ -4,31 +4,42 @@ that matches no parameter, or a bad group entry, exits 2 with one line naming it
 config -> OptimizerConfig mapping in-process.
 
 The child processes run on 2 CPU devices (`launch_util.devices`): the optimizer groups need
-no mesh of 8, and a training child on 2 devices costs about half the CPU of one on 8."""
+no mesh of 8, and a training child on 2 devices costs about half the CPU of one on 8. They are
+forked from one interpreter that imported the train program and the libraries it trains with
+(`launch_util.ForkServer`), and read the standard runs' texts and task cache; the frozen run
+starts from the standard runs' checkpointed run (tests/fixtures/standard_runs.py)."""
 
 import os
 
 import launch_util
 import numpy as np
 import pytest
+import standard_runs
 
 devices = launch_util.devices_fixture(2)
 
 
 @pytest.fixture(scope="module")
 def standard(tmp_path_factory):
-    """The standard runs' texts and task cache (`launch_util.standard_data`)."""
-    return launch_util.standard_data(tmp_path_factory.mktemp("standard"))
+    """The standard runs, with the checkpoints of `standard_runs.CHECKPOINTED`."""
+    return standard_runs.unpack(tmp_path_factory.mktemp("standard"), checkpoints=True)
 
 
 @pytest.fixture(scope="module")
 def texts(standard):
-    return standard[0]
+    return standard.texts
 
 
 @pytest.fixture(scope="module")
 def cache_dir(standard):
-    return standard[1]
+    return str(standard.cache)
+
+
+@pytest.fixture(scope="module")
+def train(devices):
+    """`train(args, env)`: the train program, forked (the module's `devices` in its environment)."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server.run
 
 
 def small(model_dir, cache_dir, *extra):
@@ -62,12 +73,12 @@ def checkpoint_params(model_dir, step):
     return dict(zip(param_paths(params), jax.tree.leaves(params)))
 
 
-def test_a_frozen_group_keeps_its_params_while_the_rest_trains(tmp_path, texts, cache_dir):
+def test_a_frozen_group_keeps_its_params_while_the_rest_trains(train, tmp_path, standard, texts, cache_dir):
+    """From the standard checkpointed run's last checkpoint (a trained T5, not a fresh init), two
+    steps with the encoder and the token embedder frozen."""
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    start, frozen = tmp_path / "start", tmp_path / "frozen"
-    proc = launch_util.train(small(start, cache_dir), env=env)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    proc = launch_util.train(
+    start, frozen = standard.run(standard_runs.CHECKPOINTED), tmp_path / "frozen"
+    proc = train(
         small(
             frozen,
             cache_dir,
@@ -81,7 +92,8 @@ def test_a_frozen_group_keeps_its_params_while_the_rest_trains(tmp_path, texts, 
     )
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "trained to step 2" in proc.stdout
-    before, after = checkpoint_params(start, 2), checkpoint_params(frozen, 2)
+    before = checkpoint_params(start, standard_runs.CHECKPOINTED_STEPS)
+    after = checkpoint_params(frozen, 2)
     assert sorted(before) == sorted(after)
     encoder = [p for p in before if p.startswith("encoder/")]
     assert len(encoder) > 5
@@ -99,15 +111,13 @@ def one_line_error(proc):
     return lines[0]
 
 
-def test_a_pattern_matching_no_parameter_exits_2_naming_it(tmp_path, texts, cache_dir):
+def test_a_pattern_matching_no_parameter_exits_2_naming_it(train, tmp_path, texts, cache_dir):
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    proc = launch_util.train(
-        small(tmp_path / "a", cache_dir, "--config.optimizer.freeze=('^encoder/', 'no_such')"), env=env
-    )
+    proc = train(small(tmp_path / "a", cache_dir, "--config.optimizer.freeze=('^encoder/', 'no_such')"), env=env)
     line = one_line_error(proc)
     assert "optimizer.freeze" in line and "'no_such' matches no parameter" in line
     assert not (tmp_path / "a").exists()  # refused before anything was written
-    proc = launch_util.train(small(tmp_path / "b", cache_dir, "--config.optimizer.groups=('logits',)"), env=env)
+    proc = train(small(tmp_path / "b", cache_dir, "--config.optimizer.groups=('logits',)"), env=env)
     assert "optimizer.groups" in one_line_error(proc) and "regex=learning_rate_scale" in proc.stderr
 
 

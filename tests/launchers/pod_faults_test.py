@@ -1,10 +1,17 @@
-"""(d) Preemption and lost processes on 2 processes x 2 CPU devices (127.0.0.1, the train entry
-point), as one run that meets them in turn: SIGTERM to one process (every process saves the same
-step and exits 0); then, resumed, SIGKILL of one process (the other stops within
-`multihost.heartbeat_timeout_seconds` with one line naming it, exit status 3, no C++ stack trace);
-then resumed to the end, bit-identical to the uninterrupted standard run of the same layout
-(tests/fixtures/standard_runs.py; `verify`, exact). Also, from that standard run: only process 0
-writes summaries, and process 1 logs an MFU comparable to process 0's."""
+"""Preemption, asynchronous checkpoints and lost processes on 2 processes x 2 CPU devices
+(127.0.0.1, the train entry point), as one run that meets them in turn: (c) SIGTERM to every
+process (each saves the same step and exits 0); then, resumed, saves run in the background on
+every process while training goes on, and SIGKILL of every process while a save is being written
+leaves the previous checkpoint; (d) then, resumed, SIGTERM to one process (every process saves
+the same step and exits 0); then, resumed, SIGKILL of one process (the other stops within
+`multihost.heartbeat_timeout_seconds` with one line naming it, exit status 3, no C++ stack
+trace); then resumed to the end, bit-identical to the uninterrupted standard run of the same
+layout (tests/fixtures/standard_runs.py; `verify`, exact), with no torn save left behind. (One
+run through five process groups instead of two runs through three each: each stage's processes
+cost their start-up, and the final resume and comparison are shared; the ten processes are forked
+from one interpreter that imported the train program, `pod_runs.spawner`.) Also, from that
+standard run: only process 0 writes summaries, and process 1 logs an MFU comparable to process
+0's."""
 
 import collections
 import re
@@ -26,6 +33,14 @@ def standard(tmp_path_factory):
     return sr.unpack(tmp_path_factory.mktemp("pod_faults"))
 
 
+@pytest.fixture(scope="module")
+def spawner(standard):
+    """The pods' processes are forked from one interpreter that imported the train program
+    (`pod_runs.spawner`): ten processes, one set of imports."""
+    with pod_runs.spawner(DEVICES, standard.texts) as s:
+        yield s
+
+
 def test_process_0_writes_the_summaries_and_every_process_logs_its_mfu(standard):
     rows = pod_runs.metric_rows(standard.run("t5_2x2"))
     counts = collections.Counter((r["task"], r["step"], r["metric"]) for r in rows)
@@ -45,33 +60,72 @@ def test_process_0_writes_the_summaries_and_every_process_logs_its_mfu(standard)
     assert 0.2 <= mfu[1] / mfu[0] <= 5.0, mfu
 
 
-def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, tmp_path):
+def checkpoints(model_dir):
+    return sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def agreed_stop(pod):
+    """The step every process saved on SIGTERM (asserted the same on each), and who got the
+    signal as each process says it ("this" or "another")."""
+    codes = pod.wait()
+    assert codes == [0] * PROCESSES, f"exit statuses {codes}:\n{pod.tails()}"
+    stops = [
+        re.findall(r"SIGTERM on (this|another) process: saving step (\d+) and stopping", pod.stderr(i))
+        for i in range(PROCESSES)
+    ]
+    assert all(len(s) == 1 for s in stops), (stops, pod.tails())
+    saved = {int(s[0][1]) for s in stops}
+    assert len(saved) == 1, stops  # every process saved the same step
+    assert "(preempted: checkpoint saved)" in pod.stdout(0), pod.stdout(0)
+    return saved.pop(), [s[0][0] for s in stops]
+
+
+def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, spawner, tmp_path):
+    """The run of the module docstring: SIGTERM to all, SIGKILL of all during a background save,
+    SIGTERM to one, SIGKILL of one, resumed to the end (the name predates the first two stages,
+    pod_checkpoint_test's until they joined this run)."""
     model_dir = tmp_path / "faults"
     args = pod_runs.overrides(
         model_dir, standard.cache, sr.STEPS, [f"--config.multihost.heartbeat_timeout_seconds={BOUND_S}"]
     )
 
-    # 1. SIGTERM to process 1 only: both save one agreed step and exit 0.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm") as pod:
-        pod.wait_for(r"train step 3:", process=1)
-        pod.kill(signal.SIGTERM, which=[1], group=False)
-        codes = pod.wait()
-        assert codes == [0] * PROCESSES, f"exit statuses {codes}:\n{pod.tails()}"
-        stops = [
-            re.findall(r"SIGTERM on (this|another) process: saving step (\d+) and stopping", pod.stderr(i))
-            for i in range(PROCESSES)
-        ]
-        assert all(len(s) == 1 for s in stops), (stops, pod.tails())
-        saved = {int(s[0][1]) for s in stops}
-        assert len(saved) == 1, stops  # every process saved the same step
-        step = saved.pop()
-        assert 3 <= step < sr.STEPS, step
-        assert [s[0][0] for s in stops] == ["another", "this"], stops
-        assert "(preempted: checkpoint saved)" in pod.stdout(0), pod.stdout(0)
-    assert max(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()) == step
+    # 1. SIGTERM to every process: one agreed step saved, exit 0.
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm_all", spawner=spawner
+    ) as pod:
+        pod.wait_for(r"train step 2:", process=1)
+        pod.kill(signal.SIGTERM, group=False)
+        step, _ = agreed_stop(pod)
+    assert 2 <= step < 8 and checkpoints(model_dir)[-1] == step, (step, checkpoints(model_dir))
 
-    # 2. Resumed, then SIGKILL of process 1: process 0 stops within the bound, one line, exit 3.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill") as pod:
+    # 2. Resumed: checkpoint 8 is being written in the background on every process when all die.
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_all", spawner=spawner
+    ) as pod:
+        for i in range(PROCESSES):  # save() has returned on every process...
+            pod.wait_for(r"checkpoint at step 8 \(blocked the loop", process=i)
+        pod.kill(signal.SIGKILL)  # ...and every process dies while step 8 is being written
+        for i in range(PROCESSES):  # every process saved in the background, training on meanwhile
+            background = re.findall(r"checkpoint at step (\d+) \(blocked the loop", pod.stderr(i))
+            assert background == [str(s) for s in (4, 8) if s > step], (i, background, pod.tails())
+    on_disk = checkpoints(model_dir)
+    assert 8 not in on_disk and on_disk[-1] == 4, f"the kill should interrupt the save of step 8: {on_disk}"
+
+    # 3. Resumed from step 4, then SIGTERM to process 1 only: both save one agreed step, exit 0.
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigterm_one", spawner=spawner
+    ) as pod:
+        pod.wait_for(r"train step 5:", process=1)
+        assert "restored step 4 from" in pod.stderr(0), pod.tails()
+        pod.kill(signal.SIGTERM, which=[1], group=False)
+        step, who = agreed_stop(pod)
+    assert who == ["another", "this"], who
+    assert 5 <= step < sr.STEPS and checkpoints(model_dir)[-1] == step, (step, checkpoints(model_dir))
+
+    # 4. Resumed, then SIGKILL of process 1: process 0 stops within the bound, one line, exit 3.
+    with pod_runs.Pod(
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_one", spawner=spawner
+    ) as pod:
         pod.wait_for(rf"train step {step + 1}:", process=1)
         assert f"restored step {step} from" in pod.stderr(0), pod.tails()
         killed_at = time.monotonic()
@@ -88,10 +142,12 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, t
     for trace in ("Check failure", "Traceback", "Fatal Python error", "stack trace"):
         assert trace not in stderr, stderr[-3000:]
 
-    # 3. Resumed to the end: the same bits as the run that never stopped.
-    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="resumed") as pod:
+    # 5. Resumed to the end: the same bits as the run that never stopped, no torn save left.
+    with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="resumed", spawner=spawner) as pod:
         pod.finish()
         assert "restored step" in pod.stderr(0), pod.tails()
+    leftovers = [p.name for p in (model_dir / "checkpoints").iterdir() if not p.name.isdigit()]
+    assert leftovers == [], leftovers  # the interrupted saves' temporary directories were removed
     report = sr.verify(standard.run("t5_2x2"), model_dir)
     assert report.returncode == 0, report.stdout + report.stderr
     assert f"identical through step {sr.STEPS}" in report.stdout, report.stdout

@@ -1,14 +1,10 @@
 """Bad input on several processes (train entry point, processes on 127.0.0.1): a coordinator
 that never answers, processes started with different configs, one host whose task data does
 not match. Each ends every process with exit status 2 and one line, never a hang or a C++
-stack trace."""
+stack trace. The processes of a job are forks of one interpreter that imported the train
+program, started together (`launch_util.run_forked`): each its own exit status and output."""
 
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 
 import launch_util
 import pytest
@@ -22,41 +18,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args, process_id, num_processes, port, env=None):
-    full = dict(
-        os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS="--xla_force_host_platform_device_count=2"
-    )
-    full.update(env or {})
-    return subprocess.Popen(
+def job(args, port, child_envs, timeout=TIMEOUT_S):
+    """The train program with `args` as the processes of one job (one per entry of
+    `child_envs`: its variables, on top of `env`'s), forked together; their CompletedProcess."""
+    n = len(child_envs)
+    argvs = [
         [
-            sys.executable,
-            "-m",
-            "cairn.launchers.train_main",
-            *args,
+            *args[i],
             f"--config.multihost.coordinator_address=127.0.0.1:{port}",
-            f"--config.multihost.num_processes={num_processes}",
-            f"--config.multihost.process_id={process_id}",
-        ],
-        env=full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(launch_util.REPO),
-        start_new_session=True,
+            f"--config.multihost.num_processes={max(n, 2)}",
+            f"--config.multihost.process_id={i if n > 1 else 1}",
+        ]
+        for i in range(n)
+    ]
+    env = {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    return launch_util.run_forked(
+        "cairn.launchers.train_main", argvs, env=env, timeout=timeout, together=True, child_envs=child_envs
     )
-
-
-def wait_all(procs, timeout=TIMEOUT_S):
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    return outs
 
 
 def error_line(stderr: str) -> str:
@@ -83,12 +61,12 @@ def base(tmp_path):
 
 
 def test_coordinator_never_answers(base):
+    """Process 1 of 2, alone: nothing listens at the coordinator's port."""
     args, env = base
     port = free_port()  # nothing listens there
-    start_time = time.monotonic()
-    ((out, err),) = wait_all([start(args + ["--config.multihost.initialization_timeout_seconds=5"], 1, 2, port, env)])
-    elapsed = time.monotonic() - start_time
-    line = error_line(err)
+    (proc,) = job([args + ["--config.multihost.initialization_timeout_seconds=5"]], port, [env])
+    elapsed = proc.seconds
+    line = error_line(proc.stderr)
     assert f"process 1 of 2 could not join the job at coordinator 127.0.0.1:{port}" in line, line
     assert "multihost.initialization_timeout_seconds" in line
     assert elapsed < 60, elapsed
@@ -97,14 +75,10 @@ def test_coordinator_never_answers(base):
 def test_processes_with_different_configs(base):
     args, env = base
     port = free_port()
-    procs = [
-        start(args, 0, 2, port, env),
-        start(args + ["--config.data.batch_size=16", "--config.seed=3"], 1, 2, port, env),
-    ]
-    outs = wait_all(procs)
-    for p, (_out, err) in zip(procs, outs):
-        assert p.returncode == 2, err[-3000:]
-        line = error_line(err)
+    procs = job([args, args + ["--config.data.batch_size=16", "--config.seed=3"]], port, [env, env])
+    for p in procs:
+        assert p.returncode == 2, p.stderr[-3000:]
+        line = error_line(p.stderr)
         assert "started with different configs: process 1 differs from process 0 in data.batch_size, seed" in line
 
 
@@ -117,8 +91,7 @@ def test_one_host_with_other_task_data(base, tmp_path):
     launch_util.small_texts(other)
     (other / "texts" / "sonnets_gut.txt").write_text("Other words entirely.\n" * 50, encoding="utf-8")
     port = free_port()
-    procs = [start(args, 0, 2, port, env), start(args, 1, 2, port, {"CAIRN_SHAKESPEARE_DIR": str(other / "texts")})]
-    outs = wait_all(procs)
-    assert [p.returncode for p in procs] == [2, 2], [e[-2000:] for _, e in outs]
-    assert "process(es) [1] of 2 failed while opening the task cache" in error_line(outs[0][1])
-    assert "does not match" in error_line(outs[1][1]) or "changed" in error_line(outs[1][1])
+    procs = job([args, args], port, [env, {"CAIRN_SHAKESPEARE_DIR": str(other / "texts")}])
+    assert [p.returncode for p in procs] == [2, 2], [p.stderr[-2000:] for p in procs]
+    assert "process(es) [1] of 2 failed while opening the task cache" in error_line(procs[0].stderr)
+    assert "does not match" in error_line(procs[1].stderr) or "changed" in error_line(procs[1].stderr)

@@ -6,7 +6,9 @@ nothing left to train is "already at step N of N", exit 0; a run's config.json g
 
 The child processes run on 2 CPU devices (`launch_util.devices`): every run compared here is
 one of its own, on the same 2, and a training child on 2 devices costs about half the CPU of one
-on 8."""
+on 8. The train program's runs are processes forked from one interpreter that imported it and
+the libraries it trains with (`launch_util.ForkServer`): each its own exit status and output,
+without a new interpreter's start-up and imports each."""
 
 import json
 import os
@@ -21,6 +23,13 @@ devices = launch_util.devices_fixture(2)
 def standard(tmp_path_factory):
     """The standard runs' texts and task cache (`launch_util.standard_data`)."""
     return launch_util.standard_data(tmp_path_factory.mktemp("standard"))
+
+
+@pytest.fixture(scope="module")
+def train(devices):
+    """`train(args, env)`: the train program, forked (the module's `devices` in its environment)."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server.run
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +68,17 @@ def snapshot(model_dir):
     return out
 
 
-def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(tmp_path, texts, cache_dir):
+def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(train, tmp_path, texts, cache_dir):
     env = {"CAIRN_SHAKESPEARE_DIR": texts, "BUILD_WORKING_DIRECTORY": str(tmp_path)}
     model_dir = tmp_path / "runs" / "shakespeare_t5_tiny"  # the default, under the user's directory
-    first = launch_util.train(short(cache_dir, 4), env=env)
+    first = train(short(cache_dir, 4), env=env)
     assert first.returncode == 0, launch_util.tail(first)
     assert first.stdout.splitlines()[0] == f"model_dir: {model_dir}"
     assert json.loads((model_dir / "config.json").read_text())["model_dir"] == "runs/shakespeare_t5_tiny"
     before = snapshot(model_dir)
 
     # A changed learning rate (and the final learning rate derived from it) is refused.
-    refused = launch_util.train(short(cache_dir, 6, "--config.optimizer.learning_rate=0.01"), env=env)
+    refused = train(short(cache_dir, 6, "--config.optimizer.learning_rate=0.01"), env=env)
     assert refused.returncode == 2, launch_util.tail(refused)
     assert "Traceback" not in refused.stderr and "loss nan" not in refused.stdout
     err = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
@@ -82,33 +91,31 @@ def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(tmp_
     assert snapshot(model_dir) == before  # config.json not overwritten, nothing written
 
     # The same run again: nothing left to train.
-    again = launch_util.train(short(cache_dir, 4), env=env)
+    again = train(short(cache_dir, 4), env=env)
     assert again.returncode == 0, launch_util.tail(again)
     assert "already at step 4 of 4" in again.stdout
     assert "nan" not in again.stdout
 
     # Allowed explicitly: resumes from step 4 with the new settings, and config.json says so.
-    allowed = launch_util.train(
-        short(cache_dir, 6, "--config.optimizer.learning_rate=0.01", "--allow_changed=optimizer"), env=env
-    )
+    allowed = train(short(cache_dir, 6, "--config.optimizer.learning_rate=0.01", "--allow_changed=optimizer"), env=env)
     assert allowed.returncode == 0, launch_util.tail(allowed)
     assert "restored step 4" in allowed.stderr and "trained to step 6" in allowed.stdout
     assert json.loads((model_dir / "config.json").read_text())["optimizer"]["learning_rate"] == 0.01
 
-    unknown = launch_util.train(short(cache_dir, 6, "--allow_changed=optimizer.learning_rat"), env=env)
+    unknown = train(short(cache_dir, 6, "--allow_changed=optimizer.learning_rat"), env=env)
     assert unknown.returncode == 2 and "optimizer.learning_rat" in unknown.stderr, launch_util.tail(unknown)
 
 
-def test_a_saved_config_reproduces_the_run(tmp_path, texts, cache_dir):
+def test_a_saved_config_reproduces_the_run(train, tmp_path, texts, cache_dir):
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
     run_a, run_b = tmp_path / "a", tmp_path / "b"
-    first = launch_util.train(
+    first = train(
         short(cache_dir, 4, f"--config.model_dir={run_a}", "--config.model.overrides.dropout_rate=0.0"), env=env
     )
     assert first.returncode == 0, launch_util.tail(first)
     saved = json.loads((run_a / "config.json").read_text())
     assert saved["model"]["overrides"] == {"dropout_rate": 0.0}
-    again = launch_util.train([f"--config={run_a / 'config.json'}", f"--config.model_dir={run_b}"], env=env)
+    again = train([f"--config={run_a / 'config.json'}", f"--config.model_dir={run_b}"], env=env)
     assert again.returncode == 0, launch_util.tail(again)
     assert "trained to step 4" in again.stdout
     verify = launch_util.run("cairn.launchers.verify", [f"--run_a={run_a}", f"--run_b={run_b}"])

@@ -1,7 +1,8 @@
 """User mistakes and faults at the train and cache_tasks entry points, in child processes: each
-exits 2 with one line (no traceback), and a refused run leaves model_dir as it was. Every run that
-fails is a process forked from one interpreter that imported the train program (the `refused`
-fixture; the full disk is injected into that process alone).
+exits 2 with one line (no traceback), and a refused run leaves model_dir as it was. Every run is
+a process forked from one interpreter that imported the train program (`forked`, a
+`launch_util.ForkServer`; the runs that fail are the `refused` fixture's; the full disk is
+injected into that process alone).
 
 The child processes run on 2 CPU devices (`launch_util.devices`): no fault here depends on
 the mesh, and a training child on 2 devices costs about half the CPU of one on 8."""
@@ -41,6 +42,13 @@ def cache_dir(standard):
 TRAIN = "cairn.launchers.train_main"
 
 
+@pytest.fixture(scope="module")
+def forked(devices):
+    """The train program (and cache_tasks) in processes forked from one interpreter."""
+    with launch_util.ForkServer(TRAIN, preload=("cairn.models", "cairn.trainer")) as server:
+        yield server
+
+
 def small(model_dir, cache_dir, steps, *extra):
     return [
         f"--config={launch_util.T5_CONFIG}",
@@ -77,10 +85,10 @@ def flip_a_byte_in_every_state_file(model_dir: pathlib.Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def refused(tmp_path_factory, texts, cache_dir):
+def refused(forked, tmp_path_factory, texts, cache_dir):
     """The runs here that fail (the programs refusing them, or the fault they train into), each
     set up here and then run in its own process forked from one interpreter that imported train
-    (`launch_util.run_forked_each`: its own exit status, stdout and stderr); the tests assert on
+    (`forked.call`: its own exit status, stdout and stderr); the tests assert on
     them. `{case: (process, ...)}`."""
     tmp = tmp_path_factory.mktemp("refused")
     texts_env = {"CAIRN_SHAKESPEARE_DIR": texts}
@@ -92,7 +100,7 @@ def refused(tmp_path_factory, texts, cache_dir):
 
     # Every checkpoint corrupt: a 2-step run (its own child process), a byte flipped in each file.
     corrupt = tmp / "corrupt"
-    proc = launch_util.train(small(corrupt, cache_dir, 2), env=texts_env)
+    proc = forked.run(small(corrupt, cache_dir, 2), env=texts_env)
     assert proc.returncode == 0, launch_util.tail(proc)
     assert sorted(os.listdir(corrupt / "checkpoints")) == ["2"]
     flip_a_byte_in_every_state_file(corrupt)
@@ -145,7 +153,7 @@ def refused(tmp_path_factory, texts, cache_dir):
     cases["disk_full"] = (len(runs) - 1, (full,))
 
     try:
-        procs = launch_util.run_forked_each(runs, timeout=600, preload=("cairn.models", "cairn.trainer", TRAIN))
+        procs = [forked.call(*run[:3], timeout=600, prelude=run[3] if len(run) > 3 else "") for run in runs]
     finally:
         holder.kill()
         holder.wait()
@@ -188,15 +196,13 @@ def test_an_unwritable_model_dir_or_one_under_a_file_is_one_line(refused):
     assert model_dir.parent.read_text() == "x"
 
 
-def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(refused, texts, cache_dir):
+def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(forked, refused, texts, cache_dir):
     proc, model_dir, before = refused["corrupt"]
     line = one_error_line(proc)
     assert f"every checkpoint in {model_dir / 'checkpoints'} is unusable (step 2: checkpoint " in line
     assert "same size, other bytes" in line and "--restart_if_corrupt" in line
     assert tree(model_dir / "checkpoints") == before  # nothing moved: a rerun says the same
-    proc = launch_util.train(
-        small(model_dir, cache_dir, 4, "--restart_if_corrupt"), env={"CAIRN_SHAKESPEARE_DIR": texts}
-    )
+    proc = forked.run(small(model_dir, cache_dir, 4, "--restart_if_corrupt"), env={"CAIRN_SHAKESPEARE_DIR": texts})
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "trained to step 4" in proc.stdout and "starting again from step 0" in proc.stderr
     assert sorted(os.listdir(model_dir / "corrupt_checkpoints")) == ["2"]
@@ -211,7 +217,7 @@ def test_a_nan_stop_is_one_line_with_the_step_and_the_checkpoint_kept(refused):
     assert sorted(int(s) for s in os.listdir(model_dir / "checkpoints"))[-1] == step - 1
 
 
-# Run in the forked child before the train program (`launch_util.run_forked_each`'s prelude).
+# Run in the forked child before the train program (`forked.call`'s prelude).
 DISK_FULL = textwrap.dedent(
     """
     import errno

@@ -5,13 +5,13 @@ twin generating text.
 
 The runs use 2 CPU devices (`launch_util.devices`, a mesh of data=2): what is checked here is
 the entry point's behaviour, not a layout, and a training child on 2 devices costs about half the
-CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py)."""
+CPU of one on 8. Training on 8 devices is the standard runs' (tests/fixtures/standard_runs.py).
+Every run is a process forked from one interpreter that imported the train program and the
+libraries it trains with (`launch_util.ForkServer`), the SIGTERMed one too."""
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import launch_util
@@ -28,6 +28,14 @@ def texts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def train(devices):
+    """The train program, forked (the module's `devices` in its environment): `train.run(args,
+    env)` runs it to its end; `train.popen` starts the one the test SIGTERMs."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server
 
 
 def small(config, model_dir, cache_dir, steps, *extra):
@@ -49,13 +57,15 @@ def losses(model_dir):
     return {r["step"]: r["value"] for r in rows if r["task"] == "train" and r["metric"] == "loss"}
 
 
-def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(tmp_path, texts, cache_dir, devices):
+def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigterm(
+    train, tmp_path, texts, cache_dir, devices
+):
     """One run through three processes: 6 steps (caching, the final evaluation, samples); resumed
     from checkpoint 6 with no step limit in sight and SIGTERMed once it trained on (it saves
     and exits 0); resumed from that checkpoint for two more steps."""
     model_dir = tmp_path / "run"
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    proc = launch_util.train(
+    proc = train.run(
         small(launch_util.T5_CONFIG, model_dir, cache_dir, 6, "--config.post_training.num_samples=2"), env=env
     )
     assert proc.returncode == 0, launch_util.tail(proc)
@@ -89,15 +99,8 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
         "--config.post_training.final_eval=false",  # no evaluation set up: it never gets there
         "--config.trainer.log_every=1",
     )
-    full_env = launch_util.child_env({"CAIRN_SHAKESPEARE_DIR": texts})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.train_main"] + args,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(launch_util.REPO),
-    )
+    out_path, err_path = tmp_path / "sigterm.out", tmp_path / "sigterm.err"
+    proc = train.popen(train.module, args, out_path, err_path, env={"CAIRN_SHAKESPEARE_DIR": texts})
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
@@ -106,11 +109,12 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
             time.sleep(0.5)
         assert proc.poll() is None, "the run ended before SIGTERM"
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    out, err = out_path.read_text(), err_path.read_text()
     assert proc.returncode == 0, err[-3000:]
     assert "restored step 6" in err and "caching task" not in out
     assert "preempted: checkpoint saved" in out
@@ -118,7 +122,7 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert step >= 8
 
     # Resumed from the checkpoint the SIGTERM saved: two more steps.
-    proc = launch_util.train(
+    proc = train.run(
         small(
             launch_util.T5_CONFIG,
             model_dir,
@@ -136,9 +140,9 @@ def test_default_experiment_trains_evaluates_samples_resumes_and_survives_sigter
     assert str(step + 2) in os.listdir(model_dir / "checkpoints")
 
 
-def test_lm_twin_generates_text(tmp_path, texts, cache_dir):
+def test_lm_twin_generates_text(train, tmp_path, texts, cache_dir):
     model_dir = tmp_path / "lm"
-    proc = launch_util.train(
+    proc = train.run(
         small(launch_util.LM_CONFIG, model_dir, cache_dir, 4, "--config.post_training.max_decode_length=8"),
         env={"CAIRN_SHAKESPEARE_DIR": texts},
     )

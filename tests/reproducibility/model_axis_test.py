@@ -12,6 +12,5 @@ import train_runs
 def test_four_processes_with_the_model_axis_across_them_match_one(tmp_path):
     standard = sr.unpack(tmp_path)
     many = tmp_path / "four_processes"
-    procs, logs = train_runs.start_group(many, standard, 4, 2, sr.MESH_DATA2_MODEL4)
-    train_runs.finish_group(procs, logs)
+    train_runs.train_group(many, standard, 4, 2, sr.MESH_DATA2_MODEL4)
     train_runs.check_matches_one_process(standard.run("t5_data2_model4"), many, 4)

@@ -9,9 +9,8 @@ parameter sums agree within rtol 1e-5 (`//launchers:verify`): the processes' par
 the all-reduces in another order, so the last bits may differ."""
 
 import json
-import subprocess
-import sys
 
+import forks
 import pytest
 import standard_runs as sr
 import train_runs
@@ -31,29 +30,20 @@ def test_two_processes_configured_by_the_environment_match_one(standard, tmp_pat
         CAIRN_NUM_PROCESSES="2",
     )
     args = sr.overrides(many, standard.cache, extra=sr.MESH_FSDP)
-    # Each stream to a file: a pipe left undrained while another process is waited for fills up
-    # (the INFO log of 12 steps) and blocks that process short of the shutdown barrier.
-    logs = [(tmp_path / f"p{i}.out", tmp_path / f"p{i}.err") for i in range(2)]
-    procs = []
-    try:
-        for i, (out, err) in enumerate(logs):
-            with open(out, "w") as o, open(err, "w") as e:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "cairn.launchers.train_main", *args],
-                        env=dict(env, CAIRN_PROCESS_ID=str(i)),
-                        stdout=o,
-                        stderr=e,
-                        cwd=str(sr.REPO),
-                        start_new_session=True,
-                    )
-                )
-        codes = [p.wait(timeout=train_runs.TIMEOUT_S) for p in procs]
-    finally:
-        train_runs.kill_all(procs)
-    outs = [(out.read_text(errors="replace"), err.read_text(errors="replace")) for out, err in logs]
-    for code, (_out, err) in zip(codes, outs):
-        assert code == 0, err[-3000:]
+    # The two processes forked together from one interpreter that imported the train program
+    # (`forks.run_forked`), each with its own CAIRN_PROCESS_ID.
+    procs = forks.run_forked(
+        train_runs.TRAIN,
+        [args, args],
+        env=env,
+        timeout=train_runs.TIMEOUT_S,
+        preload=train_runs.PRELOAD,
+        together=True,
+        child_envs=[{"CAIRN_PROCESS_ID": str(i)} for i in range(2)],
+    )
+    outs = [(p.stdout, p.stderr) for p in procs]
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
     assert f"trained to step {sr.STEPS}" in outs[0][0] and "model_dir:" in outs[0][0]
     # Process 0 prints; process 1 computes. Gloo's start-up message ("[Gloo] Rank 1 is connected
     # to 1 peer ranks...") comes in pieces that can land on separate lines (a piece may be a lone
