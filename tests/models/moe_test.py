@@ -254,9 +254,11 @@ def _batch(vocab, shape=(2, 8), seed=0):
     return {"decoder_input_tokens": inputs, "decoder_target_tokens": targets}
 
 
-def test_loss_adds_the_weighted_router_losses_and_reaches_the_router():
+def test_loss_adds_the_weighted_router_losses_and_reaches_the_router(tiny):
     model = DecoderOnlyModel(get_preset("mixtral_tiny"))
-    params = model.init(jax.random.PRNGKey(0))
+    # Drawn as the init draws them (every kernel normal(0, init_std), norm scales 1), with
+    # numpy: the init's random-number program is not compiled.
+    params = tiny.random_params(model, std=model.config.init_std)
     batch = _batch(256)
     aux_loss = lambda p: model.loss_fn(p, batch)[1]["moe/aux_loss"]
 
