@@ -18,7 +18,7 @@ def setup(tiny):
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     config = tiny.t5_1_1.replace(vocab_size=64, scan_layers=True)
     model = EncoderDecoderModel(config)
-    params = tiny.random_params(model)  # numpy-drawn values of the init's tree: no init to compile
+    params = model.init(jax.random.PRNGKey(0))
     tgt = tiny.random_tokens(1, (4, 6), 64)
     batch = {
         "encoder_input_tokens": tiny.random_tokens(0, (4, 8), 64),
