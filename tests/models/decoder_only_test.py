@@ -32,7 +32,10 @@ def test_packed_loss_equals_unpacked(tiny, model_and_params):
     packed["decoder_input_tokens"][0, 5] = 0  # each segment starts from BOS
     packed["decoder_segment_ids"] = np.array([[1] * 5 + [2] * 4 + [0]], np.int32)
     loss_fn = jax.jit(model.loss_fn)
-    expected = float(loss_fn(params, _lm_batch(a[None]))[0]) + float(loss_fn(params, _lm_batch(b[None]))[0])
+    # Each sequence alone, right-padded to the packed row's length (one compiled loss: causal,
+    # so the padding after a sequence changes none of its positions, and it weighs 0).
+    alone = [_lm_batch(np.pad(x, (0, 10 - len(x)))[None]) for x in (a, b)]
+    expected = sum(float(loss_fn(params, batch)[0]) for batch in alone)
     np.testing.assert_allclose(loss_fn(params, packed)[0], expected, rtol=1e-5)
 
 

@@ -124,8 +124,9 @@ def test_length_penalty():
 
 
 def test_unscanned_tied_model_cache_equals_no_cache(tiny):
-    """The unrolled layout (one cache per layer) and T5.1.0's tied logits, greedy and beam."""
-    model = EncoderDecoderModel(tiny.t5_1_0)
+    """The unrolled layout (one cache per layer: two decoder layers) and T5.1.0's tied logits,
+    greedy and beam."""
+    model = EncoderDecoderModel(tiny.t5_1_0.replace(num_encoder_layers=1, num_decoder_layers=2))
     setup = (
         model,
         tiny.random_params(model, seed=1),

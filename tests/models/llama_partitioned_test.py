@@ -44,15 +44,25 @@ def _train_step(model, optimizer):
     return step
 
 
+OPTIMIZER = optax.adamw(1e-2, weight_decay=0.1)
+
+
+@pytest.fixture(scope="module")
+def one_device(setup):
+    """The optimizer's initial state and the one-device step's (params, opt_state, loss),
+    compiled once for both meshes."""
+    model, params, batch = setup
+    opt_state = jax.jit(OPTIMIZER.init)(params)
+    return opt_state, jax.jit(_train_step(model, OPTIMIZER))(params, opt_state, batch)
+
+
 @pytest.mark.parametrize(
     "mesh,fsdp", [({"data": 2, "fsdp": 1, "model": 4}, False), ({"data": 2, "fsdp": 2, "model": 2}, True)]
 )
-def test_a_sharded_train_step_matches_one_device(setup, mesh, fsdp):
+def test_a_sharded_train_step_matches_one_device(setup, one_device, mesh, fsdp):
     model, params, batch = setup
-    optimizer = optax.adamw(1e-2, weight_decay=0.1)
-    step = _train_step(model, optimizer)
-    opt_state = optimizer.init(params)
-    want_params, _, want_loss = jax.jit(step)(params, opt_state, batch)
+    step = _train_step(model, OPTIMIZER)
+    opt_state, (want_params, _, want_loss) = one_device
 
     rules = standard_logical_axis_rules(fsdp=fsdp)
     partitioner = Partitioner(create_mesh(mesh), rules, on_indivisible="error")

@@ -100,37 +100,44 @@ def _packed_batch(random_tokens, vocab):
     return packed, unpacked
 
 
-@pytest.mark.parametrize("factor", [None, losses.AVERAGE_PER_SEQUENCE])
-def test_packed_batch_loss_equals_unpacked_losses(tiny, factor):
-    model = EncoderDecoderModel(tiny.t5_1_1, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor=factor)
-    params = tiny.random_params(model)
-    packed, unpacked = _packed_batch(tiny.random_tokens, tiny.t5_1_1.vocab_size)
-    loss_fn = jax.jit(model.loss_fn)
-    packed_loss, metrics = loss_fn(params, packed)
-    # Each sequence's loss on its own, from the unpacked rows' logits.
-    logits = jax.jit(model.apply)(params, unpacked)
-    row_losses = [
-        float(
-            losses.weighted_cross_entropy(
-                logits[i : i + 1],
-                unpacked["decoder_target_tokens"][i : i + 1],
-                unpacked["decoder_loss_weights"][i : i + 1],
-                label_smoothing=0.1,
-                z_loss=1e-3,
-                loss_normalizing_factor=factor,
-            )[0]
-        )
-        for i in range(2)
-    ]
-    expected = sum(row_losses) if factor is None else np.mean(row_losses)
-    np.testing.assert_allclose(packed_loss, expected, rtol=1e-5)
-    np.testing.assert_allclose(loss_fn(params, unpacked)[0], expected, rtol=1e-5)
-    assert float(metrics["weight_sum"]) == pytest.approx(8 if factor is None else 2, rel=1e-6)
-    assert 0.0 <= float(metrics["accuracy"]) <= 1.0
+def test_packed_batch_loss_equals_unpacked_losses(tiny):
+    """Summed (factor None) and per-sequence losses, both from one compiled program (the models
+    differ only in their loss); one encoder and one decoder layer hold every segment mask (self-
+    and cross-attention)."""
+    config = tiny.t5_1_1.replace(num_encoder_layers=1, num_decoder_layers=1)
+    factors = (None, losses.AVERAGE_PER_SEQUENCE)
+    models = [EncoderDecoderModel(config, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor=f) for f in factors]
+    params = tiny.random_params(models[0])
+    packed, unpacked = _packed_batch(tiny.random_tokens, config.vocab_size)
+    # Each sequence's loss on its own comes from the unpacked rows' logits.
+    results, logits = jax.jit(
+        lambda p: ([(m.loss_fn(p, packed), m.loss_fn(p, unpacked)[0]) for m in models], models[0].apply(p, unpacked))
+    )(params)
+    for factor, ((packed_loss, metrics), unpacked_loss) in zip(factors, results, strict=True):
+        row_losses = [
+            float(
+                losses.weighted_cross_entropy(
+                    logits[i : i + 1],
+                    unpacked["decoder_target_tokens"][i : i + 1],
+                    unpacked["decoder_loss_weights"][i : i + 1],
+                    label_smoothing=0.1,
+                    z_loss=1e-3,
+                    loss_normalizing_factor=factor,
+                )[0]
+            )
+            for i in range(2)
+        ]
+        expected = sum(row_losses) if factor is None else np.mean(row_losses)
+        np.testing.assert_allclose(packed_loss, expected, rtol=1e-5, err_msg=str(factor))
+        np.testing.assert_allclose(unpacked_loss, expected, rtol=1e-5, err_msg=str(factor))
+        assert float(metrics["weight_sum"]) == pytest.approx(8 if factor is None else 2, rel=1e-6)
+        assert 0.0 <= float(metrics["accuracy"]) <= 1.0
 
 
 def test_score_batch_is_the_sum_of_token_log_probs(tiny):
-    model = EncoderDecoderModel(tiny.t5_1_0)
+    """T5.1.0 (tied logits), one layer a side: the score does not depend on depth."""
+    config = tiny.t5_1_0.replace(num_encoder_layers=1, num_decoder_layers=1)
+    model = EncoderDecoderModel(config)
     params = tiny.random_params(model)
     tgt = tiny.random_tokens(1, (2, 4), 67)
     tgt[1, 2:] = 0
@@ -139,7 +146,7 @@ def test_score_batch_is_the_sum_of_token_log_probs(tiny):
         "decoder_target_tokens": tgt,
         "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
     }
-    scores = jax.jit(model.score_batch)(params, batch)
-    logp = jax.nn.log_softmax(jax.jit(model.apply)(params, batch))
+    scores, logp = jax.jit(lambda p: (model.score_batch(p, batch), jax.nn.log_softmax(model.apply(p, batch))))(params)
+    logp = np.asarray(logp)
     expected = [sum(float(logp[b, i, tgt[b, i]]) for i in range(4) if tgt[b, i] > 0) for b in range(2)]
     np.testing.assert_allclose(scores, expected, rtol=1e-5)

@@ -14,9 +14,11 @@ from cairn.models.moe import moe_losses
 from cairn.models.moe_config import MoeConfig
 from cairn.models.stacking import stack_layers
 
-LAYERS = 4
+LAYERS = {"encoder": 4, "decoder": 2}
 MOE = MoeConfig(num_experts=4, top_k=2, every=2, capacity_factor=1.0)
-# The t5_1_1_tiny preset's architecture (gated GELU, separate logits), narrower and four layers deep.
+# The t5_1_1_tiny preset's architecture (gated GELU, separate logits), narrower; four encoder
+# layers (routed: 1 and 3) and two decoder layers (routed: 1), so that the metrics average three
+# routed layers of both stacks (the decoder's layers, with cross-attention, cost the most to compile).
 CONFIG = get_preset(
     "t5_1_1_tiny",
     vocab_size=67,
@@ -24,10 +26,11 @@ CONFIG = get_preset(
     num_heads=4,
     head_dim=8,
     mlp_dim=48,
-    num_encoder_layers=LAYERS,
-    num_decoder_layers=LAYERS,
+    num_encoder_layers=LAYERS["encoder"],
+    num_decoder_layers=LAYERS["decoder"],
     moe=MOE,
 )
+ROUTED_LAYERS = {"encoder": ["layers_1", "layers_3"], "decoder": ["layers_1"]}
 ROUTED = ("router", "wi_0", "wi_1", "wo")
 
 
@@ -57,7 +60,7 @@ def test_every_second_mlp_of_both_stacks_is_routed(model, params):
     axes = model.logical_axes()
     e, d, m = MOE.num_experts, CONFIG.emb_dim, CONFIG.mlp_dim
     for stack in ("encoder", "decoder"):
-        for i in range(LAYERS):
+        for i in range(LAYERS[stack]):
             mlp = params[stack][f"layers_{i}"]["mlp"]
             if i % 2 == 1:
                 assert sorted(mlp) == sorted(ROUTED), (stack, i)
@@ -107,11 +110,12 @@ def test_loss_fn_averages_the_moe_metrics_over_routed_layers(model, trained):
     batch, history, (_, logits, sown) = trained
     metrics = history[0]
     for stack in ("encoder", "decoder"):
-        assert sorted(sown[stack]) == ["layers_1", "layers_3"], sown[stack].keys()
+        assert sorted(sown[stack]) == ROUTED_LAYERS[stack], sown[stack].keys()
     per_layer = {
-        name: [float(sown[s][f"layers_{i}"]["mlp"][name][0]) for s in ("encoder", "decoder") for i in (1, 3)]
+        name: [float(sown[s][layer]["mlp"][name][0]) for s, layers in ROUTED_LAYERS.items() for layer in layers]
         for name in ("load_balance_loss", "router_z_loss", "dropped_fraction")
     }
+    assert len(set(per_layer["router_z_loss"])) == 3  # three different layers: the mean is a mean
     for name, values in per_layer.items():
         np.testing.assert_allclose(metrics[f"moe/{name}"], np.mean(values), rtol=1e-6)
     # Capacity ceil(n * 2 / 4) for the n = 7 or 6 tokens of a row, two choices each: at random
@@ -175,8 +179,9 @@ def test_scanned_stacks_route_every_layer(params):
     collection is stacked per layer, and cached decoding runs through the scan."""
     config = CONFIG.replace(scan_layers=True, num_encoder_layers=2, num_decoder_layers=2, moe=MOE.replace(every=1))
     model = EncoderDecoderModel(config)
-    # Two routed layers: the every-2 model's layers 1 and 3, stacked (saves an init).
-    routed = {s: {"layers_0": params[s]["layers_1"], "layers_1": params[s]["layers_3"]} for s in ("encoder", "decoder")}
+    # Two routed layers a stack: the every-2 model's routed layers, stacked (saves an init); the
+    # decoder's one routed layer twice.
+    routed = {s: {"layers_0": params[s]["layers_1"], "layers_1": params[s][ROUTED_LAYERS[s][-1]]} for s in LAYERS}
     params = {
         **params,
         **{

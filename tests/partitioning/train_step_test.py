@@ -67,8 +67,9 @@ def setup():
     key = jax.random.PRNGKey(0)
     abstract = jax.eval_shape(TinyLM().init, key, batch["inputs"])
     specs = nn.get_partition_spec(abstract)["params"]
-    params = nn.meta.unbox(TinyLM().init(key, batch["inputs"]))["params"]
-    opt_state = OPTIMIZER.init(params)
+    # Compiled, as the partitioned init below is (op by op, each operation compiles its own program).
+    params = nn.meta.unbox(jax.jit(TinyLM().init)(key, batch["inputs"]))["params"]
+    opt_state = jax.jit(OPTIMIZER.init)(params)
     step = jax.jit(make_step(TinyLM(), OPTIMIZER))
     p, o = params, opt_state
     for _ in range(2):
@@ -155,7 +156,7 @@ def test_factored_specs_of_scanned_square_and_short_specs():
     square kernel is ambiguous (replicated); a spec shorter than its array is padded."""
     params = {"stack": jnp.zeros((2, 128, 256)), "square": jnp.zeros((128, 128)), "short": jnp.zeros((256, 128))}
     specs = {"stack": ("layers", "embed", "mlp"), "square": ("embed", "mlp"), "short": ("vocab",)}
-    state = optax.adafactor(1e-2).init(params)
+    state = jax.eval_shape(optax.adafactor(1e-2).init, params)  # the specs depend on the shapes only
     logical = opt_state_logical_specs(params, specs, state)[0]
     assert state[0].v_row["stack"].shape == (2, 128) and state[0].v_col["stack"].shape == (2, 256)
     assert logical.v_row["stack"] == P("layers", "embed") and logical.v_col["stack"] == P("layers", "mlp")
@@ -170,7 +171,7 @@ def test_opt_state_shardings_replicate_quietly_even_with_on_indivisible_error():
     no error (the param itself was checked)."""
     params = {"w": jnp.zeros((256, 132))}
     specs = {"w": ("mlp", "kv")}
-    state = optax.adafactor(1e-2).init(params)
+    state = jax.eval_shape(optax.adafactor(1e-2).init, params)  # the shardings depend on the shapes only
     for mode in ("replicate", "error"):
         partitioner = Partitioner(
             create_mesh({"data": 1, "model": 8}), standard_logical_axis_rules(), on_indivisible=mode
@@ -191,7 +192,7 @@ def test_masked_states_of_multi_transform_follow_their_params():
     params = {"wi": jnp.zeros((4, 8)), "frozen": jnp.zeros((8, 4))}
     specs = {"wi": ("embed", "mlp"), "frozen": ("mlp", "embed")}
     tx = optax.multi_transform({"a": optax.adam(1e-3), "z": optax.set_to_zero()}, {"wi": "a", "frozen": "z"})
-    state = tx.init(params)
+    state = jax.eval_shape(tx.init, params)  # the specs depend on the shapes only
     logical = opt_state_logical_specs(params, specs, state)
     adam = logical.inner_states["a"].inner_state[0]
     assert adam.mu["wi"] == P("embed", "mlp") and adam.nu["wi"] == P("embed", "mlp")

@@ -60,8 +60,24 @@ def make_trainer(model_dir, data, expert, steps):
     return Trainer(model, OPTIMIZER, 0.05, Partitioner(mesh, standard_logical_axis_rules()), cfg)
 
 
+def initial_params(trainer):
+    """Random parameters of the model's tree (after `setup`), drawn with numpy like the init
+    (kernels normal(0, init_std), norm scales 1): every run starts from them, so no mesh
+    compiles the init's random-number program."""
+    rng = np.random.default_rng(0)
+
+    def draw(path, leaf):
+        if "scale" in jax.tree_util.keystr(path):
+            return np.ones(leaf.shape, leaf.dtype)
+        return (rng.standard_normal(leaf.shape) * CONFIG.init_std).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, trainer.abstract_state.params)
+
+
 def train(model_dir, data, expert, steps):
-    return make_trainer(model_dir, data, expert, steps).train(Batches())
+    trainer = make_trainer(model_dir, data, expert, steps)
+    trainer.setup(next(Batches()))
+    return trainer.train(Batches(), init_params=initial_params(trainer))  # a restore ignores them
 
 
 def reference_steps(model_dir, steps):
@@ -69,7 +85,7 @@ def reference_steps(model_dir, steps):
     the state `train` starts from, on the same batches; ({metric: {step: value}}, final params)."""
     trainer, data = make_trainer(model_dir, 8, 1, steps), Batches()
     trainer.setup(next(Batches()))
-    state, out = trainer.initial_state(), {}
+    state, out = trainer.initial_state(initial_params(trainer)), {}
     for step in range(1, steps + 1):
         state, step_metrics = trainer.train_step(state, trainer.partitioner.shard_batch(next(data)))
         for name, value in step_metrics.items():
@@ -132,7 +148,7 @@ def test_routing_metrics_are_means_over_microbatches(tmp_path):
     trainer = Trainer(model, OPTIMIZER, 0.05, Partitioner(mesh, standard_logical_axis_rules()), cfg)
     batch = next(Batches())
     trainer.setup(batch)
-    state = trainer.initial_state()
+    state = trainer.initial_state(initial_params(trainer))
     global_batch = trainer.partitioner.shard_batch(batch)
     full_batch = trainer.partitioner.partition(lambda p, b, k: model.loss_fn(p, b, k))
     loss, aux = full_batch(state.params, global_batch, dropout_key(state.rng, state.step))
