@@ -67,11 +67,12 @@ def same(a, b):
     )
 
 
-@pytest.mark.parametrize("pack", [True, False])
-def test_same_seed_same_batches_other_seed_differs(task, pack):
+def test_same_seed_same_batches_other_seed_differs(task):
+    # Packed: the seed orders files and examples before the converter, which draws nothing (the
+    # unpacked converter's outputs: feature_converters_test, seqio_converters_test).
     def run(seed):
         return batches(
-            dt.get_dataset(task, LENGTHS, dt.EncDecFeatureConverter(pack=pack), shuffle=True, seed=seed, batch_size=8),
+            dt.get_dataset(task, LENGTHS, dt.EncDecFeatureConverter(pack=True), shuffle=True, seed=seed, batch_size=8),
             6,
         )
 
