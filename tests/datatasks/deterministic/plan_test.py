@@ -128,6 +128,8 @@ def test_fast_greedy_bins_equal_the_reference_on_random_inputs(case):
     np.testing.assert_array_equal(got.starts, want)
     assert got.num_bins == want.size - 1
     chunk = int(rng.choice([1, 5, 64, 1000]))
+    if chunk == 1 and n > 5000:  # one call per record: cases 4 and 17 do it on 5,000 records
+        chunk = 5
     small = plan_lib.greedy_bins_chunked(lambda a, b: lengths[a:b], n, capacity, chunk=chunk)
     np.testing.assert_array_equal(small.starts, want)
 
