@@ -139,10 +139,15 @@ def ids_task_file(tmp_path):
 
 def test_converter_choices_are_every_converter():
     assert set(inspect_tool.CONVERTERS) == {"encdec", "lm", "prefix_lm", *NEW_CONVERTERS}
-    assert {c for _, _, _, c in NEW_CONVERTERS.values()} <= set(inspect_tool.CONVERTERS.values())
+    assert {name: inspect_tool.CONVERTERS[name] for name in NEW_CONVERTERS} == {
+        name: cls for name, (_, _, _, cls) in NEW_CONVERTERS.items()
+    }
 
 
-@pytest.mark.parametrize("name", sorted(NEW_CONVERTERS))
+# The tool runs every converter by the same code (the class its name maps to, checked above, on
+# the task's examples); one prepacked converter stands for the three (the converters themselves
+# are compared with seqio's in seqio_converters_test).
+@pytest.mark.parametrize("name", sorted(set(NEW_CONVERTERS) - {"prepacked_lm", "prepacked_prefix_lm"}))
 def test_each_converter_runs_on_a_tiny_task(ids_task_file, capsys, name):
     flags, _, feature, cls = NEW_CONVERTERS[name]
     rc = inspect_tool.main(

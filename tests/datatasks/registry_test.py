@@ -83,8 +83,10 @@ def test_mixture_rates_numbers_callables_nested(registry):
 
 
 def test_mixture_samples_at_the_rates(registry):
-    registry.add_task(make_task("five", value=5))
-    registry.add_task(make_task("six", value=6))
+    # 200 examples a task: a repeated task re-creates its pipeline each epoch, which with 4
+    # examples was most of the time.
+    registry.add_task(make_task("five", n=200, value=5))
+    registry.add_task(make_task("six", n=200, value=6))
     mix = dt.Mixture("m", [("five", 1), ("six", 3)], registry=registry)
     ds = mix.get_dataset({"targets": 4}, seed=1, num_epochs=None).take(2000)
     firsts = [int(x["targets"][0]) for x in ds.as_numpy_iterator()]

@@ -1,4 +1,4 @@
-"""span_corruption: T5's statistics over 10,000 examples, sentinel order, lossless split."""
+"""span_corruption: T5's statistics over 2,000 examples, sentinel order, lossless split."""
 
 import numpy as np
 import pytest
@@ -33,13 +33,18 @@ def test_random_spans_helper_matches_t5():
 def corrupted():
     # Inputs length 91 <-> 100 raw tokens per example (15 noise tokens in 5 spans), so the
     # statistics measure the sampling and not T5's rounding (at 512: 85/568 = 0.1496).
-    docs = raw_tokens(6400)
+    # 1,300 documents (~2,000 examples): the noise count and span count of an example are
+    # fixed by its length (round(0.15 L) tokens in round(noise / 3) spans); only where the
+    # spans fall is random. So density and mean span length are sums of per-example counts,
+    # not sample estimates, and 2,000 examples (about 1,300 document tails of 20-99 tokens
+    # among them) hold them as tightly as 10,000 did (measured at 2,052 examples: 0.1500 and 2.9998).
+    docs = raw_tokens(1300)
     return docs, corrupt(docs, inputs_length=91, targets_length=24)
 
 
-def test_statistics_over_10000_examples(corrupted):
+def test_statistics_over_2000_examples(corrupted):
     _, out = corrupted
-    assert len(out) >= 10_000
+    assert len(out) >= 2_000
     sentinel_min = VOCAB - 100
     noise = nonnoise = spans = 0
     for ex in out:
@@ -59,7 +64,7 @@ def test_sentinels_in_order_and_the_split_is_lossless(corrupted):
     docs, out = corrupted
     top = VOCAB - 1
     rebuilt = []
-    for ex in out[:2000]:
+    for ex in out:
         inputs, targets = ex["inputs"].tolist(), ex["targets"].tolist()
         in_sent = [t for t in inputs if t >= VOCAB - 100]
         tg_sent = [t for t in targets if t >= VOCAB - 100]

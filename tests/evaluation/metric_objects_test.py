@@ -62,8 +62,16 @@ def _score(ds):
     return [(int(i), -2.0 - int(i)) for i, _ in ds.as_numpy_iterator()]
 
 
+@pytest.fixture(scope="module")
+def by_fns():
+    """The metric functions' results: the same for every chunk size, so computed once."""
+    return Evaluator(
+        _task(metric_fns=[metrics.accuracy, metrics.perplexity, metrics.bleu]), dt.EncDecFeatureConverter(pack=False)
+    ).evaluate(predict_fn=_predict, score_fn=_score)
+
+
 @pytest.mark.parametrize("chunk", [None, 1, 2])
-def test_objects_equal_the_functions_through_the_evaluator(chunk):
+def test_objects_equal_the_functions_through_the_evaluator(chunk, by_fns):
     objs = [
         metric_objects.Accuracy(),
         metric_objects.Perplexity(),
@@ -72,9 +80,6 @@ def test_objects_equal_the_functions_through_the_evaluator(chunk):
     ]
     by_objects = Evaluator(
         _task(metric_objs=objs), dt.EncDecFeatureConverter(pack=False), metric_chunk_size=chunk
-    ).evaluate(predict_fn=_predict, score_fn=_score)
-    by_fns = Evaluator(
-        _task(metric_fns=[metrics.accuracy, metrics.perplexity, metrics.bleu]), dt.EncDecFeatureConverter(pack=False)
     ).evaluate(predict_fn=_predict, score_fn=_score)
     got, want = by_objects.metrics["qa_objs"], by_fns.metrics["qa_objs"]
     assert by_objects.errors == {}

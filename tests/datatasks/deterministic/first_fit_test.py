@@ -125,7 +125,7 @@ def test_reader_rows_are_fuller_and_every_record_is_read_once(det_env):
         assert first_fit.batch_at(2)["decoder_segment_ids"][i].max() == len(ids)
 
 
-@pytest.mark.parametrize("name", ["det_a", "det_mix"])
+@pytest.mark.parametrize("name", ["det_mix"])  # a mixture: each of its tasks is a stream as det_a alone
 def test_deterministic_and_resumable_mid_epoch(det_env, name):
     run = reader(det_env, name)  # the default prefetch and steps_per_call
     saved, digests = {}, []
