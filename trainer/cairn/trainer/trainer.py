@@ -20,7 +20,7 @@ from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
 from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
 from cairn.trainer.loop import TrainLoop, TrainResult
-from cairn.trainer.model_protocol import BatchSignature, abstract_init, batch_signature, init_params, leaf_dtype
+from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, trace_init
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
@@ -210,9 +210,13 @@ class Trainer:
     def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
         """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
         init_key, dropout_seed = self._keys()
-        # Abstract leaves become host zeros for the model's init (a batch of token ids: small).
-        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)) if _is_abstract(x) else x, batch)
-        param_shapes, specs = abstract_init(self.model, init_key, host)
+        # The model's init, on a batch of host zeros (token ids: small), traced once: the param
+        # shapes and specs now, and replayed (not traced again) by `create` below. Traced with the
+        # mesh set and the partitioner active, as `create` runs, so its program is unchanged.
+        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), batch)
+        with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
+            traced = trace_init(self.model, init_key, dict(host))
+        param_shapes, specs = traced.shapes, traced.specs
         if self.optimizer is None:  # factored by logical axes: built once, from the specs
             assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
@@ -238,10 +242,9 @@ class Trainer:
             offload_group_bytes=self.config.offload_group_bytes if self.optimizer_config is not None else None,
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
-        zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), dict(host))
 
         def create():
-            return TrainState.create(init_params(self.model, init_key, zeros)[0], optimizer, dropout_seed)
+            return TrainState.create(traced(init_key), optimizer, dropout_seed)
 
         return _StepSetup(
             param_specs=specs,
