@@ -176,6 +176,8 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
+        """(init key, dropout seed) of `config.seed`, computed inside the jitted functions that use
+        them: eagerly, each of their operations would be a program compiled at every start-up."""
         root = jax.random.PRNGKey(self.config.seed)
         return jax.random.fold_in(root, 0), jax.random.fold_in(root, 1)  # (init, dropout seed)
 
@@ -209,10 +211,10 @@ class Trainer:
 
     def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
         """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
-        init_key, dropout_seed = self._keys()
+        init_key = jax.eval_shape(lambda: self._keys()[0])  # abstract: traced, nothing run
         # The model's init, on a batch of host zeros (token ids: small), traced once: the param
         # shapes and specs now, and replayed (not traced again) by `create` below. Traced with the
-        # mesh set and the partitioner active, as `create` runs, so its program is unchanged.
+        # mesh set and the partitioner active, as `create` runs.
         host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), batch)
         with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
             traced = trace_init(self.model, init_key, dict(host))
@@ -221,7 +223,7 @@ class Trainer:
             assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
         optimizer = self.optimizer
-        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, dropout_seed), param_shapes)
+        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, self._keys()[1]), param_shapes)
         state_sh = state_shardings(self.partitioner, state_shapes, specs, optimizer)
         offload = None
         if self.config.offload_optimizer_state:
@@ -244,6 +246,7 @@ class Trainer:
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
 
         def create():
+            init_key, dropout_seed = self._keys()
             return TrainState.create(traced(init_key), optimizer, dropout_seed)
 
         return _StepSetup(
@@ -259,10 +262,9 @@ class Trainer:
         """A fresh state (params from the model's init, or the given `params`, e.g. pretrained)."""
         if params is None:
             return self._create()
-        _, dropout_seed = self._keys()
         params = jax.device_put(params, self.state_shardings.params)
         state = self.partitioner.partition(
-            lambda p: TrainState.create(p, self.optimizer, dropout_seed), out_shardings=self.state_shardings
+            lambda p: TrainState.create(p, self.optimizer, self._keys()[1]), out_shardings=self.state_shardings
         )(params)
         return state
 
