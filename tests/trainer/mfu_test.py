@@ -6,15 +6,8 @@ import os
 import jax
 import pytest
 
-from cairn.trainer import (
-    PEAK_BF16_TFLOPS,
-    cpu_matmul_peak_flops,
-    host_peak_flops,
-    mfu,
-    peak_flops,
-    published_peak_flops,
-)
-from cairn.trainer.mfu import peak_cache_path
+from cairn.trainer import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
+from cairn.trainer.mfu import host_peak_flops, peak_cache_path
 
 
 @pytest.mark.parametrize(
