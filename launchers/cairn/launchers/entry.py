@@ -12,7 +12,8 @@ Each entry point (`train`, `eval`, `infer`, `cache_tasks`, `verify_cache`, `jobs
 - anything else is a bug, and keeps Python's traceback;
 - `--help` prints the program's docstring and flags and exits 0 (absl's own exits 1).
 
-A program's `if __name__ == "__main__":` line is `entry.main(run)`: it ends the process as
+A program's `if __name__ == "__main__":` line is `entry.main(run)`: when that module is the
+process's `__main__` (`python -m`, `bazel run`; console scripts say so), it ends the process as
 Python's exit does (thread pools stopped, non-daemon threads joined, `atexit` handlers run,
 stdout and stderr flushed) but skips the interpreter's teardown, which frees every module and
 object and destroys JAX's backends for nothing: about 0.4 CPU s after a training run
@@ -132,9 +133,17 @@ def exit_now(code: int | str | None = 0) -> NoReturn:
     os._exit(status)
 
 
-def main(program: Callable[[], None]) -> NoReturn:
+def main(program: Callable[[], None], own_process: bool | None = None) -> None:
     """`program()` (an entry point's `run`) as the process: its exit status through `exit_now`.
-    An unexpected error keeps Python's traceback and ordinary exit."""
+    An unexpected error keeps Python's traceback and ordinary exit. `own_process` (default:
+    whether `program`'s module is the process's `__main__`, as under `python -m` and `bazel
+    run`): when false, `program()` only, its `SystemExit` left to the caller (a program that
+    runs the module inside its own process, e.g. with `runpy`)."""
+    if own_process is None:
+        own_process = getattr(sys.modules.get("__main__"), program.__name__, None) is program
+    if not own_process:
+        program()
+        return
     try:
         program()
     except SystemExit as e:
