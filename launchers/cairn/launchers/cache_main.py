@@ -23,7 +23,7 @@ from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, task_dir
 from cairn.datatasks.deterministic.store import recache_notice
-from cairn.launchers import cli, validation
+from cairn.launchers import cli, entry, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.sources import source_errors_as_data_errors
 
@@ -77,4 +77,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry.main(run)

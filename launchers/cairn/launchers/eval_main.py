@@ -38,7 +38,7 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup, predict_fns
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, eval_setup, predict_fns
 from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
 
@@ -200,4 +200,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry.main(run)

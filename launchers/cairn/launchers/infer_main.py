@@ -47,7 +47,7 @@ from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, checkpoint_params, cli, config_io, eval_setup, infer_rows
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, eval_setup, infer_rows
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.sharded_batches import check_batch_size
@@ -193,4 +193,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry.main(run)

@@ -27,7 +27,7 @@ from typing import Any
 
 from absl import flags
 
-from cairn.launchers import cli, config_io, validation
+from cairn.launchers import cli, config_io, entry, validation
 from cairn.launchers.pod_layout import GPUS, TPUS, JobSetError, Layout, TpuKind, layout  # noqa: F401 (re-exported)
 from cairn.launchers.validation import ConfigError
 from cairn.launchers.yaml_text import to_yaml
@@ -331,4 +331,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry.main(run)

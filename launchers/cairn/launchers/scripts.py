@@ -25,6 +25,8 @@ import sys
 
 from absl import flags
 
+from cairn.launchers import entry
+
 
 def _run(module_name: str) -> None:
     module = importlib.import_module(f"cairn.launchers.{module_name}")
@@ -33,7 +35,7 @@ def _run(module_name: str) -> None:
         main.__doc__ = module.__doc__
         for flag in flags.FLAGS.get_key_flags_for_module(module.__name__):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    module.run()
+    entry.main(module.run, own_process=True)  # the process ends there, as under `python -m`
 
 
 def train() -> None:

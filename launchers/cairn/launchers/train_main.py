@@ -349,4 +349,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry.main(run)

@@ -17,7 +17,7 @@ import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF
 
 from cairn.datatasks.deterministic import verify_cache
 from cairn.datatasks.deterministic.verify_main import report
-from cairn.launchers import cli, validation
+from cairn.launchers import cli, entry, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 
@@ -47,4 +47,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    run()
+    entry.main(run)

@@ -19,7 +19,14 @@ from cairn.trainer.data_state import TfDataIterator
 from cairn.trainer.faults import DiskFullError, NonFiniteLossError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
 from cairn.trainer.memory_plan import MemoryPlan, StepDoesNotFitError, StepMemory, device_memory_limit, plan_memory
-from cairn.trainer.mfu import PEAK_BF16_TFLOPS, cpu_matmul_peak_flops, mfu, peak_flops, published_peak_flops
+from cairn.trainer.mfu import (
+    PEAK_BF16_TFLOPS,
+    cpu_matmul_peak_flops,
+    host_peak_flops,
+    mfu,
+    peak_flops,
+    published_peak_flops,
+)
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
 from cairn.trainer.param_groups import DEFAULT_NO_DECAY, ParamGroup
@@ -62,6 +69,7 @@ __all__ = [
     "dropout_key",
     "evaluator_callback",
     "factor_schedule",
+    "host_peak_flops",
     "init_params",
     "linear_schedule",
     "linear_warmup",

@@ -1,13 +1,20 @@
-"""Model FLOPs utilization: the devices' peak FLOP/s (published bf16 peaks, or a CPU probe)."""
+"""Model FLOPs utilization: the devices' peak FLOP/s (published bf16 peaks, or a CPU probe
+measured once per machine and remembered)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import platform
 import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+
+from cairn import storage
 
 #: Published dense bf16 peaks per chip, TFLOP/s, matched against `device.device_kind`.
 PEAK_BF16_TFLOPS = (
@@ -46,13 +53,58 @@ def cpu_matmul_peak_flops(size: int = 1024, repeats: int = 5) -> float:
     return 2.0 * size**3 / best
 
 
+def _machine() -> dict:
+    """What the CPU probe's result depends on: the host, its CPU model, the cores this process
+    may use, and the jaxlib that runs the matmul."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "host": platform.node(),
+        "cpu": model or platform.processor() or platform.machine(),
+        "cores": cores,
+        "jaxlib": jax.lib.__version__,
+    }
+
+
+def peak_cache_path() -> str:
+    """Where this machine's CPU probe result is kept: `$CAIRN_CACHE_HOME/cpu_peak_flops/<key>.json`
+    (default `~/.cache/cairn/...`), the key a hash of `_machine()`."""
+    home = os.environ.get("CAIRN_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "cairn")
+    key = hashlib.sha256(json.dumps(_machine(), sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(home, "cpu_peak_flops", f"{key}.json")
+
+
+def host_peak_flops() -> float:
+    """`cpu_matmul_peak_flops()` of this machine, measured by the first process that asks and
+    remembered in `peak_cache_path()` (written atomically; an unreadable file is measured
+    again, an unwritable home only not remembered): a training run's start-up then skips the
+    probe (about 0.5 CPU s), and its MFU is against the same peak as the last run's. Delete the
+    file to measure again (after changing the machine's load or its CPU quota)."""
+    path = peak_cache_path()
+    try:
+        return float(storage.read_json(path)["peak_flops"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    value = cpu_matmul_peak_flops()
+    try:
+        storage.write_json(path, {**_machine(), "peak_flops": value})
+    except OSError:
+        pass
+    return value
+
+
 def peak_flops(devices: Sequence[jax.Device] | None = None) -> float:
     """Total peak FLOP/s of `devices` (default: all): the published per-chip peak times the
-    chip count, or on CPU this host's measured matmul probe times the number of processes the
-    devices belong to (one host each)."""
+    chip count, or on CPU this host's measured matmul probe (`host_peak_flops`) times the number
+    of processes the devices belong to (one host each)."""
     devices = list(devices if devices is not None else jax.devices())
     if devices[0].platform == "cpu":
-        return cpu_matmul_peak_flops() * len({d.process_index for d in devices})
+        return host_peak_flops() * len({d.process_index for d in devices})
     per_chip = published_peak_flops(devices[0].device_kind)
     if per_chip is None:
         raise ValueError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -88,6 +89,30 @@ def sequences_in_batch(batch: Mapping[str, Any]) -> int:
 
 def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> tuple[Any, Any]:
     """`(param ShapeDtypeStructs, logical_specs)` without allocating the params."""
+    traced = trace_init(model, rng, batch)
+    return traced.shapes, traced.specs
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedInit:
+    """The model's init traced once (`trace_init`): the param `shapes` (ShapeDtypeStructs), their
+    logical `specs`, and the trace itself. Calling it with the rng (inside a jitted function)
+    replays the traced operations instead of tracing the model again; the program is the one a
+    second trace would give, so the params are bit for bit those of `init_params`."""
+
+    jaxpr: Any  # a jax.extend.core.ClosedJaxpr of rng -> the flat params
+    out_tree: Any
+    shapes: Any
+    specs: Any
+
+    def __call__(self, rng: jax.Array) -> Any:
+        flat = jax.core.eval_jaxpr(self.jaxpr.jaxpr, self.jaxpr.consts, rng)
+        return jax.tree.unflatten(self.out_tree, flat)
+
+
+def trace_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> TracedInit:
+    """`init_params(model, rng, batch)` traced once, without allocating the params: its shapes and
+    specs (as `abstract_init`), and a replay for the jitted function that makes them."""
     captured = {}
 
     def init(r):
@@ -95,8 +120,8 @@ def abstract_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> tuple
         captured["specs"] = specs
         return params
 
-    shapes = jax.eval_shape(init, rng)
-    return shapes, captured["specs"]
+    jaxpr, shapes = jax.make_jaxpr(init, return_shape=True)(rng)
+    return TracedInit(jaxpr, jax.tree.structure(shapes), shapes, captured["specs"])
 
 
 BatchSignature = tuple[tuple[str, tuple[int, ...], str], ...]

@@ -20,7 +20,7 @@ from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
 from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
 from cairn.trainer.loop import TrainLoop, TrainResult
-from cairn.trainer.model_protocol import BatchSignature, abstract_init, batch_signature, init_params, leaf_dtype
+from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, trace_init
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
@@ -176,6 +176,8 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
+        """(init key, dropout seed) of `config.seed`, computed inside the jitted functions that use
+        them: eagerly, each of their operations would be a program compiled at every start-up."""
         root = jax.random.PRNGKey(self.config.seed)
         return jax.random.fold_in(root, 0), jax.random.fold_in(root, 1)  # (init, dropout seed)
 
@@ -209,15 +211,19 @@ class Trainer:
 
     def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
         """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
-        init_key, dropout_seed = self._keys()
-        # Abstract leaves become host zeros for the model's init (a batch of token ids: small).
-        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)) if _is_abstract(x) else x, batch)
-        param_shapes, specs = abstract_init(self.model, init_key, host)
+        init_key = jax.eval_shape(lambda: self._keys()[0])  # abstract: traced, nothing run
+        # The model's init, on a batch of host zeros (token ids: small), traced once: the param
+        # shapes and specs now, and replayed (not traced again) by `create` below. Traced with the
+        # mesh set and the partitioner active, as `create` runs.
+        host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), batch)
+        with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
+            traced = trace_init(self.model, init_key, dict(host))
+        param_shapes, specs = traced.shapes, traced.specs
         if self.optimizer is None:  # factored by logical axes: built once, from the specs
             assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
         optimizer = self.optimizer
-        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, dropout_seed), param_shapes)
+        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, self._keys()[1]), param_shapes)
         state_sh = state_shardings(self.partitioner, state_shapes, specs, optimizer)
         offload = None
         if self.config.offload_optimizer_state:
@@ -238,10 +244,10 @@ class Trainer:
             offload_group_bytes=self.config.offload_group_bytes if self.optimizer_config is not None else None,
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
-        zeros = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), dict(host))
 
         def create():
-            return TrainState.create(init_params(self.model, init_key, zeros)[0], optimizer, dropout_seed)
+            init_key, dropout_seed = self._keys()
+            return TrainState.create(traced(init_key), optimizer, dropout_seed)
 
         return _StepSetup(
             param_specs=specs,
@@ -256,10 +262,9 @@ class Trainer:
         """A fresh state (params from the model's init, or the given `params`, e.g. pretrained)."""
         if params is None:
             return self._create()
-        _, dropout_seed = self._keys()
         params = jax.device_put(params, self.state_shardings.params)
         state = self.partitioner.partition(
-            lambda p: TrainState.create(p, self.optimizer, dropout_seed), out_shardings=self.state_shardings
+            lambda p: TrainState.create(p, self.optimizer, self._keys()[1]), out_shardings=self.state_shardings
         )(params)
         return state
 
