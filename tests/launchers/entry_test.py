@@ -100,3 +100,46 @@ def test_the_train_entry_point_refuses_a_bad_config_before_importing_jax():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert proc.stdout == "2 []\n", proc.stderr[-2000:]
     assert proc.stderr == "error: config key 'data.batch_size': must be >= 1, got -3\n"
+
+
+MAIN = """
+import atexit, sys, threading, time
+from absl import flags
+from cairn.launchers import entry
+
+WHAT = flags.DEFINE_string("what", "ok", "ok | bad | text")
+
+
+def body():
+    atexit.register(lambda: print("atexit ran"))
+    threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined"))).start()
+    print("buffered", end="")
+    if WHAT.value == "bad":
+        raise ValueError("the input is unusable")
+    if WHAT.value == "text":
+        sys.exit("a message")
+    return 3
+
+
+def run():
+    entry.run(body, expected=(ValueError,), prefix="prog")
+
+
+entry.main(run)
+"""
+
+
+def _main(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, "-c", MAIN, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_main_runs_the_exit_steps_then_ends_with_the_status():
+    """`entry.main` skips only the interpreter's teardown: a running thread is joined, `atexit`
+    handlers run and buffered output is flushed before the process ends with the body's status."""
+    out = _main()
+    assert out.returncode == 3 and out.stdout == "bufferedthread joined\natexit ran\n", out
+    bad = _main("--what=bad")
+    assert bad.returncode == 2 and bad.stderr == "prog: the input is unusable\n" and "atexit ran" in bad.stdout, bad
+    text = _main("--what=text")
+    assert text.returncode == 1 and text.stderr == "a message\n" and text.stdout.endswith("atexit ran\n"), text
