@@ -176,8 +176,7 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------
     def _keys(self):
-        """(init key, dropout seed) of `config.seed`, computed inside the jitted functions that use
-        them: eagerly, each of their operations would be a program compiled at every start-up."""
+        """(init key, dropout seed) of `config.seed`; called inside jitted functions (eagerly, each op compiles)."""
         root = jax.random.PRNGKey(self.config.seed)
         return jax.random.fold_in(root, 0), jax.random.fold_in(root, 1)  # (init, dropout seed)
 
@@ -198,10 +197,9 @@ class Trainer:
         return self.abstract_state
 
     def lower_step(self, batch: Mapping[str, Any] | None = None) -> jax.stages.Lowered:
-        """The partitioned train step lowered for a host-local `batch` (arrays or
-        `jax.ShapeDtypeStruct`s; default: the batch `setup` was given) on abstract state: nothing
-        is allocated or run. `.compile().memory_analysis()` is what `plan_memory` reads. A batch
-        of other shapes than the set-up one leaves the set-up as it is."""
+        """The partitioned train step lowered for a host-local `batch` (arrays or `jax.ShapeDtypeStruct`s;
+        default: the batch `setup` was given) on abstract state: nothing is allocated or run.
+        `.compile().memory_analysis()` is what `plan_memory` reads. Other shapes leave the set-up as it is."""
         if batch is None or batch_signature(batch) == self.batch_signature:
             if self.batch_signature is None:
                 raise ValueError("Trainer.lower_step needs a batch before the trainer is set up (Trainer.setup)")
@@ -212,9 +210,8 @@ class Trainer:
     def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
         """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
         init_key = jax.eval_shape(lambda: self._keys()[0])  # abstract: traced, nothing run
-        # The model's init, on a batch of host zeros (token ids: small), traced once: the param
-        # shapes and specs now, and replayed (not traced again) by `create` below. Traced with the
-        # mesh set and the partitioner active, as `create` runs.
+        # The model's init on host zeros (token ids: small), traced once with the mesh and partitioner
+        # active as `create` runs: param shapes and specs now, replayed (not retraced) by `create`.
         host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), batch)
         with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
             traced = trace_init(self.model, init_key, dict(host))
