@@ -185,6 +185,9 @@ def main() -> int:
     if xml:
         args.append(f"--junitxml={xml}")
     code = pytest.main(args)
+    forks = sys.modules.get("forks")  # tests/fixtures/forks.py: its spawners reap their runs first
+    if forks is not None and hasattr(forks, "close_all"):
+        forks.close_all()
     started, train, tf = _count_processes(log)
     if xml:
         _annotate_xml(
