@@ -90,4 +90,6 @@ def test_the_readme_quotes_the_recorded_suite_figures():
     record = json.loads((ROOT / "docs" / "test_suite.json").read_text())
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert tool.quoted_block(readme) == tool.render(record), "rerun python3 tools/ci/suite_figures.py"
-    assert ", 0 failed" in record["result"] and record["targets"] > 100
+    # A clean run of the whole suite (94 targets at d1153f6, after small modules were grouped),
+    # not of a few targets.
+    assert ", 0 failed" in record["result"] and record["targets"] >= 80, record
