@@ -197,15 +197,22 @@ def sequential(by_module: dict[str, list[str]]) -> dict[str, tuple[set[str], lis
         defined = [set(json.loads(v)) for k, v in rows if k == "DEFINED"]
         loads = first_loads(segment)
         assert len(base_rows) == 1 and len(defined) == len(loads) == len(statements), (module, run.stdout[-2000:])
-        base = base_rows[0]
-        loaded_after = {m: tree for part in loads for m, tree in part.items()}
-
-        def justified(i: int) -> bool:
-            mine = set(loads[i]) | ((targets(statements[i]) | defined[i]) & set(loaded_after))
-            return any((loaded_after[m] & HEAVY) - base for m in mine)
-
-        out[module] = (base, [st for i, st in enumerate(statements) if not justified(i)])
+        out[module] = (base_rows[0], undecided(statements, base_rows[0], loads, defined))
     return out
+
+
+def undecided(
+    statements: list[str], base: set[str], loads: list[dict[str, set[str]]], defined: list[set[str]]
+) -> list[str]:
+    """The statements not shown (see the test's docstring) to load a heavy package outside
+    `base`, from what each first loaded (`loads`) and the modules defining what it bound."""
+    loaded_after = {m: tree for part in loads for m, tree in part.items()}
+
+    def justified(i: int) -> bool:
+        mine = set(loads[i]) | ((targets(statements[i]) | defined[i]) & set(loaded_after))
+        return any((loaded_after[m] & HEAVY) - base for m in mine)
+
+    return [st for i, st in enumerate(statements) if not justified(i)]
 
 
 def test_every_function_level_import_keeps_a_heavy_import_off_a_light_path():
