@@ -13,7 +13,7 @@ import pathlib
 import launch_util
 
 
-def test_entry_point_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
+def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
     from cairn.datatasks.deterministic import task_dir
     from cairn.datatasks.deterministic.cached_task import CachedTask
     from cairn.launchers import cache_main, config_io
