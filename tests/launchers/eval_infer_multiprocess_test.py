@@ -25,10 +25,10 @@ EXAMPLES = 9  # a full batch and a padded one: every case of a batch and a share
 BATCH = 6  # eval.batch_size and infer's --chunk_size: 2 batches, the last with 3 rows (one per process)
 TIMEOUT = 600  # per launch (three processes compiling on a loaded 2-core machine)
 STEP = standard_runs.CHECKPOINTED_STEPS  # the checkpoint read (the latest)
-# What the eval and infer processes import (TensorFlow for their data; both programs, which may
-# share a process: their common flags allow an override): imported once by the interpreter every
-# process here is forked from.
-PRELOAD = ("tensorflow", "cairn.evaluation", "cairn.trainer", "cairn.launchers.eval_main", "cairn.launchers.infer_main")
+# What the eval and infer processes import after their module (TensorFlow for their data):
+# imported once by the interpreter every process here is forked from. (Preloading eval_main and
+# infer_main as well made the module cost more CPU, 34-37 s -> 41-42 s, measured twice each.)
+PRELOAD = ("tensorflow", "cairn.evaluation", "cairn.trainer")
 LINE = re.compile(r"process (\d+)/(\d+) (decodes|scores) rows (\d+)-(\d+) of (\d+)")
 
 
