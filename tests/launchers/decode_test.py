@@ -4,11 +4,11 @@ steps; `eval --decode` continues prompts (a task's `inputs`, else the first half
 and compares the continuation without the prompt; `infer` in its three modes over a two-task
 mixture writes one file per task in input order, and a killed infer resumes to the same files;
 infer of the LM twin continues the prompts of an `--input_file`; the T5 twin's decode metrics
-during training and its scores. Infers whose files are the point run in this process
-(`launch_util.infer_in_process`); a killed infer and an unknown mode run the entry point as a
-child (the killed infer's resumption, whose files are the point, in this process). The child
-processes (training, `eval --decode`, infer) are forked from one interpreter that imported the
-programs' libraries and TensorFlow (`launch_util.ForkServer`).
+during training and its scores. Infers whose files are the point, and `eval --decode`, run in
+this process (`launch_util.infer_in_process`, `eval_main.evaluate`); a killed infer and an
+unknown mode run the entry point as a child (the killed infer's resumption, whose files are the
+point, in this process). The child processes (training, infer) are forked from one interpreter
+that imported the programs' libraries and TensorFlow (`launch_util.ForkServer`).
 
 Everything here runs on 2 CPU devices (`launch_util.devices`: this process and the ones it
 starts), a mesh of data=2: no property of decoding needs 8, and a training child on 2 costs about
@@ -23,6 +23,7 @@ import re
 import signal
 import sys
 import time
+from unittest import mock
 
 import launch_util
 import pytest
@@ -118,11 +119,18 @@ def test_decode_metrics_during_training(lm):
 
 
 @pytest.fixture(scope="module")
-def evaluated(train, lm):
-    """`eval --decode` of step 4: `(metrics, LM task example rows, prefix-LM task example rows)`."""
-    tmp, common, env, _ = lm
-    proc = train.call("cairn.launchers.eval_main", common + ["--decode", "--step=4"], env=env, timeout=600)
-    assert proc.returncode == 0, launch_util.tail(proc)
+def evaluated(lm):
+    """`eval --decode` of step 4, in this process (`eval_main.evaluate(..., decode=True)`, what
+    the program runs once its flags are parsed, on the run's saved config; the entry point's own
+    process is eval_infer_test's and eval_infer_multiprocess_test's): `(metrics, LM task example
+    rows, prefix-LM task example rows)`."""
+    from cairn.launchers import config_io, eval_main
+
+    tmp, _, env, _ = lm
+    with mock.patch.dict(os.environ, env):
+        config = config_io.resolve_paths(config_io.load_saved_config(str(tmp / "run" / "config.json")))
+        printed = []
+        assert list(eval_main.evaluate(config, str(tmp / "run"), 4, decode=True, out=printed.append)) == [4], printed
     out_dir = tmp / "run" / "eval" / "validation"
     metrics = [json.loads(line) for line in open(out_dir / "evaluated.jsonl")][-1]["metrics"]
     rows = [_lines(out_dir / "examples" / f"{t}-00000004.jsonl") for t in (LM_TASK, PREFIX_TASK)]
@@ -158,10 +166,18 @@ def _lines(path):
     return [json.loads(line) for line in open(path)]
 
 
-def test_infer_modes_write_one_file_per_task_in_input_order(train, lm, evaluated):
-    tmp, common, env, _ = lm
+@pytest.fixture(scope="module")
+def predicted(lm):
+    """infer (mode predict, chunks of 2) of the LM twin over the mixture, in this process:
+    `{task: its file}`."""
+    tmp, _, env, _ = lm
     _infer(tmp / "run", env, tmp / "pred.jsonl")
-    files = {t: tmp / f"pred-{t}.jsonl" for t in (LM_TASK, PREFIX_TASK)}
+    return {t: tmp / f"pred-{t}.jsonl" for t in (LM_TASK, PREFIX_TASK)}
+
+
+def test_infer_modes_write_one_file_per_task_in_input_order(train, lm, evaluated, predicted):
+    tmp, common, env, _ = lm
+    files = predicted
     pred = {t: _lines(f) for t, f in files.items()}
     for t, rows in pred.items():
         assert [r["index"] for r in rows] == list(range(EXAMPLES)), t
@@ -199,12 +215,12 @@ def test_infer_modes_write_one_file_per_task_in_input_order(train, lm, evaluated
     )
 
 
-def test_killed_infer_resumes_to_the_same_files(train, lm):
+def test_killed_infer_resumes_to_the_same_files(train, lm, predicted):
     """infer SIGKILLed (a child process) after its first part, resumed (in this process: what the
-    killed process left on disk is the point) to the files of an uninterrupted infer."""
+    killed process left on disk is the point) to the files of an uninterrupted infer
+    (`predicted`'s, in chunks of 2: a chunk of 1 row is padded to the 2 devices, so both decode
+    with the same program and the same rows)."""
     tmp, _, env, _ = lm
-    full = tmp / "full.jsonl"
-    _infer(tmp / "run", env, full, chunk_size=1)
     out = tmp / "killed.jsonl"
     args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--chunk_size=1"]
     first_parts = pathlib.Path(f"{tmp / 'killed'}-{LM_TASK}.jsonl.parts")
@@ -226,8 +242,8 @@ def test_killed_infer_resumes_to_the_same_files(train, lm):
         rf"{EXAMPLES} predictions of step 4 in \S+{LM_TASK}\.jsonl \((\d) chunks computed, (\d) resumed", printed
     )
     assert done and int(done.group(2)) >= 1 and int(done.group(1)) + int(done.group(2)) == EXAMPLES, printed
-    for t in (LM_TASK, PREFIX_TASK):
-        assert (tmp / f"killed-{t}.jsonl").read_text() == (tmp / f"full-{t}.jsonl").read_text()
+    for t, file in predicted.items():
+        assert (tmp / f"killed-{t}.jsonl").read_text() == file.read_text(), t
 
 
 def test_infer_of_the_lm_twin_continues_the_lines_of_an_input_file(lm):

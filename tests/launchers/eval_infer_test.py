@@ -1,13 +1,16 @@
-"""`//launchers:eval` and `//launchers:infer` on a short run of the default experiment (child
-processes, two short plays): evaluating one checkpoint and watching a run's checkpoints,
-skipping those already evaluated; predictions in chunks, resumed, and never mixed. Infer runs
-in this process on the run's saved config (`launch_util.infer_in_process`): its files and its
-refusal to mix are the point (its process's exit status is decode_test's). The run is
-the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once per build);
-the LM twin continuing prompts is decode_test's (its trained LM twin)."""
+"""`//launchers:eval` and `//launchers:infer` on a short run of the default experiment (two
+short plays): evaluating one checkpoint and watching a run's checkpoints, skipping those
+already evaluated (in this process: `eval_main.evaluate`), a run without checkpoints refused by
+the entry point (a child process: exit 2, one line); predictions in chunks, resumed, and never
+mixed. Infer runs in this process on the run's saved config (`launch_util.infer_in_process`):
+its files and its refusal to mix are the point (its process's exit status is decode_test's).
+The eval entry point's successful runs as processes are eval_infer_multiprocess_test's. The run
+is the standard runs' checkpointed one (tests/fixtures/standard_runs.py, trained once per
+build); the LM twin continuing prompts is decode_test's (its trained LM twin)."""
 
 import json
 import os
+from unittest import mock
 
 import launch_util
 import pytest
@@ -44,28 +47,40 @@ def eval_rows(path):
 
 @pytest.fixture(scope="module")
 def evals(run, tmp_path_factory):
-    """The eval entry point three times, in turn (`launch_util.run_forked`: one interpreter
-    imports it, each run a fork with its own exit status and output): `--step=4`, then
-    `--watch`, then `--checkpoint=<an empty folder>`. Returns `(the three processes, the empty
-    folder)`."""
-    _, common, env, _ = run
+    """`--step=4`, then `--watch`, evaluated in this process (`eval_main.evaluate`, what the
+    program runs once its flags are parsed, on the run's saved config with the overrides of
+    `common`; this process builds the same pipeline for infer), then the eval entry point as a
+    child process with `--checkpoint=<an empty folder>` (its exit status and one line; it fails
+    before importing TensorFlow). Returns `(the lines --step=4 printed, those --watch printed, the
+    process, the empty folder)`."""
+    from cairn.launchers import config_io, eval_main
+
+    model_dir, common, env, _ = run
+    with mock.patch.dict(os.environ, env):
+        config = config_io.resolve_paths(config_io.load_saved_config(str(model_dir / "config.json")))
+        config.model_dir = str(model_dir)
+        config.data.cache_dir = next(a for a in common if a.startswith("--config.data.cache_dir=")).partition("=")[2]
+        assert (config.num_train_steps, config.data.batch_size) == (6, 8)
+        assert (config.eval.num_examples, config.eval.batch_size) == (8, 4)
+        step4, watch = [], []
+        assert list(eval_main.evaluate(config, str(model_dir), 4, out=step4.append)) == [4], step4
+        done = eval_main.evaluate(config, str(model_dir), watch=True, poll_seconds=0.2, out=watch.append)
+        assert list(done) == [2, 6], watch
     empty = tmp_path_factory.mktemp("empty")
-    argvs = [common + ["--step=4"], common + ["--watch", "--poll_seconds=0.2"], common + [f"--checkpoint={empty}"]]
-    return launch_util.run_forked("cairn.launchers.eval_main", argvs, env=env, preload=("tensorflow",)), empty
+    proc = launch_util.run("cairn.launchers.eval_main", common + [f"--checkpoint={empty}"], env=env)
+    return "\n".join(step4), "\n".join(watch), proc, empty
 
 
 def test_eval_one_checkpoint_and_watch(run, evals):
     model_dir, _, _, final = run
-    (step4, watch, _), _ = evals
-    assert step4.returncode == 0, launch_util.tail(step4)
-    assert "step 4: shakespeare_span_corruption: nll_per_token" in step4.stdout
-    assert "step 2:" not in step4.stdout and "step 6:" not in step4.stdout
+    step4, watch, _, _ = evals
+    assert "step 4: shakespeare_span_corruption: nll_per_token" in step4
+    assert "step 2:" not in step4 and "step 6:" not in step4
     log = model_dir / "eval" / "validation" / "evaluated.jsonl"
     # --watch (run after --step=4 wrote its row) evaluates the others (2 and 6; 4 is skipped)
     # and stops at the final step.
-    assert watch.returncode == 0, launch_util.tail(watch)
     assert [r["step"] for r in eval_rows(log)] == [4, 2, 6]
-    assert "step 4:" not in watch.stdout and "evaluated the final step 6" in watch.stdout
+    assert "step 4:" not in watch and "evaluated the final step 6" in watch
     # The same numbers as the train entry point's own final evaluation.
     six = eval_rows(log)[-1]["metrics"]["shakespeare_span_corruption"]
     assert final and f"perplexity {six['perplexity']:.4g}" in final[0], (final, six)
@@ -75,7 +90,7 @@ def test_eval_one_checkpoint_and_watch(run, evals):
 
 
 def test_eval_without_checkpoints_is_a_clear_error(evals):
-    (_, _, proc), empty = evals
+    _, _, proc, empty = evals
     assert proc.returncode == 2, launch_util.tail(proc)
     assert "no complete checkpoint" in proc.stderr and str(empty) in proc.stderr
 

@@ -94,32 +94,62 @@ def heavy_roots(module: str, statements: list[str]) -> tuple[set[str], list[set[
     return rows[0], rows[1:]
 
 
-# Run as `python -X importtime -c _SEQUENTIAL HEAVY_JSON IMPORT_MODULE STATEMENT...` in a fresh
-# interpreter: the module's import, then `HEAVY <JSON list>`; then for each statement a marker on
-# stderr, the statement, and `DEFINED <JSON list>`: the modules that define what it bound.
-_SEQUENTIAL = """
+# Run as `python -X importtime -c _TREE HEAVY_JSON PLAN_JSON` (PLAN: `[[module, [statement, ...]],
+# ...]`) in a fresh interpreter that imports no heavy package. Per module, a forked child writes
+# `MODULE` on stderr, runs `import cairn.launchers.<module>`, prints `HEAVY <JSON list>`, then for
+# each statement writes `STATEMENT` on stderr, runs it and prints `DEFINED <JSON list>` (the
+# modules that define what it bound); its stdout lines start with the module's name. When the
+# child's HEAVY list is empty, the interpreter then imports the module itself (after an `END` on
+# stderr, so that its lines are nobody's), and the next children start from there: every child
+# starts from a state with no heavy package loaded.
+_TREE = """
 import json, os, sys, types
-exec(sys.argv[2], {})
-print("HEAVY", json.dumps(sorted({k.split(".")[0] for k in sys.modules} & set(json.loads(sys.argv[1])))), flush=True)
-for statement in sys.argv[3:]:
+heavy = set(json.loads(sys.argv[1]))
+def loaded_heavy():
+    return sorted({k.split(".")[0] for k in sys.modules} & heavy)
+for module, statements in json.loads(sys.argv[2]):
+    sys.stdout.flush()
     sys.stderr.flush()
-    os.write(2, b"STATEMENT\\n")
-    bound = {}
-    exec(statement, bound)
-    defined = {v.__name__ if isinstance(v, types.ModuleType) else getattr(v, "__module__", None)
-               for k, v in bound.items() if k != "__builtins__"}
-    print("DEFINED", json.dumps(sorted(d for d in defined if isinstance(d, str))), flush=True)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.write(2, b"MODULE\\n")
+        exec(f"import cairn.launchers.{module}", {})
+        base = loaded_heavy()
+        print(module, "HEAVY", json.dumps(base), flush=True)
+        for statement in statements:
+            sys.stderr.flush()
+            os.write(2, b"STATEMENT\\n")
+            bound = {}
+            exec(statement, bound)
+            defined = {v.__name__ if isinstance(v, types.ModuleType) else getattr(v, "__module__", None)
+                       for k, v in bound.items() if k != "__builtins__"}
+            print(module, "DEFINED", json.dumps(sorted(d for d in defined if isinstance(d, str))), flush=True)
+        sys.stderr.flush()
+        os.write(write, b"light" if not base else b"heavy")
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        light = f.read() == b"light"
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        sys.exit(f"{module}: wait status {status}")
+    os.write(2, b"END\\n")
+    if light:
+        exec(f"import cairn.launchers.{module}", {})
+        assert not loaded_heavy(), module
 """
 
 
-def first_loads(stderr: str) -> list[dict[str, set[str]]]:
-    """From `-X importtime` output, per `STATEMENT` marker: each module first loaded while that
-    statement ran -> the top-level names of it and of every module first loaded below it."""
+def first_loads(segment: str) -> list[dict[str, set[str]]]:
+    """From one module's `-X importtime` output, per `STATEMENT` marker: each module first loaded
+    while that statement ran -> the top-level names of it and of every module first loaded below it."""
     segments = []
-    for segment in stderr.split("STATEMENT\n")[1:]:
+    for part in segment.split("STATEMENT\n")[1:]:
         pending: list[tuple[int, set[str]]] = []  # (depth, subtree): post-order, children first
         subtrees: dict[str, set[str]] = {}
-        for line in segment.splitlines():
+        for line in part.splitlines():
             if not line.startswith("import time:") or "imported package" in line:
                 continue
             field = line.rsplit("|", 1)[1]
@@ -146,29 +176,43 @@ def targets(statement: str) -> set[str]:
     return {".".join(n.split(".")[: i + 1]) for n in names for i in range(n.count(".") + 1)}
 
 
-def sequential(module: str, statements: list[str]) -> tuple[set[str], list[str]]:
-    """`import cairn.launchers.<module>` then `statements` in one fresh interpreter (see the test's
-    docstring): the module's heavy packages, and the statements not shown to load another."""
+def sequential(by_module: dict[str, list[str]]) -> dict[str, tuple[set[str], list[str]]]:
+    """Per module: `import cairn.launchers.<module>` then its statements, in a child of one fresh
+    interpreter (`_TREE`; see the test's docstring): `{module: (its heavy packages, the statements
+    not shown to load another)}`."""
+    plan = [[module, statements] for module, statements in by_module.items()]
     run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", _SEQUENTIAL, json.dumps(sorted(HEAVY))]
-        + [f"import cairn.launchers.{module}", *statements],
+        [sys.executable, "-X", "importtime", "-c", _TREE, json.dumps(sorted(HEAVY)), json.dumps(plan)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    base = [set(json.loads(line[6:])) for line in run.stdout.splitlines() if line.startswith("HEAVY ")]
-    defined = [set(json.loads(line[8:])) for line in run.stdout.splitlines() if line.startswith("DEFINED ")]
-    loads = first_loads(run.stderr)
-    assert len(base) == 1 and len(defined) == len(loads) == len(statements), run.stdout[-2000:]
-    base = base[0]
-    loaded_after = {m: tree for segment in loads for m, tree in segment.items()}
+    segments = [part.split("END\n")[0] for part in run.stderr.split("MODULE\n")[1:]]
+    assert len(segments) == len(plan), run.stderr[-2000:]
+    out = {}
+    for (module, statements), segment in zip(plan, segments):
+        rows = [line.split(" ", 2)[1:] for line in run.stdout.splitlines() if line.startswith(f"{module} ")]
+        base_rows = [set(json.loads(v)) for k, v in rows if k == "HEAVY"]
+        defined = [set(json.loads(v)) for k, v in rows if k == "DEFINED"]
+        loads = first_loads(segment)
+        assert len(base_rows) == 1 and len(defined) == len(loads) == len(statements), (module, run.stdout[-2000:])
+        out[module] = (base_rows[0], undecided(statements, base_rows[0], loads, defined))
+    return out
+
+
+def undecided(
+    statements: list[str], base: set[str], loads: list[dict[str, set[str]]], defined: list[set[str]]
+) -> list[str]:
+    """The statements not shown (see the test's docstring) to load a heavy package outside
+    `base`, from what each first loaded (`loads`) and the modules defining what it bound."""
+    loaded_after = {m: tree for part in loads for m, tree in part.items()}
 
     def justified(i: int) -> bool:
         mine = set(loads[i]) | ((targets(statements[i]) | defined[i]) & set(loaded_after))
         return any((loaded_after[m] & HEAVY) - base for m in mine)
 
-    return base, [st for i, st in enumerate(statements) if not justified(i)]
+    return [st for i, st in enumerate(statements) if not justified(i)]
 
 
 def test_every_function_level_import_keeps_a_heavy_import_off_a_light_path():
@@ -185,7 +229,14 @@ def test_every_function_level_import_keeps_a_heavy_import_off_a_light_path():
     from F's import alone; what F then the statement loads is H plus what the statement loads
     alone in a fresh interpreter. The judgement is that of one fresh interpreter per statement
     and one per module, with each package imported once per module instead of once per
-    statement."""
+    statement.
+
+    The modules' measurements share one interpreter (`_TREE`): each is a child forked from a
+    state where no heavy package is loaded, only the light modules measured before it (their
+    imports, none of their statements). Its heavy packages are then exactly those `import F`
+    loads in a fresh interpreter (nothing heavy was there before, and whatever F loads it loads
+    in either state), and a module first loaded there was not loaded after `import F` alone
+    either, so the argument above holds unchanged: only the light imports are shared."""
     imports = function_imports()
     assert imports, "no function-level imports found: has the layout moved?"
     by_module: dict[str, list[str]] = {}
@@ -193,10 +244,11 @@ def test_every_function_level_import_keeps_a_heavy_import_off_a_light_path():
         if (name, statement) not in CYCLES and statement not in by_module.setdefault(name, []):
             by_module[name].append(statement)
     bad = set()
+    measured = sequential({name[:-3]: statements for name, statements in by_module.items() if statements})
     for name, statements in by_module.items():
         if not statements:
             continue
-        base, undecided = sequential(name[:-3], statements)
+        base, undecided = measured[name[:-3]]
         if undecided:
             base_again, after = heavy_roots(name[:-3], undecided)
             assert base_again == base

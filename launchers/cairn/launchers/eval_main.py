@@ -44,10 +44,15 @@ from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
+# `--checkpoint` and `--step` are also infer_main's: `allow_override` lets one process import both
+# modules (a test calling `evaluate` and `infer`); a program imports only its own.
 CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)"
+    "checkpoint",
+    "",
+    "model_dir, checkpoints folder or step folder (default: config.model_dir)",
+    allow_override=True,
 )
-STEP = flags.DEFINE_integer("step", None, "evaluate this step (default: the latest complete one)")
+STEP = flags.DEFINE_integer("step", None, "evaluate this step (default: the latest complete one)", allow_override=True)
 WATCH = flags.DEFINE_bool("watch", False, "evaluate every new checkpoint as it appears")
 DECODE = flags.DEFINE_bool("decode", False, "also decode predictions (prediction metrics)")
 POLL = flags.DEFINE_float("poll_seconds", 10.0, "--watch: seconds between looks for new checkpoints")

@@ -56,10 +56,17 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 OUTPUT = flags.DEFINE_string("output", "", "the JSON-lines file to write (required)")
+# `--checkpoint` and `--step` are also eval_main's: `allow_override` lets one process import both
+# modules (a test calling `evaluate` and `infer`); a program imports only its own.
 CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "", "model_dir, checkpoints folder or step folder (default: config.model_dir)"
+    "checkpoint",
+    "",
+    "model_dir, checkpoints folder or step folder (default: config.model_dir)",
+    allow_override=True,
 )
-STEP = flags.DEFINE_integer("step", None, "this step's checkpoint (default: the latest complete one)")
+STEP = flags.DEFINE_integer(
+    "step", None, "this step's checkpoint (default: the latest complete one)", allow_override=True
+)
 CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
 NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
 INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one per line")
