@@ -3,8 +3,8 @@ state saved at step k in {0, 1, 17, 299} restores the uninterrupted run, through
 NumPy stage and through its TensorFlow stage.
 
 300 steps of det_mix (4 packed rows a step) reach epoch 2 of det_a and epoch 4 of det_b, so
-they cross epochs of both tasks within the mixture (1,000 steps cost about 12 s more CPU over
-the two processes and only cross more of them). Both processes read through the NumPy stage
+they cross epochs of both tasks within the mixture (1,000 steps would only cross more of
+them). Both processes read through the NumPy stage
 (the tasks' post-cache `noise` has a NumPy twin): the child never imports TensorFlow
 (asserted), and the restored readers at steps 17 and 299 run `noise` in TensorFlow instead
 (`det_tasks.make(..., tf_noise=True)`), so the child's NumPy batches are also TensorFlow's."""
