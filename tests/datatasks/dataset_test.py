@@ -67,13 +67,23 @@ def same(a, b):
     )
 
 
+def key(x):
+    return x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"]
+
+
+@pytest.fixture(scope="module")
+def whole(task):
+    """The split's examples, shuffled (seed 0), one epoch: what the shard and epoch tests
+    compare with (one pipeline for them all)."""
+    return [key(x) for x in task.get_dataset(LENGTHS, shuffle=True, seed=0).as_numpy_iterator()]
+
+
 @pytest.mark.parametrize("num_shards", [2, 3])  # whole files (2 files), examples
-def test_shards_are_disjoint_and_their_union_is_the_split(task, num_shards):
+def test_shards_are_disjoint_and_their_union_is_the_split(task, whole, num_shards):
     def rows(shard):
         ds = task.get_dataset(LENGTHS, shuffle=True, seed=0, shard_info=shard)
-        return [x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"] for x in ds.as_numpy_iterator()]
+        return [key(x) for x in ds.as_numpy_iterator()]
 
-    whole = rows(None)
     parts = [rows(dt.ShardInfo(i, num_shards)) for i in range(num_shards)]
     flat = [r for p in parts for r in p]
     assert all(parts)
@@ -84,23 +94,23 @@ def test_shards_are_disjoint_and_their_union_is_the_split(task, num_shards):
             assert not set(parts[i]) & set(parts[j])
 
 
-def test_num_epochs(task):
-    one = task.get_dataset(LENGTHS, shuffle=True, seed=0, num_epochs=1)
+def test_num_epochs(task, whole):
+    a = whole  # num_epochs=1, the default
     two = task.get_dataset(LENGTHS, shuffle=True, seed=0, num_epochs=2)
-    key = lambda x: x["inputs_pretokenized"] + b"|" + x["targets_pretokenized"]
-    a = [key(x) for x in one.as_numpy_iterator()]
     b = [key(x) for x in two.as_numpy_iterator()]
     assert sorted(b) == sorted(a + a)
     assert b[len(a) :] != b[: len(a)]  # the buffer spans epochs; no repeated order
     forever = task.get_dataset(LENGTHS, shuffle=True, seed=0, num_epochs=None)
-    assert len(list(forever.take(3 * len(a)).as_numpy_iterator())) == 3 * len(a)
+    # Past two epochs: a third begins.
+    assert len(list(forever.take(2 * len(a) + 1).as_numpy_iterator())) == 2 * len(a) + 1
 
 
 @pytest.mark.parametrize("which", ["task", "denoise_task"])
 def test_restored_iterator_continues_exactly_and_the_seed_decides(which, request, tmp_path):
     """A restored iterator continues as the uninterrupted one; the same seed gives the same
-    batches (every pipeline here is built anew), another seed others: for `task` through the
-    shuffle, for `denoise_task` (unshuffled) through its random preprocessing alone."""
+    batches (a pipeline built anew), another seed others: for `task` through the shuffle, for
+    `denoise_task` (unshuffled) through its random preprocessing alone. Three pipelines: the
+    checkpointed one, the one restored (first read from its start), another seed's."""
     t = request.getfixturevalue(which)
     lengths = LENGTHS if which == "task" else {"inputs": 64, "targets": 16}
 
@@ -115,20 +125,22 @@ def test_restored_iterator_continues_exactly_and_the_seed_decides(which, request
             num_epochs=None,
         )
 
+    def take(iterator, n):
+        return [{k: v.numpy() for k, v in next(iterator).items()} for _ in range(n)]
+
     it = iter(make())
     ckpt = tf.train.Checkpoint(iterator=it)
-    for _ in range(3):
-        next(it)
+    first = take(it, 3)
     path = ckpt.write(str(tmp_path / "ckpt"))
-    expected = [{k: v.numpy() for k, v in next(it).items()} for _ in range(5)]
+    expected = take(it, 5)
 
+    # A pipeline built anew with the same seed gives the same batches; read two of them (not
+    # three: a restore that did nothing would then give batches 2-6, not 3-7), then restore.
     fresh = iter(make())
+    assert same(first[:2], take(fresh, 2))
     tf.train.Checkpoint(iterator=fresh).read(path).assert_consumed()
-    got = [{k: v.numpy() for k, v in next(fresh).items()} for _ in range(5)]
-    assert same(expected, got)
-    uninterrupted = batches(make(), 8)[3:]
-    assert same(expected, uninterrupted)
-    assert not same(expected, batches(make(seed=12), 8)[3:])
+    assert same(expected, take(fresh, 5))
+    assert not same(first + expected[:1], batches(make(seed=12), 4))
 
 
 def test_overlong_examples_are_trimmed_or_skipped_and_counted():

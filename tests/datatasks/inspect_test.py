@@ -145,9 +145,12 @@ def test_converter_choices_are_every_converter():
 
 
 # The tool runs every converter by the same code (the class its name maps to, checked above, on
-# the task's examples); one prepacked converter stands for the three (the converters themselves
-# are compared with seqio's in seqio_converters_test).
-@pytest.mark.parametrize("name", sorted(set(NEW_CONVERTERS) - {"prepacked_lm", "prepacked_prefix_lm"}))
+# the task's examples); one prepacked converter stands for the three, and `decoder` (which
+# converts this task as PrefixSuffixLM: it has `suffixes`) for `prefix_suffix_lm` (the converters
+# themselves are compared with seqio's in seqio_converters_test).
+@pytest.mark.parametrize(
+    "name", sorted(set(NEW_CONVERTERS) - {"prepacked_lm", "prepacked_prefix_lm", "prefix_suffix_lm"})
+)
 def test_each_converter_runs_on_a_tiny_task(ids_task_file, capsys, name):
     flags, _, feature, cls = NEW_CONVERTERS[name]
     rc = inspect_tool.main(

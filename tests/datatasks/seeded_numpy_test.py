@@ -20,6 +20,11 @@ from cairn.datatasks.ragged import Ragged
 VOCAB = 1000
 POSITION = 4  # after the cached preprocessors, as in the Shakespeare tasks
 N = 300
+# Records compared with TensorFlow (each run alone through the TF preprocessor, the costly
+# side): every record is an exact comparison on its own seed, and the 12 edge lengths are
+# always among them; 120 records (about 70 of 512 tokens, each hundreds of draws) hold as many
+# span layouts and crop offsets as a test can use, at 40% of 300's CPU.
+N_TF = 120
 
 
 def records(n=N, seed=0):
@@ -59,10 +64,10 @@ def numpy_run(pre, rows, keys, sequence_length, output_features):
     return as_preprocessor(pre).numpy_fn(features, sequence_length, output_features, seed=seed)
 
 
-def assert_same(got, want):
-    assert len(want) == N
+def assert_same(got, want, n):
+    assert len(want) == n
     for k in want[0]:
-        assert got[k].lengths.size == N
+        assert got[k].lengths.size == n
         rows = got[k].to_list()
         for i, ex in enumerate(want):
             assert rows[i].dtype == ex[k].dtype, k
@@ -96,12 +101,12 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_numpy_equals_tensorflow_record_for_record(case):
     pre, lengths, feats = CASES[case]
-    rows, keys = records(), reader_keys()
+    rows, keys = records(N_TF), reader_keys(N_TF)
     want = tf_reference(pre, rows, keys, lengths, feats)
     got = numpy_run(pre, rows, keys, lengths, feats)
-    assert_same(got, want)
+    assert_same(got, want, N_TF)
     # Records are independent: a shuffled subset gives the same rows.
-    pick = np.random.default_rng(1).permutation(N)[:50]
+    pick = np.random.default_rng(1).permutation(N_TF)[:50]
     sub = numpy_run(pre, {k: [v[i] for i in pick] for k, v in rows.items()}, keys[pick], lengths, feats)
     for k in got:
         for j, i in enumerate(pick):

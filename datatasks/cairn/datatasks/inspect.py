@@ -123,8 +123,11 @@ def inspect_task(
     vocabs = {k: f.vocabulary for k, f in task.output_features.items()}
     stats = dt.DataStats()
     raw = list(task.source.get_dataset(split, shuffle=False).take(n).as_numpy_iterator())
-    pre = list(task.get_dataset(lengths, split, shuffle=False, seed=seed, stats=stats).take(n).as_numpy_iterator())
-    model_in = task.get_dataset(lengths, split, shuffle=False, seed=seed)
+    # One preprocessed pipeline (built, so traced, once) read twice: its first `n` examples, then
+    # through the converter. The bad-data counts are those of the first reading.
+    model_in = task.get_dataset(lengths, split, shuffle=False, seed=seed, stats=stats)
+    pre = list(model_in.take(n).as_numpy_iterator())
+    bad = stats.as_dict()
     converted = list(conv(model_in, lengths).take(n).as_numpy_iterator())
     print(f"task {name!r} split {split!r} lengths {lengths} converter {conv!r}", file=out)
     for i in range(max(len(raw), len(pre), len(converted))):
@@ -135,7 +138,7 @@ def inspect_task(
             _print_example("preprocessed", pre[i], vocabs, out, width)
         if i < len(converted):
             _print_example("converted", converted[i], vocabs, out, width)
-    print(f"bad data (examples read so far): {stats.as_dict() or 'none'}", file=out)
+    print(f"bad data (examples read so far): {bad or 'none'}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

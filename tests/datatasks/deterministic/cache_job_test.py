@@ -1,9 +1,10 @@
-"""End to end: the `cache_tasks` command on Apache Beam (DirectRunner, 2 worker processes); a
+"""End to end: the `cache_tasks` command on Apache Beam (DirectRunner, 2 worker processes; the
+command's `__main__` runs in the test's process, Beam's workers are processes of their own); a
 task whose text and TFRecord sources are in a bucket (fake-gcs-server) cached on Beam into the
 bucket, equal to the same task cached from local copies."""
 
 import os
-import subprocess
+import runpy
 import sys
 
 import det_tasks
@@ -21,34 +22,29 @@ from cairn.tokenizers import ByteVocabulary
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), HERE, *sys.path])
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cairn.datatasks.deterministic.cache_main",
-            "--tasks=det_.*",
-            f"--output_dir={tmp_path / 'out'}",
-            "--module_import=beam_tasks",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+def _command(argv, monkeypatch):
+    """The `cache_tasks` program (`python -m cairn.datatasks.deterministic.cache_main`, what
+    `//datatasks:cache_tasks` runs) in this process: its exit status. Beam's worker processes
+    find the tasks module through PYTHONPATH."""
+    monkeypatch.setattr(sys, "argv", ["cache_main", *argv])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("cairn.datatasks.deterministic.cache_main", run_name="__main__", alter_sys=True)
+    return e.value.code
 
 
-def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, capsys):
+def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, capsys, monkeypatch):
     data_dir = tmp_path / "data"
     (tmp_path / "beam_tasks.py").write_text(
         f"import cairn.datatasks as dt\nimport det_tasks\ndet_tasks.make({str(data_dir)!r}, dt.DEFAULT_REGISTRY)\n"
     )
-    proc = _run(tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "det_a: cached" in proc.stdout and "det_b: cached" in proc.stdout
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), HERE, *sys.path]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = str(tmp_path / "out")
+    argv = ["--tasks=det_.*", f"--output_dir={out}", "--module_import=beam_tasks"]
+    # The defaults: DirectRunner, 2 worker processes.
+    assert _command(argv, monkeypatch) == 0, capsys.readouterr().err[-3000:]
+    printed = capsys.readouterr().out
+    assert "det_a: cached" in printed and "det_b: cached" in printed
     registry = dt.Registry()
     det_tasks.make(str(data_dir), registry)
     for name in ("det_a", "det_b"):
@@ -63,14 +59,7 @@ def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, cap
     )
     assert next(reader)["encoder_input_tokens"].shape == (4, 48)
     # A rerun on complete caches does nothing (no pipeline starts; options pass through).
-    sys.path.insert(0, str(tmp_path))
-    out = str(tmp_path / "out")
-    argv = [
-        "--tasks=det_.*",
-        f"--output_dir={out}",
-        "--module_import=beam_tasks",
-        "--pipeline_options=--runner=DirectRunner",
-    ]
+    argv.append("--pipeline_options=--runner=DirectRunner")
     assert cache_main.main(argv) == 0
     printed = capsys.readouterr().out
     assert "det_a: already cached" in printed and "det_b: already cached" in printed

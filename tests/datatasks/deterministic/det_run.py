@@ -2,8 +2,9 @@
 
 python det_run.py DATA_DIR CACHE_DIR NAME PACK STEPS [HOST_INDEX HOST_COUNT BATCH]
 
-With a host: this host's share of each global batch of BATCH rows, read by the tasks without
-their TensorFlow noise (so the process never imports TensorFlow), as one digest per row.
+Without a host: `{"run": run(...), "tensorflow_imported": ...}` (the tasks' `noise` runs in
+NumPy, so reading imports no TensorFlow). With a host: this host's share of each global batch
+of BATCH rows, read by the tasks without their noise, as one digest per row.
 """
 
 import hashlib
@@ -31,9 +32,9 @@ def row_digests(batch) -> list:
     return [digest({k: v[i] for k, v in batch.items()}) for i in range(rows)]
 
 
-def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4, noisy=True, **kwargs):
+def reader(data_dir, cache_dir, name, pack, host_index=0, host_count=1, batch=4, noisy=True, tf_noise=False, **kwargs):
     registry = dt.Registry()
-    det_tasks.make(data_dir, registry, noisy=noisy)
+    det_tasks.make(data_dir, registry, noisy=noisy, tf_noise=tf_noise)
     return DeterministicReader(
         name,
         cache_dir,
@@ -65,7 +66,7 @@ def main(argv):
         print(json.dumps([row_digests(next(r)) for _ in range(int(steps))]))
         return
     r = reader(data_dir, cache_dir, name, pack == "1")
-    print(json.dumps(run(r, int(steps))))
+    print(json.dumps({"run": run(r, int(steps)), "tensorflow_imported": "tensorflow" in sys.modules}))
 
 
 if __name__ == "__main__":

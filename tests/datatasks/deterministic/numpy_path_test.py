@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import det_run
+import det_tasks
 import numpy as np
 import pytest
 
@@ -89,7 +90,7 @@ CHILD = textwrap.dedent(
     import cairn.datatasks as dt
     from cairn.datatasks.deterministic import DeterministicReader
 
-    def digest(batch):  # det_run.digest (det_run itself imports TensorFlow)
+    def digest(batch):  # det_run.digest (the child has only the tasks module on its path)
         h = hashlib.sha256()
         for k in sorted(batch):
             h.update(k.encode())
@@ -274,10 +275,16 @@ def test_seeded_tasks_read_without_importing_tensorflow(seeded_env):
 
 
 def test_seeded_preprocessor_without_numpy_fn_uses_tensorflow(det_env):
-    _, cache_dir, registry = det_env  # det_a ends with `noise` (seeded, no numpy_fn)
-    r = _reader((None, cache_dir, registry), dt.EncDecFeatureConverter(pack=True), task="det_a")
+    data_dir, cache_dir, registry = det_env
+    tf_registry = dt.Registry()
+    det_tasks.make(data_dir, tf_registry, tf_noise=True)  # det_a ends with `noise_tf` (seeded, no numpy_fn)
+    r = _reader((None, cache_dir, tf_registry), dt.EncDecFeatureConverter(pack=True), task="det_a")
     assert r.streams[0].numpy_stage is None
     assert r.streams[0].tf_stage.per_record
+    # det_env's det_a (`noise` with its NumPy twin) reads the same batches without TensorFlow.
+    fast = _reader((None, cache_dir, registry), dt.EncDecFeatureConverter(pack=True), task="det_a")
+    assert fast.streams[0].numpy_stage is not None and fast.streams[0].numpy_stage.seeded
+    _same_batches(fast, r, steps=(0, 40))
 
 
 def test_other_layouts_fall_back_to_tensorflow():

@@ -31,7 +31,7 @@ def make_reader(env, name, pack, host_index=0, host_count=1, batch=4, seed=7, **
 @pytest.fixture(scope="module")
 def shared(det_env):
     """`shared(name, pack, ...)`: a reader read only through `batch_at` / `row_records`, which
-    never move its state, so tests share it (each new reader traces its TensorFlow stage)."""
+    never move its state, so tests share it (each new reader sets up its stages again)."""
     made = {}
 
     def get(name, pack, host_index=0, host_count=1, batch=4, seed=7):

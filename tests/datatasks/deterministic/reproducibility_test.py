@@ -1,9 +1,13 @@
 """Same seed => byte-identical first 300 global batches in two separate processes; the
-state saved at step k in {0, 1, 17, 299} restores the uninterrupted run.
+state saved at step k in {0, 1, 17, 299} restores the uninterrupted run, through the reader's
+NumPy stage and through its TensorFlow stage.
 
 300 steps of det_mix (4 packed rows a step) reach epoch 2 of det_a and epoch 4 of det_b, so
-they cross epochs of both tasks within the mixture (1,000 steps cost about 12 s more CPU over
-the two processes and only cross more of them)."""
+they cross epochs of both tasks within the mixture (1,000 steps would only cross more of
+them). Both processes read through the NumPy stage
+(the tasks' post-cache `noise` has a NumPy twin): the child never imports TensorFlow
+(asserted), and the restored readers at steps 17 and 299 run `noise` in TensorFlow instead
+(`det_tasks.make(..., tf_noise=True)`), so the child's NumPy batches are also TensorFlow's."""
 
 import json
 import os
@@ -28,6 +32,7 @@ def two_runs(det_env):
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         reader = det_run.reader(data_dir, cache_dir, "det_mix", True)
+        assert all(s.numpy_stage is not None for s in reader.streams)
         here = det_run.run(reader, STEPS)
         reader.close()
         out, err = child.communicate(timeout=300)
@@ -36,7 +41,9 @@ def two_runs(det_env):
         if child.poll() is None:
             child.kill()
             child.communicate()
-    return json.loads(out.strip().splitlines()[-1]), here
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["tensorflow_imported"] is False
+    return got["run"], here
 
 
 def test_two_processes_give_identical_batches(two_runs):
@@ -47,13 +54,16 @@ def test_two_processes_give_identical_batches(two_runs):
     assert len({x["digest"] for x in a}) > 297  # batches do differ from step to step
 
 
-@pytest.mark.parametrize("k", [0, 1, 17, 299])
-def test_restore_at_step_k(det_env, two_runs, k):
+@pytest.mark.parametrize(("k", "stage"), [(0, "numpy"), (1, "numpy"), (17, "tensorflow"), (299, "tensorflow")])
+def test_restore_at_step_k(det_env, two_runs, k, stage):
     data_dir, cache_dir, _ = det_env
     run = two_runs[0]  # the child's
     # A fresh reader that computes 3 steps at a time and nothing ahead (the runs computed 64
     # and prefetched 2 chunks): restoring depends on the state only.
-    reader = det_run.reader(data_dir, cache_dir, "det_mix", True, prefetch=0, steps_per_call=3)
+    reader = det_run.reader(
+        data_dir, cache_dir, "det_mix", True, prefetch=0, steps_per_call=3, tf_noise=stage == "tensorflow"
+    )
+    assert all((s.numpy_stage is None) == (stage == "tensorflow") for s in reader.streams)
     reader.set_state(run[k]["state"])
     assert run[k]["state"]["step"] == k
     got = [det_run.digest(next(reader)) for _ in range(STEPS - k if k > 290 else 3)]
