@@ -11,15 +11,18 @@ the final evaluation (eval_main is the evaluation under test here).
 
 The bucket runs train on the standard runs' layouts (1 x 8, 2 x 2: their bits are compared);
 everything else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
-(`launch_util.devices`), which costs about half the CPU of 8."""
+(`launch_util.devices`), which costs about half the CPU of 8. Every training, eval and infer
+process is forked from one interpreter that imported the train program (the `spawner` fixture),
+instead of starting a new interpreter each (about 2 s of CPU apiece); Beam's DirectRunner runs one
+worker process (a worker process writing into the bucket is the property; a second one would only
+import TensorFlow and Beam again)."""
 
 import json
 import os
+import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
+import time
 
 import launch_util
 import pytest
@@ -30,8 +33,9 @@ from cairn.storage.testing import GcsEmulator
 
 devices = launch_util.devices_fixture(2)
 STEPS = standard_runs.STEPS
-# The environment of a run compared with the standard run "t5": its layout, 1 process x 8 devices.
-ONE_BY_EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+TRAIN = "cairn.launchers.train_main"
+# Beam's DirectRunner with one worker process (the default starts two).
+ONE_WORKER = "--runner=DirectRunner --direct_num_workers=1 --direct_running_mode=multi_processing"
 # The bucket runs are the standard run "t5" with TensorBoard on (its files in the bucket are
 # checked): the one config key in which they differ from the archive's run.
 TENSORBOARD = "--config.trainer.tensorboard=True"
@@ -57,6 +61,23 @@ def world(tmp_path_factory):
         }
     finally:
         emu.stop()
+
+
+@pytest.fixture(scope="module")
+def spawner(world):
+    """One interpreter that imported the train program (on the module's 2 devices, pointed at the
+    emulator) forks every training, eval and infer process of the module (`forks.Spawner`)."""
+    preload = ("cairn.models", "cairn.trainer", TRAIN)
+    with launch_util.Spawner(world["env"], preload=preload) as s:
+        yield s
+
+
+def one_by_eight() -> dict:
+    """The variables of a forked run compared with the standard run "t5": its layout, 1 process x
+    8 devices (this process's `XLA_FLAGS`, with the tests' XLA options, at 8 devices: a forked
+    child keeps the options its interpreter started with only if they are passed on)."""
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {flags}".strip()}
 
 
 def args(world, model_dir, steps=STEPS, *extra):
@@ -98,44 +119,19 @@ def compare_with_standard(world, run, tensorboard=False, name="t5"):
     return report
 
 
-def child_env(env):
-    full = dict(os.environ)
-    full.update(env)
-    full.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    full.setdefault("JAX_PLATFORMS", "cpu")
-    full.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return full
-
-
-def train_until_killed(world, model_dir, pattern, timeout=400):
-    """Starts a run, SIGKILLs its process group once `pattern` is in its stderr."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.train_main"] + args(world, model_dir, STEPS, TENSORBOARD),
-        env=child_env({**world["env"], **ONE_BY_EIGHT}),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(launch_util.REPO),
-        start_new_session=True,
-    )
-    seen, lines = threading.Event(), []
-
-    def read():
-        for line in proc.stderr:
-            lines.append(line)
-            if pattern in line:
-                seen.set()
-        seen.set()  # the run ended without it: the assertion below says why
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+def train_until_killed(spawner, world, model_dir, pattern, timeout=400):
+    """Starts a run (forked, 1 x 8), SIGKILLs its process group once `pattern` is in its stderr."""
+    log = world["tmp"] / "killed.err"
+    proc = spawner.popen(TRAIN, args(world, model_dir, STEPS, TENSORBOARD), os.devnull, str(log), env=one_by_eight())
+    deadline = time.monotonic() + timeout
     try:
-        assert seen.wait(timeout) and proc.poll() is None, "".join(lines[-40:])
+        while pattern not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
+            time.sleep(0.02)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        reader.join(timeout=10)
-    return "".join(lines)
+    return log.read_text(errors="replace")
 
 
 def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
@@ -150,7 +146,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
 
     proc = launch_util.run(
         "cairn.launchers.cache_main",
-        [f"--config={launch_util.T5_CONFIG}", "--beam", f"--config.data.cache_dir={world['gs_cache']}"],
+        [
+            f"--config={launch_util.T5_CONFIG}",
+            "--beam",
+            f"--pipeline_options={ONE_WORKER}",
+            f"--config.data.cache_dir={world['gs_cache']}",
+        ],
         env=world["env"],
         timeout=900,
     )
@@ -178,14 +179,14 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     assert "shakespeare_span_corruption/train: ok" in capsys.readouterr().out
 
 
-def test_train_on_gs_killed_resumed_matches_local_disk(world):
+def test_train_on_gs_killed_resumed_matches_local_disk(world, spawner):
     """The standard run "t5" in the bucket (cache there too: the previous test wrote it),
     SIGKILLed during a background save, resumed: bit-exact with the archive's run on local disk."""
     gs_run = world["bucket"] + "/runs/t5"
     # When step 8's save starts, step 4's has finished (a save waits for the previous one);
     # step 8's is then being written in the background as the kill lands.
     every = standard_runs.CHECKPOINT_EVERY
-    train_until_killed(world, gs_run, f"checkpoint at step {2 * every} (blocked")
+    train_until_killed(spawner, world, gs_run, f"checkpoint at step {2 * every} (blocked")
     files = storage.file_sizes(gs_run)
     assert "config.json" in files and "cairn.lock" in files  # the kill left the lock
     # Nothing torn: every object that is there parses whole.
@@ -198,7 +199,7 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
             json.loads(line)
     assert f"checkpoints/{every}/commit_success.txt" in files
 
-    proc = launch_util.train(args(world, gs_run, STEPS, TENSORBOARD), env={**world["env"], **ONE_BY_EIGHT}, timeout=600)
+    proc = spawner.call(TRAIN, args(world, gs_run, STEPS, TENSORBOARD), env=one_by_eight(), timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "taking over the stale lock" in proc.stderr and "restored step" in proc.stderr
     assert f"trained to step {STEPS}" in proc.stdout
@@ -208,7 +209,7 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
     world["gs_run"] = gs_run
 
 
-def test_two_processes_on_the_bucket_match_one(world):
+def test_two_processes_on_the_bucket_match_one(world, spawner):
     """2 processes x 2 devices, model_dir and cache in the bucket (orbax writes from both
     processes through tensorstore): bit-exact with the standard run of the same layout on local
     disk ("t5_2x2": losses, batch fingerprints, parameter checksums). Its cache is the one the
@@ -225,6 +226,7 @@ def test_two_processes_on_the_bucket_match_one(world):
         texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
         log_name="t5-2x2",
         log_dir=world["tmp"],
+        spawner=spawner,  # its interpreter has the module's 2 devices and the emulator's variables
     )
     with pod:
         pod.finish()
@@ -237,12 +239,12 @@ INFER = ("--chunk_size=4", "--num_examples=8")
 
 
 @pytest.fixture(scope="module")
-def forked(world):
-    """The programs in processes forked from one interpreter that imported train
-    (`launch_util.run_forked_each`: each its own exit status, stdout and stderr): infer on the
-    bucket's trained run (test_train_on_gs_...), writing there; train on a model_dir whose lock
-    another host holds, on a missing bucket and with an unreachable endpoint; eval and infer
-    writing into a missing bucket."""
+def forked(world, spawner):
+    """The programs in processes forked by the module's `spawner` (each its own exit status,
+    stdout and stderr), one after the other: infer on the bucket's trained run
+    (test_train_on_gs_...), writing there; train on a model_dir whose lock another host holds, on
+    a missing bucket and with an unreachable endpoint; eval and infer writing into a missing
+    bucket. (eval_main and infer_main define the same flag: each child imports its own.)"""
     gs_run = world.get("gs_run")
     if gs_run is None:
         pytest.fail("needs the trained gs:// run of test_train_on_gs_killed_resumed_matches_local_disk")
@@ -256,23 +258,18 @@ def forked(world):
     nobody.url = f"http://127.0.0.1:{port}"
     common = args(world, gs_run, STEPS, TENSORBOARD, *EVAL)
     predictions = f"{gs_run}/predictions.jsonl"
-    procs = launch_util.run_forked_each(
-        [
-            (
-                "cairn.launchers.infer_main",
-                [*common, f"--output={predictions}", "--chunk_size=4", "--num_examples=8"],
-                {},
-            ),
-            ("cairn.launchers.train_main", args(world, run, 2), {}),
-            ("cairn.launchers.train_main", args(world, "gs://no-such-bucket/run", 2), {}),
-            ("cairn.launchers.train_main", args(world, "gs://cairn-test/run", 2), nobody.environ(world["env"])),
-            ("cairn.launchers.eval_main", common + ["--eval_dir=gs://no-such-bucket/eval"], {}),
-            ("cairn.launchers.infer_main", common + ["--output=gs://no-such-bucket/p.jsonl"], {}),
-        ],
-        env=world["env"],
-        timeout=600,
-        preload=("cairn.models", "cairn.trainer", "cairn.launchers.train_main"),
-    )
+    procs = []
+    for module, argv, env in [
+        ("cairn.launchers.infer_main", [*common, f"--output={predictions}", "--chunk_size=4", "--num_examples=8"], {}),
+        (TRAIN, args(world, run, 2), {}),
+        (TRAIN, args(world, "gs://no-such-bucket/run", 2), {}),
+        (TRAIN, args(world, "gs://cairn-test/run", 2), nobody.environ(world["env"])),
+        ("cairn.launchers.eval_main", common + ["--eval_dir=gs://no-such-bucket/eval"], {}),
+        ("cairn.launchers.infer_main", common + ["--output=gs://no-such-bucket/p.jsonl"], {}),
+    ]:
+        start = time.monotonic()
+        procs.append(spawner.call(module, argv, env=env, timeout=600))
+        procs[-1].seconds = time.monotonic() - start
     infer, locked, missing, unreachable, eval_missing, infer_missing = procs
     return {
         "infer": (predictions, infer),

@@ -3,7 +3,7 @@ devices with mesh data=2, fsdp=2, model=2 and the FSDP rules, started the way a 
 does (`CAIRN_COORDINATOR_ADDRESS`, `CAIRN_NUM_PROCESSES`, `CAIRN_PROCESS_ID` in the environment),
 against the standard run of 1 process x 8 devices with the same mesh
 (tests/fixtures/standard_runs.py); process 0 prints, process 1 does not. (4 processes with the
-model axis across them: `model_axis_test`.) The global batch of
+model axis across them: the middle stage of `elastic_resume_test`.) The global batch of
 every fingerprinted step is identical (batch fingerprints, compared bitwise), and losses and
 parameter sums agree within rtol 1e-5 (`//launchers:verify`): the processes' partial sums reach
 the all-reduces in another order, so the last bits may differ."""
