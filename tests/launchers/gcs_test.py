@@ -214,7 +214,7 @@ def test_two_processes_on_the_bucket_match_one(world, spawner):
     processes through tensorstore): bit-exact with the standard run of the same layout on local
     disk ("t5_2x2": losses, batch fingerprints, parameter checksums). Its cache is the one the
     first test wrote into the bucket. ("one": the one run on local disk it matches; 2 x 4
-    matching 1 x 8 is pod_layouts_test's.)"""
+    matching 1 x 8 is elastic_resume_test's last stage.)"""
     import pod_runs
 
     run = world["bucket"] + "/runs/t5-2x2"
