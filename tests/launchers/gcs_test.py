@@ -1,16 +1,15 @@
 """The default experiment with its model_dir and task cache in a bucket (gs://, a fake-gcs-server
 this module starts on a free port and kills at the end): `cache_tasks` (Beam, DirectRunner)
 writes the cache into the bucket, record for record what the in-process writer puts on local
-disk; the standard run "t5" (tests/fixtures/standard_runs.py) is trained in the bucket,
-SIGKILLed after a checkpoint, resumed, and bit-exact with the standard run on local disk
-(`verify`'s comparison across the two model_dirs); 2 processes x 2 devices on the bucket are
-bit-exact with the standard run of that layout on local disk ("t5_2x2"); no torn object after
-the kill; eval and infer reading that model_dir and writing there; the lock refusing a second
+disk; the standard run "t5_2x2" (tests/fixtures/standard_runs.py: 2 processes x 2 devices) is
+trained in the bucket, every process SIGKILLed during a save, resumed, and bit-exact with the
+standard run on local disk (`verify`'s comparison across the two model_dirs); no torn object
+after the kill; eval and infer reading that model_dir and writing there; the lock refusing a second
 run; a missing bucket and an unreachable endpoint as one line, exit 2. The training runs skip
 the final evaluation (eval_main is the evaluation under test here).
 
-The bucket runs train on the standard runs' layouts (1 x 8, 2 x 2: their bits are compared);
-everything else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
+The bucket run trains on its standard run's layout (2 x 2: their bits are compared); everything
+else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
 (`launch_util.devices`), which costs about half the CPU of 8. Every training, eval and infer
 process is forked from one interpreter that imported the train program (the `spawner` fixture),
 instead of starting a new interpreter each (about 2 s of CPU apiece); Beam's DirectRunner runs one
@@ -18,8 +17,6 @@ worker process (a worker process writing into the bucket is the property; a seco
 import TensorFlow and Beam again)."""
 
 import json
-import os
-import re
 import signal
 import socket
 import time
@@ -36,7 +33,7 @@ STEPS = standard_runs.STEPS
 TRAIN = "cairn.launchers.train_main"
 # Beam's DirectRunner with one worker process (the default starts two).
 ONE_WORKER = "--runner=DirectRunner --direct_num_workers=1 --direct_running_mode=multi_processing"
-# The bucket runs are the standard run "t5" with TensorBoard on (its files in the bucket are
+# The bucket run is the standard run "t5_2x2" with TensorBoard on (its files in the bucket are
 # checked): the one config key in which they differ from the archive's run.
 TENSORBOARD = "--config.trainer.tensorboard=True"
 
@@ -70,14 +67,6 @@ def spawner(world):
     preload = ("cairn.models", "cairn.trainer", TRAIN)
     with launch_util.Spawner(world["env"], preload=preload) as s:
         yield s
-
-
-def one_by_eight() -> dict:
-    """The variables of a forked run compared with the standard run "t5": its layout, 1 process x
-    8 devices (this process's `XLA_FLAGS`, with the tests' XLA options, at 8 devices: a forked
-    child keeps the options its interpreter started with only if they are passed on)."""
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {flags}".strip()}
 
 
 def args(world, model_dir, steps=STEPS, *extra):
@@ -117,21 +106,6 @@ def compare_with_standard(world, run, tensorboard=False, name="t5"):
     assert not report.data_differs and report.last_step == STEPS, report.text()
     assert report.losses_compared == STEPS and report.checksums_compared and report.batches_compared, report.text()
     return report
-
-
-def train_until_killed(spawner, world, model_dir, pattern, timeout=400):
-    """Starts a run (forked, 1 x 8), SIGKILLs its process group once `pattern` is in its stderr."""
-    log = world["tmp"] / "killed.err"
-    proc = spawner.popen(TRAIN, args(world, model_dir, STEPS, TENSORBOARD), os.devnull, str(log), env=one_by_eight())
-    deadline = time.monotonic() + timeout
-    try:
-        while pattern not in log.read_text(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return log.read_text(errors="replace")
 
 
 def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
@@ -179,14 +153,35 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     assert "shakespeare_span_corruption/train: ok" in capsys.readouterr().out
 
 
-def test_train_on_gs_killed_resumed_matches_local_disk(world, spawner):
-    """The standard run "t5" in the bucket (cache there too: the previous test wrote it),
-    SIGKILLed during a background save, resumed: bit-exact with the archive's run on local disk."""
-    gs_run = world["bucket"] + "/runs/t5"
+def test_two_processes_on_the_bucket_killed_resumed_match_local_disk(world, spawner):
+    """The standard run "t5_2x2" (2 processes x 2 devices) with model_dir and cache in the bucket
+    (the cache the previous test wrote; orbax writes from both processes through tensorstore),
+    every process SIGKILLed during a background save, resumed: bit-exact with the archive's run
+    of that layout on local disk (losses, batch fingerprints, parameter checksums). (2 x 4
+    matching 1 x 8 is elastic_resume_test's last stage.)"""
+    import pod_runs
+
+    gs_run = world["bucket"] + "/runs/t5-2x2"
+
+    def pod(name):
+        return pod_runs.Pod(
+            gs_run,
+            args(world, gs_run, STEPS, TENSORBOARD),
+            processes=2,
+            devices=2,
+            texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
+            log_name=name,
+            log_dir=world["tmp"],
+            spawner=spawner,  # its interpreter has the module's 2 devices and the emulator's variables
+        )
+
     # When step 8's save starts, step 4's has finished (a save waits for the previous one);
     # step 8's is then being written in the background as the kill lands.
     every = standard_runs.CHECKPOINT_EVERY
-    train_until_killed(spawner, world, gs_run, f"checkpoint at step {2 * every} (blocked")
+    with pod("killed") as killed:
+        for i in range(2):
+            killed.wait_for(rf"checkpoint at step {2 * every} \(blocked", process=i)
+        killed.kill(signal.SIGKILL)
     files = storage.file_sizes(gs_run)
     assert "config.json" in files and "cairn.lock" in files  # the kill left the lock
     # Nothing torn: every object that is there parses whole.
@@ -199,39 +194,15 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world, spawner):
             json.loads(line)
     assert f"checkpoints/{every}/commit_success.txt" in files
 
-    proc = spawner.call(TRAIN, args(world, gs_run, STEPS, TENSORBOARD), env=one_by_eight(), timeout=600)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    assert "taking over the stale lock" in proc.stderr and "restored step" in proc.stderr
-    assert f"trained to step {STEPS}" in proc.stdout
-    assert "cairn.lock" not in storage.file_sizes(gs_run)  # released at the end
-    assert any(n.startswith("tensorboard/train/events.") for n in storage.file_sizes(gs_run))
-    compare_with_standard(world, gs_run, tensorboard=True)
+    with pod("resumed") as resumed:
+        resumed.finish()
+        assert "taking over the stale lock" in resumed.stderr(0) and "restored step" in resumed.stderr(0)
+        assert f"trained to step {STEPS}" in resumed.stdout(0)
+    files = storage.file_sizes(gs_run)
+    assert "cairn.lock" not in files and f"checkpoints/{STEPS}/commit_success.txt" in files  # released at the end
+    assert any(n.startswith("tensorboard/train/events.") for n in files)
+    compare_with_standard(world, gs_run, tensorboard=True, name="t5_2x2")
     world["gs_run"] = gs_run
-
-
-def test_two_processes_on_the_bucket_match_one(world, spawner):
-    """2 processes x 2 devices, model_dir and cache in the bucket (orbax writes from both
-    processes through tensorstore): bit-exact with the standard run of the same layout on local
-    disk ("t5_2x2": losses, batch fingerprints, parameter checksums). Its cache is the one the
-    first test wrote into the bucket. ("one": the one run on local disk it matches; 2 x 4
-    matching 1 x 8 is elastic_resume_test's last stage.)"""
-    import pod_runs
-
-    run = world["bucket"] + "/runs/t5-2x2"
-    pod = pod_runs.Pod(
-        run,
-        args(world, run),
-        processes=2,
-        devices=2,
-        texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
-        log_name="t5-2x2",
-        log_dir=world["tmp"],
-        spawner=spawner,  # its interpreter has the module's 2 devices and the emulator's variables
-    )
-    with pod:
-        pod.finish()
-    assert f"checkpoints/{STEPS}/commit_success.txt" in storage.file_sizes(run)
-    compare_with_standard(world, run, name="t5_2x2")
 
 
 EVAL = ("--config.eval.num_examples=8", "--config.eval.batch_size=4")
@@ -247,7 +218,7 @@ def forked(world, spawner):
     bucket. (eval_main and infer_main define the same flag: each child imports its own.)"""
     gs_run = world.get("gs_run")
     if gs_run is None:
-        pytest.fail("needs the trained gs:// run of test_train_on_gs_killed_resumed_matches_local_disk")
+        pytest.fail("needs the trained gs:// run of test_two_processes_on_the_bucket_killed_resumed_match_local_disk")
     run = world["bucket"] + "/runs/locked"
     owner = {"pid": 12345, "host": "another-host"}
     assert storage.create_exclusive(run + "/cairn.lock", json.dumps(owner).encode())
@@ -284,7 +255,7 @@ def test_eval_and_infer_read_and_write_the_bucket(world, forked, monkeypatch):
     """`eval_main.evaluate` (what the program runs once its flags are parsed, called here: this
     process reads the bucket too) and the infer program (forked) on the bucket's run, both
     writing there."""
-    from cairn.launchers import config_io, eval_main
+    from cairn.launchers import config_base, config_io, eval_main
 
     gs_run = world["gs_run"]
     monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", world["env"]["CAIRN_SHAKESPEARE_DIR"])
@@ -292,6 +263,8 @@ def test_eval_and_infer_read_and_write_the_bucket(world, forked, monkeypatch):
     local.write_text(storage.read_text(gs_run + "/config.json"))
     config = config_io.resolve_paths(config_io.load_saved_config(str(local)))
     config.eval.num_examples, config.eval.batch_size = 8, 4  # EVAL
+    # The run trained as 2 processes (its config.json names the job); this eval is one process.
+    config.multihost = config_base.base_config().multihost
     assert config.model_dir == gs_run and config.data.cache_dir == world["gs_cache"]
     printed = []
     assert list(eval_main.evaluate(config, gs_run, STEPS, out=printed.append)) == [STEPS], printed
