@@ -53,7 +53,9 @@ def runs(tmp_path_factory):
     stderr): `{name: (process, model_dir)}`. They start from one tiny T5.1.1 (the Shakespeare
     vocabulary, rounded up) with a zero output kernel (uniform logits: the first loss is known
     exactly if the import is used), written here as a Hugging Face directory, a t5x checkpoint
-    and a cairn step folder; all read two short plays and share one task cache."""
+    and a cairn step folder; all read the standard runs' two short plays and their task cache
+    (`launch_util.standard_data`: caching, and the TensorFlow import it takes, is not what is
+    tested here)."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -61,8 +63,8 @@ def runs(tmp_path_factory):
     from cairn.models.t5x_checkpoint import export_t5x
 
     tmp = tmp_path_factory.mktemp("finetune")
-    env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp)}
-    cache = tmp / "cache"
+    texts, cache = launch_util.standard_data(tmp)  # the task is cached already: no run caches it
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
     params = EncoderDecoderModel(get_preset("t5_1_1_tiny", vocab_size=2176)).init(jax.random.PRNGKey(7))
     params["decoder"]["logits"] = np.zeros_like(params["decoder"]["logits"])
     hf_dir, t5x_dir, dense = tmp / "hf", tmp / "t5x", tmp / "dense"
@@ -106,6 +108,7 @@ def test_finetune_from_hugging_face_then_from_a_cairn_checkpoint(runs):
     proc, a = runs["hf"]
     assert proc.returncode == 0, launch_util.tail(proc)
     assert f"initial params from {hf_dir}" in proc.stdout and "trained to step 2" in proc.stdout
+    assert "caching task" not in proc.stdout  # the standard runs' cache of the same task
     assert abs(first_loss(a) - UNIFORM) < 1e-3, first_loss(a)
 
     proc, c = runs["from_hf_run"]  # init.checkpoint = the run above, step 2

@@ -1,25 +1,25 @@
 """The default experiment with its model_dir and task cache in a bucket (gs://, a fake-gcs-server
 this module starts on a free port and kills at the end): `cache_tasks` (Beam, DirectRunner)
 writes the cache into the bucket, record for record what the in-process writer puts on local
-disk; the standard run "t5" (tests/fixtures/standard_runs.py) is trained in the bucket,
-SIGKILLed after a checkpoint, resumed, and bit-exact with the standard run on local disk
-(`verify`'s comparison across the two model_dirs); 2 processes x 2 devices on the bucket are
-bit-exact with the standard run of that layout on local disk ("t5_2x2"); no torn object after
-the kill; eval and infer reading that model_dir and writing there; the lock refusing a second
+disk; the standard run "t5_2x2" (tests/fixtures/standard_runs.py: 2 processes x 2 devices) is
+trained in the bucket, every process SIGKILLed during a save, resumed, and bit-exact with the
+standard run on local disk (`verify`'s comparison across the two model_dirs); no torn object
+after the kill; eval and infer reading that model_dir and writing there; the lock refusing a second
 run; a missing bucket and an unreachable endpoint as one line, exit 2. The training runs skip
 the final evaluation (eval_main is the evaluation under test here).
 
-The bucket runs train on the standard runs' layouts (1 x 8, 2 x 2: their bits are compared);
-everything else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
-(`launch_util.devices`), which costs about half the CPU of 8."""
+The bucket run trains on its standard run's layout (2 x 2: their bits are compared); everything
+else here (this process's eval, the forked infer and refusals) runs on 2 CPU devices
+(`launch_util.devices`), which costs about half the CPU of 8. Every training, eval and infer
+process is forked from one interpreter that imported the train program (the `spawner` fixture),
+instead of starting a new interpreter each (about 2 s of CPU apiece); Beam's DirectRunner runs one
+worker process (a worker process writing into the bucket is the property; a second one would only
+import TensorFlow and Beam again)."""
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
-import threading
+import time
 
 import launch_util
 import pytest
@@ -30,9 +30,10 @@ from cairn.storage.testing import GcsEmulator
 
 devices = launch_util.devices_fixture(2)
 STEPS = standard_runs.STEPS
-# The environment of a run compared with the standard run "t5": its layout, 1 process x 8 devices.
-ONE_BY_EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-# The bucket runs are the standard run "t5" with TensorBoard on (its files in the bucket are
+TRAIN = "cairn.launchers.train_main"
+# Beam's DirectRunner with one worker process (the default starts two).
+ONE_WORKER = "--runner=DirectRunner --direct_num_workers=1 --direct_running_mode=multi_processing"
+# The bucket run is the standard run "t5_2x2" with TensorBoard on (its files in the bucket are
 # checked): the one config key in which they differ from the archive's run.
 TENSORBOARD = "--config.trainer.tensorboard=True"
 
@@ -57,6 +58,15 @@ def world(tmp_path_factory):
         }
     finally:
         emu.stop()
+
+
+@pytest.fixture(scope="module")
+def spawner(world):
+    """One interpreter that imported the train program (on the module's 2 devices, pointed at the
+    emulator) forks every training, eval and infer process of the module (`forks.Spawner`)."""
+    preload = ("cairn.models", "cairn.trainer", TRAIN)
+    with launch_util.Spawner(world["env"], preload=preload) as s:
+        yield s
 
 
 def args(world, model_dir, steps=STEPS, *extra):
@@ -98,46 +108,6 @@ def compare_with_standard(world, run, tensorboard=False, name="t5"):
     return report
 
 
-def child_env(env):
-    full = dict(os.environ)
-    full.update(env)
-    full.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    full.setdefault("JAX_PLATFORMS", "cpu")
-    full.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return full
-
-
-def train_until_killed(world, model_dir, pattern, timeout=400):
-    """Starts a run, SIGKILLs its process group once `pattern` is in its stderr."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cairn.launchers.train_main"] + args(world, model_dir, STEPS, TENSORBOARD),
-        env=child_env({**world["env"], **ONE_BY_EIGHT}),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(launch_util.REPO),
-        start_new_session=True,
-    )
-    seen, lines = threading.Event(), []
-
-    def read():
-        for line in proc.stderr:
-            lines.append(line)
-            if pattern in line:
-                seen.set()
-        seen.set()  # the run ended without it: the assertion below says why
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert seen.wait(timeout) and proc.poll() is None, "".join(lines[-40:])
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        reader.join(timeout=10)
-    return "".join(lines)
-
-
 def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     """`cache_main --beam` (a child process, as a user runs it) writes the cache into the bucket;
     the in-process writer (`cache_main.cache`, called here: this process reads the emulator too)
@@ -150,7 +120,12 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
 
     proc = launch_util.run(
         "cairn.launchers.cache_main",
-        [f"--config={launch_util.T5_CONFIG}", "--beam", f"--config.data.cache_dir={world['gs_cache']}"],
+        [
+            f"--config={launch_util.T5_CONFIG}",
+            "--beam",
+            f"--pipeline_options={ONE_WORKER}",
+            f"--config.data.cache_dir={world['gs_cache']}",
+        ],
         env=world["env"],
         timeout=900,
     )
@@ -178,14 +153,35 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     assert "shakespeare_span_corruption/train: ok" in capsys.readouterr().out
 
 
-def test_train_on_gs_killed_resumed_matches_local_disk(world):
-    """The standard run "t5" in the bucket (cache there too: the previous test wrote it),
-    SIGKILLed during a background save, resumed: bit-exact with the archive's run on local disk."""
-    gs_run = world["bucket"] + "/runs/t5"
+def test_two_processes_on_the_bucket_killed_resumed_match_local_disk(world, spawner):
+    """The standard run "t5_2x2" (2 processes x 2 devices) with model_dir and cache in the bucket
+    (the cache the previous test wrote; orbax writes from both processes through tensorstore),
+    every process SIGKILLed during a background save, resumed: bit-exact with the archive's run
+    of that layout on local disk (losses, batch fingerprints, parameter checksums). (2 x 4
+    matching 1 x 8 is elastic_resume_test's last stage.)"""
+    import pod_runs
+
+    gs_run = world["bucket"] + "/runs/t5-2x2"
+
+    def pod(name):
+        return pod_runs.Pod(
+            gs_run,
+            args(world, gs_run, STEPS, TENSORBOARD),
+            processes=2,
+            devices=2,
+            texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
+            log_name=name,
+            log_dir=world["tmp"],
+            spawner=spawner,  # its interpreter has the module's 2 devices and the emulator's variables
+        )
+
     # When step 8's save starts, step 4's has finished (a save waits for the previous one);
     # step 8's is then being written in the background as the kill lands.
     every = standard_runs.CHECKPOINT_EVERY
-    train_until_killed(world, gs_run, f"checkpoint at step {2 * every} (blocked")
+    with pod("killed") as killed:
+        for i in range(2):
+            killed.wait_for(rf"checkpoint at step {2 * every} \(blocked", process=i)
+        killed.kill(signal.SIGKILL)
     files = storage.file_sizes(gs_run)
     assert "config.json" in files and "cairn.lock" in files  # the kill left the lock
     # Nothing torn: every object that is there parses whole.
@@ -198,38 +194,15 @@ def test_train_on_gs_killed_resumed_matches_local_disk(world):
             json.loads(line)
     assert f"checkpoints/{every}/commit_success.txt" in files
 
-    proc = launch_util.train(args(world, gs_run, STEPS, TENSORBOARD), env={**world["env"], **ONE_BY_EIGHT}, timeout=600)
-    assert proc.returncode == 0, launch_util.tail(proc)
-    assert "taking over the stale lock" in proc.stderr and "restored step" in proc.stderr
-    assert f"trained to step {STEPS}" in proc.stdout
-    assert "cairn.lock" not in storage.file_sizes(gs_run)  # released at the end
-    assert any(n.startswith("tensorboard/train/events.") for n in storage.file_sizes(gs_run))
-    compare_with_standard(world, gs_run, tensorboard=True)
+    with pod("resumed") as resumed:
+        resumed.finish()
+        assert "taking over the stale lock" in resumed.stderr(0) and "restored step" in resumed.stderr(0)
+        assert f"trained to step {STEPS}" in resumed.stdout(0)
+    files = storage.file_sizes(gs_run)
+    assert "cairn.lock" not in files and f"checkpoints/{STEPS}/commit_success.txt" in files  # released at the end
+    assert any(n.startswith("tensorboard/train/events.") for n in files)
+    compare_with_standard(world, gs_run, tensorboard=True, name="t5_2x2")
     world["gs_run"] = gs_run
-
-
-def test_two_processes_on_the_bucket_match_one(world):
-    """2 processes x 2 devices, model_dir and cache in the bucket (orbax writes from both
-    processes through tensorstore): bit-exact with the standard run of the same layout on local
-    disk ("t5_2x2": losses, batch fingerprints, parameter checksums). Its cache is the one the
-    first test wrote into the bucket. ("one": the one run on local disk it matches; 2 x 4
-    matching 1 x 8 is pod_layouts_test's.)"""
-    import pod_runs
-
-    run = world["bucket"] + "/runs/t5-2x2"
-    pod = pod_runs.Pod(
-        run,
-        args(world, run),
-        processes=2,
-        devices=2,
-        texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],
-        log_name="t5-2x2",
-        log_dir=world["tmp"],
-    )
-    with pod:
-        pod.finish()
-    assert f"checkpoints/{STEPS}/commit_success.txt" in storage.file_sizes(run)
-    compare_with_standard(world, run, name="t5_2x2")
 
 
 EVAL = ("--config.eval.num_examples=8", "--config.eval.batch_size=4")
@@ -237,15 +210,15 @@ INFER = ("--chunk_size=4", "--num_examples=8")
 
 
 @pytest.fixture(scope="module")
-def forked(world):
-    """The programs in processes forked from one interpreter that imported train
-    (`launch_util.run_forked_each`: each its own exit status, stdout and stderr): infer on the
-    bucket's trained run (test_train_on_gs_...), writing there; train on a model_dir whose lock
-    another host holds, on a missing bucket and with an unreachable endpoint; eval and infer
-    writing into a missing bucket."""
+def forked(world, spawner):
+    """The programs in processes forked by the module's `spawner` (each its own exit status,
+    stdout and stderr), one after the other: infer on the bucket's trained run
+    (test_train_on_gs_...), writing there; train on a model_dir whose lock another host holds, on
+    a missing bucket and with an unreachable endpoint; eval and infer writing into a missing
+    bucket. (eval_main and infer_main define the same flag: each child imports its own.)"""
     gs_run = world.get("gs_run")
     if gs_run is None:
-        pytest.fail("needs the trained gs:// run of test_train_on_gs_killed_resumed_matches_local_disk")
+        pytest.fail("needs the trained gs:// run of test_two_processes_on_the_bucket_killed_resumed_match_local_disk")
     run = world["bucket"] + "/runs/locked"
     owner = {"pid": 12345, "host": "another-host"}
     assert storage.create_exclusive(run + "/cairn.lock", json.dumps(owner).encode())
@@ -256,23 +229,18 @@ def forked(world):
     nobody.url = f"http://127.0.0.1:{port}"
     common = args(world, gs_run, STEPS, TENSORBOARD, *EVAL)
     predictions = f"{gs_run}/predictions.jsonl"
-    procs = launch_util.run_forked_each(
-        [
-            (
-                "cairn.launchers.infer_main",
-                [*common, f"--output={predictions}", "--chunk_size=4", "--num_examples=8"],
-                {},
-            ),
-            ("cairn.launchers.train_main", args(world, run, 2), {}),
-            ("cairn.launchers.train_main", args(world, "gs://no-such-bucket/run", 2), {}),
-            ("cairn.launchers.train_main", args(world, "gs://cairn-test/run", 2), nobody.environ(world["env"])),
-            ("cairn.launchers.eval_main", common + ["--eval_dir=gs://no-such-bucket/eval"], {}),
-            ("cairn.launchers.infer_main", common + ["--output=gs://no-such-bucket/p.jsonl"], {}),
-        ],
-        env=world["env"],
-        timeout=600,
-        preload=("cairn.models", "cairn.trainer", "cairn.launchers.train_main"),
-    )
+    procs = []
+    for module, argv, env in [
+        ("cairn.launchers.infer_main", [*common, f"--output={predictions}", "--chunk_size=4", "--num_examples=8"], {}),
+        (TRAIN, args(world, run, 2), {}),
+        (TRAIN, args(world, "gs://no-such-bucket/run", 2), {}),
+        (TRAIN, args(world, "gs://cairn-test/run", 2), nobody.environ(world["env"])),
+        ("cairn.launchers.eval_main", common + ["--eval_dir=gs://no-such-bucket/eval"], {}),
+        ("cairn.launchers.infer_main", common + ["--output=gs://no-such-bucket/p.jsonl"], {}),
+    ]:
+        start = time.monotonic()
+        procs.append(spawner.call(module, argv, env=env, timeout=600))
+        procs[-1].seconds = time.monotonic() - start
     infer, locked, missing, unreachable, eval_missing, infer_missing = procs
     return {
         "infer": (predictions, infer),
@@ -287,7 +255,7 @@ def test_eval_and_infer_read_and_write_the_bucket(world, forked, monkeypatch):
     """`eval_main.evaluate` (what the program runs once its flags are parsed, called here: this
     process reads the bucket too) and the infer program (forked) on the bucket's run, both
     writing there."""
-    from cairn.launchers import config_io, eval_main
+    from cairn.launchers import config_base, config_io, eval_main
 
     gs_run = world["gs_run"]
     monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", world["env"]["CAIRN_SHAKESPEARE_DIR"])
@@ -295,6 +263,8 @@ def test_eval_and_infer_read_and_write_the_bucket(world, forked, monkeypatch):
     local.write_text(storage.read_text(gs_run + "/config.json"))
     config = config_io.resolve_paths(config_io.load_saved_config(str(local)))
     config.eval.num_examples, config.eval.batch_size = 8, 4  # EVAL
+    # The run trained as 2 processes (its config.json names the job); this eval is one process.
+    config.multihost = config_base.base_config().multihost
     assert config.model_dir == gs_run and config.data.cache_dir == world["gs_cache"]
     printed = []
     assert list(eval_main.evaluate(config, gs_run, STEPS, out=printed.append)) == [STEPS], printed

@@ -2,7 +2,11 @@
 and `partitioning.mesh.expert` (bad values: `ConfigError` naming the key; one line, exit 2 from
 the train entry point), a config saved before the keys existed resumes, shakespeare_moe_tiny
 trained a few steps with expert parallelism (routing metrics in metrics.jsonl and on the
-progress line), and moe_1b_pretrain through the JobSet renderer's dry run."""
+progress line), and moe_1b_pretrain through the JobSet renderer's dry run.
+
+The train program's runs are processes forked from one interpreter that imported it (the
+`programs` fixture), on 4 CPU devices (`launch_util.devices`): an expert axis of 4 needs no more,
+and a training child compiles for 4 devices instead of 8."""
 
 import json
 
@@ -15,6 +19,15 @@ from cairn.launchers.validation import ConfigError
 
 CONFIG = str(launch_util.CONFIGS / "shakespeare_moe_tiny.py")
 MOE_1B = "launchers/configs/moe_1b_pretrain.py"
+
+devices = launch_util.devices_fixture(4)
+
+
+@pytest.fixture(scope="module")
+def programs(devices):
+    """The train program, forked (the module's `devices` in its environment): `programs.run(args, env)`."""
+    with launch_util.ForkServer("cairn.launchers.train_main", preload=("cairn.models", "cairn.trainer")) as server:
+        yield server
 
 
 def _config(**keys):
@@ -85,8 +98,8 @@ def test_a_config_saved_before_the_moe_keys_resumes(tmp_path):
         resume_check.check(config, allowed=[])
 
 
-def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(tmp_path):
-    proc = launch_util.train(
+def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(programs, tmp_path):
+    proc = programs.run(
         [f"--config={CONFIG}", f"--config.model_dir={tmp_path / 'run'}", "--config.model.moe.top_k=5"], timeout=180
     )
     assert proc.returncode == 2, launch_util.tail(proc)
@@ -95,7 +108,7 @@ def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(tmp_path):
     assert line.startswith("error: config key 'model.moe.top_k': moe.top_k (5) must be <= moe.num_experts (4)"), line
 
 
-def test_a_short_expert_parallel_run_logs_the_routing_metrics(tmp_path):
+def test_a_short_expert_parallel_run_logs_the_routing_metrics(programs, devices, tmp_path):
     env = {"CAIRN_SHAKESPEARE_DIR": launch_util.small_texts(tmp_path)}
     args = [
         f"--config={CONFIG}",
@@ -104,12 +117,16 @@ def test_a_short_expert_parallel_run_logs_the_routing_metrics(tmp_path):
         "--config.num_train_steps=3",
         "--config.data.batch_size=8",
         "--config.trainer.log_every=1",
-        "--config.partitioning.mesh.expert=4",  # 8 devices: data 2 x expert 4
+        "--config.partitioning.mesh.expert=4",  # 4 devices: one expert each (data 1 x expert 4)
         "--config.post_training.final_eval=False",
         "--config.post_training.prompts=()",
     ]
-    proc = launch_util.train(args, env=env, timeout=300)
+    proc = programs.run(args, env=env, timeout=300)
     assert proc.returncode == 0, launch_util.tail(proc)
+    assert (
+        devices == 4
+        and json.loads((tmp_path / "run" / "fingerprint" / "header.json").read_text())["mesh"]["expert"] == 4
+    )
     rows = [json.loads(line) for line in open(tmp_path / "run" / "summaries" / "metrics.jsonl")]
     train = {(r["step"], r["metric"]): r["value"] for r in rows if r["task"] == "train"}
     for step in (1, 2, 3):

@@ -1,15 +1,16 @@
 """Preemption, asynchronous checkpoints and lost processes on 2 processes x 2 CPU devices
 (127.0.0.1, the train entry point), as one run that meets them in turn: (c) SIGTERM to every
 process (each saves the same step and exits 0); then, resumed, saves run in the background on
-every process while training goes on, and SIGKILL of every process while a save is being written
-leaves the previous checkpoint; (d) then, resumed, SIGTERM to one process (every process saves
-the same step and exits 0); then, resumed, SIGKILL of one process (the other stops within
-`multihost.heartbeat_timeout_seconds` with one line naming it, exit status 3, no C++ stack
-trace); then resumed to the end, bit-identical to the uninterrupted standard run of the same
-layout (tests/fixtures/standard_runs.py; `verify`, exact), with no torn save left behind. (One
-run through five process groups instead of two runs through three each: each stage's processes
-cost their start-up, and the final resume and comparison are shared; the ten processes are forked
-from one interpreter that imported the train program, `pod_runs.spawner`.) Also, from that
+every process while training goes on, and SIGKILL of one process while a save is being written:
+the other stops within `multihost.heartbeat_timeout_seconds` with one line naming it (exit
+status 3, no C++ stack trace), and the interrupted save leaves the previous checkpoint; (d)
+then, resumed, SIGTERM to one process (every process saves the same step and exits 0); then
+resumed to the end, bit-identical to the uninterrupted standard run of the same layout
+(tests/fixtures/standard_runs.py; `verify`, exact), with no torn save left behind. (One run
+through four process groups: each stage's processes cost their start-up, and the final resume
+and comparison are shared; the eight processes are forked from one interpreter that imported the
+train program, `pod_runs.spawner`. Every process SIGKILLed during a save, then resumed bit-exact:
+gcs_test's bucket run.) Also, from that
 standard run: only process 0 writes summaries, and process 1 logs an MFU comparable to process
 0's."""
 
@@ -81,9 +82,8 @@ def agreed_stop(pod):
 
 
 def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, spawner, tmp_path):
-    """The run of the module docstring: SIGTERM to all, SIGKILL of all during a background save,
-    SIGTERM to one, SIGKILL of one, resumed to the end (the name predates the first two stages,
-    pod_checkpoint_test's until they joined this run)."""
+    """The run of the module docstring: SIGTERM to all, SIGKILL of one during a background save
+    (the other stops within the bound), SIGTERM to one, resumed to the end."""
     model_dir = tmp_path / "faults"
     args = pod_runs.overrides(
         model_dir, standard.cache, sr.STEPS, [f"--config.multihost.heartbeat_timeout_seconds={BOUND_S}"]
@@ -98,16 +98,30 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, s
         step, _ = agreed_stop(pod)
     assert 2 <= step < 8 and checkpoints(model_dir)[-1] == step, (step, checkpoints(model_dir))
 
-    # 2. Resumed: checkpoint 8 is being written in the background on every process when all die.
+    # 2. Resumed: checkpoint 8 is being written in the background on every process when process 1
+    # is SIGKILLed; process 0 stops within the bound, one line, exit 3, and step 8 is never saved.
     with pod_runs.Pod(
-        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_all", spawner=spawner
+        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_one", spawner=spawner
     ) as pod:
         for i in range(PROCESSES):  # save() has returned on every process...
             pod.wait_for(r"checkpoint at step 8 \(blocked the loop", process=i)
-        pod.kill(signal.SIGKILL)  # ...and every process dies while step 8 is being written
+        assert f"restored step {step} from" in pod.stderr(0), pod.tails()
+        killed_at = time.monotonic()
+        pod.kill(signal.SIGKILL, which=[1])  # ...and process 1 dies while step 8 is being written
+        [code] = pod.wait(which=[0])
+        elapsed = time.monotonic() - killed_at
         for i in range(PROCESSES):  # every process saved in the background, training on meanwhile
             background = re.findall(r"checkpoint at step (\d+) \(blocked the loop", pod.stderr(i))
             assert background == [str(s) for s in (4, 8) if s > step], (i, background, pod.tails())
+        stderr = pod.stderr(0)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 3, f"exit status {code}:\n{stderr[-3000:]}"
+    assert re.fullmatch(r"error: process 1 of 2 stopped responding \(no heartbeat for \d+ s\); stopping", lines[-1]), (
+        lines[-3:]
+    )
+    assert elapsed < BOUND_S + MARGIN_S, elapsed
+    for trace in ("Check failure", "Traceback", "Fatal Python error", "stack trace"):
+        assert trace not in stderr, stderr[-3000:]
     on_disk = checkpoints(model_dir)
     assert 8 not in on_disk and on_disk[-1] == 4, f"the kill should interrupt the save of step 8: {on_disk}"
 
@@ -122,32 +136,12 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, s
     assert who == ["another", "this"], who
     assert 5 <= step < sr.STEPS and checkpoints(model_dir)[-1] == step, (step, checkpoints(model_dir))
 
-    # 4. Resumed, then SIGKILL of process 1: process 0 stops within the bound, one line, exit 3.
-    with pod_runs.Pod(
-        model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="sigkill_one", spawner=spawner
-    ) as pod:
-        pod.wait_for(rf"train step {step + 1}:", process=1)
-        assert f"restored step {step} from" in pod.stderr(0), pod.tails()
-        killed_at = time.monotonic()
-        pod.kill(signal.SIGKILL, which=[1])
-        [code] = pod.wait(which=[0])
-        elapsed = time.monotonic() - killed_at
-        stderr = pod.stderr(0)
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert code == 3, f"exit status {code}:\n{stderr[-3000:]}"
-    assert re.fullmatch(r"error: process 1 of 2 stopped responding \(no heartbeat for \d+ s\); stopping", lines[-1]), (
-        lines[-3:]
-    )
-    assert elapsed < BOUND_S + MARGIN_S, elapsed
-    for trace in ("Check failure", "Traceback", "Fatal Python error", "stack trace"):
-        assert trace not in stderr, stderr[-3000:]
-
-    # 5. Resumed to the end: the same bits as the run that never stopped, no torn save left.
+    # 4. Resumed to the end: the same bits as the run that never stopped, no torn save left.
     with pod_runs.Pod(model_dir, args, PROCESSES, DEVICES, standard.texts, log_name="resumed", spawner=spawner) as pod:
         pod.finish()
-        assert "restored step" in pod.stderr(0), pod.tails()
+        assert f"restored step {step} from" in pod.stderr(0), pod.tails()
     leftovers = [p.name for p in (model_dir / "checkpoints").iterdir() if not p.name.isdigit()]
-    assert leftovers == [], leftovers  # the interrupted saves' temporary directories were removed
+    assert leftovers == [], leftovers  # the interrupted save's temporary directories were removed
     report = sr.verify(standard.run("t5_2x2"), model_dir)
     assert report.returncode == 0, report.stdout + report.stderr
     assert f"identical through step {sr.STEPS}" in report.stdout, report.stdout

@@ -2,7 +2,8 @@
 model_dir under the user's directory, printed first; a changed setting refused before anything
 is written (exit 2, each key old -> new, the two ways on), or allowed with `--allow_changed`;
 nothing left to train is "already at step N of N", exit 0; a run's config.json given back as
-`--config` reproduces the run (`verify` says equal).
+`--config` reproduces the run (`verify` says equal). Both tests start from one run (the
+`first_run` fixture: the run whose config.json is given back is the one later refused and resumed).
 
 The child processes run on 2 CPU devices (`launch_util.devices`): every run compared here is
 one of its own, on the same 2, and a training child on 2 devices costs about half the CPU of one
@@ -68,17 +69,34 @@ def snapshot(model_dir):
     return out
 
 
-def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(train, tmp_path, texts, cache_dir):
-    env = {"CAIRN_SHAKESPEARE_DIR": texts, "BUILD_WORKING_DIRECTORY": str(tmp_path)}
-    model_dir = tmp_path / "runs" / "shakespeare_t5_tiny"  # the default, under the user's directory
-    first = train(short(cache_dir, 4), env=env)
+@pytest.fixture(scope="module")
+def first_run(train, tmp_path_factory, texts, cache_dir):
+    """The run both tests start from, 4 steps in the default model_dir under the user's
+    directory, with a model override (kept in config.json); and a second run trained from its
+    config.json (`--config=<model_dir>/config.json`) with `verify` on the two, before the first
+    one is resumed: `(model_dir, env, first process, second process, verify process)`."""
+    tmp = tmp_path_factory.mktemp("resume")
+    env = {"CAIRN_SHAKESPEARE_DIR": texts, "BUILD_WORKING_DIRECTORY": str(tmp)}
+    model_dir = tmp / "runs" / "shakespeare_t5_tiny"  # the default, under the user's directory
+    first = train(short(cache_dir, 4, DROPOUT), env=env)
     assert first.returncode == 0, launch_util.tail(first)
+    again = train([f"--config={model_dir / 'config.json'}", f"--config.model_dir={tmp / 'b'}"], env=env)
+    assert again.returncode == 0, launch_util.tail(again)
+    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={model_dir}", f"--run_b={tmp / 'b'}"])
+    return model_dir, env, first, again, verify
+
+
+DROPOUT = "--config.model.overrides.dropout_rate=0.0"
+
+
+def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(train, first_run, cache_dir):
+    model_dir, env, first, _, _ = first_run
     assert first.stdout.splitlines()[0] == f"model_dir: {model_dir}"
     assert json.loads((model_dir / "config.json").read_text())["model_dir"] == "runs/shakespeare_t5_tiny"
     before = snapshot(model_dir)
 
     # A changed learning rate (and the final learning rate derived from it) is refused.
-    refused = train(short(cache_dir, 6, "--config.optimizer.learning_rate=0.01"), env=env)
+    refused = train(short(cache_dir, 6, DROPOUT, "--config.optimizer.learning_rate=0.01"), env=env)
     assert refused.returncode == 2, launch_util.tail(refused)
     assert "Traceback" not in refused.stderr and "loss nan" not in refused.stdout
     err = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
@@ -91,32 +109,27 @@ def test_changed_settings_are_refused_or_allowed_and_a_finished_run_says_so(trai
     assert snapshot(model_dir) == before  # config.json not overwritten, nothing written
 
     # The same run again: nothing left to train.
-    again = train(short(cache_dir, 4), env=env)
+    again = train(short(cache_dir, 4, DROPOUT), env=env)
     assert again.returncode == 0, launch_util.tail(again)
     assert "already at step 4 of 4" in again.stdout
     assert "nan" not in again.stdout
 
     # Allowed explicitly: resumes from step 4 with the new settings, and config.json says so.
-    allowed = train(short(cache_dir, 6, "--config.optimizer.learning_rate=0.01", "--allow_changed=optimizer"), env=env)
+    allowed = train(
+        short(cache_dir, 6, DROPOUT, "--config.optimizer.learning_rate=0.01", "--allow_changed=optimizer"), env=env
+    )
     assert allowed.returncode == 0, launch_util.tail(allowed)
     assert "restored step 4" in allowed.stderr and "trained to step 6" in allowed.stdout
     assert json.loads((model_dir / "config.json").read_text())["optimizer"]["learning_rate"] == 0.01
 
-    unknown = train(short(cache_dir, 6, "--allow_changed=optimizer.learning_rat"), env=env)
+    unknown = train(short(cache_dir, 6, DROPOUT, "--allow_changed=optimizer.learning_rat"), env=env)
     assert unknown.returncode == 2 and "optimizer.learning_rat" in unknown.stderr, launch_util.tail(unknown)
 
 
-def test_a_saved_config_reproduces_the_run(train, tmp_path, texts, cache_dir):
-    env = {"CAIRN_SHAKESPEARE_DIR": texts}
-    run_a, run_b = tmp_path / "a", tmp_path / "b"
-    first = train(
-        short(cache_dir, 4, f"--config.model_dir={run_a}", "--config.model.overrides.dropout_rate=0.0"), env=env
-    )
-    assert first.returncode == 0, launch_util.tail(first)
-    saved = json.loads((run_a / "config.json").read_text())
+def test_a_saved_config_reproduces_the_run(first_run):
+    """The fixture's second run, from the first one's config.json, trained the same (`verify`)."""
+    model_dir, _, _, again, verify = first_run
+    saved = json.loads((model_dir / "config.json").read_text())
     assert saved["model"]["overrides"] == {"dropout_rate": 0.0}
-    again = train([f"--config={run_a / 'config.json'}", f"--config.model_dir={run_b}"], env=env)
-    assert again.returncode == 0, launch_util.tail(again)
     assert "trained to step 4" in again.stdout
-    verify = launch_util.run("cairn.launchers.verify", [f"--run_a={run_a}", f"--run_b={run_b}"])
     assert verify.returncode == 0, launch_util.tail(verify)

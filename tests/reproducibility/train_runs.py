@@ -139,6 +139,31 @@ def train_group(
     return logs
 
 
+def train_group_from_environment(
+    model_dir: Path, std: sr.Standard, processes: int, devices_each: int, extra: Sequence[str] = ()
+) -> list[tuple[Path, Path]]:
+    """One run as `processes` processes x `devices_each` CPU devices started the way a cluster
+    scheduler does (`CAIRN_COORDINATOR_ADDRESS`, `CAIRN_NUM_PROCESSES` and `CAIRN_PROCESS_ID` in
+    the environment, no multihost flags), to the end; returns each process's (stdout, stderr)."""
+    shared = {"CAIRN_COORDINATOR_ADDRESS": f"127.0.0.1:{sr.free_port()}", "CAIRN_NUM_PROCESSES": str(processes)}
+    logs = [
+        (model_dir.parent / f"{model_dir.name}-env-p{i}.out", model_dir.parent / f"{model_dir.name}-env-p{i}.err")
+        for i in range(processes)
+    ]
+    args = sr.overrides(model_dir, std.cache, extra=extra)
+    spawner = _spawner(devices_each, std.texts)
+    procs = [
+        spawner.popen(TRAIN, args, stdout=out, stderr=err, env={**shared, "CAIRN_PROCESS_ID": str(i)})
+        for i, (out, err) in enumerate(logs)
+    ]
+    try:
+        for p, (_, err) in zip(procs, logs):
+            finish(p, err)
+    finally:
+        kill_all(procs)
+    return logs
+
+
 def kill_all(procs: list) -> None:
     for p in procs:
         if p.poll() is None:
