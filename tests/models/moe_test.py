@@ -202,10 +202,14 @@ def test_jitter_noise_only_when_training_and_deterministic_given_the_rng():
     x = _x()
     moe = MoeConfig(num_experts=4, top_k=2, jitter_noise=0.5, dropless=True)
 
+    compiled = {}  # one program per (deterministic, config): op by op, each operation compiles its own
+
     def run(deterministic, seed=None, config=moe, params=None):
-        module = MoeMlp(config, MLP, router_stddev=1.0, deterministic=deterministic)
+        if (deterministic, config) not in compiled:
+            module = MoeMlp(config, MLP, router_stddev=1.0, deterministic=deterministic)
+            compiled[deterministic, config] = jax.jit(lambda p, rngs: module.apply({"params": p}, x, rngs=rngs))
         rngs = None if seed is None else {"dropout": jax.random.PRNGKey(seed)}
-        return np.asarray(module.apply({"params": params}, x, rngs=rngs))
+        return np.asarray(compiled[deterministic, config](params, rngs))
 
     params = _init(MoeMlp(moe, MLP, router_stddev=1.0), x)
     quiet = run(True, config=moe.replace(jitter_noise=0.0), params=params)
@@ -276,9 +280,12 @@ def test_loss_adds_the_weighted_router_losses_and_reaches_the_router(tiny):
 
     @jax.jit
     def run(p):
-        return jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch), model.apply(p, batch), jax.grad(aux_loss)(p)
+        # The plain cross-entropy of the logits too (in the one program: op by op, each of its
+        # operations would compile its own).
+        ce = loss_and_metrics(model.apply(p, batch), batch, 0.0, model.z_loss, None)[0]
+        return jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch), ce, jax.grad(aux_loss)(p)
 
-    ((loss, metrics), grads), logits, aux_grads = run(params)
+    ((loss, metrics), grads), ce, aux_grads = run(params)
     assert {"moe/load_balance_loss", "moe/router_z_loss", "moe/dropped_fraction", "moe/aux_loss"} <= set(metrics)
     moe = model.config.moe
     aux = (
@@ -289,7 +296,6 @@ def test_loss_adds_the_weighted_router_losses_and_reaches_the_router(tiny):
     # Top 2 of 4 experts at initialisation: near 2 (the uniform value for top 2), z-loss near (ln 4)^2.
     assert 1.5 < float(metrics["moe/load_balance_loss"]) < 2.5
     assert float(metrics["moe/router_z_loss"]) == pytest.approx(np.log(4.0) ** 2, rel=0.15)
-    ce, _ = loss_and_metrics(logits, batch, 0.0, model.z_loss, None)
     assert float(loss) == pytest.approx(float(ce + metrics["moe/aux_loss"]), rel=1e-6)
     assert float(metrics["loss"]) == float(loss)
     assert float(loss) == pytest.approx(
