@@ -28,8 +28,14 @@ def _slots(entries, t=4, e=3, c=2):
     return out
 
 
+# Routing compiled once per (shape, k, capacity, renormalize): op by op, each of its operations
+# would compile its own.
+_token_choice = jax.jit(token_choice, static_argnums=(1, 2, 3))
+_expert_choice = jax.jit(expert_choice, static_argnums=1)
+
+
 def _route(probs, k, capacity, renormalize):
-    return [np.asarray(a) for a in token_choice(jnp.asarray(probs), k, capacity, renormalize)]
+    return [np.asarray(a) for a in _token_choice(jnp.asarray(probs), k, capacity, renormalize)]
 
 
 def test_token_choice_first_choices_before_second_choices():
@@ -85,13 +91,13 @@ def test_capacity_is_per_group():
 
 
 def test_expert_choice_each_expert_takes_its_best_tokens():
-    dispatch, combine, dropped = (np.asarray(a) for a in expert_choice(jnp.asarray(PROBS), 1))
+    dispatch, combine, dropped = (np.asarray(a) for a in _expert_choice(jnp.asarray(PROBS), 1))
     # e0's column (.6, .2, .1, .5) -> t0; e1's (.3, .7, .5, .05) -> t1; e2's (.1, .1, .4, .45) -> t3.
     taken = [(0, 0, 0, 0.6), (1, 1, 0, 0.7), (3, 2, 0, 0.45)]
     np.testing.assert_array_equal(dispatch, _slots([(t, e, c, 1.0) for t, e, c, _ in taken], c=1))
     np.testing.assert_allclose(combine, _slots(taken, c=1), rtol=1e-6)
     assert dropped == pytest.approx(1 / 4)  # t2: chosen by nobody
-    dispatch, combine, dropped = (np.asarray(a) for a in expert_choice(jnp.asarray(PROBS), 2))
+    dispatch, combine, dropped = (np.asarray(a) for a in _expert_choice(jnp.asarray(PROBS), 2))
     # Two each: e0 t0, t3; e1 t1, t2; e2 t3, t2 (t3 goes to two experts; nobody is left out).
     taken = [(0, 0, 0), (3, 0, 1), (1, 1, 0), (2, 1, 1), (3, 2, 0), (2, 2, 1)]
     np.testing.assert_array_equal(dispatch, _slots([(t, e, c, 1.0) for t, e, c in taken]))
