@@ -109,6 +109,7 @@ def test_packed_batch_loss_equals_unpacked_losses(tiny):
     models = [EncoderDecoderModel(config, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor=f) for f in factors]
     params = tiny.random_params(models[0])
     packed, unpacked = _packed_batch(tiny.random_tokens, config.vocab_size)
+
     def row_losses(logits, factor):
         """Each sequence's loss on its own, from the unpacked rows' logits."""
         return [
@@ -125,7 +126,9 @@ def test_packed_batch_loss_equals_unpacked_losses(tiny):
 
     def run(p):
         logits = models[0].apply(p, unpacked)
-        return [(m.loss_fn(p, packed), m.loss_fn(p, unpacked)[0], row_losses(logits, f)) for m, f in zip(models, factors)]
+        return [
+            (m.loss_fn(p, packed), m.loss_fn(p, unpacked)[0], row_losses(logits, f)) for m, f in zip(models, factors)
+        ]
 
     # Everything in the one program (op by op, each operation would compile its own).
     results = jax.jit(run)(params)
