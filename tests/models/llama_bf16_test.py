@@ -1,14 +1,12 @@
 """Mixed precision on a tiny Llama, 50 AdamW steps from the same initial values:
 
 * bfloat16 compute with float32 parameters (the training policy) follows the float32 run's loss
-  within 0.5 % at every step (measured: <= 0.09 %);
+  within 0.5 % at every step (measured: <= 0.21 %, with the tests' XLA options);
 * bfloat16 parameters follow it within 2 % over the first 10 steps (measured 1.1 %) and still
   learn, but lag behind after that: an update smaller than half a bfloat16 step of its weight is
   lost (the RMSNorm scales at 1.0 move in steps of 2**-7), so train with float32 parameters;
 * the policy itself: float32 logits and loss, parameters in `param_dtype`, activations in `dtype`.
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -34,17 +32,10 @@ def _batch():
     }
 
 
-@functools.cache
-def _initial():
-    """The float32 initial values, drawn once for the three runs."""
-    return DecoderOnlyModel(CONFIG).init(jax.random.PRNGKey(0))
-
-
-def _losses(dtype: str, param_dtype: str) -> np.ndarray:
+def _losses(initial, dtype: str, param_dtype: str) -> np.ndarray:
     config = CONFIG.replace(dtype=dtype, param_dtype=param_dtype)
     model = DecoderOnlyModel(config, z_loss=1e-4, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS")
     # The same initial values in every run (bf16 parameters: the float32 ones rounded).
-    initial = _initial()
     params = jax.tree_util.tree_map(lambda x: x.astype(param_dtype), initial)
     optimizer = optax.adamw(3e-3, weight_decay=0.0)
     batch = _batch()
@@ -64,19 +55,27 @@ def _losses(dtype: str, param_dtype: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def float32_losses():
-    return _losses("float32", "float32")
+def initial(tiny):
+    """The float32 initial values, drawn once for the three runs as the init draws them (every
+    kernel and the embedding normal(0, init_std), norm scales 1), with numpy: the init's
+    random-number program is not compiled."""
+    return tiny.random_params(DecoderOnlyModel(CONFIG), std=CONFIG.init_std)
 
 
-def test_bf16_compute_with_float32_params_follows_float32_within_half_a_percent(float32_losses):
-    bf16 = _losses("bfloat16", "float32")
+@pytest.fixture(scope="module")
+def float32_losses(initial):
+    return _losses(initial, "float32", "float32")
+
+
+def test_bf16_compute_with_float32_params_follows_float32_within_half_a_percent(initial, float32_losses):
+    bf16 = _losses(initial, "bfloat16", "float32")
     assert float32_losses[-1] < 0.2 * float32_losses[0]  # it learns
     rel = np.abs(bf16 - float32_losses) / float32_losses
     assert rel.max() < 0.005, (rel.max(), int(rel.argmax()))
 
 
-def test_bf16_params_follow_float32_at_first_and_still_learn(float32_losses):
-    bf16 = _losses("bfloat16", "bfloat16")
+def test_bf16_params_follow_float32_at_first_and_still_learn(initial, float32_losses):
+    bf16 = _losses(initial, "bfloat16", "bfloat16")
     rel = np.abs(bf16 - float32_losses) / float32_losses
     assert rel[:10].max() < 0.02, rel[:10]
     assert bf16[-1] < 0.2 * bf16[0]

@@ -109,25 +109,31 @@ def test_packed_batch_loss_equals_unpacked_losses(tiny):
     models = [EncoderDecoderModel(config, label_smoothing=0.1, z_loss=1e-3, loss_normalizing_factor=f) for f in factors]
     params = tiny.random_params(models[0])
     packed, unpacked = _packed_batch(tiny.random_tokens, config.vocab_size)
-    # Each sequence's loss on its own comes from the unpacked rows' logits.
-    results, logits = jax.jit(
-        lambda p: ([(m.loss_fn(p, packed), m.loss_fn(p, unpacked)[0]) for m in models], models[0].apply(p, unpacked))
-    )(params)
-    for factor, ((packed_loss, metrics), unpacked_loss) in zip(factors, results, strict=True):
-        row_losses = [
-            float(
-                losses.weighted_cross_entropy(
-                    logits[i : i + 1],
-                    unpacked["decoder_target_tokens"][i : i + 1],
-                    unpacked["decoder_loss_weights"][i : i + 1],
-                    label_smoothing=0.1,
-                    z_loss=1e-3,
-                    loss_normalizing_factor=factor,
-                )[0]
-            )
+
+    def row_losses(logits, factor):
+        """Each sequence's loss on its own, from the unpacked rows' logits."""
+        return [
+            losses.weighted_cross_entropy(
+                logits[i : i + 1],
+                unpacked["decoder_target_tokens"][i : i + 1],
+                unpacked["decoder_loss_weights"][i : i + 1],
+                label_smoothing=0.1,
+                z_loss=1e-3,
+                loss_normalizing_factor=factor,
+            )[0]
             for i in range(2)
         ]
-        expected = sum(row_losses) if factor is None else np.mean(row_losses)
+
+    def run(p):
+        logits = models[0].apply(p, unpacked)
+        return [
+            (m.loss_fn(p, packed), m.loss_fn(p, unpacked)[0], row_losses(logits, f)) for m, f in zip(models, factors)
+        ]
+
+    # Everything in the one program (op by op, each operation would compile its own).
+    results = jax.jit(run)(params)
+    for factor, ((packed_loss, metrics), unpacked_loss, rows) in zip(factors, results, strict=True):
+        expected = sum(map(float, rows)) if factor is None else np.mean([float(r) for r in rows])
         np.testing.assert_allclose(packed_loss, expected, rtol=1e-5, err_msg=str(factor))
         np.testing.assert_allclose(unpacked_loss, expected, rtol=1e-5, err_msg=str(factor))
         assert float(metrics["weight_sum"]) == pytest.approx(8 if factor is None else 2, rel=1e-6)

@@ -85,14 +85,14 @@ def test_adam_steps_lower_the_loss(routing):
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss, metrics
 
-    state = optimizer.init(params)
-    router_before = params["layers"]["mlp"]["router"]["kernel"]
+    state = jax.jit(optimizer.init)(params)  # compiled (op by op, each operation compiles its own)
+    router_before = np.asarray(params["layers"]["mlp"]["router"]["kernel"])
     losses = []
     for _ in range(6):
         params, state, loss, metrics = step(params, state)
         losses.append(float(loss))
     assert losses[-1] < losses[0] - 0.1, losses
-    assert float(jnp.abs(params["layers"]["mlp"]["router"]["kernel"] - router_before).max()) > 0
+    assert np.abs(np.asarray(params["layers"]["mlp"]["router"]["kernel"]) - router_before).max() > 0
     if routing == "expert_choice":
         assert float(metrics["moe/load_balance_loss"]) == 0.0  # balanced by construction
     else:
@@ -119,7 +119,7 @@ def test_cached_greedy_decoding_equals_full_forward_passes():
     seq = np.zeros((2, 4 + steps), np.int32)
     seq[:, 1:4] = prompts
     for pos in range(3, 3 + steps):
-        seq[:, pos + 1] = np.asarray(jnp.argmax(apply(params, seq)[:, pos], axis=-1))
+        seq[:, pos + 1] = np.asarray(apply(params, seq))[:, pos].argmax(-1)
     expected = np.concatenate([prompts, seq[:, 4:]], axis=1)
     # After an EOS the decoder writes 0s.
     for row in expected:

@@ -28,8 +28,14 @@ def _slots(entries, t=4, e=3, c=2):
     return out
 
 
+# Routing compiled once per (shape, k, capacity, renormalize): op by op, each of its operations
+# would compile its own.
+_token_choice = jax.jit(token_choice, static_argnums=(1, 2, 3))
+_expert_choice = jax.jit(expert_choice, static_argnums=1)
+
+
 def _route(probs, k, capacity, renormalize):
-    return [np.asarray(a) for a in token_choice(jnp.asarray(probs), k, capacity, renormalize)]
+    return [np.asarray(a) for a in _token_choice(jnp.asarray(probs), k, capacity, renormalize)]
 
 
 def test_token_choice_first_choices_before_second_choices():
@@ -85,13 +91,13 @@ def test_capacity_is_per_group():
 
 
 def test_expert_choice_each_expert_takes_its_best_tokens():
-    dispatch, combine, dropped = (np.asarray(a) for a in expert_choice(jnp.asarray(PROBS), 1))
+    dispatch, combine, dropped = (np.asarray(a) for a in _expert_choice(jnp.asarray(PROBS), 1))
     # e0's column (.6, .2, .1, .5) -> t0; e1's (.3, .7, .5, .05) -> t1; e2's (.1, .1, .4, .45) -> t3.
     taken = [(0, 0, 0, 0.6), (1, 1, 0, 0.7), (3, 2, 0, 0.45)]
     np.testing.assert_array_equal(dispatch, _slots([(t, e, c, 1.0) for t, e, c, _ in taken], c=1))
     np.testing.assert_allclose(combine, _slots(taken, c=1), rtol=1e-6)
     assert dropped == pytest.approx(1 / 4)  # t2: chosen by nobody
-    dispatch, combine, dropped = (np.asarray(a) for a in expert_choice(jnp.asarray(PROBS), 2))
+    dispatch, combine, dropped = (np.asarray(a) for a in _expert_choice(jnp.asarray(PROBS), 2))
     # Two each: e0 t0, t3; e1 t1, t2; e2 t3, t2 (t3 goes to two experts; nobody is left out).
     taken = [(0, 0, 0), (3, 0, 1), (1, 1, 0), (2, 1, 1), (3, 2, 0), (2, 2, 1)]
     np.testing.assert_array_equal(dispatch, _slots([(t, e, c, 1.0) for t, e, c in taken]))
@@ -202,10 +208,14 @@ def test_jitter_noise_only_when_training_and_deterministic_given_the_rng():
     x = _x()
     moe = MoeConfig(num_experts=4, top_k=2, jitter_noise=0.5, dropless=True)
 
+    compiled = {}  # one program per (deterministic, config): op by op, each operation compiles its own
+
     def run(deterministic, seed=None, config=moe, params=None):
-        module = MoeMlp(config, MLP, router_stddev=1.0, deterministic=deterministic)
+        if (deterministic, config) not in compiled:
+            module = MoeMlp(config, MLP, router_stddev=1.0, deterministic=deterministic)
+            compiled[deterministic, config] = jax.jit(lambda p, rngs: module.apply({"params": p}, x, rngs=rngs))
         rngs = None if seed is None else {"dropout": jax.random.PRNGKey(seed)}
-        return np.asarray(module.apply({"params": params}, x, rngs=rngs))
+        return np.asarray(compiled[deterministic, config](params, rngs))
 
     params = _init(MoeMlp(moe, MLP, router_stddev=1.0), x)
     quiet = run(True, config=moe.replace(jitter_noise=0.0), params=params)
@@ -276,9 +286,12 @@ def test_loss_adds_the_weighted_router_losses_and_reaches_the_router(tiny):
 
     @jax.jit
     def run(p):
-        return jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch), model.apply(p, batch), jax.grad(aux_loss)(p)
+        # The plain cross-entropy of the logits too (in the one program: op by op, each of its
+        # operations would compile its own).
+        ce = loss_and_metrics(model.apply(p, batch), batch, 0.0, model.z_loss, None)[0]
+        return jax.value_and_grad(model.loss_fn, has_aux=True)(p, batch), ce, jax.grad(aux_loss)(p)
 
-    ((loss, metrics), grads), logits, aux_grads = run(params)
+    ((loss, metrics), grads), ce, aux_grads = run(params)
     assert {"moe/load_balance_loss", "moe/router_z_loss", "moe/dropped_fraction", "moe/aux_loss"} <= set(metrics)
     moe = model.config.moe
     aux = (
@@ -289,7 +302,6 @@ def test_loss_adds_the_weighted_router_losses_and_reaches_the_router(tiny):
     # Top 2 of 4 experts at initialisation: near 2 (the uniform value for top 2), z-loss near (ln 4)^2.
     assert 1.5 < float(metrics["moe/load_balance_loss"]) < 2.5
     assert float(metrics["moe/router_z_loss"]) == pytest.approx(np.log(4.0) ** 2, rel=0.15)
-    ce, _ = loss_and_metrics(logits, batch, 0.0, model.z_loss, None)
     assert float(loss) == pytest.approx(float(ce + metrics["moe/aux_loss"]), rel=1e-6)
     assert float(metrics["loss"]) == float(loss)
     assert float(loss) == pytest.approx(
