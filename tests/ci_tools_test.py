@@ -1,6 +1,7 @@
 """The CI figures tools: tools/ci/suite_figures.py (a .ci/run log and test logs -> the record the
-README quotes, rendered) and tools/ci/ledger.py (docs/testing.md lists every test target and test
-function; a missing one is named)."""
+README quotes, rendered), tools/ci/ledger.py (docs/testing.md lists every test target and test
+function; a missing one is named) and tools/ci/bazel_timeline.py (Bazel's trace profile -> the
+long build actions, the busy and idle slot-seconds, the tail)."""
 
 import importlib.util
 import os
@@ -93,3 +94,36 @@ def test_the_readme_quotes_the_recorded_suite_figures():
     # A clean run of the whole suite (94 targets at d1153f6, after small modules were grouped),
     # not of a few targets.
     assert ", 0 failed" in record["result"] and record["targets"] >= 80, record
+
+
+def test_the_timeline_finds_the_long_build_and_the_tail(tmp_path, capsys):
+    """A genrule of 10 s beside a test, then two tests, then one test alone for 4 s: the genrule is
+    named, 4 slot-seconds idle in the tail (2 slots), 4 idle in all."""
+    import gzip
+    import json
+
+    tool = _tool("bazel_timeline")
+
+    def event(name, start, dur):
+        return {"cat": "action processing", "name": name, "ph": "X", "ts": start * 10**6, "dur": dur * 10**6}
+
+    events = [
+        {"cat": "build phase marker", "name": "Launch Blaze", "ts": 0},
+        event("Executing genrule //tests/fixtures:standard_runs", 0, 10),
+        event("Testing //tests:a_test", 0, 10),
+        event("Testing //tests:b_test", 10, 6),
+        event("Testing //tests:c_test", 10, 2),
+        event("Testing //tests:d_test", 12, 4),
+        event("Testing //tests:e_test", 16, 4),
+    ]
+    profile = tmp_path / "command.profile.gz"
+    with gzip.open(profile, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = tool.summary(tool.read_actions(profile), jobs=2)
+    assert [b.name for b in s["builds"]] == ["Executing genrule //tests/fixtures:standard_runs"]
+    assert s["span_s"] == 20 and s["busy_s"] == 36 and s["tests"] == 5
+    assert s["idle_slot_s"] == 4 and s["tail_idle_slot_s"] == 4
+    assert tool.main([str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "standard_runs" in out and "of which 4.0 in the tail" in out
+    assert tool.main([str(tmp_path / "missing.gz")]) == 2
