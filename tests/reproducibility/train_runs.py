@@ -131,11 +131,7 @@ def train_group(
 ) -> list[Path]:
     """One run as `processes` processes x `devices_each` CPU devices to the end; returns their logs."""
     procs, logs = start_group(model_dir, std, processes, devices_each, extra)
-    try:
-        for p, log in zip(procs, logs):
-            finish(p, log)
-    finally:
-        kill_all(procs)
+    finish_all(procs, logs)
     return logs
 
 
@@ -156,12 +152,17 @@ def train_group_from_environment(
         spawner.popen(TRAIN, args, stdout=out, stderr=err, env={**shared, "CAIRN_PROCESS_ID": str(i)})
         for i, (out, err) in enumerate(logs)
     ]
+    finish_all(procs, [err for _, err in logs])
+    return logs
+
+
+def finish_all(procs: list, logs: Sequence[Path]) -> None:
+    """`finish` each process of a group with its log, the group killed if one fails or hangs."""
     try:
-        for p, (_, err) in zip(procs, logs):
-            finish(p, err)
+        for p, log in zip(procs, logs, strict=True):
+            finish(p, log)
     finally:
         kill_all(procs)
-    return logs
 
 
 def kill_all(procs: list) -> None:
