@@ -9,9 +9,11 @@ so only its worker process opens the accelerator.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
+import pathlib
 import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -97,14 +99,25 @@ class DecodeRow:
 
 Row = TrainRow | DecodeRow
 
-_LLAMA = {"dtype": "bfloat16", "scan_layers": True, "loss_chunk_size": 2048}  # chunked loss: 128k vocabulary
+_LLAMA = {"dtype": "bfloat16", "scan_layers": True, "loss_chunk_size": 4096}  # chunked loss: 128k vocabulary
 # T5: t5x's default attention numerics (`float32_attention_logits=False`: bf16 logits and softmax)
 _T5 = {"dtype": "bfloat16", "scan_layers": True, "float32_attention_logits": False}
 # remat policies tried, in order of preference (the first reaching the row's minimum batch runs)
 _REMATS = ({"remat_policy": "dots"}, {"remat_policy": "dots_except_mlp_wi"}, {"remat_policy": "full"})
 _DECODE = {"dtype": "bfloat16", "param_dtype": "bfloat16", "scan_layers": False}
+
+
+def _remat_policies() -> tuple[str, ...]:
+    """`cairn.models`' `REMAT_POLICIES`, read from its source (this module imports no JAX)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "models/cairn/models/transformer_config.py"
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "REMAT_POLICIES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError(f"no REMAT_POLICIES in {path}")
+
+
 #: `--remat` policies (`cairn.models` remat_policy values).
-REMAT_POLICIES = ("none", "full", "dots", "dots_except_mlp_wi", "minimal")
+REMAT_POLICIES = _remat_policies()
 #: Ways a decode step can write the key-value cache (`_accel_rows.DECODE_WRITERS`): the model's
 #: own ("model": on TPU, the slice with the cache pinned head-major), `dynamic_update_slice` alone
 #: ("slice"), a select over the whole cache ("select"), and the slice with the cache's layout

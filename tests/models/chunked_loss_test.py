@@ -84,6 +84,32 @@ def test_every_normalizing_mode_matches_the_whole_logits(tied):
         _assert_trees_close(got_grads, want_grads)
 
 
+def test_aligned_chunks_on_a_tpu(monkeypatch):
+    """On a TPU a chunk's positions are a multiple of 16 (no relayout when its logits flatten):
+    the layout chosen, and the loss and gradient with aligned, padded chunks (here 4 on CPU)."""
+    assert chunked_loss.chunk_layout(12, 2048, 2048, 16) == (16, 128)  # not 13 x 158
+    assert chunked_loss.chunk_layout(16, 114, 2048, 16) == (1, 128)
+    assert chunked_loss.chunk_layout(3, 7, 9, 16) == (3, 3)  # shorter than the alignment
+    b, length, e, v = 3, 7, 8, 29
+    rng = np.random.default_rng(2)
+    hidden = rng.standard_normal((b, length, e)).astype(np.float32)
+    kernel = rng.standard_normal((e, v)).astype(np.float32)
+    batch = _batch(3, b, length, v)
+
+    def loss(h, k, chunked):
+        head = chunked_loss.Unembedding(h, k, False)
+        if chunked:
+            return chunked_loss_and_metrics(head, batch, 0.1, 1e-2, None, 9)[0]
+        return loss_and_metrics(head.logits(), batch, 0.1, 1e-2, None)[0]
+
+    want = jax.value_and_grad(loss, argnums=(0, 1))(hidden, kernel, False)
+    monkeypatch.setattr(chunked_loss, "_align", lambda: 4)
+    assert chunked_loss.chunk_layout(b, length, 9, 4) == (2, 4)  # 8 positions, one padded
+    got = jax.value_and_grad(loss, argnums=(0, 1))(hidden, kernel, True)
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-6)
+    _assert_trees_close(got[1], want[1])
+
+
 def _models():
     t5 = T5Config(
         vocab_size=67,

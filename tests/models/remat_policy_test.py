@@ -1,7 +1,8 @@
 """The named remat policies save what they say (`layers.remat_policy`: read off
 `jax.ad_checkpoint.print_saved_residuals`, no compile), and T5's `float32_attention_logits=False`
 keeps XLA's attention logits in the compute dtype (t5x's default) with the same loss to bfloat16
-rounding."""
+rounding; the offloaded policies move the same residuals to the host, and RoPE's TPU form (the
+rotated half as a product) equals the sliced one."""
 
 import contextlib
 import io
@@ -55,8 +56,36 @@ def test_named_policies_save_less_of_the_mlp(tiny):
     for name in ("query_proj", "key_proj", "value_proj", "out_proj"):
         assert sum(f"named '{name}'" in line for line in except_wi) == LLAMA.num_layers, name
         assert sum(f"named '{name}'" in line for line in minimal) == LLAMA.num_layers, name
+    kv = _saved("kv_projections", params)
+    assert _mlp_products(kv) == 0 and not any("named 'query_proj'" in line for line in kv)
+    assert sum("named 'key_proj'" in line or "named 'value_proj'" in line for line in kv) == 2 * LLAMA.num_layers
     with pytest.raises(ValueError, match="remat_policy"):
         LLAMA.replace(remat_policy="some")
+
+
+def test_offloaded_policies_move_the_same_residuals_to_the_host(tiny):
+    # "<policy>_offloaded" saves what "<policy>" saves, each named residual moved to host memory
+    # after the forward and back for the backward (a `device_put` pair), with the same gradients.
+    params = tiny.random_params(DecoderOnlyModel(LLAMA))
+    batch = _batch()
+    grads, puts = {}, {}
+    for policy in ("none", "minimal", "minimal_offloaded"):
+        model = DecoderOnlyModel(LLAMA.replace(remat_policy=policy))
+        fn = jax.grad(lambda p, m=model: m.loss_fn(p, batch)[0])
+        text = str(jax.make_jaxpr(fn)(params))
+        puts[policy] = text.count("device_put[")
+        if policy != "minimal":
+            grads[policy] = jax.jit(fn)(params)
+    # the four projections and the kernel's residuals (out or the attention product), per layer
+    assert puts["none"] == puts["minimal"] == 0
+    assert puts["minimal_offloaded"] >= 2 * 4 * LLAMA.num_layers
+    on_device, offloaded = _saved("minimal", params), _saved("minimal_offloaded", params)
+    assert len(offloaded) == len(on_device)
+    named_ones = sum(" named '" in line for line in on_device)
+    assert named_ones >= 4 * LLAMA.num_layers
+    assert sum(line.split(" ")[0].split("<host>")[0] != line.split(" ")[0] for line in offloaded) == named_ones
+    for a, b in zip(jax.tree.leaves(grads["minimal_offloaded"]), jax.tree.leaves(grads["none"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_t5_attention_logits_in_the_compute_dtype(tiny):
@@ -84,3 +113,25 @@ def test_t5_attention_logits_in_the_compute_dtype(tiny):
     assert einsums == {True: {"f32"}, False: {"bf16"}}
     assert np.isfinite(losses[False]) and losses[False] == pytest.approx(losses[True], rel=2e-2)
     assert jnp.dtype(cfg.dtype) == jnp.bfloat16
+
+
+def test_rope_rotation_by_matmul_equals_the_sliced_halves():
+    # The TPU form (`via_matmul`: the rotated half as a product with a +-1 permutation) gives the
+    # sliced form's numbers exactly, forward and (float32) backward; a bfloat16 gradient within
+    # one bfloat16 rounding (its two terms are rounded apart).
+    from cairn.models.llama.rope import config_rope_tables, rotate
+
+    cfg = LlamaConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48, num_layers=1)
+    tables = config_rope_tables(cfg, jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) * 7))
+    x = np.random.default_rng(3).normal(size=(2, 6, 4, 8)).astype(np.float32)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        xs = jnp.asarray(x, dtype)
+        outs = [np.asarray(rotate(xs, tables, via_matmul=m), np.float32) for m in (False, True)]
+        np.testing.assert_array_equal(outs[0], outs[1])
+        grads = [
+            jax.grad(lambda a, m=m: jnp.sum(rotate(a, tables, via_matmul=m).astype(jnp.float32) ** 2))(xs)
+            for m in (False, True)
+        ]
+        tol = 1e-6 if dtype == jnp.float32 else 2**-7
+        a, b = (np.asarray(g, np.float32) for g in grads)
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(a).max())

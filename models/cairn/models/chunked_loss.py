@@ -73,18 +73,37 @@ def project(x, kernel, tied: bool):
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def chunk_layout(batch: int, length: int, chunk_size: int) -> tuple[int, int]:
+#: On a TPU a chunk's positions are a multiple of this (its bfloat16 tiles' rows), so that a
+#: chunk's `[b, positions, vocab]` logits flatten to `[tokens, vocab]` without a copy (llama_1b
+#: at batch 12: 158 positions cost a 29 ms relayout per step on a v5e, benchmarks/RESULTS.md).
+TPU_POSITION_ALIGN = 16
+
+
+def chunk_layout(batch: int, length: int, chunk_size: int, align: int = 1) -> tuple[int, int]:
     """`(num_chunks, positions_per_chunk)` for chunks of about `chunk_size` tokens.
 
     A chunk holds every row of the batch and `chunk_size // batch` positions (at least 1),
     rounded so that the chunks are as even as possible: `num_chunks * positions >= length`
     with the least padding (e.g. 114 positions in 2 chunks of 57, not 64 + 50 padded to 128).
+    With `align` > 1 (and `length >= align`), `positions` is a multiple of `align`: of the chunk
+    counts up to twice the unaligned one, the one with the least padding (then the fewest).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     per_chunk = max(1, min(length, chunk_size // max(batch, 1)))
     num = math.ceil(length / per_chunk)
-    return num, math.ceil(length / num)
+    if align <= 1 or length < align:
+        return num, math.ceil(length / num)
+    layouts = set()
+    for n in range(num, 2 * num + 1):
+        positions = -(-math.ceil(length / n) // align) * align
+        layouts.add((math.ceil(length / positions), positions))
+    # the least padding, then the fewest chunks
+    return min(layouts, key=lambda c: (c[0] * c[1] - length, c[0]))
+
+
+def _align() -> int:
+    return TPU_POSITION_ALIGN if jax.default_backend() == "tpu" else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +235,7 @@ def chunked_cross_entropy(
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     weights = weights.astype(jnp.float32)
     mask = (weights > 0).astype(jnp.float32) if accuracy_mask is None else accuracy_mask.astype(jnp.float32)
-    num, positions = chunk_layout(b, length, chunk_size)
+    num, positions = chunk_layout(b, length, chunk_size, _align())
     spec = _Spec(head.tied, num, positions, float(label_smoothing), float(z_loss))
     return _chunked_sums(head.hidden, head.kernel, targets.astype(jnp.int32), weights, mask, spec)
 
@@ -226,7 +245,7 @@ def chunked_token_log_probs(head: Unembedding, targets, chunk_size: int) -> jnp.
     scoring (plain autodiff: a gradient through it holds one chunk's logits per chunk in the
     scan's residuals)."""
     b, length = targets.shape
-    num, positions = chunk_layout(b, length, chunk_size)
+    num, positions = chunk_layout(b, length, chunk_size, _align())
     spec = _Spec(head.tied, num, positions, 0.0, 0.0)
 
     def body(_, chunk):

@@ -287,6 +287,17 @@ def named(x, name: str):
     return checkpoint_name(x, name)
 
 
+OFFLOADED = "_offloaded"
+# The named activations each policy saves (the offloaded policies move the same names to the
+# host; "dots" saves every unbatched matmul product, which here are the named ones).
+_SAVED_NAMES = {
+    "dots": (*ATTENTION_PROJECTIONS, ATTENTION_KERNEL, MLP_WI, MLP_WO),
+    "dots_except_mlp_wi": (*ATTENTION_PROJECTIONS, ATTENTION_KERNEL, MLP_WO),
+    "minimal": (*ATTENTION_PROJECTIONS, ATTENTION_KERNEL),
+    "kv_projections": ATTENTION_PROJECTIONS[1:3],
+}
+
+
 def remat_policy(name: str):
     """The `jax.checkpoint` policy for a config's `remat_policy`: what the backward pass reads
     from the forward instead of recomputing it.
@@ -296,17 +307,30 @@ def remat_policy(name: str):
       not attention's batched einsums) and the attention kernel's residuals;
     * "dots_except_mlp_wi": the same but the MLP's input products (`[tokens, mlp_dim]`, the
       largest: recomputed, one extra matmul per MLP input kernel);
-    * "minimal": the attention projections and kernel residuals only (the whole MLP recomputed).
+    * "minimal": the attention projections and kernel residuals only (the whole MLP recomputed);
+    * "kv_projections": only the key and value projections (`full` otherwise: under grouped-query
+      attention they are the smallest products, a fraction of a layer's input each, and spare
+      their matmuls' recompute where `full` leaves a little memory free);
+    * "<policy>_offloaded" ("dots", "dots_except_mlp_wi", "minimal"): the same activations, but
+      moved to the host's memory (`pinned_host`) after the forward and back for the backward,
+      so that they take no device memory between the two (the transfers overlap the compute).
     """
     policies = jax.checkpoint_policies
     if name == "full":
         return None
+    if name.endswith(OFFLOADED):
+        names = _SAVED_NAMES.get(name[: -len(OFFLOADED)])
+        if names is not None:
+            return policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=(),
+                names_which_can_be_offloaded=names,
+                offload_src="device",
+                offload_dst="pinned_host",
+            )
     if name == "dots":
         return policies.save_from_both_policies(
             policies.dots_with_no_batch_dims_saveable, policies.save_only_these_names(ATTENTION_KERNEL)
         )
-    if name == "dots_except_mlp_wi":
-        return policies.save_only_these_names(*ATTENTION_PROJECTIONS, ATTENTION_KERNEL, MLP_WO)
-    if name == "minimal":
-        return policies.save_only_these_names(*ATTENTION_PROJECTIONS, ATTENTION_KERNEL)
+    if name in ("dots_except_mlp_wi", "minimal", "kv_projections"):
+        return policies.save_only_these_names(*_SAVED_NAMES[name])
     raise ValueError(f"no checkpoint policy for remat_policy={name!r}")

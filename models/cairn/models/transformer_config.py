@@ -14,7 +14,17 @@ from typing import Any, ClassVar, TypeVar
 
 from cairn.models.moe_config import MoeConfig, as_moe_config
 
-REMAT_POLICIES = ("none", "full", "dots", "dots_except_mlp_wi", "minimal")
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "dots",
+    "dots_except_mlp_wi",
+    "minimal",
+    "kv_projections",
+    "dots_offloaded",
+    "dots_except_mlp_wi_offloaded",
+    "minimal_offloaded",
+)
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
 # Shared fields that must be positive ints (a family adds its `LAYER_FIELDS`).

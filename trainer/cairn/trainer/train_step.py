@@ -94,7 +94,7 @@ def make_train_step(
         grad_norm = optax.tree.norm(grads)
         opt_state = state.opt_state
         if offload_shardings is not None and offload_group_bytes:
-            updates, opt_state = grouped_update(
+            params, opt_state = grouped_update(
                 optimizer, grads, opt_state, state.params, offload_shardings, offload_group_bytes
             )
         else:
@@ -103,7 +103,7 @@ def make_train_step(
             updates, opt_state = optimizer.update(grads, opt_state, state.params)
             if offload_shardings is not None:
                 opt_state = jax.device_put(opt_state, offload_shardings[1])
-        params = optax.apply_updates(state.params, updates)
+            params = optax.apply_updates(state.params, updates)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
         metrics.update(
             loss=jnp.asarray(loss, jnp.float32),
