@@ -41,7 +41,7 @@ def test_layout_info_and_stats(det_env):
     # Written once by the writer: per shard its size and SHA-256; the source files by name
     # relative to the pattern's root, never an absolute path.
     assert info["format_version"] == 3
-    assert info["group_size"] == 64 and info["record_order"] == "shuffled_within_shards"
+    assert info["group_size"] == 512 and info["record_order"] == "shuffled_within_shards"
     for s in info["shards"]:
         data = pathlib.Path(path, s["file"]).read_bytes()
         assert s["bytes"] == len(data) and s["sha256"] == hashlib.sha256(data).hexdigest()
@@ -266,8 +266,8 @@ def chunked(det_env, tmp_path_factory):
 def test_a_chunked_cache_reads_every_record_by_global_index_in_any_order(chunked, det_env):
     task, paths = chunked
     seven, one = CachedTask(paths[7], task), CachedTask(paths[1], task)
-    default = CachedTask(task_dir(det_env[1], "det_a", "train"), task)  # 64 per chunk
-    assert (seven.group_size, one.group_size, default.group_size) == (7, 1, 64)
+    default = CachedTask(task_dir(det_env[1], "det_a", "train"), task)  # 512 per chunk
+    assert (seven.group_size, one.group_size, default.group_size) == (7, 1, 512)
     assert seven.offsets.tolist() == [0, 150, 280] and seven.num_chunks == 22 + 19
     assert seven.chunk_of([0, 6, 7, 149, 150, 156, 157, 279]).tolist() == [0, 0, 1, 21, 22, 22, 23, 40]
     # The same shuffle (it depends on the shard and the task, not the chunk size): the same

@@ -361,7 +361,7 @@ def test_global_order_keeps_todays_rows(shared, det_env):
     unpacked = make_reader(det_env, "det_mix", False, prefetch=0, shuffle="global")
     assert [ids.tolist() for _, _, ids in unpacked.row_records(40)] == [[34], [66], [45], [101]]
     assert all(s.order.chunks is None for s in explicit.streams) and "shuffle" not in explicit.get_state()
-    assert shared("det_mix", True).orders == [("chunks", 64), ("chunks", 64)]
+    assert shared("det_mix", True).orders == [("chunks", 512), ("chunks", 512)]
     explicit.close()
     unpacked.close()
 

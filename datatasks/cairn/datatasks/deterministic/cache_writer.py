@@ -53,9 +53,11 @@ from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
 
-# Records per ArrayRecord chunk: the reader fetches a chunk per request (benchmarks/README.md
-# "reader_scale_bench.py --group_sizes" measured 16-1024).
-DEFAULT_GROUP_SIZE = 64
+# Records per ArrayRecord chunk: the reader fetches a chunk per request. 512: from a bucket,
+# batch 32 packed, 0.73-0.75x local disk's rows/s and 10-11 requests per 1,000 rows, where 64
+# gave 0.18-0.48x and ~180 (benchmarks/RESULTS.md, read_ahead_bench.py); a batch's mix of
+# documents and sources is the same as at 64 (shuffle_quality.py; datatasks/README.md).
+DEFAULT_GROUP_SIZE = 512
 SHUFFLE_BATCH = 4096  # records copied at once from the unshuffled temporary file
 
 
