@@ -224,3 +224,51 @@ def test_registry_does_not_know_its_providers():
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
     assert not names & {"cairn.datatasks.mixture", "cairn.datatasks.task"}, names
+
+
+# The launchers' programs (Bazel binaries and console scripts): each is a root of its own.
+ENTRY_POINTS = (
+    "cairn.launchers.train_main",
+    "cairn.launchers.eval_main",
+    "cairn.launchers.infer_main",
+    "cairn.launchers.cache_main",
+    "cairn.launchers.verify_cache_main",
+    "cairn.launchers.verify",
+    "cairn.launchers.jobset",
+    "cairn.launchers.plot_loss",
+)
+
+
+def _all_imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
+    """The cairn modules `name` imports anywhere (function bodies included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        for target in names:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+@pytest.mark.skipif("launchers" not in CHECKED, reason="//tests:import_cycles_test_launchers")
+def test_no_entry_point_imports_another():
+    """No program imports another's module, directly or through others, even inside a
+    function: the start-up they share lives in `run_setup`."""
+    known = modules(_repo_root())
+    assert set(ENTRY_POINTS) <= set(known), sorted(set(ENTRY_POINTS) - set(known))
+    edges = {name: _all_imports(name, path, known) for name, path in known.items()}
+    found = []
+    for entry in ENTRY_POINTS:
+        seen, todo = set(), [entry]
+        while todo:
+            for child in edges[todo.pop()] - seen:
+                seen.add(child)
+                todo.append(child)
+        found += [f"{entry} -> {other}" for other in sorted(seen & set(ENTRY_POINTS) - {entry})]
+    assert not found, found

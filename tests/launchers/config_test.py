@@ -6,7 +6,7 @@ import os
 import launch_util
 import pytest
 
-from cairn.launchers import config_base, config_io, mesh_checks, train_main, validation
+from cairn.launchers import config_base, config_io, mesh_checks, run_setup, validation
 from cairn.launchers.validation import ConfigError
 
 SIZED = {
@@ -74,12 +74,12 @@ def test_a_size_that_does_not_exist_is_named():
 def test_shakespeare_configs_validate_fully(name, tmp_path):
     config = load(name)
     config.model_dir = str(tmp_path / "run")
-    ready = train_main.prepare(config)
-    assert ready["vocabulary"].vocab_size == 2100
-    assert ready["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
+    ready = run_setup.prepare(config)
+    assert ready.vocabulary.vocab_size == 2100
+    assert ready.mesh == {"data": 8, "fsdp": 1, "model": 1}
     from cairn.launchers import builder
 
-    assert builder.model_config(config, ready["vocabulary"]).vocab_size == 2176  # 2100 rounded up to 128
+    assert builder.model_config(config, ready.vocabulary).vocab_size == 2176  # 2100 rounded up to 128
     assert not (tmp_path / "run").exists()
 
 

@@ -275,7 +275,7 @@ def test_the_schema_is_walked_once_per_unchanged_config(monkeypatch):
 
 
 def test_prepare_checks_the_schema_and_builds_the_model_config_once(tmp_path, monkeypatch):
-    from cairn.launchers import builder, train_main
+    from cairn.launchers import builder, run_setup
 
     config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
     config.model_dir = str(tmp_path / "run")
@@ -286,6 +286,6 @@ def test_prepare_checks_the_schema_and_builds_the_model_config_once(tmp_path, mo
     counted = lambda c: (models.append(1), real_model(c))[1]
     monkeypatch.setattr(validation, "check_model", counted)
     monkeypatch.setattr(builder, "check_model", counted)
-    ready = train_main.prepare(config)
+    ready = run_setup.prepare(config)
     assert walks == [] and len(models) == 1
-    assert ready["model_config"].vocab_size == 2176 and callable(ready["schedule"])
+    assert ready.model_config.vocab_size == 2176 and callable(ready.schedule)

@@ -10,7 +10,10 @@ Modules (imported on use, so `import cairn.launchers` stays light):
 * `data` - vocabulary, task registration, the deterministic cache and reader, the data fingerprint;
 * `multihost` - `initialize(config)` (config keys, `$CAIRN_*`, SLURM, TPU pods);
 * `post_training` - final evaluation, denoising samples, generated text;
-* `train_main`, `cache_main` - the `//launchers:train` and `//launchers:cache_tasks` entry points;
+* `run_setup` - the start-up train, eval and infer share (`prepare` -> `RunSetup`; no entry point
+  imports another);
+* `train_main`, `eval_main`, `infer_main`, `cache_main` - the `//launchers:train`, `eval`, `infer`
+  and `cache_tasks` entry points;
 * `fingerprint`, `verify`, `plot_loss` - run fingerprints and their comparison, loss curves;
 * `tasks.shakespeare` - the Shakespeare tasks of the example experiments.
 """

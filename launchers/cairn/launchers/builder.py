@@ -77,7 +77,7 @@ def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
 
 def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None, net: Any = None) -> Any:
     """The model family's model (`EncoderDecoderModel`, `DecoderOnlyModel`) of the config (no
-    parameters yet). `net`: its `model_config` when the caller has it (`train_main.prepare`'s)."""
+    parameters yet). `net`: its `model_config` when the caller has it (`run_setup.prepare`'s)."""
     from cairn.models import flops_per_token
 
     net = net if net is not None else model_config(config, vocabulary)

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from cairn import storage
-from cairn.launchers import builder, eval_setup
+from cairn.launchers import builder, run_setup
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 
@@ -82,7 +82,7 @@ def load_params(
                 raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
             return [steps[-1] if step is None else step]
 
-        chosen = eval_setup.from_process_0(choose)[0]
+        chosen = run_setup.from_process_0(choose)[0]
         target = storage.join(checkpoint_root(path), str(chosen))
     abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
     return chosen, restore_params(target, abstract)

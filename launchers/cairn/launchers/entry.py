@@ -57,6 +57,16 @@ class UsageError(ValueError):
     """A flag or argument the program cannot use."""
 
 
+def user_path(path: str) -> str:
+    """A path the user typed, resolved against `$BUILD_WORKING_DIRECTORY` under `bazel run`
+    (`~` expanded; URLs such as gs:// unchanged)."""
+    if "://" in path:
+        return path
+    path = os.path.expanduser(path)
+    base = os.environ.get("BUILD_WORKING_DIRECTORY")
+    return os.path.join(base, path) if base and not os.path.isabs(path) else path
+
+
 def fail(error: BaseException | str, prefix: str = "error") -> NoReturn:
     """Prints `<prefix>: <error>` on stderr and exits with status 2."""
     print(f"{prefix}: {error}", file=sys.stderr)

@@ -38,7 +38,7 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, eval_setup, predict_fns
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, predict_fns, run_setup
 from cairn.launchers.sharded_batches import check_batch_size
 from cairn.launchers.validation import ConfigError
 
@@ -89,13 +89,13 @@ def make_runner(
     """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them
     (on every process; only process 0 writes the Evaluator's files)."""
 
-    ready = eval_setup.prepare(config)
-    partitioner = ready["partitioner"]
+    ready = run_setup.prepare(config, batch_keys=(), eval_task=True)
+    partitioner = ready.partitioner
     check_batch_size("eval.batch_size", config.eval.batch_size, partitioner)
-    model = builder.load_model(config, ready["vocabulary"], net=ready["model_config"])
+    model = builder.load_model(config, ready.vocabulary, net=ready.model_config)
     loggers = (
         (JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))
-        if eval_setup.is_process_0()
+        if run_setup.is_process_0()
         else ()
     )
     evaluator = builder.make_evaluator(config, loggers=loggers, decode=decode)
@@ -148,7 +148,7 @@ def evaluate(
 
     def one(p: str, s: int | None) -> int:
         s, metrics = run(p, s)
-        if eval_setup.is_process_0():
+        if run_setup.is_process_0():
             done_log.add(s, metrics)
         results[s] = metrics
         shown = "; ".join(
@@ -169,7 +169,7 @@ def evaluate(
         return [int(not new and time.monotonic() - idle_since > idle_timeout_seconds)] + new
 
     while True:
-        stop, *new = eval_setup.from_process_0(look)
+        stop, *new = run_setup.from_process_0(look)
         for s in new:
             if one(path, s) >= config.num_train_steps:
                 out(f"evaluated the final step {s}; stopping")
@@ -193,7 +193,7 @@ def _main(config: ml_collections.ConfigDict) -> None:
         config_io.resolve_path(EVAL_DIR.value),
         POLL.value,
         IDLE.value,
-        out=eval_setup.print_on_process_0,
+        out=run_setup.print_on_process_0,
     )
 
 

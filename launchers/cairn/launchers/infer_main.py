@@ -47,7 +47,7 @@ from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, eval_setup, infer_rows
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, run_setup
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.sharded_batches import check_batch_size
@@ -117,11 +117,11 @@ def infer(
     except storage.StorageError as e:
         raise ConfigError("output", str(e)) from None
     family = model_family(config.model.kind)
-    ready = eval_setup.prepare(config, eval_task=not (family.continues_prompt and input_file))
-    partitioner = ready["partitioner"]
+    ready = run_setup.prepare(config, batch_keys=(), eval_task=not (family.continues_prompt and input_file))
+    partitioner = ready.partitioner
     check_batch_size("chunk_size", chunk_size, partitioner)
-    vocabulary = ready["vocabulary"]
-    model = builder.load_model(config, vocabulary, net=ready["model_config"])
+    vocabulary = ready.vocabulary
+    model = builder.load_model(config, vocabulary, net=ready.model_config)
     step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
     rows = infer_rows.task_rows(config, vocabulary, num_examples, input_file)
     tasks = infer_rows.task_objects(config, rows)
@@ -157,16 +157,16 @@ def _write_file(
     """One task's chunks: the missing ones computed and written (process 0), then joined."""
     parts = file + ".parts"
     chunks = range(0, len(rows), chunk_size)
-    missing = eval_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
+    missing = run_setup.from_process_0(lambda: _plan(parts, meta, len(chunks), overwrite))
     for k in missing:
         start = chunks[k]
         chunk = rows[start : start + chunk_size]
         lines = writer.lines(params, chunk, start, len(rows), vocabulary)
-        if not eval_setup.is_process_0():
+        if not run_setup.is_process_0():
             continue
         storage.write_text(storage.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))
         out(f"{file}: chunk {k + 1}/{len(chunks)} written ({start + len(chunk)}/{len(rows)} examples)")
-    if eval_setup.is_process_0():
+    if run_setup.is_process_0():
         text = "".join(storage.read_text(storage.join(parts, f"part-{k:05d}.jsonl")) for k in range(len(chunks)))
         storage.write_text(file, text)
     what = "scores" if meta["mode"] == "score" else "predictions"
@@ -187,7 +187,7 @@ def _main(config: ml_collections.ConfigDict) -> None:
         NUM.value,
         config_io.resolve_path(INPUT_FILE.value),
         OVERWRITE.value,
-        out=eval_setup.print_on_process_0,
+        out=run_setup.print_on_process_0,
         mode=MODE.value,
     )
 

@@ -19,7 +19,6 @@ from absl import flags
 from cairn import storage
 from cairn.evaluation import read_metrics as read_metric_rows
 from cairn.launchers import entry
-from cairn.launchers.verify import resolve
 
 
 def read_metrics(model_dir: str | os.PathLike) -> dict:
@@ -98,8 +97,8 @@ def plot_run(
     """Plots the run at `model_dir` into `output` (both resolved as a user typed them) and says
     so; returns the path written. Raises `FileNotFoundError` or `ValueError` for unusable input,
     `ImportError` without matplotlib."""
-    series = read_metrics(resolve(model_dir))
-    path = plot(series, resolve(output), metric, title)
+    series = read_metrics(entry.user_path(model_dir))
+    path = plot(series, entry.user_path(output), metric, title)
     out(f"plot_loss: wrote {path} ({len(series[('train', metric)])} steps of train/{metric})")
     return path
 

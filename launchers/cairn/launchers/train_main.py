@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
@@ -38,7 +38,7 @@ from absl import logging as absl_logging
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import cli, config_io, entry, multihost, optimizer_setup, resume_check, validation
+from cairn.launchers import cli, config_io, entry, multihost, optimizer_setup, resume_check, run_setup
 from cairn.launchers import data as data_lib
 from cairn.launchers.fingerprint import RunFingerprint, config_hash
 from cairn.launchers.sources import source_errors_as_data_errors
@@ -47,68 +47,7 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 
-def prepare(config: ml_collections.ConfigDict, batch_keys: tuple[str, ...] = ("data.batch_size",)) -> dict[str, Any]:
-    """Joins the job and validates everything before anything is compiled or written; the
-    batch sizes at `batch_keys` (those the caller uses) are checked against the mesh's data
-    shards. Returns `{"vocabulary", "tasks", "eval_tasks", "mesh", "partitioner", "model_config",
-    "schedule"}`: the network config and the learning-rate schedule built while checking, for
-    `builder.load_model(..., net=)` and `builder.make_trainer(..., schedule=)`."""
-    import jax
-
-    from cairn.launchers import builder
-
-    preset = validation.check_static(config)
-    multihost.initialize(config)
-    multihost.check_same_config(config)
-    check_model_dir(config)
-    vocabulary = data_lib.make_vocabulary(config)
-    data_lib.register_tasks(config, vocabulary)
-    tasks = data_lib.get_tasks(config, "data.task")
-    eval_tasks = (
-        data_lib.get_tasks(config, "eval.task")
-        if (config.post_training.final_eval or config.trainer.eval_every)
-        else {}
-    )
-    validation.check_data(config, {**tasks, **eval_tasks})
-    net = builder.model_config(config, vocabulary, preset=preset)  # vocab size against the vocabulary
-    mesh = validation.check_mesh(config, jax.device_count(), jax.process_count())
-    partitioner = builder.make_partitioner(config)
-    parts, shards = partitioner.batch_parts(), partitioner.data_layout().num_shards
-    for key in batch_keys:
-        validation.check_batch_size(config, key, parts, shards, mesh, jax.process_count())
-    schedule = builder.make_schedule(config)  # schedule arguments
-    return {
-        "vocabulary": vocabulary,
-        "tasks": tasks,
-        "eval_tasks": eval_tasks,
-        "mesh": mesh,
-        "partitioner": partitioner,
-        "model_config": net,
-        "schedule": schedule,
-    }
-
-
-def check_model_dir(config: ml_collections.ConfigDict) -> None:
-    """Every process can write `model_dir` (local, or a bucket: it exists, the endpoint answers,
-    the credentials allow writing), else a `ConfigError` naming the URL and the cause; and no
-    live run holds its lock (`ModelDirLockedError`), checked before anything is written."""
-    import jax
-
-    from cairn.trainer import ModelDirLock
-
-    error: Exception | None = None
-    try:
-        storage.check_writable(config.model_dir)
-        if jax.process_index() == 0:
-            ModelDirLock(config.model_dir).check_free()  # before config.json is rewritten
-    except storage.StorageError as e:
-        error = ConfigError("model_dir", str(e))
-    except Exception as e:
-        error = e
-    multihost.stop_together(error, "checking model_dir")
-
-
-def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: dict) -> Any | None:
+def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: Mapping[str, int]) -> Any | None:
     """Writes the run fingerprint's header; returns the `RunFingerprint` (None when off)."""
     import jax
 
@@ -197,9 +136,9 @@ def _train(
 
     start = time.perf_counter()
     with source_errors_as_data_errors(config.data.task, config.data.split):
-        ready = prepare(config)
-        vocabulary, tasks = ready["vocabulary"], ready["tasks"]
-        partitioner = ready["partitioner"]
+        ready = run_setup.prepare(config)
+        vocabulary, tasks = ready.vocabulary, ready.tasks
+        partitioner = ready.partitioner
         out(f"model_dir: {config.model_dir}")
         error = None
         if jax.process_index() == 0:
@@ -209,21 +148,21 @@ def _train(
                 error = e
         multihost.stop_together(error, "comparing model_dir's config.json")
         reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
-    model = builder.load_model(config, vocabulary, net=ready["model_config"])
+    model = builder.load_model(config, vocabulary, net=ready.model_config)
     optimizer_setup.check_param_patterns(config, model, _peek(reader))  # optimizer.* patterns
     if dry_run:  # the plan, then stop: no lock, nothing written
-        trainer = builder.make_trainer(config, model, partitioner, schedule=ready["schedule"])
+        trainer = builder.make_trainer(config, model, partitioner, schedule=ready.schedule)
         return {"plan": plan(trainer, _peek(reader), out, memory_limit_bytes, strict=True)}
     lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
     if jax.process_index() == 0:
         config_io.write_config_json(config)
-    evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready["eval_tasks"] else None
+    evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready.eval_tasks else None
     eval_fn = (
         builder.make_eval_fn(config, model, evaluator, partitioner)
         if (evaluator and config.trainer.eval_every)
         else None
     )
-    fp = _fingerprint(config, tasks, ready["mesh"])
+    fp = _fingerprint(config, tasks, ready.mesh)
     trainer = builder.make_trainer(
         config,
         model,
@@ -231,7 +170,7 @@ def _train(
         eval_fn,
         step_hooks=(fp.step_hook,) if fp else (),
         batch_hooks=(fp.batch_hook,) if fp else (),
-        schedule=ready["schedule"],
+        schedule=ready.schedule,
     )
     if restart_if_corrupt:
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
@@ -270,15 +209,6 @@ def _peek(reader: Any) -> Any:
     return first
 
 
-def print_on_process_0(text: str) -> None:
-    """Prints on process 0 only (every process computes the same evaluation and samples).
-    Called only after the multi-host start-up."""
-    import jax
-
-    if jax.process_index() == 0:
-        print(text, flush=True)
-
-
 def quiet_logs() -> None:
     """cairn's own INFO logs (checkpoints, warnings; the progress line is the console's); only
     warnings from the rest (orbax logs every file it writes at INFO). With `--verbose`: INFO
@@ -300,7 +230,7 @@ def _main(config: ml_collections.ConfigDict) -> None:
             raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
         train(
             config,
-            out=print_on_process_0,
+            out=run_setup.print_on_process_0,
             restart_if_corrupt=flags.FLAGS.restart_if_corrupt,
             dry_run=flags.FLAGS.dry_run,
             memory_limit_bytes=None if limit is None else int(limit * 2**30),
@@ -316,7 +246,7 @@ def _main(config: ml_collections.ConfigDict) -> None:
 def run() -> None:
     """The program: `train(config)`; bad data, a locked model_dir, unusable or full storage, a
     NaN/Inf loss or checkpoints that are all corrupt exit 2 with one line."""
-    # The program's own flag (defined here, not at import: eval and infer import this module).
+    # The program's own flags, defined when it runs: importing this module defines none.
     flags.DEFINE_bool(
         "restart_if_corrupt",
         False,

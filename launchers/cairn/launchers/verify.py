@@ -236,15 +236,6 @@ def compare_runs(
     )
 
 
-def resolve(path: str) -> str:
-    """A path the user typed, resolved against `$BUILD_WORKING_DIRECTORY` under `bazel run`."""
-    if "://" in path:  # gs://, s3://
-        return path
-    path = os.path.expanduser(path)
-    base = os.environ.get("BUILD_WORKING_DIRECTORY")
-    return os.path.join(base, path) if base and not os.path.isabs(path) else path
-
-
 RUN_A = flags.DEFINE_string("run_a", None, "model_dir of the first run")
 RUN_B = flags.DEFINE_string("run_b", None, "model_dir of the second run")
 RTOL = flags.DEFINE_float("rtol", 0.0, "relative tolerance (0 with atol 0: bitwise)")
@@ -265,7 +256,7 @@ def verify_runs(
     `FingerprintError` for unusable input."""
     if rtol < 0 or atol < 0:
         raise UsageError(f"--rtol and --atol must be >= 0 (got {rtol}, {atol})")
-    a, b = load_run(resolve(run_a)), load_run(resolve(run_b))
+    a, b = load_run(entry.user_path(run_a)), load_run(entry.user_path(run_b))
     report = compare_runs(a, b, rtol, atol, allow_config_diff)
     for name, run in (("A", a), ("B", b)):
         out(
