@@ -1,7 +1,8 @@
 """The CI figures tools: tools/ci/suite_figures.py (a .ci/run log and test logs -> the record the
 README quotes, rendered), tools/ci/ledger.py (docs/testing.md lists every test target and test
 function; a missing one is named) and tools/ci/bazel_timeline.py (Bazel's trace profile -> the
-long build actions, the busy and idle slot-seconds, the tail)."""
+long build actions, the busy and idle slot-seconds, the tail) and tools/ci/module_sizes.py (the
+largest library modules, a report)."""
 
 import importlib.util
 import os
@@ -127,3 +128,13 @@ def test_the_timeline_finds_the_long_build_and_the_tail(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "standard_runs" in out and "of which 4.0 in the tail" in out
     assert tool.main([str(tmp_path / "missing.gz")]) == 2
+
+
+def test_the_module_report_lists_the_longest_modules_first():
+    sizes = _tool("module_sizes").module_sizes(ROOT)
+    assert len(sizes) > 100 and all(path.endswith(".py") and "/cairn/" in path for path, _, _ in sizes)
+    assert [n for _, n, _ in sizes] == sorted((n for _, n, _ in sizes), reverse=True)
+    path, lines, _ = sizes[0]
+    assert lines == len((ROOT / path).read_text(encoding="utf-8").splitlines())
+    table = _tool("module_sizes").report(sizes, 3).splitlines()
+    assert len(table) == 2 + 3 + 1 and table[2].startswith(f"| {path} | {lines} |")

@@ -6,7 +6,7 @@ import os
 import launch_util
 import pytest
 
-from cairn.launchers import config_base, config_io, mesh_checks, run_setup, validation
+from cairn.launchers import config_base, config_io, run_setup, validation
 from cairn.launchers.validation import ConfigError
 
 SIZED = {
@@ -188,21 +188,21 @@ def test_schema_checks_in_process():
 
 
 def test_mesh_shapes():
-    assert mesh_checks.resolve_mesh({"data": -1, "model": 2}, 8) == {"data": 4, "fsdp": 1, "model": 2}
+    assert validation.resolve_mesh({"data": -1, "model": 2}, 8) == {"data": 4, "fsdp": 1, "model": 2}
     with pytest.raises(
         ConfigError,
         match=r"need a multiple of 3 devices, but there are 8 devices \(2 process\(es\) "
         r"x 4 device\(s\)\); a mesh that fits: \{'data': 8, 'fsdp': 1, "
         r"'model': 1\}",
     ):
-        mesh_checks.resolve_mesh({"data": -1, "model": 3}, 8, process_count=2)
+        validation.resolve_mesh({"data": -1, "model": 3}, 8, process_count=2)
     with pytest.raises(
         ConfigError, match=r"has 16 devices but 8.*a mesh that fits: \{'data': 1, 'fsdp': 2, 'model': 4\}"
     ):
-        mesh_checks.resolve_mesh({"data": 2, "fsdp": 2, "model": 4}, 8)
-    assert mesh_checks.suggest_mesh({"model": 8}, 12) == {"data": 3, "fsdp": 1, "model": 4}
+        validation.resolve_mesh({"data": 2, "fsdp": 2, "model": 4}, 8)
+    assert validation.suggest_mesh({"model": 8}, 12) == {"data": 3, "fsdp": 1, "model": 4}
     with pytest.raises(ConfigError, match="only one mesh axis may be -1"):
-        mesh_checks.resolve_mesh({"data": -1, "model": -1}, 8)
+        validation.resolve_mesh({"data": -1, "model": -1}, 8)
 
 
 def test_multihost_from_config_and_environment(monkeypatch):

@@ -17,9 +17,8 @@ from cairn.launchers import optimizer_setup, predict_fns
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
-from cairn.launchers.mesh_checks import check_expert_axis, resolve_mesh
 from cairn.launchers.sharded_batches import ShardedBatches
-from cairn.launchers.validation import ConfigError, apply_model_keys, check_model
+from cairn.launchers.validation import ConfigError, apply_model_keys, check_expert_axis, check_model, resolve_mesh
 from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes

@@ -14,6 +14,8 @@ from cairn.trainer.checkpoints import (
     CorruptCheckpointError,
     NoCheckpointError,
     abstract_like,
+    restore_params,
+    stored_params,
 )
 from cairn.trainer.data_state import TfDataIterator
 from cairn.trainer.faults import DiskFullError, NonFiniteLossError
@@ -30,7 +32,6 @@ from cairn.trainer.mfu import (
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
 from cairn.trainer.param_groups import DEFAULT_NO_DECAY, ParamGroup
-from cairn.trainer.param_restore import restore_params, stored_params
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
