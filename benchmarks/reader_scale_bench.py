@@ -64,6 +64,19 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def rss_parts_mb() -> tuple[float, float]:
+    """`(anonymous, file-backed)` resident MB (/proc/self/status `RssAnon`, `RssFile`): the
+    reader's own memory, and the pages of memory-mapped files (the plan, the lengths) it has
+    touched, which the kernel can drop and processes share."""
+    parts = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                parts[key] = int(value.split()[0]) / 1024
+    return parts.get("RssAnon", 0.0), parts.get("RssFile", 0.0)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -240,6 +253,7 @@ def measure(
     cache_dir = cache_dir or local_cache
     task = make_task(src_dir)
     base_rss = rss_mb()
+    base_anon, _ = rss_parts_mb()
 
     def make(**kwargs):
         return open_reader(task, cache_dir, pack, **kwargs)
@@ -276,6 +290,7 @@ def measure(
     seconds = time.perf_counter() - start
     after = cache.stats()
     rss_after = rss_mb()
+    anon_after, file_after = rss_parts_mb()
     examples = int(batch["encoder_segment_ids"].max(axis=1).sum()) if pack else BATCH
     rows_read = count * BATCH
     reader.close()
@@ -294,6 +309,8 @@ def measure(
         "rows_per_s": count * BATCH / seconds,
         "steps": count,
         "rss_after_mb": rss_after,
+        "anon_above_imports_mb": anon_after - base_anon,  # of rss_after: the reader's own memory
+        "file_rss_after_mb": file_after,  # of rss_after: mapped files' pages (plan, lengths)
         # per 1,000 rows: at a URL each chunk fetch is one request, and each shard open a few
         "fetches_per_1000_rows": (after["chunk_fetches"] - before["chunk_fetches"]) * 1000 / rows_read,
         "opens_per_1000_rows": (after["shard_opens"] - before["shard_opens"]) * 1000 / rows_read,
@@ -557,10 +574,10 @@ def growth_table(rows: list[dict], steps: int) -> None:
     local = {(r["n"], r["pack"]): r for r in rows if r["where"] == "local"}
     print(
         "| records | storage | mode | construction s (first) | first batch step 0 s | last step of epoch 0 s (ratio) "
-        f"| rows/s over {steps:,} steps (vs local) | RSS after them MB (above imports) | chunk fetches / shard opens "
-        "per 1,000 rows | open shards |"
+        f"| rows/s over {steps:,} steps (vs local) | RSS after them MB (above imports) | of which anonymous above "
+        "imports / mapped files MB | chunk fetches / shard opens per 1,000 rows | open shards |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mode = f"packed ({r['examples_per_row']:.1f}/row)" if r["pack"] else "unpacked"
         ref = local.get((r["n"], r["pack"]))
@@ -569,6 +586,7 @@ def growth_table(rows: list[dict], steps: int) -> None:
             f"| {r['n']:,} | {r['where']} | {mode} | {r['build_s']:.2f} ({r['first_build_s']:.2f}) "
             f"| {r['first_0_s']:.3f} | {r['first_far_s']:.3f} ({r['first_far_s'] / r['first_0_s']:.2f}x) "
             f"| {r['rows_per_s']:,.0f}{vs} | {r['rss_after_mb']:,.0f} ({r['rss_after_mb'] - r['base_rss_mb']:+,.0f}) "
+            f"| {r.get('anon_above_imports_mb', float('nan')):+,.0f} / {r.get('file_rss_after_mb', float('nan')):,.0f} "
             f"| {r['fetches_per_1000_rows']:.1f} / {r['opens_per_1000_rows']:.2f} | {r['open_shards']:,} |"
         )
 
