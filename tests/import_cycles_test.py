@@ -272,3 +272,13 @@ def test_no_entry_point_imports_another():
                 todo.append(child)
         found += [f"{entry} -> {other}" for other in sorted(seen & set(ENTRY_POINTS) - {entry})]
     assert not found, found
+
+
+@pytest.mark.skipif("trainer" not in CHECKED, reason="//tests:import_cycles_test_trainer")
+def test_the_training_loop_does_not_know_the_trainer():
+    """`Trainer` builds the `TrainLoop` and hands it a `StepProgram`; the loop module imports no
+    trainer module, even for type checking (the dependency runs one way)."""
+    known = modules(_repo_root())
+    loop = "cairn.trainer.loop"
+    assert "cairn.trainer.trainer" not in _all_imports(loop, known[loop], known)
+    assert loop in _all_imports("cairn.trainer.trainer", known["cairn.trainer.trainer"], known)

@@ -2,7 +2,8 @@
 evaluate, run the step hooks, then stop (saving) on SIGTERM or save when a checkpoint is due.
 
 `Trainer.train` sets up once (the data, the partitioned step, the state to continue from) and
-hands a `TrainLoop` what it set up. The loop's running figures live in `loop_metrics`:
+hands a `TrainLoop` what it set up, as a `StepProgram` (the loop never imports the trainer
+module: the dependency runs one way). The loop's running figures live in `loop_metrics`:
 `PendingMetrics` (step metrics still on the device, checked for NaN/Inf one step late) and
 `Rates` (train time, tokens and sequences, for the rates and MFU).
 
@@ -16,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 
@@ -27,11 +28,8 @@ from cairn.trainer.console import PROGRESS_METRICS, Console
 from cairn.trainer.faults import SigtermFlag, stop_reason
 from cairn.trainer.loop_metrics import PendingMetrics, Rates, StepMetrics
 from cairn.trainer.mfu import peak_flops
-from cairn.trainer.model_protocol import batch_signature, model_flops_per_token
+from cairn.trainer.model_protocol import batch_signature
 from cairn.trainer.summaries import SummaryWriter
-
-if TYPE_CHECKING:  # the trainer module imports this one
-    from cairn.trainer.trainer import Trainer
 
 log = logging.getLogger("cairn.trainer")
 
@@ -57,15 +55,37 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+    """What the loop runs, handed over by `Trainer.train` (the loop never sees the trainer):
+    the trainer's config, its compiled step and the partitioner it shards batches with, the
+    batch signature it was set up for, the model's FLOPs per token (None: no rates), the
+    evaluation and hooks, the experiment config saved with each checkpoint, and the list each
+    save's blocking seconds are appended to."""
+
+    config: Any  # TrainerConfig
+    train_step: Callable[..., Any]
+    partitioner: Any
+    batch_signature: Any
+    flops_per_token: float | None
+    eval_fn: Callable[..., Any] | None
+    step_hooks: Sequence[Callable[..., Any]]
+    hooks_take_metrics: Sequence[bool]
+    batch_hooks: Sequence[Callable[..., Any]]
+    batch_hook_every: int
+    experiment_config: Mapping[str, Any]
+    save_blocked_s: list[float]
+
+
 class TrainLoop:
-    """Trains `trainer`'s set-up step from `state` at `step` up to `num_train_steps`, until the
-    data runs out, or until a stop is requested (then saved); in lockstep on every process.
+    """Trains `program`'s step from `state` at `step` up to `num_train_steps`, until the data
+    runs out, or until a stop is requested (then saved); in lockstep on every process.
     `check_shapes`: the trainer was set up before `train` (no batch was peeked), so the first
     batch must match the one `Trainer.setup` was given."""
 
     def __init__(
         self,
-        trainer: Trainer,
+        program: StepProgram,
         data: Any,  # an iterator of batches; with get_state/set_state when `stateful`
         stateful: bool,
         state: Any,
@@ -75,12 +95,12 @@ class TrainLoop:
         sigterm: SigtermFlag,
         check_shapes: bool = False,
     ):
-        cfg = self.cfg = trainer.config
-        self.trainer, self.data, self.stateful, self.check_shapes = trainer, data, stateful, check_shapes
+        cfg = self.cfg = program.config
+        self.program, self.data, self.stateful, self.check_shapes = program, data, stateful, check_shapes
         self.state, self.step = state, step
         self.ckpt, self.summaries, self.sigterm = ckpt, summaries, sigterm
-        flops = model_flops_per_token(trainer.model, cfg.flops_per_token)
-        peak = cfg.peak_flops or (peak_flops(list(trainer.partitioner.mesh.devices.flat)) if flops else None)
+        flops = program.flops_per_token
+        peak = cfg.peak_flops or (peak_flops(list(program.partitioner.mesh.devices.flat)) if flops else None)
         self.console = Console(
             cfg.num_train_steps, enabled=cfg.progress and summaries.primary, interval_s=cfg.progress_interval_s
         )
@@ -93,7 +113,7 @@ class TrainLoop:
         self.step_metrics: Any = None  # this step's metrics, on the device
         self.eval_metrics: dict = {}
         self.first_step = True  # the first step of this `train` call
-        self.layout = trainer.partitioner.data_layout()
+        self.layout = program.partitioner.data_layout()
 
     def run(self) -> TrainResult:
         """Each step: get the batch, train, log, show progress, evaluate, step hooks, stop or
@@ -129,18 +149,18 @@ class TrainLoop:
         except StopIteration:
             log.warning("the data ran out at step %d", self.step)
             return None
-        if self.first_step and self.check_shapes and batch_signature(batch) != self.trainer.batch_signature:
+        if self.first_step and self.check_shapes and batch_signature(batch) != self.program.batch_signature:
             raise ValueError(
                 f"the data's batches {batch_signature(batch)} differ from the batch the trainer was "
-                f"set up for {self.trainer.batch_signature} (Trainer.setup)"
+                f"set up for {self.program.batch_signature} (Trainer.setup)"
             )
         return batch
 
     def train_on(self, batch: Mapping[str, Any]) -> None:
         """Batch hooks, then one train step; meanwhile the previous step's loss is checked."""
         self.run_batch_hooks(batch)
-        global_batch = self.trainer.partitioner.shard_batch(batch)
-        self.state, metrics = self.trainer.train_step(self.state, global_batch)
+        global_batch = self.program.partitioner.shard_batch(batch)
+        self.state, metrics = self.program.train_step(self.state, global_batch)
         self.step += 1
         if self.first_step:
             jax.block_until_ready(metrics)  # exclude compilation from the rates
@@ -157,14 +177,14 @@ class TrainLoop:
     def run_batch_hooks(self, batch: Mapping[str, Any]) -> None:
         """Before step `step + 1`: the global batch's row digests, gathered when batch hooks are
         due or, on the first step with several processes, to check replicas feed identical rows."""
-        trainer, step = self.trainer, self.step + 1
-        hooks_due = bool(trainer.batch_hooks) and step % trainer.batch_hook_every == 0
+        program, step = self.program, self.step + 1
+        hooks_due = bool(program.batch_hooks) and step % program.batch_hook_every == 0
         if not (hooks_due or (self.first_step and jax.process_count() > 1)):
             return
         digests = gather_row_digests(batch, self.layout)
         if self.first_step:
             digests.check(step)
-        for hook in trainer.batch_hooks if hooks_due else ():
+        for hook in program.batch_hooks if hooks_due else ():
             hook(step, digests)
 
     def log_if_due(self) -> None:
@@ -203,7 +223,7 @@ class TrainLoop:
 
     def evaluate_if_due(self) -> None:
         """`eval_fn` every `eval_every` steps and at the last step (not train time)."""
-        eval_fn, cfg, step = self.trainer.eval_fn, self.cfg, self.step
+        eval_fn, cfg, step = self.program.eval_fn, self.cfg, self.step
         if eval_fn is None or not cfg.eval_every or not (step % cfg.eval_every == 0 or step == cfg.num_train_steps):
             return
         with self.paused():
@@ -221,12 +241,12 @@ class TrainLoop:
         """Each hook in order, every step (not train time): `hook(step, state)`, or
         `hook(step, state, metrics)` for a hook taking three arguments, `metrics` this step's
         `StepMetrics` (fetched from the device only if the hook reads them)."""
-        if not self.trainer.step_hooks:
+        if not self.program.step_hooks:
             return
         metrics = StepMetrics(self.step_metrics)
         with self.paused():
             hook: Any
-            for hook, takes_metrics in zip(self.trainer.step_hooks, self.trainer.hooks_take_metrics):
+            for hook, takes_metrics in zip(self.program.step_hooks, self.program.hooks_take_metrics):
                 if takes_metrics:
                     hook(self.step, self.state, metrics)
                 else:
@@ -247,11 +267,11 @@ class TrainLoop:
             self.step,
             state,
             data_state,
-            self.trainer.experiment_config,
+            self.program.experiment_config,
             metrics={**self.last_metrics, **self.eval_metrics},
         )
         self.last_saved = self.step
-        self.trainer.save_blocked_s.append(blocked)
+        self.program.save_blocked_s.append(blocked)
         log.info("checkpoint at step %d (blocked the loop %.3fs)", self.step, blocked)
 
     def stop(self, reason: str) -> TrainResult:

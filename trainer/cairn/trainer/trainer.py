@@ -19,8 +19,8 @@ from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_l
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
 from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
-from cairn.trainer.loop import TrainLoop, TrainResult
-from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, trace_init
+from cairn.trainer.loop import StepProgram, TrainLoop, TrainResult
+from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, model_flops_per_token, trace_init
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
@@ -355,7 +355,21 @@ class Trainer:
         self._log_memory()
         state, step = self._restore_or_init(ckpt, data, stateful, init_params)
         self.save_blocked_s: list = []  # seconds each save blocked the loop
-        loop = TrainLoop(self, data, stateful, state, step, ckpt, summaries, sigterm, check_shapes=set_up_before)
+        program = StepProgram(
+            config=self.config,
+            train_step=self.train_step,
+            partitioner=self.partitioner,
+            batch_signature=self.batch_signature,
+            flops_per_token=model_flops_per_token(self.model, self.config.flops_per_token),
+            eval_fn=self.eval_fn,
+            step_hooks=self.step_hooks,
+            hooks_take_metrics=self.hooks_take_metrics,
+            batch_hooks=self.batch_hooks,
+            batch_hook_every=self.batch_hook_every,
+            experiment_config=self.experiment_config,
+            save_blocked_s=self.save_blocked_s,
+        )
+        loop = TrainLoop(program, data, stateful, state, step, ckpt, summaries, sigterm, check_shapes=set_up_before)
         return loop.run()
 
     def _prepare_data(self, data: Any) -> tuple[Iterator[Mapping[str, Any]], bool]:
