@@ -105,7 +105,7 @@ def refused(forked, tmp_path_factory, texts, cache_dir):
     assert sorted(os.listdir(corrupt / "checkpoints")) == ["2"]
     flip_a_byte_in_every_state_file(corrupt)
     corrupt_argv = small(corrupt, cache_dir, 4)
-    corrupt_before = tree(corrupt / "checkpoints")
+    corrupt_before = tree(corrupt)
 
     # A lock held by a live process on this host, taken 1h 2m ago.
     locked = tmp / "locked"
@@ -201,7 +201,10 @@ def test_every_checkpoint_corrupt_exits_2_unless_restart_if_corrupt(forked, refu
     line = one_error_line(proc)
     assert f"every checkpoint in {model_dir / 'checkpoints'} is unusable (step 2: checkpoint " in line
     assert "same size, other bytes" in line and "--restart_if_corrupt" in line
-    assert tree(model_dir / "checkpoints") == before  # nothing moved: a rerun says the same
+    # A refused run writes nothing: config.json (the rerun asks for 4 steps, not 2), the
+    # fingerprint, the summaries and the checkpoints are byte for byte as before (nothing moved:
+    # a rerun says the same).
+    assert tree(model_dir) == before
     proc = forked.run(small(model_dir, cache_dir, 4, "--restart_if_corrupt"), env={"CAIRN_SHAKESPEARE_DIR": texts})
     assert proc.returncode == 0, launch_util.tail(proc)
     assert "trained to step 4" in proc.stdout and "starting again from step 0" in proc.stderr

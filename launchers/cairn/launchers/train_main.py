@@ -47,14 +47,16 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: Mapping[str, int]) -> Any | None:
-    """Writes the run fingerprint's header; returns the `RunFingerprint` (None when off)."""
+def _write_run_files(config: ml_collections.ConfigDict, fp: Any | None, tasks: Any, mesh: Mapping[str, int]) -> None:
+    """`config.json` (process 0) and the run fingerprint's header (None: off): written once the
+    trainer knows the state it trains from (`Trainer.train(on_start=)`), so that a refused
+    restore leaves model_dir as it was."""
     import jax
 
-    if not config.fingerprint_every:
-        return None
-
-    fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every)
+    if jax.process_index() == 0:
+        config_io.write_config_json(config)
+    if fp is None:
+        return
     fp.write_header(
         config_hash=config_hash(config_io.hashable_config(config)),
         data_fingerprint=data_lib.data_fingerprint(config, tasks),
@@ -63,7 +65,6 @@ def _fingerprint(config: ml_collections.ConfigDict, tasks: Any, mesh: Mapping[st
         device_count=jax.device_count(),
         mesh=dict(mesh),
     )
-    return fp
 
 
 @contextlib.contextmanager
@@ -154,15 +155,14 @@ def _train(
         trainer = builder.make_trainer(config, model, partitioner, schedule=ready.schedule)
         return {"plan": plan(trainer, _peek(reader), out, memory_limit_bytes, strict=True)}
     lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
-    if jax.process_index() == 0:
-        config_io.write_config_json(config)
     evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready.eval_tasks else None
     eval_fn = (
         builder.make_eval_fn(config, model, evaluator, partitioner)
         if (evaluator and config.trainer.eval_every)
         else None
     )
-    fp = _fingerprint(config, tasks, ready.mesh)
+    # the fingerprint's hooks; its header and config.json are written by `on_start` below
+    fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every) if config.fingerprint_every else None
     trainer = builder.make_trainer(
         config,
         model,
@@ -185,7 +185,13 @@ def _train(
         out(f"initial params {how}{source} (used unless model_dir has a checkpoint)")
     summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too
     try:
-        result = trainer.train(reader, init_params=init, summaries=summaries, model_dir_lock=lock)
+        result = trainer.train(
+            reader,
+            init_params=init,
+            summaries=summaries,
+            model_dir_lock=lock,
+            on_start=lambda _step: _write_run_files(config, fp, tasks, ready.mesh),
+        )
         trained_s = time.perf_counter() - start
         post = {}
         if not result.preempted:

@@ -300,6 +300,7 @@ class Trainer:
         init_params: Any = None,
         summaries: SummaryWriter | None = None,
         model_dir_lock: ModelDirLock | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> TrainResult:
         """Trains to `config.num_train_steps`, resuming from the latest checkpoint in model_dir.
 
@@ -312,7 +313,10 @@ class Trainer:
         (default: `make_summaries()`, closed at the end): a caller's writer, flushed on every
         way out but left open (e.g. for the final evaluation at the last step).
         `model_dir_lock`: the model_dir's lock, already held by the caller (who releases it);
-        by default process 0 takes it here.
+        by default process 0 takes it here. `on_start(step)`: called on every process once the
+        state to train from is known (restored at `step`, or fresh at 0), before the first
+        step: where a caller writes its run files, so that a refused restore (every checkpoint
+        corrupt) leaves model_dir as it was.
         """
         cfg = self.config
         # One lock per run: process 0 holds it for every host (they share model_dir).
@@ -326,7 +330,7 @@ class Trainer:
             ckpt = Checkpointer(cfg.model_dir, cfg.checkpoint)
             if summaries is None:
                 summaries = self.make_summaries()
-            return self._train(data, init_params, ckpt, summaries, sigterm)
+            return self._train(data, init_params, ckpt, summaries, sigterm, on_start)
         except jax.errors.JaxRuntimeError:
             # A peer that died mid-step surfaces here as a failed collective: let the peer
             # watchdog (if the job runs one) name it and end the process, before the cleanup
@@ -346,7 +350,13 @@ class Trainer:
                     lock.release()
 
     def _train(
-        self, data: Any, init_params: Any, ckpt: Checkpointer, summaries: SummaryWriter, sigterm: SigtermFlag
+        self,
+        data: Any,
+        init_params: Any,
+        ckpt: Checkpointer,
+        summaries: SummaryWriter,
+        sigterm: SigtermFlag,
+        on_start: Callable[[int], None] | None = None,
     ) -> TrainResult:
         """Set-up, once: the data, the partitioned step for its shapes, the state to continue
         from (the latest checkpoint, with the data's position, or a fresh one); then the loop."""
@@ -354,6 +364,8 @@ class Trainer:
         data, stateful = self._prepare_data(data)
         self._log_memory()
         state, step = self._restore_or_init(ckpt, data, stateful, init_params)
+        if on_start is not None:
+            on_start(step)
         self.save_blocked_s: list = []  # seconds each save blocked the loop
         program = StepProgram(
             config=self.config,
