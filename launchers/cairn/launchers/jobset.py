@@ -277,7 +277,7 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
     parts = (
         mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)
     )  # the batch dimension's devices; host shards divide them
-    validation.check_batch_size(config, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
+    validation.check_config_batch_size(config, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
     options = PodOptions(
         name=name,
         image=IMAGE.value,

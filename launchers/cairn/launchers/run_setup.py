@@ -44,7 +44,7 @@ def prepare(
 ) -> RunSetup:
     """Joins the job and validates everything before anything is compiled or written; the
     batch sizes at `batch_keys` (those the caller uses: eval and infer pass none and check their
-    own, `sharded_batches.check_batch_size`) are checked against the mesh's data shards. The
+    own, `validation.check_batch_size`) are checked against the mesh's data shards. The
     evaluation task is looked up and checked when the training config evaluates, or with
     `eval_task`."""
     import jax
@@ -66,7 +66,7 @@ def prepare(
     partitioner = builder.make_partitioner(config)
     parts, shards = partitioner.batch_parts(), partitioner.data_layout().num_shards
     for key in batch_keys:
-        validation.check_batch_size(config, key, parts, shards, mesh, jax.process_count())
+        validation.check_config_batch_size(config, key, parts, shards, mesh, jax.process_count())
     schedule = builder.make_schedule(config)  # schedule arguments
     return RunSetup(vocabulary, tasks, eval_tasks, mesh, partitioner, net, schedule)
 

@@ -20,24 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from cairn.launchers.validation import ConfigError
-
 log = logging.getLogger(__name__)
-
-
-def check_batch_size(key: str, batch_size: int, partitioner: Any) -> None:
-    """`ConfigError` naming `key` when a global batch of `batch_size` rows does not split into
-    equal blocks over the hosts' data shards (`DataLayout.num_shards`; hosts of one
-    data-parallel replica share a block), as a training batch must. One process never refuses
-    a size: `ShardedBatches` pads a batch to a multiple of the data-parallel devices."""
-    shards = partitioner.data_layout().num_shards
-    if batch_size < 1 or batch_size % shards:
-        raise ConfigError(
-            key,
-            f"{batch_size} does not divide over the {shards} host data shards of mesh "
-            f"{dict(partitioner.mesh.shape)} on {jax.process_count()} process(es); "
-            f"use a multiple of {shards}",
-        )
 
 
 def _param_shardings(partitioner: Any, params: Any) -> Any:
@@ -64,7 +47,7 @@ class ShardedBatches:
       partitioner: the run's `Partitioner`.
       fn: a jittable function of the params and a batch (a pytree of `[rows, ...]` arrays)
         returning a pytree of `[rows, ...]` arrays.
-      batch_size: examples per global batch (check it first with `check_batch_size` where
+      batch_size: examples per global batch (check it first with `validation.check_batch_size` where
         the user chose it).
       what: the verb of the per-batch log line ("decodes", "scores").
       log_level: the level of that line (one per batch on every process).

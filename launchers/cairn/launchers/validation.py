@@ -363,27 +363,44 @@ def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[s
 
 
 def check_batch_size(
-    config: Any, key: str, parts: int, shards: int, mesh: Mapping[str, int], process_count: int = 1
+    key: str,
+    batch: int,
+    shards: int,
+    mesh: Mapping[str, int],
+    process_count: int = 1,
+    parts: int | None = None,
+    microbatches: int = 1,
 ) -> None:
-    """The batch size at `key` splits evenly over the `parts` devices the batch dimension is
-    sharded over and the `shards` data-parallel host shards (`DataLayout.num_shards`); the
-    training batch also over its microbatches."""
-    batch = _get(to_plain(config), key)
+    """`ConfigError` naming `key` unless a global batch of `batch` rows splits evenly: over the
+    `parts` devices the batch dimension is sharded over (a training batch; None for eval and
+    infer, whose batches `ShardedBatches` pads to the devices), over the `shards` data-parallel
+    host shards (`DataLayout.num_shards`; hosts of one replica share a block), and, with
+    `microbatches` > 1, into that many microbatches over the `parts` devices."""
     layout = f"mesh {dict(mesh)} on {process_count} process(es)"
-    if batch % parts:
+    if parts is not None and batch % parts:
         raise ConfigError(
             key, f"{batch} does not divide over the {parts} data-parallel shards of {layout}; use a multiple of {parts}"
         )
-    if batch % shards:
+    if batch < 1 or batch % shards:
         raise ConfigError(
             key, f"{batch} does not divide over the {shards} host data shards of {layout}; use a multiple of {shards}"
         )
-    if key == "data.batch_size" and batch % (parts * config.trainer.num_microbatches):
+    if microbatches > 1 and batch % ((parts or 1) * microbatches):
         raise ConfigError(
             "trainer.num_microbatches",
-            f"{config.trainer.num_microbatches} microbatches of a {batch}-row batch over "
+            f"{microbatches} microbatches of a {batch}-row batch over "
             f"{parts} data-parallel shards of {layout} do not divide evenly",
         )
+
+
+def check_config_batch_size(
+    config: Any, key: str, parts: int, shards: int, mesh: Mapping[str, int], process_count: int = 1
+) -> None:
+    """`check_batch_size` of the training-style batch size at config `key` (with the trainer's
+    microbatches for `data.batch_size`)."""
+    microbatches = config.trainer.num_microbatches if key == "data.batch_size" else 1
+    batch = _get(to_plain(config), key)
+    check_batch_size(key, batch, shards, mesh, process_count, parts=parts, microbatches=microbatches)
 
 
 def check_static(config: ml_collections.ConfigDict) -> Any:
