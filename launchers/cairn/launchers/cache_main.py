@@ -7,7 +7,7 @@ In this process by default (small data); with `--beam` (or `data.cache_with_beam
 `cairn.datatasks.deterministic.cache_tasks`, Apache Beam's DirectRunner unless
 `--pipeline_options` names another runner. Writes under `data.cache_dir`, the directory the
 train entry point reads. Exit status 2 with one line on a bad config, a missing or empty task
-source (`sources.SourceError`) or unusable storage.
+source (`data.SourceError`) or unusable storage.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, ta
 from cairn.datatasks.deterministic.store import recache_notice
 from cairn.launchers import cli, entry, validation
 from cairn.launchers import data as data_lib
-from cairn.launchers.sources import source_errors_as_data_errors
 
 BEAM = flags.DEFINE_bool("beam", False, "Cache with Apache Beam (cache_tasks) instead of in this process.")
 PIPELINE_OPTIONS = flags.DEFINE_string("pipeline_options", "", "Beam pipeline options (implies --beam).")
@@ -38,11 +37,11 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     validation.check_schema(config)
     validation.check_paths(config)
     vocabulary = data_lib.make_vocabulary(config)
-    with source_errors_as_data_errors(config.data.task, config.data.split):  # sources read at registration
+    with data_lib.source_errors_as_data_errors(config.data.task, config.data.split):  # sources read at registration
         data_lib.register_tasks(config, vocabulary)
     tasks = data_lib.get_tasks(config)
     if beam or pipeline_options:
-        with source_errors_as_data_errors(", ".join(sorted(tasks)), config.data.split):
+        with data_lib.source_errors_as_data_errors(", ".join(sorted(tasks)), config.data.split):
             return cache_tasks(
                 list(tasks.values()),
                 config.data.cache_dir,
@@ -58,7 +57,7 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
         notice = recache_notice(path) if stale and not overwrite else None
         if notice:  # an older format: re-cached, as the train launcher does
             print(notice, file=sys.stderr, flush=True)
-        with source_errors_as_data_errors(name, config.data.split):
+        with data_lib.source_errors_as_data_errors(name, config.data.split):
             fresh = cache_task_in_process(task, config.data.split, path, overwrite=overwrite or stale)
         done[name] = "cached" if fresh else "already cached"
     return done

@@ -3,13 +3,14 @@ and reader, and the data fingerprint."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import ml_collections
@@ -162,3 +163,21 @@ def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]
         "pack": bool(config.data.pack),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# -- a task's raw source that is missing or empty, as a data error (one line, exit status 2)
+
+
+class SourceError(DataTasksError):
+    """A task's raw source files are missing or empty (nothing to cache)."""
+
+
+@contextlib.contextmanager
+def source_errors_as_data_errors(task: str | None = None, split: str | None = None) -> Iterator[None]:
+    """Re-raises a missing file or directory met while reading a task's source (a source function
+    raising `FileNotFoundError`, a path under a file) as `SourceError`, naming the task."""
+    try:
+        yield
+    except (FileNotFoundError, NotADirectoryError) as e:
+        what = f"task {task!r}" + (f" (split {split!r})" if split else "") if task else "a task"
+        raise SourceError(f"{what}: its source cannot be read: {e}") from e

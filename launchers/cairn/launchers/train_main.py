@@ -41,7 +41,6 @@ from cairn.datatasks import DataTasksError
 from cairn.launchers import cli, config_io, entry, multihost, optimizer_setup, resume_check, run_setup
 from cairn.launchers import data as data_lib
 from cairn.launchers.fingerprint import RunFingerprint, config_hash
-from cairn.launchers.sources import source_errors_as_data_errors
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ def _train(
     from cairn.launchers import builder, post_training
 
     start = time.perf_counter()
-    with source_errors_as_data_errors(config.data.task, config.data.split):
+    with data_lib.source_errors_as_data_errors(config.data.task, config.data.split):
         ready = run_setup.prepare(config)
         vocabulary, tasks = ready.vocabulary, ready.tasks
         partitioner = ready.partitioner
@@ -227,8 +226,8 @@ def quiet_logs() -> None:
 
 def _main(config: ml_collections.ConfigDict) -> None:
     from cairn.trainer import DiskFullError
-    from cairn.trainer.checksums import last_good_step
     from cairn.trainer.faults import is_disk_full
+    from cairn.trainer.manifests import last_good_step
 
     try:
         limit = flags.FLAGS.memory_limit_gib

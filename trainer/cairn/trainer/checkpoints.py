@@ -28,9 +28,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from cairn import storage
-from cairn.trainer import checksums
-from cairn.trainer.checksums import MANIFEST_DIR, last_good_step
+from cairn.trainer import manifests
 from cairn.trainer.faults import DiskFullError, is_disk_full
+from cairn.trainer.manifests import MANIFEST_DIR, last_good_step
 from cairn.trainer.replica_writes import configure_array_writes
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class Checkpointer:
             kept = set(self._manager.all_steps())
             for step in self._pending:
                 if step in kept:
-                    storage.write_json(self._manifest(step), checksums.manifest(self.directory / str(step)))
+                    storage.write_json(self._manifest(step), manifests.manifest(self.directory / str(step)))
             for name in storage.sizes(self.model_dir / MANIFEST_DIR):
                 stem = name[: -len(".json")] if name.endswith(".json") else ""
                 if stem.isdigit() and int(stem) not in kept:
@@ -269,7 +269,7 @@ class Checkpointer:
             expected = storage.read_json(self._manifest(step))
         except FileNotFoundError:
             return
-        bad = checksums.mismatches(self.directory / str(step), expected)
+        bad = manifests.mismatches(self.directory / str(step), expected)
         if bad:
             more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
             raise CorruptCheckpointError(

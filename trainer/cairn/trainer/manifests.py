@@ -1,5 +1,5 @@
-"""Per-file checksums of a checkpoint, for its manifest: size and SHA-256 of every file, read in
-1 MiB chunks (hashlib releases the GIL, so a thread pool hashes several files at once).
+"""Checkpoint manifests: size and SHA-256 of every file of a checkpoint, read in 1 MiB chunks
+(hashlib releases the GIL, so a thread pool hashes several files at once).
 
 A manifest is `{"files": {relative path: {"size": bytes, "sha256": hex}}}`; a manifest of the
 older layout (`{relative path: bytes}`) is read as sizes only.
