@@ -11,7 +11,6 @@ __version__ = "0.1.0"
 from cairn.datatasks import deterministic, preprocessors
 from cairn.datatasks.dataset import get_dataset
 from cairn.datatasks.errors import DataTasksError, UnknownNameError
-from cairn.datatasks.facades import MixtureRegistry, TaskRegistry
 from cairn.datatasks.feature import Feature
 from cairn.datatasks.feature_converters import (
     DecoderFeatureConverter,
@@ -34,6 +33,7 @@ from cairn.datatasks.mixture import Mixture
 from cairn.datatasks.preprocessors import map_over_dataset
 from cairn.datatasks.proto_source import ProtoDataSource
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry, get_mixture_or_task
+from cairn.datatasks.seqio_registries import MixtureRegistry, TaskRegistry
 from cairn.datatasks.sources import (
     DataSource,
     FunctionDataSource,

@@ -4,7 +4,7 @@ A name is unique within a registry across tasks and mixtures; adding it twice is
 error, and looking up an unknown name is an error that lists the closest names. This
 module stores providers without knowing their classes (it imports neither `task` nor
 `mixture`); the seqio-style `TaskRegistry`/`MixtureRegistry`, which build them, live in
-`facades.py` above both.
+`seqio_registries.py` above both.
 """
 
 from __future__ import annotations
