@@ -32,14 +32,13 @@ import logging
 import time
 from collections.abc import Callable
 
-import jax
 import ml_collections
 from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, predict_fns, run_setup, validation
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, predict_fns, run_setup
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -91,13 +90,7 @@ def make_runner(
 
     ready = run_setup.prepare(config, batch_keys=(), eval_task=True)
     partitioner = ready.partitioner
-    validation.check_batch_size(
-        "eval.batch_size",
-        config.eval.batch_size,
-        partitioner.data_layout().num_shards,
-        partitioner.mesh.shape,
-        jax.process_count(),
-    )
+    run_setup.check_padded_batch_size("eval.batch_size", config.eval.batch_size, partitioner)
     model = builder.load_model(config, ready.vocabulary, net=ready.model_config)
     loggers = (
         (JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))

@@ -42,13 +42,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, run_setup, validation
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, run_setup
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.validation import ConfigError
@@ -119,9 +118,7 @@ def infer(
     family = model_family(config.model.kind)
     ready = run_setup.prepare(config, batch_keys=(), eval_task=not (family.continues_prompt and input_file))
     partitioner = ready.partitioner
-    validation.check_batch_size(
-        "chunk_size", chunk_size, partitioner.data_layout().num_shards, partitioner.mesh.shape, jax.process_count()
-    )
+    run_setup.check_padded_batch_size("chunk_size", chunk_size, partitioner)
     vocabulary = ready.vocabulary
     model = builder.load_model(config, vocabulary, net=ready.model_config)
     step, params = checkpoint_params.load_params(config, model, partitioner, path, step)

@@ -44,7 +44,7 @@ def prepare(
 ) -> RunSetup:
     """Joins the job and validates everything before anything is compiled or written; the
     batch sizes at `batch_keys` (those the caller uses: eval and infer pass none and check their
-    own, `validation.check_batch_size`) are checked against the mesh's data shards. The
+    own, `check_padded_batch_size`) are checked against the mesh's data shards. The
     evaluation task is looked up and checked when the training config evaluates, or with
     `eval_task`."""
     import jax
@@ -69,6 +69,16 @@ def prepare(
         validation.check_config_batch_size(config, key, parts, shards, mesh, jax.process_count())
     schedule = builder.make_schedule(config)  # schedule arguments
     return RunSetup(vocabulary, tasks, eval_tasks, mesh, partitioner, net, schedule)
+
+
+def check_padded_batch_size(key: str, size: int, partitioner: Any) -> None:
+    """`validation.check_batch_size` of an eval or infer batch of `size` rows (named `key`) on
+    `partitioner`'s mesh: only the hosts' data shards count, as `ShardedBatches` pads a batch to
+    the data-parallel devices."""
+    import jax
+
+    shards = partitioner.data_layout().num_shards
+    validation.check_batch_size(key, size, shards, partitioner.mesh.shape, jax.process_count())
 
 
 def check_model_dir(config: ml_collections.ConfigDict) -> None:
