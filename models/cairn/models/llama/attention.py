@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental.layout import Layout, with_layout_constraint
 
 from cairn.models import pallas_attention
-from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named
+from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named, project_heads
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
 
@@ -92,7 +92,7 @@ class LlamaAttention(nn.Module):
         wk = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="key")()
         wv = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="value")()
         wo = Kernel((h, d, e), ("heads", "kv", "embed"), std, dt, pdt, name="out")()
-        q, k, v = (named(dense(x, w), name) for w, name in zip((wq, wk, wv), ATTENTION_PROJECTIONS))
+        q, k, v = (project_heads(x, w, name) for w, name in zip((wq, wk, wv), ATTENTION_PROJECTIONS))
         b, n = x.shape[0], x.shape[1]
         causal = self.causal
         if self.decode and self.has_variable("cache", "cached_key"):
