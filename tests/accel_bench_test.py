@@ -213,7 +213,10 @@ def test_remat_and_decode_variant_options():
 
     names = [r.name for r in plan.ROWS]
     assert accel_bench.parse_remat("full", names) == {"*": ("full",)}
-    assert accel_bench.parse_remat("t5_xl=full, llama_bf16=dots", names) == {"t5_xl": ("full",), "llama_bf16": ("dots",)}
+    assert accel_bench.parse_remat("t5_xl=full, llama_bf16=dots", names) == {
+        "t5_xl": ("full",),
+        "llama_bf16": ("dots",),
+    }
     assert accel_bench.parse_remat("llama_bf16=attention_kernel|full", names) == {
         "llama_bf16": ("attention_kernel", "full")
     }
