@@ -14,6 +14,7 @@ import optax
 
 from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory
 from cairn.partitioning.peer_watchdog import await_lost_peer
+from cairn.trainer import history
 from cairn.trainer.callbacks import EvalFn, takes_metrics
 from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_like
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
@@ -364,6 +365,8 @@ class Trainer:
         data, stateful = self._prepare_data(data)
         self._log_memory()
         state, step = self._restore_or_init(ckpt, data, stateful, init_params)
+        if jax.process_index() == 0:  # one history: what a discarded timeline wrote after `step` moves aside
+            history.supersede_after(self.config.model_dir, step)
         if on_start is not None:
             on_start(step)
         self.save_blocked_s: list = []  # seconds each save blocked the loop
