@@ -143,3 +143,44 @@ def test_main_runs_the_exit_steps_then_ends_with_the_status():
     assert bad.returncode == 2 and bad.stderr == "prog: the input is unusable\n" and "atexit ran" in bad.stdout, bad
     text = _main("--what=text")
     assert text.returncode == 1 and text.stderr == "a message\n" and text.stdout.endswith("atexit ran\n"), text
+
+
+GLOO_AND_OURS = r"""
+import logging, os, sys
+from cairn.launchers import process_output
+
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+process_output.speak_from_process_0(int(sys.argv[1]), 2, verbose=sys.argv[2] == "verbose")
+print("ours 1", flush=True)
+pieces = (b"[Gloo] Rank 1 is connected to ", b"1", b" peer ranks. ", b"Expected number of connected peer ranks is : ", b"1\n")
+for piece in pieces:
+    os.write(1, piece)  # as C++ writes it: in pieces, straight to file descriptor 1
+os.write(1, b"[Gloo] Rank 1 is connected to \n1\n peer ranks. Expected number of connected peer ranks is : 1\n")
+sys.stdout.write("progress 50%\r")  # a line in progress is forwarded before its end
+sys.stdout.flush()
+logging.getLogger("cairn.x").info("an info line")
+logging.getLogger("cairn.x").warning("a warning")
+print("ours 2")  # still buffered at exit: flushed through the filter
+"""
+
+
+@pytest.mark.parametrize("process, verbose", [(0, ""), (1, ""), (1, "verbose")])
+def test_process_0_speaks_and_gloo_lines_are_dropped(process, verbose):
+    """`process_output.speak_from_process_0`: Gloo's connection lines (even in pieces on lines of
+    their own) are dropped from stdout unless verbose, everything else passes in order; a process
+    other than 0 logs warnings only (INFO with verbose), prefixed with its index."""
+    proc = subprocess.run(
+        [sys.executable, "-c", GLOO_AND_OURS, str(process), verbose],
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+        timeout=120,
+    )
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, err
+    if verbose:
+        assert out.count("[Gloo]") == 2
+    else:
+        assert out == "ours 1\nprogress 50%\rours 2\n", out
+    prefix = "process 1/2: " if process else ""
+    assert f"WARNING {prefix}a warning" in err
+    assert (f"INFO {prefix}an info line" in err) == (process == 0 or bool(verbose)), err

@@ -27,6 +27,7 @@ import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import time
@@ -257,8 +258,6 @@ def _main(config: ml_collections.ConfigDict) -> None:
 def _in_model_dir(filename: Any, model_dir: str, code: int) -> bool:
     """Whether a refused write is the run's own: out of space or over a size limit, always; a
     permission or read-only error, only when it names a file under model_dir."""
-    import errno
-
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return True
     if not isinstance(filename, str):

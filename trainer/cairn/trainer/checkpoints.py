@@ -334,9 +334,10 @@ class Checkpointer:
                 found = self._restore_step(s, abstract_state)
             except Exception as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0][:300]
-                log.warning("checkpoint at step %d is unusable: %s", s, why)
                 failed.append((s, why))
                 continue
+            for f, why in failed:  # said once a usable step is found (else the error names them)
+                log.warning("checkpoint at step %d is unusable: %s", f, why)
             if failed:
                 log.warning(
                     "using step %d; moving the unusable steps %s to %s",

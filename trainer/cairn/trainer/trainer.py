@@ -283,7 +283,8 @@ class Trainer:
     # -- train: set up once, then the loop -------------------------------------------------
     def make_summaries(self) -> SummaryWriter:
         """This process's `SummaryWriter` for the config's model_dir and writers (process 0
-        writes; with several processes each logs its values with its name)."""
+        writes; every process logs the values at DEBUG, with several processes prefixed with its
+        name: the progress line shows them, from process 0 only)."""
         cfg = self.config
         index, processes = jax.process_index(), jax.process_count()
         return SummaryWriter(
@@ -292,7 +293,7 @@ class Trainer:
             primary=index == 0,
             log_prefix=f"process {index}/{processes}: " if processes > 1 else "",
             wandb=cfg.wandb,
-            log_level=logging.INFO if processes > 1 else logging.DEBUG,
+            log_level=logging.DEBUG,
         )
 
     def train(
