@@ -152,7 +152,8 @@ from cairn.launchers import process_output
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 process_output.speak_from_process_0(int(sys.argv[1]), 2, verbose=sys.argv[2] == "verbose")
 print("ours 1", flush=True)
-pieces = (b"[Gloo] Rank 1 is connected to ", b"1", b" peer ranks. ", b"Expected number of connected peer ranks is : ", b"1\n")
+pieces = (b"[Gloo] Rank 1 is connected to ", b"1", b" peer ranks. ")
+pieces += (b"Expected number of connected peer ranks is : ", b"1\n")
 for piece in pieces:
     os.write(1, piece)  # as C++ writes it: in pieces, straight to file descriptor 1
 os.write(1, b"[Gloo] Rank 1 is connected to \n1\n peer ranks. Expected number of connected peer ranks is : 1\n")

@@ -100,9 +100,11 @@ def _pump(child: subprocess.Popen, hold_s: float) -> list[bytes]:
     returns what is still held at the end of the stream."""
     assert child.stderr is not None
     fd = child.stderr.fileno()
-    pending, held, since = b"", [], None
+    pending = b""
+    held: list[bytes] = []
+    since: float | None = None
     while True:
-        timeout = None if since is None else max(0.0, since + hold_s - time.monotonic())
+        timeout: float | None = None if since is None else max(0.0, since + hold_s - time.monotonic())
         ready, _, _ = select.select([fd], [], [], timeout)
         if not ready:  # held long enough without an abort: release
             _write(b"".join(held))
