@@ -185,3 +185,46 @@ def test_process_0_speaks_and_gloo_lines_are_dropped(process, verbose):
     prefix = "process 1/2: " if process else ""
     assert f"WARNING {prefix}a warning" in err
     assert (f"INFO {prefix}an info line" in err) == (process == 0 or bool(verbose)), err
+
+
+ABORTING = r"""
+import os, sys
+sys.stderr.write("ours\n")
+sys.stderr.write("E1207 10:39:54.888670   13628 coordination_service_agent.cc:289] Polled an error\n")
+if sys.argv[1] == "abort":
+    sys.stderr.write(
+        "F1207 10:39:54.888704   13628 client.h:80] Terminating process because the JAX distributed service "
+        "detected fatal errors. ... UNAVAILABLE: Failed to send RPC to coordination service.\n"
+        "*** Check failure stack trace: ***\n    @     0x7f1f90c40634  absl::LogMessage::SendToLog()\n"
+    )
+    sys.stderr.flush()
+    os.abort()
+sys.stderr.write("more\n")
+"""
+
+
+@pytest.mark.parametrize("how", ["abort", "exit"])
+def test_the_supervisor_names_a_lost_coordinator_and_passes_the_rest(how):
+    """`cairn.launchers.supervise`: a child that dies of SIGABRT after JAX's lost-coordination-service
+    lines is one line and exit 3; a child that goes on keeps every line (the held runtime line
+    released) and its own exit status."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        CAIRN_PROCESS_ID="1",
+        CAIRN_NUM_PROCESSES="2",
+        CAIRN_COORDINATOR_ADDRESS="10.0.0.2:1234",
+    )
+    command = [sys.executable, "-m", "cairn.launchers.supervise", "--", sys.executable, "-c", ABORTING, how]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    if how == "abort":
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.splitlines() == [
+            "ours",
+            "error: process 0 of 2 (the coordinator at 10.0.0.2:1234) stopped responding (its coordination "
+            "service is gone); stopping process 1",
+        ]
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines()[0] == "ours" and proc.stderr.splitlines()[2] == "more"
+        assert "coordination_service_agent.cc" in proc.stderr.splitlines()[1]
