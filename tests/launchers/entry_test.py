@@ -162,6 +162,8 @@ sys.stdout.flush()
 logging.getLogger("cairn.x").info("an info line")
 logging.getLogger("cairn.x").warning("a warning")
 print("ours 2")  # still buffered at exit: flushed through the filter
+from cairn.launchers import entry
+entry.fail("a one-line error")
 """
 
 
@@ -169,7 +171,8 @@ print("ours 2")  # still buffered at exit: flushed through the filter
 def test_process_0_speaks_and_gloo_lines_are_dropped(process, verbose):
     """`process_output.speak_from_process_0`: Gloo's connection lines (even in pieces on lines of
     their own) are dropped from stdout unless verbose, everything else passes in order; a process
-    other than 0 logs warnings only (INFO with verbose), prefixed with its index."""
+    other than 0 logs warnings only (INFO with verbose), its records and its one-line error
+    prefixed with its index."""
     proc = subprocess.run(
         [sys.executable, "-c", GLOO_AND_OURS, str(process), verbose],
         capture_output=True,
@@ -177,13 +180,13 @@ def test_process_0_speaks_and_gloo_lines_are_dropped(process, verbose):
         timeout=120,
     )
     out, err = proc.stdout.decode(), proc.stderr.decode()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 2, err
     if verbose:
         assert out.count("[Gloo]") == 2
     else:
         assert out == "ours 1\nprogress 50%\rours 2\n", out
     prefix = "process 1/2: " if process else ""
-    assert f"WARNING {prefix}a warning" in err
+    assert f"WARNING {prefix}a warning" in err and f"error: {prefix}a one-line error" in err.splitlines()
     assert (f"INFO {prefix}an info line" in err) == (process == 0 or bool(verbose)), err
 
 

@@ -2,8 +2,8 @@
 
 - Process 0 prints as one process does (the progress line, the summary, its INFO logs).
 - Every other process logs warnings and errors only (INFO too with `--verbose`), each record
-  prefixed with its index, `process 1/4: ...`; its metrics are not logged at all (the trainer
-  logs them at DEBUG on every process).
+  prefixed with its index, `process 1/4: ...`, as is its one-line error (`error: process 1/4:
+  ...`); its metrics are not logged at all (the trainer logs them at DEBUG on every process).
 - Gloo's connection lines (`[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of
   connected peer ranks is : 1`, written by the C++ library straight to file descriptor 1 each
   time a process group connects) are dropped unless `--verbose`: file descriptor 1 becomes a
@@ -22,6 +22,8 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+
+from cairn.launchers import entry
 
 GLOO_PREFIX = b"[Gloo]"
 GLOO_TEMPLATE = b"[Gloo] Rank # is connected to # peer ranks. Expected number of connected peer ranks is : #"
@@ -47,7 +49,8 @@ def speak_from_process_0(process_id: int, num_processes: int, verbose: bool) -> 
     if num_processes <= 1:
         return
     if process_id != 0:
-        prefix = _ProcessPrefix(f"process {process_id}/{num_processes}: ")
+        entry.PROCESS_TAG = f"process {process_id}/{num_processes}: "  # its one-line errors too
+        prefix = _ProcessPrefix(entry.PROCESS_TAG)
         for handler in logging.getLogger().handlers:
             handler.addFilter(prefix)
         if not verbose:
