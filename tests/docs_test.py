@@ -69,3 +69,26 @@ def test_no_citation_of_a_document_outside_the_repository():
 def test_each_library_readme_links_the_design_document():
     unlinked = [lib for lib in LIBRARIES if "docs/design.md" not in _read(f"{lib}/README.md")]
     assert not unlinked, unlinked
+
+
+def _cairn_dependencies(library: str) -> set:
+    """The cairn libraries `library`'s pyproject.toml requires (`cairn-storage>=...` -> storage)."""
+    text = _read(f"{library}/pyproject.toml")
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, flags=re.M | re.S)
+    return set(re.findall(r'"cairn-(\w+)', block.group(1))) if block else set()
+
+
+def test_readme_pip_lines_install_what_each_library_needs():
+    # `pip install ./tokenizers` alone fails: pip cannot find cairn-storage, which it requires.
+    # Every `pip install ./lib ...` line of a README names the cairn libraries each one needs.
+    lines = []
+    for name in _tracked_text_files():
+        if name.endswith("README.md"):
+            lines += [(name, line) for line in _read(name).splitlines() if re.search(r"pip install .*\./\w", line)]
+    assert len(lines) >= 3
+    for name, line in lines:
+        command = re.split(r"(?:^|\s)#\s", line.split("`pip install", 1)[-1])[0]
+        listed = set(re.findall(r"\./(\w+)", command))
+        for library in listed & set(LIBRARIES):
+            missing = _cairn_dependencies(library) - listed
+            assert not missing, f"{name}: {line.strip()!r} installs {library} without {sorted(missing)}"
