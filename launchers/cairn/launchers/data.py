@@ -153,6 +153,8 @@ def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]
         # A chunked cache (format 3) orders its records within shards and is read in chunk
         # order by default: both shape the batches (absent from earlier caches' fingerprints).
         parts[name].update({k: info[k] for k in ("group_size", "record_order", "shuffle_key") if k in info})
+        if int(info.get("group_size", 1)) > 1:  # the chunk order's packed bins end at chunk ends (issue 37)
+            parts[name]["bins"] = "within_chunks"
     payload = {
         "tasks": parts,
         "mixture": config.data.task,

@@ -13,6 +13,7 @@ import pytest
 import cairn.datatasks as dt
 from cairn.datatasks.deterministic import (
     CachedTask,
+    cache_writer,
     DeterministicReader,
     cache_task_in_process,
     records,
@@ -329,6 +330,18 @@ def test_a_chunk_is_fetched_once_then_served_from_the_lru(chunked):
     per_record.read([3, 4, 200])
     assert per_record.stats()["chunk_fetches"] == 3
     per_record.close()
+
+
+def test_a_format_3_cache_upgrades_in_place_to_what_format_4_writes(chunked, tmp_path):
+    task, paths = chunked
+    path = str(tmp_path / "det_a" / "train")
+    shutil.copytree(paths["f3"], path)
+    info = cache_writer.add_chunk_index(path)
+    assert info == json.loads(pathlib.Path(paths[7], "info.json").read_text())
+    for name in ("chunks.npy", "info.json", "COMPLETED"):
+        assert pathlib.Path(path, name).read_bytes() == pathlib.Path(paths[7], name).read_bytes(), name
+    with pytest.raises(DataTasksError, match="is in format 4, not 3: add_chunk_index upgrades format 3 only"):
+        cache_writer.add_chunk_index(path)
 
 
 def test_open_shards_stay_within_the_bound_and_reads_stay_right(chunked, monkeypatch):

@@ -333,7 +333,7 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
 def _write_chunks(path: str, shards: list[dict], group_size: int) -> dict:
     """Writes `chunks.npy` (`[C, 3]` int64: offset, length, CRC-32 of each chunk, shard 0's
     first) from the shard summaries; returns its metadata for info.json."""
-    parts = []
+    parts: list[np.ndarray] = []
     for s in shards:
         rows = np.asarray(s.get("chunks", []), np.int64).reshape(-1, 3)
         want = -(-int(s["num_records"]) // group_size)
@@ -348,6 +348,33 @@ def _write_chunks(path: str, shards: list[dict], group_size: int) -> dict:
     data = buf.getvalue()
     storage.write_bytes(storage.join(path, CHUNKS), data)
     return {"file": CHUNKS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def add_chunk_index(path: str) -> dict:
+    """Upgrades a complete format 3 cache on local disk to format 4 in place: walks each
+    shard's chunk headers (O(chunks) small reads, no record decoded), writes `chunks.npy`,
+    then `info.json` and `COMPLETED` (last) with the new format. Shards, lengths, plans and
+    the fingerprint stay as they are. Returns the new info. A cache at a URL, or not in format 3,
+    is refused: re-cache it (or upgrade a local copy, then upload it)."""
+    if storage.is_url(path):
+        raise DataTasksError(f"add_chunk_index reads the shards' chunk headers from local disk; {path!r} is a URL")
+    version = format_version(path)
+    if version != 3:
+        raise DataTasksError(f"cache {path!r} is in format {version}, not 3: add_chunk_index upgrades format 3 only")
+    info = read_json(storage.join(path, INFO))
+    group = int(info["group_size"])
+    shards = [
+        {
+            "index": i,
+            "num_records": s["num_records"],
+            "chunks": chunk_ranges(storage.join(path, s["file"]), int(s["num_records"]), group).tolist(),
+        }
+        for i, s in enumerate(info["shards"])
+    ]
+    info = dict(info, format_version=FORMAT_VERSION, chunks=_write_chunks(path, shards, group))
+    write_json(storage.join(path, INFO), info)
+    storage.write_text(storage.join(path, COMPLETED), completed_marker())
+    return info
 
 
 def cache_task_in_process(
