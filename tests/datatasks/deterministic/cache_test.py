@@ -332,6 +332,23 @@ def test_a_chunk_is_fetched_once_then_served_from_the_lru(chunked):
     per_record.close()
 
 
+def test_the_lengths_pages_leave_the_resident_set_and_rows_stay_right(chunked, monkeypatch):
+    from cairn.datatasks.deterministic import cached_task
+
+    task, paths = chunked
+    cache = CachedTask(paths[7], task)
+    want = np.load(os.path.join(paths[7], "lengths.npy"))
+    monkeypatch.setattr(cached_task, "RELEASE_LENGTH_PAGES_EVERY", 100)
+    released = []
+    release = cache._release_length_pages
+    monkeypatch.setattr(cache, "_release_length_pages", lambda: (released.append(1), release()))
+    for at in range(0, 280, 60):
+        ids = np.arange(at, min(at + 60, 280))[::-1]
+        np.testing.assert_array_equal(cache.lengths_of(ids), want[ids])
+    assert len(released) == 2  # at 120 and 240 rows looked up
+    cache.close()
+
+
 def test_a_format_3_cache_upgrades_in_place_to_what_format_4_writes(chunked, tmp_path):
     task, paths = chunked
     path = str(tmp_path / "det_a" / "train")

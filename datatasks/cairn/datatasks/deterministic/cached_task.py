@@ -11,6 +11,7 @@ budget), so memory does not grow with the number of shards either way.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -46,6 +47,11 @@ DEFAULT_OPEN_SHARDS_BYTES = 256 << 20  # open ArrayRecord readers per CachedTask
 OPEN_SHARD_BYTES_LOCAL = 32 << 10
 OPEN_SHARD_BYTES_REMOTE = 256 << 10
 INDEX_BYTES_PER_CHUNK = 9
+# The pages of the memory-mapped lengths that `lengths_of` touched leave this process's resident
+# set every this many rows looked up (they stay in the OS page cache): under the chunk order the
+# rows of a window share a few pages, and a long run would otherwise keep the whole file
+# resident (800 MB at 10^8 records; benchmarks/RESULTS.md, reader_scale_bench.py).
+RELEASE_LENGTH_PAGES_EVERY = 1 << 16
 
 
 class CachedTask:
@@ -99,6 +105,7 @@ class CachedTask:
         self.num_records = int(self.info["num_records"])
         self.length_features: list[str] = list(self.info["length_features"])
         self.lengths = load_npy(storage.join(path, LENGTHS), self.info["lengths"].get("sha256"))
+        self._looked_up = 0  # rows read by lengths_of since its pages were last released
         if self.lengths.shape != (self.num_records, len(self.length_features)):
             raise CacheIntegrityError(
                 f"cache {path!r}: {LENGTHS} has shape {self.lengths.shape}, info.json says "
@@ -145,6 +152,13 @@ class CachedTask:
             else ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read")
         )
 
+    def _release_length_pages(self) -> None:
+        """Drops the mapped pages of `lengths.npy` from this process (`MADV_DONTNEED`; a read
+        maps them again from the page cache). Nothing to do for lengths held in memory."""
+        mapped = getattr(self.lengths, "_mmap", None)
+        if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED)
+
     def remap_lengths(self) -> None:
         """Maps `lengths.npy` afresh: the pages a full pass (the packing plan) touched leave
         this process's resident memory (they stay in the OS page cache)."""
@@ -152,8 +166,13 @@ class CachedTask:
             self.lengths = load_npy(storage.join(self.path, LENGTHS), self.info["lengths"].get("sha256"))
 
     def lengths_of(self, ids: np.ndarray) -> np.ndarray:
-        """`[len(ids), K]` rows of the lengths (read from the memory map: only these rows)."""
+        """`[len(ids), K]` rows of the lengths (read from the memory map: only these rows;
+        every `RELEASE_LENGTH_PAGES_EVERY` rows the mapped pages leave the resident set)."""
         ids = np.asarray(ids, np.int64).reshape(-1)
+        self._looked_up += ids.size
+        if self._looked_up >= RELEASE_LENGTH_PAGES_EVERY:
+            self._looked_up = 0
+            self._release_length_pages()
         k = self.lengths.shape[1]
         if k in (1, 2) and self.lengths.dtype == np.int32 and self.lengths.flags.c_contiguous:
             # One 4- or 8-byte element per row: a flat `take`, several times faster than
