@@ -353,12 +353,16 @@ def test_a_format_3_cache_upgrades_in_place_to_what_format_4_writes(chunked, tmp
     task, paths = chunked
     path = str(tmp_path / "det_a" / "train")
     shutil.copytree(paths["f3"], path)
-    info = cache_writer.add_chunk_index(path)
+    assert cache_writer.upgrade_in_place(path) == (
+        f"cairn: upgraded {path} from cache format 3 to 4 in place (its chunk index, chunks.npy; no record rewritten)"
+    )
+    info = json.loads(pathlib.Path(path, "info.json").read_text())
     assert info == json.loads(pathlib.Path(paths[7], "info.json").read_text())
     for name in ("chunks.npy", "info.json", "COMPLETED"):
         assert pathlib.Path(path, name).read_bytes() == pathlib.Path(paths[7], name).read_bytes(), name
     with pytest.raises(DataTasksError, match="is in format 4, not 3: add_chunk_index upgrades format 3 only"):
         cache_writer.add_chunk_index(path)
+    assert cache_writer.upgrade_in_place(path) is None and cache_writer.upgrade_in_place("gs://b/x/train") is None
 
 
 def test_open_shards_stay_within_the_bound_and_reads_stay_right(chunked, monkeypatch):

@@ -377,6 +377,19 @@ def add_chunk_index(path: str) -> dict:
     return info
 
 
+def upgrade_in_place(path: str) -> str | None:
+    """Upgrades a complete format 3 cache on local disk to this format (`add_chunk_index`: no
+    record is rewritten) and returns the one-line notice to print; None, doing nothing, for any
+    other cache or one at a URL (those are re-cached)."""
+    if storage.is_url(path) or format_version(path) != 3:
+        return None
+    add_chunk_index(path)
+    return (
+        f"cairn: upgraded {path} from cache format 3 to {FORMAT_VERSION} in place (its chunk index, "
+        f"{CHUNKS}; no record rewritten)"
+    )
+
+
 def cache_task_in_process(
     task: Any, split: str, path: str, overwrite: bool = False, group_size: int = DEFAULT_GROUP_SIZE
 ) -> bool:
