@@ -84,7 +84,7 @@ class Options:
     hbm_bandwidth: float | None = None  # bytes/s per device
     attention: str | None = None  # "auto" (None in the config), "xla", "pallas", "cudnn"
     loss_chunk_size: int | None = None
-    remat: dict[str, str] = dataclasses.field(default_factory=dict)  # row name (or "*") -> remat policy
+    remat: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # row (or "*") -> policies to try
     decode_variants: tuple[str, ...] = ("slice",)  # decode-cache writes compared (DECODE_WRITERS)
     batch: int = 0
     batches: dict[str, int] = dataclasses.field(default_factory=dict)  # row name -> fixed batch
@@ -398,9 +398,9 @@ class _TrainRowRunner:
         start = time.perf_counter()
         overrides = {**row.overrides, **cli_model_overrides(opts, train=True)}
         variants = [dict(v) for v in row.variants] or [{}]
-        policy = opts.remat.get(row.name, opts.remat.get("*"))
-        if policy:
-            variants = [{**v, "remat_policy": policy} for v in variants]
+        policies = opts.remat.get(row.name, opts.remat.get("*"))
+        if policies:
+            variants = [{**v, "remat_policy": p} for p in policies for v in variants]
         configs, seen = [], set()
         for v in variants:
             config, applied, ignored = build_config(row.preset, {**overrides, **v})

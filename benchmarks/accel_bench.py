@@ -92,7 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--remat",
         default="",
         help=f"a remat policy ({', '.join(REMAT_POLICIES)}) for every training row instead of its variants, "
-        "or for some rows: t5_xl=full,llama_bf16=dots",
+        "or for some rows: t5_xl=full,llama_bf16=dots; ROW=A|B tries A, then B where A does not fit",
     )
     p.add_argument(
         "--decode_variants",
@@ -162,17 +162,19 @@ def parse_batches(text: str, names: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def parse_remat(text: str, names: Sequence[str]) -> dict[str, str]:
-    """`{"*": "full"}` from `full`, `{"t5_xl": "full", ...}` from `t5_xl=full,...`."""
+def parse_remat(text: str, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """`{"*": ("full",)}` from `full`, `{"t5_xl": ("full",), ...}` from `t5_xl=full,...`; a row
+    may list policies to try in order, the first that fits running: `llama_bf16=attention_kernel|full`."""
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
-        name, sep, policy = item.rpartition("=") if "=" in item else ("*", "", item)
-        if (sep and name not in names) or policy not in REMAT_POLICIES:
+        name, sep, value = item.rpartition("=") if "=" in item else ("*", "", item)
+        policies = tuple(p.strip() for p in value.split("|"))
+        if (sep and name not in names) or not all(p in REMAT_POLICIES for p in policies):
             raise ValueError(
-                f"--remat: expected POLICY or ROW=POLICY with POLICY one of {', '.join(REMAT_POLICIES)}"
+                f"--remat: expected POLICY or ROW=POLICY[|POLICY...] with POLICY one of {', '.join(REMAT_POLICIES)}"
                 f" and ROW one of {', '.join(names)}, got {item!r}"
             )
-        out[name] = policy
+        out[name] = policies
     return out
 
 

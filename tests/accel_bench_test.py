@@ -212,9 +212,15 @@ def test_remat_and_decode_variant_options():
     import accel_bench
 
     names = [r.name for r in plan.ROWS]
-    assert accel_bench.parse_remat("full", names) == {"*": "full"}
-    assert accel_bench.parse_remat("t5_xl=full, llama_bf16=dots", names) == {"t5_xl": "full", "llama_bf16": "dots"}
-    for bad in ("nope", "t5_xl=nope", "nope=full"):
+    assert accel_bench.parse_remat("full", names) == {"*": ("full",)}
+    assert accel_bench.parse_remat("t5_xl=full, llama_bf16=dots", names) == {
+        "t5_xl": ("full",),
+        "llama_bf16": ("dots",),
+    }
+    assert accel_bench.parse_remat("llama_bf16=attention_kernel|full", names) == {
+        "llama_bf16": ("attention_kernel", "full")
+    }
+    for bad in ("nope", "t5_xl=nope", "nope=full", "llama_bf16=full|nope"):
         with pytest.raises(ValueError, match="--remat"):
             accel_bench.parse_remat(bad, names)
     assert accel_bench.parse_decode_variants("slice,row_major") == ["slice", "row_major"]

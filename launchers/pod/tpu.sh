@@ -92,7 +92,9 @@ if [[ $skip_setup == 0 ]]; then
   run "${gcloud_tpu[@]}" ssh "$name" "${where[@]}" --worker=all --command="$setup"
 fi
 
-# 4. Train on every worker.
+# 4. Train on every worker, under //launchers:supervise (a lost worker 0, the coordinator, is one
+#    line and exit 3 on the others instead of JAX's abort with a C++ stack).
 train_args=(--config="$config" "${overrides[@]}")
-command_line="cd $(quote "$remote_dir") && ./bazelw run //launchers:train -- $(quote "${train_args[@]}")"
+command_line="cd $(quote "$remote_dir") && ./bazelw build //launchers:train //launchers:supervise"
+command_line+=" && bazel-bin/launchers/supervise bazel-bin/launchers/train $(quote "${train_args[@]}")"
 run "${gcloud_tpu[@]}" ssh "$name" "${where[@]}" --worker=all --command="$command_line"

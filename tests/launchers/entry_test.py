@@ -143,3 +143,91 @@ def test_main_runs_the_exit_steps_then_ends_with_the_status():
     assert bad.returncode == 2 and bad.stderr == "prog: the input is unusable\n" and "atexit ran" in bad.stdout, bad
     text = _main("--what=text")
     assert text.returncode == 1 and text.stderr == "a message\n" and text.stdout.endswith("atexit ran\n"), text
+
+
+GLOO_AND_OURS = r"""
+import logging, os, sys
+from cairn.launchers import process_output
+
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+process_output.speak_from_process_0(int(sys.argv[1]), 2, verbose=sys.argv[2] == "verbose")
+print("ours 1", flush=True)
+pieces = (b"[Gloo] Rank 1 is connected to ", b"1", b" peer ranks. ")
+pieces += (b"Expected number of connected peer ranks is : ", b"1\n")
+for piece in pieces:
+    os.write(1, piece)  # as C++ writes it: in pieces, straight to file descriptor 1
+os.write(1, b"[Gloo] Rank 1 is connected to \n1\n peer ranks. Expected number of connected peer ranks is : 1\n")
+sys.stdout.write("progress 50%\r")  # a line in progress is forwarded before its end
+sys.stdout.flush()
+logging.getLogger("cairn.x").info("an info line")
+logging.getLogger("cairn.x").warning("a warning")
+print("ours 2")  # still buffered at exit: flushed through the filter
+from cairn.launchers import entry
+entry.fail("a one-line error")
+"""
+
+
+@pytest.mark.parametrize("process, verbose", [(0, ""), (1, ""), (1, "verbose")])
+def test_process_0_speaks_and_gloo_lines_are_dropped(process, verbose):
+    """`process_output.speak_from_process_0`: Gloo's connection lines (even in pieces on lines of
+    their own) are dropped from stdout unless verbose, everything else passes in order; a process
+    other than 0 logs warnings only (INFO with verbose), its records and its one-line error
+    prefixed with its index."""
+    proc = subprocess.run(
+        [sys.executable, "-c", GLOO_AND_OURS, str(process), verbose],
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+        timeout=120,
+    )
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 2, err
+    if verbose:
+        assert out.count("[Gloo]") == 2
+    else:
+        assert out == "ours 1\nprogress 50%\rours 2\n", out
+    prefix = "process 1/2: " if process else ""
+    assert f"WARNING {prefix}a warning" in err and f"error: {prefix}a one-line error" in err.splitlines()
+    assert (f"INFO {prefix}an info line" in err) == (process == 0 or bool(verbose)), err
+
+
+ABORTING = r"""
+import os, sys
+sys.stderr.write("ours\n")
+sys.stderr.write("E1207 10:39:54.888670   13628 coordination_service_agent.cc:289] Polled an error\n")
+if sys.argv[1] == "abort":
+    sys.stderr.write(
+        "F1207 10:39:54.888704   13628 client.h:80] Terminating process because the JAX distributed service "
+        "detected fatal errors. ... UNAVAILABLE: Failed to send RPC to coordination service.\n"
+        "*** Check failure stack trace: ***\n    @     0x7f1f90c40634  absl::LogMessage::SendToLog()\n"
+    )
+    sys.stderr.flush()
+    os.abort()
+sys.stderr.write("more\n")
+"""
+
+
+@pytest.mark.parametrize("how", ["abort", "exit"])
+def test_the_supervisor_names_a_lost_coordinator_and_passes_the_rest(how):
+    """`cairn.launchers.supervise`: a child that dies of SIGABRT after JAX's lost-coordination-service
+    lines is one line and exit 3; a child that goes on keeps every line (the held runtime line
+    released) and its own exit status."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        CAIRN_PROCESS_ID="1",
+        CAIRN_NUM_PROCESSES="2",
+        CAIRN_COORDINATOR_ADDRESS="10.0.0.2:1234",
+    )
+    command = [sys.executable, "-m", "cairn.launchers.supervise", "--", sys.executable, "-c", ABORTING, how]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    if how == "abort":
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.splitlines() == [
+            "ours",
+            "error: process 0 of 2 (the coordinator at 10.0.0.2:1234) stopped responding (its coordination "
+            "service is gone); stopping process 1",
+        ]
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines()[0] == "ours" and proc.stderr.splitlines()[2] == "more"
+        assert "coordination_service_agent.cc" in proc.stderr.splitlines()[1]

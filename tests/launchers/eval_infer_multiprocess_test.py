@@ -177,6 +177,7 @@ def run(tmp_path_factory):
         f"--config.num_train_steps={standard_runs.CHECKPOINTED_STEPS}",
         f"--config.eval.num_examples={EXAMPLES}",
         f"--config.eval.batch_size={BATCH}",
+        "--verbose",  # every process logs the rows it decodes or scores (by default only process 0 speaks)
     ]
     return tmp, common, env
 

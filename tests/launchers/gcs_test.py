@@ -166,7 +166,8 @@ def test_two_processes_on_the_bucket_killed_resumed_match_local_disk(world, spaw
     def pod(name):
         return pod_runs.Pod(
             gs_run,
-            args(world, gs_run, STEPS, TENSORBOARD),
+            # --verbose: process 1 logs its saves too (waited for below; by default only process 0 speaks)
+            [*args(world, gs_run, STEPS, TENSORBOARD), "--verbose"],
             processes=2,
             devices=2,
             texts=world["env"]["CAIRN_SHAKESPEARE_DIR"],

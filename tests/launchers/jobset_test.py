@@ -229,6 +229,9 @@ def test_tpu_manifest(tmp_path):
     assert container["args"] == [
         "python",
         "-m",
+        "cairn.launchers.supervise",  # a lost coordinator: one line, exit 3
+        "python",
+        "-m",
         "cairn.launchers.train_main",
         f"--config={CONFIG}",
         "--config.model_dir=gs://bucket/runs/tiny",
@@ -268,7 +271,7 @@ def test_gpu_manifest_on_stdout(forked):
     pod, container = _pod(m), _container(m)
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    assert container["args"][3:] == [
+    assert container["args"][6:] == [
         f"--config={CONFIG}",
         "--config.model_dir=gs://bucket/runs/tiny",
         "--config.data.batch_size=64",
@@ -345,7 +348,7 @@ def test_committed_examples_are_what_the_renderer_writes(forked, example):
     assert result.returncode == 0, launch_util.tail(result)
     assert result.stdout == text
     m = yaml.safe_load(text)
-    assert m["kind"] == "JobSet" and _container(m)["args"][3] == f"--config={CONFIG}"
+    assert m["kind"] == "JobSet" and _container(m)["args"][6] == f"--config={CONFIG}"
 
 
 def test_examples_exist():

@@ -278,7 +278,8 @@ def test_tpu_script_dry_run_carries_the_llama_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     train = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")][-1]
     remote = shlex.split(train)[-1]
-    assert shlex.split(remote.split(" -- ", 1)[1]) == [f"--config={LLAMA_1B}", "--config.model.dtype=bfloat16"]
+    trainer_args = remote.split("bazel-bin/launchers/supervise bazel-bin/launchers/train ", 1)[1]
+    assert shlex.split(trainer_args) == [f"--config={LLAMA_1B}", "--config.model.dtype=bfloat16"]
 
 
 def test_model_dtypes_apply_to_a_hugging_face_llama_config(tmp_path):

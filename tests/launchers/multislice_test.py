@@ -123,7 +123,8 @@ def test_two_simulated_slices_train_like_one_slice(tmp_path):
     two = tmp_path / "two_slices"
     args = sr.overrides(two, standard.cache, extra=(*sr.MESH_DATA2_MODEL4, "--config.partitioning.num_slices=2"))
     address = f"127.0.0.1:{sr.free_port()}"
-    argvs = [args + sr.multihost_flags(address, 2, i) for i in range(2)]
+    # --verbose: both processes log their mesh and data shard (by default only process 0 speaks)
+    argvs = [args + sr.multihost_flags(address, 2, i) + ["--verbose"] for i in range(2)]
     # The two processes forked together from one interpreter that imported the train program.
     procs = launch_util.run_forked(
         "cairn.launchers.train_main",

@@ -85,8 +85,10 @@ def test_sigterm_to_one_then_sigkill_of_one_then_resume_is_bit_exact(standard, s
     """The run of the module docstring: SIGTERM to all, SIGKILL of one during a background save
     (the other stops within the bound), SIGTERM to one, resumed to the end."""
     model_dir = tmp_path / "faults"
+    # --verbose: process 1 logs its steps and saves too (the test times its signals by them; by
+    # default only process 0 speaks)
     args = pod_runs.overrides(
-        model_dir, standard.cache, sr.STEPS, [f"--config.multihost.heartbeat_timeout_seconds={BOUND_S}"]
+        model_dir, standard.cache, sr.STEPS, [f"--config.multihost.heartbeat_timeout_seconds={BOUND_S}", "--verbose"]
     )
 
     # 1. SIGTERM to every process: one agreed step saved, exit 0.

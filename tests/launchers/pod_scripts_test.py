@@ -64,8 +64,10 @@ def test_tpu_dry_run_prints_every_command_and_runs_none(fake_path, tmp_path):
     train = commands[-1]
     assert train.startswith("gcloud compute tpus tpu-vm ssh pod-1 --zone=us-central2-b --worker=all")
     remote = shlex.split(train)[-1]
-    assert remote.startswith("--command=cd cairn && ./bazelw run //launchers:train -- ")
-    trainer_args = shlex.split(remote.split(" -- ", 1)[1])
+    build = "./bazelw build //launchers:train //launchers:supervise"
+    under = "bazel-bin/launchers/supervise bazel-bin/launchers/train "  # a lost worker 0: one line, exit 3
+    assert remote.startswith(f"--command=cd cairn && {build} && {under}")
+    trainer_args = shlex.split(remote.split(under, 1)[1])
     assert trainer_args == [f"--config={CONFIG}", "--config.train.num_train_steps=100", "--config.name=it's mine"]
 
 
@@ -97,6 +99,7 @@ def test_slurm_dry_run_derives_the_coordinator(fake_path, nodelist, host):
     srun = shlex.split(_commands(result.stdout)[-1])
     assert srun[0] == "srun" and "--ntasks=2" in srun and "--ntasks-per-node=1" in srun
     assert srun[-2:] == [f"--config={CONFIG}", "--config.seed=3"]
+    assert srun[-4:-2] == ["bazel-bin/launchers/supervise", "bazel-bin/launchers/train"]
 
 
 def test_slurm_flag_dry_run_override_nodelist_and_errors(fake_path):

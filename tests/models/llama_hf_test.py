@@ -157,7 +157,7 @@ def test_greedy_decoding_equals_transformers_generate(tmp_path):
     prompts[0, :3] = [5, 17, 42]
     prompts[1, :6] = [9, 8, 7, 6, 5, 4]
     prompts[2, :1] = [77]
-    length = 16
+    length = 30  # the cache (36 positions) takes two of `attend_written`'s prefixes (32, 36)
     options = DecodeOptions(max_decode_length=length, eos_id=-1)
     tokens, _ = jax.jit(functools.partial(model.predict_batch, options=options))(params, family.decode_batch(prompts))
     tokens = np.asarray(tokens)

@@ -339,3 +339,32 @@ def test_the_decode_cache_write_pins_a_head_major_layout_on_tpu(monkeypatch):
     pinned = jax.jit(lambda *a: attention.write_cache(*a))  # a new function: traced again
     assert "LayoutConstraint" in pinned.lower(cache, chunk, 4).as_text()
     np.testing.assert_array_equal(np.asarray(pinned(cache, chunk, 4)), expected)
+
+
+def test_a_cached_call_attends_only_the_written_prefix():
+    """`attend_written` reads the smallest `cache_buckets` prefix holding the written positions
+    (a `switch` over static prefixes) and equals attention over the whole cache."""
+    import jax.numpy as jnp
+
+    from cairn.models.llama.attention import attend_written, cache_buckets
+
+    assert cache_buckets(383, 128) == (128, 256, 383)
+    assert cache_buckets(100, 128) == (100,)
+    assert cache_buckets(64, 16) == (16, 32, 64)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(2, 1, 4, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, 40, 2, 8)), jnp.float32) for _ in range(2))
+    # a prompt position masked out in row 1 (padding), and the positions not yet written
+    real = np.ones((2, 40), bool)
+    real[1, 2] = False
+
+    def fn(q, k, v, mask, written):
+        return attend_written(q, k, v, mask, written, scale=0.35, implementation="xla", smallest=8)
+
+    program = str(jax.make_jaxpr(fn)(q, k, v, jnp.ones((2, 1, 1, 40), bool), 3))
+    assert "cond[" in program and all(f"f32[2,{n},2,8]" in program for n in (8, 16, 32))
+    attend = jax.jit(fn)
+    for written in (1, 8, 9, 17, 33, 40):
+        mask = jnp.asarray((np.arange(40) < written)[None, None, None, :] & real[:, None, None, :])
+        want = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=0.35, implementation="xla")
+        np.testing.assert_allclose(np.asarray(attend(q, k, v, mask, written)), np.asarray(want), rtol=1e-6, atol=1e-6)

@@ -63,6 +63,32 @@ def test_named_policies_save_less_of_the_mlp(tiny):
         LLAMA.replace(remat_policy="some")
 
 
+def test_attention_kernel_policy_saves_only_the_kernels_residuals(tiny):
+    # "attention_kernel": the Pallas kernel's output and log-sum-exp per layer (so the backward
+    # does not run the kernel's forward again), nothing else named; under XLA's attention
+    # nothing carries that name and it saves what "full" saves.
+    config = LLAMA.replace(attention_implementation="pallas")
+    params = tiny.random_params(DecoderOnlyModel(config))
+    batch = _batch(length=128)
+
+    def saved(cfg, policy):
+        model = DecoderOnlyModel(cfg.replace(remat_policy=policy))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            jax.ad_checkpoint.print_saved_residuals(lambda p: model.loss_fn(p, batch)[0], params)
+        return [line for line in out.getvalue().splitlines() if "from the argument" not in line]
+
+    def kernel_outputs(lines):  # the kernel's output and log-sum-exp, read by its backward
+        return sum("function '_splash_attention'" in line for line in lines)
+
+    kept, full = saved(config, "attention_kernel"), saved(config, "full")
+    assert kernel_outputs(kept) == 2 * LLAMA.num_layers and kernel_outputs(full) == 0
+    assert not any(" named '" in line for line in kept)  # no projection or MLP product
+    assert _mlp_products(kept) == 0
+    assert len(kept) == len(full) + 2 * LLAMA.num_layers
+    assert len(saved(LLAMA, "attention_kernel")) == len(saved(LLAMA, "full"))
+
+
 def test_offloaded_policies_move_the_same_residuals_to_the_host(tiny):
     # "<policy>_offloaded" saves what "<policy>" saves, each named residual moved to host memory
     # after the forward and back for the backward (a `device_put` pair), with the same gradients.

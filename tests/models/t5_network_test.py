@@ -157,3 +157,29 @@ def test_dropout_is_active_only_with_a_key(tiny, unrolled_params):
     d = apply(params, batch, jax.random.PRNGKey(1))
     np.testing.assert_array_equal(c, d)
     assert not np.allclose(a, c)
+
+
+def test_attention_bias_parts_equal_the_dense_bias_where_keys_are_seen():
+    # XLA's path adds `parts_bias` (position bias and a mask, never broadcast to [b, h, q, k] before
+    # the logits): at every unmasked key it is the dense bias exactly; masked keys stay masked.
+    from cairn.models.attention import NEG_INF, AttentionBias, causal_mask, mask_to_bias, parts_bias, segment_mask
+
+    rng = np.random.default_rng(0)
+    pos = rng.normal(size=(1, 2, 6, 6)).astype(np.float32)
+    seg = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+    enc_seg = np.array([[1, 1, 2, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+    self_mask = causal_mask(6) & segment_mask(seg, seg)
+    cases = {
+        "encoder": (pos + mask_to_bias(segment_mask(seg, seg)), pos, seg, seg, False),
+        "causal self": (pos + mask_to_bias(self_mask), pos, seg, seg, True),
+        "cross": (mask_to_bias(segment_mask(seg, enc_seg)), None, seg, enc_seg, False),
+    }
+    for name, (dense, kernel_bias, q_seg, kv_seg, causal) in cases.items():
+        bias = AttentionBias(dense, kernel_bias, q_seg, kv_seg, causal=causal)
+        total = sum(np.broadcast_to(p, (2, 2) + dense.shape[2:]) for p in parts_bias(bias))
+        dense = np.broadcast_to(dense, total.shape)
+        seen = dense > NEG_INF / 2
+        assert seen.any() and (~seen).any(), name
+        np.testing.assert_array_equal(total[seen], dense[seen], err_msg=name)
+        assert (total[~seen] <= NEG_INF / 2).all(), name
+        assert all(p.shape[0] == 1 or p.shape[1] == 1 for p in parts_bias(bias)), name  # none [b, h, ...]

@@ -202,3 +202,25 @@ def test_json_lines_local_truncated_last_line(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and bad == 1
     storage.JsonLinesWriter(p).append([{"step": 3}])
     assert [r["step"] for r in storage.read_json_lines(p)[0]] == [1, 2, 3]
+
+
+def test_json_lines_superseded_rows_move_aside_part_by_part(root):
+    """A resume at step 3: the rows after it (a discarded timeline's) move to the aside file,
+    marked; at a URL a part keeping rows is rewritten whole and a part left empty removed. A
+    second call (nothing after 3) reads the tail only and moves nothing."""
+    p, aside = storage.join(root, "s", "metrics.jsonl"), storage.join(root, "old", "metrics.jsonl")
+    w = storage.JsonLinesWriter(p)
+    w.append([{"step": 1}, {"step": 2}, {"step": 3}, {"step": 4}], flush=True)
+    w.append([{"step": 5}, {"step": 6}], flush=True)
+    w.close()
+    assert storage.supersede_after(p, 3, aside) == 3
+    assert [r["step"] for r in storage.read_json_lines(p)[0]] == [1, 2, 3]
+    moved = storage.read_json_lines(aside)[0]
+    assert [(r["step"], r["superseded_after_step"]) for r in moved] == [(4, 3), (5, 3), (6, 3)]
+    if storage.is_url(p):
+        assert sorted(storage.sizes(p + ".parts")) == ["00000000.jsonl"]
+    resumed = storage.JsonLinesWriter(p)
+    resumed.append([{"step": 4}], flush=True)
+    resumed.close()
+    assert [r["step"] for r in storage.read_json_lines(p)[0]] == [1, 2, 3, 4]
+    assert storage.supersede_after(p, 4, aside) == 0 and len(storage.read_json_lines(aside)[0]) == 3

@@ -21,6 +21,7 @@ import pytest
 from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel
 
+from cairn import storage
 from cairn.trainer import (
     AllCheckpointsCorruptError,
     CheckpointConfig,
@@ -32,6 +33,7 @@ from cairn.trainer import (
     OptimizerConfig,
     Trainer,
     TrainerConfig,
+    faults,
 )
 
 
@@ -126,6 +128,13 @@ def test_restart_if_corrupt_moves_them_aside_and_starts_from_step_0(saved, tmp_p
         result = _trainer(d, 2, restart_if_corrupt=True).train(CountingIterator())
     assert result.step == 2 and "starting again from step 0" in caplog.text
     assert sorted(os.listdir(d / "corrupt_checkpoints")) == ["2", "4"]
+    # One history: the discarded timeline's rows (steps 1-4) moved aside, marked; the new run's
+    # steps 1-2 are the only rows left, one per (task, step, metric).
+    rows = storage.read_json_lines(d / "summaries" / "metrics.jsonl")[0]
+    keys = [(r["task"], r["step"], r["metric"]) for r in rows]
+    assert len(keys) == len(set(keys)) and {r["step"] for r in rows} == {1, 2}
+    aside = storage.read_json_lines(d / "superseded" / "summaries" / "metrics.jsonl")[0]
+    assert {r["step"] for r in aside} == {1, 2, 3, 4} and {r["superseded_after_step"] for r in aside} == {0}
     ckpt = Checkpointer(d)
     try:
         assert ckpt.all_steps() == [2]
@@ -176,6 +185,35 @@ def test_disk_full_in_a_background_save_stops_the_run_at_once(tmp_path, monkeypa
         ckpt.verify(2)
     finally:
         ckpt.close()
+
+
+@pytest.mark.parametrize(
+    "error, code, words",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), errno.ENOSPC, "no space left on device writing"),
+        (
+            ValueError("OUT_OF_RANGE: Failed to write: File too large [os_error_code='27']"),
+            errno.EFBIG,
+            "file too large",
+        ),
+        (ValueError("RESOURCE_EXHAUSTED: ... Disk quota exceeded"), errno.EDQUOT, "disk quota exceeded"),
+        (PermissionError(errno.EACCES, "Permission denied"), errno.EACCES, "permission denied writing"),
+        (ValueError("OUT_OF_RANGE: index 7"), None, None),
+    ],
+)
+def test_a_write_the_storage_refuses_is_recognised_and_named(tmp_path, monkeypatch, error, code, words):
+    """tensorstore's errors are ValueErrors carrying the errno as text; a cause is followed."""
+    monkeypatch.setattr(faults, "file_size_limit", lambda: 10 << 20)
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = error
+    assert faults.write_failure_code(wrapped) == code
+    if code is None:
+        return
+    message = str(faults.write_failure(str(tmp_path), "checkpoint step 4", 2, code))
+    assert message.startswith(f"{words}") and f" checkpoint step 4 in {tmp_path}" in message
+    assert message.endswith("the last good checkpoint (step 2) is intact") and "\n" not in message
+    if code == errno.EFBIG:
+        assert f"in {tmp_path} (over this process's file size limit of 10.0 MiB: ulimit -f); " in message
 
 
 def test_lock_refusal_names_the_holders_host_pid_and_age(tmp_path):

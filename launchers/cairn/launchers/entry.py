@@ -38,6 +38,9 @@ from typing import NoReturn
 from absl import app, flags
 
 EXIT_CODE = 2  # bad input: a config, a flag, data or a path the user can fix
+# Put after "error: " on processes other than 0 of a multi-process run (`process_output`), e.g.
+# "process 1/4: "; process 0's errors read as on one process.
+PROCESS_TAG = ""
 
 VERBOSE = flags.DEFINE_bool("verbose", False, "print a traceback with an error")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
@@ -68,8 +71,9 @@ def user_path(path: str) -> str:
 
 
 def fail(error: BaseException | str, prefix: str = "error") -> NoReturn:
-    """Prints `<prefix>: <error>` on stderr and exits with status 2."""
-    print(f"{prefix}: {error}", file=sys.stderr)
+    """Prints `<prefix>: <error>` on stderr (with `PROCESS_TAG` before the error) and exits with
+    status 2."""
+    print(f"{prefix}: {PROCESS_TAG}{error}", file=sys.stderr)
     sys.exit(EXIT_CODE)
 
 

@@ -35,6 +35,7 @@ FINGERPRINT_DIR = "fingerprint"
 HEADER = "header.json"
 CHECKSUMS = "checksums.jsonl"
 BATCHES = "batches.jsonl"
+SUPERSEDED_DIR = "superseded"  # cairn.trainer.history's: where a discarded timeline's lines go
 HEADER_VERSION = 1
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -191,6 +192,18 @@ class RunFingerprint:
                         key.split("_")[0],
                     )
         storage.write_text(path, json.dumps(header, sort_keys=True, indent=1) + "\n")
+
+    def supersede_after(self, step: int) -> int:
+        """Moves the checksum and batch lines after `step` (a discarded timeline's, when a run
+        resumes at `step`) to `<model_dir>/superseded/fingerprint/` (process 0), as the trainer
+        does with the summaries (`cairn.trainer.history`). Returns the number of lines moved."""
+        if not self._is_writer():
+            return 0
+        aside = storage.join(self.model_dir, SUPERSEDED_DIR, FINGERPRINT_DIR)
+        return sum(
+            storage.supersede_after(storage.join(self.directory, name), step, storage.join(aside, name))
+            for name in (CHECKSUMS, BATCHES)
+        )
 
     def step_hook(self, step: int, state: Any) -> None:
         """Every `checksum_every` steps: checksums `state.params` (collective) and appends a line."""

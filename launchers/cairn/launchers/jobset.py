@@ -45,7 +45,9 @@ class PodOptions:
     image: str
     namespace: str = ""
     workdir: str = "/cairn"  # the repository root inside the image
-    train_command: tuple = ("python", "-m", "cairn.launchers.train_main")
+    # the train entry point under `supervise`, which turns JAX's abort on a lost coordinator
+    # (process 0's pod gone) into one line and exit 3
+    train_command: tuple = ("python", "-m", "cairn.launchers.supervise", "python", "-m", "cairn.launchers.train_main")
     coordinator_port: int = 8476
     max_restarts: int = 10
     grace_period_s: int = 120

@@ -13,7 +13,9 @@ line naming the coordinator address, its process id and the process count (JAX i
 wait and then abort with a C++ stack trace). Once joined, a process that stops responding
 for `multihost.heartbeat_timeout_seconds` (killed, host lost) stops the others with one line
 naming it (`cairn.partitioning.peer_watchdog`; 0: JAX's own behaviour). After joining, `check_same_config` stops every
-process with one line when they were started with different configs.
+process with one line when they were started with different configs. Once joined, process 0
+speaks: the others log warnings and errors only, prefixed with their index, and Gloo's connection
+lines are dropped unless `--verbose` (`process_output`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 
 import ml_collections
 import numpy as np
+from absl import flags
 
+from cairn.launchers import process_output
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.validation import ConfigError
 
@@ -107,13 +111,22 @@ def initialize(config: ml_collections.ConfigDict) -> Any:
         )
         with _StartupWatchdog(bound, message):
             # JAX's own bound is later than ours, so ours always fires first.
-            return initialize_distributed(
+            joined = initialize_distributed(
                 **args,
                 initialization_timeout=int(bound) + 60,
                 heartbeat_timeout_seconds=config.multihost.heartbeat_timeout_seconds or None,
             )
+        import jax
+
+        process_output.speak_from_process_0(jax.process_index(), jax.process_count(), _verbose())
+        return joined
     except ValueError as e:
         raise ConfigError("multihost", str(e)) from None
+
+
+def _verbose() -> bool:
+    """The entry points' `--verbose` (False when flags are not parsed: a caller in a test)."""
+    return bool(flags.FLAGS.is_parsed() and "verbose" in flags.FLAGS and flags.FLAGS.verbose)
 
 
 def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:

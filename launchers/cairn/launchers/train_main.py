@@ -27,7 +27,9 @@ import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF
 
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,16 +48,19 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _write_run_files(config: ml_collections.ConfigDict, fp: Any | None, tasks: Any, mesh: Mapping[str, int]) -> None:
-    """`config.json` (process 0) and the run fingerprint's header (None: off): written once the
-    trainer knows the state it trains from (`Trainer.train(on_start=)`), so that a refused
-    restore leaves model_dir as it was."""
+def _write_run_files(
+    config: ml_collections.ConfigDict, fp: Any | None, tasks: Any, mesh: Mapping[str, int], step: int
+) -> None:
+    """`config.json` (process 0) and the run fingerprint's header (None: off), its lines after
+    `step` moved aside (one history): written once the trainer knows the state it trains from
+    (`Trainer.train(on_start=)`), so that a refused restore leaves model_dir as it was."""
     import jax
 
     if jax.process_index() == 0:
         config_io.write_config_json(config)
     if fp is None:
         return
+    fp.supersede_after(step)
     fp.write_header(
         config_hash=config_hash(config_io.hashable_config(config)),
         data_fingerprint=data_lib.data_fingerprint(config, tasks),
@@ -189,7 +194,7 @@ def _train(
             init_params=init,
             summaries=summaries,
             model_dir_lock=lock,
-            on_start=lambda _step: _write_run_files(config, fp, tasks, ready.mesh),
+            on_start=lambda step: _write_run_files(config, fp, tasks, ready.mesh, step),
         )
         trained_s = time.perf_counter() - start
         post = {}
@@ -225,10 +230,12 @@ def quiet_logs() -> None:
 
 
 def _main(config: ml_collections.ConfigDict) -> None:
-    from cairn.trainer import DiskFullError
-    from cairn.trainer.faults import is_disk_full
+    from cairn.trainer.faults import StorageWriteError, write_failure, write_failure_code
     from cairn.trainer.manifests import last_good_step
+    from cairn.trainer.save_failures import quiet_failed_save_logs
 
+    if not entry.VERBOSE.value:  # orbax's tracebacks of a write the storage refused: our one line says it
+        quiet_failed_save_logs()
     try:
         limit = flags.FLAGS.memory_limit_gib
         if limit is not None and limit <= 0:
@@ -240,12 +247,24 @@ def _main(config: ml_collections.ConfigDict) -> None:
             dry_run=flags.FLAGS.dry_run,
             memory_limit_bytes=None if limit is None else int(limit * 2**30),
         )
-    except OSError as e:  # a full disk met outside a checkpoint save (metrics, config.json)
-        if isinstance(e, DiskFullError) or not is_disk_full(e):
+    except OSError as e:  # a write refused outside a checkpoint save (metrics, config.json)
+        code = None if isinstance(e, StorageWriteError) else write_failure_code(e)
+        if code is None or not _in_model_dir(e.filename, config.model_dir, code):
             raise
-        raise DiskFullError(
-            config.model_dir, f"{e.filename or 'the run files'}", last_good_step(config.model_dir)
-        ) from e
+        what = e.filename or "the run files"
+        raise write_failure(config.model_dir, f"{what}", last_good_step(config.model_dir), code) from e
+
+
+def _in_model_dir(filename: Any, model_dir: str, code: int) -> bool:
+    """Whether a refused write is the run's own: out of space or over a size limit, always; a
+    permission or read-only error, only when it names a file under model_dir."""
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    if not isinstance(filename, str):
+        return False
+    if storage.is_url(str(model_dir)):
+        return filename.startswith(str(model_dir).rstrip("/") + "/")
+    return os.path.abspath(filename).startswith(os.path.join(os.path.abspath(model_dir), ""))
 
 
 def run() -> None:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from cairn.models import pallas_attention
-from cairn.models.layers import ATTENTION_PROJECTIONS, constrain, dense, kernel, named
+from cairn.models.layers import ATTENTION_PROJECTIONS, constrain, dense, kernel, named, project_heads
 
 NEG_INF = -1e10
 
@@ -56,6 +56,30 @@ class AttentionBias:
     causal: bool = struct.field(pytree_node=False, default=False)
 
 
+def parts_bias(bias: AttentionBias) -> tuple[jax.Array, ...]:
+    """What `bias.dense` adds to the logits, as its parts (`[1|b, heads, q, k]` position bias and a
+    `[b|1, 1, q, k]` mask), each broadcast only where it is added to the logits.
+
+    Equal to `bias.dense` wherever a key is not masked, so the softmax is the same at every real
+    query. XLA's path adds these instead of the dense bias: a dense `[b, heads, q, k]` bias shared
+    by a stack of layers is one more tensor of the logits' size read by every layer, and the
+    gradient of the shared position bias is then summed over the batch inside each layer instead
+    of carried across the stack at the logits' size (T5.1.1-large on a TPU v5e: a 29 ms select-add
+    over three such tensors in a 309 ms step)."""
+    parts = [] if bias.kernel_bias is None else [bias.kernel_bias]
+    mask = None
+    if bias.q_segment_ids is not None:
+        mask = segment_mask(bias.q_segment_ids, bias.kv_segment_ids)
+    if bias.causal:
+        q_len = bias.q_segment_ids.shape[1] if bias.q_segment_ids is not None else bias.dense.shape[-2]
+        kv_len = bias.kv_segment_ids.shape[1] if bias.kv_segment_ids is not None else bias.dense.shape[-1]
+        below = jnp.arange(kv_len)[None, :] <= jnp.arange(q_len)[:, None]
+        mask = below[None, None] if mask is None else mask & below[None, None]
+    if mask is not None:
+        parts.append(mask_to_bias(mask, bias.dense.dtype))
+    return tuple(parts)
+
+
 class MultiHeadAttention(nn.Module):
     """Attention from `x_q` to `x_kv`, with kernels q/k/v `[embed, heads, kv]`, o `[heads, kv, embed]`.
 
@@ -93,9 +117,9 @@ class MultiHeadAttention(nn.Module):
         wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
         wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
         q_name, k_name, v_name, out_name = ATTENTION_PROJECTIONS
-        q = named(dense(x_q, wq), q_name)
+        q = project_heads(x_q, wq, q_name)
         if self._use_kernel(x_q.shape[1], x_kv.shape[1], bias):
-            k, v = named(dense(x_kv, wk), k_name), named(dense(x_kv, wv), v_name)
+            k, v = project_heads(x_kv, wk, k_name), project_heads(x_kv, wv, v_name)
             q, k, v = (constrain(a, ("batch", "length", "heads", "kv")) for a in (q, k, v))
             out = pallas_attention.flash_attention(
                 q, k, v, bias.kernel_bias, bias.q_segment_ids, bias.kv_segment_ids, causal=bias.causal
@@ -103,12 +127,12 @@ class MultiHeadAttention(nn.Module):
             out = constrain(out, ("batch", "length", "heads", "kv"))
             return named(dense(out, wo, 2), out_name)
         if isinstance(bias, AttentionBias):
-            bias = bias.dense
+            bias = parts_bias(bias)
         if self.decode:
             k, v = self._cached_kv(x_kv, wk, wv)
             kv = "bhkd"  # the cache's head-major layout
         else:
-            k, v = named(dense(x_kv, wk), k_name), named(dense(x_kv, wv), v_name)
+            k, v = project_heads(x_kv, wk, k_name), project_heads(x_kv, wv, v_name)
             q = constrain(q, ("batch", "length", "heads", "kv"))
             k = constrain(k, ("batch", "length", "heads", "kv"))
             v = constrain(v, ("batch", "length", "heads", "kv"))
@@ -116,7 +140,10 @@ class MultiHeadAttention(nn.Module):
         # float32 logits and softmax, or (`float32_logits=False`, t5x's default) the compute dtype's
         logits_dtype = jnp.float32 if self.float32_logits else self.dtype
         logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k, preferred_element_type=logits_dtype)
-        if bias is not None:
+        if isinstance(bias, tuple):  # the parts, added in the logits' fusion (never `[b, h, q, k]`)
+            for part in bias:
+                logits = logits + part.astype(logits_dtype)
+        elif bias is not None:
             logits = logits + bias.astype(logits_dtype)
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic)

@@ -21,6 +21,7 @@ REMAT_POLICIES = (
     "dots_except_mlp_wi",
     "minimal",
     "kv_projections",
+    "attention_kernel",
     "dots_offloaded",
     "dots_except_mlp_wi_offloaded",
     "minimal_offloaded",

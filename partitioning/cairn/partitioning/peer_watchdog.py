@@ -15,8 +15,9 @@ and exits with status 3. Process 0 exits last (the coordination service ends wit
 others have said they are stopping, or after a short grace period. JAX's own heartbeat timeout
 must be longer than `timeout_s` (`initialize_distributed` sets it) so that this fires first.
 
-Not covered: when process 0 itself dies, the coordination service goes with it and JAX stops the
-other processes at once, with its own message.
+Not covered: when process 0 itself dies, the coordination service goes with it and JAX aborts the
+other processes at once (SIGABRT), which no callback of this process can intercept; the launchers'
+supervisor (`cairn.launchers.supervise`) turns that into one line and exit 3.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class PeerWatchdog:
         )
         self._write(self.message + "\n")
         self.decided.set()
+        run_stop_hooks()
         self._exit(PEER_LOST_EXIT_CODE)
         return self.message
 
@@ -209,6 +211,29 @@ class PeerWatchdog:
 
 
 _ACTIVE: PeerWatchdog | None = None
+_STOP_HOOKS: list[Callable[[], Any]] = []
+
+
+def on_stop(hook: Callable[[], Any]) -> Callable[[], None]:
+    """Registers `hook` (e.g. releasing a lock) to run when a watchdog ends this process for a lost
+    peer, just before it exits (each hook's errors ignored). Returns a function that removes it."""
+    _STOP_HOOKS.append(hook)
+
+    def remove() -> None:
+        if hook in _STOP_HOOKS:
+            _STOP_HOOKS.remove(hook)
+
+    return remove
+
+
+def run_stop_hooks() -> None:
+    """Runs the `on_stop` hooks, newest first, once."""
+    while _STOP_HOOKS:
+        hook = _STOP_HOOKS.pop()
+        try:
+            hook()
+        except Exception:
+            pass
 
 
 def start_peer_watchdog(timeout_s: float, interval_s: float | None = None) -> PeerWatchdog | None:
@@ -226,7 +251,12 @@ def start_peer_watchdog(timeout_s: float, interval_s: float | None = None) -> Pe
     _ACTIVE = PeerWatchdog(client, jax.process_index(), jax.process_count(), timeout_s, interval_s).start()
     # Registered after jax.distributed.initialize, so it runs before JAX's own shutdown at exit.
     atexit.register(_ACTIVE.stop)
-    log.info("peer watchdog: a process silent for %.0f s stops the job", timeout_s)
+    # said once, by process 0 (the others print warnings and errors only)
+    log.log(
+        logging.INFO if jax.process_index() == 0 else logging.DEBUG,
+        "peer watchdog: a process silent for %.0f s stops the job",
+        timeout_s,
+    )
     return _ACTIVE
 
 
@@ -243,7 +273,7 @@ def await_lost_peer(seconds: float | None = None) -> bool:
     peer was lost, so the caller re-raises its own error."""
     if _ACTIVE is None:
         return False
-    log.warning(
+    log.info(  # the verdict's one line follows (or the caller's own error)
         "a collective failed; waiting up to %.0f s to see whether a peer process stopped",
         seconds if seconds is not None else _ACTIVE.timeout_s + 3 * _ACTIVE.interval_s + _ACTIVE.grace_s,
     )

@@ -9,7 +9,7 @@ from cairn.storage.atomic import copy_file, read_bytes, read_json, read_text, wr
 from cairn.storage.environment import configure_environment, emulator_endpoint, gcsfs_options
 from cairn.storage.errors import StorageError
 from cairn.storage.exclusive import create_exclusive, remove
-from cairn.storage.json_lines import JsonLinesWriter, read_json_lines
+from cairn.storage.json_lines import JsonLinesWriter, read_json_lines, supersede_after
 from cairn.storage.paths import Path, PathLike, absolute, filesystem, is_url, join, path, scheme, sizes
 from cairn.storage.probe import check_writable
 from cairn.storage.ranges import read_ranges
@@ -48,6 +48,7 @@ __all__ = [
     "remove",
     "scheme",
     "sizes",
+    "supersede_after",
     "write_bytes",
     "write_json",
     "write_text",

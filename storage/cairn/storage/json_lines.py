@@ -5,6 +5,10 @@ start on a fresh line). An object store cannot append, so at a URL `path` each f
 one whole object `<path>.parts/<n>.jsonl` (n = 0, 1, ...: the next free number, found by one
 listing when the writer opens; one writer per file, which the model_dir lock guarantees).
 A part is never torn: it is one upload. `read_json_lines` reads both forms, in order.
+
+`supersede_after(path, step, aside)` keeps one history when a run resumes from a checkpoint at
+`step`: the rows after it (the discarded timeline's) move to `aside`, locally by one atomic
+rewrite of the file, at a URL part by part (each part rewritten whole or removed).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cairn.storage.atomic import read_bytes, write_bytes
+from cairn.storage.exclusive import remove
 from cairn.storage.paths import PathLike, is_url, join, sizes
 
 log = logging.getLogger(__name__)
@@ -128,3 +133,71 @@ def read_json_lines(path: PathLike) -> tuple[list[dict], int]:
         rows += more
         bad += more_bad
     return rows, bad
+
+
+SUPERSEDED_KEY = "superseded_after_step"  # added to each row `supersede_after` moves aside
+
+
+def _late_step(line: str, step: int) -> dict | None:
+    """The row on `line` when its "step" is after `step` (else None: kept as it is)."""
+    try:
+        row = json.loads(line)
+        return row if isinstance(row, dict) and int(row.get("step", -1)) > step else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _split(text: str, step: int) -> tuple[str, list[dict]]:
+    kept, late = [], []
+    for line in text.splitlines(keepends=True):
+        row = _late_step(line, step) if line.strip() else None
+        if row is None:
+            kept.append(line)
+        else:
+            late.append({**row, SUPERSEDED_KEY: step})
+    return "".join(kept), late
+
+
+def _ends_by(source: str, step: int) -> bool:
+    """Whether the last row of `source` has a "step" of at most `step`. Rows are appended in
+    step order, so then no row is after `step`: a start reads the file's tail only, not the
+    whole history."""
+    if is_url(source):
+        text = read_bytes(source).decode("utf-8", errors="replace")
+    else:
+        with open(source, "rb") as f:
+            f.seek(max(0, os.path.getsize(source) - (64 << 10)))
+            text = f.read().decode("utf-8", errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        return int(json.loads(lines[-1])["step"]) <= step if lines else True
+    except (ValueError, TypeError, KeyError, IndexError):
+        return False  # not a row with a step: look at every row
+
+
+def supersede_after(path: PathLike, step: int, aside: PathLike) -> int:
+    """Moves the rows of `path` (the local file and its parts) whose "step" is after `step` to
+    `aside` (appended, each with `SUPERSEDED_KEY: step`), so readers of `path` see one history
+    when a run resumes at `step`. Rows without a step, and unreadable lines, stay. The rows are
+    written to `aside` first, then `path` (or each part holding such rows) is replaced whole;
+    a kill in between leaves them in both, and the next resume moves them again. Returns the
+    number of rows moved."""
+    s = os.fspath(path)
+    moved = 0
+    sources = ([s] if not is_url(s) and os.path.exists(s) else []) + _parts(s)
+    if not sources or _ends_by(sources[-1], step):
+        return 0
+    for source in sources:
+        text = read_bytes(source).decode("utf-8", errors="replace")
+        kept, late = _split(text, step)
+        if not late:
+            continue
+        writer = JsonLinesWriter(aside)
+        writer.append(late, flush=True)
+        writer.close()
+        if kept.strip() or source == s:
+            write_bytes(source, kept.encode("utf-8"))
+        else:  # a part with nothing left
+            remove(source)
+        moved += len(late)
+    return moved

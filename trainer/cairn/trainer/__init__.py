@@ -18,7 +18,7 @@ from cairn.trainer.checkpoints import (
     stored_params,
 )
 from cairn.trainer.data_state import TfDataIterator
-from cairn.trainer.faults import DiskFullError, NonFiniteLossError
+from cairn.trainer.faults import DiskFullError, NonFiniteLossError, StorageWriteError
 from cairn.trainer.lock import ModelDirLock, ModelDirLockedError
 from cairn.trainer.memory_plan import MemoryPlan, StepDoesNotFitError, StepMemory, device_memory_limit, plan_memory
 from cairn.trainer.mfu import (
@@ -55,6 +55,7 @@ __all__ = [
     "STANDARD_FACTOR_RULES",
     "StepDoesNotFitError",
     "StepMemory",
+    "StorageWriteError",
     "TrainResult",
     "TfDataIterator",
     "TrainState",

@@ -29,9 +29,10 @@ import orbax.checkpoint as ocp
 
 from cairn import storage
 from cairn.trainer import manifests
-from cairn.trainer.faults import DiskFullError, is_disk_full
+from cairn.trainer.faults import write_failure, write_failure_code
 from cairn.trainer.manifests import MANIFEST_DIR, last_good_step
 from cairn.trainer.replica_writes import configure_array_writes
+from cairn.trainer.save_failures import drain_failed_saves
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class Checkpointer:
         self._orbax_async = config.asynchronous and not self._background
         self._pending: list[int] = []  # saved steps whose manifests are not written yet
         configure_array_writes()  # one process: arrays written whole (no per-shape slicing)
+        drain_failed_saves()  # a failed save lets its other writes finish (no closed-loop tracebacks)
         self._manager = self._make_manager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cairn-checkpoint")
         self._future: Future | None = None
@@ -200,26 +202,29 @@ class Checkpointer:
             if not self._orbax_async:
                 self._finish_pending()
         except Exception as e:
-            self._raise_disk_full(e, step)
+            self._raise_write_failure(e, step)
             raise
 
-    def _raise_disk_full(self, error: Exception, step: int | None) -> None:
-        """A full disk becomes one `DiskFullError` (the partial step removed, the last checkpoint
-        with a manifest named as intact); any other error is left to the caller."""
-        if not is_disk_full(error):
+    def _raise_write_failure(self, error: Exception, step: int | None) -> None:
+        """A write the storage refused (a full disk, a quota, the file size limit, a read-only
+        path: `faults.write_failure_code`) becomes one `StorageWriteError` (`DiskFullError` for
+        space), the partial step removed and the last checkpoint with a manifest named as intact;
+        any other error is left to the caller."""
+        code = write_failure_code(error)
+        if code is None:
             return
         self._pending.clear()
         if jax.process_index() == 0 and step is not None and not storage.is_url(self.directory):
             for name in os.listdir(self.directory) if self.directory.is_dir() else ():
                 if name.startswith(f"{step}.") and "tmp" in name:  # orbax's uncommitted step
                     storage.remove_tree(self.directory / name)
-        raise DiskFullError(
-            str(self.model_dir), f"checkpoint step {step}", last_good_step(self.model_dir, step)
+        raise write_failure(
+            str(self.model_dir), f"checkpoint step {step}", last_good_step(self.model_dir, step), code
         ) from error
 
     def raise_if_failed(self) -> None:
-        """Re-raises at once the error of a background save that has already failed (a full disk
-        is a `DiskFullError`); nothing while it runs or after it succeeded."""
+        """Re-raises at once the error of a background save that has already failed (a write the
+        storage refused is a `StorageWriteError`); nothing while it runs or after it succeeded."""
         if self._future is not None and self._future.done() and self._future.exception() is not None:
             self._wait_future()
 
@@ -230,7 +235,7 @@ class Checkpointer:
             self._manager.wait_until_finished()
             self._finish_pending()
         except Exception as e:
-            self._raise_disk_full(e, self._pending[-1] if self._pending else None)
+            self._raise_write_failure(e, self._pending[-1] if self._pending else None)
             raise
 
     def _finish_pending(self) -> None:
@@ -329,9 +334,10 @@ class Checkpointer:
                 found = self._restore_step(s, abstract_state)
             except Exception as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0][:300]
-                log.warning("checkpoint at step %d is unusable: %s", s, why)
                 failed.append((s, why))
                 continue
+            for f, why in failed:  # said once a usable step is found (else the error names them)
+                log.warning("checkpoint at step %d is unusable: %s", f, why)
             if failed:
                 log.warning(
                     "using step %d; moving the unusable steps %s to %s",

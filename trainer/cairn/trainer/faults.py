@@ -1,10 +1,11 @@
 """Fault handling for the loop: SIGTERM as a request to save and stop; non-finite losses; a
-full disk."""
+write the storage refuses (a full disk, a quota, the file size limit, a read-only path)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 import threading
@@ -28,37 +29,98 @@ class NonFiniteLossError(FloatingPointError):
         super().__init__(f"{name} is {value} at step {step}; training stopped and {kept}")
 
 
-class DiskFullError(storage.StorageError):
-    """No space left where the run writes: one line naming the path, the free space and the last
-    good checkpoint (which is left intact)."""
+# errno -> what the one line says (a write refused by the storage, not by a bug)
+WRITE_FAILURES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+# the same failures as text (tensorstore's and gcsfs' messages carry no OSError)
+_TEXTS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "File too large": errno.EFBIG,
+    "Read-only file system": errno.EROFS,
+}
+_OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'")  # tensorstore's "[os_error_code='28']"
 
-    def __init__(self, path: str, what: str, last_checkpoint: int | None):
+
+class StorageWriteError(storage.StorageError):
+    """A write the storage refused (no space, a quota, the file size limit, a read-only or
+    forbidden path): one line naming the path, what was written, why and the last good
+    checkpoint (which is left intact). `errno` is the failure's."""
+
+    def __init__(self, path: str, what: str, last_checkpoint: int | None, code: int = errno.ENOSPC):
         self.path, self.last_checkpoint = path, last_checkpoint
-        free = free_space(path)
-        room = f"{_human(free)} free" if free is not None else "free space unknown"
         kept = (
             f"the last good checkpoint (step {last_checkpoint}) is intact"
             if last_checkpoint is not None
             else "no checkpoint was written"
         )
-        super().__init__(errno.ENOSPC, f"no space left on device writing {what} in {path} ({room}); {kept}")
+        why = WRITE_FAILURES.get(code, os.strerror(code).lower())
+        super().__init__(code, f"{why} writing {what} in {path}{_detail(path, code)}; {kept}")
 
     def __str__(self) -> str:
         return str(self.strerror)
 
 
-def is_disk_full(error: BaseException | None) -> bool:
-    """True when `error` or one it was raised from/during is a full disk or quota (ENOSPC, EDQUOT,
-    or tensorstore's text for them)."""
+class DiskFullError(StorageWriteError):
+    """No space left (or a quota reached) where the run writes: the line names the free space."""
+
+
+def write_failure(path: str, what: str, last_checkpoint: int | None, code: int) -> StorageWriteError:
+    """The `StorageWriteError` for `code` (a `DiskFullError` for ENOSPC and EDQUOT)."""
+    cls = DiskFullError if code in (errno.ENOSPC, errno.EDQUOT) else StorageWriteError
+    return cls(path, what, last_checkpoint, code)
+
+
+def _detail(path: str, code: int) -> str:
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        free = free_space(path)
+        return f" ({_human(free)} free)" if free is not None else " (free space unknown)"
+    if code == errno.EFBIG:
+        limit = file_size_limit()
+        return f" (over this process's file size limit of {_human(limit)}: ulimit -f)" if limit else ""
+    return ""
+
+
+def file_size_limit() -> int | None:
+    """This process's file size limit in bytes (`ulimit -f`), None when unlimited or unknown."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def write_failure_code(error: BaseException | None) -> int | None:
+    """The errno of a storage write failure (`WRITE_FAILURES`) that `error` is, or was raised
+    from or during (an `OSError`, or tensorstore's text for one); None for anything else."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
-            return True
+        if isinstance(error, OSError) and error.errno in WRITE_FAILURES:
+            return error.errno
+        text = str(error)
+        match = _OS_ERROR_CODE.search(text)
+        if match and int(match.group(1)) in WRITE_FAILURES:
+            return int(match.group(1))
+        for words, code in _TEXTS.items():
+            if words in text:
+                return code
         error = error.__cause__ or error.__context__
-    return False
+    return None
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """True when `error` or one it was raised from/during is a full disk or quota (ENOSPC,
+    EDQUOT, or tensorstore's text for them)."""
+    return write_failure_code(error) in (errno.ENOSPC, errno.EDQUOT)
 
 
 def free_space(path: str | os.PathLike) -> int | None:

@@ -13,8 +13,10 @@ import logging
 import os
 import socket
 import time
+from typing import Any
 
 from cairn import storage
+from cairn.partitioning import peer_watchdog
 
 LOCK_NAME = "cairn.lock"
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class ModelDirLock:
         self.model_dir = os.fspath(model_dir)
         self.path = storage.join(self.model_dir, LOCK_NAME)
         self._held = False
+        self._unhook: Any = None
 
     def acquire(self) -> ModelDirLock:
         me = {"pid": os.getpid(), "host": socket.gethostname()}
@@ -78,6 +81,8 @@ class ModelDirLock:
                 storage.remove(self.path)
                 continue
             self._held = True
+            # a watchdog that stops the job for a lost peer exits at once: it releases the lock first
+            self._unhook = peer_watchdog.on_stop(self.release)
             return self
         raise ModelDirLockedError(f"could not take the lock {self.path}")
 
@@ -102,6 +107,9 @@ class ModelDirLock:
         return self._held
 
     def release(self) -> None:
+        if self._unhook is not None:
+            self._unhook, unhook = None, self._unhook
+            unhook()
         if self._held:
             owner = self._owner()
             if owner and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname():

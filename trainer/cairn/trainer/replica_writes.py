@@ -29,4 +29,9 @@ def configure_array_writes() -> None:
         # orbax's default handler keeps per-array metadata in a store: keep the same one.
         array_metadata_store=getattr(current, "_array_metadata_store", None),
     )
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    try:  # the same registration without orbax's warning that it replaces its own handler
+        from orbax.checkpoint._src.serialization import type_handler_registry
+
+        type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True, ignore_warnings=True)
+    except (ImportError, AttributeError, TypeError):  # another orbax: its public call (and its warning)
+        ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)

@@ -20,9 +20,8 @@ class SummaryWriter:
     `<model_dir>/wandb/`, and any `extra` writers.
 
     Only the `primary` writer (process 0 of a multi-process run) writes; every writer logs its
-    values at `log_level` (DEBUG by default: the console's progress line shows a run's figures;
-    a multi-process run logs them at INFO, each line starting with `log_prefix`, e.g.
-    `process 1/4: `).
+    values at `log_level` (DEBUG by default: the console's progress line shows a run's figures),
+    each line starting with `log_prefix` (a multi-process run's `process 1/4: `).
 
     `model_dir` may be a URL: the JSON lines are then flushed as whole part objects at each
     logged (not quiet) step, at `flush()` and at `close()`, and the event files are staged

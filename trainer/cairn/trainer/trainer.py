@@ -14,6 +14,7 @@ import optax
 
 from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory
 from cairn.partitioning.peer_watchdog import await_lost_peer
+from cairn.trainer import history
 from cairn.trainer.callbacks import EvalFn, takes_metrics
 from cairn.trainer.checkpoints import CheckpointConfig, Checkpointer, abstract_like
 from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
@@ -282,7 +283,8 @@ class Trainer:
     # -- train: set up once, then the loop -------------------------------------------------
     def make_summaries(self) -> SummaryWriter:
         """This process's `SummaryWriter` for the config's model_dir and writers (process 0
-        writes; with several processes each logs its values with its name)."""
+        writes; every process logs the values at DEBUG, with several processes prefixed with its
+        name: the progress line shows them, from process 0 only)."""
         cfg = self.config
         index, processes = jax.process_index(), jax.process_count()
         return SummaryWriter(
@@ -291,7 +293,7 @@ class Trainer:
             primary=index == 0,
             log_prefix=f"process {index}/{processes}: " if processes > 1 else "",
             wandb=cfg.wandb,
-            log_level=logging.INFO if processes > 1 else logging.DEBUG,
+            log_level=logging.DEBUG,
         )
 
     def train(
@@ -364,6 +366,8 @@ class Trainer:
         data, stateful = self._prepare_data(data)
         self._log_memory()
         state, step = self._restore_or_init(ckpt, data, stateful, init_params)
+        if jax.process_index() == 0:  # one history: what a discarded timeline wrote after `step` moves aside
+            history.supersede_after(self.config.model_dir, step)
         if on_start is not None:
             on_start(step)
         self.save_blocked_s: list = []  # seconds each save blocked the loop
