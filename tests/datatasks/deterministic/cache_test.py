@@ -309,6 +309,12 @@ def test_a_damaged_chunk_is_refused_with_the_shard_and_chunk_named(chunked, tmp_
     with pytest.raises(store.CacheIntegrityError, match=r"chunk 1 of shard-00001-of-00002.array_record .*checksum"):
         cache.read([158])
     cache.close()
+    from cairn.datatasks.deterministic.verify import verify_task_cache
+
+    index = pathlib.Path(path, "chunks.npy")
+    index.write_bytes(index.read_bytes()[:-1] + b"\x01")  # the index too: same size, other bytes
+    problems = verify_task_cache(path, task)
+    assert [p.split(":")[0] for p in problems] == ["shard-00001-of-00002.array_record", "chunks.npy"], problems
 
 
 def test_a_chunk_is_fetched_once_then_served_from_the_lru(chunked):
