@@ -3,8 +3,8 @@
   .venv/bin/python benchmarks/multihost_read_bench.py [--records 1e5] [--shards 100] [--hosts 4]
       [--steps 300] [--batch 32] [--modes packed] [--root DIR]
 
-The synthetic cache of `reader_scale_bench.py` (short token rows, format 3, 64 records a chunk)
-is uploaded to a fake-gcs-server bucket started here. Then, per mode, in one run:
+The synthetic cache of `reader_scale_bench.py` (short token rows, the writer's format and chunk
+size: format 4, 512 records a chunk) is uploaded to a fake-gcs-server bucket started here. Then, per mode, in one run:
 
 1. one process (host 0 of 1) reads the whole global batch of `--batch` rows for `--steps` steps;
 2. `--hosts` processes (host 0..H-1 of H) start together and each reads its `--batch / H` rows of
@@ -157,8 +157,11 @@ def main() -> None:
     finally:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
+    from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE, FORMAT_VERSION
+
     print(
-        f"\n{n:,} records in {args.shards} shards (format 3, 64 records a chunk) in a fake-gcs-server bucket; "
+        f"\n{n:,} records in {args.shards} shards (format {FORMAT_VERSION}, {DEFAULT_GROUP_SIZE} records a chunk) "
+        "in a fake-gcs-server bucket; "
         f"EncDec {rsb.LENGTHS}, global batch {args.batch}; {args.steps} timed steps after {WARMUP}\n"
     )
     print("| mode | processes | host | steady rows/s (its rows) | RSS above imports MB | chunk fetches / 1,000 rows |")

@@ -3,18 +3,20 @@
   .venv/bin/python benchmarks/read_ahead_bench.py [--records 1e6] [--shards 1000] [--prefetch 0,2,8]
       [--latency_ms 0,20] [--seconds 3] [--modes packed] [--group_size 64] [--root DIR]
 
-The synthetic format-3 cache of `reader_scale_bench.py` (short token rows, `--group_size` records
-a chunk, default the writer's 64; the default chunk read order), on local disk and uploaded to a
+The synthetic cache of `reader_scale_bench.py` (short token rows, `--group_size` records a
+chunk, default the writer's 512; the default chunk read order; format 4: a chunk is one ranged
+read), on local disk and uploaded to a
 fake-gcs-server bucket started here. Each row is one fresh process: a `DeterministicReader`
 (EncDec, global batch 32, inputs 128 / targets 64) with `prefetch=P`; every shard is opened first
 (one record read from each: the steady state of a long run, where the open-shard LRU holds them
 all), then 5 warm-up steps, then `--seconds` of steps. Printed per row: steady rows/s and its
 ratio to local disk at the same prefetch, the HTTP requests per 1,000 rows and per 1,000
-records (chunk fetches plus shard opens: each is one GET to the emulator), the reader's CPU
+records (chunk fetches plus shard opens: each is one GET to the emulator; format 4 opens none), the reader's CPU
 milliseconds per 1,000 rows, and the process's peak RSS above its imports.
 
 `--latency_ms L` (for L > 0) adds rows where every request to the bucket (a shard open, a chunk
-read) first waits L ms in the reading thread, as a real bucket's round trip would (the emulator
+read; format 4: each call of ranged reads, whose requests are in flight together) first waits
+L ms in the reading thread, as a real bucket's round trip would (the emulator
 on loopback answers in well under a millisecond): what read-ahead has to hide on a pod host.
 """
 
@@ -35,9 +37,22 @@ WARMUP = 5
 
 
 def add_latency(seconds: float) -> None:
-    """Makes every ArrayRecord shard open and read in this process wait `seconds` first (the
-    reader imports the class when it opens a shard, so patching the module is enough)."""
+    """Makes every request to the bucket in this process wait `seconds` first: each ArrayRecord
+    shard open and read (formats 2 and 3; the reader imports the class when it opens a shard,
+    so patching the module is enough), and each `storage.read_ranges` call at a URL (format 4:
+    its ranged GETs are in flight together, so the call waits once, as concurrent requests do)."""
     from array_record.python import array_record_module
+
+    from cairn import storage
+
+    ranges = storage.read_ranges
+
+    def slow_ranges(requests):
+        if any(storage.is_url(r[0]) for r in requests):
+            time.sleep(seconds)
+        return ranges(requests)
+
+    storage.read_ranges = slow_ranges
 
     real = array_record_module.ArrayRecordReader
 
@@ -143,7 +158,7 @@ def main() -> None:
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     print(
-        f"\n{n:,} records in {args.shards} shards (format 3, {group} records a chunk, chunk read order); EncDec "
+        f"\n{n:,} records in {args.shards} shards (format 4, {group} records a chunk, chunk read order); EncDec "
         f"{rsb.LENGTHS}, global batch {rsb.BATCH}; every shard open first, {WARMUP} warm-up steps, {args.seconds} s\n"
     )
     local = {(r["mode"], r["prefetch"]): r["rows_per_s"] for r in rows if r["where"] == "local"}

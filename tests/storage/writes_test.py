@@ -36,6 +36,19 @@ def test_write_and_read_back(root):
     assert storage.sizes(storage.join(root, "sub")) == {"a.json": 8}
 
 
+def test_read_ranges_one_request_per_range(root):
+    a, b = storage.join(root, "a.bin"), storage.join(root, "b.bin")
+    storage.write_bytes(a, bytes(range(256)) * 4)
+    storage.write_bytes(b, b"0123456789")
+    got = storage.read_ranges([(a, 0, 3), (b, 2, 5), (a, 1020, 1024), (a, 256, 258), (b, 0, 10)])
+    assert got == [b"\x00\x01\x02", b"234", b"\xfc\xfd\xfe\xff", b"\x00\x01", b"0123456789"]
+    assert storage.read_ranges([]) == []
+    with pytest.raises(storage.StorageError, match=r"b.bin: bytes \[8, 12\) asked, 2 read"):
+        storage.read_ranges([(b, 8, 12)])
+    with pytest.raises(storage.StorageError, match=r"a.bin: bad byte range \[5, 5\)"):
+        storage.read_ranges([(a, 5, 5)])
+
+
 def test_local_write_leaves_no_temporary(tmp_path):
     storage.write_bytes(tmp_path / "x.bin", b"123")
     assert sorted(os.listdir(tmp_path)) == ["x.bin"]

@@ -22,6 +22,7 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, task_dir
+from cairn.datatasks.deterministic.cache_writer import upgrade_in_place
 from cairn.datatasks.deterministic.store import recache_notice
 from cairn.launchers import cli, entry, validation
 from cairn.launchers import data as data_lib
@@ -54,6 +55,11 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     for name, task in sorted(tasks.items()):
         path = task_dir(config.data.cache_dir, name, config.data.split)
         stale = name in data_lib.cache_missing(config, {name: task})
+        upgraded = upgrade_in_place(path) if stale and not overwrite else None
+        if upgraded:  # a local format 3 cache: its chunk index added, no record rewritten
+            print(upgraded, file=sys.stderr, flush=True)
+            done[name] = "upgraded"
+            continue
         notice = recache_notice(path) if stale and not overwrite else None
         if notice:  # an older format: re-cached, as the train launcher does
             print(notice, file=sys.stderr, flush=True)

@@ -18,6 +18,7 @@ import ml_collections
 import cairn.datatasks as dt
 from cairn.datatasks import DEFAULT_REGISTRY, DataTasksError, Mixture
 from cairn.datatasks.deterministic import DeterministicReader, cache_task_in_process, task_dir
+from cairn.datatasks.deterministic.cache_writer import upgrade_in_place
 from cairn.datatasks.deterministic.store import INFO, is_completed, read_json, recache_notice
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
@@ -89,8 +90,9 @@ def cache_missing(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
 
 def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -> list[str]:
     """Caches (in this process) every task whose cache is missing, incomplete or of an older
-    format (a one-line notice on stderr says which and why); on several processes, process 0
-    writes and the others wait. Returns the tasks cached now."""
+    format (a one-line notice on stderr says which and why; a local format 3 cache is upgraded
+    in place instead); on several processes, process 0 writes and the others wait. Returns the
+    tasks cached or upgraded now."""
     import jax
 
     todo = cache_missing(config, tasks)
@@ -99,6 +101,10 @@ def ensure_cached(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]) -
         try:
             for name in todo:
                 path = task_dir(config.data.cache_dir, name, config.data.split)
+                upgraded = upgrade_in_place(path)  # a local format 3 cache: its chunk index added
+                if upgraded:
+                    print(upgraded, file=sys.stderr, flush=True)
+                    continue
                 notice = recache_notice(path)
                 if notice:
                     print(notice, file=sys.stderr, flush=True)
@@ -153,6 +159,8 @@ def data_fingerprint(config: ml_collections.ConfigDict, tasks: Mapping[str, Any]
         # A chunked cache (format 3) orders its records within shards and is read in chunk
         # order by default: both shape the batches (absent from earlier caches' fingerprints).
         parts[name].update({k: info[k] for k in ("group_size", "record_order", "shuffle_key") if k in info})
+        if int(info.get("group_size", 1)) > 1:  # the chunk order's packed bins end at chunk ends (issue 37)
+            parts[name]["bins"] = "within_chunks"
     payload = {
         "tasks": parts,
         "mixture": config.data.task,

@@ -12,6 +12,7 @@ from cairn.storage.exclusive import create_exclusive, remove
 from cairn.storage.json_lines import JsonLinesWriter, read_json_lines, supersede_after
 from cairn.storage.paths import Path, PathLike, absolute, filesystem, is_url, join, path, scheme, sizes
 from cairn.storage.probe import check_writable
+from cairn.storage.ranges import read_ranges
 from cairn.storage.staging import StagedDirectory
 from cairn.storage.trees import file_sizes, move_tree, remove_tree
 
@@ -42,6 +43,7 @@ __all__ = [
     "read_bytes",
     "read_json",
     "read_json_lines",
+    "read_ranges",
     "read_text",
     "remove",
     "scheme",

@@ -13,6 +13,7 @@ import pytest
 import cairn.datatasks as dt
 from cairn.datatasks.deterministic import (
     CachedTask,
+    cache_writer,
     DeterministicReader,
     cache_task_in_process,
     records,
@@ -40,13 +41,17 @@ def test_layout_info_and_stats(det_env):
     assert set(info["fingerprint"]) == {"preprocessors", "features", "vocabulary", "source", "total"}
     # Written once by the writer: per shard its size and SHA-256; the source files by name
     # relative to the pattern's root, never an absolute path.
-    assert info["format_version"] == 3
+    assert info["format_version"] == 4
     assert info["group_size"] == 512 and info["record_order"] == "shuffled_within_shards"
     for s in info["shards"]:
         data = pathlib.Path(path, s["file"]).read_bytes()
         assert s["bytes"] == len(data) and s["sha256"] == hashlib.sha256(data).hexdigest()
     data = pathlib.Path(path, "lengths.npy").read_bytes()
     assert info["lengths"] == {"file": "lengths.npy", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    data = pathlib.Path(path, "chunks.npy").read_bytes()  # a chunk per shard: (offset, length, CRC-32)
+    assert info["chunks"] == {"file": "chunks.npy", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    chunks = np.load(os.path.join(path, "chunks.npy"))
+    assert chunks.shape == (2, 3) and chunks[:, 0].tolist() == [64, 64]  # after the file signature
     a0 = pathlib.Path(det_env[0], "a0.txt").read_bytes()
     assert info["source"]["files"][0] == {
         "pattern": 0,
@@ -56,7 +61,7 @@ def test_layout_info_and_stats(det_env):
     }
     assert [f["name"] for f in info["source"]["files"]] == ["a0.txt", "a1.txt"]
     assert det_env[0] not in pathlib.Path(path, "info.json").read_text()
-    assert json.loads(pathlib.Path(path, "COMPLETED").read_text()) == {"format_version": 3}
+    assert json.loads(pathlib.Path(path, "COMPLETED").read_text()) == {"format_version": 4}
     lengths = np.load(os.path.join(path, "lengths.npy"))
     assert lengths.shape == (280, 2) and lengths.dtype == np.int32
     stats = json.loads(pathlib.Path(path, "stats.json").read_text())
@@ -236,23 +241,24 @@ def test_lengths_at_a_url_are_copied_once_or_read_into_memory_when_home_is_read_
     url = f"memory://lengths-test/{tmp_path.name}/lengths.npy"
     storage.write_bytes(url, buf.getvalue())
     monkeypatch.setenv("CAIRN_CACHE_HOME", str(tmp_path / "home"))
-    mapped = store.load_lengths(url, "sha-a")
+    mapped = store.load_npy(url, "sha-a")
     assert isinstance(mapped, np.memmap) and mapped.tolist() == list(range(7))
     assert (tmp_path / "home" / "lengths" / "sha-a.npy").exists()
     (tmp_path / "file").write_text("")  # a home that cannot hold folders
     monkeypatch.setenv("CAIRN_CACHE_HOME", str(tmp_path / "file"))
-    in_memory = store.load_lengths(url, "sha-b")
+    in_memory = store.load_npy(url, "sha-b")
     assert not isinstance(in_memory, np.memmap) and in_memory.tolist() == list(range(7))
     assert "reading it into memory" in capfd.readouterr().err
 
 
-# -- format 3: chunked shards, shuffled within shards; the chunk and open-shard LRUs ---------
+# -- formats 3 and 4: chunked shards, shuffled within shards; the chunk and open-shard LRUs ---
 
 
 @pytest.fixture(scope="module")
 def chunked(det_env, tmp_path_factory):
     """`(task, {group size: cache path})`: det_a (shards of 150 and 130 records) cached with
-    7 records per chunk (chunks that straddle nothing: 22 + 19) and with 1."""
+    7 records per chunk (chunks that straddle nothing: 22 + 19) and with 1; `"f3"`: the 7-record
+    cache as format 3 wrote it (no chunk index: read through ArrayRecord readers)."""
     _, _, registry = det_env
     task = registry.get_task("det_a")
     root = tmp_path_factory.mktemp("chunked")
@@ -260,14 +266,17 @@ def chunked(det_env, tmp_path_factory):
     for g in (7, 1):
         paths[g] = task_dir(str(root / f"g{g}"), "det_a", "train")
         cache_task_in_process(task, "train", paths[g], group_size=g)
+    paths["f3"] = task_dir(str(root / "f3"), "det_a", "train")
+    shutil.copytree(paths[7], paths["f3"])
+    _as_format(paths["f3"], 3)
     return task, paths
 
 
 def test_a_chunked_cache_reads_every_record_by_global_index_in_any_order(chunked, det_env):
     task, paths = chunked
-    seven, one = CachedTask(paths[7], task), CachedTask(paths[1], task)
+    seven, one, three = CachedTask(paths[7], task), CachedTask(paths[1], task), CachedTask(paths["f3"], task)
     default = CachedTask(task_dir(det_env[1], "det_a", "train"), task)  # 512 per chunk
-    assert (seven.group_size, one.group_size, default.group_size) == (7, 1, 512)
+    assert (seven.group_size, one.group_size, default.group_size, three.group_size) == (7, 1, 512, 7)
     assert seven.offsets.tolist() == [0, 150, 280] and seven.num_chunks == 22 + 19
     assert seven.chunk_of([0, 6, 7, 149, 150, 156, 157, 279]).tolist() == [0, 0, 1, 21, 22, 22, 23, 40]
     # The same shuffle (it depends on the shard and the task, not the chunk size): the same
@@ -275,12 +284,37 @@ def test_a_chunked_cache_reads_every_record_by_global_index_in_any_order(chunked
     np.testing.assert_array_equal(seven.lengths, one.lengths)
     ids = np.random.default_rng(0).permutation(280).tolist() + [149, 150, 0, 279, 6, 7, 6]
     got = seven.read(ids)
-    assert got == one.read(ids) == default.read(ids)
+    assert got == one.read(ids) == default.read(ids) == three.read(ids)  # ranges and readers agree
     assert len(set(got[:280])) == 280
     for i, rec in zip(ids[:40], got[:40]):
         assert len(records.parse(rec, seven.specs)["inputs"]) == seven.lengths[i, 0]
-    for c in (seven, one, default):
+    # Format 4 keeps no shard open; format 3 opened both through ArrayRecord readers.
+    assert seven.max_open_shards == 0 and seven.stats()["shard_opens"] == seven.stats()["open_shards"] == 0
+    assert three.stats()["shard_opens"] == 2 and three.max_open_shards >= 256
+    for c in (seven, one, default, three):
         c.close()
+
+
+def test_a_damaged_chunk_is_refused_with_the_shard_and_chunk_named(chunked, tmp_path):
+    task, paths = chunked
+    path = str(tmp_path / "det_a" / "train")
+    shutil.copytree(paths[7], path)
+    offset, length, _ = np.load(os.path.join(path, "chunks.npy"))[23]  # chunk 1 of shard 1
+    shard = pathlib.Path(path, "shard-00001-of-00002.array_record")
+    data = bytearray(shard.read_bytes())
+    data[offset + length // 2] ^= 0x01  # same size: only the chunk's CRC-32 can tell
+    shard.write_bytes(bytes(data))
+    cache = CachedTask(path, task)
+    assert len(cache.read(range(150, 157))) == 7  # chunk 0 of the shard is intact
+    with pytest.raises(store.CacheIntegrityError, match=r"chunk 1 of shard-00001-of-00002.array_record .*checksum"):
+        cache.read([158])
+    cache.close()
+    from cairn.datatasks.deterministic.verify import verify_task_cache
+
+    index = pathlib.Path(path, "chunks.npy")
+    index.write_bytes(index.read_bytes()[:-1] + b"\x01")  # the index too: same size, other bytes
+    problems = verify_task_cache(path, task)
+    assert [p.split(":")[0] for p in problems] == ["shard-00001-of-00002.array_record", "chunks.npy"], problems
 
 
 def test_a_chunk_is_fetched_once_then_served_from_the_lru(chunked):
@@ -304,45 +338,80 @@ def test_a_chunk_is_fetched_once_then_served_from_the_lru(chunked):
     per_record.close()
 
 
+def test_the_lengths_pages_leave_the_resident_set_and_rows_stay_right(chunked, monkeypatch):
+    from cairn.datatasks.deterministic import cached_task
+
+    task, paths = chunked
+    cache = CachedTask(paths[7], task)
+    want = np.load(os.path.join(paths[7], "lengths.npy"))
+    monkeypatch.setattr(cached_task, "RELEASE_LENGTH_PAGES_EVERY", 100)
+    released = []
+    release = cache._release_length_pages
+    monkeypatch.setattr(cache, "_release_length_pages", lambda: (released.append(1), release()))
+    for at in range(0, 280, 60):
+        ids = np.arange(at, min(at + 60, 280))[::-1]
+        np.testing.assert_array_equal(cache.lengths_of(ids), want[ids])
+    assert len(released) == 2  # at 120 and 240 rows looked up
+    cache.close()
+
+
+def test_a_format_3_cache_upgrades_in_place_to_what_format_4_writes(chunked, tmp_path):
+    task, paths = chunked
+    path = str(tmp_path / "det_a" / "train")
+    shutil.copytree(paths["f3"], path)
+    assert cache_writer.upgrade_in_place(path) == (
+        f"cairn: upgraded {path} from cache format 3 to 4 in place (its chunk index, chunks.npy; no record rewritten)"
+    )
+    info = json.loads(pathlib.Path(path, "info.json").read_text())
+    assert info == json.loads(pathlib.Path(paths[7], "info.json").read_text())
+    for name in ("chunks.npy", "info.json", "COMPLETED"):
+        assert pathlib.Path(path, name).read_bytes() == pathlib.Path(paths[7], name).read_bytes(), name
+    with pytest.raises(DataTasksError, match="is in format 4, not 3: add_chunk_index upgrades format 3 only"):
+        cache_writer.add_chunk_index(path)
+    assert cache_writer.upgrade_in_place(path) is None and cache_writer.upgrade_in_place("gs://b/x/train") is None
+
+
 def test_open_shards_stay_within_the_bound_and_reads_stay_right(chunked, monkeypatch):
+    """Formats 2 and 3 (no chunk index) read through ArrayRecord readers, K of them open."""
     task, paths = chunked
     reference = CachedTask(paths[1], task)
-    for g in (7, 1):
-        cache = CachedTask(paths[g], task, chunk_cache_bytes=0, open_shards_bytes=1)
-        assert cache.max_open_shards == 1
-        opened = cache._open
-        most = []
+    cache = CachedTask(paths["f3"], task, chunk_cache_bytes=0, open_shards_bytes=1)
+    assert cache.max_open_shards == 1
+    opened = cache._open
+    most = []
 
-        def counting(shards, cache=cache, opened=opened, most=most):
-            readers = opened(shards)
-            most.append(len(cache._readers))
-            return readers
+    def counting(shards):
+        readers = opened(shards)
+        most.append(len(cache._readers))
+        return readers
 
-        monkeypatch.setattr(cache, "_open", counting)
-        for ids in ([0, 1], [200], [5, 279, 140, 150], [3], list(range(280))):
-            assert cache.read(ids) == reference.read(ids)
-            assert cache.stats()["open_shards"] <= 1
-        assert max(most) == 1 and cache.stats()["shard_closes"] >= 4
-        cache.close()
+    monkeypatch.setattr(cache, "_open", counting)
+    for ids in ([0, 1], [200], [5, 279, 140, 150], [3], list(range(280))):
+        assert cache.read(ids) == reference.read(ids)
+        assert cache.stats()["open_shards"] <= 1
+    assert max(most) == 1 and cache.stats()["shard_closes"] >= 4
+    cache.close()
     reference.close()
-    assert CachedTask(paths[7], task).max_open_shards >= 256  # the default budget, locally
+    assert CachedTask(paths["f3"], task).max_open_shards >= 256  # the default budget, locally
 
 
-def _as_format_2(path):
-    """What format 2 wrote (one record per chunk, source order), as format 2's files say it."""
+def _as_format(path, version):
+    """What format 3 wrote (no chunk index) or format 2 (one record per chunk, source order),
+    as that format's files say it."""
     info = json.loads(pathlib.Path(path, "info.json").read_text())
-    info["format_version"] = 2
-    for k in ("group_size", "record_order", "shuffle_key"):
+    info["format_version"] = version
+    for k in ("chunks",) + (("group_size", "record_order", "shuffle_key") if version == 2 else ()):
         del info[k]
+    os.remove(os.path.join(path, "chunks.npy"))
     pathlib.Path(path, "info.json").write_text(json.dumps(info))
-    pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": 2}) + "\n")
+    pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": version}) + "\n")
 
 
 def test_a_format_2_cache_reads_as_it_is_and_is_re_cached_when_asked(chunked, tmp_path, capfd):
     task, paths = chunked
     path = str(tmp_path / "det_a" / "train")
     shutil.copytree(paths[1], path)
-    _as_format_2(path)
+    _as_format(path, 2)
     assert store.cache_state(path) == "older" and not store.is_completed(path)
     old, new = CachedTask(path, task), CachedTask(paths[1], task)
     assert old.group_size == 1 and old.read(range(280)) == new.read(range(280))
@@ -350,7 +419,7 @@ def test_a_format_2_cache_reads_as_it_is_and_is_re_cached_when_asked(chunked, tm
     new.close()
     assert store.recache_notice(path) == (
         f"cairn: re-caching {path}: it was written in cache format 2; this version writes "
-        f"format 3 (chunked shards, records shuffled within shards)"
+        f"format 4 (chunked shards with a chunk index: a chunk is one ranged read, no shard kept open)"
     )
     assert not cache_task_in_process(task, "train", path)  # readable: kept, with a notice
     assert "is in cache format 2" in capfd.readouterr().err
@@ -361,7 +430,8 @@ def test_a_format_2_cache_reads_as_it_is_and_is_re_cached_when_asked(chunked, tm
 @pytest.fixture(scope="module")
 def in_bucket(chunked, tmp_path_factory):
     """`(emulator, output_dir)`: the 7-records-a-chunk cache of det_a copied into a
-    fake-gcs-server bucket (`<output_dir>/det_a/train`) that this process reads."""
+    fake-gcs-server bucket (`<output_dir>/det_a/train`; format 3's in `<output_dir>/f3/...`)
+    that this process reads."""
     from cairn import storage
     from cairn.storage.testing import GcsEmulator
 
@@ -370,8 +440,9 @@ def in_bucket(chunked, tmp_path_factory):
         mp.setenv("CAIRN_CACHE_HOME", str(tmp_path_factory.mktemp("home")))
         emu.activate()
         output_dir = emu.create_bucket("chunked") + "/cache"
-        for name in sorted(os.listdir(paths[7])):
-            storage.copy_file(os.path.join(paths[7], name), f"{output_dir}/det_a/train/{name}")
+        for key, under in ((7, output_dir), ("f3", output_dir + "/f3")):
+            for name in sorted(os.listdir(paths[key])):
+                storage.copy_file(os.path.join(paths[key], name), f"{under}/det_a/train/{name}")
         yield emu, output_dir
 
 
@@ -379,14 +450,17 @@ def test_a_chunked_cache_reads_from_the_bucket_a_request_per_chunk(chunked, in_b
     task, paths = chunked
     url = in_bucket[1] + "/det_a/train"
     remote, local = CachedTask(url, task), CachedTask(paths[7], task)
-    assert remote.group_size == 7 and 900 < remote.max_open_shards <= 1024  # ~256 KB per shard
+    old = CachedTask(in_bucket[1] + "/f3/det_a/train", task)  # format 3: ArrayRecord readers over HTTP
+    assert remote.group_size == 7 and remote.max_open_shards == 0  # a ranged GET per chunk, nothing open
+    assert 900 < old.max_open_shards <= 1024  # ~256 KB per open shard
     ids = [13, 7, 150, 279, 8, 0]  # chunks 1, 22, 40, 0
-    assert remote.read(ids) == local.read(ids)
-    assert remote.stats()["chunk_fetches"] == 4
+    assert remote.read(ids) == local.read(ids) == old.read(ids)
+    assert remote.stats()["chunk_fetches"] == 4 and remote.stats()["shard_opens"] == 0
     assert remote.read(range(7, 14)) == local.read(range(7, 14))
     assert remote.stats()["chunk_fetches"] == 4  # chunk 1 again: from the LRU
-    remote.close()
-    local.close()
+    assert old.stats()["shard_opens"] == 2
+    for c in (remote, local, old):
+        c.close()
 
 
 def test_four_hosts_reading_the_bucket_at_once_make_one_process_global_batches(chunked, in_bucket, det_env):
@@ -434,9 +508,9 @@ def test_four_hosts_reading_the_bucket_at_once_make_one_process_global_batches(c
 
 def test_concurrent_reads_from_the_bucket_share_fetches_and_keep_every_batch(chunked, in_bucket, det_env):
     """The prefetch threads' reads fetch at the same time (no lock held over a request): with one
-    open shard allowed and no chunk kept, 8 threads reading overlapping records get the right
-    bytes and leave nothing pinned; a reader with 6 passes of read-ahead gives the batches of a
-    reader without any, step for step."""
+    open shard allowed (format 3) or none (format 4) and no chunk kept, 8 threads reading
+    overlapping records get the right bytes and leave nothing pinned; a reader with 6 passes of
+    read-ahead gives the batches of a reader without any, step for step."""
     from concurrent.futures import ThreadPoolExecutor
 
     import det_run
@@ -444,16 +518,18 @@ def test_concurrent_reads_from_the_bucket_share_fetches_and_keep_every_batch(chu
     task, paths = chunked
     output_dir = in_bucket[1]
     local = CachedTask(paths[7], task)
-    remote = CachedTask(output_dir + "/det_a/train", task, chunk_cache_bytes=0, open_shards_bytes=1)
     rng = np.random.default_rng(3)
     asks = [rng.integers(0, 280, 40) for _ in range(24)]
-    with ThreadPoolExecutor(8) as pool:
-        got = list(pool.map(remote.read, asks))
-    assert got == [local.read(ids) for ids in asks]
-    stats = remote.stats()
-    assert stats["open_shards"] <= 1 and stats["cached_chunk_bytes"] == 0
-    assert not remote._users and not remote._inflight and not remote._opening
-    remote.close()
+    want = [local.read(ids) for ids in asks]
+    for under in (output_dir + "/f3", output_dir):
+        remote = CachedTask(under + "/det_a/train", task, chunk_cache_bytes=0, open_shards_bytes=1)
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(remote.read, asks))
+        assert got == want
+        stats = remote.stats()
+        assert stats["open_shards"] <= 1 and stats["cached_chunk_bytes"] == 0
+        assert not remote._users and not remote._inflight and not remote._opening
+        remote.close()
     local.close()
     data_dir = det_env[0]
     ahead = det_run.reader(

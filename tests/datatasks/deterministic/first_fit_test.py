@@ -8,6 +8,7 @@ import pytest
 import cairn.datatasks as dt
 from cairn.datatasks.deterministic import DeterministicReader
 from cairn.datatasks.deterministic import plan as plan_lib
+from cairn.datatasks.deterministic.chunk_order import chunk_bounds
 from cairn.datatasks.errors import DataTasksError
 
 
@@ -103,8 +104,11 @@ def test_default_is_greedy(det_env):
     n = stream.cache.num_records  # the base order: the cache order under the chunk order
     ids = np.arange(n, dtype=np.int64) if stream.base is None else stream.base.range(0, n)
     units = default.converter.packing_units(stream.expected_lengths(ids), default.lengths)[0]
-    greedy = plan_lib.greedy_bins(units, np.array([48, 16]))
+    # Under the chunk order no bin runs past a chunk of the cache (one per shard here: 150, 280).
+    breaks = chunk_bounds(stream.cache.offsets, stream.cache.group_size)[1:] if stream.base is None else None
+    greedy = plan_lib.greedy_bins(units, np.array([48, 16]), breaks=breaks)
     np.testing.assert_array_equal(plan.starts, greedy.starts)
+    assert breaks is not None and breaks.tolist() == [150, 280] and 150 in plan.starts
     explicit = reader(det_env, packing="greedy")
     for step in (0, 5):
         assert det_run.digest(default.batch_at(step)) == det_run.digest(explicit.batch_at(step))

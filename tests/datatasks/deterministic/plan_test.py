@@ -157,3 +157,37 @@ def test_permutation_in_blocks_equals_one_block(monkeypatch):
         np.testing.assert_array_equal(p.range(3, n), whole[3:])
         monkeypatch.undo()
         assert sorted(whole.tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("mode,case", [("greedy", 0), ("greedy", 1), ("first_fit", 2), ("first_fit", 3)])
+def test_breaks_make_the_plans_of_the_segments_put_together(mode, case):
+    """With `breaks` (a cache's chunk ends), no bin spans a break: the plan is the segments'
+    own plans, one after another."""
+    rng = np.random.default_rng(case)
+    n, capacity = 3000, np.array([40, 24])
+    lengths = rng.integers(0, 30, size=(n, 2))
+    breaks = np.append(np.sort(rng.choice(np.arange(1, n), 40, replace=False)), n)
+    build = {
+        "greedy": lambda ls, **kw: plan_lib.greedy_bins(ls, capacity, **kw),
+        "first_fit": lambda ls, **kw: plan_lib.first_fit_bins(ls, capacity, window=16, **kw),
+    }[mode]
+    starts, order, at = [0], [], 0
+    for b in breaks.tolist():
+        part = build(lengths[at:b])
+        starts += (part.starts[1:] + at).tolist()
+        order += (part.base_positions(np.arange(b - at)) + at).tolist()
+        at = b
+    got = build(lengths, breaks=breaks)
+    np.testing.assert_array_equal(got.starts, starts)
+    np.testing.assert_array_equal(got.base_positions(np.arange(n)), order)
+    unbroken = build(lengths)
+    assert got.num_bins > unbroken.num_bins  # the price: a shorter last bin per segment
+    units = lambda a, b: lengths[a:b]  # noqa: E731
+    blocks = {  # read 97 records at a time
+        "greedy": lambda: plan_lib.greedy_bins_chunked(units, n, capacity, chunk=97, breaks=breaks),
+        "first_fit": lambda: plan_lib.first_fit_bins_chunked(units, n, capacity, 16, chunk=97, breaks=breaks),
+    }[mode]()
+    np.testing.assert_array_equal(blocks.starts, got.starts)
+    assert plan_lib.packed_bins(mode, units, n, capacity, 16, breaks).num_bins == got.num_bins
+    with pytest.raises(DataTasksError, match="bin breaks must rise strictly to the record count 3000"):
+        build(lengths, breaks=breaks[:-1])

@@ -174,14 +174,14 @@ def test_a_cache_of_the_older_format_is_refused_or_re_cached(fresh):
     assert cache_state(path) == "outdated" and not store.is_completed(path)
     with pytest.raises(
         CacheFormatError,
-        match=r"format 1 .* reads formats 2, 3 .*Re-cache it: "
+        match=r"format 1 .* reads formats 2, 3, 4 .*Re-cache it: "
         r"delete it .*--overwrite",
     ):
         _reader(cache_dir, registry)
     with pytest.raises(CacheFormatError, match="--overwrite"):
         cache_task_in_process(task, "train", path)  # not silently kept, not overwritten
     assert verify_cache(cache_dir, task)["det_b"] == [
-        "written in format 1; this version reads formats 2, 3: re-cache it (--overwrite)"
+        "written in format 1; this version reads formats 2, 3, 4: re-cache it (--overwrite)"
     ]
     # What `ensure_cached` in the launchers does with a cache that is not complete.
     assert cache_task_in_process(task, "train", path, overwrite=True)

@@ -62,11 +62,13 @@ def check_task(info: dict, path: str, task: Any, split: str, check_source_files:
 
 
 def check_files(info: dict, path: str, name: str | None, split: str) -> None:
-    """A `CacheIntegrityError` unless every shard and the lengths are present with their
-    recorded sizes (one listing)."""
+    """A `CacheIntegrityError` unless every shard, the lengths and the chunk index are present
+    with their recorded sizes (one listing)."""
     sizes = list_sizes(path)
     expected = [(s["file"], int(s["bytes"])) for s in info["shards"]]
     expected.append((LENGTHS, int(info["lengths"]["bytes"])))
+    if info.get("chunks"):  # format 4's chunk index
+        expected.append((info["chunks"]["file"], int(info["chunks"]["bytes"])))
     problems = []
     for file, want in expected:
         got = sizes.get(file)

@@ -25,6 +25,7 @@ import numpy as np
 
 from cairn import storage
 from cairn.datatasks.deterministic import records
+from cairn.datatasks.deterministic.chunk_index import chunk_ranges
 from cairn.datatasks.deterministic.fingerprint import (
     file_digest,
     file_fingerprint,
@@ -33,8 +34,10 @@ from cairn.datatasks.deterministic.fingerprint import (
     task_fingerprint,
 )
 from cairn.datatasks.deterministic.store import (
+    CHUNKS,
     COMPLETED,
     FORMAT_VERSION,
+    FORMATS,
     INFO,
     LENGTHS,
     RECORD_ORDER_SHUFFLED,
@@ -89,9 +92,10 @@ def prepare(path: str, overwrite: bool) -> bool:
         elif state == "complete":
             return False
         elif state == "older":  # readable as it is: kept (overwrite=True rewrites it)
+            version = format_version(path) or 0
             print(
-                f"cairn: {path} is in cache format {format_version(path)} (one record per chunk, "
-                f"source order); it reads as it is; --overwrite rewrites it in format {FORMAT_VERSION}",
+                f"cairn: {path} is in cache format {version} ({FORMATS.get(version, '')}); "
+                f"it reads as it is; --overwrite rewrites it in format {FORMAT_VERSION}",
                 file=sys.stderr,
             )
             return False
@@ -160,6 +164,7 @@ def write_shard_files(
             reader.close()
             os.remove(first)
         size, sha = file_digest(local)
+        chunks = chunk_ranges(local, num, group_size)
         storage.copy_file(local, storage.join(path, name + ".array_record"))
         buf = io.BytesIO()
         np.save(buf, arr)
@@ -178,6 +183,9 @@ def write_shard_files(
         "tokens": {k: int(arr[:, j].sum()) for j, k in enumerate(length_features)},
         "group_size": group_size,
         "shuffle_key": shuffle,
+        # Per chunk: its byte offset and length in the shard file, and their CRC-32 (the
+        # cache's chunks.npy): a chunk is then one ranged read, with no ArrayRecord reader.
+        "chunks": chunks.tolist(),
     }
     if source_file is not None:
         summary["source_file"] = source_file
@@ -243,9 +251,10 @@ def _source(task: Any, split: str, path: str, shards: list[dict]) -> dict:
 
 
 def finalize(task: Any, split: str, path: str, count: int) -> dict:
-    """Merges the shard summaries into `lengths.npy`, `info.json` (with every shard's size
-    and SHA-256, and the source fingerprint details), `stats.json`, then writes `COMPLETED`
-    (holding the format version). Returns the info."""
+    """Merges the shard summaries into `lengths.npy`, `chunks.npy` (every chunk's byte range
+    and CRC-32, `store.CHUNKS`), `info.json` (with every shard's size and SHA-256, and the
+    source fingerprint details), `stats.json`, then writes `COMPLETED` (holding the format
+    version). Returns the info."""
     shards = [read_json(storage.join(path, shard_name(i, count) + ".json")) for i in range(count)]
     wrong = [i for i, s in enumerate(shards) if s["index"] != i]
     if wrong:
@@ -287,6 +296,7 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     storage.write_bytes(storage.join(path, LENGTHS), data)
     lengths_meta = {"file": LENGTHS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     del data, buf
+    chunks_meta = _write_chunks(path, shards, group_size)
     source = _source(task, split, path, shards)
     info = {
         "format_version": FORMAT_VERSION,
@@ -301,6 +311,7 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
         "source": source,
         "cacheable_preprocessors": len(task.cacheable_preprocessors),
         "group_size": group_size,
+        "chunks": chunks_meta,
         # "shuffled_within_shards": shard s holds its source records in the order
         # store.within_shard_order(shuffle_key, s, n_s); "source": in source order.
         "record_order": RECORD_ORDER_SHUFFLED if key is not None else "source",
@@ -317,6 +328,66 @@ def finalize(task: Any, split: str, path: str, count: int) -> dict:
     write_json(storage.join(path, INFO), info)
     storage.write_text(storage.join(path, COMPLETED), completed_marker())
     return info
+
+
+def _write_chunks(path: str, shards: list[dict], group_size: int) -> dict:
+    """Writes `chunks.npy` (`[C, 3]` int64: offset, length, CRC-32 of each chunk, shard 0's
+    first) from the shard summaries; returns its metadata for info.json."""
+    parts: list[np.ndarray] = []
+    for s in shards:
+        rows = np.asarray(s.get("chunks", []), np.int64).reshape(-1, 3)
+        want = -(-int(s["num_records"]) // group_size)
+        if "chunks" not in s or rows.shape[0] != want:
+            raise DataTasksError(
+                f"cache {path!r}: shard {s['index']}'s summary lists {rows.shape[0]} chunks, not "
+                f"{want} (written by another cairn-datatasks?); clear the cache ({clear_hint(path)})"
+            )
+        parts.append(rows)
+    buf = io.BytesIO()
+    np.save(buf, np.concatenate(parts, 0) if parts else np.zeros([0, 3], np.int64))
+    data = buf.getvalue()
+    storage.write_bytes(storage.join(path, CHUNKS), data)
+    return {"file": CHUNKS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def add_chunk_index(path: str) -> dict:
+    """Upgrades a complete format 3 cache on local disk to format 4 in place: walks each
+    shard's chunk headers (O(chunks) small reads, no record decoded), writes `chunks.npy`,
+    then `info.json` and `COMPLETED` (last) with the new format. Shards, lengths, plans and
+    the fingerprint stay as they are. Returns the new info. A cache at a URL, or not in format 3,
+    is refused: re-cache it (or upgrade a local copy, then upload it)."""
+    if storage.is_url(path):
+        raise DataTasksError(f"add_chunk_index reads the shards' chunk headers from local disk; {path!r} is a URL")
+    version = format_version(path)
+    if version != 3:
+        raise DataTasksError(f"cache {path!r} is in format {version}, not 3: add_chunk_index upgrades format 3 only")
+    info = read_json(storage.join(path, INFO))
+    group = int(info["group_size"])
+    shards = [
+        {
+            "index": i,
+            "num_records": s["num_records"],
+            "chunks": chunk_ranges(storage.join(path, s["file"]), int(s["num_records"]), group).tolist(),
+        }
+        for i, s in enumerate(info["shards"])
+    ]
+    info = dict(info, format_version=FORMAT_VERSION, chunks=_write_chunks(path, shards, group))
+    write_json(storage.join(path, INFO), info)
+    storage.write_text(storage.join(path, COMPLETED), completed_marker())
+    return info
+
+
+def upgrade_in_place(path: str) -> str | None:
+    """Upgrades a complete format 3 cache on local disk to this format (`add_chunk_index`: no
+    record is rewritten) and returns the one-line notice to print; None, doing nothing, for any
+    other cache or one at a URL (those are re-cached)."""
+    if storage.is_url(path) or format_version(path) != 3:
+        return None
+    add_chunk_index(path)
+    return (
+        f"cairn: upgraded {path} from cache format 3 to {FORMAT_VERSION} in place (its chunk index, "
+        f"{CHUNKS}; no record rewritten)"
+    )
 
 
 def cache_task_in_process(

@@ -2,12 +2,16 @@
 file access are `store`'s).
 
 Opening reads metadata only (O(shards)). Reads fetch whole ArrayRecord chunks (one request
-per chunk at a URL), kept decoded in an LRU bounded by bytes; at most K shards stay open (an
-LRU, K from a memory budget), so memory does not grow with the number of shards.
+per chunk at a URL), kept decoded in an LRU bounded by bytes. A format 4 cache records every
+chunk's byte range (`chunks.npy`): a chunk is one ranged read (`storage.read_ranges`: a
+`pread` locally, a ranged GET at a URL) decoded by `chunk_index`, and no shard is kept open.
+Older formats read through ArrayRecord readers, at most K shards open (an LRU, K from a memory
+budget), so memory does not grow with the number of shards either way.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -18,6 +22,7 @@ import numpy as np
 
 from cairn import storage
 from cairn.datatasks.deterministic import cache_checks
+from cairn.datatasks.deterministic.chunk_index import ChunkError, decode_chunk
 from cairn.datatasks.deterministic.records import FeatureSpec
 from cairn.datatasks.deterministic.store import (
     COMPLETED,
@@ -27,7 +32,7 @@ from cairn.datatasks.deterministic.store import (
     CacheIntegrityError,
     cache_state,
     clear_hint,
-    load_lengths,
+    load_npy,
     outdated_error,
     read_json,
     verify_hint,
@@ -42,6 +47,11 @@ DEFAULT_OPEN_SHARDS_BYTES = 256 << 20  # open ArrayRecord readers per CachedTask
 OPEN_SHARD_BYTES_LOCAL = 32 << 10
 OPEN_SHARD_BYTES_REMOTE = 256 << 10
 INDEX_BYTES_PER_CHUNK = 9
+# The pages of the memory-mapped lengths that `lengths_of` touched leave this process's resident
+# set every this many rows looked up (they stay in the OS page cache): under the chunk order the
+# rows of a window share a few pages, and a long run would otherwise keep the whole file
+# resident (800 MB at 10^8 records; benchmarks/RESULTS.md, reader_scale_bench.py).
+RELEASE_LENGTH_PAGES_EVERY = 1 << 16
 
 
 class CachedTask:
@@ -58,7 +68,9 @@ class CachedTask:
     source that is not made of files, the code behind it.
 
     Reading: `read` fetches whole chunks (`group_size` records; 1 for format 2) and keeps
-    the decoded ones in an LRU of at most `chunk_cache_bytes`; at most `max_open_shards`
+    the decoded ones in an LRU of at most `chunk_cache_bytes`. Format 4: each chunk is one
+    ranged read of the bytes `chunks.npy` records, its CRC-32 checked, decoded here; no
+    reader is kept (`max_open_shards` is 0). Formats 2 and 3: at most `max_open_shards`
     ArrayRecord readers stay open (`open_shards_bytes` over the estimated cost of one open
     shard: `OPEN_SHARD_BYTES_REMOTE` at a URL, `OPEN_SHARD_BYTES_LOCAL` on disk, plus its
     chunk index), the least recently used closed first. Thread-safe.
@@ -92,7 +104,8 @@ class CachedTask:
         self.specs = {k: FeatureSpec(**v) for k, v in self.info["features"].items()}
         self.num_records = int(self.info["num_records"])
         self.length_features: list[str] = list(self.info["length_features"])
-        self.lengths = load_lengths(storage.join(path, LENGTHS), self.info["lengths"].get("sha256"))
+        self.lengths = load_npy(storage.join(path, LENGTHS), self.info["lengths"].get("sha256"))
+        self._looked_up = 0  # rows read by lengths_of since its pages were last released
         if self.lengths.shape != (self.num_records, len(self.length_features)):
             raise CacheIntegrityError(
                 f"cache {path!r}: {LENGTHS} has shape {self.lengths.shape}, info.json says "
@@ -107,9 +120,20 @@ class CachedTask:
         self.offsets: np.ndarray = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # The first global chunk number of each shard (chunk k of shard s is chunk_base[s] + k).
         self._chunk_base = np.concatenate([[0], np.cumsum(-(-counts // self.group_size))]).astype(np.int64)
+        # Format 4: [C, 3] (offset, length, CRC-32) of every chunk; read by ranges, no reader.
+        self._ranges: np.ndarray | None = None
+        self._files = [storage.join(path, s["file"]) for s in self.info["shards"]]
+        meta = self.info.get("chunks")
+        if meta:
+            self._ranges = load_npy(storage.join(path, meta["file"]), meta.get("sha256"))
+            if self._ranges.shape != (self.num_chunks, 3):
+                raise CacheIntegrityError(
+                    f"cache {path!r}: {meta['file']} has shape {self._ranges.shape}, the shards hold "
+                    f"{self.num_chunks} chunks; {verify_hint(path, name, split)}, then re-cache"
+                )
         fixed = OPEN_SHARD_BYTES_LOCAL if not storage.is_url(path) else OPEN_SHARD_BYTES_REMOTE
         cost = fixed + INDEX_BYTES_PER_CHUNK * int(np.diff(self._chunk_base).max(initial=0))
-        self.max_open_shards = max(1, int(open_shards_bytes) // cost)
+        self.max_open_shards = 0 if self._ranges is not None else max(1, int(open_shards_bytes) // cost)
         self.chunk_cache_bytes = max(0, int(chunk_cache_bytes))
         self._readers: OrderedDict[int, Any] = OrderedDict()  # LRU: least recently used first
         self._users: dict[int, int] = {}  # shard -> reads using its reader now (never closed)
@@ -124,19 +148,31 @@ class CachedTask:
         # stay in the caller's thread.
         self._pool = (
             None
-            if not storage.is_url(path)
+            if not storage.is_url(path) or self._ranges is not None
             else ThreadPoolExecutor(max_workers=REMOTE_READ_THREADS, thread_name_prefix="cairn-cache-read")
         )
+
+    def _release_length_pages(self) -> None:
+        """Drops the mapped pages of `lengths.npy` from this process (`MADV_DONTNEED`; a read
+        maps them again from the page cache). Nothing to do for lengths held in memory."""
+        mapped = getattr(self.lengths, "_mmap", None)
+        if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
     def remap_lengths(self) -> None:
         """Maps `lengths.npy` afresh: the pages a full pass (the packing plan) touched leave
         this process's resident memory (they stay in the OS page cache)."""
         if isinstance(self.lengths, np.memmap):
-            self.lengths = load_lengths(storage.join(self.path, LENGTHS), self.info["lengths"].get("sha256"))
+            self.lengths = load_npy(storage.join(self.path, LENGTHS), self.info["lengths"].get("sha256"))
 
     def lengths_of(self, ids: np.ndarray) -> np.ndarray:
-        """`[len(ids), K]` rows of the lengths (read from the memory map: only these rows)."""
+        """`[len(ids), K]` rows of the lengths (read from the memory map: only these rows;
+        every `RELEASE_LENGTH_PAGES_EVERY` rows the mapped pages leave the resident set)."""
         ids = np.asarray(ids, np.int64).reshape(-1)
+        self._looked_up += ids.size
+        if self._looked_up >= RELEASE_LENGTH_PAGES_EVERY:
+            self._looked_up = 0
+            self._release_length_pages()
         k = self.lengths.shape[1]
         if k in (1, 2) and self.lengths.dtype == np.int32 and self.lengths.flags.c_contiguous:
             # One 4- or 8-byte element per row: a flat `take`, several times faster than
@@ -267,7 +303,7 @@ class CachedTask:
         shard = np.searchsorted(self.offsets, idx, side="right") - 1
         local = idx - self.offsets[shard]
         out: list[bytes] = [b""] * idx.size
-        if self.group_size == 1:  # a chunk is a record: no chunk cache (as format 2 read)
+        if self.group_size == 1 and self._ranges is None:  # a record a chunk: no LRU (format 2)
             groups = [(int(s), np.nonzero(shard == s)[0]) for s in np.unique(shard)]
             results = self._run([(s, (local[w].tolist(),)) for s, w in groups])
             with self._lock:
@@ -302,7 +338,7 @@ class CachedTask:
                 n_s = int(self.offsets[s + 1] - self.offsets[s])
                 jobs.append((s, (k * g, min((k + 1) * g, n_s))))
             try:
-                fetched = self._run(jobs)
+                fetched = self._run(jobs) if self._ranges is None else self._fetch_ranges(missing)
             except BaseException as e:
                 with self._lock:
                     for c in missing:
@@ -318,6 +354,27 @@ class CachedTask:
         first = (chunk - self._chunk_base[shard]) * g  # the chunk's first local record
         for w, (c, at) in enumerate(zip(chunk.tolist(), (local - first).tolist())):
             out[w] = have[c][at]
+        return out
+
+    def _fetch_ranges(self, chunks: list[int]) -> list[list[bytes]]:
+        """The records of `chunks` (format 4): one ranged read each, all of them in one
+        `storage.read_ranges` call (at a URL in flight together), each checked and decoded."""
+        assert self._ranges is not None
+        shards = (np.searchsorted(self._chunk_base, chunks, side="right") - 1).tolist()
+        rows = np.asarray(self._ranges[np.asarray(chunks, np.int64)]).tolist()
+        blobs = storage.read_ranges([(self._files[s], o, o + n) for s, (o, n, _) in zip(shards, rows)])
+        out = []
+        g = self.group_size
+        for c, s, (o, _, crc), blob in zip(chunks, shards, rows, blobs):
+            k = c - int(self._chunk_base[s])
+            count = min(g, int(self.offsets[s + 1] - self.offsets[s]) - k * g)
+            try:
+                out.append(decode_chunk(blob, o, crc, count))
+            except ChunkError as e:
+                raise CacheIntegrityError(
+                    f"cache {self.path!r}: chunk {k} of {self.info['shards'][s]['file']} (bytes {o}..{o + len(blob)}): "
+                    f"{e}; {verify_hint(self.path, self.info.get('task'), self.info.get('split'))}, then re-cache"
+                ) from e
         return out
 
     def _keep(self, chunks: list[int], have: dict[int, list[bytes]]) -> None:

@@ -6,6 +6,10 @@ holds `max(capacity)` records (the feature converter packs groups of that many).
 epoch then visits the bins in a seeded order (`Permutation` over bins), so the rows of a
 task per epoch are a constant, and the row at any position is found in O(1).
 
+`breaks` (sorted record positions, the last `N`) ends a bin at each of them: with the cache's
+own order, the ends of its chunks, so that no bin needs two chunks (one fetch each) and the
+fetches of a chunk-order read approach one per chunk (issue 37).
+
 `packing="first_fit"` (an option; greedy stays the default for seqio parity) fills each
 bin first-fit from a bounded window of upcoming records (`first_fit_bins_chunked`): the
 plan then also holds the order of the records it placed (`Plan.order`).
@@ -75,25 +79,40 @@ class Plan:
         return i if self.order is None else self.order[i]
 
 
-def greedy_bins(lengths: np.ndarray, capacity: np.ndarray) -> Plan:
+def greedy_bins(lengths: np.ndarray, capacity: np.ndarray, breaks: np.ndarray | None = None) -> Plan:
     """Greedy bins over `lengths` [N, K] (in order) with per-feature `capacity` [K]."""
     lengths = np.asarray(lengths)
-    return greedy_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity)
+    return greedy_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity, breaks=breaks)
+
+
+def _checked_breaks(breaks: np.ndarray | None, n: int) -> np.ndarray | None:
+    if breaks is None:
+        return None
+    breaks = np.asarray(breaks, np.int64).reshape(-1)
+    if breaks.size == 0 or breaks[-1] != n or (np.diff(breaks) <= 0).any() or breaks[0] <= 0:
+        raise DataTasksError(f"bin breaks must rise strictly to the record count {n}, got {breaks[:4]}..{breaks[-2:]}")
+    return breaks
 
 
 def greedy_bins_chunked(
-    units: Callable[[int, int], np.ndarray], n: int, capacity: np.ndarray, chunk: int = 1 << 16
+    units: Callable[[int, int], np.ndarray],
+    n: int,
+    capacity: np.ndarray,
+    chunk: int = 1 << 16,
+    breaks: np.ndarray | None = None,
 ) -> Plan:
     """`greedy_bins` over a stream of `n` records whose lengths `units(a, b)` gives, block
     by block ([b - a, K] for records `a .. b - 1`), so that no [N, K] array is ever built.
 
     `end[i]`, where a bin starting at record `i` would end, is `min(i + max(capacity), n)`
     cut to what fits in every feature (a `searchsorted` per feature over running sums
-    inside the block and the `max(capacity)` records after it), and at least `i + 1`. The
-    bins are the chain 0 -> end[0] -> ... -> n (`chain`). O(N log C) time, 4 or 8 bytes
+    inside the block and the `max(capacity)` records after it), and at least `i + 1`; with
+    `breaks`, also cut at the first break after `i`. The bins are the chain 0 -> end[0] ->
+    ... -> n (`chain`). O(N log C) time, 4 or 8 bytes
     per record while building (`end`), 8 bytes per bin after.
     """
     capacity = np.asarray(capacity, np.int64).reshape(-1)
+    breaks = _checked_breaks(breaks, n)
     cap = int(capacity.max())
     dtype = np.int32 if n + cap < 2**31 - 1 else np.int64
     end = np.empty(n + 1, dtype)
@@ -110,6 +129,8 @@ def greedy_bins_chunked(
             np.cumsum(u[:, j], out=cum[1:])
             fit = np.searchsorted(cum, cum[: b - a] + int(capacity[j]), side="right") - 1 + a
             np.minimum(here, fit, out=here)
+        if breaks is not None:
+            np.minimum(here, breaks[np.searchsorted(breaks, np.arange(a, b), side="right")], out=here)
         np.maximum(here, np.arange(a + 1, b + 1, dtype=np.int64), out=here)
         end[a:b] = here
     starts = chain(end)
@@ -149,14 +170,21 @@ def chain(nxt: np.ndarray) -> np.ndarray:
     return np.append(out[out < n], n)
 
 
-def first_fit_bins(lengths: np.ndarray, capacity: np.ndarray, window: int = 128) -> Plan:
+def first_fit_bins(
+    lengths: np.ndarray, capacity: np.ndarray, window: int = 128, breaks: np.ndarray | None = None
+) -> Plan:
     """`first_fit_bins_chunked` over `lengths` [N, K]."""
     lengths = np.asarray(lengths)
-    return first_fit_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity, window)
+    return first_fit_bins_chunked(lambda a, b: lengths[a:b], lengths.shape[0], capacity, window, breaks=breaks)
 
 
 def first_fit_bins_chunked(
-    units: Callable[[int, int], np.ndarray], n: int, capacity: np.ndarray, window: int = 128, chunk: int = 1 << 16
+    units: Callable[[int, int], np.ndarray],
+    n: int,
+    capacity: np.ndarray,
+    window: int = 128,
+    chunk: int = 1 << 16,
+    breaks: np.ndarray | None = None,
 ) -> Plan:
     """Bins filled first-fit from a bounded window of upcoming records (an option; the
     default plan is `greedy_bins_chunked`, seqio's in-order packing).
@@ -168,10 +196,13 @@ def first_fit_bins_chunked(
     records in base order. The plan is a pure function of the lengths (the same on every
     host and at every step); `units(a, b)` gives the [b - a, K] lengths of records
     `a .. b - 1`, read block by block. About 4 us per record (a few NumPy calls per bin).
+    With `breaks`, the candidates never reach past the next break after the first unplaced
+    record, so a bin's records lie between two breaks.
     """
     if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
         raise DataTasksError(f"packing window must be a positive integer, got {window!r}")
     capacity = np.asarray(capacity, np.int64).reshape(-1)
+    breaks = _checked_breaks(breaks, n)
     most = int(capacity.max()) if capacity.size else 1
     order = np.empty(n, np.int32 if n < 2**31 - 1 else np.int64)
     starts = [0]
@@ -183,14 +214,18 @@ def first_fit_bins_chunked(
     placed = 0
     while placed < n:
         need = most + window - buf_pos.size
-        while need > 0 and block_at < n:
+        limit = n
+        if breaks is not None:  # no candidate past the break after the first unplaced record
+            first = int(buf_pos[0]) if buf_pos.size else block_at
+            limit = int(breaks[np.searchsorted(breaks, first, side="right")])
+        while need > 0 and block_at < limit:
             if block_at == block_start + block.shape[0]:
                 stop = min(block_at + chunk, n)
                 block = np.asarray(units(block_at, stop), np.int64).reshape(stop - block_at, -1)
                 if block.shape[1] != capacity.size:
                     raise DataTasksError(f"packing lengths have {block.shape[1]} features, capacity {capacity.size}")
                 block_start = block_at
-            take = min(need, block_start + block.shape[0] - block_at)
+            take = min(need, block_start + block.shape[0] - block_at, limit - block_at)
             buf_pos = np.concatenate([buf_pos, np.arange(block_at, block_at + take)])
             buf_len = np.concatenate([buf_len, block[block_at - block_start :][:take]])
             block_at += take
@@ -225,11 +260,17 @@ def first_fit_bins_chunked(
 
 
 def packed_bins(
-    mode: str, units: Callable[[int, int], np.ndarray], n: int, capacity: np.ndarray, window: int = 128
+    mode: str,
+    units: Callable[[int, int], np.ndarray],
+    n: int,
+    capacity: np.ndarray,
+    window: int = 128,
+    breaks: np.ndarray | None = None,
 ) -> Plan:
-    """The plan of packing `mode`: "greedy" (default, seqio's rows) or "first_fit"."""
+    """The plan of packing `mode`: "greedy" (default, seqio's rows) or "first_fit"; with
+    `breaks`, no bin spans one of them."""
     if mode == "greedy":
-        return greedy_bins_chunked(units, n, capacity)
+        return greedy_bins_chunked(units, n, capacity, breaks=breaks)
     if mode == "first_fit":
-        return first_fit_bins_chunked(units, n, capacity, window)
+        return first_fit_bins_chunked(units, n, capacity, window, breaks=breaks)
     raise DataTasksError(f"unknown packing mode {mode!r}; expected one of {PACKING_MODES}")

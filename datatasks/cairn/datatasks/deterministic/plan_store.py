@@ -38,7 +38,7 @@ from cairn import storage
 from cairn.datatasks.deterministic import fingerprint as fp
 from cairn.datatasks.deterministic.cached_task import CachedTask
 from cairn.datatasks.deterministic.plan import Plan
-from cairn.datatasks.deterministic.store import load_lengths
+from cairn.datatasks.deterministic.store import load_npy
 
 PLANS = "plans"
 PLAN_FORMAT = 1
@@ -111,7 +111,7 @@ def _read(folder: str, key: str) -> Plan | None:
         for name, meta in sorted(record["arrays"].items()):
             if sizes.get(meta["file"]) != int(meta["bytes"]):
                 return None
-            arrays[name] = load_lengths(storage.join(folder, meta["file"]), meta["sha256"])
+            arrays[name] = load_npy(storage.join(folder, meta["file"]), meta["sha256"])
         if arrays["starts"].shape != (int(record["num_bins"]) + 1,):
             return None
     except (OSError, ValueError, KeyError, TypeError):

@@ -15,7 +15,11 @@ Record `i` is record `i - offsets[s]` of the shard `s` whose range holds it, in 
 order (`within_shard_order`: a pure function of the shard index and the task's fingerprint),
 so a chunk is not a run of consecutive source lines; `lengths.npy` follows the same order.
 
-`info.json` (format 3) records, once, when the cache is written: per shard its file name,
+`chunks.npy` (format 4) holds, per chunk (shard 0's first), its byte offset and length in
+its shard file and their CRC-32: a chunk is read with one ranged read (`storage.read_ranges`)
+and decoded by `chunk_index.decode_chunk`, with no ArrayRecord reader open.
+
+`info.json` (format 3 and later) records, once, when the cache is written: per shard its file name,
 record count, byte size and SHA-256; the size and SHA-256 of `lengths.npy`; the task
 fingerprint (`fingerprint.PARTS`) and the source description it was computed from (per
 source file: pattern index, relative name, size, SHA-256). Opening a cache reads only
@@ -24,9 +28,10 @@ its recorded size), the `.npy` header of the lengths (memory-mapped when local).
 every byte again is `verify.verify_cache`'s job.
 
 All file access goes through the few helpers below (`exists`, `read_text`, `read_json`,
-`open_read`, `list_sizes`, `file_size`, `load_lengths`), all through `cairn.storage`: a cache
-may live at a URL (`gs://bucket/cache`); its shards are then opened by array-record itself
-and its lengths copied once per host (by content) to a local file and memory-mapped.
+`open_read`, `list_sizes`, `file_size`, `load_npy`), all through `cairn.storage`: a cache
+may live at a URL (`gs://bucket/cache`); its chunks are then ranged GETs (formats 2 and 3:
+its shards are opened by array-record itself) and its lengths and chunk index copied once
+per host (by content) to a local file and memory-mapped.
 """
 
 from __future__ import annotations
@@ -47,13 +52,21 @@ from cairn.datatasks.deterministic.seeds import derive
 from cairn.datatasks.errors import DataTasksError
 
 INFO, STATS, LENGTHS, COMPLETED = "info.json", "stats.json", "lengths.npy", "COMPLETED"
+CHUNKS = "chunks.npy"
 # 1: shards with record counts only, absolute source file names in the fingerprint.
 # 2: shards with byte sizes and SHA-256, lengths.npy size and SHA-256, the source files by
 #    relative name in `info["source"]`, the format version in COMPLETED.
 # 3: chunked shards (`info["group_size"]` records per ArrayRecord chunk, read a chunk per
 #    request), records shuffled within each shard (`info["record_order"]`, `shuffle_key`).
-FORMAT_VERSION = 3
-READABLE_FORMATS = (2, 3)  # format 2 reads as it is: group_size 1, source order
+# 4: format 3 plus `chunks.npy` (`info["chunks"]`): each chunk's byte offset, length and
+#    CRC-32, so a chunk is one ranged read decoded without an ArrayRecord reader.
+FORMAT_VERSION = 4
+READABLE_FORMATS = (2, 3, 4)  # 2 reads as it is (group_size 1, source order); 2 and 3 through readers
+FORMATS = {
+    2: "one record per chunk, source order",
+    3: "chunked shards read through an open ArrayRecord reader per shard",
+    4: "chunked shards with a chunk index: a chunk is one ranged read, no shard kept open",
+}
 RECORD_ORDER_SHUFFLED = "shuffled_within_shards"
 
 
@@ -120,10 +133,11 @@ def local_copy_dir() -> str:
     return os.path.join(home, "lengths")
 
 
-def load_lengths(path: str, sha256: str | None = None) -> np.ndarray:
-    """`lengths.npy`, memory-mapped (nothing is read until used). At a URL it is first copied
-    to `local_copy_dir()/<sha256>.npy` (once per host and content: the SHA-256 info.json
-    records), so a restart reads no lengths from the bucket."""
+def load_npy(path: str, sha256: str | None = None) -> np.ndarray:
+    """An `.npy` file of the cache (`lengths.npy`, `chunks.npy`), memory-mapped (nothing is
+    read until used). At a URL it is first copied to `local_copy_dir()/<sha256>.npy` (once
+    per host and content: the SHA-256 info.json records), so a restart reads none of it from
+    the bucket."""
     if _is_local(path):
         return np.load(path, mmap_mode="r")
     if not sha256:
@@ -208,7 +222,7 @@ def recache_notice(path: str) -> str | None:
         return None
     return (
         f"cairn: re-caching {path}: it was written in cache format {format_version(path)}; this "
-        f"version writes format {FORMAT_VERSION} (chunked shards, records shuffled within shards)"
+        f"version writes format {FORMAT_VERSION} ({FORMATS[FORMAT_VERSION]})"
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic import plan_store
 from cairn.datatasks.deterministic.cached_task import CachedTask
-from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW
+from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, chunk_bounds
 from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
 from cairn.datatasks.deterministic.read_order import ReadOrder, base_order
 from cairn.datatasks.deterministic.seeds import record_key
@@ -53,14 +53,22 @@ class TaskStream:
                 return converter.packing_units(self.expected_lengths(ids), lengths)[0]
 
             _, capacity = converter.packing_units(self.expected_lengths(np.zeros(1, np.int64)), lengths)
+            # In the cache's own order, no bin runs into the next chunk of the cache: a bin is
+            # then read with one chunk fetch (issue 37), at the cost of a shorter last bin per chunk.
+            group = cache.group_size if self.base is None and cache.group_size > 1 else 0
+            breaks = chunk_bounds(cache.offsets, group)[1:] if group else None
 
             def build() -> plan_lib.Plan:
-                plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window)
+                plan = plan_lib.packed_bins(packing, units, n, capacity, packing_window, breaks)
                 cache.remap_lengths()
                 return plan
 
             if store_plan:  # built once beside the cache, memory-mapped by every later start
-                base = {"order": "cache"} if self.base is None else {"order": "global", "seed": int(seed)}
+                base: dict[str, Any] = (
+                    {"order": "cache"} if self.base is None else {"order": "global", "seed": int(seed)}
+                )
+                if group:
+                    base["bins_within_chunks_of"] = group
                 split = str(cache.info.get("split", "train"))
                 key = plan_store.plan_key(
                     cache, task, split, converter, lengths, capacity, packing, packing_window, base

@@ -2,7 +2,7 @@
 
 Opening a cache (`cached_task.CachedTask`) reads metadata only: it trusts the checksums and the
 source fingerprint that the cache writer recorded. `verify_cache` reads everything again:
-it re-hashes every shard and `lengths.npy` against the SHA-256 in `info.json`, and every
+it re-hashes every shard, `lengths.npy` and `chunks.npy` against the SHA-256 in `info.json`, and every
 stored packing plan's arrays against their records (`plan_store`), and
 fingerprints the task's source files again against the recorded ones, and names what
 differs: a shard file, a source file (by its name relative to its pattern's root), a
@@ -42,6 +42,8 @@ def _shard_problems(path: str, info: dict) -> list[str]:
     sizes = store.list_sizes(path)
     expected = [(s["file"], s["bytes"], s["sha256"]) for s in info["shards"]]
     expected.append((store.LENGTHS, info["lengths"]["bytes"], info["lengths"]["sha256"]))
+    if info.get("chunks"):  # format 4's chunk index
+        expected.append((info["chunks"]["file"], info["chunks"]["bytes"], info["chunks"]["sha256"]))
     for name, size, sha in expected:
         if name not in sizes:
             problems.append(f"{name}: missing")
