@@ -13,9 +13,9 @@ import pytest
 import cairn.datatasks as dt
 from cairn.datatasks.deterministic import (
     CachedTask,
-    cache_writer,
     DeterministicReader,
     cache_task_in_process,
+    cache_writer,
     records,
     store,
     task_dir,

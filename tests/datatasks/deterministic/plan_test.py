@@ -182,7 +182,7 @@ def test_breaks_make_the_plans_of_the_segments_put_together(mode, case):
     np.testing.assert_array_equal(got.base_positions(np.arange(n)), order)
     unbroken = build(lengths)
     assert got.num_bins > unbroken.num_bins  # the price: a shorter last bin per segment
-    units = lambda a, b: lengths[a:b]  # noqa: E731
+    units = lambda a, b: lengths[a:b]
     blocks = {  # read 97 records at a time
         "greedy": lambda: plan_lib.greedy_bins_chunked(units, n, capacity, chunk=97, breaks=breaks),
         "first_fit": lambda: plan_lib.first_fit_bins_chunked(units, n, capacity, 16, chunk=97, breaks=breaks),
