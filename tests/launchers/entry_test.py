@@ -231,3 +231,37 @@ def test_the_supervisor_names_a_lost_coordinator_and_passes_the_rest(how):
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr.splitlines()[0] == "ours" and proc.stderr.splitlines()[2] == "more"
         assert "coordination_service_agent.cc" in proc.stderr.splitlines()[1]
+
+
+SLOW_FILTER = r"""
+import os, sys, time
+from cairn.launchers import process_output
+
+def slow(line, after_gloo):  # a thread starved by a loaded machine
+    time.sleep(0.25)
+    return False
+
+f = process_output.GlooFilter(drop=slow)
+held = os.dup(1)  # a copy of the pipe's write end, as a child process would inherit it
+for i in range(24):  # 6 s of the thread's time: more than the 5 s `close` once waited for
+    print(f"line {i}")
+sys.stdout.write("unended")
+start = time.monotonic()
+f.close()
+sys.stderr.write(f"closed in {time.monotonic() - start:.1f} s\n")
+os._exit(0)  # as `entry.exit_now` ends a process: the thread dies with it
+"""
+
+
+def test_the_gloo_filter_forwards_everything_before_it_closes():
+    """`GlooFilter.close` waits for its thread to forward every line written before it, even when
+    the thread is slow and another copy of the pipe's write end keeps its end of file away (a
+    multi-process run lost process 0's last stdout line this way)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SLOW_FILTER],
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode() == "".join(f"line {i}\n" for i in range(24)) + "unended", proc.stdout

@@ -8,7 +8,9 @@
   connected peer ranks is : 1`, written by the C++ library straight to file descriptor 1 each
   time a process group connects) are dropped unless `--verbose`: file descriptor 1 becomes a
   pipe read by a thread that forwards every other byte to the real stdout at once (`GlooFilter`),
-  and gives the real stdout back at exit.
+  and gives the real stdout back at exit, once the thread has forwarded everything written
+  before (a mark it waits for: another process holding a copy of the pipe's write end means
+  its end of file may never come).
 
 No JAX import here: `speak_from_process_0` takes the index and count.
 """
@@ -27,6 +29,9 @@ from cairn.launchers import entry
 
 GLOO_PREFIX = b"[Gloo]"
 GLOO_TEMPLATE = b"[Gloo] Rank # is connected to # peer ranks. Expected number of connected peer ranks is : #"
+# Written through the pipe by `GlooFilter.close`: everything before it has been forwarded once
+# the thread reads it (never forwarded itself).
+DRAINED_MARK = b"\x00cairn-stdout-drained\x00"
 
 
 class _ProcessPrefix(logging.Filter):
@@ -70,10 +75,12 @@ def is_gloo_line(line: bytes, after_gloo: bool = False) -> bool:
 
 class GlooFilter:
     """File descriptor `fd` (stdout) through a pipe and a thread that drops Gloo's lines
-    (`is_gloo_line`) and forwards the rest at once; `close()` (registered at exit) restores `fd`
-    and forwards what is left."""
+    (`is_gloo_line`) and forwards the rest at once; `close()` (registered at exit) waits until
+    the thread has forwarded everything written before it (at most `CLOSE_TIMEOUT_S`), then
+    restores `fd`."""
 
     _active: GlooFilter | None = None
+    CLOSE_TIMEOUT_S = 30.0
 
     def __init__(self, fd: int = 1, drop: Callable[[bytes, bool], bool] = is_gloo_line):
         self.fd, self.drop = fd, drop
@@ -83,6 +90,7 @@ class GlooFilter:
         os.dup2(write_end, fd)
         os.close(write_end)
         self._read_end = read_end
+        self._drained = threading.Event()
         self._thread = threading.Thread(target=self._pump, name="cairn-gloo-filter", daemon=True)
         self._thread.start()
 
@@ -104,8 +112,14 @@ class GlooFilter:
             if not chunk:
                 break
             *lines, pending = (pending + chunk).split(b"\n")
-            out = []
+            out, drained = [], False
             for line in lines:
+                if DRAINED_MARK in line:  # `close`'s mark: what came before it is forwarded below
+                    before = line.split(DRAINED_MARK)[0]
+                    if before and not self.drop(before, after_gloo):
+                        out.append(before)  # a line the program left unended
+                    drained, after_gloo = True, False
+                    continue
                 dropped = self.drop(line, after_gloo)
                 after_gloo = dropped
                 if not dropped:
@@ -114,6 +128,8 @@ class GlooFilter:
                 out.append(pending)  # a line in progress that cannot be Gloo's (a progress redraw)
                 pending = b""
             self._write(b"".join(out))
+            if drained:
+                self._drained.set()
         if pending and not self.drop(pending, after_gloo):
             self._write(pending)
         os.close(self._read_end)
@@ -126,12 +142,19 @@ class GlooFilter:
                 return
 
     def close(self) -> None:
-        """Gives `fd` back (the pipe's last write end closes, so the thread reads to the end)."""
+        """Gives `fd` back once the thread has forwarded everything written so far: a mark is
+        written through the pipe and waited for (at most `CLOSE_TIMEOUT_S`), then `fd` is the
+        real stdout again (the thread reads to the end of the pipe, if it comes)."""
         if self._thread is None:
             return
         _flush_python_streams()
+        try:
+            os.write(self.fd, DRAINED_MARK + b"\n")
+            self._drained.wait(self.CLOSE_TIMEOUT_S)
+        except OSError:
+            pass
         os.dup2(self.real, self.fd)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=1)
         self._thread = None  # type: ignore[assignment]
         if GlooFilter._active is self:
             GlooFilter._active = None
