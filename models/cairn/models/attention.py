@@ -70,11 +70,9 @@ def parts_bias(bias: AttentionBias) -> tuple[jax.Array, ...]:
     mask = None
     if bias.q_segment_ids is not None:
         mask = segment_mask(bias.q_segment_ids, bias.kv_segment_ids)
-    if bias.causal:
-        q_len = bias.q_segment_ids.shape[1] if bias.q_segment_ids is not None else bias.dense.shape[-2]
-        kv_len = bias.kv_segment_ids.shape[1] if bias.kv_segment_ids is not None else bias.dense.shape[-1]
-        below = jnp.arange(kv_len)[None, :] <= jnp.arange(q_len)[:, None]
-        mask = below[None, None] if mask is None else mask & below[None, None]
+    if bias.causal:  # self-attention: as many keys as queries
+        below = causal_mask(bias.dense.shape[-1])
+        mask = below if mask is None else mask & below
     if mask is not None:
         parts.append(mask_to_bias(mask, bias.dense.dtype))
     return tuple(parts)
