@@ -112,7 +112,7 @@ def torch_decode(model, prompts, repeats: int):
     import torch
 
     model.eval()
-    # cairn's predict_batch feeds BOS (0) before each prompt (decoding.prompts.left_align): so does this.
+    # cairn's predict_batch feeds the preset's prompt_start_id (0) before each prompt: so does this.
     ids = torch.tensor(np.pad(prompts, ((0, 0), (1, 0))), dtype=torch.long)
     out = []
 

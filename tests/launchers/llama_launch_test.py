@@ -288,10 +288,11 @@ def test_model_dtypes_apply_to_a_hugging_face_llama_config(tmp_path):
     from cairn.models import PRESETS, DecoderOnlyModel
     from cairn.models.llama import hf
 
-    net = PRESETS["llama_tiny"]
+    net = PRESETS["llama_tiny"].replace(prompt_start_id=5)  # written as bos_token_id
     hf.export_hf(DecoderOnlyModel(net).init(jax.random.key(0)), net, str(tmp_path / "hf"))
     config = _config()
     config.init.hf_checkpoint = str(tmp_path / "hf")
     config.model.dtype = config.model.param_dtype = "bfloat16"
     got = builder.model_config(config)
     assert (got.dtype, got.param_dtype, got.num_kv_heads, got.vocab_size) == ("bfloat16", "bfloat16", 2, 256)
+    assert got.prompt_start_id == 5  # the checkpoint's start token decodes infer's and training's prompts

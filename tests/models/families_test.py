@@ -141,10 +141,11 @@ def test_every_family_config_shares_the_model_config_fields():
 
 def test_configs_share_the_transformer_fields():
     shared = [f.name for f in dataclasses.fields(TransformerConfig)]
-    for cls, own in ((T5Config, ["num_encoder_layers", "num_decoder_layers"]), (DecoderOnlyConfig, ["num_layers"])):
+    layers = {T5Config: ["num_encoder_layers", "num_decoder_layers"], DecoderOnlyConfig: ["num_layers"]}
+    for cls, own in ((T5Config, []), (DecoderOnlyConfig, ["prompt_start_id"])):
         assert issubclass(cls, TransformerConfig)
-        assert [f.name for f in dataclasses.fields(cls)] == shared + own
-        assert cls.LAYER_FIELDS == tuple(own)
+        assert [f.name for f in dataclasses.fields(cls)] == shared + layers[cls] + own
+        assert cls.LAYER_FIELDS == tuple(layers[cls])
     # Each keeps its family's default size (T5.1.1-small, decoder_only_125m).
     assert (T5Config().emb_dim, T5Config().num_heads, T5Config().mlp_dim) == (512, 6, 1024)
     assert DecoderOnlyConfig() == PRESETS["decoder_only_125m"].replace(vocab_size=32128)
@@ -173,6 +174,14 @@ def test_both_configs_validate_the_shared_fields_alike(cls, field, value):
 def test_layer_counts_are_positive(cls, field):
     with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field} must be a positive int"):
         cls(**{field: 0})
+
+
+@pytest.mark.parametrize("cls", [DecoderOnlyConfig, LlamaConfig])
+def test_decoder_only_configs_check_the_prompt_start_id(cls):
+    assert cls().prompt_start_id == 0 and cls(prompt_start_id=None).prompt_start_id is None
+    for bad in (-1, cls().vocab_size, 1.0, True):
+        with pytest.raises(ValueError, match=rf"^{cls.__name__}\.prompt_start_id must be None or a token id in \[0, "):
+            cls(prompt_start_id=bad)
 
 
 def test_replace_keeps_the_class():

@@ -2,7 +2,6 @@
 offline) import with equal logits, our exports load in transformers with equal logits, both
 config.json layouts read alike, greedy decoding matches `generate`, and bad input is named."""
 
-import functools
 import json
 import os
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from cairn.models import DecodeOptions, get_family
+from cairn.models import get_family
 from cairn.models.hf_interchange import HFInterchangeError
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf
@@ -145,35 +144,13 @@ def test_transformers_4_config_layout_imports_the_same(case, tmp_path):
 
 
 def test_greedy_decoding_equals_transformers_generate(tmp_path):
-    """Cairn's prefill puts BOS id 0 before each prompt, so transformers is fed `[0] + prompt`
-    (one prompt at a time, unpadded, with an explicit all-ones attention mask: `generate`
-    would otherwise mask token 0 as padding); no EOS on either side (`eos_id=-1`, `eos_token_id=None`)."""
-    hf = _hf_model()
-    hf.generation_config.eos_token_id = None
+    """The checkpoint's `bos_token_id` (3) is imported as the prompt start: greedy decoding of the
+    prompt as the tokenizer produced it equals `generate` (`hf_compare.check_greedy_equals_generate`)."""
+    hf = _hf_model(bos_token_id=3)
     config, params = llama_hf.import_hf(_save(hf, tmp_path))
-    family = get_family("llama")
-    model = family.make_model(config)
-    prompts = np.zeros((3, 6), np.int32)
-    prompts[0, :3] = [5, 17, 42]
-    prompts[1, :6] = [9, 8, 7, 6, 5, 4]
-    prompts[2, :1] = [77]
-    length = 30  # the cache (36 positions) takes two of `attend_written`'s prefixes (32, 36)
-    options = DecodeOptions(max_decode_length=length, eos_id=-1)
-    tokens, _ = jax.jit(functools.partial(model.predict_batch, options=options))(params, family.decode_batch(prompts))
-    tokens = np.asarray(tokens)
-    for row, n in zip(range(3), (3, 6, 1)):
-        prompt = [0] + prompts[row, :n].tolist()
-        with torch.no_grad():
-            want = hf.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),  # BOS 0 is not padding
-                max_new_tokens=length - n,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )[0].tolist()
-        assert want[1:] == tokens[row].tolist()
-        assert len(set(want[1 + n :])) > 1  # the continuation is not one repeated token
+    prompts = [[5, 17, 42], [9, 8, 7, 6, 5, 4], [77]]
+    # 30 tokens: the cache (36 positions) takes two of `attend_written`'s prefixes (32, 36)
+    hf_compare.check_greedy_equals_generate(hf, config, params, prompts, length=30)
 
 
 def _write_config(directory, **changes):

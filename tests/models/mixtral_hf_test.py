@@ -3,7 +3,6 @@ transformers 5 (random weights, built offline) import as a `LlamaConfig` with a 
 renormalised top-k `moe` and equal logits; our exports load in transformers with equal logits;
 greedy decoding matches `generate`; unsupported options and bad tensors are named."""
 
-import functools
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from cairn.models import DecodeOptions, get_family
+from cairn.models import get_family
 from cairn.models.hf_interchange import HFInterchangeError
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf, hf_config
@@ -150,33 +149,10 @@ def test_export_then_import_is_exact_and_transformers_loads_the_export(case, sha
 
 
 def test_greedy_decoding_equals_transformers_generate(saved):
-    """As llama_hf_test: transformers gets `[0] + prompt` (Cairn's prefill BOS) with an explicit
-    mask, and EOS is off on both sides (`generate` would refill it from generation_config)."""
+    """As llama_hf_test, on the gqa_top2 checkpoint (transformers' default `bos_token_id`, 1)."""
     hf, directory = saved["gqa_top2"]
-    hf.generation_config.eos_token_id = None
     config, params = llama_hf.import_hf(directory)
-    family = get_family("llama")
-    model = family.make_model(config)
-    prompts = np.zeros((2, 5), np.int32)
-    prompts[0, :3] = [5, 17, 42]
-    prompts[1, :5] = [9, 8, 7, 6, 5]
-    length = 14
-    options = DecodeOptions(max_decode_length=length, eos_id=-1)
-    tokens, _ = jax.jit(functools.partial(model.predict_batch, options=options))(params, family.decode_batch(prompts))
-    tokens = np.asarray(tokens)
-    for row, n in ((0, 3), (1, 5)):
-        prompt = [0] + prompts[row, :n].tolist()
-        with torch.no_grad():
-            want = hf.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
-                max_new_tokens=length - n,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )[0].tolist()
-        assert want[1:] == tokens[row].tolist()
-        assert len(set(want[1 + n :])) > 1  # the continuation is not one repeated token
+    hf_compare.check_greedy_equals_generate(hf, config, params, [[5, 17, 42], [9, 8, 7, 6, 5]], length=14)
 
 
 def _copy_with_config(directory: str, dest, **changes) -> str:

@@ -58,14 +58,15 @@ _FORWARD: dict = {}
 _ROWS = 15  # the most output rows of a test (5 prompts, 3 samples each)
 
 
-def _full_forward(setup, tokens, lengths, prefix_lm=False):
-    """Full-forward logits for outputs `tokens` `[rows, L]` (inputs: BOS then the tokens) and
+def _full_forward(setup, tokens, lengths, prefix_lm=False, start=0):
+    """Full-forward logits for outputs `tokens` `[rows, L]` (inputs: `start` then the tokens) and
     the positions that were generated (from the prompt's end up to and including EOS). One
     compiled program per family: the rows are padded to `_ROWS`, and the causal pass is the
     prefix-LM pass with an empty prefix."""
     model, params, _ = setup
     rows = tokens.shape[0]
     inputs = np.pad(tokens[:, :-1], ((0, _ROWS - rows), (1, 0)))
+    inputs[:, 0] = start
     cols = np.arange(tokens.shape[1])[None, :]
     prefix = np.zeros(inputs.shape, np.int32)
     if prefix_lm:  # BOS and the prompt (input positions 0..len) attend each other
@@ -79,8 +80,8 @@ def _full_forward(setup, tokens, lengths, prefix_lm=False):
     return logits, generated
 
 
-def _check_against_full_forward(setup, tokens, scores, lengths, prefix_lm=False, greedy=True):
-    logits, generated = _full_forward(setup, tokens, lengths, prefix_lm)
+def _check_against_full_forward(setup, tokens, scores, lengths, prefix_lm=False, greedy=True, start=0):
+    logits, generated = _full_forward(setup, tokens, lengths, prefix_lm, start)
     if greedy:
         np.testing.assert_array_equal(logits.argmax(-1)[generated], tokens[generated])
     logp = np.asarray(jax.nn.log_softmax(logits))
@@ -146,6 +147,10 @@ def test_left_align_and_prepend_prompts():
     np.testing.assert_array_equal(tokens, [[0, 0, 5, 6], [0, 0, 0, 0], [0, 7, 8, 9]])
     np.testing.assert_array_equal(segments, [[0, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]])
     np.testing.assert_array_equal(lengths, [2, 0, 3])
+    tokens, segments, lengths = left_align(prompts, bos_id=None)  # the prompts hold their own start
+    np.testing.assert_array_equal(tokens, [[0, 5, 6], [0, 0, 0], [7, 8, 9]])
+    np.testing.assert_array_equal(segments, [[0, 1, 1], [0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(lengths, [2, 0, 3])
     cont = jnp.array([[11, 12, 1, 0], [13, 14, 15, 16], [17, 0, 0, 0]], jnp.int32)
     np.testing.assert_array_equal(
         prepend_prompts(prompts, lengths, cont), [[5, 6, 11, 12], [13, 14, 15, 16], [7, 8, 9, 17]]
@@ -175,6 +180,30 @@ def test_greedy_prefill_equals_forcing_and_the_full_forward(setup):
     assert tokens.shape == (5, L) and np.all(scores[_short(prompts)] < 0)
     np.testing.assert_array_equal(tokens[_FULL], prompts[_FULL, :L])
     assert scores[_FULL] == 0.0 and forced_scores[_FULL] == 0.0
+
+
+def test_the_prompt_start_id_goes_in_front_of_every_prompt(setup):
+    """`prompt_start_id` 5 (not T5's 0): the greedy tokens, with a prefill and forced, are the full
+    forward's from 5; with `prompt_start_id=None` the prompts `[5] + prompt` give the same rows
+    (their first column the 5), and a forced prompt is refused (it needs the start token)."""
+    model, params, prompts = setup
+    start = 5
+    with_start = DecoderOnlyModel(model.config.replace(prompt_start_id=start))
+    tokens, scores = _predict((with_start, params, prompts))
+    forced, _ = _predict((with_start, params, prompts), prefill=False)
+    np.testing.assert_array_equal(tokens, forced)
+    _check_against_full_forward(setup, tokens, scores, _lengths(prompts), start=start)
+    assert not np.array_equal(tokens, _predict(setup)[0])  # the start token changes the continuations
+    given = np.pad(prompts, ((0, 0), (1, 0)), constant_values=start)
+    given[2] = 0  # an empty prompt stays empty (it has no start of its own to continue from)
+    no_start = DecoderOnlyModel(model.config.replace(prompt_start_id=None))
+    own, own_scores = _predict((no_start, params, given))
+    rows = [0, 1, 3]
+    np.testing.assert_array_equal(own[rows, 0], start)
+    np.testing.assert_array_equal(own[rows, 1:], tokens[rows, : L - 1])
+    assert np.all(own_scores[:2] < 0)
+    with pytest.raises(ValueError, match="prompt_start_id"):
+        no_start.predict_batch(params, given, DecodeOptions(prefill=False))
 
 
 def test_the_decode_loop_updates_the_cache_in_place(setup):

@@ -65,12 +65,22 @@ class DecoderOnlyModel(ModelBase):
         `options.prefill` (the default) one forward pass over the left-aligned prompts fills
         the cache (bidirectionally over each prompt if `options.prefix_lm`), then the loop
         decodes step by step; otherwise the prompt is forced token by token (causally).
+
+        The config's `prompt_start_id` goes in front of every prompt (0 by default, T5's
+        decoder start; an imported checkpoint's BOS); None puts nothing there, for prompts
+        that begin with their own start token (then `prefill` is required).
         """
         check_predict_args(options, rng)
+        start = self.prompt_start_id
+        if start is None and not options.prefill:
+            raise ValueError(
+                "predict_batch(prefill=False) needs the config's prompt_start_id (None: the prompt's own first "
+                "token starts it); use prefill=True"
+            )
         prompts = jnp.asarray(prompts, jnp.int32)[:, : options.max_decode_length]
         if not options.prefill:
             return self._predict_forced(params, prompts, options, rng)
-        tokens, segments, lengths = left_align(prompts)
+        tokens, segments, lengths = left_align(prompts, start)
         b, n = prompts.shape[0], options.rows_per_example
         prefix = segments if options.prefix_lm else None
         total = tokens.shape[1] + options.max_decode_length - 1  # the prefill and at most L - 1 fed tokens
@@ -81,6 +91,11 @@ class DecoderOnlyModel(ModelBase):
         out, scores = run_decoding(options, tokens_to_logits, cache, b, rng, prompt_lengths=lengths)
         rows = jnp.repeat(jnp.arange(b), options.num_decodes)
         return prepend_prompts(prompts[rows], lengths[rows], out), scores
+
+    @property
+    def prompt_start_id(self) -> int | None:
+        """The token put in front of every prompt: the config's `prompt_start_id` (0 without one)."""
+        return getattr(self.config, "prompt_start_id", 0)
 
     def _prefilled_steps(self, params, tokens, segments, prefix, total: int, n: int):
         """One decode-mode pass over the left-aligned prompts fills a cache of `total`
@@ -135,7 +150,8 @@ class DecoderOnlyModel(ModelBase):
         return step, repeat_rows((jnp.pad(tokens, pad), jnp.pad(segments, pad)), n)
 
     def _predict_forced(self, params: Params, prompts: jnp.ndarray, options: DecodeOptions, rng: jax.Array | None):
-        """The prompt forced token by token through the decoding loop (attended causally)."""
+        """The prompt forced token by token through the decoding loop (attended causally), after
+        the start token (the loop feeds 0 at step 0; another `prompt_start_id` replaces it)."""
         if options.method == "beam":
             raise NotImplementedError("beam search with a forced prompt is not supported: use prefill=True")
         n = options.rows_per_example
@@ -163,5 +179,12 @@ class DecoderOnlyModel(ModelBase):
             def tokens_to_logits(tokens, buffer, step):
                 buffer = buffer.at[:, step].set(tokens)
                 return jnp.take(self.module.apply(variables, buffer), step, axis=1), buffer
+
+        start = self.prompt_start_id
+        if start:
+            inner = tokens_to_logits
+
+            def tokens_to_logits(tokens, state, step):
+                return inner(jnp.where(step == 0, start, tokens), state, step)
 
         return run_decoding(options, tokens_to_logits, cache, rows // n, rng, prompt=prompts)

@@ -34,6 +34,20 @@ POSITIVE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim")
 C = TypeVar("C", bound="ModelConfig")
 
 
+def check_prompt_start_id(config: Any) -> None:
+    """Validates a decoder-only config's `prompt_start_id`: the token `predict_batch` puts in
+    front of every prompt (0: T5's decoder start, Cairn's default; an imported checkpoint's
+    `bos_token_id`), or None (nothing: the prompt already begins with it, as a tokenizer that
+    adds BOS gives it). An id must lie in `[0, vocab_size)`."""
+    value = config.prompt_start_id
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < config.vocab_size)
+    if not ok:
+        raise ValueError(
+            f"{type(config).__name__}.prompt_start_id must be None or a token id in [0, {config.vocab_size}), "
+            f"got {value!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The fields of every family's config (validated on creation).

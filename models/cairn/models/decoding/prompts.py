@@ -1,7 +1,8 @@
-"""Prompts for a prefill: right-padded prompts left-aligned behind BOS, and outputs reassembled.
+"""Prompts for a prefill: right-padded prompts left-aligned behind the model's start token
+(`prompt_start_id`; none when it is None), and outputs reassembled.
 
 A prompt row is its non-zero prefix (0 = padding; an all-zero row is an empty prompt).
-The prefill buffer puts BOS and the prompt at its right end, so every row's last prompt
+The prefill buffer puts the start token and the prompt at its right end, so every row's last prompt
 token sits in the last column and the continuation goes on from the same cache position
 for all rows; the padding in front is masked by segment id 0.
 """
@@ -16,17 +17,22 @@ def prompt_lengths(prompts: jnp.ndarray) -> jnp.ndarray:
     return jnp.sum(jnp.cumprod(prompts > 0, axis=1), axis=1).astype(jnp.int32)
 
 
-def left_align(prompts: jnp.ndarray, bos_id: int = 0) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """`(tokens [b, p + 1], segment_ids [b, p + 1], lengths [b])` for prompts `[b, p]`.
+def left_align(prompts: jnp.ndarray, bos_id: int | None = 0) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """`(tokens [b, w], segment_ids [b, w], lengths [b])` for prompts `[b, p]`.
 
-    Row `r` of `tokens` is `[0, ..., 0, BOS, prompt[r, :lengths[r]]]`; `segment_ids` is 1 on
-    BOS and the prompt, 0 on the padding before them.
+    Row `r` of `tokens` is `[0, ..., 0, BOS, prompt[r, :lengths[r]]]` (`w = p + 1`); `segment_ids`
+    is 1 on BOS and the prompt, 0 on the padding before them. `bos_id=None` puts nothing in
+    front (`w = p`: the prompt holds its own start token; an empty prompt then has nothing to
+    continue from).
     """
     b, p = prompts.shape
     lengths = prompt_lengths(prompts)
-    source = jnp.concatenate([jnp.full((b, 1), bos_id, jnp.int32), prompts.astype(jnp.int32)], axis=1)
-    shift = p - lengths  # padding columns in front of BOS
-    index = jnp.arange(p + 1)[None, :] - shift[:, None]
+    source = prompts.astype(jnp.int32)
+    if bos_id is not None:
+        source = jnp.concatenate([jnp.full((b, 1), bos_id, jnp.int32), source], axis=1)
+    width = source.shape[1]
+    shift = width - lengths - (bos_id is not None)  # padding columns in front of BOS and the prompt
+    index = jnp.arange(width)[None, :] - shift[:, None]
     valid = index >= 0
     tokens = jnp.take_along_axis(source, jnp.maximum(index, 0), axis=1)
     return jnp.where(valid, tokens, 0), valid.astype(jnp.int32), lengths

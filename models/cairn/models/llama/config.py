@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from cairn.models.transformer_config import DTYPES, ModelConfig
+from cairn.models.transformer_config import DTYPES, ModelConfig, check_prompt_start_id
 
 # The keys of `rope_scaling` (transformers' "llama3" rope type), in the order they are stored.
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -50,7 +50,10 @@ class LlamaConfig(ModelConfig):
     * `attention_implementation`: None (the Pallas splash kernel on TPU wherever it applies,
       else `jax.nn.dot_product_attention`'s own choice, XLA in jax 0.10.2), "xla", "pallas"
       (always the kernel: `cairn.models.pallas_attention`) or "cudnn" (`dot_product_attention`'s
-      flash attention on NVIDIA GPUs, bf16/fp16 only).
+      flash attention on NVIDIA GPUs, bf16/fp16 only);
+    * `prompt_start_id`: what `predict_batch` puts in front of every prompt: 0 (T5's decoder
+      start, Cairn's default), an imported checkpoint's `bos_token_id` (what `llama.hf` sets), or
+      None (nothing: the prompt already begins with its BOS); see `check_prompt_start_id`.
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("num_layers",)
@@ -70,9 +73,11 @@ class LlamaConfig(ModelConfig):
     tie_word_embeddings: bool = True
     init_std: float = 0.02
     param_dtype: str = "float32"
+    prompt_start_id: int | None = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_prompt_start_id(self)
         name = type(self).__name__
         if self.num_heads % self.num_kv_heads:
             raise ValueError(

@@ -15,6 +15,9 @@ token: softmax over all experts in float32, top k, the k weights rescaled to sum
 `router_aux_loss_coef` as `load_balance_loss_weight`, `router_jitter_noise` as `jitter_noise`
 and no z-loss. Its defaults differ from Llama's (rope_theta 1e6, rms_norm_eps 1e-5); a
 non-null `sliding_window` is refused (Cairn attends to the whole context).
+
+`bos_token_id` becomes `prompt_start_id` (what `predict_batch` puts in front of a prompt; absent
+or null: None, nothing) and is written back on export (when the config has one).
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
         rms_norm_eps=float(_field(hf, "rms_norm_eps", _DEFAULTS[model_type][1])),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         moe=_mixtral_moe(hf) if model_type == "mixtral" else None,
+        prompt_start_id=hf.get("bos_token_id"),
     )
     fields.update(overrides)
     try:
@@ -197,6 +201,8 @@ def hf_config(config: LlamaConfig, max_position_embeddings: int | None = None) -
         "use_cache": True,
         "dtype": "float32",
     }
+    if config.prompt_start_id is not None:
+        out["bos_token_id"] = config.prompt_start_id
     if config.moe is None:
         out.update(attention_bias=False, mlp_bias=False)
     else:
