@@ -76,4 +76,6 @@ MODELS_TARGETS = {
         [":core", ":decoder_only", ":interchange", ":llama", ":model", ":t5"],
     ),
     "upcycle": (["moe_upcycle.py"], [":core", ":families"]),
+    # LoRA adapters as a parameter transform over any family's params (imports no network).
+    "lora": (["lora.py"], [":init"]),
 }

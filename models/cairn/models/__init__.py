@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
 # are imported as themselves.
 _SUBMODULES = frozenset(
-    {"chunked_loss", "decoder_only", "decoding", "families", "llama", "losses", "moe", "pallas_attention", "t5"}
+    {"chunked_loss", "decoder_only", "decoding", "families", "llama", "lora", "losses", "moe", "pallas_attention", "t5"}
 )
 _DEFINED_IN = {
     "DecodeOptions": "model_base",
@@ -29,6 +29,8 @@ _DEFINED_IN = {
     "HFInterchangeError": "hf_interchange",
     "Llama": "llama",
     "LlamaConfig": "llama",
+    "LoraConfig": "lora",
+    "LoraModel": "lora",
     "ModelConfig": "transformer_config",
     "ModelFamily": "families",
     "MoeConfig": "moe_config",
@@ -50,7 +52,18 @@ _DEFINED_IN = {
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run time
-    from cairn.models import chunked_loss, decoder_only, decoding, families, llama, losses, moe, pallas_attention, t5
+    from cairn.models import (
+        chunked_loss,
+        decoder_only,
+        decoding,
+        families,
+        llama,
+        lora,
+        losses,
+        moe,
+        pallas_attention,
+        t5,
+    )
     from cairn.models.decoder_only import DecoderOnlyConfig
     from cairn.models.decoder_only_model import DecoderOnlyModel
     from cairn.models.encoder_decoder_model import EncoderDecoderModel
@@ -58,6 +71,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from cairn.models.flops import flops_per_token, training_flops_per_step
     from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
     from cairn.models.llama import Llama, LlamaConfig
+    from cairn.models.lora import LoraConfig, LoraModel
     from cairn.models.model_base import DecodeOptions
     from cairn.models.moe_config import MoeConfig
     from cairn.models.moe_upcycle import UpcycleError, upcycle
@@ -74,6 +88,8 @@ __all__ = [
     "HFInterchangeError",
     "Llama",
     "LlamaConfig",
+    "LoraConfig",
+    "LoraModel",
     "ModelConfig",
     "ModelFamily",
     "MoeConfig",
@@ -95,6 +111,7 @@ __all__ = [
     "import_hf",
     "llama",
     "logical_axes",
+    "lora",
     "losses",
     "moe",
     "pallas_attention",

@@ -66,10 +66,15 @@ def make_train_step(
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         key = dropout_key(state.rng, state.step)
+        frozen = state.frozen
+
+        def grad_fn(params, batch, key):  # a frozen tree is the loss's fourth argument, never differentiated
+            return value_and_grad(params, batch, key) if frozen is None else value_and_grad(params, batch, key, frozen)
+
         if num_microbatches == 1:
             (loss, aux), grads = grad_fn(state.params, batch, key)
         else:
@@ -127,18 +132,24 @@ def opt_state_specs(optimizer: optax.GradientTransformation, opt_state: Any, par
 
 
 def state_shardings(
-    partitioner: Partitioner, state_shapes: TrainState, param_specs: Any, optimizer: optax.GradientTransformation
+    partitioner: Partitioner,
+    state_shapes: TrainState,
+    param_specs: Any,
+    optimizer: optax.GradientTransformation,
+    frozen_specs: Any = None,
 ) -> TrainState:
     """`NamedSharding`s for every leaf of the train state (shapes from `jax.eval_shape`): params
     by their logical specs, the optimizer state by `Partitioner.opt_state_shardings` (factored
     statistics sharded along the dimensions they keep where divisible, else replicated). The
-    trainer restores checkpoints onto these shardings too."""
+    trainer restores checkpoints onto these shardings too. The `frozen` tree (if any) by
+    `frozen_specs`, its own logical specs."""
     del optimizer  # the state's structure is enough
     param_shardings = partitioner.shardings_for(param_specs, state_shapes.params)
     opt_shardings = partitioner.opt_state_shardings(state_shapes.params, param_specs, state_shapes.opt_state)
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
+    frozen = None if state_shapes.frozen is None else partitioner.shardings_for(frozen_specs, state_shapes.frozen)
     # A TrainState whose leaves are shardings, not arrays.
-    return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)  # type: ignore[arg-type]
+    return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated, frozen=frozen)  # type: ignore[arg-type]
 
 
 HOST_MEMORY_KIND = "pinned_host"  # where an offloaded optimizer state lives

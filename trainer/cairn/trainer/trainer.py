@@ -101,6 +101,7 @@ class _StepSetup:
     abstract_batch: Any  # the global batch's ShapeDtypeStructs, with their shardings
     train_step: Any
     create: Any
+    frozen_specs: Any = None  # the frozen tree's logical specs (a model with a `frozen_model`)
 
 
 def _is_abstract(x: Any) -> bool:
@@ -134,6 +135,12 @@ class Trainer:
 
     With several processes, the first step of every `train` call checks that hosts of one
     data-parallel replica feed identical rows (`ReplicaBatchMismatchError` otherwise).
+
+    A model with a `frozen_model` (`cairn.models.lora.LoraModel`) trains its params against a
+    frozen tree, the `frozen_model`'s params given to `train(frozen_params=...)` (sharded by their
+    own logical specs; no gradient, no optimizer state, never checkpointed: a resumed run is
+    given them again). Its `loss_fn` takes them as a fourth argument, and `eval_fn` and
+    `eval_params` get `model.merged(params, frozen)`, the `frozen_model`'s params.
     """
 
     def __init__(
@@ -214,15 +221,22 @@ class Trainer:
         # The model's init on host zeros (token ids: small), traced once with the mesh and partitioner
         # active as `create` runs: param shapes and specs now, replayed (not retraced) by `create`.
         host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), batch)
+        frozen_model = getattr(self.model, "frozen_model", None)
+        frozen_shapes = frozen_specs = None
         with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
             traced = trace_init(self.model, init_key, dict(host))
+            if frozen_model is not None:
+                frozen_traced = trace_init(frozen_model, init_key, dict(host))
+                frozen_shapes, frozen_specs = frozen_traced.shapes, frozen_traced.specs
         param_shapes, specs = traced.shapes, traced.specs
         if self.optimizer is None:  # factored by logical axes: built once, from the specs
             assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
         optimizer = self.optimizer
-        state_shapes = jax.eval_shape(lambda p: TrainState.create(p, optimizer, self._keys()[1]), param_shapes)
-        state_sh = state_shardings(self.partitioner, state_shapes, specs, optimizer)
+        state_shapes = jax.eval_shape(
+            lambda p, f: TrainState.create(p, optimizer, self._keys()[1], f), param_shapes, frozen_shapes
+        )
+        state_sh = state_shardings(self.partitioner, state_shapes, specs, optimizer, frozen_specs)
         offload = None
         if self.config.offload_optimizer_state:
             check_host_memory(self.partitioner)
@@ -243,28 +257,53 @@ class Trainer:
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
 
-        def create():
+        def create(frozen=None):
             init_key, dropout_seed = self._keys()
-            return TrainState.create(traced(init_key), optimizer, dropout_seed)
+            return TrainState.create(traced(init_key), optimizer, dropout_seed, frozen)
 
+        in_sh = None if frozen_model is None else (state_sh.frozen,)
         return _StepSetup(
             param_specs=specs,
             state_shardings=state_sh,
             abstract_state=abstract_like(state_shapes, state_sh),
             abstract_batch=abstract_like(gbatch_shapes, batch_sh),
             train_step=train_step,
-            create=self.partitioner.partition(create, out_shardings=state_sh),
+            create=self.partitioner.partition(create, in_shardings=in_sh, out_shardings=state_sh),
+            frozen_specs=frozen_specs,
         )
 
-    def initial_state(self, params: Any = None) -> TrainState:
-        """A fresh state (params from the model's init, or the given `params`, e.g. pretrained)."""
+    def _frozen(self, frozen: Any) -> Any:
+        """The frozen tree on its shardings (None for a model without a `frozen_model`); a
+        `ValueError` when the model has one and `frozen` is missing."""
+        if self.state_shardings.frozen is None:
+            return None
+        if frozen is None:
+            raise ValueError("the model adapts frozen params (model.frozen_model): pass train(frozen_params=...)")
+        return jax.device_put(frozen, self.state_shardings.frozen)
+
+    def initial_state(self, params: Any = None, frozen: Any = None) -> TrainState:
+        """A fresh state (params from the model's init, or the given `params`, e.g. pretrained;
+        `frozen`: the frozen tree of a model with a `frozen_model`)."""
+        frozen = self._frozen(frozen)
         if params is None:
-            return self._create()
+            return self._create() if frozen is None else self._create(frozen)
         params = jax.device_put(params, self.state_shardings.params)
         state = self.partitioner.partition(
-            lambda p: TrainState.create(p, self.optimizer, self._keys()[1]), out_shardings=self.state_shardings
-        )(params)
+            lambda p, f: TrainState.create(p, self.optimizer, self._keys()[1], f), out_shardings=self.state_shardings
+        )(params, frozen)
         return state
+
+    def eval_params(self, state: TrainState) -> Any:
+        """The params evaluation and decoding use: `state.params`, or for a state with a frozen
+        tree the model's `merged(params, frozen)` (jitted; sharded as the frozen tree)."""
+        if state.frozen is None:
+            return state.params
+        if getattr(self, "_merge", None) is None:
+            sh = self.state_shardings
+            self._merge = self.partitioner.partition(
+                self.model.merged, in_shardings=(sh.params, sh.frozen), out_shardings=sh.frozen
+            )
+        return self._merge(state.params, state.frozen)
 
     def _log_memory(self) -> None:
         ospecs = opt_state_specs(
@@ -303,6 +342,7 @@ class Trainer:
         summaries: SummaryWriter | None = None,
         model_dir_lock: ModelDirLock | None = None,
         on_start: Callable[[int], None] | None = None,
+        frozen_params: Any = None,
     ) -> TrainResult:
         """Trains to `config.num_train_steps`, resuming from the latest checkpoint in model_dir.
 
@@ -318,7 +358,8 @@ class Trainer:
         by default process 0 takes it here. `on_start(step)`: called on every process once the
         state to train from is known (restored at `step`, or fresh at 0), before the first
         step: where a caller writes its run files, so that a refused restore (every checkpoint
-        corrupt) leaves model_dir as it was.
+        corrupt) leaves model_dir as it was. `frozen_params`: the frozen tree of a model with a
+        `frozen_model` (a LoRA run's base params), fresh or resumed.
         """
         cfg = self.config
         # One lock per run: process 0 holds it for every host (they share model_dir).
@@ -332,7 +373,7 @@ class Trainer:
             ckpt = Checkpointer(cfg.model_dir, cfg.checkpoint)
             if summaries is None:
                 summaries = self.make_summaries()
-            return self._train(data, init_params, ckpt, summaries, sigterm, on_start)
+            return self._train(data, init_params, ckpt, summaries, sigterm, on_start, frozen_params)
         except jax.errors.JaxRuntimeError:
             # A peer that died mid-step surfaces here as a failed collective: let the peer
             # watchdog (if the job runs one) name it and end the process, before the cleanup
@@ -359,13 +400,14 @@ class Trainer:
         summaries: SummaryWriter,
         sigterm: SigtermFlag,
         on_start: Callable[[int], None] | None = None,
+        frozen_params: Any = None,
     ) -> TrainResult:
         """Set-up, once: the data, the partitioned step for its shapes, the state to continue
         from (the latest checkpoint, with the data's position, or a fresh one); then the loop."""
         set_up_before = self.batch_signature is not None
         data, stateful = self._prepare_data(data)
         self._log_memory()
-        state, step = self._restore_or_init(ckpt, data, stateful, init_params)
+        state, step = self._restore_or_init(ckpt, data, stateful, init_params, frozen_params)
         if jax.process_index() == 0:  # one history: what a discarded timeline wrote after `step` moves aside
             history.supersede_after(self.config.model_dir, step)
         if on_start is not None:
@@ -377,7 +419,7 @@ class Trainer:
             partitioner=self.partitioner,
             batch_signature=self.batch_signature,
             flops_per_token=model_flops_per_token(self.model, self.config.flops_per_token),
-            eval_fn=self.eval_fn,
+            eval_fn=self._eval_fn(state),
             step_hooks=self.step_hooks,
             hooks_take_metrics=self.hooks_take_metrics,
             batch_hooks=self.batch_hooks,
@@ -387,6 +429,13 @@ class Trainer:
         )
         loop = TrainLoop(program, data, stateful, state, step, ckpt, summaries, sigterm, check_shapes=set_up_before)
         return loop.run()
+
+    def _eval_fn(self, state: TrainState) -> EvalFn | None:
+        """`eval_fn`, given the merged params when the state has a frozen tree (it never changes)."""
+        eval_fn, frozen = self.eval_fn, state.frozen
+        if eval_fn is None or frozen is None:
+            return eval_fn
+        return lambda params, step: eval_fn(self.eval_params(state.replace(params=params)), step)
 
     def _prepare_data(self, data: Any) -> tuple[Iterator[Mapping[str, Any]], bool]:
         """The data as an iterator (a tf.data one made checkpointable) and whether its position can
@@ -415,15 +464,16 @@ class Trainer:
         return itertools.chain([first], data)
 
     def _restore_or_init(
-        self, ckpt: Checkpointer, data: Any, stateful: bool, init_params: Any
+        self, ckpt: Checkpointer, data: Any, stateful: bool, init_params: Any, frozen_params: Any = None
     ) -> tuple[TrainState, int]:
         """`(state, step)` of the latest usable checkpoint (the data moved to its position), else
         a fresh state (from `init_params` if given) at step 0; never a silent restart when every
         checkpoint is corrupt (`Checkpointer.restore_or_none`)."""
         found = ckpt.restore_or_none(self.abstract_state)
         if found is None:
-            return self.initial_state(init_params), 0
+            return self.initial_state(init_params, frozen_params), 0
         step, state, data_state, _ = found
+        state = state.replace(frozen=self._frozen(frozen_params))  # checkpoints hold no frozen tree
         if stateful and data_state:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)
