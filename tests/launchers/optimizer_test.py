@@ -1,7 +1,8 @@
 """optimizer.* controls through the train entry point: a frozen group stays as it started while the
 rest trains (Adafactor factored by logical axes, a group at half the learning rate); a pattern
 that matches no parameter, or a bad group entry, exits 2 with one line naming it. Plus the
-config -> OptimizerConfig mapping in-process.
+config -> OptimizerConfig mapping in-process. LoRA (`model.lora.*`) likewise: a run trains only
+adapters of its base, eval reads them merged, and a bad LoRA config exits 2 naming the key.
 
 The child processes run on 2 CPU devices (`launch_util.devices`): the optimizer groups need
 no mesh of 8, and a training child on 2 devices costs about half the CPU of one on 8. They are
@@ -9,6 +10,7 @@ forked from one interpreter that imported the train program and the libraries it
 (`launch_util.ForkServer`), and read the standard runs' texts and task cache; the frozen run
 starts from the standard runs' checkpointed run (tests/fixtures/standard_runs.py)."""
 
+import json
 import os
 
 import launch_util
@@ -151,3 +153,57 @@ def test_config_keys_map_to_the_optimizer_config():
     config.optimizer.freeze = ("",)
     with pytest.raises(ConfigError, match="freezes every parameter"):
         optimizer_setup.check_patterns(config, ["a/b"])
+
+
+def test_a_lora_run_trains_only_adapters_of_its_base(train, tmp_path, standard, texts, cache_dir):
+    """LoRA (`model.lora.rank`) on the standard checkpointed run's T5: its checkpoint holds the
+    adapters alone (B trained away from zero) and its config names the base checkpoint; eval reads
+    the adapters folded into that base (`checkpoint_params.lora_params`), which differ from it."""
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    start, run = standard.run(standard_runs.CHECKPOINTED), tmp_path / "lora"
+    lora = ("--config.model.lora.rank=4", "--config.optimizer.learning_rate=0.1")
+    proc = train(small(run, cache_dir, f"--config.init.checkpoint={start}", *lora), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "trained to step 2" in proc.stdout and "LoRA rank 4 adapters of" in proc.stdout
+    adapters = checkpoint_params(run, 2)
+    assert adapters and all(p.endswith(("/lora_a", "/lora_b")) for p in adapters)
+    assert "encoder/layers_0/attention/query/lora_b" in adapters and "decoder/layers_0/mlp/wo/lora_a" in adapters
+    assert all(np.abs(v).max() > 0 for p, v in adapters.items() if p.endswith("lora_b"))
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["init"]["checkpoint"] == str(start) and saved["model"]["lora"]["rank"] == 4
+
+    import jax
+
+    from cairn.launchers import builder, config_io
+    from cairn.launchers import checkpoint_params as ckpt_params
+    from cairn.trainer.param_groups import param_paths
+
+    config = config_io.load_saved_config(str(run / "config.json"))
+    partitioner = builder.make_partitioner(config)
+    model = builder.load_model(config, net=builder.model_config(config))
+    step, merged = ckpt_params.load_params(config, model, partitioner, str(run))
+    base = checkpoint_params(start, standard_runs.CHECKPOINTED_STEPS)
+    flat = dict(zip(param_paths(merged), jax.tree.leaves(merged)))
+    assert step == 2 and sorted(flat) == sorted(base)
+    assert np.array_equal(flat["token_embedder/embedding"], base["token_embedder/embedding"])  # not adapted
+    assert not np.allclose(flat["encoder/layers_0/attention/query"], base["encoder/layers_0/attention/query"])
+
+
+def test_bad_lora_configs_exit_2_naming_the_key(train, tmp_path, standard, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    start = standard.run(standard_runs.CHECKPOINTED)
+    based = ("--config.model.lora.rank=4", f"--config.init.checkpoint={start}")
+    cases = [
+        (("--config.model.lora.rank=0", based[1]), "model.lora.rank", ">= 1"),
+        (("--config.model.lora.rank=4",), "model.lora.rank", "LoRA adapts a base model; set one of init.checkpoint"),
+        (
+            (*based, "--config.model.lora.targets=('wo', 'nowhere')"),
+            "model.lora.targets",
+            "LoRA target 'nowhere' matches no parameter",
+        ),
+    ]
+    for i, (extra, key, message) in enumerate(cases):
+        proc = train(small(tmp_path / str(i), cache_dir, *extra), env=env)
+        line = one_line_error(proc)
+        assert key in line and message in line, line
+        assert not (tmp_path / str(i)).exists()

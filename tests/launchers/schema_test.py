@@ -44,6 +44,12 @@ HAND_WRITTEN = {
             "load_balance_loss_weight": 0.01,
             "router_z_loss_weight": 0.001,
         },
+        "lora": {
+            "rank": None,
+            "alpha": 16.0,
+            "dropout": 0.0,
+            "targets": [r"attention/(query|key|value|out)(/kernel)?$", r"mlp/(wi|wi_\d+|wo)(/kernel)?$"],
+        },
     },
     "vocabulary": {"kind": "sentencepiece", "path": "", "extra_ids": 100},
     "data": {
@@ -121,6 +127,7 @@ PLACEHOLDERS = {
     ("multihost", "num_processes"): int,
     ("multihost", "process_id"): int,
     ("model.moe", "expert_mlp_dim"): int,
+    ("model.lora", "rank"): int,
 }
 
 

@@ -18,7 +18,14 @@ from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
 from cairn.launchers.sharded_batches import ShardedBatches
-from cairn.launchers.validation import ConfigError, apply_model_keys, check_expert_axis, check_model, resolve_mesh
+from cairn.launchers.validation import (
+    ConfigError,
+    apply_model_keys,
+    check_expert_axis,
+    check_lora,
+    check_model,
+    resolve_mesh,
+)
 from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes
@@ -91,6 +98,19 @@ def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None, net: A
     except Exception:  # FLOPs are for MFU only
         pass
     return model
+
+
+def trainable_model(config: ml_collections.ConfigDict, model: Any) -> Any:
+    """What the trainer trains: `model`, or with `model.lora.rank` set a
+    `cairn.models.lora.LoraModel` over it (its params the adapters, `model`'s the frozen base)."""
+    lora = check_lora(config)
+    if lora is None:
+        return model
+    from cairn.models.lora import LoraModel
+
+    trainable = LoraModel(model, lora)
+    trainable.flops_per_token = getattr(model, "flops_per_token", None)  # MFU: the forward and backward it runs
+    return trainable
 
 
 def upcycled_params(config: ml_collections.ConfigDict, trainer: Any, abstract: Any) -> Any:
@@ -331,10 +351,23 @@ def init_source(config: ml_collections.ConfigDict) -> str:
 def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
     """Params to start from (`init.checkpoint` via `restore_params`, `init.hf_checkpoint` via
     `import_hf`, `init.t5x_checkpoint` via `import_t5x`, `init.upcycle_from` via
-    `upcycled_params`), sharded as the trainer wants; None without any."""
-    if not init_source(config):
+    `upcycled_params`), sharded as the trainer wants; None without any, and for a LoRA run
+    (its adapters start fresh: the source is its base, `base_params`)."""
+    if not init_source(config) or config.model.lora.rank is not None:
         return None
-    abstract = trainer.setup(first_batch).params
+    return _source_params(config, trainer, trainer.setup(first_batch).params)
+
+
+def base_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
+    """A LoRA run's frozen base: the `init.*` source's params, sharded as the trainer's frozen
+    tree; None for a run without LoRA."""
+    if config.model.lora.rank is None:
+        return None
+    return _source_params(config, trainer, trainer.setup(first_batch).frozen)
+
+
+def _source_params(config: ml_collections.ConfigDict, trainer: Any, abstract: Any) -> Any:
+    """The `init.*` source's params read into `abstract` (ShapeDtypeStructs with shardings)."""
     if config.init.checkpoint:
         from cairn.trainer import restore_params
 

@@ -84,5 +84,20 @@ def load_params(
 
         chosen = run_setup.from_process_0(choose)[0]
         target = storage.join(checkpoint_root(path), str(chosen))
+    if config.model.lora.rank is not None:
+        return chosen, lora_params(config, model, partitioner, target)
     abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
     return chosen, restore_params(target, abstract)
+
+
+def lora_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any, target: Any) -> Any:
+    """The params of a LoRA run's checkpoint at `target`: its adapters folded into the base its
+    config names (`init.*`, read again), as `model`'s params (`cairn.models.lora.merge`)."""
+    from cairn.trainer import restore_params
+
+    trainer = builder.make_trainer(config, builder.trainable_model(config, model), partitioner)
+    rows = partitioner.batch_parts() // partitioner.data_layout().num_shards
+    batch = zero_batch(config, rows)
+    state = trainer.setup(batch)
+    adapters = restore_params(target, state.params)
+    return trainer.eval_params(state.replace(params=adapters, frozen=builder.base_params(config, trainer, batch)))

@@ -91,9 +91,29 @@ def check_patterns(config: ml_collections.ConfigDict, paths: Sequence[str]) -> N
         raise ConfigError("optimizer.freeze", f"freezes every parameter {opt.freeze}: nothing would train")
 
 
+def check_lora_targets(model: Any, batch: Any) -> None:
+    """For a LoRA model (`frozen_model` set), every `model.lora.targets` pattern matches a kernel of
+    the base model's parameters for `batch` (abstract), else a `ConfigError` naming the key."""
+    base = getattr(model, "frozen_model", None)
+    if base is None:
+        return
+    import jax
+
+    from cairn.models.lora import LoraTargetError, targets
+    from cairn.trainer.model_protocol import abstract_init
+
+    shapes, specs = abstract_init(base, jax.random.PRNGKey(0), batch)
+    try:
+        targets(shapes, specs, model.lora)
+    except LoraTargetError as e:
+        raise ConfigError("model.lora.targets", str(e)) from None
+
+
 def check_param_patterns(config: ml_collections.ConfigDict, model: Any, batch: Any) -> None:
     """`check_patterns` against the paths of `model`'s parameters for `batch` (abstract: no
-    parameter is allocated); nothing is traced when no pattern needs checking."""
+    parameter is allocated); nothing is traced when no pattern needs checking. A LoRA model's
+    targets first (`check_lora_targets`); its parameters are the adapters."""
+    check_lora_targets(model, batch)
     opt = config.optimizer
     if not (opt.freeze or opt.groups or (opt.weight_decay and opt.no_decay)):
         optimizer_config(config)

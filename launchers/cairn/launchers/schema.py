@@ -68,6 +68,26 @@ class Moe:
     )
 
 
+# The `model.lora` section: `LoraConfig`'s fields as launcher keys (rank None: no LoRA).
+_LORA = "cairn.models.lora:LoraConfig."
+
+
+@dataclasses.dataclass
+class Lora:
+    rank: int | None = knob(
+        None, "LoRA: train rank-r adapters of the targeted kernels; the init.* checkpoint is the frozen base "
+        "(None: off)", min=1,
+    )  # fmt: skip
+    alpha: float = knob(16.0, "LoRA: the adapters' update is scaled by alpha / rank (> 0)", owner=_LORA + "alpha")
+    dropout: float = knob(0.0, "LoRA: drop rows of each adapter's A with this probability each step, in [0, 1)",
+                          min=0, owner=_LORA + "dropout")  # fmt: skip
+    targets: tuple[str, ...] = knob(
+        (r"attention/(query|key|value|out)(/kernel)?$", r"mlp/(wi|wi_\d+|wo)(/kernel)?$"),
+        "LoRA: param-path regexes of the adapted kernels (as optimizer.freeze; default attention q/k/v/o and the "
+        "MLP, experts included)", owner=_LORA + "targets",
+    )  # fmt: skip
+
+
 @dataclasses.dataclass
 class Model:
     kind: str = knob("encoder_decoder", "a cairn.models model family", choices=MODEL_KINDS)
@@ -86,6 +106,7 @@ class Model:
         choices=library("cairn.models.losses", "NORMALIZING_MODES", extra=("none",)),
     )
     moe: Moe = section(Moe, "mixture of experts: routed MLPs (num_experts > 0), any family")
+    lora: Lora = section(Lora, "LoRA adapters (rank set): only they train, against the frozen init.* base")
 
 
 @dataclasses.dataclass

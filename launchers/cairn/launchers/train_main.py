@@ -154,9 +154,10 @@ def _train(
         multihost.stop_together(error, "comparing model_dir's config.json")
         reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
     model = builder.load_model(config, vocabulary, net=ready.model_config)
-    optimizer_setup.check_param_patterns(config, model, _peek(reader))  # optimizer.* patterns
+    trainable = builder.trainable_model(config, model)  # the model, or LoRA adapters over it
+    optimizer_setup.check_param_patterns(config, trainable, _peek(reader))  # optimizer.* and model.lora patterns
     if dry_run:  # the plan, then stop: no lock, nothing written
-        trainer = builder.make_trainer(config, model, partitioner, schedule=ready.schedule)
+        trainer = builder.make_trainer(config, trainable, partitioner, schedule=ready.schedule)
         return {"plan": plan(trainer, _peek(reader), out, memory_limit_bytes, strict=True)}
     lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
     evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready.eval_tasks else None
@@ -169,7 +170,7 @@ def _train(
     fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every) if config.fingerprint_every else None
     trainer = builder.make_trainer(
         config,
-        model,
+        trainable,
         partitioner,
         eval_fn,
         step_hooks=(fp.step_hook,) if fp else (),
@@ -181,9 +182,12 @@ def _train(
         trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
     if jax.default_backend() != "cpu" or memory_limit_bytes is not None:  # before training: the plan
         plan(trainer, _peek(reader), out, memory_limit_bytes, strict=False)
-    init = None
+    init = frozen = None
     source = builder.init_source(config)
-    if source:
+    if source and trainable is not model:
+        frozen = builder.base_params(config, trainer, _peek(reader))
+        out(f"LoRA rank {config.model.lora.rank} adapters of {source} (the frozen base; checkpoints hold the adapters)")
+    elif source:
         init = builder.pretrained_params(config, trainer, _peek(reader))
         how = "upcycled from " if config.init.upcycle_from else "from "
         out(f"initial params {how}{source} (used unless model_dir has a checkpoint)")
@@ -195,6 +199,7 @@ def _train(
             summaries=summaries,
             model_dir_lock=lock,
             on_start=lambda step: _write_run_files(config, fp, tasks, ready.mesh, step),
+            frozen_params=frozen,
         )
         trained_s = time.perf_counter() - start
         post = {}
@@ -203,7 +208,15 @@ def _train(
             evaluated = eval_fn is not None and (result.step % every == 0 or result.step == config.num_train_steps)
             record = None if evaluated else summaries.scalars  # the loop's eval_fn wrote this step already
             post = post_training.run(
-                config, model, result.state.params, vocabulary, evaluator, result.step, out, partitioner, record
+                config,
+                model,
+                trainer.eval_params(result.state),
+                vocabulary,
+                evaluator,
+                result.step,
+                out,
+                partitioner,
+                record,
             )
     finally:
         summaries.close()

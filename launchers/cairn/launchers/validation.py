@@ -320,6 +320,31 @@ def check_paths(config: Any) -> None:
         )
 
 
+LORA_BASES = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint")
+
+
+def check_lora(config: Any) -> Any:
+    """The run's `cairn.models.lora.LoraConfig` (None when `model.lora.rank` is None): a base to
+    adapt (`LORA_BASES`), and `LoraConfig`'s own refusals re-raised naming `model.lora.<field>`.
+    Whether each target matches a kernel needs the model: `optimizer_setup.check_param_patterns`."""
+    lora = config.model.lora
+    if lora.rank is None:
+        return None
+    from cairn.models.lora import LoraConfig
+
+    if not any(config.init[key.split(".")[1]] for key in LORA_BASES):
+        raise ConfigError(
+            "model.lora.rank",
+            f"{lora.rank}: LoRA adapts a base model; set one of {', '.join(LORA_BASES)}"
+            + (" (init.upcycle_from makes new experts: train them fully)" if config.init.upcycle_from else ""),
+        )
+    try:
+        return LoraConfig(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=tuple(lora.targets))
+    except ValueError as e:
+        named = re.match(r"LoraConfig\.(\w+)", str(e))
+        raise ConfigError(f"model.lora.{named.group(1) if named else 'targets'}", str(e)) from None
+
+
 def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
     """Sequence lengths against every task's output features and preprocessors.
 
@@ -410,6 +435,7 @@ def check_static(config: ml_collections.ConfigDict) -> Any:
     model_config = check_model(config)
     check_expert_axis(to_plain(config.partitioning.mesh), model_config)
     check_paths(config)
+    check_lora(config)
     return model_config
 
 

@@ -224,6 +224,8 @@ class LoraModel:
     base)` is the base model's params with the adapters folded in (evaluation, decoding, export).
     """
 
+    flops_per_token: Any = None  # training FLOPs per token (MFU), set by whoever knows them
+
     def __init__(self, model: Any, config: LoraConfig):
         self.frozen_model = model
         self.lora = config
