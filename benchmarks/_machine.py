@@ -48,3 +48,26 @@ def machine_line() -> str:
     except OSError:
         load = "n/a"
     return f"CPU: {cpu_description()}, {os.cpu_count()} cores; load {load}"
+
+
+LIBRARIES = ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers", "storage")
+MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+
+
+def libraries_on_path() -> None:
+    """Puts the repository's library folders in front of `sys.path` (a benchmark run as a script)."""
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [os.path.join(repo, d) for d in LIBRARIES]
+
+
+def reexec_with_malloc_tuning() -> None:
+    """Re-executes the script with `GLIBC_TUNABLES=MALLOC_TUNABLES` (one heap, no mmap, no trimming:
+    a CPU step's fresh temporaries then cause no page faults; it cannot be set from inside Python),
+    unless `--no-malloc-tuning` is given, it is set already, or this is not Linux."""
+    import sys
+
+    if "--no-malloc-tuning" in sys.argv or "GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux"):
+        return
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES})

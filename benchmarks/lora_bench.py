@@ -15,23 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [
-    os.path.join(REPO, d)
-    for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers", "storage")
-]
-MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
-if __name__ == "__main__" and "--no-malloc-tuning" not in sys.argv and "GLIBC_TUNABLES" not in os.environ:
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES})
+from _machine import libraries_on_path, machine_line, reexec_with_malloc_tuning
+
+libraries_on_path()  # benchmarks/ is sys.path[0] when run as a script
+if __name__ == "__main__":
+    reexec_with_malloc_tuning()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from _machine import machine_line  # noqa: E402
 
 from cairn.models import DecoderOnlyModel, LoraConfig, LoraModel, get_preset  # noqa: E402
 from cairn.models.lora import adapter_count  # noqa: E402

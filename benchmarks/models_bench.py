@@ -31,26 +31,14 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 import time
 
-from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
+from _machine import libraries_on_path, machine_line, reexec_with_malloc_tuning
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [
-    os.path.join(REPO, d)
-    for d in ("models", "partitioning", "trainer", "evaluation", "datatasks", "tokenizers", "storage")
-]
-
-MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
-if (
-    __name__ == "__main__"
-    and "--no-malloc-tuning" not in sys.argv
-    and "GLIBC_TUNABLES" not in os.environ
-    and sys.platform.startswith("linux")
-):
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES})
+libraries_on_path()  # benchmarks/ is sys.path[0] when run as a script
+if __name__ == "__main__":
+    reexec_with_malloc_tuning()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
