@@ -77,5 +77,5 @@ MODELS_TARGETS = {
     ),
     "upcycle": (["moe_upcycle.py"], [":core", ":families"]),
     # LoRA adapters as a parameter transform over any family's params (imports no network).
-    "lora": (["lora.py"], [":init"]),
+    "lora": (["lora.py"], [":core"]),
 }

@@ -76,8 +76,8 @@ def test_merge_adds_the_scaled_product_per_layer_and_expert():
 @pytest.fixture(scope="module")
 def llama():
     """A tiny Llama (2 layers, 4 heads of 16), random base params and adapters with a non-zero B.
-    (Its 2 key/value heads on a 4-way model axis gave gradients off by up to 8 under sharding,
-    LoRA or not: jax 0.10.2's partitioner; see the trainer README.)"""
+    (llama_tiny's own 2 key/value heads on a 4-way model axis gave gradients off by up to 8 under
+    this sharding, LoRA or not, with jax 0.10.2: left to an issue of its own.)"""
     model = DecoderOnlyModel(get_preset("llama_tiny", vocab_size=96, num_kv_heads=4))
     lora = LoraModel(model, LoraConfig(rank=4, alpha=8.0))
     base = jax.tree.map(
@@ -100,6 +100,45 @@ def test_an_untrained_adapter_leaves_the_model_as_it_was(llama):
     loss, _ = jax.jit(lora.loss_fn)(fresh, batch, None, base)
     want, _ = jax.jit(model.loss_fn)(base, batch)
     assert float(loss) == float(want)
+
+
+def _nonzero(adapters, seed=0):
+    """Adapters with B (and A) moved off their init: every update is non-zero."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda x: np.asarray(x) + 0.05 * rng.standard_normal(x.shape).astype(x.dtype), adapters)
+
+
+def test_the_network_computes_what_the_merged_params_give(tiny):
+    """`LoraModel.loss_fn` (each adapted kernel `x W + (x A) B`, never `W + A B`) gives the loss and
+    adapter gradients of the base model on `merge`'s params: T5 (both stacks), a scanned Mixtral
+    (experts) and the decoder-only T5 layers."""
+    from cairn.models import EncoderDecoderModel
+
+    rows = np.random.default_rng(1).integers(2, 60, (2, 8)).astype(np.int32)
+    lm = {"decoder_input_tokens": rows, "decoder_target_tokens": rows}
+    cases = [
+        (EncoderDecoderModel(tiny.t5_1_1), {**lm, "encoder_input_tokens": rows[:, ::-1].copy()}),
+        (DecoderOnlyModel(_mixtral().replace(vocab_size=64)), lm),
+        (DecoderOnlyModel(tiny.decoder_only), lm),
+    ]
+
+    def network_path(lora, adapters, batch, base):
+        return lora.loss_fn(adapters, batch, None, base)[0]
+
+    def merged_path(lora, adapters, batch, base):
+        return lora.frozen_model.loss_fn(merge(base, adapters, lora.lora), batch)[0]
+
+    for model, batch in cases:
+        lora = LoraModel(model, LoraConfig(rank=2, alpha=3.0))
+        base = tiny.random_params(model)
+        adapters = _nonzero(lora.init(jax.random.PRNGKey(2)))
+        got, got_g = jax.jit(jax.value_and_grad(network_path, argnums=1), static_argnums=0)(lora, adapters, batch, base)
+        want, want_g = jax.jit(jax.value_and_grad(merged_path, argnums=1), static_argnums=0)(
+            lora, adapters, batch, base
+        )
+        assert abs(float(got) - float(want)) <= 1e-4 * abs(float(want)), (type(model).__name__, got, want)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-3, atol=2e-4), got_g, want_g)
+        assert float(want) != float(jax.jit(model.loss_fn)(base, batch)[0])
 
 
 def test_adapters_shard_under_the_base_rules_and_give_the_unsharded_loss(llama):

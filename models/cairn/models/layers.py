@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,13 +121,60 @@ def dense_vjp_variant(variant: str | None = None) -> str:
     )
 
 
+# The variable collection of LoRA adapters (`cairn.models.lora`): beside a kernel parameter `name`
+# of a module, a variable `name` in this collection holding `{"lora_a", "lora_b"}` (B already
+# scaled by alpha / rank) makes `kernel` / `Kernel` return a `LoraKernel`.
+LORA = "lora"
+
+
+@flax.struct.dataclass
+class LoraKernel:
+    """A kernel `w` with a low-rank update `a @ b` that is never formed: `dense`, `project_heads` and
+    `expert_dense` compute `x w + (x a) b`, so the backward of a LoRA step needs no `[in, out]`
+    weight gradient. `a`: the kernel's leading (`layers`/`expert`) and input axes then the rank;
+    `b`: the leading axes, the rank, then the output axes. Anything else that reads it as an
+    array gets the folded kernel `w + a @ b` (`__jax_array__`)."""
+
+    w: jnp.ndarray
+    a: jnp.ndarray
+    b: jnp.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.w.shape)
+
+    @property
+    def dtype(self):
+        return self.w.dtype
+
+    def folded(self) -> jnp.ndarray:
+        nb = self.a.ndim + self.b.ndim - 2 - self.w.ndim
+        batch, rank = self.w.shape[:nb], self.a.shape[-1]
+        a2, b2 = self.a.reshape(*batch, -1, rank), self.b.reshape(*batch, rank, -1)
+        return self.w + jnp.matmul(a2, b2).reshape(self.w.shape).astype(self.w.dtype)
+
+    def __jax_array__(self) -> jnp.ndarray:
+        return self.folded()
+
+
+def _with_adapter(module: nn.Module, name: str, w: jnp.ndarray, dtype) -> jnp.ndarray | LoraKernel:
+    """`w`, or a `LoraKernel` when the module has a `LORA` variable `name` (cast to `dtype`)."""
+    if not module.has_variable(LORA, name):
+        return w
+    adapter: Any = module.get_variable(LORA, name)
+    return LoraKernel(w, jnp.asarray(adapter["lora_a"], dtype), jnp.asarray(adapter["lora_b"], dtype))
+
+
 def dense(x, w, n: int = 1, *, vjp: str | None = None):
     """`tensordot(x, w, n)`: the last `n` axes of `x` against the first `n` of `w`.
 
     The forward is the plain contraction either way. The backward (`vjp`, default `DENSE_VJP`)
     is autodiff's on GPU and TPU ("standard"); on CPU ("cpu") the same two products (equal up
-    to float32 rounding) in the layout XLA:CPU multiplies fastest.
+    to float32 rounding) in the layout XLA:CPU multiplies fastest. A `LoraKernel` adds its
+    low-rank product through the rank: `x w + (x a) b`.
     """
+    if isinstance(w, LoraKernel):
+        return dense(x, w.w, n, vjp=vjp) + dense(dense(x, w.a, n, vjp=vjp), w.b, 1, vjp=vjp)
     if dense_vjp_variant(vjp) == "cpu":
         return _dense_cpu(x, w, n)
     return jnp.tensordot(x, w, axes=n)
@@ -173,7 +222,10 @@ def expert_dense(x, w, *, vjp: str | None = None):
     """Each expert's matmul: `x` `[experts, ..., in]` against `w` `[experts, in, out]` gives
     `[experts, ..., out]`. The backward is autodiff's on GPU and TPU; on CPU (`vjp` as `dense`'s)
     the weight gradient is one batched `[in, tokens] @ [tokens, out]` per expert with the small
-    transposed activations materialised, as `dense` does (~13 % faster for the MoE bench's experts)."""
+    transposed activations materialised, as `dense` does (~13 % faster for the MoE bench's experts).
+    A `LoraKernel` adds each expert's low-rank product through the rank."""
+    if isinstance(w, LoraKernel):
+        return expert_dense(x, w.w, vjp=vjp) + expert_dense(expert_dense(x, w.a, vjp=vjp), w.b, vjp=vjp)
     if dense_vjp_variant(vjp) == "cpu":
         return _expert_dense_cpu(x, w)
     return jnp.einsum("e...d,edm->e...m", x, w)
@@ -221,12 +273,13 @@ def kernel(
     stddev: float,
     dtype,
     param_dtype=None,
-) -> jnp.ndarray:
+) -> Any:
     """Declares a bias-free kernel with logical axes, stored as `param_dtype` (default: the
-    enclosing config's, `enclosing_param_dtype`), and returns it cast to `dtype`."""
+    enclosing config's, `enclosing_param_dtype`), and returns it cast to `dtype` (a `LoraKernel`
+    when a LoRA adapter of it is given: `LORA`)."""
     pdt = enclosing_param_dtype(module) if param_dtype is None else jnp.dtype(param_dtype)
     value = module.param(name, nn.with_logical_partitioning(normal(stddev), axes), tuple(shape), pdt)
-    return jnp.asarray(value, dtype)
+    return _with_adapter(module, name, jnp.asarray(value, dtype), dtype)
 
 
 class Kernel(nn.Module):
@@ -240,9 +293,10 @@ class Kernel(nn.Module):
     param_dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self) -> jnp.ndarray:
+    def __call__(self) -> Any:  # an array, or a LoraKernel (`_with_adapter`)
         init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), self.axes)
-        return jnp.asarray(self.param("kernel", init, self.shape, self.param_dtype), self.dtype)
+        w = jnp.asarray(self.param("kernel", init, self.shape, self.param_dtype), self.dtype)
+        return _with_adapter(self, "kernel", w, self.dtype)
 
 
 class MlpBlock(nn.Module):
@@ -295,7 +349,11 @@ def project_heads(x, w, name: str):
     128 lanes; `[..., heads, 64]` would be padded to twice its bytes (T5.1.1-large at batch 32:
     the `minimal` policy's projections took 19.8 GiB this way)."""
     e, h, d = w.shape
-    y = named(dense(x, w.reshape(e, h * d)), name)
+    if isinstance(w, LoraKernel):  # b [rank, heads, head_dim] flattened with the kernel
+        w = LoraKernel(w.w.reshape(e, h * d), w.a, w.b.reshape(w.b.shape[0], h * d))
+    else:
+        w = w.reshape(e, h * d)
+    y = named(dense(x, w), name)
     return y.reshape(*y.shape[:-1], h, d)
 
 

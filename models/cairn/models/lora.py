@@ -6,12 +6,13 @@ in the `/`-joined path as the optimizer's parameter groups are) gets two factors
 shape `batch + in + (rank,)` and `lora_b` of shape `batch + (rank,) + out`, where `batch` are
 its leading `layers` (scanned) and `expert` (routed MLP) axes, `in` its input axes (the `embed`
 axis of a query, key, value or MLP input kernel; the `heads, kv` or `mlp` axes of an output
-kernel) and `out` the rest. At apply time the network sees
-
-    W' = W + (alpha / rank) * A @ B        (per batch index; A, B flattened over in / out)
-
-computed from the frozen base tree and the small adapter tree (`merge`), so the same network
-code runs, and `merge` is also what folds a trained adapter into the base for export.
+kernel) and `out` the rest. The update is `W' = W + (alpha / rank) * A @ B` (per batch index;
+A, B flattened over in / out). `merge` folds it into the base params (export, evaluation); in
+training `LoraModel.loss_fn` hands the adapters to the network as the `layers.LORA` variable
+collection, and every adapted kernel computes `x W + (x A) B` through the rank
+(`layers.LoraKernel`): the same loss, with no `[in, out]` weight gradient in the backward. No
+network is edited: the kernels are read through `layers.kernel` / `layers.Kernel` and applied by
+`dense`, `project_heads` and `expert_dense`, which know the adapted kernel.
 `lora_a` starts as PEFT's (uniform in `+-1/sqrt(fan_in)`), `lora_b` at zero, so an untrained
 adapter leaves the model exactly as it was. The factors carry the kernel's logical axis names
 (`in` and `out` axes keep theirs, the rank axis is unnamed), so they shard under the same rules
@@ -39,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
+
+from cairn.models.layers import LORA
 
 # Attention q/k/v/o (T5's self_attention / encoder_decoder_attention / attention, Llama's
 # attention/<name>/kernel) and the MLP's kernels (dense, gated, and a routed layer's experts).
@@ -202,12 +205,31 @@ def merge(base: Any, adapters: Any, config: LoraConfig, dropout_rng: jax.Array |
             raise LoraTargetError(f"the adapter {_path(key)!r} has no kernel in the base params")
         w, a, b = flat[key], flat_adapters[key + (A,)], flat_adapters[key + (B,)]
         nb = a.ndim + b.ndim - 2 - w.ndim  # a: batch + in + (rank,), b: batch + (rank,) + out
-        if dropout_rng is not None and config.dropout > 0:
-            keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1.0 - config.dropout, a.shape[:-1])
-            a = jnp.where(keep[..., None], a / (1.0 - config.dropout), 0).astype(a.dtype)
+        a = _dropped(a, config, dropout_rng, i)
         update = config.scale * delta(a, b, tuple(w.shape), nb)
         flat[key] = (w.astype(jnp.float32) + update).astype(w.dtype)
     return traverse_util.unflatten_dict(flat)
+
+
+def _dropped(a: jnp.ndarray, config: LoraConfig, dropout_rng: jax.Array | None, i: int) -> jnp.ndarray:
+    """`a` with its input rows dropped (the module docstring's dropout; kernel `i` of the sorted
+    adapter paths draws from `fold_in(dropout_rng, i)`), or `a` without a key or a dropout."""
+    if dropout_rng is None or config.dropout <= 0:
+        return a
+    keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1.0 - config.dropout, a.shape[:-1])
+    return jnp.where(keep[..., None], a / (1.0 - config.dropout), 0).astype(a.dtype)
+
+
+def network_adapters(adapters: Any, config: LoraConfig, dropout_rng: jax.Array | None = None) -> Any:
+    """The adapters as the networks read them (the `layers.LORA` variable collection): B scaled
+    by `alpha / rank`, A's rows dropped as in `merge`. With them the network computes
+    `x W + (x A) B` at every adapted kernel (`layers.LoraKernel`), never `W + A B`."""
+    flat = traverse_util.flatten_dict(_plain(adapters))
+    out = {}
+    for i, key in enumerate(sorted({k[:-1] for k in flat})):
+        out[key + (A,)] = _dropped(flat[key + (A,)], config, dropout_rng, i)
+        out[key + (B,)] = (flat[key + (B,)] * config.scale).astype(flat[key + (B,)].dtype)
+    return traverse_util.unflatten_dict(out)
 
 
 def adapter_count(adapters: Any) -> int:
@@ -257,8 +279,11 @@ class LoraModel:
     def loss_fn(
         self, params: Any, batch: Mapping[str, Any], dropout_rng: jax.Array | None = None, frozen: Any = None
     ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
-        """The base model's loss on the merged params (adapter dropout from `dropout_rng`)."""
+        """The base model's loss with the adapters applied (adapter dropout from `dropout_rng`):
+        each adapted kernel computes `x W + (x A) B` (`network_adapters`), which equals the loss of
+        `merge`'s params without forming `W + A B` or, in the backward, any `[in, out]` gradient."""
         if frozen is None:
             raise ValueError("LoraModel.loss_fn needs the base params (frozen=...)")
         lora_rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, 0x10A)
-        return self.frozen_model.loss_fn(merge(frozen, params, self.lora, lora_rng), batch, dropout_rng)
+        adapters = network_adapters(params, self.lora, lora_rng)
+        return self.frozen_model.loss_fn(frozen, batch, dropout_rng, collections={LORA: adapters})

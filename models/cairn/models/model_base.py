@@ -248,21 +248,28 @@ class ModelBase:
         return self.apply_with_aux(params, batch, dropout_rng)[0]
 
     def apply_with_aux(
-        self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None, return_hidden: bool = False
+        self,
+        params: Any,
+        batch: Batch,
+        dropout_rng: jax.Array | None = None,
+        return_hidden: bool = False,
+        collections: Mapping[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """`(logits, moe)`: the logits and what routed MLPs sowed (the `moe` collection; {} for
         a dense model: see `cairn.models.moe`). `return_hidden`: a `chunked_loss.Unembedding`
-        (hidden states and output projection) in place of the logits."""
+        (hidden states and output projection) in place of the logits. `collections`: more
+        variable collections for the network (`layers.LORA`: LoRA adapters)."""
         args, kwargs = self.call_args(batch)
         if return_hidden:
             kwargs = {**kwargs, "return_hidden": True}
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
         deterministic = dropout_rng is None
+        variables = {"params": params, **(collections or {})}
         if getattr(self.config, "moe", None) is None:
-            logits: Any = self.module.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs, **kwargs)
+            logits: Any = self.module.apply(variables, *args, deterministic=deterministic, rngs=rngs, **kwargs)
             return logits, {}
         out: Any = self.module.apply(
-            {"params": params}, *args, deterministic=deterministic, rngs=rngs, mutable=[MOE_COLLECTION], **kwargs
+            variables, *args, deterministic=deterministic, rngs=rngs, mutable=[MOE_COLLECTION], **kwargs
         )
         logits, state = out
         return logits, dict(state.get(MOE_COLLECTION, {}))
@@ -276,14 +283,19 @@ class ModelBase:
         return nn.get_partition_spec(jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0))))
 
     def loss_fn(
-        self, params: Any, batch: Batch, dropout_rng: jax.Array | None = None
+        self,
+        params: Any,
+        batch: Batch,
+        dropout_rng: jax.Array | None = None,
+        collections: Mapping[str, Any] | None = None,
     ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
         """`(loss, metrics)`: cross-entropy with label smoothing and z-loss, normalised as configured
         (with `config.loss_chunk_size` > 0 computed in chunks of that many tokens from the hidden
         states: `chunked_loss_and_metrics`); with routed MLPs, plus the weighted router losses
-        (`moe/aux_loss`, and the `moe/*` metrics of `cairn.models.moe_metrics.moe_losses`)."""
+        (`moe/aux_loss`, and the `moe/*` metrics of `cairn.models.moe_metrics.moe_losses`).
+        `collections`: as `apply_with_aux`'s."""
         chunk = self.loss_chunk_size
-        out, aux = self.apply_with_aux(params, batch, dropout_rng, return_hidden=chunk > 0)
+        out, aux = self.apply_with_aux(params, batch, dropout_rng, return_hidden=chunk > 0, collections=collections)
         if chunk > 0:
             loss, metrics = chunked_loss_and_metrics(
                 out, batch, self.label_smoothing, self.z_loss, self.loss_normalizing_factor, chunk

@@ -36,7 +36,7 @@ def apply_layers(
     if scan:
         stack = nn.scan(
             layer_cls,
-            variable_axes={"params": 0, "cache": 0, "moe": 0},
+            variable_axes={"params": 0, "cache": 0, "moe": 0, "lora": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(args),
             length=num_layers,
