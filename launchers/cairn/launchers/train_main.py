@@ -199,11 +199,21 @@ def _train(
         trained_s = time.perf_counter() - start
         post = {}
         if not result.preempted:
+            from cairn.trainer import params_on_device
+
             every = config.trainer.eval_every
             evaluated = eval_fn is not None and (result.step % every == 0 or result.step == config.num_train_steps)
             record = None if evaluated else summaries.scalars  # the loop's eval_fn wrote this step already
             post = post_training.run(
-                config, model, result.state.params, vocabulary, evaluator, result.step, out, partitioner, record
+                config,
+                model,
+                params_on_device(result.state.params),
+                vocabulary,
+                evaluator,
+                result.step,
+                out,
+                partitioner,
+                record,
             )
     finally:
         summaries.close()
