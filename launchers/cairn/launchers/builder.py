@@ -308,6 +308,7 @@ def trainer_config(config: ml_collections.ConfigDict) -> Any:
         tensorboard=t.tensorboard,
         wandb=config.logging.wandb,
         offload_optimizer_state=t.offload_optimizer_state,
+        offload_params=t.offload_params,
     )
 
 

@@ -229,6 +229,11 @@ class Trainer:
     offload_optimizer_state: bool = knob(
         False, "the optimizer state in host memory between steps", owner=_TRAINER + "offload_optimizer_state"
     )
+    offload_params: bool = knob(
+        False,
+        "the parameters (float32 master weights) in host memory; steps use a device copy in the compute dtype",
+        owner=_TRAINER + "offload_params",
+    )
 
 
 @dataclasses.dataclass

@@ -210,7 +210,7 @@ def _train(
             post = post_training.run(
                 config,
                 model,
-                trainer.eval_params(result.state),
+                trainer.eval_params(result.state),  # on the device; a LoRA run's adapters folded in
                 vocabulary,
                 evaluator,
                 result.step,

@@ -22,7 +22,9 @@ from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
 from cairn.trainer.loop import StepProgram, TrainLoop, TrainResult
 from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, model_flops_per_token, trace_init
+from cairn.trainer.offload_update import DEFAULT_GROUP_BYTES
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
+from cairn.trainer.param_offload import ParamOffload, cast_only_dtypes, memory_shardings, params_on_device
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import (
@@ -56,7 +58,12 @@ class TrainerConfig:
     `OptimizerConfig` and `offload_group_bytes` > 0 the update moves the state of that many bytes
     of parameters at a time (`offload_update.grouped_update`: the device never holds the whole
     state; equal to the whole update within float32 rounding); 0 moves the whole state at once
-    (bit-identical to no offload)."""
+    (bit-identical to no offload). `offload_params`: the parameters (float32 master weights) live
+    in host memory too; each step works on a device copy in the precision the model computes in
+    (`param_offload`: the kernels a bfloat16 model casts arrive as bfloat16, a group at a time),
+    with gradients bit-identical to the stored parameters' and accumulated in float32 over
+    microbatches, so that one chip trains a model whose float32 parameters, gradients and
+    moments would not fit (with `num_microbatches`, the transfers are paid once per step)."""
 
     model_dir: str
     num_train_steps: int
@@ -77,6 +84,7 @@ class TrainerConfig:
     peak_flops: float | None = None
     offload_optimizer_state: bool = False
     offload_group_bytes: int = 0
+    offload_params: bool = False
 
     def __post_init__(self):
         for name in ("num_train_steps", "num_microbatches"):
@@ -241,6 +249,17 @@ class Trainer:
         if self.config.offload_optimizer_state:
             check_host_memory(self.partitioner)
             state_sh, offload = offload_opt_state_shardings(state_sh)
+        param_offload = None
+        if self.config.offload_params:
+            check_host_memory(self.partitioner, "offload_params")
+            device_sh, host_sh = memory_shardings(state_sh.params)
+            with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
+                key = jax.eval_shape(lambda: self._keys()[0])
+                dtypes = cast_only_dtypes(lambda p, k: self.model.loss_fn(p, dict(host), k)[0], param_shapes, key)
+            param_offload = ParamOffload(
+                device_sh, host_sh, dtypes, self.config.offload_group_bytes or DEFAULT_GROUP_BYTES
+            )
+            state_sh = state_sh.replace(params=host_sh)
         shards = self.partitioner.data_layout().num_shards
         gbatch_shapes = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((np.shape(x)[0] * shards,) + np.shape(x)[1:], leaf_dtype(x)), host
@@ -254,6 +273,7 @@ class Trainer:
             self.config.microbatch_reduction,
             offload_shardings=offload,
             offload_group_bytes=self.config.offload_group_bytes if self.optimizer_config is not None else None,
+            param_offload=param_offload,
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
 
@@ -294,16 +314,16 @@ class Trainer:
         return state
 
     def eval_params(self, state: TrainState) -> Any:
-        """The params evaluation and decoding use: `state.params`, or for a state with a frozen
-        tree the model's `merged(params, frozen)` (jitted; sharded as the frozen tree)."""
+        """The params evaluation and decoding use, on the device (`params_on_device`):
+        `state.params`, or for a state with a frozen tree the model's `merged(params, frozen)`
+        (jitted; sharded as the frozen tree)."""
+        params = params_on_device(state.params)
         if state.frozen is None:
-            return state.params
+            return params
         if getattr(self, "_merge", None) is None:
             sh = self.state_shardings
-            self._merge = self.partitioner.partition(
-                self.model.merged, in_shardings=(sh.params, sh.frozen), out_shardings=sh.frozen
-            )
-        return self._merge(state.params, state.frozen)
+            self._merge = self.partitioner.partition(self.model.merged, out_shardings=sh.frozen)
+        return self._merge(params, state.frozen)
 
     def _log_memory(self) -> None:
         ospecs = opt_state_specs(

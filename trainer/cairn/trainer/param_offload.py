@@ -1,0 +1,172 @@
+"""Parameters in host memory (`TrainerConfig.offload_params`): the float32 master weights of
+mixed-precision training live beside the offloaded optimizer state, and a step works on a
+device copy in the precision the model computes in.
+
+A model stored in float32 and computed in bfloat16 casts most parameters (its kernels) to
+bfloat16 before using them, and never uses their float32 values. `cast_only_dtypes` finds those
+parameters in the loss function's jaxpr: a parameter whose every use (followed into scans, remat,
+jit and custom-derivative calls) is one cast to a narrower dtype. `device_copy` moves the
+parameters to the device a group at a time, casting those that the model only casts, so the
+device holds the bfloat16 copy (half the float32 bytes) and never the whole float32 tree. The
+gradient with respect to the cast copy, cast back to float32, is the gradient with respect to the
+float32 parameter bit for bit (the transpose of a cast is the cast back), so a step on the copy
+trains as a step on the float32 parameters does. A parameter used in any other way (a norm's
+scale read in float32, an embedding gathered before its cast, one cast twice) moves as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+from cairn.trainer.offload_update import parameter_groups
+
+HOST_MEMORY_KIND = "pinned_host"  # where offloaded state lives
+DEVICE_MEMORY_KIND = "device"
+
+# Primitives that pass an array through unchanged in value (a use of their output is a use of
+# their input).
+_TRANSPARENT = frozenset({"sharding_constraint", "copy", "copy_p", "optimization_barrier"})
+
+
+def _sub_jaxpr(eqn: Any) -> Any | None:
+    """The jaxpr an equation calls with its operands one for one (scan, remat, jit, custom
+    derivatives, shard_map), or None."""
+    for name in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(name)
+        if sub is None:
+            continue
+        inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
+        if isinstance(inner, jcore.Jaxpr) and len(inner.invars) == len(eqn.invars):
+            return inner
+    return None
+
+
+def _cast_uses(jaxpr: Any, var: Any, uses: list[Any]) -> bool:
+    """Appends to `uses` the dtype of every cast `var` reaches in `jaxpr` (through transparent
+    and call-like equations); False if `var` has any other use (an output of the jaxpr, an
+    equation of another kind)."""
+    if any(v is var for v in jaxpr.outvars):
+        return False
+    for eqn in jaxpr.eqns:
+        positions = [i for i, v in enumerate(eqn.invars) if v is var]
+        if not positions:
+            continue
+        name = eqn.primitive.name
+        if name == "convert_element_type" and not eqn.params.get("weak_type", False):
+            uses.append(np.dtype(eqn.params["new_dtype"]))
+            continue
+        if name in _TRANSPARENT and len(eqn.invars) == len(eqn.outvars):
+            if not all(_cast_uses(jaxpr, eqn.outvars[i], uses) for i in positions):
+                return False
+            continue
+        sub = _sub_jaxpr(eqn)
+        if sub is None:
+            return False
+        if not all(_cast_uses(sub, sub.invars[i], uses) for i in positions):
+            return False
+    return True
+
+
+def cast_only_dtypes(fn: Callable[..., Any], params: Any, *args: Any) -> Any:
+    """For each leaf of `params` (arrays or `jax.ShapeDtypeStruct`s), the dtype `fn(params,
+    *args)` casts it to when that cast is its only use and narrows it (float32 -> bfloat16);
+    else None. `fn` is traced, not run."""
+    closed = jax.make_jaxpr(fn)(params, *args)
+    treedef: Any
+    leaves, treedef = jax.tree.flatten(params)
+    invars = closed.jaxpr.invars[: len(leaves)]
+    if len(invars) != len(leaves):
+        raise ValueError(f"cast_only_dtypes: {len(leaves)} parameters but the jaxpr takes {len(invars)} inputs")
+    out: list[Any] = []
+    for leaf, var in zip(leaves, invars):
+        uses: list[Any] = []
+        ok = _cast_uses(closed.jaxpr, var, uses) and len(uses) == 1
+        dtype = np.dtype(leaf.dtype)
+        floats = ok and all(jnp.issubdtype(d, jnp.floating) for d in (uses[0], dtype))
+        narrower = floats and uses[0].itemsize < dtype.itemsize
+        out.append(uses[0] if narrower else None)
+    return treedef.unflatten(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamOffload:
+    """How a step reaches parameters that live in host memory: their `device` and `host`
+    shardings, the dtype each is cast to on the way in (`cast_only_dtypes`; None: as stored),
+    and the bytes of float32 parameters moved at once."""
+
+    device: Any
+    host: Any
+    dtypes: Any
+    group_bytes: int
+
+
+def memory_shardings(shardings: Any) -> tuple[Any, Any]:
+    """`(device, host)`: the same shardings in device and in pinned host memory."""
+    host = jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY_KIND), shardings)
+    device = jax.tree.map(lambda s: s.with_memory_kind(DEVICE_MEMORY_KIND), shardings)
+    return device, host
+
+
+def _nbytes(x: Any) -> int:
+    return int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+
+
+def device_copy(params: Any, dtypes: Any, device_shardings: Any, group_bytes: int) -> Any:
+    """Inside a step: `params` (in host memory) on the device, each leaf cast to its entry of
+    `dtypes` (None: as it is), moved a group of about `group_bytes` at a time so that the
+    float32 values of one group at most are on the device at once."""
+    treedef: Any
+    leaves, treedef = jax.tree.flatten(params)
+    casts = treedef.flatten_up_to(dtypes)
+    targets = treedef.flatten_up_to(device_shardings)
+    out: list[Any] = [None] * len(leaves)
+    previous: list[Any] = []
+    for group in parameter_groups([_nbytes(x) for x in leaves], group_bytes):
+        moving = [leaves[i] for i in group]
+        if previous:  # this group moves in once the previous one is cast
+            moving, _ = jax.lax.optimization_barrier((moving, previous))
+        for i, x in zip(group, moving):
+            x = jax.device_put(x, targets[i])
+            out[i] = x if casts[i] is None else x.astype(casts[i])
+        previous = [out[i] for i in group]
+    # The copy as one opaque value: otherwise XLA sinks the casts into the microbatch loop's
+    # body, and the float32 values they cast stay on the device through every microbatch.
+    return treedef.unflatten(jax.lax.optimization_barrier(out))
+
+
+def params_on_device(params: Any) -> Any:
+    """`params` with every leaf in host memory moved to device memory (the same sharding
+    otherwise); leaves already on the device are returned as they are. For evaluation,
+    checksums and exports of a state whose params are offloaded."""
+
+    def one(x: Any) -> Any:
+        sharding = getattr(x, "sharding", None)
+        if sharding is None or getattr(sharding, "memory_kind", None) != HOST_MEMORY_KIND:
+            return x
+        return jax.device_put(x, sharding.with_memory_kind(DEVICE_MEMORY_KIND))
+
+    return jax.tree.map(one, params)
+
+
+def upcast_like(grads: Any, params: Any) -> Any:
+    """Gradients of the device copy in the parameters' own dtypes."""
+    return jax.tree.map(lambda g, p: g if g.dtype == p.dtype else g.astype(p.dtype), grads, params)
+
+
+__all__ = [
+    "DEVICE_MEMORY_KIND",
+    "HOST_MEMORY_KIND",
+    "ParamOffload",
+    "cast_only_dtypes",
+    "device_copy",
+    "memory_shardings",
+    "params_on_device",
+    "upcast_like",
+]
