@@ -86,10 +86,7 @@ def grouped_update(
     p_device, p_host = (None, None) if param_shardings is None else (treedef.flatten_up_to(s) for s in param_shardings)
     new_state: list[Any] = [None] * len(s_leaves)
     new_params: list[Any] = [None] * len(p_leaves)
-    # the first group's moves wait for the gradients too: left free, XLA starts them at the
-    # top of the step, and their buffers then sit on the device through the backward passes
-    # (float32 llama_1b: 3 GiB of the update's params and moments held across 32 microbatches)
-    previous: list[Any] = list(g_leaves)
+    previous: list[Any] = []
     for group in parameter_groups([_nbytes(p) for p in p_leaves], group_bytes):
         members = set(group)
         group_p = [p_leaves[i] for i in group]
@@ -100,8 +97,8 @@ def grouped_update(
             raise ValueError("the optimizer's state for a group of parameters has another structure than its state")
         mine = [j for j, (t, s) in enumerate(zip(template, s_leaves)) if tuple(t.shape) == tuple(np.shape(s))]
         moving = [s_leaves[j] for j in mine]
-        # this group's state moves in only after the previous group is done
-        (moving, group_p), _ = jax.lax.optimization_barrier(((moving, group_p), previous))
+        if previous:  # this group's state moves in only after the previous group is done
+            (moving, group_p), _ = jax.lax.optimization_barrier(((moving, group_p), previous))
         if p_device is not None:
             group_p = [jax.device_put(p, p_device[i]) for i, p in zip(group, group_p)]
         here = dict(zip(group, group_p))

@@ -136,9 +136,7 @@ def device_copy(params: Any, dtypes: Any, device_shardings: Any, group_bytes: in
             x = jax.device_put(x, targets[i])
             out[i] = x if casts[i] is None else x.astype(casts[i])
         previous = [out[i] for i in group]
-    # The copy as one opaque value: otherwise XLA sinks the casts into the microbatch loop's
-    # body, and the float32 values they cast stay on the device through every microbatch.
-    return treedef.unflatten(jax.lax.optimization_barrier(out))
+    return treedef.unflatten(out)
 
 
 def params_on_device(params: Any) -> Any:
