@@ -296,3 +296,10 @@ def test_model_dtypes_apply_to_a_hugging_face_llama_config(tmp_path):
     got = builder.model_config(config)
     assert (got.dtype, got.param_dtype, got.num_kv_heads, got.vocab_size) == ("bfloat16", "bfloat16", 2, 256)
     assert got.prompt_start_id == 5  # the checkpoint's start token decodes infer's and training's prompts
+    from cairn.launchers import data
+
+    assert data.feature_converter(config).bos_id == 5  # and starts its training rows
+    config.model.overrides = {"prompt_start_id": None}  # prompts that hold their own BOS
+    assert builder.model_config(config).prompt_start_id is None and data.feature_converter(config).bos_id == 0
+    config.init.hf_checkpoint = ""  # a preset takes the override too (`int | None`: None passes the type check)
+    assert validation.check_model(config).prompt_start_id is None

@@ -23,7 +23,7 @@ from cairn.datatasks.deterministic.store import INFO, is_completed, read_json, r
 from cairn.launchers.config_base import model_family
 from cairn.launchers.config_io import to_plain
 from cairn.launchers.multihost import stop_together
-from cairn.launchers.validation import ConfigError, close_names
+from cairn.launchers.validation import ConfigError, close_names, prompt_start_id
 from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary, TokenizerJsonVocabulary
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,15 @@ def get_tasks(config: ml_collections.ConfigDict, key: str = "data.task") -> dict
 
 
 def feature_converter(config: ml_collections.ConfigDict, pack: bool | None = None) -> Any:
-    """The `cairn.datatasks` feature converter of the model family (`data.pack` unless `pack`)."""
+    """The `cairn.datatasks` feature converter of the model family (`data.pack` unless `pack`),
+    whose decoder inputs start with the model's start token (`validation.prompt_start_id`: 0,
+    T5's, unless a decoder-only config says otherwise, e.g. an imported checkpoint's BOS), the
+    token decoding puts in front of a prompt."""
 
     pack = config.data.pack if pack is None else pack
-    return getattr(dt, model_family(config.model.kind).feature_converter)(pack=pack)
+    converter = getattr(dt, model_family(config.model.kind).feature_converter)
+    start = prompt_start_id(config)
+    return converter(pack=pack) if start == 0 else converter(pack=pack, bos_id=start)
 
 
 def sequence_length(config: ml_collections.ConfigDict) -> dict[str, int]:

@@ -200,13 +200,29 @@ def check_model(config: Any) -> Any:
         if name not in fields:
             raise ConfigError(key, f"{type(base).__name__} has no field {name!r}; {_suggest(name, list(fields))}")
         default = getattr(base, name)
-        if default is not None and fields[name].type != "Any":  # `Any` fields check themselves
+        optional = value is None and "None" in str(fields[name].type)  # `int | None`: None allowed
+        if default is not None and fields[name].type != "Any" and not optional:  # `Any` fields check themselves
             check_type(key, value, tuple if isinstance(default, list) else type(default))
     try:
         net = dataclasses.replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
     except (ValueError, TypeError) as e:
         raise ConfigError("model.overrides", str(e)) from None
     return apply_model_keys(config, net)
+
+
+def prompt_start_id(config: Any) -> int:
+    """The start token the model's decoder inputs begin with: the network config's
+    `prompt_start_id` (a decoder-only model's: the preset with `model.overrides`, or
+    `init.hf_checkpoint`'s config.json, whose `bos_token_id` it is), 0 where it is None (the
+    prompts hold their own) or the family has none (T5's decoder start is 0)."""
+    family = config_base.model_family(config.model.kind)
+    if not family.continues_prompt:
+        return 0
+    if config.init.hf_checkpoint and family.hf is not None:
+        net = family.hf.config_from_dir(config.init.hf_checkpoint, **to_plain(config.model.overrides))
+    else:
+        net = check_model(config)
+    return getattr(net, "prompt_start_id", 0) or 0
 
 
 # model.<key> -> the network config field of the same name it sets ("preset": left as it is).
