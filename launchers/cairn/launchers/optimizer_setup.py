@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
-
-from cairn.launchers.config_io import to_plain
+from cairn.launchers import schema
 from cairn.launchers.validation import ConfigError
 
 
@@ -39,16 +37,16 @@ def _check_regexes(key: str, patterns: Sequence[str]) -> None:
             raise ConfigError(key, str(e)) from None
 
 
-def optimizer_config(config: ml_collections.ConfigDict) -> Any:
-    """The `OptimizerConfig` of `config.optimizer` (`ConfigError` naming the bad key)."""
+def optimizer_config(keys: schema.Config) -> Any:
+    """The `OptimizerConfig` of `optimizer.*` (`ConfigError` naming the bad key): `RunSpec.optimizer`."""
     from cairn.trainer import OptimizerConfig
     from cairn.trainer.adafactor_axes import factor_rules
 
-    opt = config.optimizer
+    opt = keys.optimizer
     freeze, no_decay = tuple(opt.freeze), tuple(opt.no_decay)
     _check_regexes("optimizer.freeze", freeze)
     _check_regexes("optimizer.no_decay", no_decay)
-    rules = {str(k): str(v) for k, v in to_plain(opt.factor_rules).items()}
+    rules = {str(k): str(v) for k, v in opt.factor_rules.items()}
     try:
         factor_rules(rules)
     except ValueError as e:
@@ -72,12 +70,12 @@ def optimizer_config(config: ml_collections.ConfigDict) -> Any:
     )
 
 
-def check_patterns(config: ml_collections.ConfigDict, paths: Sequence[str]) -> None:
+def check_patterns(opt: Any, paths: Sequence[str]) -> None:
     """Every pattern of `optimizer.freeze` and `optimizer.groups` (and of `optimizer.no_decay`
-    when weight decay is on) matches one of the parameter `paths`, else a `ConfigError`."""
+    when weight decay is on) of the `OptimizerConfig` `opt` matches one of the parameter `paths`,
+    else a `ConfigError`."""
     from cairn.trainer.param_groups import matches_any, unmatched
 
-    opt = optimizer_config(config)
     checked = [("optimizer.freeze", opt.freeze), ("optimizer.groups", tuple(g.pattern for g in opt.groups))]
     if opt.weight_decay:
         checked.append(("optimizer.no_decay", opt.no_decay))
@@ -91,12 +89,11 @@ def check_patterns(config: ml_collections.ConfigDict, paths: Sequence[str]) -> N
         raise ConfigError("optimizer.freeze", f"freezes every parameter {opt.freeze}: nothing would train")
 
 
-def check_param_patterns(config: ml_collections.ConfigDict, model: Any, batch: Any) -> None:
-    """`check_patterns` against the paths of `model`'s parameters for `batch` (abstract: no
-    parameter is allocated); nothing is traced when no pattern needs checking."""
-    opt = config.optimizer
+def check_param_patterns(opt: Any, model: Any, batch: Any) -> None:
+    """`check_patterns` of the `OptimizerConfig` `opt` against the paths of `model`'s parameters
+    for `batch` (abstract: no parameter is allocated); nothing is traced when no pattern needs
+    checking."""
     if not (opt.freeze or opt.groups or (opt.weight_decay and opt.no_decay)):
-        optimizer_config(config)
         return
     import jax
 
@@ -104,4 +101,4 @@ def check_param_patterns(config: ml_collections.ConfigDict, model: Any, batch: A
     from cairn.trainer.param_groups import param_paths
 
     shapes, _ = abstract_init(model, jax.random.PRNGKey(0), batch)
-    check_patterns(config, param_paths(shapes))
+    check_patterns(opt, param_paths(shapes))

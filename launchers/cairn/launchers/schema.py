@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
 import ml_collections
@@ -36,7 +36,7 @@ DTYPES = library("cairn.models.transformer_config", "DTYPES", extra=("preset",))
 _MOE = "cairn.models.moe_config:MoeConfig."
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Moe:
     num_experts: int = knob(
         0, "routed experts per MoE MLP (0: the preset's MLPs, dense in every preset); a multiple of mesh.expert", min=0
@@ -68,7 +68,7 @@ class Moe:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Model:
     kind: str = knob("encoder_decoder", "a cairn.models model family", choices=MODEL_KINDS)
     preset: str = knob("t5_1_1_tiny", "a cairn.models preset of that family")
@@ -88,7 +88,7 @@ class Model:
     moe: Moe = section(Moe, "mixture of experts: routed MLPs (num_experts > 0), any family")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Vocabulary:
     kind: str = knob(
         "sentencepiece",
@@ -99,7 +99,7 @@ class Vocabulary:
     extra_ids: int = knob(100, "T5 sentinels <extra_id_0>... at the top of the ids", min=0)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Data:
     task: str = knob("", "a registered task or mixture")
     task_modules: tuple[str, ...] = knob(
@@ -116,7 +116,7 @@ class Data:
     cache_with_beam: bool = knob(False, "cache_tasks: Apache Beam instead of in-process")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Partitioning:
     mesh: dict[str, int] = knob(
         {"data": -1, "fsdp": 1, "expert": 1, "model": 1},
@@ -142,7 +142,7 @@ class Partitioning:
 _OPT = "cairn.trainer.optimizers:OptimizerConfig."
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Optimizer:
     name: str = knob(
         "adafactor", "the optimizer", choices=library("cairn.trainer.optimizers", "OPTIMIZERS"), owner=_OPT + "name"
@@ -189,7 +189,7 @@ class Optimizer:
 _TRAINER = "cairn.trainer:TrainerConfig."
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Trainer:
     num_microbatches: int = knob(
         1, "gradient accumulation: microbatches per step", min=1, owner=_TRAINER + "num_microbatches"
@@ -210,7 +210,7 @@ class Trainer:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Eval:
     task: str = knob("", "the evaluation task (default: data.task)")
     split: str = knob("validation", "the evaluation split")
@@ -224,7 +224,7 @@ class Eval:
 _DECODE = "cairn.models.model_base:DecodeOptions."
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PostTraining:
     final_eval: bool = knob(True, "evaluate after the last step")
     num_samples: int = knob(4, "examples printed with the model's predictions", min=0)
@@ -240,12 +240,12 @@ class PostTraining:
     top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)", owner=_DECODE + "top_k")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Logging:
     wandb: str = knob("", "a Weights & Biases project to log to, offline ('': off)", owner=_TRAINER + "wandb")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Init:
     checkpoint: str = knob("", "a cairn checkpoint whose params the run starts from")
     checkpoint_step: int | None = knob(None, "its step (None: the latest)")
@@ -258,7 +258,7 @@ class Init:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Multihost:
     coordinator_address: str = knob("", "host:port of process 0 (or $CAIRN_COORDINATOR_ADDRESS)")
     coordinator_bind_address: str = knob("", "the address process 0 binds (default: coordinator_address)")
@@ -270,7 +270,7 @@ class Multihost:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The whole config: top-level keys, then the sections."""
 
@@ -374,6 +374,23 @@ def key(path: str) -> Key:
 
 
 FREE_FORM: tuple[str, ...] = tuple(k.path for k in keys() if k.free_form)
+
+
+def typed(plain: Mapping[str, Any], cls: type = Config) -> Any:
+    """The schema dataclass `cls` (default `Config`) holding the values of a checked plain config
+    (`validation.check_schema`): each section as its dataclass, lists of tuple keys as tuples, a
+    key absent from `plain` at its default. Frozen: the typed keys a run reads."""
+    values = {}
+    for f, hint in _fields(cls):
+        if f.name not in plain:
+            continue
+        value = plain[f.name]
+        if "section" in f.metadata:
+            value = typed(value, hint)
+        elif _unpack(hint)[0] is tuple and isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    return cls(**values)
 
 
 def base_config() -> ml_collections.ConfigDict:
