@@ -23,7 +23,8 @@ from typing import Any
 
 import ml_collections
 
-from cairn.launchers import config_base, config_io, schema, validation
+from cairn.launchers import config_base, config_io, optimizer_setup, schema, validation
+from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 
 
@@ -131,9 +132,6 @@ def load(config: ml_collections.ConfigDict) -> RunSpec:
 def resolve(plain: Mapping[str, Any], keys: schema.Config) -> RunSpec:
     """The `RunSpec` of a config whose schema passed (`checked_keys`): the model, the paths, the
     vocabulary, the optimizer and schedule checked, each once (`ConfigError` naming the key)."""
-    from cairn.launchers import data as data_lib
-    from cairn.launchers import optimizer_setup
-
     preset = validation.check_model(keys)
     mesh = MeshSpec.of(keys)
     validation.check_expert_axis(mesh.axes, preset)  # a given expert axis (-1: `resolve_mesh` checks it)

@@ -389,6 +389,8 @@ def typed(plain: Mapping[str, Any], cls: type = Config) -> Any:
             value = typed(value, hint)
         elif _unpack(hint)[0] is tuple and isinstance(value, list):
             value = tuple(value)
+        elif isinstance(value, dict):  # a mapping key: its own copy, not shared with `plain`
+            value = copy.deepcopy(value)
         values[f.name] = value
     return cls(**values)
 
