@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
 from cairn.launchers import config_base, config_io, optimizer_setup, schema, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
+
+if TYPE_CHECKING:  # the library dataclasses, imported when built (after the schema has passed)
+    from cairn.models import DecodeOptions
+    from cairn.trainer import CheckpointConfig, OptimizerConfig, TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +101,12 @@ class RunSpec:
     plain: Mapping[str, Any]
     stored: Mapping[str, Any]
     vocabulary: Any
-    model: Any
-    optimizer: Any
+    model: Any  # the model family's config class (`T5Config`, `DecoderOnlyConfig`, `LlamaConfig`, ...)
+    optimizer: OptimizerConfig
     schedule: Callable
-    trainer: Any
-    checkpoint: Any
-    decode: Any
+    trainer: TrainerConfig
+    checkpoint: CheckpointConfig
+    decode: DecodeOptions
     reader: ReaderSpec
     mesh: MeshSpec
 
@@ -206,7 +210,7 @@ def loss_normalizing_factor(keys: schema.Config) -> str | None:
     return None if value == "none" else value
 
 
-def trainer_config(keys: schema.Config) -> tuple[Any, Any]:
+def trainer_config(keys: schema.Config) -> tuple[TrainerConfig, CheckpointConfig]:
     """`(TrainerConfig, CheckpointConfig)` of `trainer.*` and the top-level keys."""
     from cairn.trainer import CheckpointConfig, TrainerConfig
 
@@ -229,7 +233,7 @@ def trainer_config(keys: schema.Config) -> tuple[Any, Any]:
     return trainer, checkpoint
 
 
-def decode_options(keys: schema.Config, reader: ReaderSpec) -> Any:
+def decode_options(keys: schema.Config, reader: ReaderSpec) -> DecodeOptions:
     """The `DecodeOptions` of `post_training.*`; its length `max_decode_length`, else the targets
     length (callers that decode another length replace it)."""
     from cairn.models import DecodeOptions
