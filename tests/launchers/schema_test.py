@@ -187,14 +187,29 @@ def _library_value(owner):
     value = getattr(importlib.import_module(module), cls_name)
     if not field:
         return value
-    return {f.name: f.default for f in dataclasses.fields(value)}[field]
+    f = {f.name: f for f in dataclasses.fields(value)}[field]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+# Keys whose 0 the spec resolves into another value of the field: dense MLPs (no MoeConfig), the targets length.
+RESOLVED_BY_THE_SPEC = ("model.moe.num_experts", "post_training.max_decode_length")
 
 
 def test_keys_a_library_owns_have_its_defaults_and_choices():
-    owned = [k for k in schema.keys() if k.owner]
-    assert len(owned) >= 15
-    for k in owned:
-        assert _library_value(k.owner) == k.default, k.path
+    from cairn.launchers import run_spec
+
+    owned = {k.path: k.owner for k in schema.keys() if k.owner}
+    for section, library_class in run_spec.LIBRARY_SECTIONS.items():  # keys named like the class's fields
+        fields = {f.name for f in dataclasses.fields(_library_value(library_class))}
+        shared = [
+            k for k in schema.keys() if k.path.rpartition(".")[0] == section and k.path.rpartition(".")[2] in fields
+        ]
+        assert len(shared) >= 2, section
+        owned.update({k.path: f"{library_class}.{k.path.rpartition('.')[2]}" for k in shared})
+    assert len(owned) >= 30
+    for path, owner in owned.items():
+        if path not in RESOLVED_BY_THE_SPEC:
+            assert _library_value(owner) == schema.key(path).default, path
     from cairn.models import families, losses, model_base
     from cairn.partitioning import DEFAULT_AXES
     from cairn.trainer import optimizers
@@ -302,3 +317,14 @@ def test_the_spec_and_its_binding_run_each_check_once(tmp_path, monkeypatch):
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.keys.data.batch_size = 1  # type: ignore[misc]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_value_its_library_dataclass_refuses_names_the_key():
+    """A section's keys build the library dataclass (`validation.library_config`): its own refusal
+    is a `ConfigError` naming the key (a negative clip norm was a traceback before)."""
+    from cairn.launchers import optimizer_setup, run_spec
+
+    config = config_base.base_config()
+    config.optimizer.clip_grad_norm = -1.0
+    with pytest.raises(ConfigError, match=r"'optimizer.clip_grad_norm': OptimizerConfig.clip_grad_norm must be > 0"):
+        optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1])

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cairn.launchers import schema
-from cairn.launchers.validation import ConfigError
+from cairn.launchers.validation import ConfigError, library_config
 
 
 def parse_groups(entries: Sequence[str]) -> tuple[Any, ...]:
@@ -51,23 +51,8 @@ def optimizer_config(keys: schema.Config) -> Any:
         factor_rules(rules)
     except ValueError as e:
         raise ConfigError("optimizer.factor_rules", str(e)) from None
-    return OptimizerConfig(
-        name=opt.name,
-        b1=opt.b1,
-        b2=opt.b2,
-        weight_decay=opt.weight_decay,
-        clip_grad_norm=opt.clip_grad_norm,
-        factoring=opt.factoring,
-        factor_rules=rules,
-        factored=opt.factored,
-        min_dim_size_to_factor=opt.min_dim_size_to_factor,
-        multiply_by_parameter_scale=opt.multiply_by_parameter_scale,
-        decay_rate=opt.decay_rate,
-        clipping_threshold=opt.clipping_threshold,
-        no_decay=no_decay,
-        freeze=freeze,
-        groups=parse_groups(opt.groups),
-    )
+    # The keys named like OptimizerConfig's fields feed them (name, b1, ..., no_decay, freeze).
+    return library_config(OptimizerConfig, opt, "optimizer", factor_rules=rules, groups=parse_groups(opt.groups))
 
 
 def check_patterns(opt: Any, paths: Sequence[str]) -> None:

@@ -210,25 +210,32 @@ def loss_normalizing_factor(keys: schema.Config) -> str | None:
     return None if value == "none" else value
 
 
+# Schema sections whose keys feed the fields of the same name of a library dataclass
+# (`validation.library_config`): those keys need no `owner=`; schema_test checks their defaults.
+LIBRARY_SECTIONS = {
+    "trainer": "cairn.trainer:TrainerConfig",
+    "optimizer": "cairn.trainer:OptimizerConfig",
+    "model.moe": "cairn.models.moe_config:MoeConfig",
+    "post_training": "cairn.models:DecodeOptions",
+}
+
+
 def trainer_config(keys: schema.Config) -> tuple[TrainerConfig, CheckpointConfig]:
-    """`(TrainerConfig, CheckpointConfig)` of `trainer.*` and the top-level keys."""
+    """`(TrainerConfig, CheckpointConfig)` of `trainer.*` (its keys named like `TrainerConfig`'s
+    fields feed them) and the top-level keys."""
     from cairn.trainer import CheckpointConfig, TrainerConfig
 
-    t = keys.trainer
-    checkpoint = CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True)
-    trainer = TrainerConfig(
+    checkpoint = CheckpointConfig(keep=keys.trainer.keep_checkpoints or None, asynchronous=True)
+    trainer = validation.library_config(
+        TrainerConfig,
+        keys.trainer,
+        "trainer",
         model_dir=keys.model_dir,
         num_train_steps=keys.num_train_steps,
         seed=keys.seed,
-        num_microbatches=t.num_microbatches,
         microbatch_reduction="sum" if loss_normalizing_factor(keys) is None else "mean",
-        checkpoint_every=t.checkpoint_every,
-        eval_every=t.eval_every,
-        log_every=t.log_every,
         checkpoint=checkpoint,
-        tensorboard=t.tensorboard,
         wandb=keys.logging.wandb,
-        offload_optimizer_state=t.offload_optimizer_state,
     )
     return trainer, checkpoint
 
@@ -240,7 +247,9 @@ def decode_options(keys: schema.Config, reader: ReaderSpec) -> DecodeOptions:
 
     pt = keys.post_training
     length = pt.max_decode_length or reader.sequence_length.get("targets", 1)
-    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k)
+    return validation.library_config(
+        DecodeOptions, pt, "post_training", method=pt.decode_method, max_decode_length=length
+    )
 
 
 def bind(

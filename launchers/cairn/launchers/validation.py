@@ -245,11 +245,23 @@ def moe_config(config: schema.Config) -> Any:
         return None
     if "moe" in config.model.overrides:
         raise ConfigError("model.moe.num_experts", "contradicts model.overrides.moe; set one of them")
+    return library_config(MoeConfig, config.model.moe, "model.moe", fallback="model.moe.num_experts")
+
+
+def library_config(cls: type, section: Any, key: str, fallback: str = "", **values: Any) -> Any:
+    """The library dataclass `cls` built from the keys of the schema `section` (at config `key`)
+    named like its fields, and `values` for the fields set otherwise: a section's keys feed the
+    library fields of the same name (`run_spec.LIBRARY_SECTIONS`; schema_test checks that their
+    defaults agree). A value `cls` refuses (its `__post_init__`) is a `ConfigError` naming the
+    key its message names (else `fallback`, else `key`)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    own = [f.name for f in dataclasses.fields(section)]
+    shared = {name: getattr(section, name) for name in own if name in fields}
     try:
-        return MoeConfig(num_experts=num_experts, **values)
+        return cls(**{**shared, **values})
     except (ValueError, TypeError) as e:
-        field = re.search(r"moe\.(\w+)", str(e))
-        raise ConfigError(f"model.moe.{field.group(1) if field else 'num_experts'}", str(e)) from None
+        named = [name for name in re.findall(r"\b\w+\.(\w+)", str(e)) if name in own]
+        raise ConfigError(f"{key}.{named[0]}" if named else (fallback or key), str(e)) from None
 
 
 def _exists(path: str) -> bool:
