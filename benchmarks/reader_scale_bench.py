@@ -296,6 +296,7 @@ def measure(
     tag: str = "",
     steps: int = 0,
     emulator_pid: int | None = None,
+    emulator: str = "filesystem",
 ) -> dict:
     """One (size, mode) in this (fresh) process; `cache_dir` (e.g. a gs:// copy) instead of
     the local cache. The far step is `FAR_STEP`, or with `steps` (the growth table, issue 37)
@@ -354,7 +355,7 @@ def measure(
     return {
         "n": n,
         "pack": pack,
-        "where": "gcs" if "://" in cache_dir else "local",
+        "where": f"gcs ({emulator})" if "://" in cache_dir else "local",
         "bins": bins,
         # The first construction builds (and, packed, stores) the plan; the later ones map it.
         "first_build_s": walls[0],
@@ -456,7 +457,7 @@ def group_size_table(args, env: dict) -> None:
     emulator, bucket, rows = None, None, []
     try:
         if "gcs" in wheres:
-            emulator = start_emulator(args.emulator, root)
+            emulator = start_emulator(args.emulator.split(",")[0].strip(), root)
             emulator.activate()
             bucket = emulator.create_bucket("group-sizes")
             env = emulator.environ(env)
@@ -531,8 +532,9 @@ def main() -> None:
     p.add_argument(
         "--emulator",
         default="filesystem",
-        help="the fake-gcs-server backend for --storage gcs: filesystem (objects on disk, under --root kept "
-        "between runs) or memory (an object found by scanning its bucket: ~4 ms of CPU a request at 10,000 shards)",
+        help="the fake-gcs-server backends for --storage gcs, comma-separated (each measured): filesystem "
+        "(objects on disk, under --root kept between runs; a listing costs it ~0.2 ms of CPU per object) or memory "
+        "(an object found by scanning its bucket: ~4 ms of CPU a request at 10,000 shards)",
     )
     p.add_argument("--emulator_pid", type=int, help="internal: the emulator's process (its CPU time)")
     p.add_argument("--measure_chunks", help="internal: the cache measured in this process")
@@ -544,7 +546,8 @@ def main() -> None:
     if args.measure:
         n, pack = args.measure.split(",")
         tag = f"_g{args.group_size}" if args.group_size else ""
-        row = measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir, tag, args.steps, args.emulator_pid)
+        where = (args.cache_dir, tag, args.steps, args.emulator_pid, args.emulator)
+        row = measure(args.root, int(n), pack == "1", args.repeats, *where)
         json.dump(row, sys.stdout)
         return
     if args.measure_chunks:
@@ -562,15 +565,32 @@ def main() -> None:
     root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
     tag = f"_g{args.group_size}" if args.group_size else ""
     wheres = [w.strip() for w in args.storage.split(",")]
-    emulator, bucket = None, None
+    kinds = [k.strip() for k in args.emulator.split(",")]
     rows = []
+
+    def measure_rows(n: int, where: str, child_env: dict, extra: list) -> None:
+        for mode in modes:
+            extra = extra + (["--group_size", str(args.group_size)] if args.group_size else [])
+            row = measure_in_child(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--root",
+                    root,
+                    "--repeats",
+                    str(args.repeats),
+                    "--measure",
+                    f"{n},{int(mode == 'packed')}",
+                    "--steps",
+                    str(args.steps),
+                ]
+                + extra,
+                child_env,
+                f"{n} {mode} {where}",
+            )
+            rows.append(row)
+
     try:
-        if "gcs" in wheres:
-            emulator = start_emulator(args.emulator, root)
-            emulator.activate()
-            bucket = emulator.create_bucket("reader-scale")
-            env = emulator.environ(env)
-            env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
         for n in sizes:
             seconds = build(root, n, args.shards, args.workers, args.group_size, tag=tag)
             if seconds is not None:
@@ -578,44 +598,29 @@ def main() -> None:
                     f"built {n:,} records in {args.shards} shards: {seconds:.1f} s ({n / seconds:,.0f} records/s)",
                     flush=True,
                 )
-            if bucket:
-                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket, tag):.1f} s", flush=True)
             for where in wheres:
-                for mode in modes:
-                    extra = (
-                        ["--cache_dir", bucket_cache(bucket, n, tag), "--emulator_pid", str(emulator.pid)]
-                        if where == "gcs"
-                        else []
-                    )
-                    extra += ["--group_size", str(args.group_size)] if args.group_size else []
-                    row = measure_in_child(
-                        [
-                            sys.executable,
-                            os.path.abspath(__file__),
-                            "--root",
-                            root,
-                            "--repeats",
-                            str(args.repeats),
-                            "--measure",
-                            f"{n},{int(mode == 'packed')}",
-                            "--steps",
-                            str(args.steps),
-                        ]
-                        + extra,
-                        env,
-                        f"{n} {mode} {where}",
-                    )
-                    rows.append(row)
+                if where != "gcs":
+                    measure_rows(n, where, env, [])
+                    continue
+                for kind in kinds:  # a fresh emulator of each backend, the cache uploaded to it
+                    emulator = start_emulator(kind, root)
+                    try:
+                        emulator.activate()
+                        bucket = emulator.create_bucket("reader-scale")
+                        print(f"uploaded {n:,} records to the {kind} emulator: {upload(root, n, bucket, tag):.1f} s")
+                        child_env = dict(emulator.environ(env), CAIRN_CACHE_HOME=os.path.join(root, "cairn-cache-home"))
+                        extra = ["--cache_dir", bucket_cache(bucket, n, tag), "--emulator_pid", str(emulator.pid)]
+                        measure_rows(n, f"gcs ({kind})", child_env, extra + ["--emulator", kind])
+                    finally:
+                        emulator.stop()
     finally:
-        if emulator is not None:
-            emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE
 
     print(
         f"\n{args.shards} shards, group_size {args.group_size or DEFAULT_GROUP_SIZE}; EncDec {LENGTHS}, "
-        f"global batch {BATCH}; medians of {args.repeats}; emulator: {args.emulator}\n"
+        f"global batch {BATCH}; medians of {args.repeats}; emulators: {args.emulator}\n"
     )
     if args.steps:
         growth_table(rows, args.steps)
@@ -660,7 +665,7 @@ def growth_table(rows: list[dict], steps: int) -> None:
             f"| {r.get('anon_above_imports_mb', float('nan')):+,.0f} / {r.get('file_rss_after_mb', float('nan')):,.0f} "
             f"| {r['fetches_per_1000_rows']:.1f} / {r['opens_per_1000_rows']:.2f} | {r['open_shards']:,} "
             f"| {r['reader_cpu_s_per_1000_rows']:.4f} / "
-            + (f"{r['emulator_cpu_s_per_1000_rows']:.4f}" if r["where"] == "gcs" else "-")
+            + (f"{r['emulator_cpu_s_per_1000_rows']:.4f}" if r["where"].startswith("gcs") else "-")
             + f" | {r['load'][0]:.1f} / {r['load'][1]:.1f} |"
         )
 
