@@ -124,7 +124,7 @@ def test_a_pattern_matching_no_parameter_exits_2_naming_it(train, tmp_path, text
 
 
 def test_config_keys_map_to_the_optimizer_config():
-    from cairn.launchers import config_io, optimizer_setup
+    from cairn.launchers import config_io, optimizer_setup, run_spec
     from cairn.launchers.validation import ConfigError
     from cairn.trainer import ParamGroup
 
@@ -134,31 +134,31 @@ def test_config_keys_map_to_the_optimizer_config():
     config.optimizer.decay_rate = 0.5
     config.optimizer.clipping_threshold = None
     config.optimizer.groups = ("a=b=0.25", "^decoder/=2")
-    opt = optimizer_setup.optimizer_config(config)
+    opt = optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1])
     assert opt.factoring == "logical" and opt.factor_rules == {"heads": "column"}
     assert opt.decay_rate == 0.5 and opt.clipping_threshold is None and opt.min_dim_size_to_factor == 128
     assert opt.groups == (ParamGroup("a=b", 0.25), ParamGroup("^decoder/", 2.0))
-    optimizer_setup.check_patterns(config, ["a=b/x", "decoder/y"])
+    optimizer_setup.check_patterns(opt, ["a=b/x", "decoder/y"])
     with pytest.raises(ConfigError, match="optimizer.groups.*'zzz' matches no parameter"):
         config.optimizer.groups = ("zzz=1",)
-        optimizer_setup.check_patterns(config, ["a/b"])
+        optimizer_setup.check_patterns(optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1]), ["a/b"])
     config.optimizer.groups = ()
     config.optimizer.factor_rules = {"heads": "sideways"}
     with pytest.raises(ConfigError, match="optimizer.factor_rules.*sideways"):
-        optimizer_setup.optimizer_config(config)
+        optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1])
     config.optimizer.factor_rules = {}
     config.optimizer.freeze = ("(",)
     with pytest.raises(ConfigError, match="optimizer.freeze.*invalid parameter pattern"):
-        optimizer_setup.optimizer_config(config)
+        optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1])
     config.optimizer.freeze = ("",)
     with pytest.raises(ConfigError, match="freezes every parameter"):
-        optimizer_setup.check_patterns(config, ["a/b"])
+        optimizer_setup.check_patterns(optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1]), ["a/b"])
 
 
 def test_a_lora_run_trains_only_adapters_of_its_base(train, tmp_path, standard, texts, cache_dir):
     """LoRA (`model.lora.rank`) on the standard checkpointed run's T5: its checkpoint holds the
     adapters alone (B trained away from zero) and its config names the base checkpoint; eval reads
-    the adapters folded into that base (`checkpoint_params.lora_params`), which differ from it."""
+    the adapters folded into that base (`checkpoint_params.params_layout`), which differ from it."""
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
     start, run = standard.run(standard_runs.CHECKPOINTED), tmp_path / "lora"
     lora = ("--config.model.lora.rank=4", "--config.optimizer.learning_rate=0.1")
@@ -174,14 +174,16 @@ def test_a_lora_run_trains_only_adapters_of_its_base(train, tmp_path, standard, 
 
     import jax
 
-    from cairn.launchers import builder, config_io
+    from cairn.launchers import builder, config_io, run_spec
     from cairn.launchers import checkpoint_params as ckpt_params
     from cairn.trainer.param_groups import param_paths
 
-    config = config_io.load_saved_config(str(run / "config.json"))
-    partitioner = builder.make_partitioner(config)
-    model = builder.load_model(config, net=builder.model_config(config))
-    step, merged = ckpt_params.load_params(config, model, partitioner, str(run))
+    spec = launch_util.spec(config_io.load_saved_config(str(run / "config.json")))
+    assert spec.lora is not None and spec.lora.rank == 4
+    bound = run_spec.bind(spec, jax.devices(), batch_keys=())
+    model = builder.load_model(spec)
+    layout = ckpt_params.params_layout(spec, model, bound.partitioner)
+    step, merged = ckpt_params.load_params(layout, str(run))
     base = checkpoint_params(start, standard_runs.CHECKPOINTED_STEPS)
     flat = dict(zip(param_paths(merged), jax.tree.leaves(merged)))
     assert step == 2 and sorted(flat) == sorted(base)
@@ -201,6 +203,7 @@ def test_bad_lora_configs_exit_2_naming_the_key(train, tmp_path, standard, texts
             "model.lora.targets",
             "LoRA target 'nowhere' matches no parameter",
         ),
+        ((*based, "--config.trainer.offload_params=true"), "trainer.offload_params", "not supported with LoRA"),
     ]
     for i, (extra, key, message) in enumerate(cases):
         proc = train(small(tmp_path / str(i), cache_dir, *extra), env=env)

@@ -4,6 +4,8 @@ LoRA run (`cairn.models.lora.LoraModel`): only the adapters train and have optim
 base is the state's frozen tree (sharded by its own specs, never changed, never checkpointed),
 evaluation sees the merged params, and a resumed run is given the base again."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -110,6 +112,11 @@ def test_lora_trains_only_the_adapters_and_resumes_with_its_base(tmp_path):
 
     with pytest.raises(ValueError, match="frozen_params"):
         Trainer(model, OptimizerConfig(name="adamw"), 1e-2, make_partitioner(4, 2), trainer.config).train(_lm_batches())
+    offloaded = dataclasses.replace(trainer.config, offload_params=True)  # not with a frozen tree
+    with pytest.raises(ValueError, match="offload_params is not supported for a model with a frozen tree"):
+        Trainer(model, OptimizerConfig(name="adamw"), 1e-2, make_partitioner(4, 2), offloaded).setup(
+            next(_lm_batches())
+        )
     _, resumed = run(8)
     assert resumed.step == 8
     jax.tree.map(np.testing.assert_array_equal, resumed.state.frozen, base)

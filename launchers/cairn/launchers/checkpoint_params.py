@@ -3,15 +3,17 @@ complete, and the params of one, sharded on the mesh as the trainer lays them ou
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from cairn import storage
 from cairn.launchers import builder, run_setup
 from cairn.launchers import data as data_lib
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 
@@ -41,32 +43,45 @@ def complete_steps(path: str) -> list[int]:
     return steps
 
 
-def zero_batch(config: ml_collections.ConfigDict, rows: int) -> dict[str, np.ndarray]:
-    """A host batch of zeros with the model features and lengths of the config's converter."""
-    converter = data_lib.feature_converter(config)
-    lengths = converter.get_model_feature_lengths(data_lib.sequence_length(config))
+def zero_batch(spec: RunSpec, rows: int) -> dict[str, np.ndarray]:
+    """A host batch of zeros with the model features and lengths of the spec's converter."""
+    converter = data_lib.feature_converter(spec.reader)
+    lengths = converter.get_model_feature_lengths(dict(spec.reader.sequence_length))
     return {k: np.zeros((rows, n), np.float32 if k.endswith("loss_weights") else np.int32) for k, n in lengths.items()}
 
 
-def abstract_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) of the model's params, as the trainer lays them out."""
-    trainer = builder.make_trainer(config, model, partitioner)
+@dataclasses.dataclass(frozen=True)
+class ParamsLayout:
+    """What a run's checkpoints hold (`params_layout`): `abstract`, the ShapeDtypeStructs (with
+    shardings) of a checkpoint's params as the trainer lays them out (a LoRA run's: its
+    adapters), and `to_model`, a checkpoint's params -> the model's (themselves; a LoRA run's
+    adapters folded into its frozen base, `cairn.models.lora.merge`)."""
+
+    abstract: Any
+    to_model: Callable[[Any], Any]
+
+
+def params_layout(spec: RunSpec, model: Any, partitioner: Any) -> ParamsLayout:
+    """The `ParamsLayout` of the spec's checkpoints for `model` (the spec's network; with
+    `model.lora.rank`, `builder.trainable_model`'s adapters over it, whose base, the config's
+    `init.*` source, is read here, once)."""
+    trainer = builder.make_trainer(spec, builder.trainable_model(spec, model), partitioner)
     # One row per data-parallel shard: the params' layout does not depend on the batch.
     rows = partitioner.batch_parts() // partitioner.data_layout().num_shards
-    return trainer.setup(zero_batch(config, rows)).params
+    batch = zero_batch(spec, rows)
+    state = trainer.setup(batch)
+    if spec.lora is None:
+        return ParamsLayout(state.params, lambda params: params)
+    base = builder.base_params(spec, trainer, batch)
+    return ParamsLayout(state.params, lambda adapters: trainer.eval_params(state.replace(params=adapters, frozen=base)))
 
 
-def load_params(
-    config: ml_collections.ConfigDict,
-    model: Any,
-    partitioner: Any,
-    path: str,
-    step: int | None = None,
-    abstract: Any = None,
-) -> tuple[int, Any]:
+def load_params(layout: ParamsLayout, path: str, step: int | None = None) -> tuple[int, Any]:
     """`(step, params)` of the checkpoint at `path` (a model_dir, its checkpoints folder, or one
-    step's folder); the latest complete step unless `step` is given. On several processes,
-    process 0 chooses the step (a checkpoint may complete while they look) and all restore it."""
+    step's folder), restored as `layout` (`params_layout`) lays them out, as the model's params
+    (`ParamsLayout.to_model`); the latest complete step unless `step` is given. On several
+    processes, process 0 chooses the step (a checkpoint may complete while they look) and all
+    restore it."""
     from cairn.trainer import restore_params
 
     if storage.path(storage.join(path, "state")).is_dir():
@@ -84,20 +99,4 @@ def load_params(
 
         chosen = run_setup.from_process_0(choose)[0]
         target = storage.join(checkpoint_root(path), str(chosen))
-    if config.model.lora.rank is not None:
-        return chosen, lora_params(config, model, partitioner, target)
-    abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
-    return chosen, restore_params(target, abstract)
-
-
-def lora_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any, target: Any) -> Any:
-    """The params of a LoRA run's checkpoint at `target`: its adapters folded into the base its
-    config names (`init.*`, read again), as `model`'s params (`cairn.models.lora.merge`)."""
-    from cairn.trainer import restore_params
-
-    trainer = builder.make_trainer(config, builder.trainable_model(config, model), partitioner)
-    rows = partitioner.batch_parts() // partitioner.data_layout().num_shards
-    batch = zero_batch(config, rows)
-    state = trainer.setup(batch)
-    adapters = restore_params(target, state.params)
-    return trainer.eval_params(state.replace(params=adapters, frozen=builder.base_params(config, trainer, batch)))
+    return chosen, layout.to_model(restore_params(target, layout.abstract))

@@ -62,8 +62,8 @@ def grouped_update(
     params: Any,
     shardings: tuple[Any, Any],
     group_bytes: int = DEFAULT_GROUP_BYTES,
-    param_shardings: tuple[Any, Any] | None = None,
-) -> tuple[Any, Any]:
+    param_offload: Any = None,
+) -> tuple[Any, Any, Any]:
     """`optimizer.update(grads, opt_state, params)` with `opt_state` in host memory, a group of
     parameters at a time (module docstring), and the updates applied group by group. `shardings`:
     the state's `(device, host)` shardings. Returns the new parameters (on the device) and the
@@ -74,16 +74,25 @@ def grouped_update(
     dead once its parameters are new (float32 llama_1b: 4.9 GB that otherwise sat beside the
     gradients until the end of the step).
 
-    `param_shardings`: the params' `(device, host)` shardings when they live in host memory too
-    (`TrainerConfig.offload_params`): a group's params move in with its state, and its new params
-    go back to host memory with its new state."""
+    `param_offload` (`param_offload.ParamOffload`): some params live in host memory too
+    (`TrainerConfig.offload_params`): a group's offloaded params move in with its state, their
+    new values are cast into the next `TrainState.compute` while on the device, and go back to
+    host memory with the new state. Returns `(params, state, compute)` (compute None without
+    `param_offload`)."""
     treedef: Any
     s_def: Any
     g_leaves, treedef = jax.tree.flatten(grads)
     p_leaves = treedef.flatten_up_to(params)
     s_leaves, s_def = jax.tree.flatten(opt_state)
     to_device, to_host = (s_def.flatten_up_to(s) for s in shardings)
-    p_device, p_host = (None, None) if param_shardings is None else (treedef.flatten_up_to(s) for s in param_shardings)
+    p_device: list[Any] = [None] * len(p_leaves)
+    p_host: list[Any] = [None] * len(p_leaves)
+    casts: list[Any] = [None] * len(p_leaves)
+    if param_offload is not None:
+        casts = treedef.flatten_up_to(param_offload.dtypes)
+        p_device = treedef.flatten_up_to(param_offload.device)
+        p_host = treedef.flatten_up_to(param_offload.host)
+    new_compute: list[Any] = [None] * len(p_leaves)
     new_state: list[Any] = [None] * len(s_leaves)
     new_params: list[Any] = [None] * len(p_leaves)
     previous: list[Any] = []
@@ -99,8 +108,7 @@ def grouped_update(
         moving = [s_leaves[j] for j in mine]
         if previous:  # this group's state moves in only after the previous group is done
             (moving, group_p), _ = jax.lax.optimization_barrier(((moving, group_p), previous))
-        if p_device is not None:
-            group_p = [jax.device_put(p, p_device[i]) for i, p in zip(group, group_p)]
+        group_p = [p if casts[i] is None else jax.device_put(p, p_device[i]) for i, p in zip(group, group_p)]
         here = dict(zip(group, group_p))
         part_p = treedef.unflatten([here[i] if i in members else _empty_like(p) for i, p in enumerate(p_leaves)])
         part_s = [jnp.zeros(t.shape, t.dtype) for t in template]
@@ -112,13 +120,16 @@ def grouped_update(
             new_state[j] = jax.device_put(out_s_leaves[j], to_host[j])
         for i in group:
             new_params[i] = optax.apply_updates(here[i], out_u_leaves[i])
-            if p_host is not None:
+            if casts[i] is not None:  # offloaded: the next copy, then back to host memory
+                new_compute[i] = new_params[i].astype(casts[i])
                 new_params[i] = jax.device_put(new_params[i], p_host[i])
         # the next group's state moves in after this group's new parameters exist and its new
         # state is in host memory (else XLA may keep every group's new state on the device
         # until the end of the step: the whole state again)
         previous = [new_params[i] for i in group] + [new_state[j] for j in mine]
+        previous += [new_compute[i] for i in group if new_compute[i] is not None]
     missing = [j for j, x in enumerate(new_state) if x is None]
     if missing:
         raise ValueError(f"no parameter group owns optimizer state leaves {missing[:5]}")
-    return treedef.unflatten(new_params), s_def.unflatten(new_state)
+    compute = None if param_offload is None else treedef.unflatten(new_compute)
+    return treedef.unflatten(new_params), s_def.unflatten(new_state), compute

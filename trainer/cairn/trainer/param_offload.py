@@ -1,17 +1,23 @@
 """Parameters in host memory (`TrainerConfig.offload_params`): the float32 master weights of
-mixed-precision training live beside the offloaded optimizer state, and a step works on a
-device copy in the precision the model computes in.
+mixed-precision training live beside the offloaded optimizer state, and the device keeps only
+their copy in the precision the model computes in.
 
 A model stored in float32 and computed in bfloat16 casts most parameters (its kernels) to
 bfloat16 before using them, and never uses their float32 values. `cast_only_dtypes` finds those
 parameters in the loss function's jaxpr: a parameter whose every use (followed into scans, remat,
-jit and custom-derivative calls) is one cast to a narrower dtype. `device_copy` moves the
-parameters to the device a group at a time, casting those that the model only casts, so the
-device holds the bfloat16 copy (half the float32 bytes) and never the whole float32 tree. The
-gradient with respect to the cast copy, cast back to float32, is the gradient with respect to the
-float32 parameter bit for bit (the transpose of a cast is the cast back), so a step on the copy
-trains as a step on the float32 parameters does. A parameter used in any other way (a norm's
-scale read in float32, an embedding gathered before its cast, one cast twice) moves as it is.
+jit and custom-derivative calls) is one cast to a narrower dtype. Those are offloaded: their
+float32 masters live in host memory, and the train state keeps their cast copy on the device
+(`TrainState.compute`), which the update remakes from each group's new float32 values while
+they are on the device. A step computes with the copy; the gradient with respect to the cast
+copy, cast back to float32, is the gradient with respect to the float32 parameter bit for bit
+(the transpose of a cast is the cast back), so a step on the copy trains as a step on the
+float32 parameters does. A parameter used in any other way (a norm's scale read in float32, an
+embedding gathered before its cast, one cast twice) stays on the device as it is.
+
+Each float32 master crosses the host link once each way per step, in the update. (Moving the
+masters in at the top of the step to cast them was tried first: XLA turns a parameter's two
+moves into one transfer whose float32 buffer then stays on the device through every
+microbatch; benchmarks/RESULTS.md, 2026-12-07 evening.)
 """
 
 from __future__ import annotations
@@ -97,14 +103,55 @@ def cast_only_dtypes(fn: Callable[..., Any], params: Any, *args: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class ParamOffload:
-    """How a step reaches parameters that live in host memory: their `device` and `host`
-    shardings, the dtype each is cast to on the way in (`cast_only_dtypes`; None: as stored),
-    and the bytes of float32 parameters moved at once."""
+    """Which parameters live in host memory and how a step reaches them: the params' `device`
+    and `host` shardings, the dtype each offloaded one computes in (`cast_only_dtypes`; None: not
+    offloaded), and the bytes of float32 parameters moved at once."""
 
     device: Any
     host: Any
     dtypes: Any
     group_bytes: int
+
+    def _treedef(self) -> Any:
+        return jax.tree.structure(self.device)
+
+    def _leaves(self, tree: Any) -> list[Any]:
+        return self._treedef().flatten_up_to(tree)
+
+    def param_shardings(self) -> Any:
+        """Where each parameter lives between steps: host memory if offloaded, else the device."""
+        treedef = self._treedef()
+        pairs = zip(self._leaves(self.device), self._leaves(self.host), self._leaves(self.dtypes))
+        return treedef.unflatten([h if d is not None else dev for dev, h, d in pairs])
+
+    def compute_shardings(self) -> Any:
+        """`TrainState.compute`'s shardings: the device's for each offloaded parameter, None else."""
+        treedef = self._treedef()
+        return treedef.unflatten(
+            [s if d is not None else None for s, d in zip(self._leaves(self.device), self._leaves(self.dtypes))]
+        )
+
+    def compute_shapes(self, params: Any) -> Any:
+        """`TrainState.compute`'s `ShapeDtypeStruct`s for `params` (shapes)."""
+        treedef = self._treedef()
+        out = [
+            None if d is None else jax.ShapeDtypeStruct(np.shape(p), d)
+            for p, d in zip(self._leaves(params), self._leaves(self.dtypes))
+        ]
+        return treedef.unflatten(out)
+
+    def copy_of(self, params: Any) -> Any:
+        """`TrainState.compute` of `params` that are on the device: each offloaded one cast."""
+        treedef = self._treedef()
+        pairs = zip(self._leaves(params), self._leaves(self.dtypes))
+        return treedef.unflatten([None if d is None else p.astype(d) for p, d in pairs])
+
+    def working(self, params: Any, compute: Any) -> Any:
+        """The parameters a step computes with: the copy of each offloaded one, the others as
+        they are (on the device)."""
+        treedef = self._treedef()
+        pairs = zip(self._leaves(params), self._leaves(compute), self._leaves(self.dtypes))
+        return treedef.unflatten([c if d is not None else p for p, c, d in pairs])
 
 
 def memory_shardings(shardings: Any) -> tuple[Any, Any]:
@@ -119,9 +166,10 @@ def _nbytes(x: Any) -> int:
 
 
 def device_copy(params: Any, dtypes: Any, device_shardings: Any, group_bytes: int) -> Any:
-    """Inside a step: `params` (in host memory) on the device, each leaf cast to its entry of
-    `dtypes` (None: as it is), moved a group of about `group_bytes` at a time so that the
-    float32 values of one group at most are on the device at once."""
+    """`TrainState.compute` made from `params` (offloaded ones in host memory): each leaf whose
+    entry of `dtypes` is a dtype on the device cast to it, the others None; moved a group of
+    about `group_bytes` at a time so that the float32 values of one group at most are on the
+    device at once (at initialisation and after a restore)."""
     treedef: Any
     leaves, treedef = jax.tree.flatten(params)
     casts = treedef.flatten_up_to(dtypes)
@@ -133,9 +181,8 @@ def device_copy(params: Any, dtypes: Any, device_shardings: Any, group_bytes: in
         if previous:  # this group moves in once the previous one is cast
             moving, _ = jax.lax.optimization_barrier((moving, previous))
         for i, x in zip(group, moving):
-            x = jax.device_put(x, targets[i])
-            out[i] = x if casts[i] is None else x.astype(casts[i])
-        previous = [out[i] for i in group]
+            out[i] = None if casts[i] is None else jax.device_put(x, targets[i]).astype(casts[i])
+        previous = [out[i] for i in group if out[i] is not None]
     return treedef.unflatten(out)
 
 

@@ -14,13 +14,17 @@ class TrainState(flax.struct.PyTreeNode):
     """Everything a step reads and writes. `rng` is the run's raw uint32 seed key; the dropout
     key of step s is `fold_in(rng, s)`, so a resumed run draws the same keys. `frozen`: None, or
     parameters the step reads but never updates (a LoRA run's base weights, `model.frozen_model`'s
-    params): not differentiated, no optimizer state, not written to checkpoints."""
+    params): not differentiated, no optimizer state, not written to checkpoints. `compute`: with
+    parameters offloaded to host memory (`TrainerConfig.offload_params`), their copy on the
+    device in the dtype the model computes in (None for the others); derived from `params`, so
+    not checkpointed (`cairn.trainer.param_offload`)."""
 
     params: Any
     opt_state: Any
     step: jax.Array
     rng: jax.Array
     frozen: Any = None
+    compute: Any = None
 
     @classmethod
     def create(

@@ -13,13 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from cairn.partitioning import Partitioner, opt_state_logical_specs
 from cairn.trainer.offload_update import grouped_update
-from cairn.trainer.param_offload import (
-    HOST_MEMORY_KIND,
-    ParamOffload,
-    device_copy,
-    memory_shardings,
-    upcast_like,
-)
+from cairn.trainer.param_offload import HOST_MEMORY_KIND, ParamOffload, memory_shardings, upcast_like
 from cairn.trainer.train_state import TrainState
 
 Batch = Mapping[str, Any]
@@ -71,10 +65,11 @@ def make_train_step(
     `offload_group_bytes` a group of parameters of about that many bytes at a time
     (`offload_update.grouped_update`: for optimizers from `make_optimizer`).
 
-    `param_offload`: the parameters live in host memory too (`param_offload.ParamOffload`). The
-    forward and backward passes run on a device copy in the precision the model computes in,
-    whose gradients are cast back to the parameters' dtypes (bit-identical to gradients of the
-    stored parameters); the update brings each group's parameters in with its state.
+    `param_offload`: the parameters the model only casts live in host memory too
+    (`param_offload.ParamOffload`). The forward and backward passes run on their device copy
+    (`state.compute`), whose gradients are cast back to the parameters' dtypes (bit-identical to
+    gradients of the stored parameters); the update brings each group's parameters in with its
+    state and makes their next copy.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -91,7 +86,7 @@ def make_train_step(
 
         work = state.params
         if param_offload is not None:
-            work = device_copy(state.params, param_offload.dtypes, param_offload.device, param_offload.group_bytes)
+            work = param_offload.working(state.params, state.compute)
         if num_microbatches == 1:
             (loss, aux), grads = grad_fn(work, batch, key)
             grads = upcast_like(grads, state.params)
@@ -116,28 +111,31 @@ def make_train_step(
             grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
         grad_norm = optax.tree.norm(grads)
         opt_state = state.opt_state
-        param_sh = None if param_offload is None else (param_offload.device, param_offload.host)
+        compute = state.compute
         if offload_shardings is not None and offload_group_bytes:
-            params, opt_state = grouped_update(
-                optimizer, grads, opt_state, state.params, offload_shardings, offload_group_bytes, param_sh
+            params, opt_state, compute = grouped_update(
+                optimizer, grads, opt_state, state.params, offload_shardings, offload_group_bytes, param_offload
             )
         else:
-            params = state.params if param_sh is None else jax.device_put(state.params, param_sh[0])
+            params = state.params
+            if param_offload is not None:
+                params = jax.device_put(params, param_offload.device)
             if offload_shardings is not None:
                 opt_state = jax.device_put(opt_state, offload_shardings[0])
             updates, opt_state = optimizer.update(grads, opt_state, params)
             if offload_shardings is not None:
                 opt_state = jax.device_put(opt_state, offload_shardings[1])
             params = optax.apply_updates(params, updates)
-            if param_sh is not None:
-                params = jax.device_put(params, param_sh[1])
+            if param_offload is not None:
+                compute = param_offload.copy_of(params)
+                params = jax.device_put(params, param_offload.param_shardings())
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
         metrics.update(
             loss=jnp.asarray(loss, jnp.float32),
             grad_norm=grad_norm,
             learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32),
         )
-        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, compute=compute)
         return new_state, metrics
 
     return step

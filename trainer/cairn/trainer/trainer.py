@@ -24,7 +24,13 @@ from cairn.trainer.loop import StepProgram, TrainLoop, TrainResult
 from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, model_flops_per_token, trace_init
 from cairn.trainer.offload_update import DEFAULT_GROUP_BYTES
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
-from cairn.trainer.param_offload import ParamOffload, cast_only_dtypes, memory_shardings, params_on_device
+from cairn.trainer.param_offload import (
+    ParamOffload,
+    cast_only_dtypes,
+    device_copy,
+    memory_shardings,
+    params_on_device,
+)
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import (
@@ -109,6 +115,7 @@ class _StepSetup:
     abstract_batch: Any  # the global batch's ShapeDtypeStructs, with their shardings
     train_step: Any
     create: Any
+    attach: Any  # state -> state with `compute` made from its params (offloaded params)
     frozen_specs: Any = None  # the frozen tree's logical specs (a model with a `frozen_model`)
 
 
@@ -208,7 +215,7 @@ class Trainer:
         built = self._build(batch)
         self.param_specs, self.state_shardings = built.param_specs, built.state_shardings
         self.abstract_state, self.abstract_batch = built.abstract_state, built.abstract_batch
-        self.train_step, self._create = built.train_step, built.create
+        self.train_step, self._create, self._attach = built.train_step, built.create, built.attach
         self.batch_signature = signature
         return self.abstract_state
 
@@ -230,6 +237,11 @@ class Trainer:
         # active as `create` runs: param shapes and specs now, replayed (not retraced) by `create`.
         host = jax.tree.map(lambda x: np.zeros(np.shape(x), leaf_dtype(x)), batch)
         frozen_model = getattr(self.model, "frozen_model", None)
+        if frozen_model is not None and self.config.offload_params:
+            raise ValueError(
+                "TrainerConfig.offload_params is not supported for a model with a frozen tree "
+                "(model.frozen_model, e.g. LoRA): the adapters are small, keep the params on the device"
+            )
         frozen_shapes = frozen_specs = None
         with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
             traced = trace_init(self.model, init_key, dict(host))
@@ -259,7 +271,10 @@ class Trainer:
             param_offload = ParamOffload(
                 device_sh, host_sh, dtypes, self.config.offload_group_bytes or DEFAULT_GROUP_BYTES
             )
-            state_sh = state_sh.replace(params=host_sh)
+            state_sh = state_sh.replace(
+                params=param_offload.param_shardings(), compute=param_offload.compute_shardings()
+            )
+            state_shapes = state_shapes.replace(compute=param_offload.compute_shapes(state_shapes.params))
         shards = self.partitioner.data_layout().num_shards
         gbatch_shapes = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((np.shape(x)[0] * shards,) + np.shape(x)[1:], leaf_dtype(x)), host
@@ -279,7 +294,14 @@ class Trainer:
 
         def create(frozen=None):
             init_key, dropout_seed = self._keys()
-            return TrainState.create(traced(init_key), optimizer, dropout_seed, frozen)
+            state = TrainState.create(traced(init_key), optimizer, dropout_seed, frozen)
+            return state if param_offload is None else state.replace(compute=param_offload.copy_of(state.params))
+
+        def attach(state: TrainState) -> TrainState:  # offloaded params: their device copy
+            if param_offload is None:
+                return state
+            po = param_offload
+            return state.replace(compute=device_copy(state.params, po.dtypes, po.device, po.group_bytes))
 
         in_sh = None if frozen_model is None else (state_sh.frozen,)
         return _StepSetup(
@@ -289,6 +311,9 @@ class Trainer:
             abstract_batch=abstract_like(gbatch_shapes, batch_sh),
             train_step=train_step,
             create=self.partitioner.partition(create, in_shardings=in_sh, out_shardings=state_sh),
+            attach=self.partitioner.partition(
+                attach, in_shardings=(state_sh.replace(compute=None),), out_shardings=state_sh
+            ),
             frozen_specs=frozen_specs,
         )
 
@@ -308,10 +333,11 @@ class Trainer:
         if params is None:
             return self._create() if frozen is None else self._create(frozen)
         params = jax.device_put(params, self.state_shardings.params)
+        no_copy = self.state_shardings.replace(compute=None)
         state = self.partitioner.partition(
-            lambda p, f: TrainState.create(p, self.optimizer, self._keys()[1], f), out_shardings=self.state_shardings
+            lambda p, f: TrainState.create(p, self.optimizer, self._keys()[1], f), out_shardings=no_copy
         )(params, frozen)
-        return state
+        return self._attach(state) if self.config.offload_params else state
 
     def eval_params(self, state: TrainState) -> Any:
         """The params evaluation and decoding use, on the device (`params_on_device`):
@@ -494,6 +520,8 @@ class Trainer:
             return self.initial_state(init_params, frozen_params), 0
         step, state, data_state, _ = found
         state = state.replace(frozen=self._frozen(frozen_params))  # checkpoints hold no frozen tree
+        if self.config.offload_params:  # the device copy of the offloaded params is not saved
+            state = self._attach(state)
         if stateful and data_state:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)
