@@ -27,9 +27,18 @@ the steadier figure).
 
 `--root DIR` keeps the synthetic caches in DIR (reused by later runs) instead of a temporary
 directory. `--storage local,gcs` measures each cache on local disk and again as a copy in a
-bucket of a fake-gcs-server started here (uploaded object by object; the reader then opens
-the shards with array-record over HTTP and copies `lengths.npy` once to a local file), with the
+bucket of a fake-gcs-server started here (uploaded object by object; the reader then reads
+its chunks by ranged GETs and copies `lengths.npy` once to a local file), with the
 construction time's ratio to local disk.
+
+The emulator keeps its objects on disk (`--emulator filesystem`, the default; under
+`--root`, in `<root>/gcs-emulator`, so a later run finds the cache uploaded and skips the
+upload): fake-gcs-server's memory backend (`--emulator memory`, what runs before 2026-12-07
+used) finds an object by scanning every object of the bucket, ~4 ms of its CPU per request
+at 10,000 shards, which no real bucket costs its client's host. With `--steps`, each row
+also has the CPU seconds per 1,000 rows of the reader's process and of the emulator's
+process over the steady window, and the machine's load average at its start and end: the
+machine is shared, and CPU per row moves far less with its load than rows/s does.
 """
 
 from __future__ import annotations
@@ -79,6 +88,20 @@ def rss_parts_mb() -> tuple[float, float]:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) of process `pid` so far (0 without one)."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def paths(root: str, n: int, tag: str = "") -> tuple[str, str]:
@@ -206,28 +229,51 @@ def bucket_cache(bucket: str, n: int, tag: str = "") -> str:
 
 
 def upload(root: str, n: int, bucket: str, tag: str = "") -> float:
-    """Copies the local cache of `n` records into the bucket (each file one whole object);
-    returns seconds."""
+    """Copies the local cache of `n` records into the bucket (each file one whole object;
+    those already there with their size, from an earlier run on a `--root`'s emulator, are
+    kept); returns seconds."""
     from cairn import storage
 
     _, cache_dir = paths(root, n, tag)
     start = time.perf_counter()
-    for rel in storage.file_sizes(cache_dir):
+    there = storage.file_sizes(bucket_cache(bucket, n, tag))
+    for rel, size in storage.file_sizes(cache_dir).items():
+        if there.get(rel) == size:
+            continue
         with open(os.path.join(cache_dir, rel), "rb") as f:
             storage.write_bytes(storage.join(bucket_cache(bucket, n, tag), *rel.split("/")), f.read())
     return time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def in_emulator(
-    root: str, n: int, shards: int, workers: int, env: dict, name: str, group_size: int | None = None, tag: str = ""
-) -> Iterator[tuple[dict, str]]:
-    """Builds the cache of `n` records (unless complete), starts a fake-gcs-server and uploads
-    the cache to its bucket `name`; yields `(env pointing children at it, gs://name)` and stops
-    the server on the way out."""
+def start_emulator(kind: str, root: str):
+    """A started fake-gcs-server: `kind` "filesystem" keeps its objects on disk, in
+    `<root>/gcs-emulator` (a `--root` keeps them for later runs), "memory" in memory (an
+    object found by a scan of its bucket: O(objects) CPU per request)."""
     from cairn.storage.testing import GcsEmulator
 
-    emulator = GcsEmulator().start()
+    if kind == "memory":
+        return GcsEmulator().start()
+    if kind != "filesystem":
+        raise SystemExit(f"--emulator must be filesystem or memory, got {kind!r}")
+    return GcsEmulator(root=os.path.join(root, "gcs-emulator")).start()
+
+
+@contextlib.contextmanager
+def in_emulator(
+    root: str,
+    n: int,
+    shards: int,
+    workers: int,
+    env: dict,
+    name: str,
+    group_size: int | None = None,
+    tag: str = "",
+    kind: str = "memory",
+) -> Iterator[tuple[dict, str]]:
+    """Builds the cache of `n` records (unless complete), starts a fake-gcs-server (`kind`:
+    see `start_emulator`) and uploads the cache to its bucket `name`; yields `(env pointing
+    children at it, gs://name)` and stops the server on the way out."""
+    emulator = start_emulator(kind, root)
     try:
         emulator.activate()
         bucket = emulator.create_bucket(name)
@@ -242,12 +288,21 @@ def in_emulator(
 
 
 def measure(
-    root: str, n: int, pack: bool, repeats: int, cache_dir: str | None = None, tag: str = "", steps: int = 0
+    root: str,
+    n: int,
+    pack: bool,
+    repeats: int,
+    cache_dir: str | None = None,
+    tag: str = "",
+    steps: int = 0,
+    emulator_pid: int | None = None,
+    emulator: str = "filesystem",
 ) -> dict:
     """One (size, mode) in this (fresh) process; `cache_dir` (e.g. a gs:// copy) instead of
     the local cache. The far step is `FAR_STEP`, or with `steps` (the growth table, issue 37)
     the last step of the first epoch; the steady rate is then `steps` steps, with the RSS after
-    them and the chunk fetches and shard opens per 1,000 rows."""
+    them, the chunk fetches and shard opens per 1,000 rows, and the CPU seconds per 1,000 rows
+    of this process and of the emulator (`emulator_pid`) over those steps."""
 
     src_dir, local_cache = paths(root, n, tag)
     cache_dir = cache_dir or local_cache
@@ -283,11 +338,14 @@ def measure(
         next(reader)
     cache = reader.streams[0].cache
     before = cache.stats()
+    load_before = load_average()
+    cpu, emulator_cpu = time.process_time(), process_cpu_s(emulator_pid)
     start, count = time.perf_counter(), 0
     while (count < steps) if steps else (time.perf_counter() - start < 3.0 or count < 20):
         batch = next(reader)
         count += 1
     seconds = time.perf_counter() - start
+    cpu, emulator_cpu = time.process_time() - cpu, process_cpu_s(emulator_pid) - emulator_cpu
     after = cache.stats()
     rss_after = rss_mb()
     anon_after, file_after = rss_parts_mb()
@@ -297,7 +355,7 @@ def measure(
     return {
         "n": n,
         "pack": pack,
-        "where": "gcs" if "://" in cache_dir else "local",
+        "where": f"gcs ({emulator})" if "://" in cache_dir else "local",
         "bins": bins,
         # The first construction builds (and, packed, stores) the plan; the later ones map it.
         "first_build_s": walls[0],
@@ -308,6 +366,11 @@ def measure(
         "first_far_s": statistics.median(firsts[far][1:]),
         "rows_per_s": count * BATCH / seconds,
         "steps": count,
+        # CPU seconds per 1,000 rows over the steady steps: this process (all its threads) and
+        # the emulator's (gcs only); the load average at their start and end
+        "reader_cpu_s_per_1000_rows": cpu * 1000 / (count * BATCH),
+        "emulator_cpu_s_per_1000_rows": emulator_cpu * 1000 / (count * BATCH),
+        "load": [load_before, load_average()],
         "rss_after_mb": rss_after,
         "anon_above_imports_mb": anon_after - base_anon,  # of rss_after: the reader's own memory
         "file_rss_after_mb": file_after,  # of rss_after: mapped files' pages (plan, lengths)
@@ -394,9 +457,7 @@ def group_size_table(args, env: dict) -> None:
     emulator, bucket, rows = None, None, []
     try:
         if "gcs" in wheres:
-            from cairn.storage.testing import GcsEmulator
-
-            emulator = GcsEmulator().start()
+            emulator = start_emulator(args.emulator.split(",")[0].strip(), root)
             emulator.activate()
             bucket = emulator.create_bucket("group-sizes")
             env = emulator.environ(env)
@@ -468,6 +529,14 @@ def main() -> None:
         help="the growth table (issue 37): read this many steps for the steady rate and the RSS after them, "
         "and take the first batch at the last step of the first epoch instead of step 1,000,000",
     )
+    p.add_argument(
+        "--emulator",
+        default="filesystem",
+        help="the fake-gcs-server backends for --storage gcs, comma-separated (each measured): filesystem "
+        "(objects on disk, under --root kept between runs; a listing costs it ~0.2 ms of CPU per object) or memory "
+        "(an object found by scanning its bucket: ~4 ms of CPU a request at 10,000 shards)",
+    )
+    p.add_argument("--emulator_pid", type=int, help="internal: the emulator's process (its CPU time)")
     p.add_argument("--measure_chunks", help="internal: the cache measured in this process")
     p.add_argument("--measure", help="internal: SIZE,PACK measured in this process")
     p.add_argument("--cache_dir", help="internal: the cache to measure")
@@ -477,7 +546,9 @@ def main() -> None:
     if args.measure:
         n, pack = args.measure.split(",")
         tag = f"_g{args.group_size}" if args.group_size else ""
-        json.dump(measure(args.root, int(n), pack == "1", args.repeats, args.cache_dir, tag, args.steps), sys.stdout)
+        where = (args.cache_dir, tag, args.steps, args.emulator_pid, args.emulator)
+        row = measure(args.root, int(n), pack == "1", args.repeats, *where)
+        json.dump(row, sys.stdout)
         return
     if args.measure_chunks:
         json.dump(measure_chunks(args.measure_chunks, args.seconds), sys.stdout)
@@ -494,17 +565,32 @@ def main() -> None:
     root = args.root or tempfile.mkdtemp(prefix="cairn-reader-scale-")
     tag = f"_g{args.group_size}" if args.group_size else ""
     wheres = [w.strip() for w in args.storage.split(",")]
-    emulator, bucket = None, None
+    kinds = [k.strip() for k in args.emulator.split(",")]
     rows = []
-    try:
-        if "gcs" in wheres:
-            from cairn.storage.testing import GcsEmulator
 
-            emulator = GcsEmulator().start()
-            emulator.activate()
-            bucket = emulator.create_bucket("reader-scale")
-            env = emulator.environ(env)
-            env["CAIRN_CACHE_HOME"] = os.path.join(root, "cairn-cache-home")
+    def measure_rows(n: int, where: str, child_env: dict, extra: list) -> None:
+        for mode in modes:
+            extra = extra + (["--group_size", str(args.group_size)] if args.group_size else [])
+            row = measure_in_child(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--root",
+                    root,
+                    "--repeats",
+                    str(args.repeats),
+                    "--measure",
+                    f"{n},{int(mode == 'packed')}",
+                    "--steps",
+                    str(args.steps),
+                ]
+                + extra,
+                child_env,
+                f"{n} {mode} {where}",
+            )
+            rows.append(row)
+
+    try:
         for n in sizes:
             seconds = build(root, n, args.shards, args.workers, args.group_size, tag=tag)
             if seconds is not None:
@@ -512,40 +598,29 @@ def main() -> None:
                     f"built {n:,} records in {args.shards} shards: {seconds:.1f} s ({n / seconds:,.0f} records/s)",
                     flush=True,
                 )
-            if bucket:
-                print(f"uploaded {n:,} records to the emulator: {upload(root, n, bucket, tag):.1f} s", flush=True)
             for where in wheres:
-                for mode in modes:
-                    extra = ["--cache_dir", bucket_cache(bucket, n, tag)] if where == "gcs" else []
-                    extra += ["--group_size", str(args.group_size)] if args.group_size else []
-                    row = measure_in_child(
-                        [
-                            sys.executable,
-                            os.path.abspath(__file__),
-                            "--root",
-                            root,
-                            "--repeats",
-                            str(args.repeats),
-                            "--measure",
-                            f"{n},{int(mode == 'packed')}",
-                            "--steps",
-                            str(args.steps),
-                        ]
-                        + extra,
-                        env,
-                        f"{n} {mode} {where}",
-                    )
-                    rows.append(row)
+                if where != "gcs":
+                    measure_rows(n, where, env, [])
+                    continue
+                for kind in kinds:  # a fresh emulator of each backend, the cache uploaded to it
+                    emulator = start_emulator(kind, root)
+                    try:
+                        emulator.activate()
+                        bucket = emulator.create_bucket("reader-scale")
+                        print(f"uploaded {n:,} records to the {kind} emulator: {upload(root, n, bucket, tag):.1f} s")
+                        child_env = dict(emulator.environ(env), CAIRN_CACHE_HOME=os.path.join(root, "cairn-cache-home"))
+                        extra = ["--cache_dir", bucket_cache(bucket, n, tag), "--emulator_pid", str(emulator.pid)]
+                        measure_rows(n, f"gcs ({kind})", child_env, extra + ["--emulator", kind])
+                    finally:
+                        emulator.stop()
     finally:
-        if emulator is not None:
-            emulator.stop()
         if not args.root:
             shutil.rmtree(root, ignore_errors=True)
     from cairn.datatasks.deterministic.cache_writer import DEFAULT_GROUP_SIZE
 
     print(
         f"\n{args.shards} shards, group_size {args.group_size or DEFAULT_GROUP_SIZE}; EncDec {LENGTHS}, "
-        f"global batch {BATCH}; medians of {args.repeats}\n"
+        f"global batch {BATCH}; medians of {args.repeats}; emulators: {args.emulator}\n"
     )
     if args.steps:
         growth_table(rows, args.steps)
@@ -575,9 +650,10 @@ def growth_table(rows: list[dict], steps: int) -> None:
     print(
         "| records | storage | mode | construction s (first) | first batch step 0 s | last step of epoch 0 s (ratio) "
         f"| rows/s over {steps:,} steps (vs local) | RSS after them MB (above imports) | of which anonymous above "
-        "imports / mapped files MB | chunk fetches / shard opens per 1,000 rows | open shards |"
+        "imports / mapped files MB | chunk fetches / shard opens per 1,000 rows | open shards "
+        "| CPU s per 1,000 rows: reader / emulator | load at start / end |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mode = f"packed ({r['examples_per_row']:.1f}/row)" if r["pack"] else "unpacked"
         ref = local.get((r["n"], r["pack"]))
@@ -587,7 +663,10 @@ def growth_table(rows: list[dict], steps: int) -> None:
             f"| {r['first_0_s']:.3f} | {r['first_far_s']:.3f} ({r['first_far_s'] / r['first_0_s']:.2f}x) "
             f"| {r['rows_per_s']:,.0f}{vs} | {r['rss_after_mb']:,.0f} ({r['rss_after_mb'] - r['base_rss_mb']:+,.0f}) "
             f"| {r.get('anon_above_imports_mb', float('nan')):+,.0f} / {r.get('file_rss_after_mb', float('nan')):,.0f} "
-            f"| {r['fetches_per_1000_rows']:.1f} / {r['opens_per_1000_rows']:.2f} | {r['open_shards']:,} |"
+            f"| {r['fetches_per_1000_rows']:.1f} / {r['opens_per_1000_rows']:.2f} | {r['open_shards']:,} "
+            f"| {r['reader_cpu_s_per_1000_rows']:.4f} / "
+            + (f"{r['emulator_cpu_s_per_1000_rows']:.4f}" if r["where"].startswith("gcs") else "-")
+            + f" | {r['load'][0]:.1f} / {r['load'][1]:.1f} |"
         )
 
 

@@ -93,6 +93,7 @@ HAND_WRITTEN = {
         "log_every": 100,
         "tensorboard": True,
         "offload_optimizer_state": False,
+        "offload_params": False,
     },
     "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16, "decode_metrics": False},
     "post_training": {

@@ -49,6 +49,64 @@ def test_read_ranges_one_request_per_range(root):
         storage.read_ranges([(a, 5, 5)])
 
 
+def test_read_ranges_gs_one_get_each_and_gcsfs_for_the_rest(bucket, monkeypatch):
+    """On gs:// a range is one GET on gcsfs's session; an answer other than 206 (a missing
+    object, a range past the end) goes through gcsfs's own `_cat_file`, whose error is raised
+    as a StorageError naming the object."""
+    import gcsfs
+
+    a = storage.join(bucket, "a.bin")
+    storage.write_bytes(a, bytes(range(256)) * 4)
+    fallbacks = []
+    original = gcsfs.GCSFileSystem._cat_file
+
+    async def counted(self, path, start=None, end=None, **kwargs):
+        fallbacks.append((path, start, end))
+        return await original(self, path, start=start, end=end, **kwargs)
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_cat_file", counted)
+    ranges = [(a, 0, 3), (a, 1020, 1024), (a, 256, 258)] * 3
+    assert storage.read_ranges(ranges) == [b"\x00\x01\x02", b"\xfc\xfd\xfe\xff", b"\x00\x01"] * 3
+    assert fallbacks == []
+    with pytest.raises(storage.StorageError, match=r"missing.bin: reading bytes \[0, 4\) failed: FileNotFoundError"):
+        storage.read_ranges([(a, 0, 1), (storage.join(bucket, "missing.bin"), 0, 4)])
+    assert [f[1:] for f in fallbacks] == [(0, 4)]
+    with pytest.raises(storage.StorageError, match=r"a.bin: "):
+        storage.read_ranges([(a, 2000, 2004)])
+    assert [f[1:] for f in fallbacks] == [(0, 4), (2000, 2004)]
+
+
+def test_read_ranges_follow_the_emulator_endpoint(bucket, tmp_path):
+    """The object URLs read_ranges keeps are per endpoint: the same name on another emulator
+    (here one on disk, `GcsEmulator(root=...)`) reads that emulator's bytes."""
+    name = bucket.removeprefix("gs://")
+    p = storage.join(bucket, "x.bin")
+    storage.write_bytes(p, b"first emulator")
+    assert storage.read_ranges([(p, 0, 5)]) == [b"first"]
+    with GcsEmulator(root=tmp_path / "emu") as other:
+        other.activate()
+        assert other.create_bucket(name) == bucket
+        storage.write_bytes(p, b"other emulator")
+        assert storage.read_ranges([(p, 0, 5)]) == [b"other"]
+    assert storage.read_ranges([(p, 0, 5)]) == [b"first"]  # stop() restored this process's endpoint
+
+
+def test_emulator_on_disk_keeps_objects_across_restarts(tmp_path):
+    """`GcsEmulator(root=DIR)`: objects stored on disk, there again after a restart on DIR;
+    creating an existing bucket keeps it; `pid` is the server's process while it runs."""
+    with GcsEmulator(root=tmp_path) as emu:
+        assert emu.pid and os.path.exists(f"/proc/{emu.pid}")
+        emu.activate()
+        bucket = emu.create_bucket("kept")
+        storage.write_bytes(storage.join(bucket, "d", "x.bin"), b"0123456789")
+    assert emu.pid is None
+    with GcsEmulator(root=tmp_path) as emu:
+        emu.activate()
+        assert emu.create_bucket("kept") == bucket
+        assert storage.file_sizes(bucket) == {"d/x.bin": 10}
+        assert storage.read_ranges([(storage.join(bucket, "d", "x.bin"), 3, 7)]) == [b"3456"]
+
+
 def test_local_write_leaves_no_temporary(tmp_path):
     storage.write_bytes(tmp_path / "x.bin", b"123")
     assert sorted(os.listdir(tmp_path)) == ["x.bin"]

@@ -38,6 +38,7 @@ ALLOWED_ON_RESUME: dict[str, str] = {
     "trainer.keep_checkpoints": "how many checkpoints are kept",
     "trainer.tensorboard": "an output format",
     "trainer.offload_optimizer_state": "where the optimizer state lives, not what it is",
+    "trainer.offload_params": "where the parameters live between steps, not what they are",
     "fingerprint_every": "run-fingerprint cadence",
     "eval": "evaluation reads the params, it does not change them",
     "post_training": "runs after training",

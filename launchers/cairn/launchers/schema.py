@@ -181,6 +181,9 @@ class Trainer:
     log_every: int = knob(100, "steps between metric logs", min=0)
     tensorboard: bool = knob(True, "write TensorBoard event files")
     offload_optimizer_state: bool = knob(False, "the optimizer state in host memory between steps")
+    offload_params: bool = knob(
+        False, "the float32 masters of the kernels in host memory, their compute-dtype copy on the device"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -194,10 +194,14 @@ def _train(
         trained_s = time.perf_counter() - start
         post = {}
         if not result.preempted:
+            from cairn.trainer import params_on_device
+
             every = keys.trainer.eval_every
             evaluated = eval_fn is not None and (result.step % every == 0 or result.step == keys.num_train_steps)
             record = None if evaluated else summaries.scalars  # the loop's eval_fn wrote this step already
-            post = post_training.run(spec, model, result.state.params, evaluator, result.step, partitioner, out, record)
+            post = post_training.run(
+                spec, model, params_on_device(result.state.params), evaluator, result.step, partitioner, out, record
+            )
     finally:
         summaries.close()
     post_training.summary(keys, result, trained_s, time.perf_counter() - start, out)

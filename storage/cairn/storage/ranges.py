@@ -2,24 +2,92 @@
 
 A reader that knows where its data lies (a chunk index recorded when the file was written)
 needs no open file object, no per-file client state and no read-ahead buffer: a range is
-one request, and the requests of one call are in flight together (fsspec's `cat_ranges`
-runs them on its event loop).
+one request, and the requests of one call are in flight together on the filesystem's event
+loop.
+
+On `gs://` each range is one GET on gcsfs's own pooled aiohttp session, with gcsfs's
+credentials (refreshed as gcsfs refreshes them), without gcsfs's per-request layers (its
+retry wrapper, debug formatting, header and parameter building): about half the client CPU
+per request (benchmarks/README.md, `reader_scale_bench.py`). A response other than
+206 Partial Content, or a connection error, is retried through gcsfs's own `_cat_file`, so
+retries, backoff and errors stay gcsfs's. Other schemes use fsspec's `cat_ranges`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Sequence
+from typing import Any
 
+from cairn.storage.environment import EMULATOR_VARIABLE
 from cairn.storage.errors import StorageError
 from cairn.storage.paths import PathLike, filesystem, is_url, scheme
+
+# (id of the gcsfs instance, its emulator endpoint if any, path) -> the object's download URL
+_URLS: dict[tuple[int, str, str], str] = {}
+_MAX_URLS = 1 << 16
+
+
+def _is_gcsfs(fs: Any) -> bool:
+    try:
+        import gcsfs
+    except ImportError:
+        return False
+    return isinstance(fs, gcsfs.GCSFileSystem)
+
+
+def _object_url(fs: Any, inner: str) -> str:
+    """gcsfs's download URL of `inner` (`bucket/object`), kept (a reader asks for the same
+    shards again and again; gcsfs takes ~30 us to build one)."""
+    key = (id(fs), os.environ.get(EMULATOR_VARIABLE, ""), inner)
+    url = _URLS.get(key)
+    if url is None:
+        if len(_URLS) >= _MAX_URLS:
+            _URLS.clear()
+        url = _URLS[key] = fs.url(inner)
+    return url
+
+
+async def _gcs_get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes:
+    """`[start, end)` of one object: a ranged GET on gcsfs's session; anything but a 206
+    (or a dropped connection) goes through gcsfs's `_cat_file` (its retries, its errors)."""
+    import aiohttp
+
+    try:
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        fs.credentials.apply(headers)  # an auth token, refreshed when stale (none against an emulator)
+        async with fs.session.get(url, headers=headers, timeout=fs.requests_timeout) as r:
+            if r.status == 206:
+                return await r.read()
+    except (aiohttp.ClientError, OSError):  # OSError includes TimeoutError
+        pass
+    return await fs._cat_file(inner, start=start, end=end)
+
+
+async def _gcs_ranges(fs: Any, urls: list[str], inner: list[str], starts: list[int], ends: list[int]) -> list:
+    await fs._set_session()
+    return await asyncio.gather(
+        *(_gcs_get(fs, u, p, s, e) for u, p, s, e in zip(urls, inner, starts, ends)), return_exceptions=True
+    )
+
+
+def _read_remote(fs: Any, inner: list[str], starts: list[int], ends: list[int]) -> list:
+    """The ranges of one filesystem, in flight together: bytes, or the exception of each."""
+    if _is_gcsfs(fs):
+        from fsspec.asyn import sync
+
+        urls = [_object_url(fs, p) for p in inner]
+        return sync(fs.loop, _gcs_ranges, fs, urls, inner, starts, ends)
+    return fs.cat_ranges(inner, starts, ends, on_error="return")
 
 
 def read_ranges(requests: Sequence[tuple[PathLike, int, int]]) -> list[bytes]:
     """The bytes `[start, end)` of each `(path, start, end)`, in order.
 
     Local paths: each file is opened once per call and read with `os.pread`. URLs: one
-    ranged GET per range, all of one call in flight at once. A range that is empty, negative
+    ranged GET per range, all of one call in flight at once (on `gs://` on gcsfs's session,
+    see the module's notes). A range that is empty, negative
     or past the end of its file raises `StorageError` naming the path and the range."""
     out: list[bytes | None] = [None] * len(requests)
     local: dict[str, list[int]] = {}
@@ -43,9 +111,7 @@ def read_ranges(requests: Sequence[tuple[PathLike, int, int]]) -> list[bytes]:
     for which in remote.values():
         fs, _ = filesystem(os.fspath(requests[which[0]][0]))
         inner = [fs._strip_protocol(os.fspath(requests[i][0])) for i in which]
-        got = fs.cat_ranges(
-            inner, [int(requests[i][1]) for i in which], [int(requests[i][2]) for i in which], on_error="return"
-        )
+        got = _read_remote(fs, inner, [int(requests[i][1]) for i in which], [int(requests[i][2]) for i in which])
         for i, data in zip(which, got):
             if isinstance(data, BaseException):
                 raise StorageError(

@@ -418,6 +418,43 @@ def test_chunk_order_sorts_batch_rows_so_a_host_reads_few_chunks(chunked):
     assert all(a == b for a, b in rows)  # a batch's rows are in record order
 
 
+def test_a_pass_looks_up_its_rows_bins_once(det_env, monkeypatch):
+    """A pass sorts its global batches' rows by first record, then reads its own share: the
+    bins of those positions are computed once (ReadOrder keeps the thread's last lookup), and
+    the batches are those of a reader that computes them afresh at every lookup."""
+    from cairn.datatasks.deterministic import read_order
+
+    lookups = []
+    original = read_order.ReadOrder.bins
+
+    def counted(self, epoch, ks):
+        lookups.append(len(ks))
+        return original(self, epoch, ks)
+
+    monkeypatch.setattr(read_order.ReadOrder, "bins", counted)
+    reader = make_reader(det_env, "det_a", True, 1, 2, 8, 7, prefetch=0, steps_per_call=4, **CHUNKED)
+    got = reader.batches_at(5, 4)
+    assert sum(lookups) == 4 * 8  # the 4 global batches' rows (by epoch); this host's 16 came from them
+    lookups.clear()
+    monkeypatch.setattr(read_order.ReadOrder, "_bounds", uncached_bounds)
+    fresh = make_reader(det_env, "det_a", True, 1, 2, 8, 7, prefetch=0, steps_per_call=4, **CHUNKED)
+    want = fresh.batches_at(5, 4)
+    assert sum(lookups) == 4 * 8 + 4 * 4  # afresh: the host's share looked up again
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    reader.close()
+    fresh.close()
+
+
+def uncached_bounds(self, cursors, epochs, ks):
+    """`ReadOrder._bounds` without the kept lookup (the reference for the test above)."""
+    starts, ends = np.empty_like(cursors), np.empty_like(cursors)
+    for e in np.unique(epochs):
+        where = np.nonzero(epochs == e)[0]
+        starts[where], ends[where] = self.plan.bins(self.bins(int(e), ks[where]))
+    return starts, ends
+
+
 def test_a_packed_plan_is_built_once_beside_the_cache_and_mapped_after(det_env, monkeypatch, capfd):
     """The first packed reader builds and stores each task's plan (`<cache>/plans/`), under a
     lock; later readers memory-map it. The batches are those of a reader that keeps its plan in

@@ -402,4 +402,4 @@ class CachedTask:
 
 def _chunk_size(records: list[bytes]) -> int:
     """The bytes a decoded chunk holds (its records and their Python objects)."""
-    return sum(len(r) for r in records) + 64 * len(records)
+    return sum(map(len, records)) + 64 * len(records)

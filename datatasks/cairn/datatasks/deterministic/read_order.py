@@ -63,6 +63,10 @@ class ReadOrder:
             self.chunks = ChunkOrder(plan.starts, bounds, derive(seed, name, "chunk_order"), window)
         self._perms: dict[int, Permutation] = {}
         self._lock = threading.Lock()
+        # Per thread, the bins of the last positions looked up (sorted): a reader's pass looks
+        # up its global batches' rows (to sort them) and then its own share of them, the same
+        # positions, in the same thread (the bin of a position is a pure function of it).
+        self._last = threading.local()
 
     def _epoch_perm(self, epoch: int) -> Permutation:
         with self._lock:
@@ -84,17 +88,32 @@ class ReadOrder:
         cursors = np.asarray(cursors, np.int64)
         bins_n = self.plan.num_bins
         epochs, ks = cursors // bins_n, cursors % bins_n
-        starts = np.empty_like(cursors)
-        ends = np.empty_like(cursors)
-        for e in np.unique(epochs):
-            where = np.nonzero(epochs == e)[0]
-            starts[where], ends[where] = self.plan.bins(self.bins(int(e), ks[where]))
+        starts, ends = self._bounds(cursors, epochs, ks)
         sizes = ends - starts
         offsets = np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
         records = self.plan.base_positions(np.arange(int(sizes.sum()), dtype=np.int64) + offsets)
         if self.base is not None:
             records = self.base(records)
         return epochs, records, sizes
+
+    def _bounds(self, cursors: np.ndarray, epochs: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`(starts, ends)` plan positions of the bins at `cursors`: this thread's last lookup
+        when it holds every one of them, else computed (and kept for the next lookup)."""
+        memo = getattr(self._last, "memo", None)
+        if memo is not None and cursors.size:
+            keys, memo_starts, memo_ends = memo
+            at = np.minimum(np.searchsorted(keys, cursors), keys.size - 1)
+            if np.array_equal(keys[at], cursors):
+                return memo_starts[at], memo_ends[at]
+        starts = np.empty_like(cursors)
+        ends = np.empty_like(cursors)
+        for e in np.unique(epochs):
+            where = np.nonzero(epochs == e)[0]
+            starts[where], ends[where] = self.plan.bins(self.bins(int(e), ks[where]))
+        if cursors.size:
+            order = np.argsort(cursors, kind="stable")
+            self._last.memo = (cursors[order], starts[order], ends[order])
+        return starts, ends
 
 
 def sort_rows(tasks: np.ndarray, first_records: np.ndarray, batch: int) -> np.ndarray:
