@@ -300,10 +300,11 @@ class _TrainRowRunner:
         self.row, self.env, self.opts = row, env, opts
         self.steps = opts.steps or row.steps
         self.partitioner = Partitioner(create_mesh({"data": -1, "model": 1}), standard_logical_axis_rules())
-        self.unit = len(jax.devices())
         self.model_root = tempfile.mkdtemp(prefix=f"accel_bench_{row.name}_")
         fields = {f.name for f in dataclasses.fields(TrainerConfig)}
         self.trainer_applied, self.trainer_ignored = split_overrides(fields, row.trainer_overrides)
+        # the batch moves in whole microbatches on every device
+        self.unit = len(jax.devices()) * int(self.trainer_applied.get("num_microbatches", 1))
         self.peak = env["peak_flops_per_device"] * env["devices"] if env.get("peak_flops_per_device") else None
         self.made = 0
 

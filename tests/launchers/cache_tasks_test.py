@@ -32,11 +32,11 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
 
         config = config_io.resolve_paths(config_io.load_config_file(launch_util.LM_CONFIG))
         config.data.cache_dir = str(tmp_path / "a")
-        assert cache_main.cache(config) == {"shakespeare_lm": "already cached"}
+        assert cache_main.cache(launch_util.spec(config)) == {"shakespeare_lm": "already cached"}
         # A cache of the older format 2 is re-cached in-process (as the train launcher does), with a notice.
         pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": 2}) + "\n")
         capfd.readouterr()
-        assert cache_main.cache(config) == {"shakespeare_lm": "cached"}
+        assert cache_main.cache(launch_util.spec(config)) == {"shakespeare_lm": "cached"}
         assert f"cairn: re-caching {path}: it was written in cache format 2" in capfd.readouterr().err
         # A local cache of format 3 (no chunk index) is upgraded in place, not re-cached.
         chunks = pathlib.Path(path, "chunks.npy").read_bytes()
@@ -45,12 +45,12 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
         pathlib.Path(path, "info.json").write_text(json.dumps(dict(info, format_version=3)))
         os.remove(os.path.join(path, "chunks.npy"))
         pathlib.Path(path, "COMPLETED").write_text(json.dumps({"format_version": 3}) + "\n")
-        assert cache_main.cache(config) == {"shakespeare_lm": "upgraded"}
+        assert cache_main.cache(launch_util.spec(config)) == {"shakespeare_lm": "upgraded"}
         assert f"cairn: upgraded {path} from cache format 3 to 4 in place" in capfd.readouterr().err
         assert pathlib.Path(path, "chunks.npy").read_bytes() == chunks
         a = CachedTask(path)
         config.data.cache_dir = str(tmp_path / "b")
-        assert cache_main.cache(config, beam=True) == {"shakespeare_lm": "cached"}
+        assert cache_main.cache(launch_util.spec(config), beam=True) == {"shakespeare_lm": "cached"}
         b = CachedTask(task_dir(str(tmp_path / "b"), "shakespeare_lm", "train"))
         assert a.num_records == b.num_records > 10
         assert a.info["fingerprint"] == b.info["fingerprint"]

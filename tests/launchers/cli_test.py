@@ -143,6 +143,15 @@ def test_resume_differences_leave_out_the_keys_allowed_to_change():
     assert resume_check.differences({**old, "partitioning": {"mesh": {"data": 8, "model": 1}}}, remeshed) == []
 
 
+def _forms(config):
+    """`(stored, plain)` of a loaded config: what `resume_check.check` compares (`RunSpec.stored`, `.plain`)."""
+    return config_io.stored_form(config), config_io.to_plain(config)
+
+
+def _write_config_json(config):
+    config_io.write_config_json(config_io.stored_form(config), config.model_dir)
+
+
 def test_resume_check_follows_derived_values_of_allowed_keys(tmp_path):
     """The tiny runs' warmup follows num_train_steps: more steps resume; a changed learning rate
     (and its derived final learning rate) is refused, each key listed old -> new."""
@@ -150,19 +159,19 @@ def test_resume_check_follows_derived_values_of_allowed_keys(tmp_path):
 
     raw = config_io.load_config_file(launch_util.T5_CONFIG)
     raw.model_dir = str(tmp_path / "run")
-    config_io.write_config_json(config_io.resolve_paths(raw))
+    _write_config_json(config_io.resolve_paths(raw))
     raw.num_train_steps = 3600  # warmup_steps 90 -> 180 follows
-    resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+    resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=[], raw=raw)
     with pytest.raises(ConfigError, match="optimizer.warmup_steps: 90 -> 180"):
-        resume_check.check(config_io.resolve_paths(raw), allowed=[])  # without the references
+        resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=[])  # without the references
     raw.optimizer.learning_rate = 0.01
     with pytest.raises(ConfigError) as e:
-        resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+        resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=[], raw=raw)
     assert "optimizer.final_learning_rate: 0.00030000000000000003 -> 0.001" in str(e.value)
     assert "optimizer.learning_rate: 0.003 -> 0.01" in str(e.value) and "warmup" not in str(e.value)
-    resume_check.check(config_io.resolve_paths(raw), allowed=["optimizer"], raw=raw)
+    resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=["optimizer"], raw=raw)
     with pytest.raises(ConfigError, match="unknown config key 'optimizer.learning_rat'"):
-        resume_check.check(config_io.resolve_paths(raw), allowed=["optimizer.learning_rat"], raw=raw)
+        resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=["optimizer.learning_rat"], raw=raw)
 
 
 def test_resume_check_compares_paths_by_the_file_they_name(tmp_path, monkeypatch):
@@ -174,13 +183,13 @@ def test_resume_check_compares_paths_by_the_file_they_name(tmp_path, monkeypatch
     raw = config_io.load_config_file(launch_util.T5_CONFIG)
     raw.model_dir = "run"
     raw.vocabulary.path = "spm.model"
-    config_io.write_config_json(config_io.resolve_paths(raw))
+    _write_config_json(config_io.resolve_paths(raw))
     assert json.loads((tmp_path / "run" / "config.json").read_text())["vocabulary"]["path"] == "spm.model"
     raw.vocabulary.path = str(tmp_path / "spm.model")  # the same file, given absolute
-    resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+    resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=[], raw=raw)
     raw.vocabulary.path = "other.model"
     with pytest.raises(ConfigError, match='vocabulary.path: "spm.model" -> "other.model"'):
-        resume_check.check(config_io.resolve_paths(raw), allowed=[], raw=raw)
+        resume_check.check(*_forms(config_io.resolve_paths(raw)), allowed=[], raw=raw)
 
 
 def test_the_default_experiments_vocabulary_is_stored_relative_to_the_users_directory(tmp_path, monkeypatch):

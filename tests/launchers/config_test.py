@@ -6,7 +6,7 @@ import os
 import launch_util
 import pytest
 
-from cairn.launchers import config_base, config_io, run_setup, validation
+from cairn.launchers import config_base, config_io, run_setup, run_spec, validation
 from cairn.launchers.validation import ConfigError
 
 SIZED = {
@@ -43,9 +43,10 @@ def test_sized_configs_validate(name, size):
     config = load(name, size)
     if config.vocabulary.kind == "sentencepiece":  # the user gives the real one
         config.vocabulary.path = SHAKESPEARE_SPM
-    net = validation.check_static(config)
+    spec = launch_util.spec(config)
+    net = spec.model
     assert config.model.preset.endswith(size.removesuffix("_bf16"))
-    mesh = validation.check_mesh(config, device_count=64)
+    mesh = spec.mesh.resolve(64)
     assert mesh["data"] * mesh["fsdp"] * mesh["model"] == 64
     if size in ("tiny", "small", "125m"):
         n = count_params(net)
@@ -58,9 +59,7 @@ def test_published_sizes_are_what_the_configs_build():
     config = load("t5_1_1_pretrain.py", "small")
     config.vocabulary.path = SHAKESPEARE_SPM
     config.model.vocab_size = 32128
-    from cairn.launchers import builder
-
-    assert abs(count_params(builder.model_config(config)) - 77.0e6) / 77.0e6 < 0.01
+    assert abs(count_params(launch_util.spec(config).model) - 77.0e6) / 77.0e6 < 0.01
 
 
 def test_a_size_that_does_not_exist_is_named():
@@ -74,12 +73,11 @@ def test_a_size_that_does_not_exist_is_named():
 def test_shakespeare_configs_validate_fully(name, tmp_path):
     config = load(name)
     config.model_dir = str(tmp_path / "run")
-    ready = run_setup.prepare(config)
-    assert ready.vocabulary.vocab_size == 2100
+    spec = launch_util.spec(config)
+    ready = run_setup.prepare(spec)
+    assert spec.vocabulary.vocab_size == 2100
     assert ready.mesh == {"data": 8, "fsdp": 1, "model": 1}
-    from cairn.launchers import builder
-
-    assert builder.model_config(config, ready.vocabulary).vocab_size == 2176  # 2100 rounded up to 128
+    assert spec.model.vocab_size == 2176  # 2100 rounded up to 128
     assert not (tmp_path / "run").exists()
 
 
@@ -131,19 +129,19 @@ def test_config_json_and_the_hash_input(tmp_path):
     config = load("shakespeare_t5_tiny.py")
     config.model_dir = str(tmp_path / "run")
     config.multihost.coordinator_address = "127.0.0.1:1234"
-    path = config_io.write_config_json(config)
+    path = config_io.write_config_json(config_io.stored_form(config), config.model_dir)
     written = json.loads(open(path).read())
     assert written["model_dir"] == config.model_dir
     assert written["data"]["sequence_length"] == {"inputs": 64, "targets": 16}
     assert written["optimizer"]["warmup_steps"] == 90  # num_train_steps // 20 (1800 steps)
-    hashed = config_io.hashable_config(config)
+    hashed = config_io.hashable_config(config_io.stored_form(config))
     assert "model_dir" not in hashed and "multihost" not in hashed and "cache_dir" not in hashed["data"]
     other = load("shakespeare_t5_tiny.py")
     other.model_dir = "/elsewhere"
     other.data.cache_dir = "gs://bucket/cache"  # where the data lives is not what it is
-    assert config_io.hashable_config(other) == hashed
+    assert config_io.hashable_config(config_io.stored_form(other)) == hashed
     other.data.batch_size += 1
-    assert config_io.hashable_config(other) != hashed
+    assert config_io.hashable_config(config_io.stored_form(other)) != hashed
 
 
 def test_the_hash_input_does_not_depend_on_where_the_checkout_is(tmp_path, monkeypatch):
@@ -163,7 +161,7 @@ def test_the_hash_input_does_not_depend_on_where_the_checkout_is(tmp_path, monke
             config_io.load_config_file(str(root / "launchers/configs/shakespeare_t5_tiny.py"))
         )
         vocabularies.append(config.vocabulary.path)
-        hashes.append(config_io.hashable_config(config))
+        hashes.append(config_io.hashable_config(config_io.stored_form(config)))
     assert vocabularies[0] != vocabularies[1] and all(v.startswith(str(tmp_path)) for v in vocabularies)
     assert hashes[0] == hashes[1] and hashes[0]["vocabulary"]["path"] == "launchers/data/shakespeare.model"
 
@@ -176,15 +174,15 @@ def test_schema_checks_in_process():
     config = config_base.base_config()
     config.model.overrides = {"emb_dimm": 64}
     with pytest.raises(ConfigError, match=r"model.overrides.emb_dimm.*did you mean 'emb_dim'"):
-        validation.check_model(config)
+        validation.check_model(launch_util.typed(config))
     config = config_base.base_config()
     config.optimizer.name = "adam"
     with pytest.raises(ConfigError, match=r"'optimizer.name': unknown value 'adam'.*adafactor, adamw"):
-        validation.check_schema(config)
+        run_spec.checked_keys(config)
     config = config_base.base_config()
     config.model.preset = "decoder_only_125m"
     with pytest.raises(ConfigError, match="not a encoder_decoder preset"):
-        validation.check_model(config)
+        validation.check_model(launch_util.typed(config))
 
 
 def test_mesh_shapes():

@@ -130,7 +130,9 @@ def evaluated(lm):
     with mock.patch.dict(os.environ, env):
         config = config_io.resolve_paths(config_io.load_saved_config(str(tmp / "run" / "config.json")))
         printed = []
-        assert list(eval_main.evaluate(config, str(tmp / "run"), 4, decode=True, out=printed.append)) == [4], printed
+        assert list(
+            eval_main.evaluate(launch_util.spec(config), str(tmp / "run"), 4, decode=True, out=printed.append)
+        ) == [4], printed
     out_dir = tmp / "run" / "eval" / "validation"
     metrics = [json.loads(line) for line in open(out_dir / "evaluated.jsonl")][-1]["metrics"]
     rows = [_lines(out_dir / "examples" / f"{t}-00000004.jsonl") for t in (LM_TASK, PREFIX_TASK)]

@@ -63,8 +63,10 @@ def evals(run, tmp_path_factory):
         assert (config.num_train_steps, config.data.batch_size) == (6, 8)
         assert (config.eval.num_examples, config.eval.batch_size) == (8, 4)
         step4, watch = [], []
-        assert list(eval_main.evaluate(config, str(model_dir), 4, out=step4.append)) == [4], step4
-        done = eval_main.evaluate(config, str(model_dir), watch=True, poll_seconds=0.2, out=watch.append)
+        assert list(eval_main.evaluate(launch_util.spec(config), str(model_dir), 4, out=step4.append)) == [4], step4
+        done = eval_main.evaluate(
+            launch_util.spec(config), str(model_dir), watch=True, poll_seconds=0.2, out=watch.append
+        )
         assert list(done) == [2, 6], watch
     empty = tmp_path_factory.mktemp("empty")
     proc = launch_util.run("cairn.launchers.eval_main", common + [f"--checkpoint={empty}"], env=env)

@@ -139,7 +139,7 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
     config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
     in_process = world["bucket"] + "/cache-in-process"
     config.data.cache_dir = in_process
-    assert cache_main.cache(config) == {"shakespeare_span_corruption": "cached"}
+    assert cache_main.cache(launch_util.spec(config)) == {"shakespeare_span_corruption": "cached"}
     local = CachedTask(task_dir(world["local_cache"], "shakespeare_span_corruption", "train"))
     for path in (gs_path, task_dir(in_process, "shakespeare_span_corruption", "train")):
         remote = CachedTask(path)  # shards read from the bucket by array-record itself
@@ -149,7 +149,7 @@ def test_cache_tasks_with_beam_into_the_bucket(world, capsys, monkeypatch):
         assert (remote.lengths == local.lengths).all()
     config.data.cache_dir = world["gs_cache"]
     capsys.readouterr()
-    assert verify_cache_main._main(config) == 0
+    assert verify_cache_main._main(launch_util.spec(config)) == 0
     assert "shakespeare_span_corruption/train: ok" in capsys.readouterr().out
 
 
@@ -268,7 +268,7 @@ def test_eval_and_infer_read_and_write_the_bucket(world, forked, monkeypatch):
     config.multihost = config_base.base_config().multihost
     assert config.model_dir == gs_run and config.data.cache_dir == world["gs_cache"]
     printed = []
-    assert list(eval_main.evaluate(config, gs_run, STEPS, out=printed.append)) == [STEPS], printed
+    assert list(eval_main.evaluate(launch_util.spec(config), gs_run, STEPS, out=printed.append)) == [STEPS], printed
     done, bad = storage.read_json_lines(f"{gs_run}/eval/validation/evaluated.jsonl")
     assert [r["step"] for r in done] == [STEPS] and bad == 0
     assert storage.read_json_lines(f"{gs_run}/eval/validation/metrics.jsonl")[0]

@@ -123,6 +123,21 @@ def tiny_tokenizer_json(path):
     return path
 
 
+def typed(config: Any) -> Any:
+    """The typed keys (`schema.Config`) of a loaded config, its schema checked
+    (`run_spec.checked_keys`): what the launchers' checks take."""
+    from cairn.launchers import run_spec
+
+    return run_spec.checked_keys(config)[1]
+
+
+def spec(config: Any) -> Any:
+    """The `RunSpec` of a loaded, path-resolved config (`run_spec.load`): what the entry points take."""
+    from cairn.launchers import run_spec
+
+    return run_spec.load(config)
+
+
 def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
     """`cairn.launchers.infer_main.infer` on a run's saved config (`<model_dir>/config.json`), in
     this process: what `python -m cairn.launchers.infer_main --config=<model_dir>/config.json
@@ -136,5 +151,5 @@ def infer_in_process(model_dir, output, env: dict = None, **kwargs) -> list:
     with mock.patch.dict(os.environ, env or {}):
         config = config_io.resolve_paths(config_io.load_saved_config(os.path.join(model_dir, "config.json")))
         printed = []
-        infer_main.infer(config, str(output), str(model_dir), out=printed.append, **kwargs)
+        infer_main.infer(spec(config), str(output), str(model_dir), out=printed.append, **kwargs)
         return printed

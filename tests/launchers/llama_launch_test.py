@@ -20,7 +20,7 @@ import launch_util
 import pytest
 import yaml
 
-from cairn.launchers import builder, config_base, config_io, validation
+from cairn.launchers import builder, config_base, config_io, run_spec, validation
 from cairn.launchers.validation import ConfigError
 
 devices = launch_util.devices_fixture(2, this_process=True)
@@ -44,8 +44,7 @@ def _config(kind="llama", preset="llama_tiny", **overrides):
 
 
 def _checked(config):
-    validation.check_schema(config)
-    return validation.check_model(config)
+    return validation.check_model(launch_util.typed(config))
 
 
 @pytest.mark.parametrize(
@@ -66,7 +65,7 @@ def test_model_dtype_and_param_dtype_set_every_family(kind, preset):
         match=r"'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'.*"
         r"allowed: bfloat16, float16, float32, preset",
     ):
-        validation.check_schema(config)
+        launch_util.typed(config)
 
 
 def test_model_dtype_and_an_override_that_contradicts_it():
@@ -108,7 +107,7 @@ def test_param_dtype_reaches_the_parameters():
     config = _config()
     config.vocabulary.path = SHAKESPEARE_SPM
     config.model.dtype = config.model.param_dtype = "bfloat16"
-    params = builder.load_model(config).init(jax.random.key(0))
+    params = builder.load_model(launch_util.spec(config)).init(jax.random.key(0))
     dtypes = {str(p.dtype) for p in jax.tree.leaves(params)}
     assert dtypes == {"bfloat16"}, dtypes
 
@@ -187,7 +186,8 @@ def test_eval_decode_and_infer_with_prompts(programs, trained):
         config.eval.task = "shakespeare_lm_decode"
         config = config_io.resolve_paths(config)
         printed = []
-        assert list(eval_main.evaluate(config, config.model_dir, 4, decode=True, out=printed.append)) == [4], printed
+        spec = launch_util.spec(config)
+        assert list(eval_main.evaluate(spec, config.model_dir, 4, decode=True, out=printed.append)) == [4], printed
     out_dir = tmp / "run" / "eval" / "validation"
     evaluated = [json.loads(l) for l in open(out_dir / "evaluated.jsonl")]
     metrics = evaluated[-1]["metrics"]["shakespeare_lm_decode"]
@@ -213,10 +213,11 @@ def test_pod_configs_validate_with_bf16_scan_and_remat():
         assert (net.dtype, net.scan_layers, net.remat_policy) == ("bfloat16", True, "full")
     assert (net.emb_dim, net.num_encoder_layers) == (4096, 24)  # xxl
     llama = config_io.resolve_paths(config_io.load_config_file(str(launch_util.REPO / LLAMA_1B)))
-    assert validation.check_mesh(llama, device_count=256) == {"data": 32, "fsdp": 8, "model": 1}
+    assert validation.resolve_mesh(llama.partitioning.mesh, device_count=256) == {"data": 32, "fsdp": 8, "model": 1}
     assert llama.partitioning.fsdp_rules and llama.data.sequence_length.targets == 4096
     tokenizer = types.SimpleNamespace(vocab_size=128000)  # Llama 3's tokenizer.json: the preset's size stays
-    assert builder.model_config(llama, tokenizer).vocab_size == 128256
+    keys = launch_util.typed(llama)
+    assert run_spec.network_config(keys, validation.check_model(keys), tokenizer).vocab_size == 128256
 
 
 def _jobset_args(out, spec, *extra):
@@ -293,5 +294,6 @@ def test_model_dtypes_apply_to_a_hugging_face_llama_config(tmp_path):
     config = _config()
     config.init.hf_checkpoint = str(tmp_path / "hf")
     config.model.dtype = config.model.param_dtype = "bfloat16"
-    got = builder.model_config(config)
+    keys = launch_util.typed(config)
+    got = run_spec.network_config(keys, validation.check_model(keys), types.SimpleNamespace(vocab_size=1))
     assert (got.dtype, got.param_dtype, got.num_kv_heads, got.vocab_size) == ("bfloat16", "bfloat16", 2, 256)

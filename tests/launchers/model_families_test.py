@@ -2,11 +2,12 @@
 
 import pathlib
 import re
+import types
 
 import pytest
 
 import cairn.launchers
-from cairn.launchers import config_base, post_training, validation
+from cairn.launchers import config_base, post_training, run_spec, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 from cairn.models import families
@@ -48,6 +49,11 @@ def test_family_names_appear_only_where_the_default_kind_is_set():
     ], found
 
 
+def _typed(config):
+    """The typed keys of `config` (its schema checked): what the launchers' checks take."""
+    return run_spec.checked_keys(config)[1]
+
+
 def test_model_kinds_derive_from_the_registry():
     assert config_base.MODEL_KINDS == config_base.model_kinds() == families.names()
     assert config_base.model_family("decoder_only") is families.get_family("decoder_only")
@@ -57,7 +63,7 @@ def test_an_unknown_kind_is_a_config_error_naming_the_kinds():
     config = config_base.base_config()
     config.model.kind = "gpt"
     with pytest.raises(ConfigError, match=r"'model.kind': unknown value 'gpt'; allowed: decoder_only, encoder_decoder"):
-        validation.check_schema(config)
+        run_spec.checked_keys(config)
     with pytest.raises(
         ConfigError,
         match=r"'model.kind': unknown model family 'gpt'; known families: "
@@ -76,8 +82,9 @@ def test_an_unknown_kind_is_a_config_error_naming_the_kinds():
 def test_data_follows_the_family(kind, lengths, converter):
     config = config_base.base_config()
     config.model.kind = kind
-    assert data_lib.sequence_length(config) == lengths
-    assert type(data_lib.feature_converter(config)).__name__ == converter
+    reader = run_spec.ReaderSpec.of(_typed(config))
+    assert reader.sequence_length == lengths
+    assert type(data_lib.feature_converter(reader)).__name__ == converter
 
 
 def test_check_data_names_the_lengths_a_family_needs():
@@ -88,9 +95,9 @@ def test_check_data_names_the_lengths_a_family_needs():
         match=r"'data.sequence_length.inputs': missing: a encoder_decoder model needs "
         r"lengths for inputs, targets; given: targets",
     ):
-        validation.check_data(config, {})
+        validation.check_data(_typed(config), {})
     config.model.kind = "decoder_only"
-    validation.check_data(config, {})
+    validation.check_data(_typed(config), {})
 
 
 def test_a_preset_of_another_family_lists_the_family_presets():
@@ -101,9 +108,9 @@ def test_a_preset_of_another_family_lists_the_family_presets():
         match=r"'t5_1_1_tiny' is not a decoder_only preset; decoder_only presets: "
         r"decoder_only_tiny, decoder_only_125m",
     ):
-        validation.check_model(config)
+        validation.check_model(_typed(config))
     config.model.preset = "decoder_only_tiny"
-    assert type(validation.check_model(config)).__name__ == "DecoderOnlyConfig"
+    assert type(validation.check_model(_typed(config))).__name__ == "DecoderOnlyConfig"
 
 
 def test_hf_checkpoint_needs_a_family_with_a_converter(tmp_path):
@@ -116,11 +123,11 @@ def test_hf_checkpoint_needs_a_family_with_a_converter(tmp_path):
         match=r"'init.hf_checkpoint': Hugging Face import covers encoder_decoder, llama "
         r"models only; model.kind is 'decoder_only'",
     ):
-        validation.check_paths(config)
+        validation.check_paths(_typed(config))
     config.model.kind = "encoder_decoder"
-    validation.check_paths(config)
+    validation.check_paths(_typed(config))
     config.model.kind = "llama"  # cairn.models.llama.hf
-    validation.check_paths(config)
+    validation.check_paths(_typed(config))
 
 
 def test_pretrain_takes_the_family_optimizer():
@@ -146,8 +153,8 @@ def test_pretrain_takes_the_family_optimizer():
         o.b2,
         o.clip_grad_norm,
     ) == ("adamw", "cosine", 3e-4, 2000, 3e-5, 0.1, 0.95, 1.0)
-    validation.check_schema(t5)
-    validation.check_schema(lm)
+    run_spec.checked_keys(t5)
+    run_spec.checked_keys(lm)
     with pytest.raises(ConfigError, match="'model.kind'"):
         config_base.pretrain(config_base.base_config(), "x", "gpt", "task", {}, 1, 1)
 
@@ -159,5 +166,6 @@ def test_post_training_samples_follow_the_family(kind, expected, monkeypatch):
     monkeypatch.setattr(post_training, "denoising_samples", lambda *a, **k: ["sample"])
     monkeypatch.setattr(post_training, "generate_text", lambda *a, **k: ["text"])
     config.post_training.final_eval = False
-    result = post_training.run(config, None, None, None, object(), 0, out=lambda s: None, partitioner=object())
+    spec = types.SimpleNamespace(keys=_typed(config))  # what `run` reads of a `RunSpec` before sampling
+    result = post_training.run(spec, None, None, object(), 0, object(), out=lambda s: None)
     assert set(result) == expected

@@ -14,7 +14,7 @@ import launch_util
 import pytest
 import yaml
 
-from cairn.launchers import cli_help, config_io, resume_check, validation
+from cairn.launchers import cli_help, config_io, resume_check, run_spec, validation
 from cairn.launchers.validation import ConfigError
 
 CONFIG = str(launch_util.CONFIGS / "shakespeare_moe_tiny.py")
@@ -38,9 +38,7 @@ def _config(**keys):
 
 
 def _net(**keys):
-    config = _config(**keys)
-    validation.check_schema(config)
-    return validation.check_static(config)
+    return launch_util.spec(_config(**keys)).model
 
 
 def test_moe_keys_build_the_networks_moe_config():
@@ -51,8 +49,7 @@ def test_moe_keys_build_the_networks_moe_config():
     # num_experts 0: the preset's MLPs (dense), and then no other model.moe key may be set.
     config = _config()
     config.model.moe = validation.schema.base_config().model.moe
-    validation.check_schema(config)
-    assert validation.check_static(config).moe is None
+    assert launch_util.spec(config).model.moe is None
     lines = "\n".join(cli_help.key_lines())
     for key in ("num_experts", "top_k", "routing", "capacity_factor", "dropless", "every", "expert_mlp_dim"):
         assert f"--config.model.moe.{key} " in lines, key
@@ -78,12 +75,12 @@ def test_bad_moe_values_name_their_key(keys, key, text):
 
 
 def test_the_expert_axis_is_checked_once_resolved():
-    config = _config(partitioning__mesh={"data": 2, "expert": -1})
+    spec = launch_util.spec(_config(partitioning__mesh={"data": 2, "expert": -1}))
     with pytest.raises(ConfigError, match=r"'model.moe.num_experts': 4 experts do not divide over .*expert=3"):
-        validation.check_mesh(config, device_count=6)
-    assert validation.check_mesh(config, device_count=8) == {"data": 2, "fsdp": 1, "expert": 4, "model": 1}
+        run_spec.resolve_mesh(spec, device_count=6)
+    assert run_spec.resolve_mesh(spec, device_count=8) == {"data": 2, "fsdp": 1, "expert": 4, "model": 1}
     # A size-1 expert axis is left out of the mesh (a dense run's mesh is what it was).
-    assert validation.check_mesh(_config(), device_count=8) == {"data": 8, "fsdp": 1, "model": 1}
+    assert run_spec.resolve_mesh(launch_util.spec(_config()), device_count=8) == {"data": 8, "fsdp": 1, "model": 1}
 
 
 def test_a_config_saved_before_the_moe_keys_resumes(tmp_path):
@@ -91,11 +88,11 @@ def test_a_config_saved_before_the_moe_keys_resumes(tmp_path):
     old = config_io.stored_form(config)
     del old["model"]["moe"], old["partitioning"]["mesh"]["expert"]  # written before they existed
     (tmp_path / "config.json").write_text(json.dumps(old))
-    resume_check.check(config, allowed=[])  # the new keys at their defaults: the same run
+    resume_check.check(config_io.stored_form(config), config_io.to_plain(config), allowed=[])  # the same run
     config.model.moe.num_experts = 4
     config.model.moe.expert_mlp_dim = 128
     with pytest.raises(ConfigError, match=r"model.moe.expert_mlp_dim: \(absent\) -> 128.*model.moe.num_experts"):
-        resume_check.check(config, allowed=[])
+        resume_check.check(config_io.stored_form(config), config_io.to_plain(config), allowed=[])
 
 
 def test_a_bad_moe_key_from_the_command_line_is_one_line_exit_2(programs, tmp_path):
@@ -146,9 +143,12 @@ def test_a_short_expert_parallel_run_logs_the_routing_metrics(programs, devices,
 
 def test_moe_1b_pretrain_passes_the_jobset_dry_run(tmp_path):
     config = config_io.resolve_paths(config_io.load_config_file(str(launch_util.REPO / MOE_1B)))
-    moe = validation.check_model(config).moe
+    net = validation.check_model(launch_util.typed(config))
+    moe = net.moe
     assert (moe.num_experts, moe.top_k, moe.expert_mlp_dim) == (8, 2, 4096)
-    assert validation.check_mesh(config, device_count=256) == {"data": 8, "fsdp": 4, "expert": 8, "model": 1}
+    mesh = validation.resolve_mesh(config.partitioning.mesh, device_count=256)
+    validation.check_expert_axis(mesh, net)
+    assert mesh == {"data": 8, "fsdp": 4, "expert": 8, "model": 1}
     out = tmp_path / "jobset.yaml"
     args = [
         f"--config={MOE_1B}",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import standard_runs as sr
 
-from cairn.launchers import builder, config_base, validation
+from cairn.launchers import builder, config_base, config_io, run_spec, schema
 from cairn.launchers.validation import ConfigError
 
 RUN_TIMEOUT_S = 600  # one 12-step run of 2 processes (about 40 s on a quiet 2-core machine)
@@ -49,13 +49,20 @@ def _config(**partitioning):
 )
 def test_slice_keys_are_checked_with_the_config(partitioning, key, text):
     with pytest.raises(ConfigError) as e:
-        validation.check_schema(_config(**partitioning))
+        run_spec.checked_keys(_config(**partitioning))
     assert e.value.key == key and text in str(e.value), str(e.value)
 
 
 def test_defaults_and_valid_slice_keys_pass():
-    validation.check_schema(_config())
-    validation.check_schema(_config(num_slices=4, dcn_mesh={"data": -1, "fsdp": 2}, mesh={"fsdp": 2}))
+    run_spec.checked_keys(_config())
+    run_spec.checked_keys(_config(num_slices=4, dcn_mesh={"data": -1, "fsdp": 2}, mesh={"fsdp": 2}))
+
+
+def _partitioner(config):
+    """`builder.make_partitioner` of `config`'s `MeshSpec` (its schema not checked) on this process's
+    devices: what `run_spec.bind` builds."""
+    mesh = run_spec.MeshSpec.of(schema.typed(config_io.to_plain(config)))
+    return builder.make_partitioner(mesh, mesh.resolve(jax.device_count()), jax.devices(), 1)
 
 
 def test_make_partitioner_builds_the_hybrid_mesh():
@@ -63,14 +70,14 @@ def test_make_partitioner_builds_the_hybrid_mesh():
     contiguous block along the DCN axis, and the slices hold different data rows."""
     assert jax.device_count() == 8
     slice_of = np.vectorize(lambda d: d.id // 4)
-    mesh = builder.make_partitioner(_config(num_slices=2, mesh={"data": 4, "model": 2})).mesh
+    mesh = _partitioner(_config(num_slices=2, mesh={"data": 4, "model": 2})).mesh
     assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "model": 2}
     np.testing.assert_array_equal(slice_of(mesh.devices)[:, 0, :], [[0, 0], [0, 0], [1, 1], [1, 1]])
-    mesh = builder.make_partitioner(
+    mesh = _partitioner(
         _config(num_slices=2, mesh={"data": 2, "fsdp": 2, "model": 2}, dcn_mesh={"data": 1, "fsdp": 2})
     ).mesh
     np.testing.assert_array_equal(slice_of(mesh.devices)[:, :, 0], [[0, 1], [0, 1]])
-    single = builder.make_partitioner(_config(mesh={"data": 4, "model": 2})).mesh
+    single = _partitioner(_config(mesh={"data": 4, "model": 2})).mesh
     assert single.devices.shape == (4, 1, 2)
 
 
@@ -87,7 +94,7 @@ def test_make_partitioner_builds_the_hybrid_mesh():
 )
 def test_slices_that_do_not_fit_the_devices(partitioning, key, text):
     with pytest.raises(ConfigError) as e:
-        builder.make_partitioner(_config(**partitioning))
+        _partitioner(_config(**partitioning))
     assert e.value.key == key and text in str(e.value), str(e.value)
 
 

@@ -93,6 +93,7 @@ HAND_WRITTEN = {
         "log_every": 100,
         "tensorboard": True,
         "offload_optimizer_state": False,
+        "offload_params": False,
     },
     "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16, "decode_metrics": False},
     "post_training": {
@@ -187,14 +188,29 @@ def _library_value(owner):
     value = getattr(importlib.import_module(module), cls_name)
     if not field:
         return value
-    return {f.name: f.default for f in dataclasses.fields(value)}[field]
+    f = {f.name: f for f in dataclasses.fields(value)}[field]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+# Keys whose 0 the spec resolves into another value of the field: dense MLPs (no MoeConfig), the targets length.
+RESOLVED_BY_THE_SPEC = ("model.moe.num_experts", "post_training.max_decode_length")
 
 
 def test_keys_a_library_owns_have_its_defaults_and_choices():
-    owned = [k for k in schema.keys() if k.owner]
-    assert len(owned) >= 15
-    for k in owned:
-        assert _library_value(k.owner) == k.default, k.path
+    from cairn.launchers import run_spec
+
+    owned = {k.path: k.owner for k in schema.keys() if k.owner}
+    for section, library_class in run_spec.LIBRARY_SECTIONS.items():  # keys named like the class's fields
+        fields = {f.name for f in dataclasses.fields(_library_value(library_class))}
+        shared = [
+            k for k in schema.keys() if k.path.rpartition(".")[0] == section and k.path.rpartition(".")[2] in fields
+        ]
+        assert len(shared) >= 2, section
+        owned.update({k.path: f"{library_class}.{k.path.rpartition('.')[2]}" for k in shared})
+    assert len(owned) >= 30
+    for path, owner in owned.items():
+        if path not in RESOLVED_BY_THE_SPEC:
+            assert _library_value(owner) == schema.key(path).default, path
     from cairn.models import families, losses, model_base
     from cairn.partitioning import DEFAULT_AXES
     from cairn.trainer import optimizers
@@ -261,31 +277,55 @@ def test_none_is_allowed_only_for_placeholders():
         validation.check_schema(config)
 
 
-def test_the_schema_is_walked_once_per_unchanged_config(monkeypatch):
-    walks = []
-    real = validation._walk
-    monkeypatch.setattr(validation, "_walk", lambda node, prefix: (walks.append(prefix), real(node, prefix)))
-    config = config_base.base_config()
-    validation.check_schema(config)
-    validation.check_schema(config)
-    assert walks.count("") == 1  # the top level (sections recurse through _walk too)
-    config.seed = 1  # changed: walked again
-    validation.check_schema(config)
-    assert walks.count("") == 2
+def test_the_spec_and_its_binding_run_each_check_once(tmp_path, monkeypatch):
+    """`run_spec.load` then `run_setup.prepare` (what an entry point runs before compiling): the
+    config crosses into plain values once, and each check runs once (no memo hides a second)."""
+    import ml_collections
 
-
-def test_prepare_checks_the_schema_and_builds_the_model_config_once(tmp_path, monkeypatch):
-    from cairn.launchers import builder, run_setup
+    from cairn.launchers import data as data_lib
+    from cairn.launchers import optimizer_setup, run_setup, run_spec
 
     config = config_io.resolve_paths(config_io.load_config_file(launch_util.T5_CONFIG))
     config.model_dir = str(tmp_path / "run")
-    validation.check_schema(config)  # as cli.loaded_config does
-    walks, models = [], []
-    real_walk, real_model = validation._walk, validation.check_model
-    monkeypatch.setattr(validation, "_walk", lambda node, prefix: (walks.append(prefix), real_walk(node, prefix)))
-    counted = lambda c: (models.append(1), real_model(c))[1]
-    monkeypatch.setattr(validation, "check_model", counted)
-    monkeypatch.setattr(builder, "check_model", counted)
-    ready = run_setup.prepare(config)
-    assert walks == [] and len(models) == 1
-    assert ready.model_config.vocab_size == 2176 and callable(ready.schedule)
+    calls: dict[str, int] = {}
+
+    def spy(module, name, counts=lambda *a: True):
+        real = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            if counts(*args):
+                calls[name] = calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    checks = ("check_schema", "check_model", "check_paths", "check_data", "check_expert_axis", "resolve_mesh")
+    for name in (*checks, "check_batch_size"):
+        spy(validation, name)
+    spy(config_io, "to_plain", lambda value: isinstance(value, ml_collections.ConfigDict))  # not its recursion
+    spy(optimizer_setup, "optimizer_config")
+    spy(run_spec, "make_schedule")
+    spy(data_lib, "make_vocabulary")
+    spec = run_spec.load(config)
+    ready = run_setup.prepare(spec)
+    assert calls == dict.fromkeys(
+        (*checks, "check_batch_size", "to_plain", "optimizer_config", "make_schedule", "make_vocabulary"), 1
+    ), calls
+    assert spec.model.vocab_size == 2176 and ready.mesh == {"data": 8, "fsdp": 1, "model": 1}
+    assert spec.trainer.checkpoint is spec.checkpoint and spec.trainer.num_train_steps == config.num_train_steps
+    assert spec.reader.sequence_length == {"inputs": 64, "targets": 16} and spec.decode.max_decode_length == 16
+    assert dict(spec.stored) == config_io.stored_form(config)  # config.json's content, as before
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.keys.data.batch_size = 1  # type: ignore[misc]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_value_its_library_dataclass_refuses_names_the_key():
+    """A section's keys build the library dataclass (`validation.library_config`): its own refusal
+    is a `ConfigError` naming the key (a negative clip norm was a traceback before)."""
+    from cairn.launchers import optimizer_setup, run_spec
+
+    config = config_base.base_config()
+    config.optimizer.clip_grad_norm = -1.0
+    with pytest.raises(ConfigError, match=r"'optimizer.clip_grad_norm': OptimizerConfig.clip_grad_norm must be > 0"):
+        optimizer_setup.optimizer_config(run_spec.checked_keys(config)[1])

@@ -4,18 +4,19 @@ the launcher builds a `TokenizerJsonVocabulary` with the config's sentinels."""
 import pytest
 from launch_util import tiny_tokenizer_json
 
-from cairn.launchers import config_base, validation
+from cairn.launchers import config_base, run_spec, validation
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
 from cairn.tokenizers import TokenizerJsonVocabulary
 
 
 def config_for(path):
+    """The typed keys (`run_spec.checked_keys`) of a config with a tokenizer.json vocabulary at `path`."""
     config = config_base.base_config()
     config.vocabulary.kind = "tokenizer_json"
     config.vocabulary.path = str(path)
     config.vocabulary.extra_ids = 5
-    return config
+    return run_spec.checked_keys(config)[1]
 
 
 def test_a_missing_or_empty_path_is_a_config_error(tmp_path):

@@ -87,3 +87,71 @@ def test_the_grouped_offload_update_equals_the_whole_update(tmp_path, optimizer)
     hlo = grouped.lower_step().as_text()
     leaves = len(jax.tree.leaves(b.state.params))
     assert hlo.count("optimization_barrier") == leaves - 1  # one move-in per group, in order
+
+
+def test_offloaded_params_train_bit_identically_on_a_device_copy_and_resume(tmp_path):
+    """`offload_params`: float32 master weights in host memory, each step on a device copy
+    whose bfloat16-cast kernels arrive as bfloat16 (`cast_only_dtypes`: the MLP's kernels; the
+    embedding, used twice, and the float32 scale move as they are), gradients accumulated over
+    microbatches, the grouped update bringing each group's params in with its state: the same
+    bits as the same run with everything on the device, and a resume restores onto the host."""
+    import jax.numpy as jnp
+
+    from cairn.trainer.param_offload import cast_only_dtypes, params_on_device
+
+    model = TinyModel(dtype=jnp.bfloat16)
+    batch = CountingIterator().__next__()
+    params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), batch))
+    params = jax.tree.map(lambda x: getattr(x, "value", x), params, is_leaf=lambda x: hasattr(x, "value"))
+    dtypes = cast_only_dtypes(lambda p: model.loss_fn(p, batch, jax.random.PRNGKey(1))[0], params)
+    assert dtypes == {"embedding": None, "scale": None, "wi": jnp.dtype("bfloat16"), "wo": jnp.dtype("bfloat16")}
+
+    def run(name, steps, offload, group_bytes=0):
+        cfg = TrainerConfig(
+            model_dir=str(tmp_path / name),
+            num_train_steps=steps,
+            num_microbatches=2,
+            checkpoint_every=2,
+            tensorboard=False,
+            progress=False,
+            offload_optimizer_state=offload,
+            offload_params=offload,
+            offload_group_bytes=group_bytes,
+        )
+        trainer = Trainer(
+            TinyModel(dtype=jnp.bfloat16), OptimizerConfig(name="adamw"), 0.01, make_partitioner(4, 2), cfg
+        )
+        return trainer, trainer.train(CountingIterator())
+
+    _, plain = run("plain", 3, offload=False)
+    _, stopped = run("offload", 2, offload=True)
+    # the kernels' masters in host memory, their bfloat16 copy on the device; the rest stays there
+    assert _kinds(stopped.state.opt_state) == {"pinned_host"}
+    assert {k: v.sharding.memory_kind for k, v in stopped.state.params.items()} == {
+        "embedding": "device",
+        "scale": "device",
+        "wi": "pinned_host",
+        "wo": "pinned_host",
+    }
+    assert {k: str(v.dtype) for k, v in stopped.state.compute.items() if v is not None} == {
+        "wi": "bfloat16",
+        "wo": "bfloat16",
+    }
+    np.testing.assert_array_equal(
+        np.asarray(stopped.state.compute["wi"]), np.asarray(stopped.state.params["wi"]).astype(jnp.bfloat16)
+    )
+    assert _kinds(params_on_device(stopped.state.params)) == {"device"}
+    _, resumed = run("offload", 3, offload=True)  # restored onto the host
+    assert resumed.step == 3 and _kinds(resumed.state.compute) == {"device"}
+    same = jax.tree.map(
+        lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), plain.state, resumed.state.replace(compute=None)
+    )
+    assert all(jax.tree.leaves(same)), "offloading the params changed the training"
+    assert plain.metrics["loss"] == resumed.metrics["loss"]
+    # a group per leaf: the update's float32 rounding, which a bfloat16 cast of the next step
+    # can turn into one bfloat16 step of a weight (2^-8 relative)
+    grouped, result = run("grouped", 3, offload=True, group_bytes=1)
+    for x, y in zip(jax.tree.leaves(plain.state), jax.tree.leaves(result.state.replace(compute=None))):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-3, atol=1e-4)
+    hlo = grouped.lower_step().as_text()
+    assert "tensor<128x256xbf16>" in hlo and "tensor<32x128xbf16>" not in hlo  # kernels cast, not the embedding

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ VOCAB, EMBED, MLP, LENGTH = 32, 128, 256, 8
 
 class _Net(nn.Module):
     dropout: float = 0.1
+    dtype: Any = None  # mixed precision: the MLP's kernels cast to this dtype before use
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool):
@@ -21,17 +24,21 @@ class _Net(nn.Module):
         wi = self.param("wi", nn.with_logical_partitioning(init, ("embed", "mlp")), (EMBED, MLP))
         wo = self.param("wo", nn.with_logical_partitioning(init, ("mlp", "embed")), (MLP, EMBED))
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (EMBED,))
+        if self.dtype is not None:
+            wi, wo = wi.astype(self.dtype), wo.astype(self.dtype)
         x = emb[tokens]
-        h = nn.Dropout(self.dropout)(jax.nn.relu(x @ wi), deterministic=deterministic)
-        x = (x + h @ wo) * scale
+        h = nn.Dropout(self.dropout)(jax.nn.relu(x.astype(wi.dtype) @ wi), deterministic=deterministic)
+        x = (x + (h @ wo).astype(x.dtype)) * scale
         return x @ emb.T
 
 
 class TinyModel:
     """The trainer's model protocol: init(rng, batch) -> boxed params; loss_fn(params, batch, rng)."""
 
-    def __init__(self, dropout: float = 0.1, nan_at_step: int | None = None, reduction: str = "mean"):
-        self.net = _Net(dropout)
+    def __init__(
+        self, dropout: float = 0.1, nan_at_step: int | None = None, reduction: str = "mean", dtype: Any = None
+    ):
+        self.net = _Net(dropout, dtype)
         self.reduction = reduction
         self.nan_at_step = nan_at_step
         self.flops_per_token = 6 * (VOCAB * EMBED + 2 * EMBED * MLP + EMBED)

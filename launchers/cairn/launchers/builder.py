@@ -1,56 +1,28 @@
-"""From a validated config to the objects of a run: model, partitioner, data, optimizer,
-evaluator, trainer. The train, eval and infer entry points share these functions."""
+"""From a run's `RunSpec` to the objects of a run: model, partitioner, evaluator, trainer,
+initial params. The train, eval and infer entry points share these functions."""
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from cairn.launchers import data as data_lib
-from cairn.launchers import optimizer_setup, predict_fns
+from cairn.launchers import predict_fns
 from cairn.launchers.config_base import model_family
-from cairn.launchers.config_io import to_plain
 from cairn.launchers.lm_evaluator import ContinuationEvaluator
+from cairn.launchers.run_spec import MeshSpec, RunSpec, loss_normalizing_factor
 from cairn.launchers.sharded_batches import ShardedBatches
-from cairn.launchers.validation import ConfigError, apply_model_keys, check_expert_axis, check_model, resolve_mesh
+from cairn.launchers.validation import ConfigError
 from cairn.models.t5x_checkpoint import T5xCheckpointError, import_t5x
 from cairn.partitioning import MeshShapeError, Partitioner, create_mesh, standard_logical_axis_rules
 from cairn.partitioning.mesh import resolve_axes
 
 log = logging.getLogger(__name__)
-
-# Re-exported: the data side of a run.
-make_vocabulary = data_lib.make_vocabulary
-make_train_data = data_lib.make_train_data
-
-
-def round_up(n: int, multiple: int = 128) -> int:
-    return -(-int(n) // multiple) * multiple
-
-
-def model_config(config: ml_collections.ConfigDict, vocabulary: Any = None, preset: Any = None) -> Any:
-    """The network config: the preset (or the Hugging Face checkpoint's config) with
-    `model.overrides`, its vocab size `model.vocab_size` or the vocabulary's rounded up to 128.
-    `preset`: `validation.check_model(config)` when the caller has it already."""
-    if config.init.hf_checkpoint:
-        net = hf_model_config(config.init.hf_checkpoint, to_plain(config.model.overrides), config.model.kind)
-        net = apply_model_keys(config, net)
-        vocab_size = net.vocab_size
-    else:
-        net = preset if preset is not None else check_model(config)
-        vocabulary = vocabulary if vocabulary is not None else make_vocabulary(config)
-        vocab_size = config.model.vocab_size or round_up(vocabulary.vocab_size)
-    if vocabulary is not None and vocab_size < vocabulary.vocab_size:
-        raise ConfigError(
-            "model.vocab_size", f"{vocab_size} is smaller than the vocabulary's {vocabulary.vocab_size} ids"
-        )
-    return dataclasses.replace(net, vocab_size=vocab_size)
 
 
 def hf_converter(kind: str) -> Any:
@@ -62,38 +34,25 @@ def hf_converter(kind: str) -> Any:
     return hf
 
 
-def hf_model_config(directory: str, overrides: dict, kind: str) -> Any:
-    """The network config of a Hugging Face directory (its config.json and the weights file's
-    header, not the weights), with overrides, by the converter of model family `kind`."""
-
-    return hf_converter(kind).config_from_dir(directory, **overrides)
-
-
-def loss_normalizing_factor(config: ml_collections.ConfigDict) -> Any:
-    value = config.model.loss_normalizing_factor
-    return None if value == "none" else value
-
-
-def load_model(config: ml_collections.ConfigDict, vocabulary: Any = None, net: Any = None) -> Any:
-    """The model family's model (`EncoderDecoderModel`, `DecoderOnlyModel`) of the config (no
-    parameters yet). `net`: its `model_config` when the caller has it (`run_setup.prepare`'s)."""
+def load_model(spec: RunSpec) -> Any:
+    """The model family's model (`EncoderDecoderModel`, `DecoderOnlyModel`) of the spec's
+    network config (no parameters yet)."""
     from cairn.models import flops_per_token
 
-    net = net if net is not None else model_config(config, vocabulary)
-    model = model_family(config.model.kind).make_model(
-        net,
-        label_smoothing=config.model.label_smoothing,
-        z_loss=config.model.z_loss,
-        loss_normalizing_factor=loss_normalizing_factor(config),
+    model = model_family(spec.keys.model.kind).make_model(
+        spec.model,
+        label_smoothing=spec.keys.model.label_smoothing,
+        z_loss=spec.keys.model.z_loss,
+        loss_normalizing_factor=loss_normalizing_factor(spec.keys),
     )
     try:
-        model.flops_per_token = flops_per_token(net, data_lib.sequence_length(config))
+        model.flops_per_token = flops_per_token(spec.model, dict(spec.reader.sequence_length))
     except Exception:  # FLOPs are for MFU only
         pass
     return model
 
 
-def upcycled_params(config: ml_collections.ConfigDict, trainer: Any, abstract: Any) -> Any:
+def upcycled_params(spec: RunSpec, trainer: Any, abstract: Any) -> Any:
     """The MoE model's params upcycled (`cairn.models.upcycle`) from the dense checkpoint
     `init.upcycle_from` (the same model without `moe`), routers drawn from the run's init key.
     Shapes are checked against the checkpoint's metadata first: `ConfigError` naming the tensor."""
@@ -102,14 +61,14 @@ def upcycled_params(config: ml_collections.ConfigDict, trainer: Any, abstract: A
 
     moe_config = trainer.model.config
     dense_config = moe_config.replace(moe=None)
-    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0)  # the Trainer's init key
+    rng = jax.random.fold_in(jax.random.PRNGKey(spec.keys.seed), 0)  # the Trainer's init key
     build = lambda dense: upcycle(dense, dense_config, moe_config, rng)
-    source, step = config.init.upcycle_from, config.init.checkpoint_step
+    source, step = spec.keys.init.upcycle_from, spec.keys.init.checkpoint_step
     try:
         jax.eval_shape(build, stored_params(source, step))
     except UpcycleError as e:
         raise ConfigError("init.upcycle_from", str(e)) from None
-    dense_model = model_family(config.model.kind).make_model(dense_config)
+    dense_model = model_family(spec.keys.model.kind).make_model(dense_config)
     shapes = jax.eval_shape(dense_model.init, rng)
     shardings = trainer.partitioner.shardings_for(dense_model.logical_axes(), shapes)
     dense_abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
@@ -117,22 +76,20 @@ def upcycled_params(config: ml_collections.ConfigDict, trainer: Any, abstract: A
     return jax.jit(build, out_shardings=jax.tree.map(lambda a: a.sharding, abstract))(dense)
 
 
-def make_partitioner(config: ml_collections.ConfigDict) -> Any:
-    """The `Partitioner` over all devices with the config's mesh (checked to fit). With
+def make_partitioner(spec: MeshSpec, mesh: dict[str, int], devices: Sequence[Any], process_count: int) -> Any:
+    """The `Partitioner` over `devices` with `mesh` (`spec.resolve`'s: it fits them). With
     `partitioning.num_slices` > 1 the mesh is hybrid: each `partitioning.dcn_mesh` axis spans
     that many slices (DCN), the rest of it stays inside a slice (ICI). `ConfigError` naming the
-    key when the slices do not fit the devices."""
+    key when the slices do not fit the devices. `run_spec.bind` calls it."""
 
-    devices = jax.devices()
-    mesh = resolve_mesh(to_plain(config.partitioning.mesh), len(devices), jax.process_count())
-    num_slices = int(config.partitioning.get("num_slices", 1))
-    dcn = {a: int(s) for a, s in to_plain(config.partitioning.get("dcn_mesh", {"data": -1})).items()}
+    num_slices = spec.num_slices
+    dcn = dict(spec.dcn)
     try:  # its -1 axis: partitioning's own resolution, over slices instead of devices
         dcn = resolve_axes(dcn, num_slices)
     except MeshShapeError as e:
         why = f"does not fit partitioning.num_slices={num_slices}: {e} (slices counted as devices)"
         raise ConfigError("partitioning.dcn_mesh", why) from None
-    layout = f"{jax.process_count()} process(es), {len(devices)} devices"
+    layout = f"{process_count} process(es), {len(devices)} devices"
     if len(devices) % num_slices:
         raise ConfigError("partitioning.num_slices", f"{num_slices} slices do not divide the {layout}")
     if devices[0].platform == "tpu":  # TPU devices know their slice (multislice: slice_index)
@@ -151,11 +108,10 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
                 f"{mesh[axis]} is not a multiple of {span}",
             )
     try:
-        device_mesh = create_mesh(mesh, devices, num_slices=num_slices, dcn_axes=dcn)
+        device_mesh = create_mesh(mesh, list(devices), num_slices=num_slices, dcn_axes=dcn)
     except MeshShapeError as e:
         raise ConfigError("partitioning.num_slices", f"{e} ({layout})") from None
-    partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=config.partitioning.fsdp_rules))
-    check_expert_axis(dict(device_mesh.shape), lambda: check_model(config))
+    partitioner = Partitioner(device_mesh, standard_logical_axis_rules(fsdp=spec.fsdp_rules))
     if num_slices > 1:
         shard = partitioner.data_layout()
         log.info(
@@ -168,34 +124,6 @@ def make_partitioner(config: ml_collections.ConfigDict) -> Any:
             shard.num_shards,
         )
     return partitioner
-
-
-def make_schedule(config: ml_collections.ConfigDict) -> Callable:
-    """The learning-rate schedule (`ConfigError` naming `optimizer` when it cannot be built)."""
-    from cairn.trainer import cosine_schedule, factor_schedule, linear_schedule
-
-    opt = config.optimizer
-    if opt.schedule in ("cosine", "linear") and config.num_train_steps <= opt.warmup_steps:
-        raise ConfigError(
-            "optimizer.warmup_steps",
-            f"{opt.warmup_steps} must be below num_train_steps "
-            f"({config.num_train_steps}) for a {opt.schedule} schedule",
-        )
-    try:
-        if opt.schedule == "factor":
-            return factor_schedule(opt.factors, base_learning_rate=opt.learning_rate, warmup_steps=opt.warmup_steps)
-        if opt.schedule == "constant":
-            factors = "constant * linear_warmup" if opt.warmup_steps else "constant"
-            return factor_schedule(factors, base_learning_rate=opt.learning_rate, warmup_steps=opt.warmup_steps)
-        fn = cosine_schedule if opt.schedule == "cosine" else linear_schedule
-        return fn(opt.learning_rate, config.num_train_steps, opt.warmup_steps, opt.final_learning_rate)
-    except ValueError as e:
-        raise ConfigError(f"optimizer.{'factors' if opt.schedule == 'factor' else 'schedule'}", str(e)) from None
-
-
-def make_optimizer(config: ml_collections.ConfigDict) -> Any:
-    """The `OptimizerConfig` of `optimizer.*` (`optimizer_setup.optimizer_config`)."""
-    return optimizer_setup.optimizer_config(config)
 
 
 def score_fn_factory(model: Any, batch_size: int, *, partitioner: Any, log_level: int = logging.INFO) -> Callable:
@@ -223,45 +151,47 @@ def _stacked(ds: Any, key: str | None) -> tuple[np.ndarray, Any]:
     return idx, (feats[key] if key is not None else feats)
 
 
-def make_evaluator(config: ml_collections.ConfigDict, loggers: tuple = (), decode: bool = False) -> Any:
+def make_evaluator(spec: RunSpec, loggers: tuple = (), decode: bool = False, num_examples: int | None = None) -> Any:
     """A `cairn.evaluation.Evaluator` over `eval.task` (default `data.task`), `eval.split`. With
     `decode`, for a model that continues prompts (decoder-only), a `ContinuationEvaluator`:
-    prediction metrics on the tasks' decode views (`decode_views`), score metrics as without."""
+    prediction metrics on the tasks' decode views (`decode_views`), score metrics as without.
+    `num_examples`: examples per task (default `eval.num_examples`; 0: all)."""
     from cairn.evaluation import Evaluator
 
-    name = config.eval.task or config.data.task
-    if decode and model_family(config.model.kind).continues_prompt:
+    keys = spec.keys
+    name = keys.eval.task or keys.data.task
+    n = (keys.eval.num_examples if num_examples is None else num_examples) or None
+    if decode and model_family(keys.model.kind).continues_prompt:
         return ContinuationEvaluator(
-            data_lib.get_tasks(config, "eval.task"),
-            data_lib.feature_converter(config, pack=False),
-            to_plain(config.data.sequence_length),
-            split=config.eval.split,
-            num_examples=config.eval.num_examples or None,
-            seed=config.seed,
+            data_lib.get_tasks(keys, "eval.task"),
+            data_lib.feature_converter(spec.reader, pack=False),
+            dict(keys.data.sequence_length),
+            split=keys.eval.split,
+            num_examples=n,
+            seed=keys.seed,
             loggers=loggers,
         )
     return Evaluator(
         name,
-        data_lib.feature_converter(config, pack=False),
-        split=config.eval.split,
-        num_examples=config.eval.num_examples or None,
-        seed=config.seed,
-        sequence_length=data_lib.sequence_length(config),
+        data_lib.feature_converter(spec.reader, pack=False),
+        split=keys.eval.split,
+        num_examples=n,
+        seed=keys.seed,
+        sequence_length=dict(spec.reader.sequence_length),
         loggers=loggers,
     )
 
 
-def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, partitioner: Any = None) -> Callable:
+def make_eval_fn(spec: RunSpec, model: Any, evaluator: Any, partitioner: Any) -> Callable:
     """The trainer's `eval_fn`: the Evaluator's score metrics and, with `eval.decode_metrics`,
-    its prediction metrics (the evaluator from `make_evaluator(config, decode=True)`), in
-    sharded batches on the partitioner's mesh (default: `make_partitioner(config)`, the same mesh)."""
+    its prediction metrics (the evaluator from `make_evaluator(spec, decode=True)`), in
+    sharded batches on the partitioner's mesh."""
     from cairn.trainer import evaluator_callback
 
-    partitioner = partitioner if partitioner is not None else make_partitioner(config)
-    batch = config.eval.batch_size
+    batch = spec.keys.eval.batch_size
     predict = (
-        predict_fns.predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)
-        if config.eval.decode_metrics
+        predict_fns.predict_fn_factory(spec, model, batch, partitioner=partitioner, log_level=logging.DEBUG)
+        if spec.keys.eval.decode_metrics
         else None
     )
     return evaluator_callback(
@@ -271,85 +201,62 @@ def make_eval_fn(config: ml_collections.ConfigDict, model: Any, evaluator: Any, 
     )
 
 
-def trainer_config(config: ml_collections.ConfigDict) -> Any:
-    from cairn.trainer import CheckpointConfig, TrainerConfig
-
-    t = config.trainer
-    return TrainerConfig(
-        model_dir=config.model_dir,
-        num_train_steps=config.num_train_steps,
-        seed=config.seed,
-        num_microbatches=t.num_microbatches,
-        microbatch_reduction="sum" if loss_normalizing_factor(config) is None else "mean",
-        checkpoint_every=t.checkpoint_every,
-        eval_every=t.eval_every,
-        log_every=t.log_every,
-        checkpoint=CheckpointConfig(keep=t.keep_checkpoints or None, asynchronous=True),
-        tensorboard=t.tensorboard,
-        wandb=config.logging.wandb,
-        offload_optimizer_state=t.offload_optimizer_state,
-    )
-
-
 def make_trainer(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     model: Any,
     partitioner: Any,
     eval_fn: Callable | None = None,
     step_hooks: Sequence[Callable] = (),
     batch_hooks: Sequence[Callable] = (),
-    schedule: Callable | None = None,
 ) -> Any:
-    """The `Trainer` (the resolved config is its `experiment_config`, stored in checkpoints);
-    `step_hooks` run after every step and `batch_hooks` before every `fingerprint_every`-th
-    (the run fingerprint's). `schedule`: `make_schedule(config)` when the caller has it."""
+    """The `Trainer` of the spec's optimizer, schedule and `TrainerConfig` (the resolved config
+    is its `experiment_config`, stored in checkpoints); `step_hooks` run after every step and
+    `batch_hooks` before every `fingerprint_every`-th (the run fingerprint's)."""
     from cairn.trainer import Trainer
 
-    schedule = schedule if schedule is not None else make_schedule(config)
     return Trainer(
         model,
-        make_optimizer(config),
-        schedule,
+        spec.optimizer,
+        spec.schedule,
         partitioner,
-        trainer_config(config),
+        spec.trainer,
         eval_fn=eval_fn,
-        experiment_config=to_plain(config),
+        experiment_config=copy.deepcopy(dict(spec.plain)),
         step_hooks=list(step_hooks),
         batch_hooks=list(batch_hooks),
-        batch_hook_every=max(1, config.fingerprint_every),
+        batch_hook_every=max(1, spec.keys.fingerprint_every),
     )
 
 
 INIT_SOURCES = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint", "init.upcycle_from")
 
 
-def init_source(config: ml_collections.ConfigDict) -> str:
+def init_source(spec: RunSpec) -> str:
     """The path of the `init.*` source set ('' for none; validation allows one)."""
-    return next((config.init[k.split(".")[1]] for k in INIT_SOURCES if config.init[k.split(".")[1]]), "")
+    paths = (getattr(spec.keys.init, k.split(".")[1]) for k in INIT_SOURCES)
+    return next((p for p in paths if p), "")
 
 
-def pretrained_params(config: ml_collections.ConfigDict, trainer: Any, first_batch: Any) -> Any:
+def pretrained_params(spec: RunSpec, trainer: Any, first_batch: Any) -> Any:
     """Params to start from (`init.checkpoint` via `restore_params`, `init.hf_checkpoint` via
     `import_hf`, `init.t5x_checkpoint` via `import_t5x`, `init.upcycle_from` via
     `upcycled_params`), sharded as the trainer wants; None without any."""
-    if not init_source(config):
+    if not init_source(spec):
         return None
     abstract = trainer.setup(first_batch).params
-    if config.init.checkpoint:
+    if spec.keys.init.checkpoint:
         from cairn.trainer import restore_params
 
-        return restore_params(config.init.checkpoint, abstract, step=config.init.checkpoint_step)
-    if config.init.upcycle_from:
-        return upcycled_params(config, trainer, abstract)
-    if config.init.t5x_checkpoint:
+        return restore_params(spec.keys.init.checkpoint, abstract, step=spec.keys.init.checkpoint_step)
+    if spec.keys.init.upcycle_from:
+        return upcycled_params(spec, trainer, abstract)
+    if spec.keys.init.t5x_checkpoint:
         try:
-            params = import_t5x(config.init.t5x_checkpoint, abstract, step=config.init.checkpoint_step)
+            params = import_t5x(spec.keys.init.t5x_checkpoint, abstract, step=spec.keys.init.checkpoint_step)
         except T5xCheckpointError as e:
             raise ConfigError("init.t5x_checkpoint", str(e)) from None
         return jax.tree.map(lambda p, a: jax.device_put(p, a.sharding), params, abstract)
-    _, params = hf_converter(config.model.kind).import_dir(
-        config.init.hf_checkpoint, **to_plain(config.model.overrides)
-    )
+    _, params = hf_converter(spec.keys.model.kind).import_dir(spec.keys.init.hf_checkpoint, **spec.keys.model.overrides)
     shapes = jax.tree.map(np.shape, params)
     want = jax.tree.map(lambda a: a.shape, abstract)
     if shapes != want:

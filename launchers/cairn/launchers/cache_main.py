@@ -24,22 +24,21 @@ from cairn.datatasks import DataTasksError
 from cairn.datatasks.deterministic import cache_task_in_process, cache_tasks, task_dir
 from cairn.datatasks.deterministic.cache_writer import upgrade_in_place
 from cairn.datatasks.deterministic.store import recache_notice
-from cairn.launchers import cli, entry, validation
+from cairn.launchers import cli, entry
 from cairn.launchers import data as data_lib
+from cairn.launchers.run_spec import RunSpec
 
 BEAM = flags.DEFINE_bool("beam", False, "Cache with Apache Beam (cache_tasks) instead of in this process.")
 PIPELINE_OPTIONS = flags.DEFINE_string("pipeline_options", "", "Beam pipeline options (implies --beam).")
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "Rebuild complete caches too.")
 
 
-def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: bool = False) -> dict[str, str]:
-    """Caches the config's training tasks; returns `{task: "cached" | "already cached"}`."""
+def cache(spec: RunSpec, beam: bool = False, pipeline_options: str = "", overwrite: bool = False) -> dict[str, str]:
+    """Caches the spec's training tasks; returns `{task: "cached" | "already cached"}`."""
 
-    validation.check_schema(config)
-    validation.check_paths(config)
-    vocabulary = data_lib.make_vocabulary(config)
+    config, reader = spec.keys, spec.reader
     with data_lib.source_errors_as_data_errors(config.data.task, config.data.split):  # sources read at registration
-        data_lib.register_tasks(config, vocabulary)
+        data_lib.register_tasks(config, spec.vocabulary)
     tasks = data_lib.get_tasks(config)
     if beam or pipeline_options:
         with data_lib.source_errors_as_data_errors(", ".join(sorted(tasks)), config.data.split):
@@ -54,7 +53,7 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     done = {}
     for name, task in sorted(tasks.items()):
         path = task_dir(config.data.cache_dir, name, config.data.split)
-        stale = name in data_lib.cache_missing(config, {name: task})
+        stale = name in data_lib.cache_missing(reader, {name: task})
         upgraded = upgrade_in_place(path) if stale and not overwrite else None
         if upgraded:  # a local format 3 cache: its chunk index added, no record rewritten
             print(upgraded, file=sys.stderr, flush=True)
@@ -69,10 +68,10 @@ def cache(config, beam: bool = False, pipeline_options: str = "", overwrite: boo
     return done
 
 
-def _main(config) -> None:
-    result = cache(config, BEAM.value or config.data.cache_with_beam, PIPELINE_OPTIONS.value, OVERWRITE.value)
+def _main(spec: RunSpec) -> None:
+    result = cache(spec, BEAM.value or spec.keys.data.cache_with_beam, PIPELINE_OPTIONS.value, OVERWRITE.value)
     for name, status in sorted(result.items()):
-        print(f"{name}: {status} in {config.data.cache_dir}", flush=True)
+        print(f"{name}: {status} in {spec.keys.data.cache_dir}", flush=True)
 
 
 def run() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from cairn import storage
 from cairn.launchers import builder, run_setup
 from cairn.launchers import data as data_lib
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 
@@ -41,32 +41,26 @@ def complete_steps(path: str) -> list[int]:
     return steps
 
 
-def zero_batch(config: ml_collections.ConfigDict, rows: int) -> dict[str, np.ndarray]:
-    """A host batch of zeros with the model features and lengths of the config's converter."""
-    converter = data_lib.feature_converter(config)
-    lengths = converter.get_model_feature_lengths(data_lib.sequence_length(config))
+def zero_batch(spec: RunSpec, rows: int) -> dict[str, np.ndarray]:
+    """A host batch of zeros with the model features and lengths of the spec's converter."""
+    converter = data_lib.feature_converter(spec.reader)
+    lengths = converter.get_model_feature_lengths(dict(spec.reader.sequence_length))
     return {k: np.zeros((rows, n), np.float32 if k.endswith("loss_weights") else np.int32) for k, n in lengths.items()}
 
 
-def abstract_params(config: ml_collections.ConfigDict, model: Any, partitioner: Any) -> Any:
+def abstract_params(spec: RunSpec, model: Any, partitioner: Any) -> Any:
     """ShapeDtypeStructs (with shardings) of the model's params, as the trainer lays them out."""
-    trainer = builder.make_trainer(config, model, partitioner)
+    trainer = builder.make_trainer(spec, model, partitioner)
     # One row per data-parallel shard: the params' layout does not depend on the batch.
     rows = partitioner.batch_parts() // partitioner.data_layout().num_shards
-    return trainer.setup(zero_batch(config, rows)).params
+    return trainer.setup(zero_batch(spec, rows)).params
 
 
-def load_params(
-    config: ml_collections.ConfigDict,
-    model: Any,
-    partitioner: Any,
-    path: str,
-    step: int | None = None,
-    abstract: Any = None,
-) -> tuple[int, Any]:
+def load_params(abstract: Any, path: str, step: int | None = None) -> tuple[int, Any]:
     """`(step, params)` of the checkpoint at `path` (a model_dir, its checkpoints folder, or one
-    step's folder); the latest complete step unless `step` is given. On several processes,
-    process 0 chooses the step (a checkpoint may complete while they look) and all restore it."""
+    step's folder), restored as `abstract` (`abstract_params`) lays them out; the latest complete
+    step unless `step` is given. On several processes, process 0 chooses the step (a checkpoint
+    may complete while they look) and all restore it."""
     from cairn.trainer import restore_params
 
     if storage.path(storage.join(path, "state")).is_dir():
@@ -84,5 +78,4 @@ def load_params(
 
         chosen = run_setup.from_process_0(choose)[0]
         target = storage.join(checkpoint_root(path), str(chosen))
-    abstract = abstract if abstract is not None else abstract_params(config, model, partitioner)
     return chosen, restore_params(target, abstract)

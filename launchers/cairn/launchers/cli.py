@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 from absl import flags
 from ml_collections import config_flags
 
-from cairn.launchers import cli_help, config_base, config_io, entry
-from cairn.launchers.validation import ConfigError, check_schema, close_names
+from cairn.launchers import cli_help, config_base, config_io, entry, run_spec
+from cairn.launchers.validation import ConfigError, close_names
 
 # The argv ml_collections reads its overrides from: parse_flags' argv without the overrides of
 # free-form keys (those are applied by `loaded_config`, and may add keys).
@@ -113,8 +113,7 @@ def explain_flag_error(argv: list[str], error: Exception) -> ConfigError:
         loaded = config_io.load_config_file(spec)
     except (FileNotFoundError, config_io.ConfigFileError) as e:
         return ConfigError("config", str(e))
-    plain = config_io.to_plain(loaded)
-    schema = config_io.to_plain(config_base.base_config())
+    plain, schema = (config_io.to_plain(c) for c in (loaded, config_base.base_config()))
     known = set(_all_keys(plain)) | set(_all_keys(schema))
     overrides = dict(_overrides(argv))
     for key, value in overrides.items():
@@ -196,20 +195,19 @@ def fail(error: BaseException) -> NoReturn:
     entry.fail(error)
 
 
-def loaded_config() -> Any:
-    """The parsed `--config` with its paths resolved (`config_io.resolve_paths`), its schema
-    checked: the one schema check of an entry point (the later `validation.check_static` /
-    `check_schema` of this unchanged config return at once)."""
+def loaded_config() -> run_spec.RunSpec:
+    """The parsed `--config` with its paths resolved (`config_io.resolve_paths`) and its schema
+    checked (`--print_config` prints it then), resolved into the run's `RunSpec`: the config's one
+    crossing into plain values, and each check of it, once."""
     if CONFIG.value is None:
         fail(ConfigError("config", "--config=path/to/experiment.py[:arg] is required (see launchers/configs/)"))
     config = CONFIG.value
     apply_free_form_overrides(config, _FREE_FORM_OVERRIDES)
-    config = config_io.resolve_paths(config)
-    check_schema(config)
+    plain, keys = run_spec.checked_keys(config_io.resolve_paths(config))
     if PRINT_CONFIG.value:
-        print(config_io.config_text(config), end="")
+        print(config_io.config_text(config_io.as_given(plain)), end="")
         sys.exit(0)
-    return config
+    return run_spec.resolve(plain, keys)
 
 
 def raw_config() -> Any:
@@ -219,14 +217,14 @@ def raw_config() -> Any:
 
 
 def run_entry_point(
-    body: Callable[[Any], int | None],
+    body: Callable[[run_spec.RunSpec], int | None],
     expected: tuple[entry.Expected, ...] = (),
     logs: Callable[[], None] | None = None,
     flags_parser: Callable[[list[str]], list[str]] = parse_flags,
     describe: Callable[[BaseException], BaseException | str] | None = None,
 ) -> None:
-    """Runs `body(config)` through `entry.run`: flags parsed by `parse_flags`, the loaded config
-    passed in; a `ConfigError` or an `expected` error is one line with exit status 2. `logs`
+    """Runs `body(spec)` through `entry.run`: flags parsed by `parse_flags`, the loaded config's
+    `RunSpec` passed in; a `ConfigError` or an `expected` error is one line with exit status 2. `logs`
     sets up logging (default: INFO)."""
 
     def main() -> int | None:

@@ -8,9 +8,11 @@ that variable is set, else against the current directory.
 from __future__ import annotations
 
 import ast
+import copy
 import importlib.util
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -242,12 +244,12 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-def hashable_config(config: ml_collections.ConfigDict) -> dict:
-    """The config as `config.json` stores it (paths as the user gave them), without
+def hashable_config(stored: Mapping[str, Any]) -> dict:
+    """`stored` (the config as `config.json` stores it, paths as the user gave them) without
     `HASH_EXCLUDED` (`model_dir`, `multihost`, `data.cache_dir`): what the run fingerprint's
     config hash covers. A relative path hashes the same from any checkout or working directory
     (the data fingerprint covers the vocabulary's content, wherever it is read from)."""
-    plain = stored_form(config)
+    plain = copy.deepcopy(dict(stored))
     for key in HASH_EXCLUDED:
         *parents, last = key.split(".")
         node = plain
@@ -258,29 +260,33 @@ def hashable_config(config: ml_collections.ConfigDict) -> dict:
     return plain
 
 
-def stored_form(config: ml_collections.ConfigDict) -> dict:
-    """What `config.json` holds: the config as a plain dict, with each path the user gave
+def as_given(plain: Mapping[str, Any]) -> dict:
+    """What `config.json` holds: a plain, path-resolved config with each path the user gave
     relative (and the default model_dir) written as given, relative to where the command ran."""
-    plain = to_plain(config)
+    stored = copy.deepcopy(dict(plain))
     for key in PATH_KEYS:
         try:
-            value = get_path(plain, key)
+            value = get_path(stored, key)
         except (KeyError, TypeError):
             continue
         if isinstance(value, str) and value in _AS_GIVEN:
-            set_path(plain, key, _AS_GIVEN[value])
-    return plain
+            set_path(stored, key, _AS_GIVEN[value])
+    return stored
 
 
-def config_text(config: ml_collections.ConfigDict) -> str:
-    """`stored_form(config)` as the JSON text of `config.json` (loadable with `--config`)."""
-    return json.dumps(stored_form(config), indent=2, sort_keys=True) + "\n"
+def stored_form(config: ml_collections.ConfigDict) -> dict:
+    """`as_given` of a loaded config (`resume_check`'s probes of the config as given)."""
+    return as_given(to_plain(config))
 
 
-def write_config_json(config: ml_collections.ConfigDict, model_dir: str | None = None) -> str:
-    """Writes `<model_dir>/config.json` (`config_text`) atomically (a rename locally, one upload
-    on a bucket); returns its path."""
-    model_dir = model_dir or config.model_dir
+def config_text(stored: Mapping[str, Any]) -> str:
+    """`stored` (`as_given`: `RunSpec.stored`) as the JSON text of `config.json` (loadable with `--config`)."""
+    return json.dumps(stored, indent=2, sort_keys=True) + "\n"
+
+
+def write_config_json(stored: Mapping[str, Any], model_dir: str) -> str:
+    """Writes `<model_dir>/config.json` (`config_text(stored)`) atomically (a rename locally, one
+    upload on a bucket); returns its path."""
     path = storage.join(model_dir, "config.json")
-    storage.write_text(path, config_text(config))
+    storage.write_text(path, config_text(stored))
     return path

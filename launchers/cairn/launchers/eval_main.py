@@ -32,13 +32,13 @@ import logging
 import time
 from collections.abc import Callable
 
-import ml_collections
 from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
 from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, predict_fns, run_setup
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -83,31 +83,27 @@ class EvaluatedLog:
 
 
 def make_runner(
-    config: ml_collections.ConfigDict, eval_dir: str, decode: bool, out: Callable[[str], None] = print
+    spec: RunSpec, eval_dir: str, decode: bool, out: Callable[[str], None] = print
 ) -> Callable[[str, int | None], tuple]:
     """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them
     (on every process; only process 0 writes the Evaluator's files)."""
 
-    ready = run_setup.prepare(config, batch_keys=(), eval_task=True)
-    partitioner = ready.partitioner
-    run_setup.check_padded_batch_size("eval.batch_size", config.eval.batch_size, partitioner)
-    model = builder.load_model(config, ready.vocabulary, net=ready.model_config)
+    ready = run_setup.prepare(spec, batch_keys=(), eval_task=True)
+    partitioner, batch = ready.partitioner, spec.keys.eval.batch_size
+    run_setup.check_padded_batch_size("eval.batch_size", batch, partitioner)
+    model = builder.load_model(spec)
     loggers = (
         (JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))
         if run_setup.is_process_0()
         else ()
     )
-    evaluator = builder.make_evaluator(config, loggers=loggers, decode=decode)
-    abstract = checkpoint_params.abstract_params(config, model, partitioner)
-    score = builder.score_fn_factory(model, config.eval.batch_size, partitioner=partitioner)
-    predict = (
-        predict_fns.predict_fn_factory(config, model, config.eval.batch_size, partitioner=partitioner)
-        if decode
-        else None
-    )
+    evaluator = builder.make_evaluator(spec, loggers=loggers, decode=decode)
+    abstract = checkpoint_params.abstract_params(spec, model, partitioner)
+    score = builder.score_fn_factory(model, batch, partitioner=partitioner)
+    predict = predict_fns.predict_fn_factory(spec, model, batch, partitioner=partitioner) if decode else None
 
     def run(path: str, step: int | None) -> tuple:
-        step, params = checkpoint_params.load_params(config, model, partitioner, path, step, abstract)
+        step, params = checkpoint_params.load_params(abstract, path, step)
         result = evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None, step=step)
         for task, errors in result.errors.items():
             out(f"step {step}: {task}: {'; '.join(errors)}")
@@ -117,7 +113,7 @@ def make_runner(
 
 
 def evaluate(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     path: str,
     step: int | None = None,
     watch: bool = False,
@@ -130,7 +126,7 @@ def evaluate(
     """Evaluates checkpoints under `path`; returns `{step: {task: {metric: value}}}` of this call.
     Every process of the job calls it; process 0 writes `evaluated.jsonl` and decides, with
     `--watch`, which steps to evaluate and when to stop."""
-    eval_dir = eval_dir or storage.join(config.model_dir, "eval", config.eval.split)
+    eval_dir = eval_dir or storage.join(spec.keys.model_dir, "eval", spec.keys.eval.split)
     try:
         storage.check_writable(eval_dir)
     except storage.StorageError as e:
@@ -141,7 +137,7 @@ def evaluate(
         and not storage.path(storage.join(path, "state")).is_dir()
     ):
         raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
-    run = make_runner(config, eval_dir, decode, out)
+    run = make_runner(spec, eval_dir, decode, out)
     done_log = EvaluatedLog(eval_dir)
     results: dict[int, dict] = {}
 
@@ -170,7 +166,7 @@ def evaluate(
     while True:
         stop, *new = run_setup.from_process_0(look)
         for s in new:
-            if one(path, s) >= config.num_train_steps:
+            if one(path, s) >= spec.keys.num_train_steps:
                 out(f"evaluated the final step {s}; stopping")
                 return results
         if new:
@@ -181,10 +177,10 @@ def evaluate(
         time.sleep(poll_seconds)
 
 
-def _main(config: ml_collections.ConfigDict) -> None:
-    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
+def _main(spec: RunSpec) -> None:
+    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else spec.keys.model_dir
     evaluate(
-        config,
+        spec,
         path,
         STEP.value,
         WATCH.value,

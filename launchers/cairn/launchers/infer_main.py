@@ -42,7 +42,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import ml_collections
 from absl import flags
 
 from cairn import storage
@@ -50,6 +49,7 @@ from cairn.datatasks import DataTasksError
 from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, run_setup
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _plan(parts: str, meta: dict, chunks: int, overwrite: bool) -> list[int]:
 
 
 def infer(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     output: str,
     path: str,
     step: int | None = None,
@@ -115,15 +115,16 @@ def infer(
         storage.check_writable(os.fspath(storage.path(output).parent) or ".")
     except storage.StorageError as e:
         raise ConfigError("output", str(e)) from None
-    family = model_family(config.model.kind)
-    ready = run_setup.prepare(config, batch_keys=(), eval_task=not (family.continues_prompt and input_file))
+    family = model_family(spec.keys.model.kind)
+    ready = run_setup.prepare(spec, batch_keys=(), eval_task=not (family.continues_prompt and input_file))
     partitioner = ready.partitioner
     run_setup.check_padded_batch_size("chunk_size", chunk_size, partitioner)
-    vocabulary = ready.vocabulary
-    model = builder.load_model(config, vocabulary, net=ready.model_config)
-    step, params = checkpoint_params.load_params(config, model, partitioner, path, step)
-    rows = infer_rows.task_rows(config, vocabulary, num_examples, input_file)
-    tasks = infer_rows.task_objects(config, rows)
+    vocabulary = spec.vocabulary
+    model = builder.load_model(spec)
+    abstract = checkpoint_params.abstract_params(spec, model, partitioner)
+    step, params = checkpoint_params.load_params(abstract, path, step)
+    rows = infer_rows.task_rows(spec, num_examples, input_file)
+    tasks = infer_rows.task_objects(spec, rows)
     files = infer_rows.output_paths(output, sorted(rows))
     for task, file in files.items():
         meta = {
@@ -133,11 +134,11 @@ def infer(
             "mode": mode,
             "num_examples": len(rows[task]),
             "chunk_size": chunk_size,
-            "config_hash": config_hash(config_io.hashable_config(config)),
+            "config_hash": config_hash(config_io.hashable_config(spec.stored)),
             "input_file": storage.absolute(input_file) if input_file else "",
         }
-        new = infer_rows.new_tokens(config, tasks[task])
-        writer = infer_rows.ChunkWriter(config, model, partitioner, chunk_size, mode, rows[task], new)
+        new = infer_rows.new_tokens(spec, tasks[task])
+        writer = infer_rows.ChunkWriter(spec, model, partitioner, chunk_size, mode, rows[task], new)
         _write_file(file, meta, rows[task], chunk_size, overwrite, params, writer, vocabulary, out)
     return files
 
@@ -175,10 +176,10 @@ def _write_file(
     )
 
 
-def _main(config: ml_collections.ConfigDict) -> None:
-    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else config.model_dir
+def _main(spec: RunSpec) -> None:
+    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else spec.keys.model_dir
     infer(
-        config,
+        spec,
         config_io.resolve_path(OUTPUT.value),
         path,
         STEP.value,

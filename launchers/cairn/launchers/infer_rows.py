@@ -19,13 +19,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
-
 from cairn import storage
 from cairn.launchers import builder, decode_views, predict_fns
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
 from cairn.launchers.post_training import pad_rows
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 MODES = ("predict", "score", "predict_with_aux")
@@ -45,20 +44,17 @@ def _row(ids: Any, target_ids: Any, vocabulary: Any) -> dict:
     return {"ids": ids, "target_ids": target, "input": vocabulary.decode(ids), "target": vocabulary.decode(target)}
 
 
-def task_rows(
-    config: ml_collections.ConfigDict, vocabulary: Any, num_examples: int | None, input_file: str
-) -> dict[str, list[dict]]:
+def task_rows(spec: RunSpec, num_examples: int | None, input_file: str) -> dict[str, list[dict]]:
     """`{task: [{"ids", "target_ids", "input", "target"}]}` in input order, every task of the
     evaluation task or mixture (or `{FILE_TASK: rows}` of `--input_file`)."""
+    config, vocabulary = spec.keys, spec.vocabulary
     family = model_family(config.model.kind)
     if family.continues_prompt and input_file:
         prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
         return {FILE_TASK: [{"ids": vocabulary.encode(p), "target_ids": [], "input": p, "target": ""} for p in prompts]}
     n = config.eval.num_examples if num_examples is None else num_examples
     if not family.continues_prompt:
-        cfg = ml_collections.ConfigDict(config.to_dict())
-        cfg.eval.num_examples = n
-        evaluator = builder.make_evaluator(cfg)
+        evaluator = builder.make_evaluator(spec, num_examples=n)
         return {
             t: [_row(ex[family.input_feature], ex["targets"], vocabulary) for ex in evaluator.examples(t)]
             for t in sorted(evaluator.task_names)
@@ -84,14 +80,14 @@ def output_paths(output: str, tasks: list[str]) -> dict[str, str]:
     return {t: f"{root}-{t.replace('/', '_').replace(':', '_')}.jsonl" for t in tasks}
 
 
-def new_tokens(config: ml_collections.ConfigDict, task: Any) -> int:
+def new_tokens(spec: RunSpec, task: Any) -> int:
     """How many tokens a prediction of `task` may have: `post_training.max_decode_length`, else
     the targets length (a decoder-only model's language-model view: the second half's length)."""
-    length = data_lib.sequence_length(config)["targets"]
-    if task is not None and model_family(config.model.kind).continues_prompt:
+    length = spec.reader.sequence_length["targets"]
+    if task is not None and model_family(spec.keys.model.kind).continues_prompt:
         if not decode_views.has_prompt_feature(task):
             length -= length // 2
-    return predict_fns.new_tokens(config, length)
+    return predict_fns.new_tokens(spec, length)
 
 
 class ChunkWriter:
@@ -99,7 +95,7 @@ class ChunkWriter:
 
     def __init__(
         self,
-        config: ml_collections.ConfigDict,
+        spec: RunSpec,
         model: Any,
         partitioner: Any,
         chunk_size: int,
@@ -107,15 +103,15 @@ class ChunkWriter:
         rows: list[dict],
         new: int,
     ):
-        self.family = model_family(config.model.kind)
+        self.family = model_family(spec.keys.model.kind)
         self.mode, self.new = mode, new
-        lengths = data_lib.sequence_length(config)
+        lengths = spec.reader.sequence_length
         if self.family.continues_prompt:
             self.prompt_width = max([len(r["ids"]) for r in rows] + [1])
         else:
             self.prompt_width = lengths[self.family.input_feature]
         self.target_width = max([len(r["target_ids"]) for r in rows] + [1])
-        self.decoder = predict_fns.Decoder(config, model, partitioner, chunk_size)
+        self.decoder = predict_fns.Decoder(spec, model, partitioner, chunk_size)
         self.scorer = predict_fns.scorer(model, partitioner, chunk_size)
 
     def lines(self, params: Any, chunk: list[dict], start: int, total: int, vocabulary: Any) -> list[str]:
@@ -144,7 +140,7 @@ class ChunkWriter:
         return [json.dumps(r, ensure_ascii=False) for r in out]
 
 
-def task_objects(config: ml_collections.ConfigDict, names: Mapping[str, Any]) -> dict[str, Any]:
+def task_objects(spec: RunSpec, names: Mapping[str, Any]) -> dict[str, Any]:
     """`{name: Task or None}` of the row sets (None for `--input_file`'s)."""
-    tasks = data_lib.get_tasks(config, "eval.task") if any(n != FILE_TASK for n in names) else {}
+    tasks = data_lib.get_tasks(spec.keys, "eval.task") if any(n != FILE_TASK for n in names) else {}
     return {n: tasks.get(n) for n in names}

@@ -27,8 +27,9 @@ from typing import Any
 
 from absl import flags
 
-from cairn.launchers import cli, config_io, entry, validation
+from cairn.launchers import cli, config_io, entry, run_spec
 from cairn.launchers.pod_layout import GPUS, TPUS, JobSetError, Layout, TpuKind, layout  # noqa: F401 (re-exported)
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 from cairn.launchers.yaml_text import to_yaml
 
@@ -235,9 +236,9 @@ def train_args(argv: Sequence[str], root: str | None = None) -> list:
     return [f"--config={path}{sep}{arg}", *overrides]
 
 
-def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
-    """Checks everything; returns `(manifest dict, layout, options)`. `config` is the loaded,
-    path-resolved config; `raw_config` the config as given (before default paths)."""
+def build(argv: Sequence[str], spec: RunSpec, raw_config: Any) -> tuple:
+    """Checks everything; returns `(manifest dict, layout, options)`. `spec` is the loaded
+    config's `RunSpec`; `raw_config` the config as given (before default paths)."""
     if not IMAGE.value:
         raise JobSetError(
             "image", "required: a container image with the repository at --workdir (launchers/README.md, 'Kubernetes')"
@@ -274,12 +275,9 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
             f"{slices}: the manifest holds one slice (one Job of "
             f"--num_hosts pods); multi-slice JobSets are not written yet",
         )
-    validation.check_static(config)
-    mesh = validation.check_mesh(config, lay.devices, lay.hosts)
-    parts = (
-        mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)
-    )  # the batch dimension's devices; host shards divide them
-    validation.check_config_batch_size(config, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
+    mesh = run_spec.resolve_mesh(spec, lay.devices, lay.hosts)  # `run_spec.bind`'s checks on the pods' devices
+    parts = mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)  # the batch's devices; host shards divide them
+    run_spec.check_batch_size(spec, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
     options = PodOptions(
         name=name,
         image=IMAGE.value,
@@ -293,9 +291,9 @@ def build(argv: Sequence[str], config: Any, raw_config: Any) -> tuple:
     return render(train_args(argv), lay, options, raw_config.experiment), lay, options
 
 
-def _main(config: Any) -> None:
+def _main(spec: RunSpec) -> None:
     raw = cli.CONFIG.value
-    manifest, lay, options = build(_RAW_ARGV[1:], config, raw)
+    manifest, lay, options = build(_RAW_ARGV[1:], spec, raw)
     shown = [a for a in _RAW_ARGV[1:] if not a.startswith("--output")]
     header = (
         f"Rendered by //launchers:jobset from: {shlex.join(shown)}\n"

@@ -28,12 +28,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import flags
 
 from cairn.launchers import process_output
-from cairn.launchers.config_io import to_plain
 from cairn.launchers.validation import ConfigError
 
 ENV = {
@@ -44,12 +42,12 @@ ENV = {
 }
 
 
-def multihost_args(config: ml_collections.ConfigDict, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def multihost_args(config: Any, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The keyword arguments for `initialize_distributed` (None where unset)."""
     env = os.environ if env is None else env
     out: dict[str, Any] = {}
     for key, var in ENV.items():
-        value = config.multihost[key]
+        value = getattr(config.multihost, key)
         if value in (None, ""):
             value = env.get(var) or None
         if value is not None and key in ("num_processes", "process_id"):
@@ -90,7 +88,7 @@ class _StartupWatchdog:
         self._timer.cancel()
 
 
-def initialize(config: ml_collections.ConfigDict) -> Any:
+def initialize(config: Any) -> Any:
     """Joins the job the config and the environment describe; returns the decision
     (`cairn.partitioning.DistributedConfig`). Call before any other JAX use. Exits with
     status 2 when the job is not joined within `multihost.initialization_timeout_seconds`."""
@@ -139,7 +137,7 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix[:-1]]
 
 
-def check_same_config(config: ml_collections.ConfigDict) -> None:
+def check_same_config(plain: Mapping[str, Any]) -> None:
     """With several processes: every process must have been started with the same config
     (all but the `multihost` section). Otherwise every process raises a `ConfigError` naming
     the processes and the keys that differ. A collective (call it on every process)."""
@@ -149,8 +147,7 @@ def check_same_config(config: ml_collections.ConfigDict) -> None:
         return
     from jax.experimental import multihost_utils
 
-    plain = to_plain(config)
-    plain.pop("multihost", None)
+    plain = {k: v for k, v in plain.items() if k != "multihost"}
     mine = np.frombuffer(json.dumps(plain, sort_keys=True).encode(), np.uint8)
     lengths = np.asarray(multihost_utils.process_allgather(np.array([mine.size], np.int32))).reshape(-1)
     padded = np.zeros(int(lengths.max()), np.uint8)

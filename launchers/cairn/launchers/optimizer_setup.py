@@ -7,10 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
-
-from cairn.launchers.config_io import to_plain
-from cairn.launchers.validation import ConfigError
+from cairn.launchers import schema
+from cairn.launchers.validation import ConfigError, library_config
 
 
 def parse_groups(entries: Sequence[str]) -> tuple[Any, ...]:
@@ -39,45 +37,30 @@ def _check_regexes(key: str, patterns: Sequence[str]) -> None:
             raise ConfigError(key, str(e)) from None
 
 
-def optimizer_config(config: ml_collections.ConfigDict) -> Any:
-    """The `OptimizerConfig` of `config.optimizer` (`ConfigError` naming the bad key)."""
+def optimizer_config(keys: schema.Config) -> Any:
+    """The `OptimizerConfig` of `optimizer.*` (`ConfigError` naming the bad key): `RunSpec.optimizer`."""
     from cairn.trainer import OptimizerConfig
     from cairn.trainer.adafactor_axes import factor_rules
 
-    opt = config.optimizer
+    opt = keys.optimizer
     freeze, no_decay = tuple(opt.freeze), tuple(opt.no_decay)
     _check_regexes("optimizer.freeze", freeze)
     _check_regexes("optimizer.no_decay", no_decay)
-    rules = {str(k): str(v) for k, v in to_plain(opt.factor_rules).items()}
+    rules = {str(k): str(v) for k, v in opt.factor_rules.items()}
     try:
         factor_rules(rules)
     except ValueError as e:
         raise ConfigError("optimizer.factor_rules", str(e)) from None
-    return OptimizerConfig(
-        name=opt.name,
-        b1=opt.b1,
-        b2=opt.b2,
-        weight_decay=opt.weight_decay,
-        clip_grad_norm=opt.clip_grad_norm,
-        factoring=opt.factoring,
-        factor_rules=rules,
-        factored=opt.factored,
-        min_dim_size_to_factor=opt.min_dim_size_to_factor,
-        multiply_by_parameter_scale=opt.multiply_by_parameter_scale,
-        decay_rate=opt.decay_rate,
-        clipping_threshold=opt.clipping_threshold,
-        no_decay=no_decay,
-        freeze=freeze,
-        groups=parse_groups(opt.groups),
-    )
+    # The keys named like OptimizerConfig's fields feed them (name, b1, ..., no_decay, freeze).
+    return library_config(OptimizerConfig, opt, "optimizer", factor_rules=rules, groups=parse_groups(opt.groups))
 
 
-def check_patterns(config: ml_collections.ConfigDict, paths: Sequence[str]) -> None:
+def check_patterns(opt: Any, paths: Sequence[str]) -> None:
     """Every pattern of `optimizer.freeze` and `optimizer.groups` (and of `optimizer.no_decay`
-    when weight decay is on) matches one of the parameter `paths`, else a `ConfigError`."""
+    when weight decay is on) of the `OptimizerConfig` `opt` matches one of the parameter `paths`,
+    else a `ConfigError`."""
     from cairn.trainer.param_groups import matches_any, unmatched
 
-    opt = optimizer_config(config)
     checked = [("optimizer.freeze", opt.freeze), ("optimizer.groups", tuple(g.pattern for g in opt.groups))]
     if opt.weight_decay:
         checked.append(("optimizer.no_decay", opt.no_decay))
@@ -91,12 +74,11 @@ def check_patterns(config: ml_collections.ConfigDict, paths: Sequence[str]) -> N
         raise ConfigError("optimizer.freeze", f"freezes every parameter {opt.freeze}: nothing would train")
 
 
-def check_param_patterns(config: ml_collections.ConfigDict, model: Any, batch: Any) -> None:
-    """`check_patterns` against the paths of `model`'s parameters for `batch` (abstract: no
-    parameter is allocated); nothing is traced when no pattern needs checking."""
-    opt = config.optimizer
+def check_param_patterns(opt: Any, model: Any, batch: Any) -> None:
+    """`check_patterns` of the `OptimizerConfig` `opt` against the paths of `model`'s parameters
+    for `batch` (abstract: no parameter is allocated); nothing is traced when no pattern needs
+    checking."""
     if not (opt.freeze or opt.groups or (opt.weight_decay and opt.no_decay)):
-        optimizer_config(config)
         return
     import jax
 
@@ -104,4 +86,4 @@ def check_param_patterns(config: ml_collections.ConfigDict, model: Any, batch: A
     from cairn.trainer.param_groups import param_paths
 
     shapes, _ = abstract_init(model, jax.random.PRNGKey(0), batch)
-    check_patterns(config, param_paths(shapes))
+    check_patterns(opt, param_paths(shapes))

@@ -23,25 +23,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from cairn import storage
-from cairn.launchers import builder, predict_fns
-from cairn.launchers import data as data_lib
+from cairn.launchers import builder, predict_fns, schema
 from cairn.launchers.config_base import model_family
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
 Recorder = Callable[[str, int, Mapping[str, float]], None]  # SummaryWriter.scalars(task, step, values)
-
-
-def _decode_options(config: ml_collections.ConfigDict, length: int) -> Any:
-    from cairn.models import DecodeOptions
-
-    pt = config.post_training
-    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k)
 
 
 def pad_rows(rows: list, length: int) -> np.ndarray:
@@ -53,30 +45,25 @@ def pad_rows(rows: list, length: int) -> np.ndarray:
     return out
 
 
-def _partitioner(config: ml_collections.ConfigDict, partitioner: Any) -> Any:
-    return partitioner if partitioner is not None else builder.make_partitioner(config)
-
-
 def final_evaluation(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     model: Any,
     params: Any,
     evaluator: Any,
     step: int,
+    partitioner: Any,
     out: Printer = print,
-    partitioner: Any = None,
     record: Recorder | None = None,
 ) -> dict:
     """Score metrics (e.g. perplexity) of the evaluation task at the end of training, and its
     prediction metrics with `eval.decode_metrics`; `record` (e.g. the run's
     `SummaryWriter.scalars`) gets them as task `eval`, `<task>/<metric>` at `step`, like the
     loop's evaluations."""
-    partitioner = _partitioner(config, partitioner)
-    batch = config.eval.batch_size
+    batch = spec.keys.eval.batch_size
     score = builder.score_fn_factory(model, batch, partitioner=partitioner, log_level=logging.DEBUG)
     predict = (
-        predict_fns.predict_fn_factory(config, model, batch, partitioner=partitioner, log_level=logging.DEBUG)(params)
-        if config.eval.decode_metrics
+        predict_fns.predict_fn_factory(spec, model, batch, partitioner=partitioner, log_level=logging.DEBUG)(params)
+        if spec.keys.eval.decode_metrics
         else None
     )
     result = evaluator.evaluate(score_fn=score(params), predict_fn=predict, step=step)
@@ -85,46 +72,43 @@ def final_evaluation(
         record("eval", step, flat)
     for task, metrics in sorted(result.metrics.items()):
         shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
-        out(f"final evaluation at step {step}: {task} ({config.eval.split}): {shown}")
+        out(f"final evaluation at step {step}: {task} ({spec.keys.eval.split}): {shown}")
     for task, errors in result.errors.items():
         out(f"final evaluation of {task}: {'; '.join(errors)}")
     return result.metrics
 
 
-def _decode(
-    config: ml_collections.ConfigDict, model: Any, params: Any, partitioner: Any, rows: np.ndarray, length: int
-) -> np.ndarray:
+def _decode(spec: RunSpec, model: Any, params: Any, partitioner: Any, rows: np.ndarray, length: int) -> np.ndarray:
     """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), one
     sharded batch on the partitioner's mesh."""
-    options = _decode_options(config, length)
-    decode_batch = model_family(config.model.kind).decode_batch
+    options = predict_fns.decode_options(spec, length)
+    decode_batch = model_family(spec.keys.model.kind).decode_batch
 
     def fn(p, x):
         batch = decode_batch(x)
-        return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(config.seed))[0]
+        return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(spec.keys.seed))[0]
 
-    return ShardedBatches(_partitioner(config, partitioner), fn, len(rows), "decodes", logging.DEBUG)(params, rows)
+    return ShardedBatches(partitioner, fn, len(rows), "decodes", logging.DEBUG)(params, rows)
 
 
 def denoising_samples(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     model: Any,
     params: Any,
     evaluator: Any,
-    vocabulary: Any,
+    partitioner: Any,
     out: Printer = print,
-    partitioner: Any = None,
 ) -> list[dict]:
     """Prints `num_samples` evaluation examples with the model's decoded prediction."""
-    n = config.post_training.num_samples
+    n = spec.keys.post_training.num_samples
     if not n:
         return []
-    lengths = data_lib.sequence_length(config)
+    lengths = spec.reader.sequence_length
     task = evaluator.task_names[0]  # the first task of a mixture
-    examples = evaluator.examples(task)[:n]
+    examples, vocabulary = evaluator.examples(task)[:n], spec.vocabulary
     enc = pad_rows([ex["inputs"] for ex in examples], lengths["inputs"])
-    length = config.post_training.max_decode_length or lengths["targets"]
-    tokens = _decode(config, model, params, partitioner, enc, length)
+    length = spec.keys.post_training.max_decode_length or lengths["targets"]
+    tokens = _decode(spec, model, params, partitioner, enc, length)
     samples = []
     for i, (ex, pred) in enumerate(zip(examples, tokens)):
         sample = {
@@ -141,22 +125,21 @@ def denoising_samples(
 
 
 def generate_text(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     model: Any,
     params: Any,
-    vocabulary: Any,
+    partitioner: Any,
     out: Printer = print,
-    prompts: list[str] | None = None,
-    partitioner: Any = None,
 ) -> list[str]:
-    """Continues each prompt (decoder-only models); prints and returns prompt + continuation."""
-    prompts = list(prompts if prompts is not None else config.post_training.prompts)
+    """Continues each of `post_training.prompts` (decoder-only models); prints and returns
+    prompt + continuation."""
+    prompts, vocabulary = list(spec.keys.post_training.prompts), spec.vocabulary
     if not prompts:
         return []
     encoded = [vocabulary.encode(p) for p in prompts]
     longest = max(len(e) for e in encoded)
-    new = config.post_training.max_decode_length or data_lib.sequence_length(config)["targets"]
-    tokens = _decode(config, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new)
+    new = spec.keys.post_training.max_decode_length or spec.reader.sequence_length["targets"]
+    tokens = _decode(spec, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new)
     texts = []
     for i, (_prompt, row) in enumerate(zip(prompts, tokens)):
         text = vocabulary.decode([int(t) for t in row])
@@ -166,32 +149,29 @@ def generate_text(
 
 
 def run(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     model: Any,
     params: Any,
-    vocabulary: Any,
     evaluator: Any,
     step: int,
+    partitioner: Any,
     out: Printer = print,
-    partitioner: Any = None,
     record: Recorder | None = None,
 ) -> dict:
-    """The config's post-training actions; returns what they produced. `partitioner`: the run's
-    (default: `builder.make_partitioner(config)`, the same mesh); `record`: where the final
-    evaluation's metrics are written (see `final_evaluation`). The samples are printed first,
-    the final evaluation last (next to the summary)."""
+    """The spec's post-training actions on the run's `partitioner`; returns what they produced.
+    `record`: where the final evaluation's metrics are written (see `final_evaluation`). The
+    samples are printed first, the final evaluation last (next to the summary)."""
     from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
 
-    partitioner = _partitioner(config, partitioner)
     result: dict = {}
     held: list[str] = []
-    if config.post_training.final_eval and evaluator is not None:
-        result["metrics"] = final_evaluation(config, model, params, evaluator, step, held.append, partitioner, record)
-    samples = model_family(config.model.kind).samples
+    if spec.keys.post_training.final_eval and evaluator is not None:
+        result["metrics"] = final_evaluation(spec, model, params, evaluator, step, partitioner, held.append, record)
+    samples = model_family(spec.keys.model.kind).samples
     if samples == SAMPLES_EVAL_PREDICTIONS and evaluator is not None:
-        result["samples"] = denoising_samples(config, model, params, evaluator, vocabulary, out, partitioner)
+        result["samples"] = denoising_samples(spec, model, params, evaluator, partitioner, out)
     if samples == SAMPLES_PROMPT_CONTINUATIONS:
-        result["generated"] = generate_text(config, model, params, vocabulary, out, partitioner=partitioner)
+        result["generated"] = generate_text(spec, model, params, partitioner, out)
     for line in held:
         out(line)
     return result
@@ -226,7 +206,7 @@ def config_args(argv: Sequence[str], model_dir: str) -> list[str]:
     return [*out, f"--config.model_dir={model_dir}"]
 
 
-def next_commands(config: ml_collections.ConfigDict, argv: Sequence[str] | None = None) -> list[str]:
+def next_commands(config: schema.Config, argv: Sequence[str] | None = None) -> list[str]:
     """`name: command` lines of what to run next on this run (evaluate, predict, the loss curve,
     TensorBoard, W&B sync), with its paths; `argv`: the train command line (default `sys.argv`)."""
 
@@ -252,7 +232,7 @@ def _duration(seconds: float) -> str:
 
 
 def summary(
-    config: ml_collections.ConfigDict,
+    config: schema.Config,
     result: Any,
     train_s: float,
     total_s: float,

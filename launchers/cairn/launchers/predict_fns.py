@@ -1,8 +1,8 @@
 """Decoding and scoring in sharded global batches, for both model families: what `eval
 --decode`, decode metrics during training and `infer` run.
 
-`Decoder(config, model, partitioner, batch_size)(params, prompts, new_tokens)` decodes with the
-config's `post_training` options through `predict_batch(params, family.decode_batch(prompts),
+`Decoder(spec, model, partitioner, batch_size)(params, prompts, new_tokens)` decodes with the
+spec's `DecodeOptions` (`post_training.*`) through `predict_batch(params, family.decode_batch(prompts),
 options, rng)`: for an encoder-decoder model `prompts` are the encoder inputs and the output is
 the prediction; for a decoder-only model (`continues_prompt`) each row of the output is its
 prompt (the row's leading non-zero tokens) followed by the continuation, and the prompt is removed here.
@@ -17,32 +17,29 @@ target tokens only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
-from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
 from cairn.launchers.decode_views import PROMPT
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 
 
-def decode_options(config: ml_collections.ConfigDict, length: int) -> Any:
-    """`DecodeOptions` of the config's `post_training` decoding, `max_decode_length=length`."""
-    from cairn.models import DecodeOptions
-
-    pt = config.post_training
-    return DecodeOptions(method=pt.decode_method, max_decode_length=length, temperature=pt.temperature, top_k=pt.top_k)
+def decode_options(spec: RunSpec, length: int) -> Any:
+    """The spec's `DecodeOptions` (`post_training.*`) with `max_decode_length=length`."""
+    return dataclasses.replace(spec.decode, max_decode_length=length)
 
 
-def new_tokens(config: ml_collections.ConfigDict, default: int | None = None) -> int:
+def new_tokens(spec: RunSpec, default: int | None = None) -> int:
     """How many tokens a prediction may have: `post_training.max_decode_length`, else `default`,
     else `data.sequence_length.targets`."""
-    return int(config.post_training.max_decode_length or default or data_lib.sequence_length(config)["targets"])
+    return int(spec.keys.post_training.max_decode_length or default or spec.reader.sequence_length["targets"])
 
 
 class Decoder:
@@ -50,22 +47,22 @@ class Decoder:
 
     def __init__(
         self,
-        config: ml_collections.ConfigDict,
+        spec: RunSpec,
         model: Any,
         partitioner: Any,
         batch_size: int,
         log_level: int = logging.INFO,
     ):
-        self.config, self.model, self.partitioner = config, model, partitioner
+        self.spec, self.model, self.partitioner = spec, model, partitioner
         self.batch_size, self.log_level = batch_size, log_level
-        self.family = model_family(config.model.kind)
+        self.family = model_family(spec.keys.model.kind)
         self._batches: dict[tuple[int, int], ShardedBatches] = {}
 
     def _sharded(self, width: int, new: int) -> ShardedBatches:
         if (width, new) not in self._batches:
             length = new + (width if self.family.continues_prompt else 0)
-            options = decode_options(self.config, length)
-            seed, decode_batch = self.config.seed, self.family.decode_batch
+            options = decode_options(self.spec, length)
+            seed, decode_batch = self.spec.keys.seed, self.family.decode_batch
 
             def fn(p, x):
                 return self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
@@ -126,7 +123,7 @@ def scorer(model: Any, partitioner: Any, batch_size: int, log_level: int = loggi
 
 
 def predict_fn_factory(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     model: Any,
     batch_size: int,
     max_decode_length: int | None = None,
@@ -139,9 +136,9 @@ def predict_fn_factory(
     decode view, `decode_views`), decoded with the config's options; the predictions hold at
     most `max_decode_length` (default: `post_training.max_decode_length`, else the targets
     length of the dataset) tokens and, for a decoder-only model, no prompt."""
-    family = model_family(config.model.kind)
+    family = model_family(spec.keys.model.kind)
     key = PROMPT if family.continues_prompt else "encoder_input_tokens"
-    decoder = Decoder(config, model, partitioner, batch_size, log_level)
+    decoder = Decoder(spec, model, partitioner, batch_size, log_level)
 
     def make(params):
         def predict(ds):
@@ -149,7 +146,7 @@ def predict_fn_factory(
             idx = [int(i) for i, _ in rows]
             prompts = np.stack([f[key] for _, f in rows])
             width = int(np.shape(rows[0][1]["decoder_target_tokens"])[0])
-            preds, _ = decoder(params, prompts, max_decode_length or new_tokens(config, width))
+            preds, _ = decoder(params, prompts, max_decode_length or new_tokens(spec, width))
             return list(zip(idx, preds))
 
         return predict

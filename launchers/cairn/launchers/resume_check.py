@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from absl import flags
@@ -37,6 +38,7 @@ ALLOWED_ON_RESUME: dict[str, str] = {
     "trainer.keep_checkpoints": "how many checkpoints are kept",
     "trainer.tensorboard": "an output format",
     "trainer.offload_optimizer_state": "where the optimizer state lives, not what it is",
+    "trainer.offload_params": "where the parameters live between steps, not what they are",
     "fingerprint_every": "run-fingerprint cadence",
     "eval": "evaluation reads the params, it does not change them",
     "post_training": "runs after training",
@@ -116,12 +118,12 @@ def _with_old_allowed_values(raw: Any, old: dict) -> dict:
     return config_io.stored_form(config_io.resolve_paths(probe))
 
 
-def _same_paths_as_new(old: dict, config: Any, new: dict) -> None:
+def _same_paths_as_new(old: dict, plain: Mapping[str, Any], new: dict) -> None:
     """Writes into `old` the new stored form of each path key naming the same file as before
     (`runs/a` then, `/home/me/runs/a` now, run from /home/me)."""
     for key in config_io.PATH_KEYS:
         try:
-            before, now = config_io.get_path(old, key), config_io.get_path(config, key)
+            before, now = config_io.get_path(old, key), config_io.get_path(plain, key)
         except (KeyError, TypeError, AttributeError):
             continue
         if isinstance(before, str) and before and "://" not in before:
@@ -129,25 +131,28 @@ def _same_paths_as_new(old: dict, config: Any, new: dict) -> None:
                 config_io.set_path(old, key, config_io.get_path(new, key))
 
 
-def check(config: Any, allowed: list[str] | None = None, raw: Any = None) -> None:
+def check(
+    stored: Mapping[str, Any], plain: Mapping[str, Any], allowed: list[str] | None = None, raw: Any = None
+) -> None:
     """`ConfigError` (on `model_dir`) when `<model_dir>/config.json` holds a config that differs
-    from `config` in keys neither `ALLOWED_ON_RESUME` nor `allowed` (default: the
-    `--allow_changed` flag) covers. `raw`: `config` before `config_io.resolve_paths`, with its
-    field references (values derived from an allowed key then follow it). A model_dir without
-    config.json is a new run."""
+    from `stored` (the config as config.json stores it: `RunSpec.stored`; `plain`: with its paths
+    resolved, `RunSpec.plain`) in keys neither `ALLOWED_ON_RESUME` nor `allowed` (default: the
+    `--allow_changed` flag) covers. `raw`: the loaded config before `config_io.resolve_paths`,
+    with its field references (values derived from an allowed key then follow it). A model_dir
+    without config.json is a new run."""
 
     allowed = list(ALLOW_CHANGED.value if allowed is None else allowed)
     _check_allowed(allowed)
     try:
-        old = json.loads(storage.read_text(storage.join(config.model_dir, "config.json")))
+        old = json.loads(storage.read_text(storage.join(plain["model_dir"], "config.json")))
     except FileNotFoundError:
         return
     except ValueError:
         old = {}
     if not isinstance(old, dict):
         old = {}
-    new = config_io.stored_form(config)
-    _same_paths_as_new(old, config, new)
+    new = copy.deepcopy(dict(stored))
+    _same_paths_as_new(old, plain, new)
     probe = new
     if raw is not None and config_io.stored_form(config_io.resolve_paths(raw)) == new:
         probe = _with_old_allowed_values(raw, old)
@@ -159,7 +164,7 @@ def check(config: Any, allowed: list[str] | None = None, raw: Any = None) -> Non
     keys = ",".join(k for k, _, _ in diff)
     raise ConfigError(
         "model_dir",
-        f"{config.model_dir} holds a run with a different config ({listed}); "
+        f"{plain['model_dir']} holds a run with a different config ({listed}); "
         f"train into a new --config.model_dir, or resume with these changes: --allow_changed={keys}",
     )
 

@@ -1,10 +1,10 @@
 """Start-up shared by the train, eval and infer entry points, on one process or many: join
-the job, validate everything a run uses before anything is compiled or written (`prepare`,
-returning a typed `RunSetup`), check `model_dir`, and let process 0 take the decisions that
+the job, check `model_dir`, look up and check the tasks, and bind the run's `RunSpec` to the
+devices (`prepare`, returning a typed `RunSetup`); and let process 0 take the decisions that
 depend on files (which checkpoint, which chunks are missing) so that every process runs the
 same collectives. No entry point imports another: each imports this module. JAX is imported
-inside the functions, so that a config refused by `validation.check_static` costs no JAX
-import (tests/launchers/entry_test.py)."""
+inside the functions (`cli.loaded_config` refuses a config whose schema fails before any JAX
+import: tests/launchers/entry_test.py)."""
 
 from __future__ import annotations
 
@@ -12,63 +12,46 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from cairn import storage
 from cairn.launchers import data as data_lib
-from cairn.launchers import multihost, validation
+from cairn.launchers import multihost, run_spec, validation
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSetup:
-    """What `prepare` built while validating: the vocabulary, the training and evaluation
-    tasks (by name), the mesh (axis name -> size), the partitioner, the network config (for
-    `builder.load_model(..., net=)`) and the learning-rate schedule (for
-    `builder.make_trainer(..., schedule=)`)."""
+    """What `prepare` found and built: the training and evaluation tasks (by name), the mesh
+    (axis name -> size) and the partitioner (`run_spec.bind`'s)."""
 
-    vocabulary: Any
     tasks: Mapping[str, Any]
     eval_tasks: Mapping[str, Any]
     mesh: Mapping[str, int]
     partitioner: Any
-    model_config: Any
-    schedule: Any
 
 
-def prepare(
-    config: ml_collections.ConfigDict,
-    batch_keys: tuple[str, ...] = ("data.batch_size",),
-    eval_task: bool = False,
-) -> RunSetup:
-    """Joins the job and validates everything before anything is compiled or written; the
-    batch sizes at `batch_keys` (those the caller uses: eval and infer pass none and check their
-    own, `check_padded_batch_size`) are checked against the mesh's data shards. The
-    evaluation task is looked up and checked when the training config evaluates, or with
+def prepare(spec: RunSpec, batch_keys: tuple[str, ...] = ("data.batch_size",), eval_task: bool = False) -> RunSetup:
+    """Joins the job and checks what the spec could not check alone, before anything is compiled
+    or written: the processes' configs, `model_dir`, the tasks against the sequence lengths, and
+    the spec bound to the devices (`run_spec.bind`), with the batch sizes at `batch_keys` (those
+    the caller uses: eval and infer pass none and check their own, `check_padded_batch_size`).
+    The evaluation task is looked up and checked when the training config evaluates, or with
     `eval_task`."""
     import jax
 
-    from cairn.launchers import builder
-
-    preset = validation.check_static(config)
-    multihost.initialize(config)
-    multihost.check_same_config(config)
-    check_model_dir(config)
-    vocabulary = data_lib.make_vocabulary(config)
-    data_lib.register_tasks(config, vocabulary)
-    tasks = data_lib.get_tasks(config, "data.task")
-    evaluates = eval_task or config.post_training.final_eval or config.trainer.eval_every
-    eval_tasks = data_lib.get_tasks(config, "eval.task") if evaluates else {}
-    validation.check_data(config, {**tasks, **eval_tasks})
-    net = builder.model_config(config, vocabulary, preset=preset)  # vocab size against the vocabulary
-    mesh = validation.check_mesh(config, jax.device_count(), jax.process_count())
-    partitioner = builder.make_partitioner(config)
-    parts, shards = partitioner.batch_parts(), partitioner.data_layout().num_shards
-    for key in batch_keys:
-        validation.check_config_batch_size(config, key, parts, shards, mesh, jax.process_count())
-    schedule = builder.make_schedule(config)  # schedule arguments
-    return RunSetup(vocabulary, tasks, eval_tasks, mesh, partitioner, net, schedule)
+    keys = spec.keys
+    multihost.initialize(keys)
+    multihost.check_same_config(spec.plain)
+    check_model_dir(keys.model_dir)
+    data_lib.register_tasks(keys, spec.vocabulary)
+    tasks = data_lib.get_tasks(keys, "data.task")
+    evaluates = eval_task or keys.post_training.final_eval or keys.trainer.eval_every
+    eval_tasks = data_lib.get_tasks(keys, "eval.task") if evaluates else {}
+    validation.check_data(keys, {**tasks, **eval_tasks})
+    bound = run_spec.bind(spec, jax.devices(), jax.process_count(), batch_keys)
+    return RunSetup(tasks, eval_tasks, bound.mesh, bound.partitioner)
 
 
 def check_padded_batch_size(key: str, size: int, partitioner: Any) -> None:
@@ -81,7 +64,7 @@ def check_padded_batch_size(key: str, size: int, partitioner: Any) -> None:
     validation.check_batch_size(key, size, shards, partitioner.mesh.shape, jax.process_count())
 
 
-def check_model_dir(config: ml_collections.ConfigDict) -> None:
+def check_model_dir(model_dir: str) -> None:
     """Every process can write `model_dir` (local, or a bucket: it exists, the endpoint answers,
     the credentials allow writing), else a `ConfigError` naming the URL and the cause; and no
     live run holds its lock (`ModelDirLockedError`), checked before anything is written."""
@@ -91,9 +74,9 @@ def check_model_dir(config: ml_collections.ConfigDict) -> None:
 
     error: Exception | None = None
     try:
-        storage.check_writable(config.model_dir)
+        storage.check_writable(model_dir)
         if jax.process_index() == 0:
-            ModelDirLock(config.model_dir).check_free()  # before config.json is rewritten
+            ModelDirLock(model_dir).check_free()  # before config.json is rewritten
     except storage.StorageError as e:
         error = ConfigError("model_dir", str(e))
     except Exception as e:

@@ -5,12 +5,15 @@ key's type (`X | None`: the default is None, a placeholder of type X), and its m
 (`knob(...)`) holds the default, a one-line help string and what values are allowed: `choices`
 (a tuple, or a `library(...)` reference read from the library that owns the list when the config
 is checked), `min` (a lower bound; with `or_minus_one` -1 is allowed too, "the rest"), and for
-mappings `keys` (allowed keys) and `free_form` (an experiment file may add keys). `owner` names
-the library dataclass field a key feeds (`module:Class.field`); tests/launchers/schema_test.py
-checks that the schema's default is the library's.
+mappings `keys` (allowed keys) and `free_form` (an experiment file may add keys). The keys of the
+sections in `run_spec.LIBRARY_SECTIONS` (`trainer`, `optimizer`, `model.moe`, `post_training`)
+feed the fields of the same name of that section's library dataclass; `owner` names the library
+field any other key feeds (`module:Class.field`). tests/launchers/schema_test.py checks that
+each such default is the library's (the defaults are written here: no JAX import).
 
 `config_base.base_config()` is generated from `Config`; `validation.check_schema` walks it;
-`describe()` lists the keys with their help. This module imports no JAX, Flax or TensorFlow
+`typed(plain)` holds a checked config's values in these (frozen) dataclasses; `describe()`
+lists the keys with their help. This module imports no JAX, Flax or TensorFlow
 (experiment files import it through `config_base`): library-owned lists load on first use.
 """
 
@@ -20,7 +23,7 @@ import copy
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
 import ml_collections
@@ -32,43 +35,31 @@ MODEL_KINDS = library("cairn.models.families", "names")
 MESH_AXES = library("cairn.partitioning.mesh", "DEFAULT_AXES")
 DTYPES = library("cairn.models.transformer_config", "DTYPES", extra=("preset",))
 
-# The `model.moe` section: `MoeConfig`'s fields as launcher keys.
-_MOE = "cairn.models.moe_config:MoeConfig."
 
-
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Moe:
     num_experts: int = knob(
         0, "routed experts per MoE MLP (0: the preset's MLPs, dense in every preset); a multiple of mesh.expert", min=0
     )
-    top_k: int = knob(2, "token_choice: experts each token is sent to", min=1, owner=_MOE + "top_k")
+    top_k: int = knob(2, "token_choice: experts each token is sent to", min=1)
     routing: str = knob(
         "token_choice",
         "token_choice (tokens pick experts) or expert_choice (experts pick tokens)",
         choices=library("cairn.models.moe_config", "ROUTINGS"),
-        owner=_MOE + "routing",
     )
     capacity_factor: float = knob(
-        1.25, "each expert takes ceil(factor * tokens * top_k / experts) of a row's tokens (> 0)",
-        owner=_MOE + "capacity_factor",
-    )  # fmt: skip
-    dropless: bool = knob(False, "buffers for every token: nothing dropped", owner=_MOE + "dropless")
-    every: int = knob(1, "every n-th layer's MLP is routed (n > 1 needs scan_layers off)", min=1, owner=_MOE + "every")
-    expert_mlp_dim: int | None = knob(None, "each expert's hidden size (None: the model's mlp_dim)",
-                                      owner=_MOE + "expert_mlp_dim")  # fmt: skip
-    renormalize: bool = knob(True, "token_choice: the top_k weights rescaled to sum to 1", owner=_MOE + "renormalize")
-    jitter_noise: float = knob(
-        0.0, "training: router input times uniform noise in [1 - j, 1 + j]", min=0, owner=_MOE + "jitter_noise"
+        1.25, "each expert takes ceil(factor * tokens * top_k / experts) of a row's tokens (> 0)"
     )
-    load_balance_loss_weight: float = knob(
-        0.01, "Switch's load-balancing loss in the training loss", min=0, owner=_MOE + "load_balance_loss_weight"
-    )
-    router_z_loss_weight: float = knob(
-        0.001, "ST-MoE's router z-loss in the training loss", min=0, owner=_MOE + "router_z_loss_weight"
-    )
+    dropless: bool = knob(False, "buffers for every token: nothing dropped")
+    every: int = knob(1, "every n-th layer's MLP is routed (n > 1 needs scan_layers off)", min=1)
+    expert_mlp_dim: int | None = knob(None, "each expert's hidden size (None: the model's mlp_dim)")
+    renormalize: bool = knob(True, "token_choice: the top_k weights rescaled to sum to 1")
+    jitter_noise: float = knob(0.0, "training: router input times uniform noise in [1 - j, 1 + j]", min=0)
+    load_balance_loss_weight: float = knob(0.01, "Switch's load-balancing loss in the training loss", min=0)
+    router_z_loss_weight: float = knob(0.001, "ST-MoE's router z-loss in the training loss", min=0)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Model:
     kind: str = knob("encoder_decoder", "a cairn.models model family", choices=MODEL_KINDS)
     preset: str = knob("t5_1_1_tiny", "a cairn.models preset of that family")
@@ -88,7 +79,7 @@ class Model:
     moe: Moe = section(Moe, "mixture of experts: routed MLPs (num_experts > 0), any family")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Vocabulary:
     kind: str = knob(
         "sentencepiece",
@@ -99,7 +90,7 @@ class Vocabulary:
     extra_ids: int = knob(100, "T5 sentinels <extra_id_0>... at the top of the ids", min=0)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Data:
     task: str = knob("", "a registered task or mixture")
     task_modules: tuple[str, ...] = knob(
@@ -116,7 +107,7 @@ class Data:
     cache_with_beam: bool = knob(False, "cache_tasks: Apache Beam instead of in-process")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Partitioning:
     mesh: dict[str, int] = knob(
         {"data": -1, "fsdp": 1, "expert": 1, "model": 1},
@@ -139,14 +130,9 @@ class Partitioning:
     )
 
 
-_OPT = "cairn.trainer.optimizers:OptimizerConfig."
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Optimizer:
-    name: str = knob(
-        "adafactor", "the optimizer", choices=library("cairn.trainer.optimizers", "OPTIMIZERS"), owner=_OPT + "name"
-    )
+    name: str = knob("adafactor", "the optimizer", choices=library("cairn.trainer.optimizers", "OPTIMIZERS"))
     schedule: str = knob(
         "factor",
         "learning-rate schedule: factor (t5x's factors string), cosine, linear, constant",
@@ -156,32 +142,27 @@ class Optimizer:
     factors: str = knob("constant * linear_warmup * rsqrt_decay", "t5x factors of the factor schedule")
     warmup_steps: int = knob(1000, "linear warmup steps", min=0)
     final_learning_rate: float = knob(0.0, "cosine / linear: the learning rate at the last step")
-    clip_grad_norm: float | None = knob(
-        None, "clip the global gradient norm (None: off)", owner=_OPT + "clip_grad_norm"
-    )
-    weight_decay: float = knob(0.0, "decoupled weight decay", owner=_OPT + "weight_decay")
-    b1: float = knob(0.9, "AdamW beta1", owner=_OPT + "b1")
-    b2: float = knob(0.999, "AdamW beta2", owner=_OPT + "b2")
+    clip_grad_norm: float | None = knob(None, "clip the global gradient norm (None: off)")
+    weight_decay: float = knob(0.0, "decoupled weight decay")
+    b1: float = knob(0.9, "AdamW beta1")
+    b2: float = knob(0.999, "AdamW beta2")
     # Adafactor (t5x's semantics), the weight-decay mask, freezing and groups: optimizer_setup.py.
     factoring: str = knob(
         "heuristic", "adafactor: factor the two largest dims (heuristic) or by logical axis names (logical, t5x)",
-        choices=library("cairn.trainer.optimizers", "FACTORINGS"), owner=_OPT + "factoring",
+        choices=library("cairn.trainer.optimizers", "FACTORINGS"),
     )  # fmt: skip
     factor_rules: dict[str, str] = knob(
         {}, "logical factoring: axis -> row, column, batch or none, over t5x's rules (layers, heads: batch)",
         free_form=True,
     )  # fmt: skip
-    factored: bool = knob(True, "adafactor: factored second moments", owner=_OPT + "factored")
-    min_dim_size_to_factor: int = knob(128, "adafactor: factor 2-D params with both dims this large", min=1,
-                                       owner=_OPT + "min_dim_size_to_factor")  # fmt: skip
-    multiply_by_parameter_scale: bool = knob(True, "adafactor: scale updates by the param's RMS (floor 1e-3)",
-                                             owner=_OPT + "multiply_by_parameter_scale")  # fmt: skip
-    decay_rate: float = knob(0.8, "adafactor: beta2 = 1 - (step+1)^-decay_rate", min=0, owner=_OPT + "decay_rate")
-    clipping_threshold: float | None = knob(1.0, "adafactor: clip each update's RMS to this (None: off)",
-                                            owner=_OPT + "clipping_threshold")  # fmt: skip
+    factored: bool = knob(True, "adafactor: factored second moments")
+    min_dim_size_to_factor: int = knob(128, "adafactor: factor 2-D params with both dims this large", min=1)
+    multiply_by_parameter_scale: bool = knob(True, "adafactor: scale updates by the param's RMS (floor 1e-3)")
+    decay_rate: float = knob(0.8, "adafactor: beta2 = 1 - (step+1)^-decay_rate", min=0)
+    clipping_threshold: float | None = knob(1.0, "adafactor: clip each update's RMS to this (None: off)")
     no_decay: tuple[str, ...] = knob((r"(^|/)(scale|bias|embedding)$",), "param-path regexes without weight decay "
-                                     "(default: norm scales, biases, embeddings)", owner=_OPT + "no_decay")  # fmt: skip
-    freeze: tuple[str, ...] = knob((), "param-path regexes never updated, e.g. '^encoder/'", owner=_OPT + "freeze")
+                                     "(default: norm scales, biases, embeddings)")  # fmt: skip
+    freeze: tuple[str, ...] = knob((), "param-path regexes never updated, e.g. '^encoder/'")
     groups: tuple[str, ...] = knob((), "'regex=scale': matching params get their own optimizer at learning_rate * "
                                    "scale (first match wins)")  # fmt: skip
 
@@ -189,28 +170,23 @@ class Optimizer:
 _TRAINER = "cairn.trainer:TrainerConfig."
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Trainer:
-    num_microbatches: int = knob(
-        1, "gradient accumulation: microbatches per step", min=1, owner=_TRAINER + "num_microbatches"
-    )
-    checkpoint_every: int = knob(
-        1000, "steps between checkpoints (0: the final one only)", min=0, owner=_TRAINER + "checkpoint_every"
-    )
+    num_microbatches: int = knob(1, "gradient accumulation: microbatches per step", min=1)
+    checkpoint_every: int = knob(1000, "steps between checkpoints (0: the final one only)", min=0)
     keep_checkpoints: int = knob(
         3, "latest checkpoints kept (0: all)", min=0, owner="cairn.trainer:CheckpointConfig.keep"
     )
-    eval_every: int = knob(
-        0, "steps between evaluations (0: only the final evaluation)", min=0, owner=_TRAINER + "eval_every"
-    )
-    log_every: int = knob(100, "steps between metric logs", min=0, owner=_TRAINER + "log_every")
-    tensorboard: bool = knob(True, "write TensorBoard event files", owner=_TRAINER + "tensorboard")
-    offload_optimizer_state: bool = knob(
-        False, "the optimizer state in host memory between steps", owner=_TRAINER + "offload_optimizer_state"
+    eval_every: int = knob(0, "steps between evaluations (0: only the final evaluation)", min=0)
+    log_every: int = knob(100, "steps between metric logs", min=0)
+    tensorboard: bool = knob(True, "write TensorBoard event files")
+    offload_optimizer_state: bool = knob(False, "the optimizer state in host memory between steps")
+    offload_params: bool = knob(
+        False, "the float32 masters of the kernels in host memory, their compute-dtype copy on the device"
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Eval:
     task: str = knob("", "the evaluation task (default: data.task)")
     split: str = knob("validation", "the evaluation split")
@@ -224,7 +200,7 @@ class Eval:
 _DECODE = "cairn.models.model_base:DecodeOptions."
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PostTraining:
     final_eval: bool = knob(True, "evaluate after the last step")
     num_samples: int = knob(4, "examples printed with the model's predictions", min=0)
@@ -236,16 +212,16 @@ class PostTraining:
         owner=_DECODE + "method",
     )
     max_decode_length: int = knob(0, "0: the targets length", min=0)
-    temperature: float = knob(1.0, "sampling temperature", owner=_DECODE + "temperature")
-    top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)", owner=_DECODE + "top_k")
+    temperature: float = knob(1.0, "sampling temperature")
+    top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Logging:
     wandb: str = knob("", "a Weights & Biases project to log to, offline ('': off)", owner=_TRAINER + "wandb")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Init:
     checkpoint: str = knob("", "a cairn checkpoint whose params the run starts from")
     checkpoint_step: int | None = knob(None, "its step (None: the latest)")
@@ -258,7 +234,7 @@ class Init:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Multihost:
     coordinator_address: str = knob("", "host:port of process 0 (or $CAIRN_COORDINATOR_ADDRESS)")
     coordinator_bind_address: str = knob("", "the address process 0 binds (default: coordinator_address)")
@@ -270,7 +246,7 @@ class Multihost:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The whole config: top-level keys, then the sections."""
 
@@ -374,6 +350,25 @@ def key(path: str) -> Key:
 
 
 FREE_FORM: tuple[str, ...] = tuple(k.path for k in keys() if k.free_form)
+
+
+def typed(plain: Mapping[str, Any], cls: type = Config) -> Any:
+    """The schema dataclass `cls` (default `Config`) holding the values of a checked plain config
+    (`validation.check_schema`): each section as its dataclass, lists of tuple keys as tuples, a
+    key absent from `plain` at its default. Frozen: the typed keys a run reads."""
+    values = {}
+    for f, hint in _fields(cls):
+        if f.name not in plain:
+            continue
+        value = plain[f.name]
+        if "section" in f.metadata:
+            value = typed(value, hint)
+        elif _unpack(hint)[0] is tuple and isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, dict):  # a mapping key: its own copy, not shared with `plain`
+            value = copy.deepcopy(value)
+        values[f.name] = value
+    return cls(**values)
 
 
 def base_config() -> ml_collections.ConfigDict:

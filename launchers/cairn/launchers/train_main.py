@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import ml_collections
 from absl import flags
 from absl import logging as absl_logging
 
@@ -43,28 +42,27 @@ from cairn.datatasks import DataTasksError
 from cairn.launchers import cli, config_io, entry, multihost, optimizer_setup, resume_check, run_setup
 from cairn.launchers import data as data_lib
 from cairn.launchers.fingerprint import RunFingerprint, config_hash
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def _write_run_files(
-    config: ml_collections.ConfigDict, fp: Any | None, tasks: Any, mesh: Mapping[str, int], step: int
-) -> None:
+def _write_run_files(spec: RunSpec, fp: Any | None, tasks: Any, mesh: Mapping[str, int], step: int) -> None:
     """`config.json` (process 0) and the run fingerprint's header (None: off), its lines after
     `step` moved aside (one history): written once the trainer knows the state it trains from
     (`Trainer.train(on_start=)`), so that a refused restore leaves model_dir as it was."""
     import jax
 
     if jax.process_index() == 0:
-        config_io.write_config_json(config)
+        config_io.write_config_json(spec.stored, spec.keys.model_dir)
     if fp is None:
         return
     fp.supersede_after(step)
     fp.write_header(
-        config_hash=config_hash(config_io.hashable_config(config)),
-        data_fingerprint=data_lib.data_fingerprint(config, tasks),
-        seed=int(config.seed),
+        config_hash=config_hash(config_io.hashable_config(spec.stored)),
+        data_fingerprint=data_lib.data_fingerprint(spec.reader, tasks),
+        seed=int(spec.keys.seed),
         process_count=jax.process_count(),
         device_count=jax.device_count(),
         mesh=dict(mesh),
@@ -72,7 +70,7 @@ def _write_run_files(
 
 
 @contextlib.contextmanager
-def _model_dir_lock(config: ml_collections.ConfigDict):
+def _model_dir_lock(model_dir: str):
     """The model_dir lock, taken by process 0 (every process stops if it is refused) and held
     until the run ends (handed to `Trainer.train`)."""
     import jax
@@ -83,11 +81,11 @@ def _model_dir_lock(config: ml_collections.ConfigDict):
     error: Exception | None = None
     if jax.process_index() == 0:
         try:
-            lock = ModelDirLock(config.model_dir).acquire()
+            lock = ModelDirLock(model_dir).acquire()
         except ModelDirLockedError as e:
             error = e
         except OSError as e:  # the first write: a model_dir the start-up probe could not rule out
-            error = ConfigError("model_dir", f"directory {config.model_dir}: cannot write ({e.strerror or e})")
+            error = ConfigError("model_dir", f"directory {model_dir}: cannot write ({e.strerror or e})")
     multihost.stop_together(error, "taking the model_dir lock")
     try:
         yield lock
@@ -97,19 +95,19 @@ def _model_dir_lock(config: ml_collections.ConfigDict):
 
 
 def train(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     out: Callable[[str], None] = print,
     restart_if_corrupt: bool = False,
     dry_run: bool = False,
     memory_limit_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Runs the experiment (validated first). Returns `{"result", "post"}`; raises `ConfigError`.
+    """Runs the experiment of `spec` (`cli.loaded_config`'s). Returns `{"result", "post"}`; raises `ConfigError`.
     `restart_if_corrupt`: when every checkpoint is corrupt, move them aside and start from step
     0 (else `AllCheckpointsCorruptError`). `dry_run`: only the memory plan (`{"plan"}`; raises
     `StepDoesNotFitError` when the step does not fit), nothing written to model_dir.
     `memory_limit_bytes`: the device memory to plan against (default: the device's own)."""
     with contextlib.ExitStack() as held:
-        return _train(config, out, held, restart_if_corrupt, dry_run, memory_limit_bytes)
+        return _train(spec, out, held, restart_if_corrupt, dry_run, memory_limit_bytes)
 
 
 def plan(trainer: Any, first_batch: Any, out: Callable[[str], None], limit_bytes: int | None, strict: bool) -> Any:
@@ -128,7 +126,7 @@ def plan(trainer: Any, first_batch: Any, out: Callable[[str], None], limit_bytes
 
 
 def _train(
-    config: ml_collections.ConfigDict,
+    spec: RunSpec,
     out: Callable[[str], None],
     held: contextlib.ExitStack,
     restart_if_corrupt: bool,
@@ -139,42 +137,39 @@ def _train(
 
     from cairn.launchers import builder, post_training
 
+    keys = spec.keys
     start = time.perf_counter()
-    with data_lib.source_errors_as_data_errors(config.data.task, config.data.split):
-        ready = run_setup.prepare(config)
-        vocabulary, tasks = ready.vocabulary, ready.tasks
-        partitioner = ready.partitioner
-        out(f"model_dir: {config.model_dir}")
+    with data_lib.source_errors_as_data_errors(keys.data.task, keys.data.split):
+        ready = run_setup.prepare(spec)
+        tasks, partitioner = ready.tasks, ready.partitioner
+        out(f"model_dir: {keys.model_dir}")
         error = None
         if jax.process_index() == 0:
             try:
-                resume_check.check(config, raw=cli.raw_config())  # before config.json is rewritten
+                resume_check.check(spec.stored, spec.plain, raw=cli.raw_config())  # before config.json is rewritten
             except ConfigError as e:
                 error = e
         multihost.stop_together(error, "comparing model_dir's config.json")
-        reader = data_lib.make_train_data(config, partitioner, tasks)  # data errors: nothing written yet
-    model = builder.load_model(config, vocabulary, net=ready.model_config)
-    optimizer_setup.check_param_patterns(config, model, _peek(reader))  # optimizer.* patterns
+        reader = data_lib.make_train_data(spec.reader, partitioner, tasks)  # data errors: nothing written yet
+    model = builder.load_model(spec)
+    optimizer_setup.check_param_patterns(spec.optimizer, model, _peek(reader))  # optimizer.* patterns
     if dry_run:  # the plan, then stop: no lock, nothing written
-        trainer = builder.make_trainer(config, model, partitioner, schedule=ready.schedule)
+        trainer = builder.make_trainer(spec, model, partitioner)
         return {"plan": plan(trainer, _peek(reader), out, memory_limit_bytes, strict=True)}
-    lock = held.enter_context(_model_dir_lock(config))  # then the lock, before the first write
-    evaluator = builder.make_evaluator(config, decode=config.eval.decode_metrics) if ready.eval_tasks else None
+    lock = held.enter_context(_model_dir_lock(keys.model_dir))  # then the lock, before the first write
+    evaluator = builder.make_evaluator(spec, decode=keys.eval.decode_metrics) if ready.eval_tasks else None
     eval_fn = (
-        builder.make_eval_fn(config, model, evaluator, partitioner)
-        if (evaluator and config.trainer.eval_every)
-        else None
+        builder.make_eval_fn(spec, model, evaluator, partitioner) if (evaluator and keys.trainer.eval_every) else None
     )
     # the fingerprint's hooks; its header and config.json are written by `on_start` below
-    fp = RunFingerprint(config.model_dir, checksum_every=config.fingerprint_every) if config.fingerprint_every else None
+    fp = RunFingerprint(keys.model_dir, checksum_every=keys.fingerprint_every) if keys.fingerprint_every else None
     trainer = builder.make_trainer(
-        config,
+        spec,
         model,
         partitioner,
         eval_fn,
         step_hooks=(fp.step_hook,) if fp else (),
         batch_hooks=(fp.batch_hook,) if fp else (),
-        schedule=ready.schedule,
     )
     if restart_if_corrupt:
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
@@ -182,10 +177,10 @@ def _train(
     if jax.default_backend() != "cpu" or memory_limit_bytes is not None:  # before training: the plan
         plan(trainer, _peek(reader), out, memory_limit_bytes, strict=False)
     init = None
-    source = builder.init_source(config)
+    source = builder.init_source(spec)
     if source:
-        init = builder.pretrained_params(config, trainer, _peek(reader))
-        how = "upcycled from " if config.init.upcycle_from else "from "
+        init = builder.pretrained_params(spec, trainer, _peek(reader))
+        how = "upcycled from " if keys.init.upcycle_from else "from "
         out(f"initial params {how}{source} (used unless model_dir has a checkpoint)")
     summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too
     try:
@@ -194,20 +189,22 @@ def _train(
             init_params=init,
             summaries=summaries,
             model_dir_lock=lock,
-            on_start=lambda step: _write_run_files(config, fp, tasks, ready.mesh, step),
+            on_start=lambda step: _write_run_files(spec, fp, tasks, ready.mesh, step),
         )
         trained_s = time.perf_counter() - start
         post = {}
         if not result.preempted:
-            every = config.trainer.eval_every
-            evaluated = eval_fn is not None and (result.step % every == 0 or result.step == config.num_train_steps)
+            from cairn.trainer import params_on_device
+
+            every = keys.trainer.eval_every
+            evaluated = eval_fn is not None and (result.step % every == 0 or result.step == keys.num_train_steps)
             record = None if evaluated else summaries.scalars  # the loop's eval_fn wrote this step already
             post = post_training.run(
-                config, model, result.state.params, vocabulary, evaluator, result.step, out, partitioner, record
+                spec, model, params_on_device(result.state.params), evaluator, result.step, partitioner, out, record
             )
     finally:
         summaries.close()
-    post_training.summary(config, result, trained_s, time.perf_counter() - start, out)
+    post_training.summary(keys, result, trained_s, time.perf_counter() - start, out)
     return {"result": result, "post": post}
 
 
@@ -229,7 +226,7 @@ def quiet_logs() -> None:
     logging.getLogger("cairn").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
-def _main(config: ml_collections.ConfigDict) -> None:
+def _main(spec: RunSpec) -> None:
     from cairn.trainer.faults import StorageWriteError, write_failure, write_failure_code
     from cairn.trainer.manifests import last_good_step
     from cairn.trainer.save_failures import quiet_failed_save_logs
@@ -241,7 +238,7 @@ def _main(config: ml_collections.ConfigDict) -> None:
         if limit is not None and limit <= 0:
             raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
         train(
-            config,
+            spec,
             out=run_setup.print_on_process_0,
             restart_if_corrupt=flags.FLAGS.restart_if_corrupt,
             dry_run=flags.FLAGS.dry_run,
@@ -249,10 +246,11 @@ def _main(config: ml_collections.ConfigDict) -> None:
         )
     except OSError as e:  # a write refused outside a checkpoint save (metrics, config.json)
         code = None if isinstance(e, StorageWriteError) else write_failure_code(e)
-        if code is None or not _in_model_dir(e.filename, config.model_dir, code):
+        model_dir = spec.keys.model_dir
+        if code is None or not _in_model_dir(e.filename, model_dir, code):
             raise
         what = e.filename or "the run files"
-        raise write_failure(config.model_dir, f"{what}", last_good_step(config.model_dir), code) from e
+        raise write_failure(model_dir, f"{what}", last_good_step(model_dir), code) from e
 
 
 def _in_model_dir(filename: Any, model_dir: str, code: int) -> bool:

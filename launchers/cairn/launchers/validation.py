@@ -9,19 +9,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import json
 import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import ml_collections
-
 from cairn import storage
 from cairn.datatasks.preprocessors import as_preprocessor
 from cairn.launchers import config_base, schema
-from cairn.launchers.config_io import to_plain
 from cairn.models import TransformerConfig
 from cairn.models.moe_config import MoeConfig
 
@@ -36,9 +32,6 @@ class ConfigError(ValueError):
 
 _KEYS = {k.path: k for k in schema.keys()}
 _SECTIONS = set(schema.sections())
-# The last config whose schema passed, with its plain form: `check_schema` of the same,
-# unchanged config again (the entry point checked it when loading it) does nothing.
-_checked: list[tuple[Any, str]] = []
 
 
 def close_names(name: str, names: Sequence[str], n: int = 3) -> list[str]:
@@ -127,17 +120,12 @@ def _walk(node: Mapping, prefix: str) -> None:
             raise ConfigError(path, f"unknown key in {where}; {_suggest(path, siblings)}")
 
 
-def check_schema(config: Any) -> None:
-    """The config against `schema.Config`, walking it: unknown keys (with the closest known
-    ones), types, allowed values and ranges of each key, then the slice keys together. A config
-    checked before and unchanged since is not walked again."""
-    plain = to_plain(config)
-    text = json.dumps(plain, sort_keys=True, default=repr)  # tells 0 from False and 1 from 1.0
-    if _checked and _checked[0][0] is config and _checked[0][1] == text:
-        return
+def check_schema(plain: Mapping[str, Any]) -> None:
+    """A plain config (`config_io.to_plain`) against `schema.Config`, walking it: unknown keys
+    (with the closest known ones), types, allowed values and ranges of each key, then the slice
+    keys together. Run once per process, by `run_spec.checked_keys`."""
     _walk(plain, "")
     _check_slices(plain.get("partitioning", {}))
-    _checked[:] = [(config, text)]
 
 
 def _check_slices(part: Mapping) -> None:
@@ -171,16 +159,10 @@ def _check_slices(part: Mapping) -> None:
             )
 
 
-def _get(plain: Mapping, key: str) -> Any:
-    node: Any = plain
-    for part in key.split("."):
-        node = node[part]
-    return node
-
-
-def check_model(config: Any) -> Any:
+def check_model(config: schema.Config) -> Any:
     """The preset exists, fits `model.kind`, and `model.overrides` names its fields. Returns
-    the preset's config with the overrides applied (vocab size not yet set)."""
+    the preset's config with the overrides applied (vocab size not yet set). `config`: the
+    typed keys (`schema.typed`), as every check below."""
     from cairn.models import PRESETS
 
     preset = config.model.preset
@@ -194,7 +176,7 @@ def check_model(config: Any) -> Any:
             f"{preset!r} is not a {family.name} preset; {family.name} presets: {', '.join(family.presets)}",
         )
     fields = {f.name: f for f in dataclasses.fields(base)}
-    overrides = to_plain(config.model.overrides)
+    overrides = config.model.overrides
     for name, value in overrides.items():
         key = f"model.overrides.{name}"
         if name not in fields:
@@ -213,16 +195,16 @@ def check_model(config: Any) -> Any:
 MODEL_FIELD_KEYS = ("dtype", "param_dtype")
 
 
-def apply_model_keys(config: Any, net: Any) -> Any:
+def apply_model_keys(config: schema.Config, net: Any) -> Any:
     """`net` with each `model.<key>` of `MODEL_FIELD_KEYS` that is not "preset" set (`model.dtype=bfloat16`
     for any family), and its `moe` from `model.moe.*` when `model.moe.num_experts` > 0
     (`moe_config`). `ConfigError` naming the key when it contradicts `model.overrides`, or when
     the family has no such field and the value is not float32 (what such a family stores)."""
     fields = {f.name for f in dataclasses.fields(net)}
-    overrides = to_plain(config.model.overrides)
+    overrides = config.model.overrides
     changes = {}
     for name in MODEL_FIELD_KEYS:
-        value, key = config.model.get(name, "preset"), f"model.{name}"
+        value, key = getattr(config.model, name), f"model.{name}"
         if value == "preset":
             continue
         if name in overrides and overrides[name] != value:
@@ -246,14 +228,13 @@ def apply_model_keys(config: Any, net: Any) -> Any:
         raise ConfigError("model.moe.every" if "moe.every" in str(e) else "model.moe.num_experts", str(e)) from None
 
 
-def moe_config(config: Any) -> Any:
+def moe_config(config: schema.Config) -> Any:
     """The `MoeConfig` of `model.moe.*` (None when `model.moe.num_experts` is 0: the preset's MLPs).
     `ConfigError` naming the key: another `model.moe` key set while num_experts is 0, a value
     `MoeConfig` refuses (`top_k` above `num_experts`, a capacity factor that is not positive,
     ...), or `model.overrides.moe` given as well."""
-    section = to_plain(config.model.get("moe", {})) or {}  # a config saved before model.moe: dense
     defaults = {k.path.rpartition(".")[2]: k.default for k in schema.keys(schema.Moe)}
-    values = {**defaults, **section}
+    values = dataclasses.asdict(config.model.moe)
     num_experts = values.pop("num_experts")
     if not num_experts:
         changed = [name for name, value in values.items() if value != defaults[name]]
@@ -262,13 +243,25 @@ def moe_config(config: Any) -> Any:
                 f"model.moe.{changed[0]}", "has no effect: model.moe.num_experts is 0 (dense MLPs); set num_experts"
             )
         return None
-    if "moe" in to_plain(config.model.overrides):
+    if "moe" in config.model.overrides:
         raise ConfigError("model.moe.num_experts", "contradicts model.overrides.moe; set one of them")
+    return library_config(MoeConfig, config.model.moe, "model.moe", fallback="model.moe.num_experts")
+
+
+def library_config(cls: type, section: Any, key: str, fallback: str = "", **values: Any) -> Any:
+    """The library dataclass `cls` built from the keys of the schema `section` (at config `key`)
+    named like its fields, and `values` for the fields set otherwise: a section's keys feed the
+    library fields of the same name (`run_spec.LIBRARY_SECTIONS`; schema_test checks that their
+    defaults agree). A value `cls` refuses (its `__post_init__`) is a `ConfigError` naming the
+    key its message names (else `fallback`, else `key`)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    own = [f.name for f in dataclasses.fields(section)]
+    shared = {name: getattr(section, name) for name in own if name in fields}
     try:
-        return MoeConfig(num_experts=num_experts, **values)
+        return cls(**{**shared, **values})
     except (ValueError, TypeError) as e:
-        field = re.search(r"moe\.(\w+)", str(e))
-        raise ConfigError(f"model.moe.{field.group(1) if field else 'num_experts'}", str(e)) from None
+        named = [name for name in re.findall(r"\b\w+\.(\w+)", str(e)) if name in own]
+        raise ConfigError(f"{key}.{named[0]}" if named else (fallback or key), str(e)) from None
 
 
 def _exists(path: str) -> bool:
@@ -289,7 +282,7 @@ _VOCABULARY_FILES = {
 }
 
 
-def check_paths(config: Any) -> None:
+def check_paths(config: schema.Config) -> None:
     if config.vocabulary.kind in _VOCABULARY_FILES:
         if not config.vocabulary.path:
             raise ConfigError("vocabulary.path", f"a {_VOCABULARY_FILES[config.vocabulary.kind]} path")
@@ -297,10 +290,10 @@ def check_paths(config: Any) -> None:
             raise ConfigError("vocabulary.path", f"no such file {config.vocabulary.path!r}")
     sources = ("init.checkpoint", "init.hf_checkpoint", "init.t5x_checkpoint", "init.upcycle_from")
     for key in sources:
-        path = config.init[key.split(".")[1]]
+        path = getattr(config.init, key.split(".")[1])
         if path and not _exists(path):
             raise ConfigError(key, f"no such path {path!r}")
-    given = [key for key in sources if config.init[key.split(".")[1]]]
+    given = [key for key in sources if getattr(config.init, key.split(".")[1])]
     if len(given) > 1:
         raise ConfigError(given[-1], f"set one of {', '.join(sources)}, not {' and '.join(given)}")
     if config.init.t5x_checkpoint:
@@ -308,7 +301,7 @@ def check_paths(config: Any) -> None:
             raise ConfigError(
                 "init.t5x_checkpoint", f"t5x checkpoints hold T5-family models; model.kind is {config.model.kind!r}"
             )
-    if config.init.upcycle_from and not to_plain(config.model.overrides).get("moe"):
+    if config.init.upcycle_from and not config.model.overrides.get("moe"):
         raise ConfigError("init.upcycle_from", "upcycles into a mixture of experts: set model.overrides.moe")
     if config.init.hf_checkpoint and config_base.model_family(config.model.kind).hf is None:
         from cairn.models import families
@@ -320,11 +313,11 @@ def check_paths(config: Any) -> None:
         )
 
 
-def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
+def check_data(config: schema.Config, tasks: Mapping[str, Any]) -> None:
     """Sequence lengths against every task's output features and preprocessors.
 
     `tasks`: name -> Task of the data task (or mixture) and of the evaluation task."""
-    lengths = to_plain(config.data.sequence_length)
+    lengths = config.data.sequence_length
     needed = config_base.model_family(config.model.kind).features
     for name in needed:
         if name not in lengths:
@@ -352,14 +345,6 @@ def check_data(config: Any, tasks: Mapping[str, Any]) -> None:
             problem = as_preprocessor(fn).check_sequence_length(lengths)
             if problem:
                 raise ConfigError("data.sequence_length", f"task {task.name!r}: {problem}")
-
-
-def check_mesh(config: Any, device_count: int, process_count: int = 1) -> dict[str, int]:
-    """The config's mesh, resolved; `ConfigError` when it does not fit the devices or its
-    expert axis does not divide the experts."""
-    mesh = resolve_mesh(to_plain(config.partitioning.mesh), device_count, process_count)
-    check_expert_axis(mesh, lambda: check_model(config))
-    return mesh
 
 
 def check_batch_size(
@@ -391,26 +376,6 @@ def check_batch_size(
             f"{microbatches} microbatches of a {batch}-row batch over "
             f"{parts} data-parallel shards of {layout} do not divide evenly",
         )
-
-
-def check_config_batch_size(
-    config: Any, key: str, parts: int, shards: int, mesh: Mapping[str, int], process_count: int = 1
-) -> None:
-    """`check_batch_size` of the training-style batch size at config `key` (with the trainer's
-    microbatches for `data.batch_size`)."""
-    microbatches = config.trainer.num_microbatches if key == "data.batch_size" else 1
-    batch = _get(to_plain(config), key)
-    check_batch_size(key, batch, shards, mesh, process_count, parts=parts, microbatches=microbatches)
-
-
-def check_static(config: ml_collections.ConfigDict) -> Any:
-    """Everything that needs neither devices nor data: schema, model, paths, the experts against
-    a fixed `partitioning.mesh.expert`. Returns the model config (see `check_model`)."""
-    check_schema(config)
-    model_config = check_model(config)
-    check_expert_axis(to_plain(config.partitioning.mesh), model_config)
-    check_paths(config)
-    return model_config
 
 
 # -- the mesh: resolved against the devices (a mesh that fits suggested when it does not), and

@@ -17,24 +17,23 @@ import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF
 
 from cairn.datatasks.deterministic import verify_cache
 from cairn.datatasks.deterministic.verify_main import report
-from cairn.launchers import cli, entry, validation
+from cairn.launchers import cli, entry
 from cairn.launchers import data as data_lib
+from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 
-def verify(config) -> dict[str, list[str]]:
-    """`{task: [problem, ...]}` for the config's training tasks (all empty: all match)."""
+def verify(spec: RunSpec) -> dict[str, list[str]]:
+    """`{task: [problem, ...]}` for the spec's training tasks (all empty: all match)."""
 
-    validation.check_schema(config)
-    validation.check_paths(config)
-    data_lib.register_tasks(config, data_lib.make_vocabulary(config))
-    tasks = data_lib.get_tasks(config)
-    return verify_cache(config.data.cache_dir, list(tasks.values()), split=config.data.split)
+    data_lib.register_tasks(spec.keys, spec.vocabulary)
+    tasks = data_lib.get_tasks(spec.keys)
+    return verify_cache(spec.reader.cache_dir, list(tasks.values()), split=spec.reader.split)
 
 
-def _main(config) -> int:
+def _main(spec: RunSpec) -> int:
 
-    return report(verify(config), config.data.split)
+    return report(verify(spec), spec.reader.split)
 
 
 def run() -> None:

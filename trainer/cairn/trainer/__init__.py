@@ -32,6 +32,7 @@ from cairn.trainer.mfu import (
 from cairn.trainer.model_protocol import TrainableModel, init_params, tokens_in_batch
 from cairn.trainer.optimizers import OptimizerConfig, adafactor_t5, make_optimizer
 from cairn.trainer.param_groups import DEFAULT_NO_DECAY, ParamGroup
+from cairn.trainer.param_offload import params_on_device
 from cairn.trainer.schedules import cosine_schedule, factor_schedule, linear_schedule, linear_warmup
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import dropout_key, make_train_step, opt_state_specs, state_shardings
@@ -80,6 +81,7 @@ __all__ = [
     "make_train_step",
     "mfu",
     "opt_state_specs",
+    "params_on_device",
     "peak_flops",
     "plan_memory",
     "published_peak_flops",

@@ -29,6 +29,7 @@ from cairn.trainer.faults import SigtermFlag, stop_reason
 from cairn.trainer.loop_metrics import PendingMetrics, Rates, StepMetrics
 from cairn.trainer.mfu import peak_flops
 from cairn.trainer.model_protocol import batch_signature
+from cairn.trainer.param_offload import params_on_device
 from cairn.trainer.summaries import SummaryWriter
 
 log = logging.getLogger("cairn.trainer")
@@ -227,7 +228,7 @@ class TrainLoop:
         if eval_fn is None or not cfg.eval_every or not (step % cfg.eval_every == 0 or step == cfg.num_train_steps):
             return
         with self.paused():
-            metrics = flatten_metrics(eval_fn(self.state.params, step))
+            metrics = flatten_metrics(eval_fn(params_on_device(self.state.params), step))
             self.eval_metrics = {f"eval/{k}": v for k, v in metrics.items()}
             self.summaries.scalars("eval", step, metrics)
 

@@ -12,12 +12,16 @@ import optax
 
 class TrainState(flax.struct.PyTreeNode):
     """Everything a step reads and writes. `rng` is the run's raw uint32 seed key; the dropout
-    key of step s is `fold_in(rng, s)`, so a resumed run draws the same keys."""
+    key of step s is `fold_in(rng, s)`, so a resumed run draws the same keys. `compute`: with
+    parameters offloaded to host memory (`TrainerConfig.offload_params`), their copy on the
+    device in the dtype the model computes in (None for the others); derived from `params`, so
+    not checkpointed (`cairn.trainer.param_offload`)."""
 
     params: Any
     opt_state: Any
     step: jax.Array
     rng: jax.Array
+    compute: Any = None
 
     @classmethod
     def create(cls, params: Any, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from cairn.partitioning import Partitioner, opt_state_logical_specs
 from cairn.trainer.offload_update import grouped_update
+from cairn.trainer.param_offload import HOST_MEMORY_KIND, ParamOffload, memory_shardings, upcast_like
 from cairn.trainer.train_state import TrainState
 
 Batch = Mapping[str, Any]
@@ -46,6 +47,7 @@ def make_train_step(
     reduction: str = "mean",
     offload_shardings: tuple[Any, Any] | None = None,
     offload_group_bytes: int | None = None,
+    param_offload: ParamOffload | None = None,
 ) -> Callable:
     """`step(state, batch) -> (state, metrics)`, unjitted.
 
@@ -61,6 +63,12 @@ def make_train_step(
     before the update (`jax.device_put` inside the step) and back to host memory after it; with
     `offload_group_bytes` a group of parameters of about that many bytes at a time
     (`offload_update.grouped_update`: for optimizers from `make_optimizer`).
+
+    `param_offload`: the parameters the model only casts live in host memory too
+    (`param_offload.ParamOffload`). The forward and backward passes run on their device copy
+    (`state.compute`), whose gradients are cast back to the parameters' dtypes (bit-identical to
+    gradients of the stored parameters); the update brings each group's parameters in with its
+    state and makes their next copy.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -70,18 +78,22 @@ def make_train_step(
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         key = dropout_key(state.rng, state.step)
+        work = state.params
+        if param_offload is not None:
+            work = param_offload.working(state.params, state.compute)
         if num_microbatches == 1:
-            (loss, aux), grads = grad_fn(state.params, batch, key)
+            (loss, aux), grads = grad_fn(work, batch, key)
+            grads = upcast_like(grads, state.params)
         else:
             micro = _split_microbatches(batch, num_microbatches)
 
             def body(carry, xs):
                 i, mb = xs
-                (l, a), g = grad_fn(state.params, mb, jax.random.fold_in(key, i))
+                (l, a), g = grad_fn(work, mb, jax.random.fold_in(key, i))
                 acc = jax.tree.map(lambda c, v: c + v.astype(jnp.float32), carry, (l, dict(a), g))
                 return acc, None
 
-            zeros_aux = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), key)[0][1])
+            zeros_aux = jax.eval_shape(lambda: grad_fn(work, jax.tree.map(lambda x: x[0], micro), key)[0][1])
             init = (
                 jnp.zeros((), jnp.float32),
                 jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), dict(zeros_aux)),
@@ -93,24 +105,31 @@ def make_train_step(
             grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
         grad_norm = optax.tree.norm(grads)
         opt_state = state.opt_state
+        compute = state.compute
         if offload_shardings is not None and offload_group_bytes:
-            params, opt_state = grouped_update(
-                optimizer, grads, opt_state, state.params, offload_shardings, offload_group_bytes
+            params, opt_state, compute = grouped_update(
+                optimizer, grads, opt_state, state.params, offload_shardings, offload_group_bytes, param_offload
             )
         else:
+            params = state.params
+            if param_offload is not None:
+                params = jax.device_put(params, param_offload.device)
             if offload_shardings is not None:
                 opt_state = jax.device_put(opt_state, offload_shardings[0])
-            updates, opt_state = optimizer.update(grads, opt_state, state.params)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
             if offload_shardings is not None:
                 opt_state = jax.device_put(opt_state, offload_shardings[1])
-            params = optax.apply_updates(state.params, updates)
+            params = optax.apply_updates(params, updates)
+            if param_offload is not None:
+                compute = param_offload.copy_of(params)
+                params = jax.device_put(params, param_offload.param_shardings())
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux).items()}
         metrics.update(
             loss=jnp.asarray(loss, jnp.float32),
             grad_norm=grad_norm,
             learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32),
         )
-        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, compute=compute)
         return new_state, metrics
 
     return step
@@ -141,28 +160,21 @@ def state_shardings(
     return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)  # type: ignore[arg-type]
 
 
-HOST_MEMORY_KIND = "pinned_host"  # where an offloaded optimizer state lives
-DEVICE_MEMORY_KIND = "device"
-
-
 def offload_opt_state_shardings(state_sh: TrainState) -> tuple[TrainState, tuple[Any, Any]]:
     """The state's shardings with the optimizer state in host memory (`memory_kind=
     "pinned_host"`), and the `(device, host)` shardings of the optimizer state that
     `make_train_step(offload_shardings=...)` moves it between."""
-    host = jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY_KIND), state_sh.opt_state)
-    device = jax.tree.map(lambda s: s.with_memory_kind(DEVICE_MEMORY_KIND), state_sh.opt_state)
+    device, host = memory_shardings(state_sh.opt_state)
     return state_sh.replace(opt_state=host), (device, host)
 
 
-def check_host_memory(partitioner: Partitioner) -> None:
+def check_host_memory(partitioner: Partitioner, option: str = "offload_optimizer_state") -> None:
     """A `ValueError` unless every device of `partitioner`'s mesh has a pinned host memory (the
-    optimizer state's home under `offload_optimizer_state`)."""
+    home of what `option` offloads)."""
     for device in partitioner.mesh.local_devices:
         kinds = [m.kind for m in device.addressable_memories()]
         if HOST_MEMORY_KIND not in kinds:
-            raise ValueError(
-                f"offload_optimizer_state needs {HOST_MEMORY_KIND!r} memory, but device {device} has only {kinds}"
-            )
+            raise ValueError(f"{option} needs {HOST_MEMORY_KIND!r} memory, but device {device} has only {kinds}")
 
 
 def batch_shardings(partitioner: Partitioner, batch: Batch) -> Any:

@@ -22,7 +22,9 @@ from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
 from cairn.trainer.loop import StepProgram, TrainLoop, TrainResult
 from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, model_flops_per_token, trace_init
+from cairn.trainer.offload_update import DEFAULT_GROUP_BYTES
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
+from cairn.trainer.param_offload import ParamOffload, cast_only_dtypes, device_copy, memory_shardings
 from cairn.trainer.summaries import SummaryWriter
 from cairn.trainer.train_state import TrainState
 from cairn.trainer.train_step import (
@@ -56,7 +58,12 @@ class TrainerConfig:
     `OptimizerConfig` and `offload_group_bytes` > 0 the update moves the state of that many bytes
     of parameters at a time (`offload_update.grouped_update`: the device never holds the whole
     state; equal to the whole update within float32 rounding); 0 moves the whole state at once
-    (bit-identical to no offload)."""
+    (bit-identical to no offload). `offload_params`: the parameters (float32 master weights) live
+    in host memory too; each step works on a device copy in the precision the model computes in
+    (`param_offload`: the kernels a bfloat16 model casts arrive as bfloat16, a group at a time),
+    with gradients bit-identical to the stored parameters' and accumulated in float32 over
+    microbatches, so that one chip trains a model whose float32 parameters, gradients and
+    moments would not fit (with `num_microbatches`, the transfers are paid once per step)."""
 
     model_dir: str
     num_train_steps: int
@@ -77,6 +84,7 @@ class TrainerConfig:
     peak_flops: float | None = None
     offload_optimizer_state: bool = False
     offload_group_bytes: int = 0
+    offload_params: bool = False
 
     def __post_init__(self):
         for name in ("num_train_steps", "num_microbatches"):
@@ -101,6 +109,7 @@ class _StepSetup:
     abstract_batch: Any  # the global batch's ShapeDtypeStructs, with their shardings
     train_step: Any
     create: Any
+    attach: Any  # state -> state with `compute` made from its params (offloaded params)
 
 
 def _is_abstract(x: Any) -> bool:
@@ -193,7 +202,7 @@ class Trainer:
         built = self._build(batch)
         self.param_specs, self.state_shardings = built.param_specs, built.state_shardings
         self.abstract_state, self.abstract_batch = built.abstract_state, built.abstract_batch
-        self.train_step, self._create = built.train_step, built.create
+        self.train_step, self._create, self._attach = built.train_step, built.create, built.attach
         self.batch_signature = signature
         return self.abstract_state
 
@@ -227,6 +236,20 @@ class Trainer:
         if self.config.offload_optimizer_state:
             check_host_memory(self.partitioner)
             state_sh, offload = offload_opt_state_shardings(state_sh)
+        param_offload = None
+        if self.config.offload_params:
+            check_host_memory(self.partitioner, "offload_params")
+            device_sh, host_sh = memory_shardings(state_sh.params)
+            with jax.set_mesh(self.partitioner.mesh), self.partitioner.activated():
+                key = jax.eval_shape(lambda: self._keys()[0])
+                dtypes = cast_only_dtypes(lambda p, k: self.model.loss_fn(p, dict(host), k)[0], param_shapes, key)
+            param_offload = ParamOffload(
+                device_sh, host_sh, dtypes, self.config.offload_group_bytes or DEFAULT_GROUP_BYTES
+            )
+            state_sh = state_sh.replace(
+                params=param_offload.param_shardings(), compute=param_offload.compute_shardings()
+            )
+            state_shapes = state_shapes.replace(compute=param_offload.compute_shapes(state_shapes.params))
         shards = self.partitioner.data_layout().num_shards
         gbatch_shapes = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct((np.shape(x)[0] * shards,) + np.shape(x)[1:], leaf_dtype(x)), host
@@ -240,12 +263,20 @@ class Trainer:
             self.config.microbatch_reduction,
             offload_shardings=offload,
             offload_group_bytes=self.config.offload_group_bytes if self.optimizer_config is not None else None,
+            param_offload=param_offload,
         )
         train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
 
         def create():
             init_key, dropout_seed = self._keys()
-            return TrainState.create(traced(init_key), optimizer, dropout_seed)
+            state = TrainState.create(traced(init_key), optimizer, dropout_seed)
+            return state if param_offload is None else state.replace(compute=param_offload.copy_of(state.params))
+
+        def attach(state: TrainState) -> TrainState:  # offloaded params: their device copy
+            if param_offload is None:
+                return state
+            po = param_offload
+            return state.replace(compute=device_copy(state.params, po.dtypes, po.device, po.group_bytes))
 
         return _StepSetup(
             param_specs=specs,
@@ -254,6 +285,9 @@ class Trainer:
             abstract_batch=abstract_like(gbatch_shapes, batch_sh),
             train_step=train_step,
             create=self.partitioner.partition(create, out_shardings=state_sh),
+            attach=self.partitioner.partition(
+                attach, in_shardings=(state_sh.replace(compute=None),), out_shardings=state_sh
+            ),
         )
 
     def initial_state(self, params: Any = None) -> TrainState:
@@ -261,10 +295,11 @@ class Trainer:
         if params is None:
             return self._create()
         params = jax.device_put(params, self.state_shardings.params)
+        no_copy = self.state_shardings.replace(compute=None)
         state = self.partitioner.partition(
-            lambda p: TrainState.create(p, self.optimizer, self._keys()[1]), out_shardings=self.state_shardings
+            lambda p: TrainState.create(p, self.optimizer, self._keys()[1]), out_shardings=no_copy
         )(params)
-        return state
+        return self._attach(state) if self.config.offload_params else state
 
     def _log_memory(self) -> None:
         ospecs = opt_state_specs(
@@ -424,6 +459,8 @@ class Trainer:
         if found is None:
             return self.initial_state(init_params), 0
         step, state, data_state, _ = found
+        if self.config.offload_params:  # the device copy of the offloaded params is not saved
+            state = self._attach(state)
         if stateful and data_state:
             data.set_state(data_state)
         log.info("restored step %d from %s", step, ckpt.directory)
