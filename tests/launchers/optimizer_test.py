@@ -180,7 +180,7 @@ def test_a_lora_run_trains_only_adapters_of_its_base(train, tmp_path, standard, 
 
     spec = launch_util.spec(config_io.load_saved_config(str(run / "config.json")))
     assert spec.lora is not None and spec.lora.rank == 4
-    bound = run_spec.bind(spec, jax.devices(), batch_keys=())
+    bound = run_spec.bind(spec, jax.devices(), train=False)
     model = builder.load_model(spec)
     layout = ckpt_params.params_layout(spec, model, bound.partitioner)
     step, merged = ckpt_params.load_params(layout, str(run))
