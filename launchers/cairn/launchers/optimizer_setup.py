@@ -74,16 +74,12 @@ def check_patterns(opt: Any, paths: Sequence[str]) -> None:
         raise ConfigError("optimizer.freeze", f"freezes every parameter {opt.freeze}: nothing would train")
 
 
-def check_param_patterns(opt: Any, model: Any, batch: Any) -> None:
-    """`check_patterns` of the `OptimizerConfig` `opt` against the paths of `model`'s parameters
-    for `batch` (abstract: no parameter is allocated); nothing is traced when no pattern needs
-    checking."""
+def check_param_patterns(opt: Any, trainer: Any, batch: Any) -> None:
+    """`check_patterns` of the `OptimizerConfig` `opt` against the paths of the parameters the
+    `trainer` sets up for `batch` (`Trainer.setup`: abstract, nothing allocated, done once for
+    the run); nothing is traced when no pattern needs checking."""
     if not (opt.freeze or opt.groups or (opt.weight_decay and opt.no_decay)):
         return
-    import jax
-
-    from cairn.trainer.model_protocol import abstract_init
     from cairn.trainer.param_groups import param_paths
 
-    shapes, _ = abstract_init(model, jax.random.PRNGKey(0), batch)
-    check_patterns(opt, param_paths(shapes))
+    check_patterns(opt, param_paths(trainer.setup(batch).params))
