@@ -10,7 +10,8 @@ credentials (refreshed as gcsfs refreshes them), without gcsfs's per-request lay
 retry wrapper, debug formatting, header and parameter building): about half the client CPU
 per request (benchmarks/README.md, `reader_scale_bench.py`). A response other than
 206 Partial Content, or a connection error, is retried through gcsfs's own `_cat_file`, so
-retries, backoff and errors stay gcsfs's. Other schemes use fsspec's `cat_ranges`.
+retries, backoff and errors stay gcsfs's. Other schemes, and gcsfs with `requester_pays`
+(whose `userProject` gcsfs adds), use fsspec's `cat_ranges`.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ async def _gcs_ranges(fs: Any, urls: list[str], inner: list[str], starts: list[i
 
 def _read_remote(fs: Any, inner: list[str], starts: list[int], ends: list[int]) -> list:
     """The ranges of one filesystem, in flight together: bytes, or the exception of each."""
-    if _is_gcsfs(fs):
+    if _is_gcsfs(fs) and not getattr(fs, "requester_pays", False):  # (gcsfs adds its userProject)
         from fsspec.asyn import sync
 
         urls = [_object_url(fs, p) for p in inner]

@@ -21,6 +21,7 @@ from cairn.datatasks.deterministic import (
     task_dir,
     task_fingerprint,
 )
+from cairn.datatasks.deterministic import reader as reader_lib
 from cairn.datatasks.deterministic.fingerprint import source_description
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.sources import pattern_root, relative_name
@@ -536,8 +537,15 @@ def test_concurrent_reads_from_the_bucket_share_fetches_and_keep_every_batch(chu
         data_dir, output_dir, "det_a", True, batch=8, noisy=False, prefetch=6, steps_per_call=1, chunk_cache_bytes=4096
     )
     still = det_run.reader(data_dir, output_dir, "det_a", True, batch=8, noisy=False, prefetch=0, steps_per_call=1)
+    # The default read-ahead: PREFETCH_AT_URL passes for a cache at a URL, PREFETCH locally.
+    default = det_run.reader(data_dir, output_dir, "det_a", True, batch=8, noisy=False, steps_per_call=1)
+    on_disk = det_run.reader(data_dir, paths[7].rsplit("/det_a/", 1)[0], "det_a", True, batch=8, noisy=False)
+    assert (default._prefetch, on_disk._prefetch) == (reader_lib.PREFETCH_AT_URL, reader_lib.PREFETCH) == (8, 2)
+    on_disk.close()
     for step in range(12):
-        a, b = next(ahead), next(still)
+        a, b, c = next(ahead), next(still), next(default)
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), step
+        assert all(np.array_equal(c[k], b[k]) for k in b), step
     ahead.close()
     still.close()
+    default.close()

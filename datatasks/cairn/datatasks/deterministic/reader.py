@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from cairn import storage
 from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic.cached_task import DEFAULT_CHUNK_CACHE_BYTES, DEFAULT_OPEN_SHARDS_BYTES, CachedTask
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, SHUFFLES
@@ -30,6 +31,11 @@ from cairn.datatasks.feature_converters import FeatureConverter
 from cairn.datatasks.ragged import Ragged
 from cairn.datatasks.registry import Registry, get_mixture_or_task
 from cairn.datatasks.task import Task
+
+# Passes computed ahead by default: locally, and for a cache at a URL, where a pass that
+# fetches chunks waits a round trip (benchmarks/RESULTS.md, reader_scale_bench.py, 2026-12-07).
+PREFETCH = 2
+PREFETCH_AT_URL = 8
 
 
 class DeterministicReader:
@@ -49,8 +55,9 @@ class DeterministicReader:
       check_task: compare each cache with its task's definition (fingerprint). A Grain
         source's worker processes leave it off: the source checked when it was made.
       prefetch: passes (of `steps_per_call` steps) computed ahead in background threads (0:
-        none); their cache reads are in flight together (at a URL: raise it to hide the
-        bucket's round trips). Changes no batch.
+        none); their cache reads are in flight together. Default: `PREFETCH` (2) on local
+        disk, `PREFETCH_AT_URL` (8) for a cache at a URL, where each read waits a round trip
+        (with 30 ms added per request, 8 read ~1.4x the rows/s of 2). Changes no batch.
       prefetch_until: no chunk starting at or after this step is computed ahead (a run that
         stops there never reads it; `next` past it still works, computing in the foreground).
       steps_per_call: steps computed together in one pass (amortises the fixed cost of a
@@ -98,7 +105,7 @@ class DeterministicReader:
         registry: Registry | None = None,
         check_source_files: bool = True,
         check_task: bool = True,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         prefetch_until: int | None = None,
         steps_per_call: int | None = None,
         packing: str = "greedy",
@@ -183,6 +190,8 @@ class DeterministicReader:
         self._convert: Any = None
         self._keys = keys
         self._step = 0
+        if prefetch is None:
+            prefetch = PREFETCH_AT_URL if storage.is_url(cache_dir) else PREFETCH
         self._prefetch = max(0, int(prefetch))
         self._prefetch_until = None if prefetch_until is None else int(prefetch_until)
         self._pool: ThreadPoolExecutor | None = None
