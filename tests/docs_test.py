@@ -92,3 +92,13 @@ def test_readme_pip_lines_install_what_each_library_needs():
         for library in listed & set(LIBRARIES):
             missing = _cairn_dependencies(library) - listed
             assert not missing, f"{name}: {line.strip()!r} installs {library} without {sorted(missing)}"
+
+
+def test_every_module_the_contributors_page_names_exists():
+    """docs/contributing.md says where things live: each `lib/cairn/...` path it names exists,
+    so a rename or a merge of modules that forgets the page fails here."""
+    text = _read("docs/contributing.md")
+    paths = sorted(set(re.findall(r"`([a-z_]+/cairn/[a-z_/]+(?:\.py)?/?)`", text)))
+    assert len(paths) > 40, paths
+    missing = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
+    assert not missing, f"docs/contributing.md names modules that do not exist: {missing}"

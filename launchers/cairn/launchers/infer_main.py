@@ -116,9 +116,9 @@ def infer(
     except storage.StorageError as e:
         raise ConfigError("output", str(e)) from None
     family = model_family(spec.keys.model.kind)
-    ready = run_setup.prepare(spec, batch_keys=(), eval_task=not (family.continues_prompt and input_file))
+    eval_task = not (family.continues_prompt and input_file)
+    ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", chunk_size),), eval_task=eval_task)
     partitioner = ready.partitioner
-    run_setup.check_padded_batch_size("chunk_size", chunk_size, partitioner)
     vocabulary = spec.vocabulary
     model = builder.load_model(spec)
     abstract = checkpoint_params.abstract_params(spec, model, partitioner)

@@ -277,7 +277,7 @@ def build(argv: Sequence[str], spec: RunSpec, raw_config: Any) -> tuple:
         )
     mesh = run_spec.resolve_mesh(spec, lay.devices, lay.hosts)  # `run_spec.bind`'s checks on the pods' devices
     parts = mesh["data"] * mesh["fsdp"] * mesh.get("expert", 1)  # the batch's devices; host shards divide them
-    run_spec.check_batch_size(spec, "data.batch_size", parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
+    run_spec.check_train_batch_size(spec, parts, math.gcd(parts, lay.hosts), mesh, lay.hosts)
     options = PodOptions(
         name=name,
         image=IMAGE.value,

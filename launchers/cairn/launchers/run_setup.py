@@ -32,13 +32,14 @@ class RunSetup:
     partitioner: Any
 
 
-def prepare(spec: RunSpec, batch_keys: tuple[str, ...] = ("data.batch_size",), eval_task: bool = False) -> RunSetup:
+def prepare(
+    spec: RunSpec, *, train: bool = True, padded: Sequence[tuple[str, int]] = (), eval_task: bool = False
+) -> RunSetup:
     """Joins the job and checks what the spec could not check alone, before anything is compiled
     or written: the processes' configs, `model_dir`, the tasks against the sequence lengths, and
-    the spec bound to the devices (`run_spec.bind`), with the batch sizes at `batch_keys` (those
-    the caller uses: eval and infer pass none and check their own, `check_padded_batch_size`).
-    The evaluation task is looked up and checked when the training config evaluates, or with
-    `eval_task`."""
+    the spec bound to the devices (`run_spec.bind`: the training batch with `train`, eval's and
+    infer's `padded` batches, `(name, rows)`). The evaluation task is looked up and checked when
+    the training config evaluates, or with `eval_task`."""
     import jax
 
     keys = spec.keys
@@ -50,18 +51,8 @@ def prepare(spec: RunSpec, batch_keys: tuple[str, ...] = ("data.batch_size",), e
     evaluates = eval_task or keys.post_training.final_eval or keys.trainer.eval_every
     eval_tasks = data_lib.get_tasks(keys, "eval.task") if evaluates else {}
     validation.check_data(keys, {**tasks, **eval_tasks})
-    bound = run_spec.bind(spec, jax.devices(), jax.process_count(), batch_keys)
+    bound = run_spec.bind(spec, jax.devices(), jax.process_count(), train=train, padded=padded)
     return RunSetup(tasks, eval_tasks, bound.mesh, bound.partitioner)
-
-
-def check_padded_batch_size(key: str, size: int, partitioner: Any) -> None:
-    """`validation.check_batch_size` of an eval or infer batch of `size` rows (named `key`) on
-    `partitioner`'s mesh: only the hosts' data shards count, as `ShardedBatches` pads a batch to
-    the data-parallel devices."""
-    import jax
-
-    shards = partitioner.data_layout().num_shards
-    validation.check_batch_size(key, size, shards, partitioner.mesh.shape, jax.process_count())
 
 
 def check_model_dir(model_dir: str) -> None:

@@ -253,18 +253,27 @@ def decode_options(keys: schema.Config, reader: ReaderSpec) -> DecodeOptions:
 
 
 def bind(
-    spec: RunSpec, devices: Sequence[Any], process_count: int = 1, batch_keys: tuple[str, ...] = ("data.batch_size",)
+    spec: RunSpec,
+    devices: Sequence[Any],
+    process_count: int = 1,
+    *,
+    train: bool = True,
+    padded: Sequence[tuple[str, int]] = (),
 ) -> BoundRun:
     """The checks that need the devices, once: the mesh resolved against them and its expert axis
-    against the experts, the `Partitioner` built, and the batch sizes at `batch_keys` (training-
-    style: over the data-parallel devices and host shards) checked."""
+    against the experts, the `Partitioner` built, and the batch sizes checked: with `train`,
+    `data.batch_size` over the data-parallel devices and host shards (`check_train_batch_size`);
+    each `(name, rows)` of `padded` (eval's and infer's batches, which `ShardedBatches` pads to
+    the data-parallel devices) over the host shards."""
     from cairn.launchers import builder
 
     mesh = resolve_mesh(spec, len(devices), process_count)
     partitioner = builder.make_partitioner(spec.mesh, mesh, devices, process_count)
     parts, shards = partitioner.batch_parts(), partitioner.data_layout().num_shards
-    for key in batch_keys:
-        check_batch_size(spec, key, parts, shards, mesh, process_count)
+    if train:
+        check_train_batch_size(spec, parts, shards, mesh, process_count)
+    for name, rows in padded:
+        validation.check_batch_size(name, rows, shards, mesh, process_count)
     return BoundRun(mesh, partitioner)
 
 
@@ -278,12 +287,17 @@ def resolve_mesh(spec: RunSpec, device_count: int, process_count: int = 1) -> di
     return mesh
 
 
-def check_batch_size(
-    spec: RunSpec, key: str, parts: int, shards: int, mesh: Mapping[str, int], process_count: int = 1
+def check_train_batch_size(
+    spec: RunSpec, parts: int, shards: int, mesh: Mapping[str, int], process_count: int = 1
 ) -> None:
-    """`validation.check_batch_size` of the training-style batch size at config `key` (with the
-    trainer's microbatches for `data.batch_size`)."""
-    microbatches = spec.trainer.num_microbatches if key == "data.batch_size" else 1
-    section, _, name = key.partition(".")
-    batch = getattr(getattr(spec.keys, section), name)
-    validation.check_batch_size(key, batch, shards, mesh, process_count, parts=parts, microbatches=microbatches)
+    """`validation.check_batch_size` of `data.batch_size` over `parts` data-parallel devices and
+    `shards` host shards, in the trainer's microbatches."""
+    validation.check_batch_size(
+        "data.batch_size",
+        spec.reader.batch_size,
+        shards,
+        mesh,
+        process_count,
+        parts=parts,
+        microbatches=spec.trainer.num_microbatches,
+    )

@@ -47,7 +47,7 @@ class ShardedBatches:
       partitioner: the run's `Partitioner`.
       fn: a jittable function of the params and a batch (a pytree of `[rows, ...]` arrays)
         returning a pytree of `[rows, ...]` arrays.
-      batch_size: examples per global batch (check it first with `run_setup.check_padded_batch_size` where
+      batch_size: examples per global batch (check it first with `run_spec.bind(padded=...)` where
         the user chose it).
       what: the verb of the per-batch log line ("decodes", "scores").
       log_level: the level of that line (one per batch on every process).
