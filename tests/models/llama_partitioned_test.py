@@ -1,6 +1,7 @@
 """The Llama model under cairn.partitioning's Partitioner on 8 devices equals one device: an
 AdamW train step with data x model sharding (2 x 4) and with FSDP (data 2 x fsdp 2 x model 2),
-and greedy decoding with the cache. Key/value heads (the `heads` logical axis) shard over `model`."""
+the loss's gradients with key/value heads that do and do not divide the model axis, and greedy
+decoding with the cache. Key/value heads (the `heads` logical axis) shard over `model`."""
 
 import functools
 
@@ -12,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from cairn.models import DecodeOptions, DecoderOnlyModel, LlamaConfig
+from cairn.models.llama.attention import GROUPED_KV_ACT, HEAD_ACT, key_value_axes
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
 
 CONFIG = LlamaConfig(
@@ -86,6 +88,49 @@ def test_a_sharded_train_step_matches_one_device(setup, one_device, mesh, fsdp):
     assert attention["query"]["kernel"].sharding.spec == P(None, embed_axis, model_axis, None)
     assert attention["key"]["kernel"].sharding.spec == P(None, embed_axis, model_axis, None)  # kv heads too
     assert got_params["layers"]["mlp"]["wi_0"]["kernel"].sharding.spec == P(None, embed_axis, model_axis)
+
+
+@pytest.mark.filterwarnings("ignore::cairn.partitioning.rules.IndivisibleDimensionWarning")  # 2 key/value heads
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_gradients_match_one_device_whether_or_not_kv_heads_divide_the_model_axis(setup, tiny, kv_heads):
+    """The loss's gradients, leaf by leaf, on data 2 x model 4 against one device, with 8 query
+    heads over 2 key/value heads (their kernels fall back to `kv`; the keys and values reach
+    XLA's attention with their heads whole, `key_value_axes`) and over 4 (sharded like the
+    query's). With the keys and values sharded over `head_dim` as well, XLA computed key and
+    value gradients off by as much as the gradients themselves (the loss right); float32
+    reduction order moves them by under 1e-6 of each leaf's largest value."""
+    _, _, batch = setup
+    config = CONFIG.replace(num_kv_heads=kv_heads, num_layers=1, scan_layers=False)
+    model = DecoderOnlyModel(config)
+    params = tiny.random_params(model, std=0.2)
+    grad_fn = jax.value_and_grad(lambda p, b: model.loss_fn(p, b)[0])
+    want_loss, want = jax.jit(grad_fn)(params, batch)
+    rules = standard_logical_axis_rules()
+    partitioner = Partitioner(create_mesh({"data": 2, "fsdp": 1, "model": 4}), rules)
+    shardings = partitioner.shardings_for(model.logical_axes(), params)
+    sharded = partitioner.partition(grad_fn, in_shardings=(shardings, None), out_shardings=(None, shardings))
+    loss, got = sharded(jax.device_put(params, shardings), partitioner.shard_batch(batch))
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves(want)):
+        g, w = np.asarray(g), np.asarray(w)
+        error = float(np.max(np.abs(g - w)))
+        assert error <= 1e-4 * float(np.max(np.abs(w))), f"{jax.tree_util.keystr(path)}: off by {error}"
+    key_spec = got["layers_0"]["attention"]["key"]["kernel"].sharding.spec
+    assert key_spec == (P(None, "model", None) if kv_heads == 4 else P(None, None, "model"))
+
+
+def test_key_value_axes_keep_kv_heads_whole_only_where_the_query_heads_take_the_axis():
+    """`key_value_axes`: `HEAD_ACT` without a partitioner, when the key/value heads take the
+    query heads' mesh axis, and when neither does (both fall back to `head_dim`);
+    `GROUPED_KV_ACT` when only the query's heads take it."""
+    q8, q6 = (4, 12, 8, 8), (4, 12, 6, 8)
+    assert key_value_axes(q8, (4, 12, 2, 8)) == HEAD_ACT
+    partitioner = Partitioner(create_mesh({"data": 2, "fsdp": 1, "model": 4}), standard_logical_axis_rules())
+    with partitioner.activated():
+        assert key_value_axes(q8, (4, 12, 4, 8)) == HEAD_ACT
+        assert key_value_axes(q8, (4, 12, 2, 8)) == GROUPED_KV_ACT
+        assert key_value_axes(q8, (4, 12, 1, 8)) == GROUPED_KV_ACT
+        assert key_value_axes(q6, (4, 12, 2, 8)) == HEAD_ACT
 
 
 def test_greedy_decoding_matches_one_device(setup):

@@ -74,35 +74,22 @@ def check_patterns(opt: Any, paths: Sequence[str]) -> None:
         raise ConfigError("optimizer.freeze", f"freezes every parameter {opt.freeze}: nothing would train")
 
 
-def check_lora_targets(model: Any, batch: Any) -> None:
-    """For a LoRA model (`frozen_model` set), every `model.lora.targets` pattern matches a kernel of
-    the base model's parameters for `batch` (abstract), else a `ConfigError` naming the key."""
-    base = getattr(model, "frozen_model", None)
-    if base is None:
-        return
-    import jax
+def check_param_patterns(opt: Any, trainer: Any, batch: Any) -> None:
+    """`check_patterns` of the `OptimizerConfig` `opt` against the paths of the parameters the
+    `trainer` sets up for `batch` (`Trainer.setup`: abstract, nothing allocated, done once for
+    the run); nothing is traced when no pattern needs checking, except for a LoRA model
+    (`frozen_model` set): its setup matches `model.lora.targets` against the base model's kernels
+    (`cairn.models.lora.targets`), a target matching none a `ConfigError` naming the key; its
+    parameters are the adapters."""
+    if getattr(trainer.model, "frozen_model", None) is not None:
+        from cairn.models.lora import LoraTargetError
 
-    from cairn.models.lora import LoraTargetError, targets
-    from cairn.trainer.model_protocol import abstract_init
-
-    shapes, specs = abstract_init(base, jax.random.PRNGKey(0), batch)
-    try:
-        targets(shapes, specs, model.lora)
-    except LoraTargetError as e:
-        raise ConfigError("model.lora.targets", str(e)) from None
-
-
-def check_param_patterns(opt: Any, model: Any, batch: Any) -> None:
-    """`check_patterns` of the `OptimizerConfig` `opt` against the paths of `model`'s parameters
-    for `batch` (abstract: no parameter is allocated); nothing is traced when no pattern needs
-    checking. A LoRA model's targets first (`check_lora_targets`); its parameters are the adapters."""
-    check_lora_targets(model, batch)
+        try:
+            trainer.setup(batch)
+        except LoraTargetError as e:
+            raise ConfigError("model.lora.targets", str(e)) from None
     if not (opt.freeze or opt.groups or (opt.weight_decay and opt.no_decay)):
         return
-    import jax
-
-    from cairn.trainer.model_protocol import abstract_init
     from cairn.trainer.param_groups import param_paths
 
-    shapes, _ = abstract_init(model, jax.random.PRNGKey(0), batch)
-    check_patterns(opt, param_paths(shapes))
+    check_patterns(opt, param_paths(trainer.setup(batch).params))

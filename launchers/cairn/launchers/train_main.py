@@ -153,11 +153,11 @@ def _train(
         reader = data_lib.make_train_data(spec.reader, partitioner, tasks)  # data errors: nothing written yet
     model = builder.load_model(spec)
     trainable = builder.trainable_model(spec, model)  # the model, or LoRA adapters over it
-    optimizer_setup.check_param_patterns(spec.optimizer, trainable, _peek(reader))  # optimizer.* and model.lora
+    first = _peek(reader)
     if dry_run:  # the plan, then stop: no lock, nothing written
         trainer = builder.make_trainer(spec, trainable, partitioner)
-        return {"plan": plan(trainer, _peek(reader), out, memory_limit_bytes, strict=True)}
-    lock = held.enter_context(_model_dir_lock(keys.model_dir))  # then the lock, before the first write
+        optimizer_setup.check_param_patterns(spec.optimizer, trainer, first)  # optimizer.* and model.lora
+        return {"plan": plan(trainer, first, out, memory_limit_bytes, strict=True)}
     evaluator = builder.make_evaluator(spec, decode=keys.eval.decode_metrics) if ready.eval_tasks else None
     eval_fn = (
         builder.make_eval_fn(spec, model, evaluator, partitioner) if (evaluator and keys.trainer.eval_every) else None
@@ -172,18 +172,20 @@ def _train(
         step_hooks=(fp.step_hook,) if fp else (),
         batch_hooks=(fp.batch_hook,) if fp else (),
     )
+    optimizer_setup.check_param_patterns(spec.optimizer, trainer, first)  # on the params the trainer sets up
+    lock = held.enter_context(_model_dir_lock(keys.model_dir))  # then the lock, before the first write
     if restart_if_corrupt:
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
         trainer.config = dataclasses.replace(trainer.config, checkpoint=checkpoint)
     if jax.default_backend() != "cpu" or memory_limit_bytes is not None:  # before training: the plan
-        plan(trainer, _peek(reader), out, memory_limit_bytes, strict=False)
+        plan(trainer, first, out, memory_limit_bytes, strict=False)
     init = frozen = None
     source = builder.init_source(spec)
     if source and spec.lora is not None:
-        frozen = builder.base_params(spec, trainer, _peek(reader))
+        frozen = builder.base_params(spec, trainer, first)
         out(f"LoRA rank {spec.lora.rank} adapters of {source} (the frozen base; checkpoints hold the adapters)")
     elif source:
-        init = builder.pretrained_params(spec, trainer, _peek(reader))
+        init = builder.pretrained_params(spec, trainer, first)
         how = "upcycled from " if keys.init.upcycle_from else "from "
         out(f"initial params {how}{source} (used unless model_dir has a checkpoint)")
     summaries = trainer.make_summaries()  # open past the last step: the final evaluation goes there too

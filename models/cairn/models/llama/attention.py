@@ -7,6 +7,8 @@ Kernels: `query/kernel [embed, heads, head_dim]`, `key/kernel` and `value/kernel
 named `heads` like the query's (the standard rules shard both over `model`, which keeps each
 query head on the device of its key/value head when `num_kv_heads` divides by the model axis;
 otherwise the key/value kernels fall back to `kv` as every other indivisible dimension does).
+The keys and values themselves do not fall back so when the query's heads take that axis: XLA's
+attention gets them with their heads whole (`key_value_axes`).
 `q . k` is scaled by `head_dim ** -0.5`; logits and softmax are float32.
 
 Decode cache (`decode=True`): the first call only sizes `cached_key` / `cached_value`
@@ -31,15 +33,22 @@ from cairn.models import pallas_attention
 from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named, project_heads
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
+from cairn.partitioning.partitioner import current_partitioner
+from cairn.partitioning.rules import logical_to_mesh_spec
 
 HEAD_ACT = ("batch", "length", "heads", "kv")
+#: Keys' and values' logical axes before XLA's attention where the query's heads take a mesh
+#: axis that the key/value heads do not divide (`key_value_axes`): `head_dim` kept whole.
+GROUPED_KV_ACT = ("batch", "length", "heads", None)
 __all__ = [
+    "GROUPED_KV_ACT",
     "HEAD_ACT",
     "Kernel",
     "LlamaAttention",
     "attend_written",
     "attention_implementation",
     "cache_buckets",
+    "key_value_axes",
     "write_cache",
 ]
 
@@ -100,6 +109,35 @@ def attend_written(q, k, v, mask, written, *, scale: float, implementation: str 
         return attend(sizes[0])(q, k, v, mask)
     which = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), jnp.asarray(written, jnp.int32))
     return jax.lax.switch(which, [attend(size) for size in sizes], q, k, v, mask)
+
+
+def key_value_axes(q_shape, kv_shape) -> tuple[str | None, ...]:
+    """The logical axes that keys and values `[b, l, kv_heads, head_dim]` are constrained to
+    before XLA's attention of queries `[b, l, heads, head_dim]` (`q_shape`): `HEAD_ACT`, unless
+    the active `cairn.partitioning` partitioner shards the query's heads over mesh axes that the
+    key/value heads do not take (`num_kv_heads` does not divide them: 2 key/value heads on a
+    `model` axis of 4). `HEAD_ACT` would then shard `head_dim` over those axes (the `kv`
+    fallback), and XLA's grouped-query attention regroups the query's sharded heads into
+    `[kv_heads, heads // kv_heads]`, splitting the axis over both. With the batch sharded over
+    another axis as well, XLA's SPMD partitioner then computed wrong key and value gradients
+    (off by as much as the gradients themselves: 2 of 8 heads on a data 2 x model 4 mesh; the
+    loss and the logits right). `GROUPED_KV_ACT` instead: every device of the axis holds the
+    key/value heads whole (what XLA fell back to anyway: it gathered them to regroup), and each
+    computes its own query heads' attention.
+
+    The cache of a decode step (forward only) and the splash kernel (`jax.shard_map` over the
+    heads only where both split alike) keep `HEAD_ACT`, as does a query whose heads fall back
+    to `kv` too (both sharded over `head_dim` alike)."""
+    partitioner = current_partitioner()
+    if partitioner is None or not partitioner.constrain_activations:
+        return HEAD_ACT
+
+    def heads(shape):
+        spec = logical_to_mesh_spec(HEAD_ACT, partitioner.rules, partitioner.mesh.shape, shape, "<attention>", "quiet")
+        return spec[2]
+
+    q_heads = heads(q_shape)
+    return GROUPED_KV_ACT if q_heads is not None and heads(kv_shape) != q_heads else HEAD_ACT
 
 
 def attention_implementation(config: LlamaConfig) -> str | None:
@@ -163,11 +201,14 @@ class LlamaAttention(nn.Module):
                 self.variable("cache", "cached_key_mask", jnp.zeros, (b, n), jnp.int32)
                 self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
                 mask = None  # decode mode's `mask` is a prefix `[b, n]`, not an attention mask
-        q, k, v = constrain(q, HEAD_ACT), constrain(k, HEAD_ACT), constrain(v, HEAD_ACT)
+        kernel = written is None and self._use_kernel(n, mask, segment_ids, causal)
+        # XLA's attention of a (differentiable) call without the cache: see `key_value_axes`.
+        kv_axes = HEAD_ACT if written is not None or kernel else key_value_axes(q.shape, k.shape)
+        q, k, v = constrain(q, HEAD_ACT), constrain(k, kv_axes), constrain(v, kv_axes)
         if written is not None and jax.default_backend() != "tpu":  # a cached call: the written prefix
             out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation=attention_implementation(cfg))
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
-        if self._use_kernel(n, mask, segment_ids, causal):
+        if kernel:
             segments = segment_ids if mask is not None else None
             out = pallas_attention.splash_attention(q, k, v, segments, causal=causal, scale=d**-0.5)
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
