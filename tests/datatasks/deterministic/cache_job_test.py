@@ -1,10 +1,9 @@
-"""End to end: the `cache_tasks` command on Apache Beam (DirectRunner, 2 worker processes; the
-command's `__main__` runs in the test's process, Beam's workers are processes of their own); a
+"""End to end: the `cache_tasks` job on Apache Beam's defaults (DirectRunner, 2 worker processes
+that import the tasks' module); a
 task whose text and TFRecord sources are in a bucket (fake-gcs-server) cached on Beam into the
 bucket, equal to the same task cached from local copies."""
 
 import os
-import runpy
 import sys
 
 import det_tasks
@@ -14,7 +13,7 @@ import pytest
 import cairn.datatasks as dt
 from cairn import storage
 from cairn.datatasks import preprocessors as pp
-from cairn.datatasks.deterministic import CachedTask, DeterministicReader, cache_main, cache_task_in_process, task_dir
+from cairn.datatasks.deterministic import CachedTask, DeterministicReader, cache_task_in_process, task_dir
 from cairn.datatasks.deterministic.cache_job import cache_tasks
 from cairn.datatasks.lazy_tf import tf
 from cairn.tokenizers import ByteVocabulary
@@ -22,17 +21,7 @@ from cairn.tokenizers import ByteVocabulary
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _command(argv, monkeypatch):
-    """The `cache_tasks` program (`python -m cairn.datatasks.deterministic.cache_main`, what
-    `//datatasks:cache_tasks` runs) in this process: its exit status. Beam's worker processes
-    find the tasks module through PYTHONPATH."""
-    monkeypatch.setattr(sys, "argv", ["cache_main", *argv])
-    with pytest.raises(SystemExit) as e:
-        runpy.run_module("cairn.datatasks.deterministic.cache_main", run_name="__main__", alter_sys=True)
-    return e.value.code
-
-
-def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, capsys, monkeypatch):
+def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, monkeypatch):
     data_dir = tmp_path / "data"
     (tmp_path / "beam_tasks.py").write_text(
         f"import cairn.datatasks as dt\nimport det_tasks\ndet_tasks.make({str(data_dir)!r}, dt.DEFAULT_REGISTRY)\n"
@@ -40,11 +29,8 @@ def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, cap
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), HERE, *sys.path]))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = str(tmp_path / "out")
-    argv = ["--tasks=det_.*", f"--output_dir={out}", "--module_import=beam_tasks"]
-    # The defaults: DirectRunner, 2 worker processes.
-    assert _command(argv, monkeypatch) == 0, capsys.readouterr().err[-3000:]
-    printed = capsys.readouterr().out
-    assert "det_a: cached" in printed and "det_b: cached" in printed
+    # The defaults: DirectRunner, 2 worker processes (each imports beam_tasks, which registers the tasks).
+    assert cache_tasks("det_.*", out, module_import=["beam_tasks"]) == {"det_a": "cached", "det_b": "cached"}
     registry = dt.Registry()
     det_tasks.make(str(data_dir), registry)
     for name in ("det_a", "det_b"):
@@ -59,28 +45,12 @@ def test_cache_tasks_on_beam_matches_the_in_process_cache(det_env, tmp_path, cap
     )
     assert next(reader)["encoder_input_tokens"].shape == (4, 48)
     # A rerun on complete caches does nothing (no pipeline starts; options pass through).
-    argv.append("--pipeline_options=--runner=DirectRunner")
-    assert cache_main.main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "det_a: already cached" in printed and "det_b: already cached" in printed
+    again = cache_tasks("det_.*", out, module_import=["beam_tasks"], pipeline_options=["--runner=DirectRunner"])
+    assert again == {"det_a": "already cached", "det_b": "already cached"}
     # An incomplete cache is refused with how to clear it.
     os.remove(os.path.join(task_dir(out, "det_b", "train"), "COMPLETED"))
-    assert cache_main.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "incomplete" in err and "--overwrite" in err and "rm -r" in err
-
-
-def test_arguments():
-    args = cache_main.parse_args(
-        [
-            "--tasks=x",
-            "--output_dir=o",
-            "--module_import=a,b",
-            "--pipeline_options=--runner=FlinkRunner --parallelism=4",
-        ]
-    )
-    assert args.module_import == ["a,b"] and args.split == "train" and not args.overwrite
-    assert args.pipeline_options == ["--runner=FlinkRunner --parallelism=4"]
+    with pytest.raises(dt.DataTasksError, match=r"incomplete.*(rm -r.*--overwrite|--overwrite.*rm -r)"):
+        cache_tasks("det_.*", out, module_import=["beam_tasks"], pipeline_options=["--runner=DirectRunner"])
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import det_tasks
 import numpy as np
@@ -25,8 +23,8 @@ from cairn.datatasks.deterministic import (
     store,
     task_dir,
     verify_cache,
-    verify_main,
 )
+from cairn.datatasks.deterministic.verify import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARD = "shard-00000-of-00001.array_record"
@@ -118,7 +116,7 @@ def test_a_truncated_or_missing_shard_fails_start_up_suggesting_verify_cache(fre
         f.truncate(os.path.getsize(os.path.join(path, SHARD)) - 7)
     with pytest.raises(
         CacheIntegrityError,
-        match=rf"{SHARD} has \d+ bytes, info.json recorded \d+ .*verify_main "
+        match=rf"{SHARD} has \d+ bytes, info.json recorded \d+ .*verify_cache -- "
         rf"--cache_dir={cache_dir} --tasks=det_b --split=train",
     ):
         _reader(cache_dir, registry)
@@ -189,43 +187,6 @@ def test_a_cache_of_the_older_format_is_refused_or_re_cached(fresh):
     assert next(_reader(cache_dir, registry))["encoder_input_tokens"].shape == (4, 48)
 
 
-def test_command_line(fresh, tmp_path, capsys):
-    data_dir, cache_dir, _, _ = fresh
-    (tmp_path / "verify_tasks.py").write_text(
-        f"import cairn.datatasks as dt\nimport det_tasks\ndet_tasks.make({data_dir!r}, dt.DEFAULT_REGISTRY)\n"
-    )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), HERE, *sys.path])
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    cmd = [
-        sys.executable,
-        "-m",
-        "cairn.datatasks.deterministic.verify_main",
-        f"--cache_dir={cache_dir}",
-        "--tasks=det_b",
-        "--module_import=verify_tasks",
-    ]
-    ok = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    assert ok.stdout.splitlines() == ["det_b/train: ok"]
-    path = task_dir(cache_dir, "det_b", "train")
-    _flip_byte(os.path.join(path, SHARD), 100)
-    _flip_byte(os.path.join(data_dir, "b0.txt"), 5)
-    bad = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert bad.returncode == 2, bad.stderr[-3000:]
-    lines = bad.stdout.splitlines()
-    assert len(lines) == 2 and "Traceback" not in bad.stdout + bad.stderr
-    assert lines[0].startswith(f"det_b/train: {SHARD}: content differs")
-    assert lines[1].startswith("det_b/train: source file 'b0.txt' (pattern 0) content changed")
-    # An error is one line (exit 2); the traceback only with --verbose.
-    argv = [f"--cache_dir={cache_dir}", "--tasks=no_such_task_.*"]
-    assert verify_main.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "matches no registered task" in err
-    assert verify_main.main(argv + ["--verbose"]) == 2
-    assert "Traceback" in capsys.readouterr().err
-
-
 def test_report_lines():
     out = []
 
@@ -233,9 +194,9 @@ def test_report_lines():
         def write(self, s):
             out.append(s)
 
-    assert verify_main.report({"a": [], "b": ["x: bad", "y: bad"]}, "train", Sink()) == 2
+    assert report({"a": [], "b": ["x: bad", "y: bad"]}, "train", Sink()) == 2
     assert "".join(out).splitlines() == ["a/train: ok", "b/train: x: bad", "b/train: y: bad"]
-    assert verify_main.report({"a": []}, "train", Sink()) == 0
+    assert report({"a": []}, "train", Sink()) == 0
 
 
 def test_cache_dir_copied_elsewhere_still_opens(fresh, tmp_path):

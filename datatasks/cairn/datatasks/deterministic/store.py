@@ -236,9 +236,9 @@ def clear_hint(path: str) -> str:
 def verify_hint(path: str, task: str | None, split: str | None) -> str:
     cache_dir = os.path.dirname(os.path.dirname(path.rstrip("/"))) or "."
     return (
-        f"run `python -m cairn.datatasks.deterministic.verify_main --cache_dir={cache_dir} "
+        f"run `bazel run //launchers:verify_cache -- --cache_dir={cache_dir} "
         f"--tasks={task or '<task>'} --split={split or '<split>'} --module_import=<module>` "
-        f"(or `bazel run //launchers:verify_cache -- --config=...`) to check every byte"
+        f"(or `--config=...`; `verify_cache(...)` in Python) to check every byte"
     )
 
 

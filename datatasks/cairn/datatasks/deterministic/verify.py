@@ -146,3 +146,19 @@ def verify_cache(
     return {
         t.name: verify_task_cache(store.task_dir(cache_dir, t.name, split), t, split) for t in resolve(tasks, registry)
     }
+
+
+def report(results: dict[str, list[str]], split: str, out: Any = None) -> int:
+    """Prints `results` (`verify_cache`'s) as `<task>/<split>: ok` or one line per problem;
+    returns the exit status of a verify command: 0 when everything matches, else 2."""
+    import sys
+
+    out = out or sys.stdout
+    bad = 0
+    for name, problems in sorted(results.items()):
+        if not problems:
+            print(f"{name}/{split}: ok", file=out)
+        for line in problems:
+            print(f"{name}/{split}: {line}", file=out)
+        bad += len(problems)
+    return 2 if bad else 0
