@@ -121,24 +121,30 @@ LM_PRETRAIN_OPTIMIZER = (
 )
 
 _registered: dict[str, ModelFamily] = {}  # in registration order
-_builtins_loaded = False
+_builtins = "unloaded"  # "loading" while the family modules of FAMILY_PACKAGES import, then "loaded"
 _added_networks: set[type] = set()  # the config classes register_family added to params.NETWORKS
 
 
 def _registry() -> dict[str, ModelFamily]:
     """The registered families, after importing the `family` module of each of `FAMILY_PACKAGES`
-    (once; each registers its family)."""
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True  # first: the family modules call register_family, which calls this
-        for package in FAMILY_PACKAGES:
-            importlib.import_module(f"{package}.family")
+    (once; each registers its family, calling this again, which then returns at once). A module that
+    fails to import raises here, and the next lookup tries again."""
+    global _builtins
+    if _builtins == "unloaded":
+        _builtins = "loading"
+        try:
+            for package in FAMILY_PACKAGES:
+                importlib.import_module(f"{package}.family")
+        except BaseException:
+            _builtins = "unloaded"
+            raise
+        _builtins = "loaded"
     return _registered
 
 
 def _rank(family: ModelFamily) -> int:
-    """Registry order: a family of `FAMILY_PACKAGES` by its package's place there (whichever module
-    was imported first), any other after them (`sorted` keeps their registration order)."""
+    """Registry order: a family of `FAMILY_PACKAGES` by its package's place there, whatever order
+    their modules were imported in; any other after them (`sorted` keeps their registration order)."""
     module = family.config_class.__module__
     for i, package in enumerate(FAMILY_PACKAGES):
         if module == package or module.startswith(package + "."):
