@@ -74,7 +74,7 @@ def test_decoder_only_facts():
     assert f.samples == families.SAMPLES_PROMPT_CONTINUATIONS
     x = np.zeros((2, 3), np.int32)
     assert f.decode_batch(x) is x
-    assert f.hf is None  # hf_interchange maps transformers' T5 layout only
+    assert f.hf is None  # no transformers model has its layout
     assert dict(f.pretrain_optimizer) == {
         "name": "adamw",
         "schedule": "cosine",
