@@ -46,7 +46,10 @@ MODELS_TARGETS = {
         ],
         [":init"],
     ),
-    "t5": (["t5/__init__.py", "t5/config.py", "t5/network.py"], [":core"]),
+    # The families (docs/contributing.md): one package each, its config, network and presets here,
+    # its model, Hugging Face interchange and registration (`family.py`) in the targets below.
+    "t5": (["t5/__init__.py", "t5/config.py", "t5/network.py", "t5/presets.py"], [":core"]),
+    "gpt": (["gpt/__init__.py", "gpt/config.py", "gpt/network.py", "gpt/presets.py"], [":core", ":t5"]),
     "llama": (
         [
             "llama/__init__.py",
@@ -58,22 +61,21 @@ MODELS_TARGETS = {
         ],
         [":core"],
     ),
-    "decoder_only": (["decoder_only.py"], [":core", ":t5"]),
     # The models (loss, scoring, decoding) over the networks, and parameter counts.
     "model": (
-        ["decoder_only_model.py", "encoder_decoder_model.py", "model_base.py", "params.py"],
-        [":core", ":decoder_only", ":decoding", ":llama", ":t5"],
+        ["decoder_only_model.py", "model_base.py", "params.py", "t5/model.py"],
+        [":core", ":decoding", ":gpt", ":llama", ":t5"],
     ),
     # Hugging Face interchange (safetensors, imported lazily).
     "interchange": (
-        ["hf_interchange.py", "llama/hf.py", "llama/hf_config.py", "safetensors_header.py"],
+        ["hf_files.py", "llama/hf.py", "llama/hf_config.py", "t5/hf.py"],
         [":core", ":llama", ":t5", "//storage"],
     ),
     "t5x_checkpoint": (["t5x_checkpoint.py"], [":init", "//storage"]),
-    # The family registry, presets and FLOP counts.
+    # The family registry with each family's registration, and FLOP counts.
     "families": (
-        ["families.py", "flops.py", "presets.py"],
-        [":core", ":decoder_only", ":interchange", ":llama", ":model", ":t5"],
+        ["families.py", "flops.py", "gpt/family.py", "llama/family.py", "t5/family.py"],
+        [":core", ":gpt", ":interchange", ":llama", ":model", ":t5"],
     ),
     "upcycle": (["moe_upcycle.py"], [":core", ":families"]),
     # LoRA adapters as a parameter transform over any family's params (imports no network).

@@ -2,6 +2,7 @@
 of T5 and decoder-only configs."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -22,11 +23,12 @@ from cairn.models import (
     families,
     family_of,
     get_family,
+    get_preset,
     import_hf,
 )
-from cairn.models.decoder_only import Decoder
-from cairn.models.hf_interchange import config_from_hf_dir
+from cairn.models.gpt import Decoder
 from cairn.models.llama import hf as llama_hf
+from cairn.models.t5.hf import config_from_hf_dir
 from cairn.models.t5.network import EncoderDecoder
 
 
@@ -72,7 +74,7 @@ def test_decoder_only_facts():
     assert f.samples == families.SAMPLES_PROMPT_CONTINUATIONS
     x = np.zeros((2, 3), np.int32)
     assert f.decode_batch(x) is x
-    assert f.hf is None  # hf_interchange maps transformers' T5 layout only
+    assert f.hf is None  # no transformers model has its layout
     assert dict(f.pretrain_optimizer) == {
         "name": "adamw",
         "schedule": "cosine",
@@ -113,6 +115,90 @@ def test_every_preset_belongs_to_exactly_one_family():
     assert all(len(o) == 1 for o in owners.values()), owners
     for name, config in PRESETS.items():
         assert family_of(config).name == owners[name][0]
+
+
+BUILTIN = ("encoder_decoder", "decoder_only", "llama")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(DecoderOnlyConfig):
+    """A new family's config (here the GPT-style decoder's fields, its network and model reused)."""
+
+
+TOY_TINY = ToyConfig(vocab_size=67, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48, num_layers=2)
+
+
+def _toy(**changes):
+    """What a new family's `family.py` passes to `register_family`."""
+    fields = dict(
+        name="toy",
+        description="a toy decoder",
+        config_class=ToyConfig,
+        model_class=DecoderOnlyModel,
+        network_class=Decoder,
+        features=("targets",),
+        feature_converter="LMFeatureConverter",
+        input_feature=None,
+        decode_batch=families.prompt_batch,
+        samples=families.SAMPLES_PROMPT_CONTINUATIONS,
+        hf=None,
+        count_params=count_params,
+        pretrain_optimizer=families.LM_PRETRAIN_OPTIMIZER,
+        preset_configs={"toy_tiny": TOY_TINY},
+    )
+    return families.ModelFamily(**{**fields, **changes})
+
+
+def test_a_new_family_is_one_registration_and_leaves_when_unregistered(tiny):
+    toy = families.register_family(_toy())
+    try:
+        assert families.names() == BUILTIN + ("toy",)
+        assert get_family("toy") is toy and family_of(TOY_TINY) is toy
+        assert toy.presets == ("toy_tiny",) and list(PRESETS)[-1] == "toy_tiny" and PRESETS["toy_tiny"] is TOY_TINY
+        assert get_preset("toy_tiny", num_layers=3) == TOY_TINY.replace(num_layers=3)
+        model = toy.make_model(TOY_TINY, z_loss=0.0)  # params.network_for knows the new config class
+        assert isinstance(model, DecoderOnlyModel) and isinstance(model.module, Decoder)
+        assert toy.count_params(TOY_TINY) == count_params(tiny.decoder_only)
+    finally:
+        assert families.unregister_family("toy") is toy
+    assert families.names() == BUILTIN
+    assert "toy_tiny" not in PRESETS and len(PRESETS) == len(list(PRESETS))
+    with pytest.raises(TypeError, match="ToyConfig is not the config of a model family"):
+        family_of(TOY_TINY)
+    with pytest.raises(TypeError, match="got ToyConfig"):
+        count_params(TOY_TINY)
+    with pytest.raises(UnknownFamilyError, match="unknown model family 'toy'"):
+        families.unregister_family("toy")
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"name": "llama"}, "model family 'llama' is already registered"),
+        ({"config_class": T5Config}, "config class T5Config is already registered by model family 'encoder_decoder'"),
+        (
+            {"preset_configs": {"decoder_only_tiny": TOY_TINY}},
+            "model family 'toy': preset 'decoder_only_tiny' is already registered by model family 'decoder_only'",
+        ),
+    ],
+)
+def test_a_second_family_with_a_registered_name_config_class_or_preset_is_refused(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        families.register_family(_toy(**changes))
+    assert families.names() == BUILTIN
+
+
+def test_registry_order_is_the_package_order_whichever_registers_first():
+    first = list(PRESETS)
+    t5 = families.unregister_family("encoder_decoder")
+    try:
+        assert families.names() == BUILTIN[1:]
+        assert "t5_1_1_tiny" not in PRESETS
+    finally:
+        families.register_family(t5)  # now the last to register
+    assert families.names() == BUILTIN and list(PRESETS) == first
+    assert first[:2] == ["t5_1_1_tiny", "t5_1_1_small"] and first[-1] == "mixtral_8x7b"
+    assert first == [name for f in families.families() for name in f.presets]
 
 
 def test_family_of_something_else_is_a_type_error():

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from cairn.models import get_family
-from cairn.models.hf_interchange import HFInterchangeError
+from cairn.models.hf_files import HFInterchangeError
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from cairn.models import DecodeOptions, DecoderOnlyModel, get_preset
-from cairn.models.decoder_only import Decoder
 from cairn.models.decoding import left_align, prepend_prompts
+from cairn.models.gpt import Decoder
 
 L = 10  # max_decode_length
 _DECODE = {"decode": True, "mutable": ["cache"]}

@@ -19,14 +19,14 @@ __version__ = "0.1.0"
 # Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
 # are imported as themselves.
 _SUBMODULES = frozenset(
-    {"chunked_loss", "decoder_only", "decoding", "families", "llama", "lora", "losses", "moe", "pallas_attention", "t5"}
+    {"chunked_loss", "decoding", "families", "gpt", "llama", "lora", "losses", "moe", "pallas_attention", "t5"}
 )
 _DEFINED_IN = {
     "DecodeOptions": "model_base",
-    "DecoderOnlyConfig": "decoder_only",
+    "DecoderOnlyConfig": "gpt.config",
     "DecoderOnlyModel": "decoder_only_model",
-    "EncoderDecoderModel": "encoder_decoder_model",
-    "HFInterchangeError": "hf_interchange",
+    "EncoderDecoderModel": "t5.model",
+    "HFInterchangeError": "hf_files",
     "Llama": "llama",
     "LlamaConfig": "llama",
     "LoraConfig": "lora",
@@ -34,19 +34,20 @@ _DEFINED_IN = {
     "ModelConfig": "transformer_config",
     "ModelFamily": "families",
     "MoeConfig": "moe_config",
-    "PRESETS": "presets",
+    "PRESETS": "families",
     "T5Config": "t5.config",
     "TransformerConfig": "transformer_config",
     "UnknownFamilyError": "families",
     "UpcycleError": "moe_upcycle",
     "count_params": "params",
-    "export_hf": "hf_interchange",
+    "export_hf": "t5.hf",
     "family_of": "families",
     "flops_per_token": "flops",
     "get_family": "families",
-    "get_preset": "presets",
-    "import_hf": "hf_interchange",
+    "get_preset": "families",
+    "import_hf": "t5.hf",
     "logical_axes": "params",
+    "register_family": "families",
     "training_flops_per_step": "flops",
     "upcycle": "moe_upcycle",
 }
@@ -54,9 +55,9 @@ _DEFINED_IN = {
 if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run time
     from cairn.models import (
         chunked_loss,
-        decoder_only,
         decoding,
         families,
+        gpt,
         llama,
         lora,
         losses,
@@ -64,20 +65,28 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
         pallas_attention,
         t5,
     )
-    from cairn.models.decoder_only import DecoderOnlyConfig
     from cairn.models.decoder_only_model import DecoderOnlyModel
-    from cairn.models.encoder_decoder_model import EncoderDecoderModel
-    from cairn.models.families import ModelFamily, UnknownFamilyError, family_of, get_family
+    from cairn.models.families import (
+        PRESETS,
+        ModelFamily,
+        UnknownFamilyError,
+        family_of,
+        get_family,
+        get_preset,
+        register_family,
+    )
     from cairn.models.flops import flops_per_token, training_flops_per_step
-    from cairn.models.hf_interchange import HFInterchangeError, export_hf, import_hf
+    from cairn.models.gpt.config import DecoderOnlyConfig
+    from cairn.models.hf_files import HFInterchangeError
     from cairn.models.llama import Llama, LlamaConfig
     from cairn.models.lora import LoraConfig, LoraModel
     from cairn.models.model_base import DecodeOptions
     from cairn.models.moe_config import MoeConfig
     from cairn.models.moe_upcycle import UpcycleError, upcycle
     from cairn.models.params import count_params, logical_axes
-    from cairn.models.presets import PRESETS, get_preset
     from cairn.models.t5.config import T5Config
+    from cairn.models.t5.hf import export_hf, import_hf
+    from cairn.models.t5.model import EncoderDecoderModel
     from cairn.models.transformer_config import ModelConfig, TransformerConfig
 
 __all__ = [
@@ -100,7 +109,6 @@ __all__ = [
     "UpcycleError",
     "chunked_loss",
     "count_params",
-    "decoder_only",
     "decoding",
     "export_hf",
     "families",
@@ -108,6 +116,7 @@ __all__ = [
     "flops_per_token",
     "get_family",
     "get_preset",
+    "gpt",
     "import_hf",
     "llama",
     "logical_axes",
@@ -115,6 +124,7 @@ __all__ = [
     "losses",
     "moe",
     "pallas_attention",
+    "register_family",
     "t5",
     "training_flops_per_step",
     "upcycle",

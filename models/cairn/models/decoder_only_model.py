@@ -8,10 +8,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models.decoder_only import DecoderOnlyConfig
 from cairn.models.decoding.beam_search import repeat_rows
 from cairn.models.decoding.loop import with_first_logits
 from cairn.models.decoding.prompts import left_align, prepend_prompts
+from cairn.models.gpt.config import DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.losses import LossNormalizingFactor
 from cairn.models.model_base import Batch, DecodeOptions, ModelBase, check_predict_args, run_decoding
@@ -22,7 +22,7 @@ Params = Any
 
 class DecoderOnlyModel(ModelBase):
     """Wraps a decoder-only network: `network`, else the one the config's family uses
-    (`params.network_for`: `decoder_only.Decoder` for a `DecoderOnlyConfig`, `llama.Llama` for a
+    (`params.network_for`: `gpt.Decoder` for a `DecoderOnlyConfig`, `llama.Llama` for a
     `LlamaConfig`). Batches: `decoder_input_tokens`, `decoder_target_tokens`,
     `decoder_loss_weights`, optional `decoder_segment_ids` and `decoder_positions` (packing)
     and `decoder_causal_attention` (prefix LM: 1 on input positions)."""

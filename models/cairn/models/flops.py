@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from cairn.models.decoder_only import DecoderOnlyConfig
+from cairn.models.gpt.config import DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.t5.config import T5Config
 

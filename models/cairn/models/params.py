@@ -11,14 +11,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from cairn.models.decoder_only import Decoder, DecoderOnlyConfig
+from cairn.models.gpt import Decoder, DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.network import Llama
 from cairn.models.t5.config import T5Config
 from cairn.models.t5.network import EncoderDecoder
 
-# Config class -> network class (the decoder-only networks share `decoder_only.Decoder`'s signature).
-NETWORKS: dict[type, type[nn.Module]] = {T5Config: EncoderDecoder, DecoderOnlyConfig: Decoder, LlamaConfig: Llama}
+# Config class -> network class (the decoder-only networks share `gpt.Decoder`'s signature); a
+# family registered from elsewhere (`families.register_family`) adds its own.
+NETWORKS: dict[type, type] = {T5Config: EncoderDecoder, DecoderOnlyConfig: Decoder, LlamaConfig: Llama}
 
 
 def network_for(config: Any) -> nn.Module:

@@ -1,6 +1,6 @@
 """Llama's attention: grouped-query heads, RoPE, `jax.nn.dot_product_attention` or the Pallas
 splash kernel (`cairn.models.pallas_attention`), and the decode cache contract shared with
-`decoder_only.Decoder`.
+`gpt.Decoder`.
 
 Kernels: `query/kernel [embed, heads, head_dim]`, `key/kernel` and `value/kernel
 [embed, kv_heads, head_dim]`, `out/kernel [heads, head_dim, embed]`. The key/value head axis is

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cairn import storage
-from cairn.models.hf_interchange import CONFIG_FILE, WEIGHTS_FILE, HFInterchangeError
+from cairn.models.hf_files import CONFIG_FILE, WEIGHTS_FILE, HFInterchangeError
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.hf_config import config_from_hf, hf_config
 from cairn.models.moe_config import MoeConfig

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cairn.models.hf_interchange import HFInterchangeError
+from cairn.models.hf_files import HFInterchangeError
 from cairn.models.llama.config import ROPE_SCALING_KEYS, LlamaConfig
 from cairn.models.moe_config import MoeConfig
 

@@ -116,7 +116,7 @@ def attention_mask(segment_ids, causal_attention, length: int):
 class Llama(nn.Module):
     """Returns float32 logits `[batch, length, vocab]` for `decoder_input_tokens`.
 
-    The call signature is `decoder_only.Decoder`'s: `decoder_segment_ids` keeps packed
+    The call signature is `gpt.Decoder`'s: `decoder_segment_ids` keeps packed
     sequences apart (0 = padding), `decoder_causal_attention` (1 on input positions) makes
     attention over the prefix bidirectional, `decoder_positions` are the RoPE positions
     (restarting per packed segment; default `0..l-1`, or the cache positions when decoding).

@@ -31,7 +31,7 @@ LLAMA_3_2_ROPE_SCALING = {
     "original_max_position_embeddings": 8192,
 }
 
-LLAMA_PRESETS: dict[str, LlamaConfig] = {
+PRESETS: dict[str, LlamaConfig] = {
     "llama_tiny": LlamaConfig(
         vocab_size=256, emb_dim=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128, num_layers=2
     ),

@@ -1,4 +1,6 @@
-"""The T5 family: `T5Config` and the `EncoderDecoder` network."""
+"""The T5 family (`model.kind` "encoder_decoder"): `T5Config` and the `EncoderDecoder` network;
+`t5.model` (`EncoderDecoderModel`), `t5.presets`, `t5.hf` (Hugging Face interchange) and
+`t5.family` (its registration) are imported on their own."""
 
 from cairn.models.t5.config import T5Config
 from cairn.models.t5.network import Decoder, DecoderLayer, Encoder, EncoderDecoder, EncoderLayer

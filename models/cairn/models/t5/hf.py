@@ -24,16 +24,9 @@ import jax
 import numpy as np
 
 from cairn import storage
-from cairn.models.safetensors_header import read_header
+from cairn.models.hf_files import CONFIG_FILE, WEIGHTS_FILE, HFInterchangeError, read_header
 from cairn.models.stacking import stack_layers, unstack_layers
 from cairn.models.t5.config import T5Config
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-
-
-class HFInterchangeError(ValueError):
-    """A checkpoint or config that cannot be mapped between the two layouts."""
 
 
 def _feed_forward_proj(config: T5Config) -> str:

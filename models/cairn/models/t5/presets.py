@@ -1,15 +1,11 @@
-"""Named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2, ST-MoE-style, decoder-only, Llama and
-Mixtral sizes.
+"""The T5 family's named configurations: T5.1.1, T5.1.0, mT5, ByT5, UL2 and ST-MoE-style sizes.
 
-`get_preset("t5_1_1_base")` returns the config; `PRESETS` maps every name to its config.
-Sizes follow the published checkpoints' `config.json` / gin files.
+`PRESETS` maps each name to its `T5Config` (`cairn.models.get_preset` and `cairn.models.PRESETS`
+reach every family's). Sizes follow the published checkpoints' `config.json` / gin files.
 """
 
 from __future__ import annotations
 
-from cairn.models.decoder_only import DecoderOnlyConfig
-from cairn.models.llama.config import LlamaConfig
-from cairn.models.llama.presets import LLAMA_PRESETS
 from cairn.models.moe_config import MoeConfig
 from cairn.models.t5.config import T5Config
 
@@ -47,19 +43,7 @@ def _t5_1_0(emb, heads, mlp, layers, head_dim=64) -> T5Config:
     )
 
 
-def _decoder_only(emb, heads, head_dim, mlp, layers, vocab=T5_VOCAB) -> DecoderOnlyConfig:
-    return DecoderOnlyConfig(
-        vocab_size=vocab,
-        emb_dim=emb,
-        num_heads=heads,
-        head_dim=head_dim,
-        mlp_dim=mlp,
-        num_layers=layers,
-        mlp_activations=GATED_GELU,
-    )
-
-
-PRESETS: dict[str, T5Config | DecoderOnlyConfig | LlamaConfig] = {
+PRESETS: dict[str, T5Config] = {
     # T5.1.1 (gated GELU, untied logits).
     "t5_1_1_tiny": _t5_1_1(128, 4, 256, 2, head_dim=32),
     "t5_1_1_small": _t5_1_1(512, 6, 1024, 8),
@@ -100,21 +84,4 @@ PRESETS: dict[str, T5Config | DecoderOnlyConfig | LlamaConfig] = {
     # second encoder and decoder MLP routed, 4 experts, top 2, capacity factor 1.25, the
     # load-balancing (0.01) and router z (0.001) losses.
     "st_moe_tiny": _t5_1_1(128, 4, 256, 2, head_dim=32).replace(moe=MoeConfig(num_experts=4, top_k=2, every=2)),
-    # Decoder-only (GPT-style, gated GELU, T5 relative positions).
-    "decoder_only_tiny": _decoder_only(128, 4, 32, 256, 2),
-    "decoder_only_125m": _decoder_only(768, 12, 64, 2048, 12),
-    "decoder_only_350m": _decoder_only(1024, 16, 64, 2816, 24),
-    "decoder_only_1b": _decoder_only(2048, 16, 128, 5120, 20),
-    "decoder_only_3b": _decoder_only(2560, 32, 80, 6912, 32),
-    "decoder_only_8b": _decoder_only(4096, 32, 128, 14336, 32),
-    # Llama (RoPE, grouped-query attention, SwiGLU) and Mixtral (Llama layers with routed SwiGLU
-    # experts); llama/presets.py names each shape's source.
-    **LLAMA_PRESETS,
 }
-
-
-def get_preset(name: str, **overrides) -> T5Config | DecoderOnlyConfig | LlamaConfig:
-    """The preset `name`, with `overrides` (e.g. `scan_layers=True`) applied."""
-    if name not in PRESETS:
-        raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
-    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

@@ -1,4 +1,6 @@
-"""A safetensors file's header and single tensors' bytes, read without loading the whole file.
+"""What every family's Hugging Face interchange shares: a transformers checkpoint directory's
+file names, `HFInterchangeError`, and a safetensors file's header and single tensors' bytes, read
+without loading the whole file.
 
 The format: 8 bytes (little-endian u64) giving the header's length, the header (JSON:
 `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`), then the
@@ -15,7 +17,13 @@ from typing import Any
 
 from cairn import storage
 
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
+
+
+class HFInterchangeError(ValueError):
+    """A checkpoint or config that cannot be mapped between the two layouts."""
 
 
 @dataclasses.dataclass(frozen=True)

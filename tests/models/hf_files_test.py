@@ -1,4 +1,4 @@
-"""safetensors_header: tensor names and single tensors' bytes without loading the file."""
+"""hf_files.read_header: tensor names and single tensors' bytes without loading the file."""
 
 import struct
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from cairn.models.safetensors_header import read_header
+from cairn.models.hf_files import read_header
 
 
 def test_header_and_raw_bytes(tmp_path):

@@ -1,10 +1,7 @@
-"""`decoder_only.Decoder`: a GPT-style decoder (T5 layers without cross-attention), with
+"""`gpt.Decoder`: a GPT-style decoder (T5 layers without cross-attention), with
 optional prefix-LM attention (bidirectional over the inputs, causal over the targets)."""
 
 from __future__ import annotations
-
-import dataclasses
-from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -12,31 +9,11 @@ import jax.numpy as jnp
 from cairn.models.attention import AttentionBias, causal_mask, mask_to_bias, segment_mask
 from cairn.models.chunked_loss import Unembedding
 from cairn.models.decode_cache import chunk_positions_and_mask
+from cairn.models.gpt.config import DecoderOnlyConfig
 from cairn.models.layers import Embed, RMSNorm, constrain, kernel
 from cairn.models.relative_position import RelativePositionBias
 from cairn.models.stacking import apply_layers
 from cairn.models.t5.network import ACT, DecoderLayer
-from cairn.models.transformer_config import TransformerConfig, check_prompt_start_id
-
-
-@dataclasses.dataclass(frozen=True)
-class DecoderOnlyConfig(TransformerConfig):
-    """Hyperparameters of `decoder_only.Decoder`: the shared `TransformerConfig` fields (as in
-    `T5Config`; defaults: `decoder_only_125m`), the number of layers, and `prompt_start_id`:
-    what `predict_batch` puts in front of every prompt (0, T5's decoder start, by default;
-    None: nothing, the prompt holds its own start; `transformer_config.check_prompt_start_id`)."""
-
-    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("num_layers",)
-
-    emb_dim: int = 768
-    num_heads: int = 12
-    mlp_dim: int = 2048
-    num_layers: int = 12
-    prompt_start_id: int | None = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_prompt_start_id(self)
 
 
 class Decoder(nn.Module):

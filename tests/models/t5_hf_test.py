@@ -11,7 +11,7 @@ import transformers
 from safetensors import safe_open
 
 from cairn.models import EncoderDecoderModel, HFInterchangeError, export_hf, import_hf
-from cairn.models.hf_interchange import config_from_hf, config_from_hf_dir, hf_config
+from cairn.models.t5.hf import config_from_hf, config_from_hf_dir, hf_config
 
 
 def _random_params(config, seed=0):
