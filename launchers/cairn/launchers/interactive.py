@@ -36,10 +36,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
 from cairn import storage
+from cairn.datatasks.ragged import Ragged
 from cairn.launchers import builder, checkpoint_params, config_io, example_rows, predict_fns, run_spec
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
@@ -78,8 +80,6 @@ class InteractiveModel:
         batch_size: int | None = None,
         devices: Sequence[Any] | None = None,
     ):
-        import jax
-
         if checkpoint and not storage.path(checkpoint).exists():
             raise ConfigError("checkpoint", f"{checkpoint!r} does not exist")
         if checkpoint:  # before anything is built: which step (ConfigError when none is complete)
@@ -206,8 +206,6 @@ class InteractiveModel:
         their ids (one example per row), padded with empty rows to a multiple of the
         data-parallel devices times `trainer.num_microbatches`, in the dtypes the trainer was
         set up with."""
-        from cairn.datatasks.ragged import Ragged
-
         rows = self._train_features(examples)
         multiple = self.partitioner.batch_parts() * self.spec.trainer.num_microbatches
         rows += [{k: [] for k in rows[0]}] * (-len(rows) % multiple)
@@ -221,8 +219,6 @@ class InteractiveModel:
         """One optimizer step of the run's trainer on `examples` (`train_batch`); returns the
         step's metrics (`loss`, `grad_norm`, `learning_rate`, ...). Later calls to `predict`
         and `score` see the updated params."""
-        import jax
-
         batch = self.train_batch(examples)
         self.trainer.setup(batch)  # at once when the shapes are those it was set up with
         self.state, metrics = self.trainer.train_step(self.state, self.partitioner.shard_batch(batch))
