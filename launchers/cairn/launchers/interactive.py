@@ -179,6 +179,21 @@ class InteractiveModel:
         widths = (example_rows.prompt_width(self.spec, rows), example_rows.target_width(rows))
         return self.predictor.score(self.params, rows, widths)
 
+    def evaluate(self, decode: bool = False, num_examples: int | None = None) -> dict[str, dict[str, float]]:
+        """`{task: {metric: value}}` of the config's evaluation task or mixture (`eval.task`,
+        default `data.task`; `eval.split`; `num_examples` per task, default
+        `eval.num_examples`, 0 for all): eval's score metrics and, with `decode`, its prediction
+        metrics (`builder.params_evaluation`, what `//launchers:eval` runs), at `step`."""
+        data_lib.register_tasks(self.spec.keys, self.spec.vocabulary)
+        evaluator = builder.make_evaluator(self.spec, decode=decode, num_examples=num_examples)
+        evaluate = builder.params_evaluation(
+            self.spec, self.model, self.partitioner, evaluator, self.batch_size, decode, logging.DEBUG
+        )
+        result = evaluate(self.params, self.step)
+        if result.errors:
+            raise ValueError("; ".join(f"{t}: {'; '.join(e)}" for t, e in sorted(result.errors.items())))
+        return {t: {k: float(v) for k, v in m.items()} for t, m in result.metrics.items()}
+
     # -- training --------------------------------------------------------------------------
     def _train_features(self, examples: Any) -> list[dict[str, list[int]]]:
         """Task features (ids) of string examples: `{"inputs", "targets"}` dicts for an
