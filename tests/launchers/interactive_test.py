@@ -138,6 +138,8 @@ def test_bad_input_is_a_clear_error(t5, tmp_path):
         model.predict(["To be", 3])
     with pytest.raises(ValueError, match="one target per input"):
         model.score(["a", "b"], ["c"])
+    with pytest.raises(ValueError, match=r"targets\[1\] is empty"):
+        model.score(["a", "b"], ["c", ""])
     with pytest.raises(TypeError, match=r"examples\[0\] must be \{'inputs': str, 'targets': str\}"):
         model.train_step([{"inputs": "a"}])
     with pytest.raises(ValueError, match="examples is empty"):

@@ -175,6 +175,8 @@ class InteractiveModel:
         inputs, targets = _texts("inputs", inputs), _texts("targets", targets)
         if len(inputs) != len(targets):
             raise ValueError(f"score needs one target per input: {len(inputs)} inputs, {len(targets)} targets")
+        if "" in targets:
+            raise ValueError(f"targets[{targets.index('')}] is empty: there is nothing to score")
         rows = example_rows.text_rows(self.spec, inputs, targets)
         widths = (example_rows.prompt_width(self.spec, rows), example_rows.target_width(rows))
         return self.predictor.score(self.params, rows, widths)
