@@ -194,6 +194,32 @@ def make_evaluator(spec: RunSpec, loggers: tuple = (), decode: bool = False, num
     )
 
 
+def params_evaluation(
+    spec: RunSpec,
+    model: Any,
+    partitioner: Any,
+    evaluator: Any,
+    batch_size: int,
+    decode: bool,
+    log_level: int = logging.INFO,
+) -> Callable[[Any, int], Any]:
+    """`evaluate(params, step) -> EvaluationResult`: the Evaluator's score metrics and, with
+    `decode`, its prediction metrics, in sharded batches of `batch_size` rows (what eval, the
+    final evaluation after training and `InteractiveModel.evaluate` run; the programs are
+    compiled once for every call)."""
+    score = score_fn_factory(model, batch_size, partitioner=partitioner, log_level=log_level)
+    predict = (
+        predict_fns.predict_fn_factory(spec, model, batch_size, partitioner=partitioner, log_level=log_level)
+        if decode
+        else None
+    )
+
+    def evaluate(params: Any, step: int) -> Any:
+        return evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None, step=step)
+
+    return evaluate
+
+
 def make_eval_fn(spec: RunSpec, model: Any, evaluator: Any, partitioner: Any) -> Callable:
     """The trainer's `eval_fn`: the Evaluator's score metrics and, with `eval.decode_metrics`,
     its prediction metrics (the evaluator from `make_evaluator(spec, decode=True)`), in

@@ -55,10 +55,14 @@ class ParamsLayout:
     """What a run's checkpoints hold (`params_layout`): `abstract`, the ShapeDtypeStructs (with
     shardings) of a checkpoint's params as the trainer lays them out (a LoRA run's: its
     adapters), and `to_model`, a checkpoint's params -> the model's (themselves; a LoRA run's
-    adapters folded into its frozen base, `cairn.models.lora.merge`)."""
+    adapters folded into its frozen base, `cairn.models.lora.merge`). `trainer` is the run's
+    `Trainer` set up for a batch of zeros, and `frozen` a LoRA run's base params (None
+    otherwise): what `cairn.launchers.interactive` trains a loaded checkpoint with."""
 
     abstract: Any
     to_model: Callable[[Any], Any]
+    trainer: Any = None
+    frozen: Any = None
 
 
 def params_layout(spec: RunSpec, model: Any, partitioner: Any) -> ParamsLayout:
@@ -71,9 +75,14 @@ def params_layout(spec: RunSpec, model: Any, partitioner: Any) -> ParamsLayout:
     batch = zero_batch(spec, rows)
     state = trainer.setup(batch)
     if spec.lora is None:
-        return ParamsLayout(state.params, lambda params: params)
+        return ParamsLayout(state.params, lambda params: params, trainer)
     base = builder.base_params(spec, trainer, batch)
-    return ParamsLayout(state.params, lambda adapters: trainer.eval_params(state.replace(params=adapters, frozen=base)))
+    return ParamsLayout(
+        state.params,
+        lambda adapters: trainer.eval_params(state.replace(params=adapters, frozen=base)),
+        trainer,
+        base,
+    )
 
 
 def load_params(layout: ParamsLayout, path: str, step: int | None = None) -> tuple[int, Any]:
@@ -82,21 +91,33 @@ def load_params(layout: ParamsLayout, path: str, step: int | None = None) -> tup
     (`ParamsLayout.to_model`); the latest complete step unless `step` is given. On several
     processes, process 0 chooses the step (a checkpoint may complete while they look) and all
     restore it."""
+    step, stored = load_stored(layout, path, step)
+    return step, layout.to_model(stored)
+
+
+def load_stored(layout: ParamsLayout, path: str, step: int | None = None) -> tuple[int, Any]:
+    """`load_params`'s `(step, params)` as the checkpoint holds them (a LoRA run's: its adapters,
+    not folded into the base)."""
     from cairn.trainer import restore_params
 
+    chosen, target = locate(path, step)
+    return chosen, restore_params(target, layout.abstract)
+
+
+def locate(path: str, step: int | None = None) -> tuple[int, str]:
+    """`(step, folder)` of the checkpoint `load_params` reads: `path` itself when it is one
+    step's folder, else the latest complete step under it (or `step`), chosen by process 0;
+    `ConfigError` naming `checkpoint` (none complete) or `step` (not among them)."""
     if storage.path(storage.join(path, "state")).is_dir():
-        chosen = int(storage.path(path).name) if step is None else step
-        target = path
-    else:
+        return (int(storage.path(path).name) if step is None else step), path
 
-        def choose() -> list[int]:
-            steps = complete_steps(path)
-            if not steps:
-                raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
-            if step is not None and step not in steps:
-                raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
-            return [steps[-1] if step is None else step]
+    def choose() -> list[int]:
+        steps = complete_steps(path)
+        if not steps:
+            raise ConfigError("checkpoint", f"no complete checkpoint under {path!r}")
+        if step is not None and step not in steps:
+            raise ConfigError("step", f"no complete checkpoint at step {step} in {path!r}; have {steps}")
+        return [steps[-1] if step is None else step]
 
-        chosen = run_setup.from_process_0(choose)[0]
-        target = storage.join(checkpoint_root(path), str(chosen))
-    return chosen, layout.to_model(restore_params(target, layout.abstract))
+    chosen = run_setup.from_process_0(choose)[0]
+    return chosen, storage.join(checkpoint_root(path), str(chosen))

@@ -37,7 +37,7 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, predict_fns, run_setup
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, run_setup
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
@@ -98,12 +98,11 @@ def make_runner(
     )
     evaluator = builder.make_evaluator(spec, loggers=loggers, decode=decode)
     layout = checkpoint_params.params_layout(spec, model, partitioner)
-    score = builder.score_fn_factory(model, batch, partitioner=partitioner)
-    predict = predict_fns.predict_fn_factory(spec, model, batch, partitioner=partitioner) if decode else None
+    evaluate = builder.params_evaluation(spec, model, partitioner, evaluator, batch, decode)
 
     def run(path: str, step: int | None) -> tuple:
         step, params = checkpoint_params.load_params(layout, path, step)
-        result = evaluator.evaluate(score_fn=score(params), predict_fn=predict(params) if predict else None, step=step)
+        result = evaluate(params, step)
         for task, errors in result.errors.items():
             out(f"step {step}: {task}: {'; '.join(errors)}")
         return step, {t: {k: float(v) for k, v in m.items()} for t, m in result.metrics.items()}

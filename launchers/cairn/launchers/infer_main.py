@@ -10,8 +10,11 @@ Every task of the config's evaluation task or mixture (`eval.task`, default `dat
 file, rows in input order: `--output` itself for one task, `<output without .jsonl>-<task>.jsonl`
 for each task of a mixture. Encoder-decoder models are fed each example's `inputs`; decoder-only
 models continue a prompt: the task's `inputs`, or else the first half of its `targets` (the
-target is then the second half), or `--input_file`'s lines (one file, no targets). The
-prediction excludes the prompt. `--mode` (t5x's infer modes; `infer_rows`): `predict` (rows
+target is then the second half). The prediction excludes the prompt. `--input_file` replaces
+the task (one file): a text file's lines are the inputs (no targets), a `.jsonl` file's lines
+`{"input": ..., "target": ...}` inputs and targets (what `score` needs), tokenized as the
+interactive handle tokenizes text (`example_rows`: an encoder-decoder's inputs and targets end
+with EOS; a decoder-only prompt is continued as given). `--mode` (t5x's infer modes; `infer_rows`): `predict` (rows
 `{index, input, target, prediction, prediction_ids}`), `score` (`{index, input, target,
 score}`: the target's log-likelihood given the input, summed over its tokens) or
 `predict_with_aux` (`predict`'s rows with `aux: {scores}`, the decoding's log-probability of
@@ -47,7 +50,6 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, run_setup
-from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
@@ -68,7 +70,9 @@ STEP = flags.DEFINE_integer(
 )
 CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
 NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
-INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one per line")
+INPUT_FILE = flags.DEFINE_string(
+    "input_file", "", 'inputs, one per line (instead of the task); .jsonl: {"input": ..., "target": ...} lines'
+)
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and start again")
 MODE = flags.DEFINE_string("mode", "predict", "predict, score (target log-likelihoods) or predict_with_aux")
 
@@ -115,15 +119,13 @@ def infer(
         storage.check_writable(os.fspath(storage.path(output).parent) or ".")
     except storage.StorageError as e:
         raise ConfigError("output", str(e)) from None
-    family = model_family(spec.keys.model.kind)
-    eval_task = not (family.continues_prompt and input_file)
-    ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", chunk_size),), eval_task=eval_task)
+    ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", chunk_size),), eval_task=not input_file)
     partitioner = ready.partitioner
-    vocabulary = spec.vocabulary
+    rows = infer_rows.task_rows(spec, num_examples, input_file)
+    infer_rows.check_targets(mode, rows)
     model = builder.load_model(spec)
     layout = checkpoint_params.params_layout(spec, model, partitioner)
     step, params = checkpoint_params.load_params(layout, path, step)
-    rows = infer_rows.task_rows(spec, num_examples, input_file)
     tasks = infer_rows.task_objects(spec, rows)
     files = infer_rows.output_paths(output, sorted(rows))
     for task, file in files.items():
@@ -139,7 +141,7 @@ def infer(
         }
         new = infer_rows.new_tokens(spec, tasks[task])
         writer = infer_rows.ChunkWriter(spec, model, partitioner, chunk_size, mode, rows[task], new)
-        _write_file(file, meta, rows[task], chunk_size, overwrite, params, writer, vocabulary, out)
+        _write_file(file, meta, rows[task], chunk_size, overwrite, params, writer, out)
     return files
 
 
@@ -151,7 +153,6 @@ def _write_file(
     overwrite: bool,
     params: Any,
     writer: infer_rows.ChunkWriter,
-    vocabulary: Any,
     out: Callable[[str], None],
 ) -> None:
     """One task's chunks: the missing ones computed and written (process 0), then joined."""
@@ -161,7 +162,7 @@ def _write_file(
     for k in missing:
         start = chunks[k]
         chunk = rows[start : start + chunk_size]
-        lines = writer.lines(params, chunk, start, len(rows), vocabulary)
+        lines = writer.lines(params, chunk, start, len(rows))
         if not run_setup.is_process_0():
             continue
         storage.write_text(storage.join(parts, f"part-{k:05d}.jsonl"), "".join(line + "\n" for line in lines))

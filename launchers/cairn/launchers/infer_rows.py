@@ -9,8 +9,10 @@ JSON lines of one chunk in each mode (t5x's infer modes).
 
 The rows of a task: an encoder-decoder model's are its examples' `inputs` and `targets`; a
 decoder-only model's are the prompts and targets of the task's decode view (`decode_views`:
-`inputs` and `targets`, or the two halves of `targets`), or `--input_file`'s lines as prompts
-(no targets, so no `score` mode).
+`inputs` and `targets`, or the two halves of `targets`). Or, for either family,
+`--input_file`'s rows (`example_rows.file_rows`, tokenized as the interactive handle tokenizes
+text): a text file's lines as inputs (no targets, so no `score` mode), or a `.jsonl` file's
+`{"input", "target"}` lines. The predictions and scores are `example_rows.RowPredictor`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +21,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cairn import storage
-from cairn.launchers import builder, decode_views, predict_fns
+from cairn.launchers import builder, decode_views, example_rows, predict_fns
 from cairn.launchers import data as data_lib
 from cairn.launchers.config_base import model_family
-from cairn.launchers.post_training import pad_rows
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
@@ -32,11 +32,26 @@ FILE_TASK = ""  # the task name of `--input_file`'s prompts
 
 
 def check_mode(mode: str, input_file: str) -> None:
-    """`ConfigError` naming `mode` for an unknown mode, or `score` without targets."""
+    """`ConfigError` naming `mode` for an unknown mode, or `score` of a text `--input_file`
+    (prompts only; a `.jsonl` one's rows are checked for targets when read, `check_targets`)."""
     if mode not in MODES:
         raise ConfigError("mode", f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
-    if mode == "score" and input_file:
-        raise ConfigError("mode", "score needs targets, and --input_file gives prompts only")
+    if mode == "score" and input_file and not input_file.endswith(".jsonl"):
+        raise ConfigError(
+            "mode",
+            'score needs targets, and a text --input_file gives prompts only (a .jsonl one: {"input", "target"})',
+        )
+
+
+def check_targets(mode: str, rows: Mapping[str, list[dict]]) -> None:
+    """`ConfigError` naming `mode` when `score` meets a row without a target."""
+    if mode != "score":
+        return
+    for task, task_rows in rows.items():
+        missing = [i for i, r in enumerate(task_rows) if not r["target_ids"]]
+        if missing:
+            where = f"--input_file row {missing[0]}" if task == FILE_TASK else f"task {task!r} row {missing[0]}"
+            raise ConfigError("mode", f"score needs a target in every row; {where} has none")
 
 
 def _row(ids: Any, target_ids: Any, vocabulary: Any) -> dict:
@@ -49,9 +64,8 @@ def task_rows(spec: RunSpec, num_examples: int | None, input_file: str) -> dict[
     evaluation task or mixture (or `{FILE_TASK: rows}` of `--input_file`)."""
     config, vocabulary = spec.keys, spec.vocabulary
     family = model_family(config.model.kind)
-    if family.continues_prompt and input_file:
-        prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
-        return {FILE_TASK: [{"ids": vocabulary.encode(p), "target_ids": [], "input": p, "target": ""} for p in prompts]}
+    if input_file:
+        return {FILE_TASK: example_rows.file_rows(spec, input_file)}
     n = config.eval.num_examples if num_examples is None else num_examples
     if not family.continues_prompt:
         evaluator = builder.make_evaluator(spec, num_examples=n)
@@ -91,7 +105,8 @@ def new_tokens(spec: RunSpec, task: Any) -> int:
 
 
 class ChunkWriter:
-    """The JSON lines of a chunk of rows in one mode (module docstring)."""
+    """The JSON lines of a chunk of rows in one mode (module docstring); the rows' predictions
+    and scores are `example_rows.RowPredictor`'s, their padding shared by every chunk of `rows`."""
 
     def __init__(
         self,
@@ -103,39 +118,24 @@ class ChunkWriter:
         rows: list[dict],
         new: int,
     ):
-        self.family = model_family(spec.keys.model.kind)
         self.mode, self.new = mode, new
-        lengths = spec.reader.sequence_length
-        if self.family.continues_prompt:
-            self.prompt_width = max([len(r["ids"]) for r in rows] + [1])
-        else:
-            self.prompt_width = lengths[self.family.input_feature]
-        self.target_width = max([len(r["target_ids"]) for r in rows] + [1])
-        self.decoder = predict_fns.Decoder(spec, model, partitioner, chunk_size)
-        self.scorer = predict_fns.scorer(model, partitioner, chunk_size)
+        self.prompt_width = example_rows.prompt_width(spec, rows)
+        self.target_width = example_rows.target_width(rows)
+        self.predictor = example_rows.RowPredictor(spec, model, partitioner, chunk_size)
 
-    def lines(self, params: Any, chunk: list[dict], start: int, total: int, vocabulary: Any) -> list[str]:
+    def lines(self, params: Any, chunk: list[dict], start: int, total: int) -> list[str]:
         """The chunk's rows (indices from `start`) as JSON lines; every process calls it."""
         base = [{"index": start + i, "input": r["input"], "target": r["target"]} for i, r in enumerate(chunk)]
         if self.mode == "score":
-            feats = predict_fns.score_features(
-                self.family,
-                [r["ids"] for r in chunk],
-                [r["target_ids"] for r in chunk],
-                self.prompt_width,
-                self.target_width,
-            )
-            scores = self.scorer(params, feats, start, total)
-            out = [{**b, "score": float(s)} for b, s in zip(base, scores)]
+            scores = self.predictor.score(params, chunk, (self.prompt_width, self.target_width), start, total)
+            out = [{**b, "score": s} for b, s in zip(base, scores)]
         else:
-            prompts = pad_rows([r["ids"] for r in chunk], self.prompt_width)
-            preds, scores = self.decoder(params, prompts, self.new, start, total)
+            preds = self.predictor.predict(params, chunk, self.prompt_width, self.new, start, total)
             out = []
-            for b, pred, s in zip(base, preds, scores):
-                end = pred.index(0) if 0 in pred else len(pred)
-                row = {**b, "prediction": vocabulary.decode(pred[:end]), "prediction_ids": pred[:end]}
+            for b, p in zip(base, preds):
+                row = {**b, "prediction": p["prediction"], "prediction_ids": p["prediction_ids"]}
                 if self.mode == "predict_with_aux":
-                    row["aux"] = {"scores": float(s)}
+                    row["aux"] = {"scores": p["score"]}
                 out.append(row)
         return [json.dumps(r, ensure_ascii=False) for r in out]
 

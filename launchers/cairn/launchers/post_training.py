@@ -59,14 +59,9 @@ def final_evaluation(
     prediction metrics with `eval.decode_metrics`; `record` (e.g. the run's
     `SummaryWriter.scalars`) gets them as task `eval`, `<task>/<metric>` at `step`, like the
     loop's evaluations."""
-    batch = spec.keys.eval.batch_size
-    score = builder.score_fn_factory(model, batch, partitioner=partitioner, log_level=logging.DEBUG)
-    predict = (
-        predict_fns.predict_fn_factory(spec, model, batch, partitioner=partitioner, log_level=logging.DEBUG)(params)
-        if spec.keys.eval.decode_metrics
-        else None
-    )
-    result = evaluator.evaluate(score_fn=score(params), predict_fn=predict, step=step)
+    batch, decode = spec.keys.eval.batch_size, spec.keys.eval.decode_metrics
+    evaluate = builder.params_evaluation(spec, model, partitioner, evaluator, batch, decode, logging.DEBUG)
+    result = evaluate(params, step)
     if record is not None and result.metrics:
         flat = {f"{t}/{k}": float(v) for t, metrics in result.metrics.items() for k, v in metrics.items()}
         record("eval", step, flat)

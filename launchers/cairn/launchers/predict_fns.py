@@ -84,17 +84,20 @@ class Decoder:
 
 
 def score_features(
-    family: Any, prompts: list, targets: list, prompt_width: int = 0, target_width: int = 0
+    family: Any, prompts: list, targets: list, prompt_width: int = 0, target_width: int = 0, start_id: int = 0
 ) -> dict[str, np.ndarray]:
     """The `score_batch` features of (prompt, target) id lists (module docstring), padded to at
-    least `prompt_width` / `target_width` (decoder-only: their sum) so that chunks share a shape."""
+    least `prompt_width` / `target_width` (decoder-only: their sum) so that chunks share a shape;
+    the decoder inputs start with `start_id`, as the run's feature converter starts them
+    (`ReaderSpec.start_id`: 0, T5's, unless a decoder-only config's `prompt_start_id` says
+    otherwise), so a score is the log-likelihood training and eval compute."""
     if not family.continues_prompt:
         enc = _padded(prompts, prompt_width)
         dec = _padded(targets, target_width)
         return {
             "encoder_input_tokens": enc,
             "decoder_target_tokens": dec,
-            "decoder_input_tokens": _shift_right(dec),
+            "decoder_input_tokens": _shift_right(dec, start_id),
             "decoder_loss_weights": (dec > 0).astype(np.int32),
         }
     rows = [list(p) + list(t) for p, t in zip(prompts, targets)]
@@ -102,7 +105,11 @@ def score_features(
     weights = np.zeros_like(seq)
     for i, (p, t) in enumerate(zip(prompts, targets)):
         weights[i, len(p) : len(p) + len(t)] = 1
-    return {"decoder_target_tokens": seq, "decoder_input_tokens": _shift_right(seq), "decoder_loss_weights": weights}
+    return {
+        "decoder_target_tokens": seq,
+        "decoder_input_tokens": _shift_right(seq, start_id),
+        "decoder_loss_weights": weights,
+    }
 
 
 def _padded(rows: list, width: int = 0) -> np.ndarray:
@@ -112,9 +119,9 @@ def _padded(rows: list, width: int = 0) -> np.ndarray:
     return out
 
 
-def _shift_right(x: np.ndarray) -> np.ndarray:
-    """Decoder inputs: the targets shifted right by one, BOS (0) first (the feature converters')."""
-    return np.concatenate([np.zeros((len(x), 1), x.dtype), x[:, :-1]], axis=1)
+def _shift_right(x: np.ndarray, start_id: int = 0) -> np.ndarray:
+    """Decoder inputs: the targets shifted right by one, `start_id` first (the feature converters')."""
+    return np.concatenate([np.full((len(x), 1), start_id, x.dtype), x[:, :-1]], axis=1)
 
 
 def scorer(model: Any, partitioner: Any, batch_size: int, log_level: int = logging.INFO) -> ShardedBatches:

@@ -45,7 +45,7 @@ class UnknownFamilyError(KeyError):
 
 @dataclasses.dataclass(frozen=True)
 class HFConverter:
-    """Hugging Face `transformers` interchange of a family (see `hf_interchange`)."""
+    """Hugging Face `transformers` interchange of a family (see each family package's `hf` module)."""
 
     import_dir: Callable[..., tuple[Any, Any]]  # (directory, **config_overrides) -> (config, params)
     export_dir: Callable[[Any, Any, str], str]  # (params, config, directory) -> directory
