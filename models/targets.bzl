@@ -59,9 +59,10 @@ MODELS_TARGETS = {
         [":core"],
     ),
     "decoder_only": (["decoder_only.py"], [":core", ":t5"]),
-    # The models (loss, scoring, decoding) over the networks, and parameter counts.
+    # The models (loss, scoring, decoding) over the networks, parameter counts, and prompt tuning
+    # (a prompted params tree is one every model reads).
     "model": (
-        ["decoder_only_model.py", "encoder_decoder_model.py", "model_base.py", "params.py"],
+        ["decoder_only_model.py", "encoder_decoder_model.py", "model_base.py", "params.py", "prompt_tuning.py"],
         [":core", ":decoder_only", ":decoding", ":llama", ":t5"],
     ),
     # Hugging Face interchange (safetensors, imported lazily).
