@@ -102,7 +102,7 @@ def test_a_trained_prompt_decodes_as_a_forward_pass_with_its_embeddings_in_front
         k = int((p > 0).sum())
         row = np.concatenate([[0], out[r]])[None].astype(np.int32)  # start, prompt, continuation
         logits = np.asarray(model.apply(prompted, {"decoder_input_tokens": row}))[0]
-        np.testing.assert_array_equal(out[r, k:], logits[k : 7].argmax(-1))
+        np.testing.assert_array_equal(out[r, k:], logits[k:7].argmax(-1))
     with pytest.raises(ValueError, match="needs prefill=True"):
         model.predict_batch(prompted, prompts, DecodeOptions(max_decode_length=7, prefill=False))
 
