@@ -188,8 +188,8 @@ def _train(
         frozen = builder.base_params(spec, trainer, first)
         init = builder.initial_prompt(spec, trainer, frozen)
         pt = spec.prompt_tuning
-        held = "the frozen base; checkpoints hold the prompt"
-        out(f"prompt tuning: a {pt.length}-embedding prompt ({pt.init}) for {source} ({held})")
+        what = f"a {pt.length}-embedding prompt ({pt.init}) for {source}"
+        out(f"prompt tuning: {what} (the frozen base; checkpoints hold the prompt)")
     elif source:
         init = builder.pretrained_params(spec, trainer, first)
         how = "upcycled from " if keys.init.upcycle_from else "from "

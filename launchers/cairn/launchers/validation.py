@@ -345,7 +345,8 @@ def check_prompt_tuning(config: schema.Config, vocabulary: Any) -> Any:
     """The run's `cairn.models.prompt_tuning.PromptTuningConfig` of `model.prompt_tuning.*` (None
     when its length is None): a base to adapt (`LORA_BASES`), no LoRA beside it, unpacked rows
     (one prompt per row), params on the device, `text` tokenized with `vocabulary` into the
-    tokens, ids inside the vocabulary, and the config's own refusals naming
+    tokens, ids inside the vocabulary, `sample_top` cut to the vocabulary's ids below its
+    sentinels (`vocabulary.extra_ids`), and the config's own refusals naming
     `model.prompt_tuning.<field>` (`library_config`)."""
     pt = config.model.prompt_tuning
     if pt.length is None:
@@ -376,7 +377,10 @@ def check_prompt_tuning(config: schema.Config, vocabulary: Any) -> Any:
     bad = [t for t in tokens if not 0 <= t < vocabulary.vocab_size]
     if bad:
         raise ConfigError(f"{key}.tokens", f"ids {bad} are outside the vocabulary's {vocabulary.vocab_size}")
-    return library_config(PromptTuningConfig, pt, key, tokens=tokens)
+    # vocab_sample draws from the vocabulary's own ids: not the sentinels at its top, nor the rows
+    # the model's vocab_size rounds up to.
+    top = min(pt.sample_top, max(vocabulary.vocab_size - config.vocabulary.extra_ids, pt.length + 4))
+    return library_config(PromptTuningConfig, pt, key, tokens=tokens, sample_top=top)
 
 
 def check_data(config: schema.Config, tasks: Mapping[str, Any]) -> None:
