@@ -18,16 +18,7 @@ from cairn.launchers import config_base
 
 def get_config():
     config = config_base.base_config()
-    config.experiment = "shakespeare_t5_prompt_tuning"
-    config_base.shakespeare(config, __file__, "shakespeare_line_completion")
-    config.model.kind = "encoder_decoder"
-    config.model.preset = "t5_1_1_tiny"  # the base's
-    config.init.checkpoint = "runs/shakespeare_t5_tiny"  # the default experiment's model_dir
+    config_base.adapt_default_experiment(config, __file__, "shakespeare_t5_prompt_tuning", steps=600, learning_rate=0.1)
     config.model.prompt_tuning.length = 20
     config.model.prompt_tuning.init = "vocab_sample"
-    config.data.sequence_length = {"inputs": 32, "targets": 32}
-    config.data.batch_size = 32
-    config_base.tiny_run(config, steps=600, learning_rate=0.1)
-    config.eval.num_examples = 64
-    config.post_training.num_samples = 4
     return config

@@ -19,19 +19,7 @@ __version__ = "0.1.0"
 # Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
 # are imported as themselves.
 _SUBMODULES = frozenset(
-    {
-        "chunked_loss",
-        "decoder_only",
-        "decoding",
-        "families",
-        "llama",
-        "lora",
-        "losses",
-        "moe",
-        "pallas_attention",
-        "prompt_tuning",
-        "t5",
-    }
+    "chunked_loss decoder_only decoding families llama lora losses moe pallas_attention prompt_tuning t5".split()
 )
 _DEFINED_IN = {
     "DecodeOptions": "model_base",
