@@ -6,11 +6,11 @@ directory:
     ./bazelw run //launchers:train -- --config=launchers/configs/shakespeare_t5_tiny.py
     ./bazelw run //launchers:train -- --config=launchers/configs/shakespeare_t5_lora.py
 
-Rank-8 adapters of every attention and MLP kernel (1.5 % of the base's parameters) learn to
-complete a line of Shakespeare from its first half (`shakespeare_line_completion`): only they
-train and have optimizer state; checkpoints hold them and `config.json` names the base. Another
-base: `--config.init.checkpoint=PATH` (a model_dir or one of its checkpoints). model_dir:
-runs/shakespeare_t5_lora.
+Rank-8 adapters of every attention and MLP kernel (86k parameters, 6.4 % of the base's 1.35 M)
+learn to complete a line of Shakespeare from its first half (`shakespeare_line_completion`):
+only they train and have optimizer state; checkpoints hold them and `config.json` names the
+base. Another base: `--config.init.checkpoint=PATH` (a model_dir or one of its checkpoints).
+model_dir: runs/shakespeare_t5_lora.
 """
 
 from cairn.launchers import config_base
