@@ -61,9 +61,10 @@ MODELS_TARGETS = {
         ],
         [":core"],
     ),
-    # The models (loss, scoring, decoding) over the networks, and parameter counts.
+    # The models (loss, scoring, decoding) over the networks, parameter counts, and prompt tuning
+    # (a prompted params tree is one every model reads).
     "model": (
-        ["decoder_only_model.py", "model_base.py", "params.py", "t5/model.py"],
+        ["decoder_only_model.py", "model_base.py", "params.py", "prompt_tuning.py", "t5/model.py"],
         [":core", ":decoding", ":gpt", ":llama", ":t5"],
     ),
     # Hugging Face interchange (safetensors, imported lazily).

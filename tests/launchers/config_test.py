@@ -33,6 +33,8 @@ def test_every_experiment_file_is_listed_here():
         "llama_1b_pretrain.py",  # tests/launchers/llama_launch_test.py
         "shakespeare_moe_tiny.py",  # tests/launchers/moe_launch_test.py
         "moe_1b_pretrain.py",  # tests/launchers/moe_launch_test.py
+        "shakespeare_t5_lora.py",  # below
+        "shakespeare_t5_prompt_tuning.py",  # below
     }
 
 
@@ -79,6 +81,27 @@ def test_shakespeare_configs_validate_fully(name, tmp_path):
     assert ready.mesh == {"data": 8, "fsdp": 1, "model": 1}
     assert spec.model.vocab_size == 2176  # 2100 rounded up to 128
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["shakespeare_t5_lora.py", "shakespeare_t5_prompt_tuning.py"])
+def test_adaptation_configs_name_their_base_and_need_it(name, tmp_path):
+    """The adaptation experiments read the default experiment's model_dir (runs/shakespeare_t5_tiny
+    where the command runs) as their frozen base: missing, it is named; given, the spec adapts it
+    on line completion (vocab_sample drawing below the sentinels)."""
+    config = load(name)
+    config.model_dir = str(tmp_path / "run")
+    assert config.init.checkpoint.endswith("runs/shakespeare_t5_tiny")
+    config.init.checkpoint = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="init.checkpoint"):
+        launch_util.spec(config)
+    config.init.checkpoint = str(tmp_path)
+    spec = launch_util.spec(config)
+    assert spec.keys.data.task == "shakespeare_line_completion"
+    if "lora" in name:
+        assert spec.lora is not None and spec.lora.rank == 8 and spec.prompt_tuning is None
+    else:
+        assert spec.lora is None and spec.prompt_tuning is not None and spec.prompt_tuning.length == 20
+        assert spec.prompt_tuning.sample_top == 2000  # 2100 ids, 100 of them sentinels
 
 
 def test_relative_paths_resolve_against_build_working_directory(tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 rest trains (Adafactor factored by logical axes, a group at half the learning rate); a pattern
 that matches no parameter, or a bad group entry, exits 2 with one line naming it. Plus the
 config -> OptimizerConfig mapping in-process. LoRA (`model.lora.*`) likewise: a run trains only
-adapters of its base, eval reads them merged, and a bad LoRA config exits 2 naming the key.
+adapters of its base, eval reads them merged, and a bad LoRA config exits 2 naming the key; prompt
+tuning (`model.prompt_tuning.*`) the same way.
 
 The child processes run on 2 CPU devices (`launch_util.devices`): the optimizer groups need
 no mesh of 8, and a training child on 2 devices costs about half the CPU of one on 8. They are
@@ -204,6 +205,68 @@ def test_bad_lora_configs_exit_2_naming_the_key(train, tmp_path, standard, texts
             "LoRA target 'nowhere' matches no parameter",
         ),
         ((*based, "--config.trainer.offload_params=true"), "trainer.offload_params", "not supported with LoRA"),
+    ]
+    for i, (extra, key, message) in enumerate(cases):
+        proc = train(small(tmp_path / str(i), cache_dir, *extra), env=env)
+        line = one_line_error(proc)
+        assert key in line and message in line, line
+        assert not (tmp_path / str(i)).exists()
+
+
+def test_a_prompt_tuning_run_trains_only_a_prompt_for_its_base(train, tmp_path, standard, texts, cache_dir):
+    """Prompt tuning (`model.prompt_tuning.length`) on the standard checkpointed run's T5, its
+    prompt started from a text's tokens: the checkpoint holds the prompt alone (trained away from
+    those tokens' embeddings) and its config names the base; eval reads the base with the prompt
+    beside its embedding table (`checkpoint_params.params_layout`), the base's weights unchanged."""
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    start, run = standard.run(standard_runs.CHECKPOINTED), tmp_path / "prompt"
+    prompt = (
+        "--config.model.prompt_tuning.length=6",
+        "--config.model.prompt_tuning.init=tokens",
+        "--config.model.prompt_tuning.text=Hamlet, Prince of Denmark",
+        "--config.optimizer.learning_rate=0.3",
+    )
+    proc = train(small(run, cache_dir, f"--config.init.checkpoint={start}", *prompt), env=env)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "trained to step 2" in proc.stdout and "a 6-embedding prompt (tokens) for" in proc.stdout
+    stored = checkpoint_params(run, 2)
+    assert list(stored) == ["token_embedder/prompt"] and stored["token_embedder/prompt"].shape[0] == 6
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["init"]["checkpoint"] == str(start) and saved["model"]["prompt_tuning"]["length"] == 6
+
+    import jax
+
+    from cairn.launchers import builder, config_io, run_spec
+    from cairn.launchers import checkpoint_params as ckpt_params
+    from cairn.trainer.param_groups import param_paths
+
+    spec = launch_util.spec(config_io.load_saved_config(str(run / "config.json")))
+    assert spec.prompt_tuning is not None and spec.prompt_tuning.init == "tokens"
+    ids = spec.vocabulary.encode("Hamlet, Prince of Denmark")
+    bound = run_spec.bind(spec, jax.devices(), train=False)
+    layout = ckpt_params.params_layout(spec, builder.load_model(spec), bound.partitioner)
+    step, merged = ckpt_params.load_params(layout, str(run))
+    base = checkpoint_params(start, standard_runs.CHECKPOINTED_STEPS)
+    flat = dict(zip(param_paths(merged), jax.tree.leaves(merged)))
+    assert step == 2 and sorted(flat) == sorted([*base, "token_embedder/prompt"])
+    assert all(np.array_equal(flat[p], base[p]) for p in base)  # the base is as it was
+    table = base["token_embedder/embedding"]
+    started = table[list(ids)[:6]]  # the prompt started as the text's embeddings, then trained
+    assert not np.allclose(flat["token_embedder/prompt"][: len(started)], started)
+
+
+def test_bad_prompt_tuning_configs_exit_2_naming_the_key(train, tmp_path, standard, texts, cache_dir):
+    env = {"CAIRN_SHAKESPEARE_DIR": texts}
+    base = f"--config.init.checkpoint={standard.run(standard_runs.CHECKPOINTED)}"
+    length = "--config.model.prompt_tuning.length=4"
+    cases = [
+        (("--config.model.prompt_tuning.length=0", base), "model.prompt_tuning.length", ">= 1"),
+        ((length, base, "--config.model.prompt_tuning.init=labels"), "model.prompt_tuning.init", "unknown value"),
+        ((length,), "model.prompt_tuning.length", "prompt tuning adapts a base model; set one of init.checkpoint"),
+        ((length, base, "--config.model.lora.rank=4"), "model.prompt_tuning.length", "cannot be combined with LoRA"),
+        ((length, base, "--config.data.pack=true"), "data.pack", "not supported with prompt tuning"),
+        ((length, base, "--config.model.prompt_tuning.init=tokens"), "model.prompt_tuning.tokens", "must hold token"),
+        ((length, base, "--config.model.prompt_tuning.text=To be"), "model.prompt_tuning.text", "init='tokens' only"),
     ]
     for i, (extra, key, message) in enumerate(cases):
         proc = train(small(tmp_path / str(i), cache_dir, *extra), env=env)

@@ -50,6 +50,14 @@ HAND_WRITTEN = {
             "dropout": 0.0,
             "targets": [r"attention/(query|key|value|out)(/kernel)?$", r"mlp/(wi|wi_\d+|wo)(/kernel)?$"],
         },
+        "prompt_tuning": {
+            "length": None,
+            "init": "vocab_sample",
+            "tokens": [],
+            "text": "",
+            "sample_top": 5000,
+            "uniform_scale": 0.5,
+        },
     },
     "vocabulary": {"kind": "sentencepiece", "path": "", "extra_ids": 100},
     "data": {
@@ -129,6 +137,7 @@ PLACEHOLDERS = {
     ("multihost", "process_id"): int,
     ("model.moe", "expert_mlp_dim"): int,
     ("model.lora", "rank"): int,
+    ("model.prompt_tuning", "length"): int,
 }
 
 
@@ -200,8 +209,13 @@ def _library_value(owner):
 
 
 # Keys whose 0 (None) the spec resolves into another value of the field: dense MLPs (no MoeConfig), the
-# targets length, no LoRA (no LoraConfig).
-RESOLVED_BY_THE_SPEC = ("model.moe.num_experts", "post_training.max_decode_length", "model.lora.rank")
+# targets length, no LoRA (no LoraConfig), no prompt tuning (no PromptTuningConfig).
+RESOLVED_BY_THE_SPEC = (
+    "model.moe.num_experts",
+    "post_training.max_decode_length",
+    "model.lora.rank",
+    "model.prompt_tuning.length",
+)
 
 
 def test_keys_a_library_owns_have_its_defaults_and_choices():

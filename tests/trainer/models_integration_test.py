@@ -120,3 +120,30 @@ def test_lora_trains_only_the_adapters_and_resumes_with_its_base(tmp_path):
     _, resumed = run(8)
     assert resumed.step == 8
     jax.tree.map(np.testing.assert_array_equal, resumed.state.frozen, base)
+
+
+def test_prompt_tuning_trains_only_the_prompt(tmp_path):
+    """A prompt-tuning run (`cairn.models.PromptTuningModel`) on the GPT-style decoder: the
+    params and optimizer state are the prompt's alone, the base never moves, the checkpoint holds
+    the prompt only, and the prompted loss on the (repeating) batches falls."""
+    base_model = models.DecoderOnlyModel(models.get_preset("decoder_only_tiny", vocab_size=64))
+    model = models.PromptTuningModel(base_model, models.PromptTuningConfig(length=4))
+    base = jax.jit(base_model.init)(jax.random.PRNGKey(0))
+    init = model.initial_params(jax.random.PRNGKey(1), base)  # sampled vocabulary rows
+    cfg = TrainerConfig(model_dir=str(tmp_path), num_train_steps=8, log_every=4, tensorboard=False)
+    trainer = Trainer(model, OptimizerConfig(name="adamw"), 3e-2, make_partitioner(4, 2), cfg)
+    result = trainer.train(_lm_batches(), init_params=init, frozen_params=base)
+    state = result.state
+    assert jax.tree.structure(state.params) == jax.tree.structure(init)
+    opt_sizes = [x.size for x in jax.tree.leaves(state.opt_state)]
+    assert sum(opt_sizes) - opt_sizes.count(1) == 2 * 4 * base["token_embedder"]["embedding"].shape[1]
+    jax.tree.map(np.testing.assert_array_equal, state.frozen, base)
+    loss_fn = jax.jit(base_model.loss_fn)
+    merged = trainer.eval_params(state)
+    assert merged["token_embedder"]["prompt"].shape == (4, base["token_embedder"]["embedding"].shape[1])
+    losses = [float(loss_fn(p, next(_lm_batches()))[0]) for p in (model.merged(init, base), merged)]
+    assert losses[1] < losses[0] - 0.1, losses
+    stored = stored_params(str(tmp_path))
+    assert [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(stored)[0]] == [
+        "['token_embedder']['prompt']"
+    ]

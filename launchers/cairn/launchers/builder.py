@@ -54,12 +54,20 @@ def load_model(spec: RunSpec) -> Any:
 
 def trainable_model(spec: RunSpec, model: Any) -> Any:
     """What the trainer trains: `model`, or with `model.lora.rank` set (`spec.lora`) a
-    `cairn.models.lora.LoraModel` over it (its params the adapters, `model`'s the frozen base)."""
-    if spec.lora is None:
-        return model
-    from cairn.models.lora import LoraModel
+    `cairn.models.lora.LoraModel` over it (its params the adapters, `model`'s the frozen base),
+    or with `model.prompt_tuning.length` set a `cairn.models.prompt_tuning.PromptTuningModel`
+    (its params the prompt)."""
+    trainable: Any
+    if spec.prompt_tuning is not None:
+        from cairn.models.prompt_tuning import PromptTuningModel
 
-    trainable = LoraModel(model, spec.lora)
+        trainable = PromptTuningModel(model, spec.prompt_tuning)
+    elif spec.lora is not None:
+        from cairn.models.lora import LoraModel
+
+        trainable = LoraModel(model, spec.lora)
+    else:
+        return model
     trainable.flops_per_token = getattr(model, "flops_per_token", None)  # MFU: the forward and backward it runs
     return trainable
 
@@ -278,19 +286,34 @@ def init_source(spec: RunSpec) -> str:
 def pretrained_params(spec: RunSpec, trainer: Any, first_batch: Any) -> Any:
     """Params to start from (`init.checkpoint` via `restore_params`, `init.hf_checkpoint` via
     `import_hf`, `init.t5x_checkpoint` via `import_t5x`, `init.upcycle_from` via
-    `upcycled_params`), sharded as the trainer wants; None without any, and for a LoRA run
-    (its adapters start fresh: the source is its base, `base_params`)."""
-    if not init_source(spec) or spec.lora is not None:
+    `upcycled_params`), sharded as the trainer wants; None without any, and for a LoRA or
+    prompt-tuning run (the source is its base, `base_params`; its own params: `initial_prompt`)."""
+    if not init_source(spec) or adapts_a_base(spec):
         return None
     return _source_params(spec, trainer, trainer.setup(first_batch).params)
 
 
+def adapts_a_base(spec: RunSpec) -> bool:
+    """Whether the run trains something over a frozen base (LoRA, prompt tuning)."""
+    return spec.lora is not None or spec.prompt_tuning is not None
+
+
 def base_params(spec: RunSpec, trainer: Any, first_batch: Any) -> Any:
-    """A LoRA run's frozen base: the `init.*` source's params, sharded as the trainer's frozen
-    tree; None for a run without LoRA."""
-    if spec.lora is None:
+    """A LoRA or prompt-tuning run's frozen base: the `init.*` source's params, sharded as the
+    trainer's frozen tree; None for a run without a frozen base."""
+    if not adapts_a_base(spec):
         return None
     return _source_params(spec, trainer, trainer.setup(first_batch).frozen)
+
+
+def initial_prompt(spec: RunSpec, trainer: Any, base: Any) -> Any:
+    """A prompt-tuning run's first prompt (`PromptTuningModel.initial_params`: the configured init
+    from the base's embedding table), drawn from the run's init key (`fold_in(seed, 0)`, the
+    trainer's); None for another run."""
+    if spec.prompt_tuning is None:
+        return None
+    rng = jax.random.fold_in(jax.random.PRNGKey(spec.keys.seed), 0)
+    return jax.jit(trainer.model.initial_params)(rng, base)
 
 
 def _source_params(spec: RunSpec, trainer: Any, abstract: Any) -> Any:

@@ -67,14 +67,14 @@ class ParamsLayout:
 
 def params_layout(spec: RunSpec, model: Any, partitioner: Any) -> ParamsLayout:
     """The `ParamsLayout` of the spec's checkpoints for `model` (the spec's network; with
-    `model.lora.rank`, `builder.trainable_model`'s adapters over it, whose base, the config's
-    `init.*` source, is read here, once)."""
+    `model.lora.rank` or `model.prompt_tuning.length`, `builder.trainable_model`'s adapters or
+    prompt over it, whose base, the config's `init.*` source, is read here, once)."""
     trainer = builder.make_trainer(spec, builder.trainable_model(spec, model), partitioner)
     # One row per data-parallel shard: the params' layout does not depend on the batch.
     rows = partitioner.batch_parts() // partitioner.data_layout().num_shards
     batch = zero_batch(spec, rows)
     state = trainer.setup(batch)
-    if spec.lora is None:
+    if not builder.adapts_a_base(spec):
         return ParamsLayout(state.params, lambda params: params, trainer)
     base = builder.base_params(spec, trainer, batch)
     return ParamsLayout(

@@ -85,6 +85,30 @@ def tiny_run(config: ml_collections.ConfigDict, steps: int, learning_rate: float
     config.trainer.eval_every = 0
 
 
+# The default experiment's model_dir (launchers/configs/shakespeare_t5_tiny.py, run where the
+# command runs): the frozen base of the adaptation experiments.
+DEFAULT_EXPERIMENT_DIR = "runs/shakespeare_t5_tiny"
+
+
+def adapt_default_experiment(
+    config: ml_collections.ConfigDict, config_file: str, experiment: str, steps: int, learning_rate: float
+) -> None:
+    """An adaptation experiment (LoRA, prompt tuning) of the default experiment's checkpoint
+    (`init.checkpoint` = `DEFAULT_EXPERIMENT_DIR`; another with `--config.init.checkpoint`) on
+    Shakespeare line completion: its model (tiny T5.1.1), lengths for lines, a `tiny_run` of
+    `steps` at `learning_rate`, the final evaluation and four samples."""
+    config.experiment = experiment
+    shakespeare(config, config_file, "shakespeare_line_completion")
+    config.model.kind = "encoder_decoder"
+    config.model.preset = "t5_1_1_tiny"
+    config.init.checkpoint = DEFAULT_EXPERIMENT_DIR
+    config.data.sequence_length = {"inputs": 32, "targets": 32}
+    config.data.batch_size = 32
+    tiny_run(config, steps=steps, learning_rate=learning_rate)
+    config.eval.num_examples = 64
+    config.post_training.num_samples = 4
+
+
 def pretrain(
     config: ml_collections.ConfigDict, preset: str, kind: str, task: str, lengths: dict, batch_size: int, steps: int
 ) -> None:

@@ -5,7 +5,8 @@ across the one edge into plain values (`config_io.to_plain`), checks it against 
 resolves it into a frozen `RunSpec` whose sections are the libraries' own dataclasses: the
 network config (preset, overrides, `model.*` keys and `model.moe`, vocab size), the
 `OptimizerConfig`, the learning-rate schedule, the `TrainerConfig` (with its `CheckpointConfig`),
-the `DecodeOptions`, the `LoraConfig` of `model.lora.*` (None without LoRA), and the launchers'
+the `DecodeOptions`, the `LoraConfig` of `model.lora.*` (None without LoRA), the
+`PromptTuningConfig` of `model.prompt_tuning.*` (None without prompt tuning), and the launchers'
 `ReaderSpec` and `MeshSpec`. Each is built, and so checked, once. `keys` holds every key typed
 (`schema.typed`); `plain` and `stored` the config's JSON forms (in checkpoints and the
 same-config check; `config.json` and the config hash).
@@ -31,6 +32,7 @@ from cairn.launchers.validation import ConfigError
 if TYPE_CHECKING:  # the library dataclasses, imported when built (after the schema has passed)
     from cairn.models import DecodeOptions
     from cairn.models.lora import LoraConfig
+    from cairn.models.prompt_tuning import PromptTuningConfig
     from cairn.trainer import CheckpointConfig, OptimizerConfig, TrainerConfig
 
 
@@ -127,6 +129,7 @@ class RunSpec:
     lora: LoraConfig | None
     reader: ReaderSpec
     mesh: MeshSpec
+    prompt_tuning: PromptTuningConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,13 +156,14 @@ def load(config: ml_collections.ConfigDict) -> RunSpec:
 
 def resolve(plain: Mapping[str, Any], keys: schema.Config) -> RunSpec:
     """The `RunSpec` of a config whose schema passed (`checked_keys`): the model, the paths, the
-    vocabulary, LoRA, the optimizer and schedule checked, each once (`ConfigError` naming the key)."""
+    vocabulary, LoRA, prompt tuning, the optimizer and schedule checked, each once (`ConfigError` naming the key)."""
     preset = validation.check_model(keys)
     mesh = MeshSpec.of(keys)
     validation.check_expert_axis(mesh.axes, preset)  # a given expert axis (-1: `resolve_mesh` checks it)
     validation.check_paths(keys)
     lora = validation.check_lora(keys)  # its targets against the params: `optimizer_setup.check_param_patterns`
     vocabulary = data_lib.make_vocabulary(keys)
+    prompt_tuning = validation.check_prompt_tuning(keys, vocabulary)
     model = network_config(keys, preset, vocabulary)
     reader = ReaderSpec.of(keys, model)
     trainer, checkpoint = trainer_config(keys)
@@ -177,6 +181,7 @@ def resolve(plain: Mapping[str, Any], keys: schema.Config) -> RunSpec:
         lora=lora,
         reader=reader,
         mesh=mesh,
+        prompt_tuning=prompt_tuning,
     )
 
 
@@ -239,6 +244,7 @@ LIBRARY_SECTIONS = {
     "model.moe": "cairn.models.moe_config:MoeConfig",
     "post_training": "cairn.models:DecodeOptions",
     "model.lora": "cairn.models.lora:LoraConfig",
+    "model.prompt_tuning": "cairn.models.prompt_tuning:PromptTuningConfig",
 }
 
 

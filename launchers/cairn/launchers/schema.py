@@ -76,6 +76,26 @@ class Lora:
     )  # fmt: skip
 
 
+# The `model.prompt_tuning` section: `PromptTuningConfig`'s fields as launcher keys, and `text`
+# (length None: no prompt tuning).
+@dataclasses.dataclass(frozen=True)
+class PromptTuning:
+    length: int | None = knob(
+        None, "prompt tuning: train a prompt of this many embeddings in front of the encoder (T5) or decoder "
+        "input; the init.* checkpoint is the frozen base (None: off)", min=1,
+    )  # fmt: skip
+    init: str = knob(
+        "vocab_sample",
+        "the prompt's start: vocab_sample (embeddings of seeded frequent ids), tokens (of tokens or text), "
+        "random_uniform",
+        choices=library("cairn.models.prompt_tuning", "INITS"),
+    )
+    tokens: tuple[int, ...] = knob((), "init=tokens: token ids whose embeddings start the prompt (the rest sampled)")
+    text: str = knob("", "init=tokens: a text tokenized with the run's vocabulary, in place of tokens")
+    sample_top: int = knob(5000, "vocab_sample: ids are drawn from the first sample_top (the most frequent)", min=4)
+    uniform_scale: float = knob(0.5, "random_uniform: values in [-scale, scale] (> 0)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
     kind: str = knob("encoder_decoder", "a cairn.models model family", choices=MODEL_KINDS)
@@ -95,6 +115,9 @@ class Model:
     )
     moe: Moe = section(Moe, "mixture of experts: routed MLPs (num_experts > 0), any family")
     lora: Lora = section(Lora, "LoRA adapters (rank set): only they train, against the frozen init.* base")
+    prompt_tuning: PromptTuning = section(
+        PromptTuning, "prompt tuning (length set): only a prompt trains, against the frozen init.* base"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

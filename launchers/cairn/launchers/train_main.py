@@ -152,7 +152,7 @@ def _train(
         multihost.stop_together(error, "comparing model_dir's config.json")
         reader = data_lib.make_train_data(spec.reader, partitioner, tasks)  # data errors: nothing written yet
     model = builder.load_model(spec)
-    trainable = builder.trainable_model(spec, model)  # the model, or LoRA adapters over it
+    trainable = builder.trainable_model(spec, model)  # the model, or LoRA adapters or a prompt over it
     first = _peek(reader)
     if dry_run:  # the plan, then stop: no lock, nothing written
         trainer = builder.make_trainer(spec, trainable, partitioner)
@@ -184,6 +184,12 @@ def _train(
     if source and spec.lora is not None:
         frozen = builder.base_params(spec, trainer, first)
         out(f"LoRA rank {spec.lora.rank} adapters of {source} (the frozen base; checkpoints hold the adapters)")
+    elif source and spec.prompt_tuning is not None:
+        frozen = builder.base_params(spec, trainer, first)
+        init = builder.initial_prompt(spec, trainer, frozen)
+        pt = spec.prompt_tuning
+        what = f"a {pt.length}-embedding prompt ({pt.init}) for {source}"
+        out(f"prompt tuning: {what} (the frozen base; checkpoints hold the prompt)")
     elif source:
         init = builder.pretrained_params(spec, trainer, first)
         how = "upcycled from " if keys.init.upcycle_from else "from "
@@ -207,7 +213,7 @@ def _train(
             post = post_training.run(
                 spec,
                 model,
-                trainer.eval_params(result.state),  # on the device; a LoRA run's adapters folded in
+                trainer.eval_params(result.state),  # on the device; a LoRA run's adapters folded in, a prompt put in
                 evaluator,
                 result.step,
                 partitioner,

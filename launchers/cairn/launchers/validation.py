@@ -341,6 +341,48 @@ def check_lora(config: schema.Config) -> Any:
     return library_config(LoraConfig, lora, "model.lora", fallback="model.lora.targets")
 
 
+def check_prompt_tuning(config: schema.Config, vocabulary: Any) -> Any:
+    """The run's `cairn.models.prompt_tuning.PromptTuningConfig` of `model.prompt_tuning.*` (None
+    when its length is None): a base to adapt (`LORA_BASES`), no LoRA beside it, unpacked rows
+    (one prompt per row), params on the device, `text` tokenized with `vocabulary` into the
+    tokens, ids inside the vocabulary, `sample_top` cut to the vocabulary's ids below its
+    sentinels (`vocabulary.extra_ids`), and the config's own refusals naming
+    `model.prompt_tuning.<field>` (`library_config`)."""
+    pt = config.model.prompt_tuning
+    if pt.length is None:
+        return None
+    from cairn.models.prompt_tuning import PromptTuningConfig
+
+    key = "model.prompt_tuning"
+    if not any(getattr(config.init, k.split(".")[1]) for k in LORA_BASES):
+        raise ConfigError(
+            f"{key}.length", f"{pt.length}: prompt tuning adapts a base model; set one of {', '.join(LORA_BASES)}"
+        )
+    if config.model.lora.rank is not None:
+        raise ConfigError(f"{key}.length", "cannot be combined with LoRA (model.lora.rank): train one of them")
+    if config.data.pack:
+        why = "is not supported with prompt tuning: one prompt per row cannot precede each packed example"
+        raise ConfigError("data.pack", why)
+    if config.trainer.offload_params:
+        raise ConfigError("trainer.offload_params", f"is not supported with prompt tuning ({key}.length)")
+    tokens = tuple(pt.tokens)
+    if pt.text:
+        if tokens:
+            raise ConfigError(f"{key}.text", "give the prompt's start as tokens or as text, not both")
+        if pt.init != "tokens":
+            raise ConfigError(f"{key}.text", f"is used by init='tokens' only (init is {pt.init!r})")
+        tokens = tuple(int(t) for t in vocabulary.encode(pt.text))[: pt.length]
+        if not tokens:
+            raise ConfigError(f"{key}.text", f"{pt.text!r} has no tokens in the vocabulary")
+    bad = [t for t in tokens if not 0 <= t < vocabulary.vocab_size]
+    if bad:
+        raise ConfigError(f"{key}.tokens", f"ids {bad} are outside the vocabulary's {vocabulary.vocab_size}")
+    # vocab_sample draws from the vocabulary's own ids: not the sentinels at its top, nor the rows
+    # the model's vocab_size rounds up to.
+    top = min(pt.sample_top, max(vocabulary.vocab_size - config.vocabulary.extra_ids, pt.length + 4))
+    return library_config(PromptTuningConfig, pt, key, tokens=tokens, sample_top=top)
+
+
 def check_data(config: schema.Config, tasks: Mapping[str, Any]) -> None:
     """Sequence lengths against every task's output features and preprocessors.
 

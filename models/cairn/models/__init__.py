@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
 # are imported as themselves.
 _SUBMODULES = frozenset(
-    {"chunked_loss", "decoding", "families", "gpt", "llama", "lora", "losses", "moe", "pallas_attention", "t5"}
+    "chunked_loss decoding families gpt llama lora losses moe pallas_attention prompt_tuning t5".split()
 )
 _DEFINED_IN = {
     "DecodeOptions": "model_base",
@@ -35,6 +35,8 @@ _DEFINED_IN = {
     "ModelFamily": "families",
     "MoeConfig": "moe_config",
     "PRESETS": "families",
+    "PromptTuningConfig": "prompt_tuning",
+    "PromptTuningModel": "prompt_tuning",
     "T5Config": "t5.config",
     "TransformerConfig": "transformer_config",
     "UnknownFamilyError": "families",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
         losses,
         moe,
         pallas_attention,
+        prompt_tuning,
         t5,
     )
     from cairn.models.decoder_only_model import DecoderOnlyModel
@@ -84,6 +87,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from cairn.models.moe_config import MoeConfig
     from cairn.models.moe_upcycle import UpcycleError, upcycle
     from cairn.models.params import count_params, logical_axes
+    from cairn.models.prompt_tuning import PromptTuningConfig, PromptTuningModel
     from cairn.models.t5.config import T5Config
     from cairn.models.t5.hf import export_hf, import_hf
     from cairn.models.t5.model import EncoderDecoderModel
@@ -103,6 +107,8 @@ __all__ = [
     "ModelFamily",
     "MoeConfig",
     "PRESETS",
+    "PromptTuningConfig",
+    "PromptTuningModel",
     "T5Config",
     "TransformerConfig",
     "UnknownFamilyError",
@@ -124,6 +130,7 @@ __all__ = [
     "losses",
     "moe",
     "pallas_attention",
+    "prompt_tuning",
     "register_family",
     "t5",
     "training_flops_per_step",

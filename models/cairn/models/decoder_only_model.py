@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from cairn.models import prompt_tuning
 from cairn.models.decoding.beam_search import repeat_rows
 from cairn.models.decoding.loop import with_first_logits
 from cairn.models.decoding.prompts import left_align, prepend_prompts
@@ -66,7 +67,8 @@ class DecoderOnlyModel(ModelBase):
         the cache (bidirectionally over each prompt if `options.prefix_lm`), then the loop
         decodes step by step; otherwise the prompt is forced token by token (causally).
 
-        The config's `prompt_start_id` goes in front of every prompt (0 by default, T5's
+        Prompted params (`cairn.models.prompt_tuning`) put the learned prompt in front of all
+        (prefill only). The config's `prompt_start_id` goes in front of every prompt (0 by default, T5's
         decoder start; an imported checkpoint's BOS); None puts nothing there, for prompts
         that begin with their own start token (then `prefill` is required).
         """
@@ -78,9 +80,14 @@ class DecoderOnlyModel(ModelBase):
                 "token starts it); use prefill=True"
             )
         prompts = jnp.asarray(prompts, jnp.int32)[:, : options.max_decode_length]
+        n_prompt = prompt_tuning.prompt_length(params)
+        if n_prompt and not options.prefill:
+            raise ValueError("predict_batch with a prompt-tuned prompt needs prefill=True (the prompt is prefilled)")
         if not options.prefill:
             return self._predict_forced(params, prompts, options, rng)
         tokens, segments, lengths = left_align(prompts, start)
+        if n_prompt:  # the learned prompt just before the start token (as in training)
+            tokens, segments = prompt_tuning.prepend_to_aligned(tokens, segments, self.config.vocab_size, n_prompt)
         b, n = prompts.shape[0], options.rows_per_example
         prefix = segments if options.prefix_lm else None
         total = tokens.shape[1] + options.max_decode_length - 1  # the prefill and at most L - 1 fed tokens

@@ -65,9 +65,15 @@ class RMSNorm(nn.Module):
         return (y * scale.astype(jnp.float32)).astype(self.dtype)
 
 
+# A prompt-tuned embedding's prompt (`cairn.models.prompt_tuning`): a parameter `[n, embed]` of this
+# name beside an `Embed`'s table makes the ids `num_embeddings + i` look up its row `i`.
+PROMPT = "prompt"
+
+
 class Embed(nn.Module):
     """A token embedding table `[vocab, embed]` (stored as `param_dtype`) that can also produce
-    logits (`attend`)."""
+    logits (`attend`). With a `PROMPT` parameter beside the table (a prompted params tree), ids
+    past the table are the prompt's positions."""
 
     num_embeddings: int
     features: int
@@ -84,7 +90,16 @@ class Embed(nn.Module):
         )
 
     def __call__(self, ids):
-        return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
+        table = jnp.asarray(self.embedding, self.dtype)
+        if not self.has_variable("params", PROMPT):
+            return jnp.take(table, ids, axis=0)
+        # A prompted params tree (`cairn.models.prompt_tuning`): ids from `num_embeddings` on are
+        # the prompt's positions, looked up in the prompt.
+        prompt = jnp.asarray(self.get_variable("params", PROMPT), self.dtype)
+        virtual = ids >= self.num_embeddings
+        x = jnp.take(table, jnp.where(virtual, 0, ids), axis=0)
+        p = jnp.take(prompt, jnp.clip(ids - self.num_embeddings, 0, prompt.shape[0] - 1), axis=0)
+        return jnp.where(virtual[..., None], p, x)
 
     def table(self):
         """The table `[vocab, embed]` cast to `dtype` (a tied output projection)."""

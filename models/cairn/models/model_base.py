@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cairn.models import decoding
+from cairn.models import decoding, prompt_tuning
 from cairn.models.argmax import argmax_last
 from cairn.models.chunked_loss import Unembedding, chunked_cross_entropy, chunked_token_log_probs
 from cairn.models.losses import LossNormalizingFactor, normalizing_weights, weighted_cross_entropy
@@ -220,6 +220,7 @@ class ModelBase:
     """
 
     module: nn.Module
+    prompts_encoder = False  # where a prompt-tuned prompt goes: the encoder input (T5), else the decoder's
 
     def __init__(
         self,
@@ -258,7 +259,25 @@ class ModelBase:
         """`(logits, moe)`: the logits and what routed MLPs sowed (the `moe` collection; {} for
         a dense model: see `cairn.models.moe`). `return_hidden`: a `chunked_loss.Unembedding`
         (hidden states and output projection) in place of the logits. `collections`: more
-        variable collections for the network (`layers.LORA`: LoRA adapters)."""
+        variable collections for the network (`layers.LORA`: LoRA adapters). Prompted params
+        (`cairn.models.prompt_tuning`): the prompt goes in front of each row, and the outputs
+        are the rows' own positions (the prompt's are dropped)."""
+        n = prompt_tuning.prompt_length(params)
+        if n:
+            batch = prompt_tuning.prompt_batch(batch, self.config.vocab_size, n, self.prompts_encoder)
+        out, aux = self._apply_with_aux(params, batch, dropout_rng, return_hidden, collections)
+        if n and not self.prompts_encoder:  # the decoder's outputs at the prompt positions
+            out = dataclasses.replace(out, hidden=out.hidden[:, n:]) if return_hidden else out[:, n:]
+        return out, aux
+
+    def _apply_with_aux(
+        self,
+        params: Any,
+        batch: Batch,
+        dropout_rng: jax.Array | None,
+        return_hidden: bool,
+        collections: Mapping[str, Any] | None,
+    ) -> tuple[Any, dict[str, Any]]:
         args, kwargs = self.call_args(batch)
         if return_hidden:
             kwargs = {**kwargs, "return_hidden": True}

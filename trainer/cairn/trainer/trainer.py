@@ -342,13 +342,18 @@ class Trainer:
     def eval_params(self, state: TrainState) -> Any:
         """The params evaluation and decoding use, on the device (`params_on_device`):
         `state.params`, or for a state with a frozen tree the model's `merged(params, frozen)`
-        (jitted; sharded as the frozen tree)."""
+        (jitted; sharded as the frozen tree, or as the model's `merged_shardings(params
+        shardings, frozen shardings)` when it has one)."""
         params = params_on_device(state.params)
         if state.frozen is None:
             return params
         if getattr(self, "_merge", None) is None:
             sh = self.state_shardings
-            self._merge = self.partitioner.partition(self.model.merged, out_shardings=sh.frozen)
+            # A model whose merged tree is not shaped like its frozen one (prompt tuning adds
+            # the prompt) says how to lay it out.
+            layout = getattr(self.model, "merged_shardings", None)
+            out = sh.frozen if layout is None else layout(sh.params, sh.frozen)
+            self._merge = self.partitioner.partition(self.model.merged, out_shardings=out)
         return self._merge(params, state.frozen)
 
     def _log_memory(self) -> None:

