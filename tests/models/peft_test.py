@@ -4,6 +4,7 @@ the same base, and an adapter saved by peft imports onto the base, with logits e
 for Llama and Mixtral (scanned; experts per expert and fused) and T5; what Cairn does not
 compute is refused, naming the field."""
 
+import functools
 import json
 import shutil
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from cairn.models import DecoderOnlyModel, EncoderDecoderModel, LoraConfig, LoraModel, export_hf
+from cairn.models import DecoderOnlyModel, EncoderDecoderModel, LoraConfig, LoraModel, T5Config, export_hf
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf
 from cairn.models.lora import merge
@@ -49,16 +50,24 @@ def _batch(name):
     return {"encoder_input_tokens": tokens[:, :13], "decoder_input_tokens": np.pad(tokens[:, :7], ((0, 0), (1, 0)))}
 
 
+@functools.lru_cache
+def _apply(config):
+    model = EncoderDecoderModel(config) if isinstance(config, T5Config) else DecoderOnlyModel(config)
+    return jax.jit(model.apply)
+
+
 def _ours(name, config, params):
-    model = EncoderDecoderModel(config) if name == "t5" else DecoderOnlyModel(config)
-    return np.asarray(jax.jit(model.apply)(params, _batch(name)))
+    """Cairn's logits (one compiled apply per config, base and adapted alike)."""
+    return np.asarray(_apply(config)(params, _batch(name)))
 
 
 def _theirs(name, model):
     batch = {k: torch.tensor(v, dtype=torch.long) for k, v in _batch(name).items()}
     with torch.no_grad():
         if name == "t5":
-            return model(input_ids=batch["encoder_input_tokens"], decoder_input_ids=batch["decoder_input_tokens"]).logits.numpy()
+            return model(
+                input_ids=batch["encoder_input_tokens"], decoder_input_ids=batch["decoder_input_tokens"]
+            ).logits.numpy()
         return model(batch["decoder_input_tokens"]).logits.numpy()
 
 
@@ -163,7 +172,9 @@ def test_unmappable_modules_and_tensors_are_refused(bases, tmp_path):
     from cairn.models.peft_interchange import from_peft_state_dict, to_peft_state_dict
 
     config = bases["mixtral"][0]
-    router = {"layers": {"mlp": {"router": {"kernel": {"lora_a": np.zeros((2, 32, 2)), "lora_b": np.zeros((2, 2, 4))}}}}}
+    router = {
+        "layers": {"mlp": {"router": {"kernel": {"lora_a": np.zeros((2, 32, 2)), "lora_b": np.zeros((2, 2, 4))}}}}
+    }
     with pytest.raises(PeftInterchangeError, match=r"LoRA target 'layers_0/mlp/router/kernel' has no PEFT module"):
         to_peft_state_dict(router, config)
     peft_config = {"r": 2, "lora_alpha": 4}

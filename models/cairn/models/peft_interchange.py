@@ -98,34 +98,42 @@ class _Slot:
         return [self.module.format(x=x) for x in range(self.experts)] if self.experts else [self.module]
 
 
+_Kernels = list[tuple[str, str, tuple[int, ...], tuple[int, ...]]]  # (ours, theirs, in axes, out axes)
+
+
 def _llama_slots(c: LlamaConfig) -> list[_Slot]:
     e, h, kv, d, m = c.emb_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_dim
-    attention = {"query": ("q", (e,), (h, d)), "key": ("k", (e,), (kv, d)), "value": ("v", (e,), (kv, d))}
-    attention["out"] = ("o", (h, d), (e,))
+    attention: _Kernels = [("query", "q", (e,), (h, d)), ("key", "k", (e,), (kv, d)), ("value", "v", (e,), (kv, d))]
+    attention.append(("out", "o", (h, d), (e,)))
+    dense: _Kernels = [("wi_0", "gate", (e,), (m,)), ("wi_1", "up", (e,), (m,)), ("wo", "down", (m,), (e,))]
     slots = []
     for i in range(c.num_layers):
         layer, b = f"layers_{i}", f"model.layers.{i}"
-        for ours, (theirs, ins, outs) in attention.items():
+        for ours, theirs, ins, outs in attention:
             slots.append(_Slot((layer, "attention", ours, "kernel"), f"{b}.self_attn.{theirs}_proj", ins, outs))
         if c.moe is not None and c.moe.is_sparse(i):
             em = c.moe.mlp_dim(m)
-            for ours, theirs, ins, outs in (("wi_0", "w1", (e,), (em,)), ("wi_1", "w3", (e,), (em,)), ("wo", "w2", (em,), (e,))):
+            experts: _Kernels = [("wi_0", "w1", (e,), (em,)), ("wi_1", "w3", (e,), (em,)), ("wo", "w2", (em,), (e,))]
+            for ours, theirs, ins, outs in experts:
                 module = f"{b}.block_sparse_moe.experts.{{x}}.{theirs}"
                 slots.append(_Slot((layer, "mlp", ours, "kernel"), module, ins, outs, c.moe.num_experts))
         else:
-            for ours, theirs, ins, outs in (("wi_0", "gate", (e,), (m,)), ("wi_1", "up", (e,), (m,)), ("wo", "down", (m,), (e,))):
+            for ours, theirs, ins, outs in dense:
                 slots.append(_Slot((layer, "mlp", ours, "kernel"), f"{b}.mlp.{theirs}_proj", ins, outs))
     return slots
 
 
 def _t5_slots(c: T5Config) -> list[_Slot]:
     e, h, d, m = c.emb_dim, c.num_heads, c.head_dim, c.mlp_dim
-    qkvo = (("query", "q", (e,), (h, d)), ("key", "k", (e,), (h, d)), ("value", "v", (e,), (h, d)), ("out", "o", (h, d), (e,)))
-    mlp = [("wi", (e,), (m,))] if len(c.mlp_activations) == 1 else [("wi_0", (e,), (m,)), ("wi_1", (e,), (m,))]
-    mlp.append(("wo", (m,), (e,)))
+    qkvo: _Kernels = [("query", "q", (e,), (h, d)), ("key", "k", (e,), (h, d)), ("value", "v", (e,), (h, d))]
+    qkvo.append(("out", "o", (h, d), (e,)))
+    gated = len(c.mlp_activations) > 1
+    mlp: _Kernels = [(n, n, (e,), (m,)) for n in (("wi_0", "wi_1") if gated else ("wi",))]
+    mlp.append(("wo", "wo", (m,), (e,)))
+    decoder_attention = (("self_attention", "0.SelfAttention"), ("encoder_decoder_attention", "1.EncDecAttention"))
     stacks = (
         ("encoder", c.num_encoder_layers, (("attention", "0.SelfAttention"),), "1"),
-        ("decoder", c.num_decoder_layers, (("self_attention", "0.SelfAttention"), ("encoder_decoder_attention", "1.EncDecAttention")), "2"),
+        ("decoder", c.num_decoder_layers, decoder_attention, "2"),
     )
     slots = []
     for stack, n, attentions, mlp_layer in stacks:
@@ -134,7 +142,7 @@ def _t5_slots(c: T5Config) -> list[_Slot]:
             for ours, theirs in attentions:
                 for name, short, ins, outs in qkvo:
                     slots.append(_Slot(path + (ours, name), f"{b}.{theirs}.{short}", ins, outs))
-            for name, ins, outs in mlp:
+            for name, _, ins, outs in mlp:
                 slots.append(_Slot(path + ("mlp", name), f"{b}.{mlp_layer}.DenseReluDense.{name}", ins, outs))
     return slots
 
@@ -145,7 +153,8 @@ def _slots(config: Any) -> list[_Slot]:
     if isinstance(config, T5Config):
         return _t5_slots(config)
     raise PeftInterchangeError(
-        f"PEFT interchange covers Llama, Mixtral and T5 (the families with a Hugging Face export), not {type(config).__name__}"
+        f"PEFT interchange covers Llama, Mixtral and T5 (the families with a Hugging Face export), "
+        f"not {type(config).__name__}"
     )
 
 
@@ -210,7 +219,9 @@ def _target_modules(adapted: list[str], config: Any) -> list[str]:
     return sorted(adapted)
 
 
-def peft_config(lora: LoraConfig, config: Any, adapted: list[str], base_model_name_or_path: str | None = None) -> dict[str, Any]:
+def peft_config(
+    lora: LoraConfig, config: Any, adapted: list[str], base_model_name_or_path: str | None = None
+) -> dict[str, Any]:
     """The `adapter_config.json` dict of a Cairn LoRA whose adapted modules are `adapted`."""
     experts = any(".experts." in m for m in adapted)
     return {
@@ -263,7 +274,9 @@ def check_peft_config(peft: Mapping[str, Any]) -> None:
         value = peft.get(field)
         value = tuple(value) if isinstance(value, list) else value
         if value not in neutral:
-            raise PeftInterchangeError(f"{field}={peft.get(field)!r} is not supported by Cairn's LoRA (supported: {neutral[0]!r})")
+            raise PeftInterchangeError(
+                f"{field}={peft.get(field)!r} is not supported by Cairn's LoRA (supported: {neutral[0]!r})"
+            )
     init = peft.get("init_lora_weights", True)
     if init not in _PLAIN_INITS:
         raise PeftInterchangeError(
@@ -316,22 +329,24 @@ def _fused_experts(
 ) -> dict[tuple[str, ...], _Factor]:
     """A transformers 5 fused-experts adapter (`<layer>.mlp.experts[.base_layer]`) as Cairn's
     `wi_0` and `wi_1` (from `gate_up_proj`) or `wo` (from `down_proj`), told apart by shape."""
-    layer = re.fullmatch(r"(model\.layers\.\d+)\.mlp\.experts(?:\.base_layer)*", module)
-    gate = slots.get(f"{layer.group(1)}.block_sparse_moe.experts.{{x}}.w1") if layer else None
+    match = re.fullmatch(r"(model\.layers\.\d+)\.mlp\.experts(?:\.base_layer)*", module)
+    layer = match.group(1) if match else ""
+    gate = slots.get(f"{layer}.block_sparse_moe.experts.{{x}}.w1")
     if gate is None:
         raise PeftInterchangeError(f"adapter module {module!r} has no kernel in the model (is it an expert layer?)")
-    down = slots[f"{layer.group(1)}.block_sparse_moe.experts.{{x}}.w2"]
-    up = slots[f"{layer.group(1)}.block_sparse_moe.experts.{{x}}.w3"]
+    down, up = slots[f"{layer}.block_sparse_moe.experts.{{x}}.w2"], slots[f"{layer}.block_sparse_moe.experts.{{x}}.w3"]
     n, (e,), (m,) = gate.experts, gate.ins, gate.outs
     a, b = pair["A"], pair["B"]
     rank = a.shape[0] // n
-    a_x = a.reshape(n, rank, a.shape[-1]).transpose(0, 2, 1)  # [experts, in, r]
-    b_x = b.reshape(b.shape[0], rank, n).transpose(2, 1, 0)  # [experts, r, out]
-    if a.shape[-1] == e and b.shape[0] == 2 * m and a.shape[0] == n * rank:
-        scale = scale_of([f"{layer.group(1)}.mlp.experts.gate_up_proj", module], rank)
+    fits = a.ndim == b.ndim == 2 and a.shape[0] == n * rank == b.shape[1] and rank > 0
+    if fits:
+        a_x = a.reshape(n, rank, a.shape[-1]).transpose(0, 2, 1)  # [experts, in, r]
+        b_x = b.reshape(b.shape[0], rank, n).transpose(2, 1, 0)  # [experts, r, out]
+    if fits and a.shape[-1] == e and b.shape[0] == 2 * m:
+        scale = scale_of([f"{layer}.mlp.experts.gate_up_proj", module], rank)
         return {gate.path: _Factor(a_x, b_x[..., :m], scale), up.path: _Factor(a_x, b_x[..., m:], scale)}
-    if a.shape[-1] == m and b.shape[0] == e and a.shape[0] == n * rank:
-        return {down.path: _Factor(a_x, b_x, scale_of([f"{layer.group(1)}.mlp.experts.down_proj", module], rank))}
+    if fits and a.shape[-1] == m and b.shape[0] == e:
+        return {down.path: _Factor(a_x, b_x, scale_of([f"{layer}.mlp.experts.down_proj", module], rank))}
     raise PeftInterchangeError(
         f"adapter module {module!r} has lora_A {list(a.shape)} and lora_B {list(b.shape)}, which fit neither "
         f"gate_up_proj ({n} experts of [{2 * m}, {e}]) nor down_proj ([{e}, {m}])"
@@ -387,13 +402,13 @@ def from_peft_state_dict(
         else:
             factors[slot.path] = factor
     for path, per_expert in experts.items():
-        factors[path] = _stacked_experts(path, per_expert, next(s for s in slots.values() if s.path == path))
+        factors[path] = _stacked_experts(per_expert, next(s for s in slots.values() if s.path == path))
     if not factors:
         raise PeftInterchangeError("the adapter has no LoRA tensors")
     return _to_cairn(factors, peft, config, list(slots.values()))
 
 
-def _stacked_experts(path: tuple[str, ...], per_expert: dict[int, _Factor], slot: _Slot) -> _Factor:
+def _stacked_experts(per_expert: dict[int, _Factor], slot: _Slot) -> _Factor:
     """Per-expert factors as one with a leading expert axis (a missing expert: zeros; scales
     that differ folded into each expert's B, the result's scale then 1)."""
     rank = max(f.a.shape[-1] for f in per_expert.values())
@@ -439,7 +454,9 @@ def _to_cairn(
             elif path[0] in tree:
                 tree[path[0]] = stack_layers(tree[path[0]], n)
     tree = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), tree)
-    lora = LoraConfig(rank=rank, alpha=scale * rank, dropout=float(peft.get("lora_dropout") or 0.0), targets=tuple(sorted(kinds)))
+    lora = LoraConfig(
+        rank=rank, alpha=scale * rank, dropout=float(peft.get("lora_dropout") or 0.0), targets=tuple(sorted(kinds))
+    )
     return lora, tree
 
 
