@@ -55,10 +55,12 @@ class ParamsLayout:
     """What a run's checkpoints hold (`params_layout`): `abstract`, the ShapeDtypeStructs (with
     shardings) of a checkpoint's params as the trainer lays them out (a LoRA run's: its
     adapters), and `to_model`, a checkpoint's params -> the model's (themselves; a LoRA run's
-    adapters folded into its frozen base, `cairn.models.lora.merge`)."""
+    adapters folded into its frozen base, `cairn.models.lora.merge`), and `base`, a LoRA run's
+    frozen base params (None without LoRA)."""
 
     abstract: Any
     to_model: Callable[[Any], Any]
+    base: Any = None
 
 
 def params_layout(spec: RunSpec, model: Any, partitioner: Any) -> ParamsLayout:
@@ -73,7 +75,9 @@ def params_layout(spec: RunSpec, model: Any, partitioner: Any) -> ParamsLayout:
     if spec.lora is None:
         return ParamsLayout(state.params, lambda params: params)
     base = builder.base_params(spec, trainer, batch)
-    return ParamsLayout(state.params, lambda adapters: trainer.eval_params(state.replace(params=adapters, frozen=base)))
+    return ParamsLayout(
+        state.params, lambda adapters: trainer.eval_params(state.replace(params=adapters, frozen=base)), base
+    )
 
 
 def load_params(layout: ParamsLayout, path: str, step: int | None = None) -> tuple[int, Any]:
