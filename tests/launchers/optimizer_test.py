@@ -203,6 +203,12 @@ def test_a_lora_run_trains_only_adapters_of_its_base(train, tmp_path, standard, 
     assert all(np.array_equal(round_trip[p], adapters[p]) for p in adapters)
     _, exported = import_hf(base_dir)
     assert all(np.array_equal(v, base[p]) for p, v in zip(param_paths(exported), jax.tree.leaves(exported)))
+    import dataclasses
+
+    from cairn.launchers.validation import ConfigError
+
+    with pytest.raises(ConfigError, match="'model.lora.rank': None: export_peft writes a LoRA run's adapters"):
+        export(dataclasses.replace(spec, lora=None), str(tmp_path / "none"), str(run))
 
 
 def test_bad_lora_configs_exit_2_naming_the_key(train, tmp_path, standard, texts, cache_dir):

@@ -12,7 +12,8 @@ its base), from the latest complete checkpoint of the run (or `--step`'s). In Py
     model = AutoModelForCausalLM.from_pretrained("DIR/base")  # T5ForConditionalGeneration for T5
     model = PeftModel.from_pretrained(model, "DIR/adapter")
 
-Llama, Mixtral and T5 runs (the families with a Hugging Face export). A run without
+Llama, Mixtral and T5 runs (the families with a Hugging Face export), on one process (the
+adapters and the base are gathered to the host and written by it). A run without
 `model.lora.rank`, a family without export, or a LoRA target PEFT has no module for exits 2 with
 one line naming the key. The other way, `import_peft` reads an adapter saved by peft
 (models/README.md).
@@ -62,7 +63,7 @@ def export(
         raise ConfigError("model.kind", f"{spec.keys.model.kind!r} has no Hugging Face export (PEFT needs one)")
     if not output:
         raise ConfigError("output_dir", "is required: the folder to write base/ and adapter/ into")
-    bound = run_spec.bind(spec, jax.devices(), train=False)
+    bound = run_spec.bind(spec, jax.devices(), jax.process_count(), train=False)
     model = builder.load_model(spec)
     layout = checkpoint_params.params_layout(spec, model, bound.partitioner)
     chosen, adapters = checkpoint_params.load_params(dataclasses.replace(layout, to_model=lambda p: p), path, step)
