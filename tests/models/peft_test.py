@@ -187,3 +187,35 @@ def test_unmappable_modules_and_tensors_are_refused(bases, tmp_path):
     q = {f"base_model.model.model.layers.0.self_attn.q_proj.lora_{f}.weight": np.zeros((2, 3)) for f in "AB"}
     with pytest.raises(PeftInterchangeError, match=r"q_proj' has lora_A \[2, 3\]"):
         from_peft_state_dict(q, peft_config, config)
+
+
+def test_scanned_t5_round_trips_and_a_kind_missing_in_a_layer_gets_zeros(tiny, bases):
+    """A scanned T5's adapters (both stacks) export and import exactly; an adapter of one layer's
+    q_proj only (a regex target in peft) imports onto a scanned Llama with zeros in the other."""
+    from cairn.models.peft_interchange import from_peft_state_dict, to_peft_state_dict
+
+    config = tiny.t5_1_0.replace(scan_layers=True)  # ungated MLP (`wi`), 3 decoder layers
+    lora = LoraConfig(rank=2, alpha=3.0)
+    adapters = jax.tree.map(np.asarray, LoraModel(EncoderDecoderModel(config), lora).init(jax.random.PRNGKey(0)))
+    tensors = to_peft_state_dict(adapters, config)
+    assert "base_model.model.decoder.block.2.layer.2.DenseReluDense.wi.lora_B.weight" in tensors
+    back_lora, back = from_peft_state_dict(tensors, {"r": 2, "lora_alpha": 3.0}, config)
+    assert back_lora.scale == lora.scale
+    jax.tree.map(np.testing.assert_array_equal, back, adapters)
+
+    llama = bases["llama"][0]
+    rng = np.random.default_rng(0)
+    q = {
+        "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight": rng.standard_normal((2, 32), np.float32),
+        "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight": rng.standard_normal((32, 2), np.float32),
+    }
+    lora, imported = from_peft_state_dict(q, {"r": 2, "lora_alpha": 4}, llama)
+    assert lora.targets == (r"(^|/)layers(_\d+)?/attention/query/kernel$",) and lora.scale == 2.0
+    a, b = (
+        imported["layers"]["attention"]["query"]["kernel"]["lora_a"],
+        imported["layers"]["attention"]["query"]["kernel"]["lora_b"],
+    )
+    assert a.shape == (2, 32, 2) and b.shape == (2, 2, 4, 8) and not a[0].any() and not b[0].any()
+    np.testing.assert_array_equal(
+        b[1].reshape(2, 32).T, q["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"]
+    )
