@@ -81,4 +81,6 @@ MODELS_TARGETS = {
     "upcycle": (["moe_upcycle.py"], [":core", ":families"]),
     # LoRA adapters as a parameter transform over any family's params (imports no network).
     "lora": (["lora.py"], [":core"]),
+    # Hugging Face PEFT LoRA adapters to and from Cairn's (safetensors, imported lazily).
+    "peft": (["peft_interchange.py"], [":core", ":interchange", ":llama", ":lora", ":t5", "//storage"]),
 }

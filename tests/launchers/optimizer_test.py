@@ -191,6 +191,26 @@ def test_a_lora_run_trains_only_adapters_of_its_base(train, tmp_path, standard, 
     assert np.array_equal(flat["token_embedder/embedding"], base["token_embedder/embedding"])  # not adapted
     assert not np.allclose(flat["encoder/layers_0/attention/query"], base["encoder/layers_0/attention/query"])
 
+    # //launchers:export_peft: the adapters as a PEFT adapter, the base as a transformers checkpoint
+    # (peft loading such a pair: tests/models/peft_test.py)
+    from cairn.launchers.peft_export_main import export
+    from cairn.models import import_hf
+    from cairn.models.peft_interchange import import_peft
+
+    base_dir, adapter_dir = export(spec, str(tmp_path / "peft"), str(run), out=lambda line: None)
+    lora, imported = import_peft(adapter_dir, spec.model)
+    round_trip = dict(zip(param_paths(imported), jax.tree.leaves(imported)))
+    assert (lora.rank, lora.scale) == (4, spec.lora.scale) and sorted(round_trip) == sorted(adapters)
+    assert all(np.array_equal(round_trip[p], adapters[p]) for p in adapters)
+    _, exported = import_hf(base_dir)
+    assert all(np.array_equal(v, base[p]) for p, v in zip(param_paths(exported), jax.tree.leaves(exported)))
+    import dataclasses
+
+    from cairn.launchers.validation import ConfigError
+
+    with pytest.raises(ConfigError, match="'model.lora.rank': None: export_peft writes a LoRA run's adapters"):
+        export(dataclasses.replace(spec, lora=None), str(tmp_path / "none"), str(run))
+
 
 def test_bad_lora_configs_exit_2_naming_the_key(train, tmp_path, standard, texts, cache_dir):
     env = {"CAIRN_SHAKESPEARE_DIR": texts}

@@ -9,6 +9,18 @@ import torch
 
 from cairn.models import DecoderOnlyModel, LlamaConfig
 
+# The tiny transformers configs of the Llama, Mixtral and PEFT interchange tests.
+LLAMA = dict(
+    vocab_size=101,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+MIXTRAL = dict(LLAMA, num_local_experts=4)
+
 
 def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
     """float32 logits of a transformers causal LM (no gradient)."""

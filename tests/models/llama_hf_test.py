@@ -17,15 +17,7 @@ from cairn.models.hf_files import HFInterchangeError
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf
 
-BASE = dict(
-    vocab_size=101,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+BASE = hf_compare.LLAMA
 SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
 
 

@@ -20,16 +20,7 @@ from cairn.models.hf_files import HFInterchangeError
 from cairn.models.llama import hf as llama_hf
 from cairn.models.llama.hf_config import config_from_hf, hf_config
 
-BASE = dict(
-    vocab_size=101,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_local_experts=4,
-    max_position_embeddings=128,
-)
+BASE = hf_compare.MIXTRAL
 CASES = {
     "gqa_top2": dict(num_experts_per_tok=2, router_aux_loss_coef=0.02, router_jitter_noise=0.1),
     "mqa_top1_tied": dict(num_experts_per_tok=1, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True),
