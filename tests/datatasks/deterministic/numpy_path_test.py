@@ -206,6 +206,8 @@ def _same_batches(fast, slow, steps=(0, 1, 2, 7, 40)):
     for step in steps:
         a, b = fast.batch_at(step), slow.batch_at(step)
         assert sorted(a) == sorted(b)
+        # The batch's shapes and dtypes, from the spec alone (nothing read), are the batches'.
+        assert {k: (v.shape, v.dtype) for k, v in a.items()} == fast.batch_spec() == slow.batch_spec()
         for k in a:
             np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} at step {step}")
 

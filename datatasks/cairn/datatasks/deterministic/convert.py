@@ -1,5 +1,8 @@
 """`ConvertStage`: planned rows of examples -> model features, with TensorFlow.
 
+It takes the examples as the NumPy conversion does (`{feature: Ragged}` and the row sizes) and
+builds its ragged tensors from their flat values and lengths (no Python lists between).
+
 For converters without a NumPy conversion (`FeatureConverter.converts_numpy` is False: a
 user's subclass, or passthrough features); the library's converters convert in NumPy
 (`convert_numpy`). Two ways, both giving the converter's own output for each planned row:
@@ -16,16 +19,16 @@ import numpy as np
 from cairn.datatasks.feature_converters import FeatureConverter
 from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.ragged import Ragged
 
-Rows = Mapping[str, Sequence[Sequence[np.ndarray]]]
 
-
-def _ragged(per_row: Sequence[Sequence[np.ndarray]], nested: bool) -> tf.RaggedTensor:
-    flat = [e for row in per_row for e in row]
-    values = np.concatenate(flat).astype(np.int32) if flat else np.zeros([0], np.int32)
-    lengths = [np.array([len(e) for e in flat], np.int64)]
+def _ragged(examples: Ragged, row_sizes: np.ndarray, nested: bool) -> tf.RaggedTensor:
+    """The examples as a `[examples, None]` ragged tensor, or `[rows, None, None]` (`row_sizes`
+    examples a row) when `nested`: built from the flat values and lengths as they are."""
+    lengths = [np.asarray(examples.lengths, np.int64)]
     if nested:
-        lengths.insert(0, np.array([len(r) for r in per_row], np.int64))
+        lengths.insert(0, np.asarray(row_sizes, np.int64))
+    values = np.asarray(examples.values).astype(np.int32, copy=False)
     return tf.RaggedTensor.from_nested_row_lengths(values, lengths, validate=False)
 
 
@@ -67,6 +70,9 @@ class ConvertStage:
 
         self._run = run
 
-    def __call__(self, rows: Rows) -> dict[str, np.ndarray]:
-        x = {k: _ragged(rows[k], nested=self.mode == "per_row") for k in self.keys}
+    def __call__(self, examples: Mapping[str, Ragged], row_sizes: np.ndarray) -> dict[str, np.ndarray]:
+        """The model features of rows of examples: row `r` holds the next `row_sizes[r]`
+        examples of `examples` (`{task feature: Ragged}`, as `FeatureConverter.convert_numpy`
+        takes them; one a row unpacked)."""
+        x = {k: _ragged(examples[k], row_sizes, nested=self.mode == "per_row") for k in self.keys}
         return {k: v.numpy() for k, v in self._run(x).items()}

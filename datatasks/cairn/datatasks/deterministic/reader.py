@@ -301,9 +301,7 @@ class DeterministicReader:
         together (one pass); does not move the state."""
         tasks, cursors = self._assigned(step, count)
         n_rows = len(tasks)
-        per_row: dict[str, list] = {k: [None] * n_rows for k in self._keys}
         parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
-        unconverted: list[int] = []
         for t in np.unique(tasks):
             mine = np.nonzero(tasks == t)[0]
             stream = self.streams[int(t)]
@@ -313,19 +311,8 @@ class DeterministicReader:
                 parts.append((mine, ex))
             elif self.converter.converts_numpy:
                 parts.append((mine, self.converter.convert_numpy(ex, sizes, self.lengths)))
-            else:
-                unconverted += mine.tolist()
-                split = {k: ex[k].to_list() for k in self._keys}
-                at = 0
-                for i, n in zip(mine.tolist(), sizes.tolist()):
-                    for k in self._keys:
-                        per_row[k][i] = split[k][at : at + n]
-                    at += n
-        if unconverted:
-            unconverted.sort()
-            convert = self._convert_stage()
-            rows_in = {k: [per_row[k][i] for i in unconverted] for k in self._keys}
-            parts.append((np.asarray(unconverted, np.int64), convert(rows_in)))
+            else:  # the converter's own TensorFlow conversion, on the same examples and rows
+                parts.append((mine, self._convert_stage()(ex, sizes)))
         out = {k: np.empty((n_rows,) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
         for where, arrays in parts:
             got = next(iter(arrays.values())).shape[0]
@@ -345,6 +332,15 @@ class DeterministicReader:
 
             self._convert = ConvertStage(self.converter, self.lengths, self._keys)
         return self._convert
+
+    def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """`{model feature: (shape, dtype)}` of this host's batches, from the spec alone (the
+        batch size over the hosts, the converter's model features and their lengths from the
+        sequence lengths; every feature int32): nothing is read. Passthrough features are not
+        among them (the reader reads the converter's task features only)."""
+        passthrough = set(getattr(self.converter, "_passthrough", ())) - set(self._keys)
+        lengths = self.converter.get_model_feature_lengths(self.lengths)
+        return {k: ((self.per_host, int(n)), np.dtype(np.int32)) for k, n in lengths.items() if k not in passthrough}
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of the global batch at `step` (does not move the state)."""
