@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-from cairn.datatasks.deterministic.convert import ConvertStage
+from cairn.datatasks.deterministic.record_stage import ConvertStage
 from cairn.datatasks.ragged import Ragged
 
 

@@ -190,7 +190,7 @@ def test_rows_hold_the_cached_tokens(det_env, tmp_path, eos_after_cache):
     """Content, not only consistency: unpacked rows are the cached ids, trimmed, with EOS."""
     import os
 
-    from cairn.datatasks.deterministic import CachedTask, cache_task_in_process, records, task_dir
+    from cairn.datatasks.deterministic import CachedTask, cache_task_in_process, record_stage, task_dir
 
     data_dir = det_env[0]
     source = dt.TextLineDataSource({"train": os.path.join(data_dir, "b*.txt")})
@@ -219,7 +219,7 @@ def test_rows_hold_the_cached_tokens(det_env, tmp_path, eos_after_cache):
     for step in (0, 9):
         batch = reader.batch_at(step)
         for row, (_, _, ids) in enumerate(reader.row_records(step)):
-            ex = records.parse(cache.read(ids)[0], cache.specs)
+            ex = record_stage.parse(cache.read(ids)[0], cache.specs)
             for k, out in (("inputs", "encoder_input_tokens"), ("targets", "decoder_target_tokens")):
                 want = list(ex[k])
                 if eos_after_cache:

@@ -24,6 +24,7 @@ from cairn.datatasks.deterministic.cached_task import DEFAULT_CHUNK_CACHE_BYTES,
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, SHUFFLES
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
 from cairn.datatasks.deterministic.read_order import sort_rows
+from cairn.datatasks.deterministic.record_stage import ConvertStage
 from cairn.datatasks.deterministic.store import task_dir
 from cairn.datatasks.deterministic.task_stream import TaskStream
 from cairn.datatasks.errors import DataTasksError
@@ -328,8 +329,6 @@ class DeterministicReader:
     def _convert_stage(self) -> Any:
         """The TensorFlow conversion, for converters without a NumPy one (built on first use)."""
         if self._convert is None:
-            from cairn.datatasks.deterministic.convert import ConvertStage
-
             self._convert = ConvertStage(self.converter, self.lengths, self._keys)
         return self._convert
 
