@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from _machine import machine_line  # benchmarks/ is sys.path[0] when run as a script
 
@@ -67,10 +68,13 @@ def child(config_path: str, cache_dir: str, batches: int, warmup: int, repeats: 
     reader = spec.reader
     assert not data_lib.cache_missing(reader, tasks), "cache first"
     rows = data_lib.open_reader(reader)  # as `make_train_data` opens it, all rows, no prefetch bound
+    cpu = time.process_time()
     try:
         got = measure(rows, batches, warmup, repeats, reader.sequence_length["targets"])
     finally:
-        rows.close()
+        rows.close()  # joins the prefetch threads: their CPU is counted
+    # The process's CPU (all threads) per 1,000 batches: steadier than batches/s on a shared machine.
+    got["cpu_s_per_1k"] = (time.process_time() - cpu) * 1000 / (warmup + batches * repeats)
     got["tensorflow_imported"] = "tensorflow" in sys.modules
     return got
 
@@ -102,6 +106,7 @@ def main() -> None:
         print(
             f"{name}: {got['batches_per_s']:.1f} batches/s (windows {rates}), "
             f"{got['tokens_per_s']:,.0f} non-pad target tokens/s, fill {got['fill']:.3f}, "
+            f"CPU {got['cpu_s_per_1k']:.3f} s per 1,000 batches, "
             f"TensorFlow imported: {got['tensorflow_imported']}"
         )
 
