@@ -146,7 +146,7 @@ def reader_figures(root: str, batches: dict, warmup: int) -> dict:
         for step in (0, FAR_STEP) * 4:  # the first round is dropped: one-off warm-up
             reader, build = make(prefetch=0, steps_per_call=1)
             start = time.perf_counter()
-            reader.set_state({"step": step})
+            reader.set_state({**reader.get_state(), "step": step})  # the rest of the state: the read order
             next(reader)
             firsts[step].append(time.perf_counter() - start)
         firsts = {k: statistics.median(v[1:]) for k, v in firsts.items()}

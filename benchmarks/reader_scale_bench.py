@@ -1,4 +1,4 @@
-"""How the deterministic reader's start-up, seek and memory grow with the cache: 1e5-1e7 records.
+"""How the deterministic reader's start-up, seek and memory grow with the cache: 1e5-1e7 record_stage.
 
   .venv/bin/python benchmarks/reader_scale_bench.py [--sizes 1e5,1e6,1e7] [--shards 1000]
       [--root DIR] [--repeats 3] [--workers 2] [--modes packed,unpacked] [--storage local,gcs]
@@ -142,13 +142,13 @@ def pool(scale: int = 1):
     (`scale` times longer rows than the default)."""
     import numpy as np
 
-    from cairn.datatasks.deterministic import records
+    from cairn.datatasks.deterministic import record_stage
 
     rng = np.random.default_rng(1234)
-    specs = {"inputs": records.FeatureSpec("int32", 1), "targets": records.FeatureSpec("int32", 1)}
+    specs = {"inputs": record_stage.FeatureSpec("int32", 1), "targets": record_stage.FeatureSpec("int32", 1)}
     lens = np.stack([rng.integers(4, 24, POOL), rng.integers(2, 14, POOL)], 1).astype(np.int32) * scale
     recs = [
-        records.serialize({"inputs": rng.integers(3, 259, a), "targets": rng.integers(3, 259, b)}, specs)
+        record_stage.serialize({"inputs": rng.integers(3, 259, a), "targets": rng.integers(3, 259, b)}, specs)
         for a, b in lens
     ]
     return recs, lens

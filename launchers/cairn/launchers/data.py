@@ -115,6 +115,26 @@ def ensure_cached(reader: ReaderSpec, tasks: Mapping[str, Any]) -> list[str]:
     return todo
 
 
+def open_reader(
+    reader: ReaderSpec, host_index: int = 0, host_count: int = 1, prefetch_until: int | None = None
+) -> DeterministicReader:
+    """The `DeterministicReader` of `reader`'s spec, host `host_index` of `host_count`'s rows,
+    over a cache that exists (`make_train_data` caches first)."""
+    return DeterministicReader(
+        reader.task,
+        reader.cache_dir,
+        seed=reader.seed,
+        global_batch_size=reader.batch_size,
+        sequence_length=dict(reader.sequence_length),
+        feature_converter=feature_converter(reader),
+        host_index=host_index,
+        host_count=host_count,
+        split=reader.split,
+        check_source_files=reader.check_source_files,
+        prefetch_until=prefetch_until,
+    )
+
+
 def make_train_data(reader: ReaderSpec, partitioner: Any, tasks: Mapping[str, Any]) -> Any:
     """The `DeterministicReader` of this host's rows (caching the tasks first if needed).
 
@@ -125,24 +145,21 @@ def make_train_data(reader: ReaderSpec, partitioner: Any, tasks: Mapping[str, An
     layout = partitioner.data_layout()
     ensure_cached(reader, tasks)
     rows, error = None, None
-    try:
-        rows = DeterministicReader(
-            reader.task,
-            reader.cache_dir,
-            seed=reader.seed,
-            global_batch_size=reader.batch_size,
-            sequence_length=dict(reader.sequence_length),
-            feature_converter=feature_converter(reader),
-            host_index=layout.shard_id,
-            host_count=layout.num_shards,
-            split=reader.split,
-            check_source_files=reader.check_source_files,
-            prefetch_until=reader.num_steps,  # a short run reads no chunk past its end
-        )
+    try:  # a short run reads no chunk past its end
+        rows = open_reader(reader, layout.shard_id, layout.num_shards, prefetch_until=reader.num_steps)
     except DataTasksError as e:  # e.g. this host's task cache is missing: every process stops
         error = e
     stop_together(error, "opening the task cache")
     return rows
+
+
+def batch_signature(rows: DeterministicReader) -> dict[str, Any]:
+    """This host's batch as `jax.ShapeDtypeStruct`s, from the reader's spec
+    (`DeterministicReader.batch_spec`: batch size, sequence lengths, packing and the
+    converter's features): what `Trainer.setup` needs, with no batch read."""
+    import jax
+
+    return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in rows.batch_spec().items()}
 
 
 def data_fingerprint(reader: ReaderSpec, tasks: Mapping[str, Any]) -> str:

@@ -14,11 +14,12 @@ saved) and when model_dir is already at `num_train_steps`; 2 with one line on a 
 changed config or data, a held lock, an unusable or full model_dir, a NaN/Inf loss, or
 checkpoints that are all corrupt.
 
-`--dry_run` stops after the model and the first batch: the train step is compiled on abstract
-shapes (nothing allocated, nothing written to model_dir) and its memory plan printed
-(`cairn.trainer.plan_memory`); exit 0, or 2 with one line (the batch that would fit, the knobs
-that would help) when it does not fit the device's memory (`--memory_limit_gib` plans against
-another size). On an accelerator every run prints the plan at start-up, before training.
+`--dry_run` stops after the model and the batch's shapes (from the data spec: no batch is read):
+the train step is compiled on abstract shapes (nothing allocated, nothing written to model_dir)
+and its memory plan printed (`cairn.trainer.plan_memory`); exit 0, or 2 with one line (the batch
+that would fit, the knobs that would help) when it does not fit the device's memory
+(`--memory_limit_gib` plans against another size). On an accelerator every run prints the plan at
+start-up, before training.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def _train(
         reader = data_lib.make_train_data(spec.reader, partitioner, tasks)  # data errors: nothing written yet
     model = builder.load_model(spec)
     trainable = builder.trainable_model(spec, model)  # the model, or LoRA adapters or a prompt over it
-    first = _peek(reader)
+    first = data_lib.batch_signature(reader)  # from the spec: no batch is read to learn shapes
     if dry_run:  # the plan, then stop: no lock, nothing written
         trainer = builder.make_trainer(spec, trainable, partitioner)
         optimizer_setup.check_param_patterns(spec.optimizer, trainer, first)  # optimizer.* and model.lora
@@ -173,6 +174,7 @@ def _train(
         batch_hooks=(fp.batch_hook,) if fp else (),
     )
     optimizer_setup.check_param_patterns(spec.optimizer, trainer, first)  # on the params the trainer sets up
+    trainer.setup(first)  # its shapes from the spec: `train` reads no batch ahead (the first must match)
     lock = held.enter_context(_model_dir_lock(keys.model_dir))  # then the lock, before the first write
     if restart_if_corrupt:
         checkpoint = dataclasses.replace(trainer.config.checkpoint, restart_if_corrupt=True)
@@ -224,14 +226,6 @@ def _train(
         summaries.close()
     post_training.summary(keys, result, trained_s, time.perf_counter() - start, out)
     return {"result": result, "post": post}
-
-
-def _peek(reader: Any) -> Any:
-    """The reader's next batch, the reader left where it was."""
-    state = reader.get_state()
-    first = next(reader)
-    reader.set_state(state)
-    return first
 
 
 def quiet_logs() -> None:

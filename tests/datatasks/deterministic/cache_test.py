@@ -16,7 +16,7 @@ from cairn.datatasks.deterministic import (
     DeterministicReader,
     cache_task_in_process,
     cache_writer,
-    records,
+    record_stage,
     store,
     task_dir,
     task_fingerprint,
@@ -74,7 +74,7 @@ def test_layout_info_and_stats(det_env):
     order = store.within_shard_order(info["shuffle_key"], 1, 130)
     assert sorted(order.tolist()) == list(range(130)) and order[:20].tolist() != list(range(20))
     at = 150 + int(np.nonzero(order == 1)[0][0])
-    ex = records.parse(cache.read([at])[0], cache.specs)
+    ex = record_stage.parse(cache.read([at])[0], cache.specs)
     words = pathlib.Path(det_env[0], "a1.txt").read_text().splitlines()[1].split()
     assert ex["inputs_pretokenized"] == " ".join(words[: len(words) // 2]).encode()
     assert len(ex["inputs"]) == lengths[at, 0]
@@ -288,7 +288,7 @@ def test_a_chunked_cache_reads_every_record_by_global_index_in_any_order(chunked
     assert got == one.read(ids) == default.read(ids) == three.read(ids)  # ranges and readers agree
     assert len(set(got[:280])) == 280
     for i, rec in zip(ids[:40], got[:40]):
-        assert len(records.parse(rec, seven.specs)["inputs"]) == seven.lengths[i, 0]
+        assert len(record_stage.parse(rec, seven.specs)["inputs"]) == seven.lengths[i, 0]
     # Format 4 keeps no shard open; format 3 opened both through ArrayRecord readers.
     assert seven.max_open_shards == 0 and seven.stats()["shard_opens"] == seven.stats()["open_shards"] == 0
     assert three.stats()["shard_opens"] == 2 and three.max_open_shards >= 256

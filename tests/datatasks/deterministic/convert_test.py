@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-from cairn.datatasks.deterministic.convert import ConvertStage
+from cairn.datatasks.deterministic.record_stage import ConvertStage
 from cairn.datatasks.ragged import Ragged
 
 
@@ -20,11 +20,19 @@ def _rows(keys, n_rows, per_row, seed=0, least=0):
     }
 
 
-def _numpy(conv, rows, lengths):
+def _flat(conv, rows):
+    """`({feature: Ragged}, row sizes)` of per-row lists of examples: what both conversions take."""
     keys = list(conv.TASK_FEATURES)
     flat = {k: Ragged.from_list([e for row in rows[k] for e in row]) for k in keys}
-    sizes = np.array([len(r) for r in rows[keys[0]]])
-    return conv.convert_numpy(flat, sizes, lengths)
+    return flat, np.array([len(r) for r in rows[keys[0]]])
+
+
+def _numpy(conv, rows, lengths):
+    return conv.convert_numpy(*_flat(conv, rows), lengths)
+
+
+def _tf(conv, rows, lengths):
+    return ConvertStage(conv, lengths, list(conv.TASK_FEATURES))(*_flat(conv, rows))
 
 
 CONVERTERS = [
@@ -45,7 +53,7 @@ def test_numpy_conversion_equals_tensorflow(make, pack):
     keys = list(conv.TASK_FEATURES)
     lengths = {"inputs": 24, "targets": 16}
     rows = _rows(keys, 7, 4 if pack else 1, seed=len(keys) + pack)
-    want = ConvertStage(conv, lengths, keys)(rows)
+    want = _tf(conv, rows, lengths)
     got = _numpy(conv, rows, lengths)
     assert sorted(got) == sorted(want)
     for k in want:
@@ -58,7 +66,7 @@ def test_overlong_examples_are_trimmed_like_tensorflow():
     conv = dt.EncDecFeatureConverter(pack=False)
     lengths = {"inputs": 3, "targets": 2}
     rows = {"inputs": [[np.arange(2, 9, dtype=np.int32)]], "targets": [[np.arange(2, 6, dtype=np.int32)]]}
-    got, want = _numpy(conv, rows, lengths), ConvertStage(conv, lengths, ["inputs", "targets"])(rows)
+    got, want = _numpy(conv, rows, lengths), _tf(conv, rows, lengths)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 

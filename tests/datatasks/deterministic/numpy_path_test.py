@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import cairn.datatasks as dt
-from cairn.datatasks.deterministic import DeterministicReader, cache_task_in_process, task_dir, wire
-from cairn.datatasks.deterministic.records import FeatureSpec, serialize
+from cairn.datatasks.deterministic import DeterministicReader, cache_task_in_process, record_stage, task_dir
+from cairn.datatasks.deterministic.record_stage import FeatureSpec, serialize
 
 LENGTHS = {"inputs": 48, "targets": 16}
 
@@ -206,6 +206,8 @@ def _same_batches(fast, slow, steps=(0, 1, 2, 7, 40)):
     for step in steps:
         a, b = fast.batch_at(step), slow.batch_at(step)
         assert sorted(a) == sorted(b)
+        # The batch's shapes and dtypes, from the spec alone (nothing read), are the batches'.
+        assert {k: (v.shape, v.dtype) for k, v in a.items()} == fast.batch_spec() == slow.batch_spec()
         for k in a:
             np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} at step {step}")
 
@@ -290,11 +292,11 @@ def test_seeded_preprocessor_without_numpy_fn_uses_tensorflow(det_env):
 def test_other_layouts_fall_back_to_tensorflow():
     specs = {"targets": FeatureSpec("int32", 1)}
     good = serialize({"targets": np.array([5, 300, 7], np.int32)}, specs)
-    np.testing.assert_array_equal(wire.decode([good], specs, ["targets"])["targets"].values, [5, 300, 7])
+    np.testing.assert_array_equal(record_stage.decode([good], specs, ["targets"])["targets"].values, [5, 300, 7])
     # The same ids as an unpacked repeated field (tag 0x08 per value): valid protobuf, not
     # the cache's layout.
     unpacked = bytes([0x0A, 0x13, 0x0A, 0x11, 0x0A, 0x07]) + b"targets" + bytes([0x12, 0x06, 0x1A, 0x04, 8, 5, 8, 7])
-    with pytest.raises(wire.WireFormatError):
-        wire.decode([unpacked], specs, ["targets"])
-    with pytest.raises(wire.WireFormatError):
-        wire.decode([good[:-1]], specs, ["targets"])
+    with pytest.raises(record_stage.WireFormatError):
+        record_stage.decode([unpacked], specs, ["targets"])
+    with pytest.raises(record_stage.WireFormatError):
+        record_stage.decode([good[:-1]], specs, ["targets"])

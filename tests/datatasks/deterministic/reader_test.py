@@ -88,6 +88,23 @@ def test_restore_gives_the_same_following_batches(det_env, mix_digests):
         run.set_state({"step": 3, "seed": 8, "global_batch_size": 4})
 
 
+def test_state_is_the_row_index_and_the_position(det_env):
+    """Each stage that holds state gives its own: the row index what shapes its rows (no
+    position), batching the step; the reader's state is the two, as checkpoints hold it. A
+    state of other rows is refused by the index before the position moves."""
+    run = make_reader(det_env, "det_a", True, packing="first_fit", packing_window=16, prefetch=0)
+    next(run)
+    index = run.index.get_state()
+    assert "step" not in index and index["seed"] == 7 and index["packing_window"] == 16
+    assert run.get_state() == {"step": 1, **index} and list(run.get_state())[0] == "step"
+    run.index.set_state(index)  # its own state: accepted, nothing moves
+    with pytest.raises(DataTasksError, match="packing='greedy'"):
+        run.set_state({"step": 5, "seed": 7, "global_batch_size": 4})
+    assert run.get_state()["step"] == 1
+    run.set_state({**run.get_state(), "step": 5})
+    assert run.get_state() == {"step": 5, **index}
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_set_state_keeps_the_chunks_of_the_new_position(det_env, mix_digests, prefetch, monkeypatch):
     """A peek (get_state, next, set_state) and a jump back within reach reuse the chunks already
@@ -190,7 +207,7 @@ def test_rows_hold_the_cached_tokens(det_env, tmp_path, eos_after_cache):
     """Content, not only consistency: unpacked rows are the cached ids, trimmed, with EOS."""
     import os
 
-    from cairn.datatasks.deterministic import CachedTask, cache_task_in_process, records, task_dir
+    from cairn.datatasks.deterministic import CachedTask, cache_task_in_process, record_stage, task_dir
 
     data_dir = det_env[0]
     source = dt.TextLineDataSource({"train": os.path.join(data_dir, "b*.txt")})
@@ -219,7 +236,7 @@ def test_rows_hold_the_cached_tokens(det_env, tmp_path, eos_after_cache):
     for step in (0, 9):
         batch = reader.batch_at(step)
         for row, (_, _, ids) in enumerate(reader.row_records(step)):
-            ex = records.parse(cache.read(ids)[0], cache.specs)
+            ex = record_stage.parse(cache.read(ids)[0], cache.specs)
             for k, out in (("inputs", "encoder_input_tokens"), ("targets", "decoder_target_tokens")):
                 want = list(ex[k])
                 if eos_after_cache:

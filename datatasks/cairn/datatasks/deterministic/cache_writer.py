@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from cairn import storage
-from cairn.datatasks.deterministic import records
+from cairn.datatasks.deterministic import record_stage
 from cairn.datatasks.deterministic.chunk_index import chunk_ranges
 from cairn.datatasks.deterministic.fingerprint import (
     file_digest,
@@ -111,7 +111,7 @@ def prepare(path: str, overwrite: bool) -> bool:
     return True
 
 
-def _length_features(specs: dict[str, records.FeatureSpec]) -> list[str]:
+def _length_features(specs: dict[str, record_stage.FeatureSpec]) -> list[str]:
     return [k for k, s in specs.items() if s.rank == 1 and s.kind == "int64"]
 
 
@@ -211,14 +211,14 @@ def write_shard(task: Any, split: str, index: int, count: int, path: str, group_
         source_file = file_fingerprint(files[index])
     ds = task.source.get_dataset(split, shuffle=False, seed=0, shard_info=info, stats=stats)
     ds = task.preprocess(ds, None, seed=None, stats=stats, start=0, stop=len(task.cacheable_preprocessors))
-    specs = records.specs_of(ds.element_spec, task.name)
+    specs = record_stage.specs_of(ds.element_spec, task.name)
     keys = _length_features(specs)
     lengths: list[list[int]] = []
 
     def serialized():
         for ex in ds.as_numpy_iterator():
             lengths.append([int(np.size(ex[k])) for k in keys])
-            yield records.serialize(ex, specs)
+            yield record_stage.serialize(ex, specs)
 
     return write_shard_files(
         path,

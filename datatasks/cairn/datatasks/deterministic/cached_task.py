@@ -23,7 +23,7 @@ import numpy as np
 from cairn import storage
 from cairn.datatasks.deterministic import cache_checks
 from cairn.datatasks.deterministic.chunk_index import ChunkError, decode_chunk
-from cairn.datatasks.deterministic.records import FeatureSpec
+from cairn.datatasks.deterministic.record_stage import FeatureSpec
 from cairn.datatasks.deterministic.store import (
     COMPLETED,
     INFO,

@@ -8,6 +8,14 @@ is a run of records in the task's base order. The order (`shuffle`) is "global" 
 base order, a seeded permutation of the bins per epoch) or "chunks" (the cache order, bins
 visited in a seeded chunk-window order: `chunk_order`). Host `h` of `H` owns rows
 `j in [h * B / H, (h + 1) * B / H)` and reads only their records. The state is the step.
+
+The reader is a chain of stages: the row index (`row_index.RowIndex`: plan, permutation,
+mixing), the record source (`cached_task.CachedTask`), the record stage (`record_stage`: NumPy
+or TensorFlow), conversion (the converter's `convert_numpy`, or `record_stage.ConvertStage`),
+then batching and prefetch (this class). Those that hold state give it in Grain's manner: the
+row index what shapes its rows (`RowIndex.get_state`/`set_state`), batching its position
+(`step`); `get_state` is the two together, as checkpoints have always held it. The record
+source, the record stage and the conversion hold none (their caches change no batch).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic.cached_task import DEFAULT_CHUNK_CACHE_BYTES, DEFAULT_OPEN_SHARDS_BYTES, CachedTask
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, SHUFFLES
 from cairn.datatasks.deterministic.mixing import MixtureSchedule
-from cairn.datatasks.deterministic.read_order import sort_rows
+from cairn.datatasks.deterministic.record_stage import ConvertStage
+from cairn.datatasks.deterministic.row_index import RowIndex
 from cairn.datatasks.deterministic.store import task_dir
 from cairn.datatasks.deterministic.task_stream import TaskStream
 from cairn.datatasks.errors import DataTasksError
@@ -167,8 +176,6 @@ class DeterministicReader:
             group = cache.group_size
             mode = shuffle or ("chunks" if group > 1 else "global")
             self.orders.append((mode, (shuffle_chunk or group) if mode == "chunks" else 1))
-        self.shuffle_window = shuffle_window
-        self.sorted_rows = any(mode == "chunks" for mode, _ in self.orders)
         self.streams = [
             TaskStream(
                 t,
@@ -187,6 +194,18 @@ class DeterministicReader:
             for t, cache, (mode, chunk) in zip(tasks, caches, self.orders)
         ]
         self.schedule = MixtureSchedule([t.name for t in tasks], rates, self.seed)
+        # The first stage: which planned records make each row (holds no position).
+        self.index = RowIndex(
+            self.streams,
+            self.schedule,
+            self.seed,
+            self.batch,
+            self.per_host,
+            self.first_row,
+            self.packing_window,
+            self.orders,
+            shuffle_window,
+        )
         self._convert: Any = None
         self._keys = keys
         self._step = 0
@@ -202,108 +221,56 @@ class DeterministicReader:
         self.steps_per_call = max(1, int(steps_per_call))  # `next` computes this many at once
         self._last: tuple[int, list] | None = None
 
-    # -- state ---------------------------------------------------------------------
+    # -- state: each stage that holds state gives its own (Grain's manner) ----------
+    # The row index: what shapes the rows (seed, batch, packing window, read order). The record
+    # source (`CachedTask`), the record stage and the conversion hold none (their caches change
+    # no batch). Batching and prefetch: the position, `step` (and the passes computed ahead).
+    @property
+    def sorted_rows(self) -> bool:
+        """Whether each global batch's rows are sorted by first record (a chunk order)."""
+        return self.index.sorted_rows
+
+    @sorted_rows.setter
+    def sorted_rows(self, value: bool) -> None:
+        self.index.sorted_rows = value
+
     def order_state(self) -> dict[str, int | str]:
-        """The read order as `get_state` records it: nothing for "global" (as before the
-        option existed), else `shuffle`, `shuffle_chunk` and `shuffle_window` (with tasks of
-        different orders, `shuffle` names the chunked tasks and `shuffle_chunk` is per task)."""
-        chunked = [(s.task.name, c) for s, (m, c) in zip(self.streams, self.orders) if m == "chunks"]
-        if not chunked:
-            return {}
-        sizes = {c for _, c in chunked}
-        return {
-            "shuffle": "chunks" if len(chunked) == len(self.streams) else ",".join(n for n, _ in chunked),
-            "shuffle_chunk": sizes.pop() if len(sizes) == 1 else ",".join(f"{n}:{c}" for n, c in chunked),
-            "shuffle_window": self.shuffle_window,
-        }
+        """The read order as `get_state` records it (`RowIndex.order_state`)."""
+        return self.index.order_state()
 
     def get_state(self) -> dict[str, int | str]:
-        state: dict[str, int | str] = {"step": self._step, "seed": self.seed, "global_batch_size": self.batch}
-        if self.packing_window:
-            state["packing_window"] = self.packing_window
-        state.update(self.order_state())
-        return state
+        """`{"step", "seed", "global_batch_size"}`, plus a first-fit `packing_window` and a
+        chunk order: the batching stage's position, then the row index's state."""
+        return {"step": self._step, **self.index.get_state()}
 
     def set_state(self, state: Mapping[str, int | str]) -> None:
-        for k in ("seed", "global_batch_size"):
-            if k in state and int(state[k]) != getattr(self, "seed" if k == "seed" else "batch"):
-                raise DataTasksError(
-                    f"state has {k}={state[k]}, this reader was built with {self.seed if k == 'seed' else self.batch}"
-                )
-        window = int(state.get("packing_window", 0))
-        if window != self.packing_window:
-
-            def what(w: int) -> str:
-                return f"packing='first_fit', packing_window={w}" if w else "packing='greedy'"
-
-            raise DataTasksError(
-                f"state was saved by a reader with {what(window)}; this "
-                f"reader has {what(self.packing_window)}: its rows differ"
-            )
-        ours = self.order_state()
-        theirs = {k: state[k] for k in ("shuffle", "shuffle_chunk", "shuffle_window") if k in state}
-        if theirs != ours:
-
-            def order(o: Mapping[str, int | str]) -> str:
-                return ", ".join(f"{k}={v!r}" for k, v in o.items()) if o else "shuffle='global'"
-
-            raise DataTasksError(
-                f"state was saved by a reader with {order(theirs)}; this reader has {order(ours)}: its rows differ"
-            )
+        """Moves to `state`'s step; a state of other rows is refused first (`RowIndex.set_state`)."""
+        self.index.set_state(state)
         step = int(state["step"])
         if step < 0:
             raise DataTasksError(f"state step must be >= 0, got {step}")
         self._step = step
-        # A chunk's batches depend only on its index (the seed and batch size are checked above):
-        # the chunks already computed or under way for the new position are kept (a `_peek` of
-        # the first batch, get_state/next/set_state, used to compute the first chunks twice); the
-        # others finish in the background and their results are dropped.
+        # A chunk's batches depend only on its index (the rows' state is checked above): the
+        # chunks already computed or under way for the new position are kept (a peek at a batch,
+        # get_state/next/set_state, computes nothing twice); the others finish in the background
+        # and their results are dropped.
         c = step // self.steps_per_call
         for chunk in [i for i in self._ahead if i not in self._wanted(c)]:
             del self._ahead[chunk]
         if self._last is not None and self._last[0] != c:
             self._last = None
 
-    # -- rows ----------------------------------------------------------------------
-    def _assigned(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """(task index, cursor in that task's stream) of this host's rows at the steps.
-
-        With a chunk order, the rows of each global batch are sorted by (task, first record)
-        before hosts take their slices (`read_order.sort_rows`): a host then reads the same few
-        chunks of a window at every step, whatever the host count."""
-        steps = (step + np.arange(count, dtype=np.int64))[:, None] * self.batch
-        if not self.sorted_rows:
-            return self.schedule.assign((steps + self.first_row + np.arange(self.per_host)[None, :]).reshape(-1))
-        tasks, cursors = self.schedule.assign((steps + np.arange(self.batch)[None, :]).reshape(-1))
-        first = np.empty_like(cursors)
-        for t in np.unique(tasks).tolist():
-            where = np.nonzero(tasks == t)[0]
-            _, records, sizes = self.streams[t].planned(cursors[where])
-            first[where] = records[np.cumsum(sizes) - sizes]
-        order = sort_rows(tasks, first, self.batch).reshape(count, self.batch)
-        mine = order[:, self.first_row : self.first_row + self.per_host].reshape(-1)
-        return tasks[mine], cursors[mine]
-
     def row_records(self, step: int, count: int = 1) -> list[tuple[str, int, np.ndarray]]:
         """`(task name, epoch, record ids)` of each of this host's rows at steps
-        `step .. step + count - 1`, step by step."""
-        tasks, cursors = self._assigned(step, count)
-        out: list = [None] * len(tasks)
-        for t in np.unique(tasks):
-            where = np.nonzero(tasks == t)[0]
-            stream = self.streams[int(t)]
-            for w, (e, ids) in zip(where.tolist(), stream.rows(cursors[where])):
-                out[w] = (stream.task.name, e, ids)
-        return out
+        `step .. step + count - 1`, step by step (`RowIndex.row_records`)."""
+        return self.index.row_records(step, count)
 
     def batches_at(self, step: int, count: int) -> list[dict[str, np.ndarray]]:
         """This host's rows of the global batches at `step .. step + count - 1`, computed
         together (one pass); does not move the state."""
-        tasks, cursors = self._assigned(step, count)
+        tasks, cursors = self.index.assigned(step, count)
         n_rows = len(tasks)
-        per_row: dict[str, list] = {k: [None] * n_rows for k in self._keys}
         parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
-        unconverted: list[int] = []
         for t in np.unique(tasks):
             mine = np.nonzero(tasks == t)[0]
             stream = self.streams[int(t)]
@@ -313,19 +280,8 @@ class DeterministicReader:
                 parts.append((mine, ex))
             elif self.converter.converts_numpy:
                 parts.append((mine, self.converter.convert_numpy(ex, sizes, self.lengths)))
-            else:
-                unconverted += mine.tolist()
-                split = {k: ex[k].to_list() for k in self._keys}
-                at = 0
-                for i, n in zip(mine.tolist(), sizes.tolist()):
-                    for k in self._keys:
-                        per_row[k][i] = split[k][at : at + n]
-                    at += n
-        if unconverted:
-            unconverted.sort()
-            convert = self._convert_stage()
-            rows_in = {k: [per_row[k][i] for i in unconverted] for k in self._keys}
-            parts.append((np.asarray(unconverted, np.int64), convert(rows_in)))
+            else:  # the converter's own TensorFlow conversion, on the same examples and rows
+                parts.append((mine, self._convert_stage()(ex, sizes)))
         out = {k: np.empty((n_rows,) + v.shape[1:], v.dtype) for k, v in parts[0][1].items()}
         for where, arrays in parts:
             got = next(iter(arrays.values())).shape[0]
@@ -341,10 +297,17 @@ class DeterministicReader:
     def _convert_stage(self) -> Any:
         """The TensorFlow conversion, for converters without a NumPy one (built on first use)."""
         if self._convert is None:
-            from cairn.datatasks.deterministic.convert import ConvertStage
-
             self._convert = ConvertStage(self.converter, self.lengths, self._keys)
         return self._convert
+
+    def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """`{model feature: (shape, dtype)}` of this host's batches, from the spec alone (the
+        batch size over the hosts, the converter's model features and their lengths from the
+        sequence lengths; every feature int32): nothing is read. Passthrough features are not
+        among them (the reader reads the converter's task features only)."""
+        passthrough = set(getattr(self.converter, "_passthrough", ())) - set(self._keys)
+        lengths = self.converter.get_model_feature_lengths(self.lengths)
+        return {k: ((self.per_host, int(n)), np.dtype(np.int32)) for k, n in lengths.items() if k not in passthrough}
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's rows of the global batch at `step` (does not move the state)."""

@@ -14,10 +14,9 @@ from cairn.datatasks.deterministic import plan as plan_lib
 from cairn.datatasks.deterministic import plan_store
 from cairn.datatasks.deterministic.cached_task import CachedTask
 from cairn.datatasks.deterministic.chunk_order import DEFAULT_WINDOW, chunk_bounds
-from cairn.datatasks.deterministic.examples import NumpyRecordStage, numpy_fns
 from cairn.datatasks.deterministic.read_order import ReadOrder, base_order
+from cairn.datatasks.deterministic.record_stage import NumpyRecordStage, RecordStage, WireFormatError, numpy_fns
 from cairn.datatasks.deterministic.seeds import record_key
-from cairn.datatasks.deterministic.wire import WireFormatError
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
 from cairn.datatasks.task import Task
@@ -93,8 +92,6 @@ class TaskStream:
         """The TensorFlow record stage (built, and TensorFlow imported, on first use)."""
         with self._lock:
             if self._tf_stage is None:
-                from cairn.datatasks.deterministic.stages import RecordStage
-
                 start = len(self.task.cacheable_preprocessors)
                 self._tf_stage = RecordStage(
                     self.task, self.cache.specs, start, self.sequence_length, self._keys, self._converter
