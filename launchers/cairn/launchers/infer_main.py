@@ -10,7 +10,9 @@ Every task of the config's evaluation task or mixture (`eval.task`, default `dat
 file, rows in input order: `--output` itself for one task, `<output without .jsonl>-<task>.jsonl`
 for each task of a mixture. Encoder-decoder models are fed each example's `inputs`; decoder-only
 models continue a prompt: the task's `inputs`, or else the first half of its `targets` (the
-target is then the second half), or `--input_file`'s lines (one file, no targets). The
+target is then the second half), or `--input_file`'s lines (one file, no targets). An
+encoder-decoder model takes `--input_file` too: each line encoded as the task's `inputs` (cut to
+their length, EOS last when the task adds it), no targets. The
 prediction excludes the prompt. `--mode` (t5x's infer modes; `infer_rows`): `predict` (rows
 `{index, input, target, prediction, prediction_ids}`), `score` (`{index, input, target,
 score}`: the target's log-likelihood given the input, summed over its tokens) or
@@ -68,7 +70,7 @@ STEP = flags.DEFINE_integer(
 )
 CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
 NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
-INPUT_FILE = flags.DEFINE_string("input_file", "", "decoder-only: prompts, one per line")
+INPUT_FILE = flags.DEFINE_string("input_file", "", "inputs (decoder-only: prompts), one per line")
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "discard existing parts and start again")
 MODE = flags.DEFINE_string("mode", "predict", "predict, score (target log-likelihoods) or predict_with_aux")
 
@@ -116,6 +118,7 @@ def infer(
     except storage.StorageError as e:
         raise ConfigError("output", str(e)) from None
     family = model_family(spec.keys.model.kind)
+    # An encoder-decoder model's --input_file lines are encoded as the evaluation task's inputs.
     eval_task = not (family.continues_prompt and input_file)
     ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", chunk_size),), eval_task=eval_task)
     partitioner = ready.partitioner

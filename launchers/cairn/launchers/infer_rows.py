@@ -10,13 +10,15 @@ JSON lines of one chunk in each mode (t5x's infer modes).
 The rows of a task: an encoder-decoder model's are its examples' `inputs` and `targets`; a
 decoder-only model's are the prompts and targets of the task's decode view (`decode_views`:
 `inputs` and `targets`, or the two halves of `targets`), or `--input_file`'s lines as prompts
-(no targets, so no `score` mode).
+(no targets, so no `score` mode): a decoder-only model's as the vocabulary encodes them, an
+encoder-decoder model's as the task makes its `inputs` (`encoder_input`: cut to the inputs length,
+EOS last when the task's feature adds it).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cairn import storage
@@ -49,9 +51,10 @@ def task_rows(spec: RunSpec, num_examples: int | None, input_file: str) -> dict[
     evaluation task or mixture (or `{FILE_TASK: rows}` of `--input_file`)."""
     config, vocabulary = spec.keys, spec.vocabulary
     family = model_family(config.model.kind)
-    if family.continues_prompt and input_file:
+    if input_file:
         prompts = [line.rstrip("\r") for line in storage.read_text(input_file).split("\n") if line.strip()]
-        return {FILE_TASK: [{"ids": vocabulary.encode(p), "target_ids": [], "input": p, "target": ""} for p in prompts]}
+        encode = vocabulary.encode if family.continues_prompt else encoder_input(spec)
+        return {FILE_TASK: [{"ids": encode(p), "target_ids": [], "input": p, "target": ""} for p in prompts]}
     n = config.eval.num_examples if num_examples is None else num_examples
     if not family.continues_prompt:
         evaluator = builder.make_evaluator(spec, num_examples=n)
@@ -69,6 +72,25 @@ def task_rows(spec: RunSpec, num_examples: int | None, input_file: str) -> dict[
     if not out:
         raise ConfigError("eval.split", f"no task of {config.eval.task or config.data.task!r} has it")
     return out
+
+
+def adds_eos(spec: RunSpec) -> bool:
+    """Whether the evaluation task's (each task of a mixture's) `inputs` feature ends with EOS."""
+    tasks = data_lib.get_tasks(spec.keys, "eval.task")
+    features = [t.output_features.get("inputs") for _, t in sorted(tasks.items())]
+    return any(f is not None and f.add_eos for f in features)
+
+
+def encoder_input(spec: RunSpec) -> Callable[[str], list[int]]:
+    """An encoder-decoder model's text -> its `inputs` ids as the task makes them: cut to the
+    inputs length, EOS last when the task's feature adds it (seqio's `append_eos_after_trim`)."""
+    vocabulary, width = spec.vocabulary, spec.reader.sequence_length["inputs"]
+    eos = [vocabulary.eos_id] if adds_eos(spec) and vocabulary.eos_id is not None else []
+
+    def encode(text: str) -> list[int]:
+        return vocabulary.encode(text)[: width - len(eos)] + eos
+
+    return encode
 
 
 def output_paths(output: str, tasks: list[str]) -> dict[str, str]:
