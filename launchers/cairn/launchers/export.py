@@ -46,7 +46,9 @@ from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
-OUTPUT = flags.DEFINE_string("output", "", "the SavedModel folder to write (required)")
+# `allow_override`: flags infer_main (or another program) defines too, so that one process (a test)
+# imports both modules; a program imports only its own.
+OUTPUT = flags.DEFINE_string("output", "", "the SavedModel folder to write (required)", allow_override=True)
 CHECKPOINT = flags.DEFINE_string(
     "checkpoint",
     "",
@@ -56,18 +58,20 @@ CHECKPOINT = flags.DEFINE_string(
 STEP = flags.DEFINE_integer(
     "step", None, "this step's checkpoint (default: the latest complete one)", allow_override=True
 )
-BATCH = flags.DEFINE_integer("batch_size", 8, "rows per model call inside the SavedModel")
+BATCH = flags.DEFINE_integer("batch_size", 8, "rows per model call inside the SavedModel", allow_override=True)
 INPUT_LENGTH = flags.DEFINE_integer(
     "input_length", 0, "prompt tokens (default: sequence_length.inputs; decoder-only: .targets)"
 )
 PLATFORMS = flags.DEFINE_list("platforms", ["cpu"], "platforms the SavedModel runs on: cpu, cuda, rocm, tpu")
-OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace an existing --output")
+OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace an existing --output", allow_override=True)
 
 PLATFORM_NAMES = ("cpu", "cuda", "rocm", "tpu")
 FACTS_FILE = "cairn_export.json"  # under the SavedModel's assets.extra/
 
 
-def _check_args(output: str, batch_size: int, input_length: int, platforms: list[str], overwrite: bool) -> None:
+def check_args(output: str, batch_size: int, input_length: int, platforms: list[str], overwrite: bool) -> None:
+    """`ConfigError` naming the flag for an unusable `--output`, `--batch_size`, `--input_length`
+    or `--platforms` (checked before JAX is imported)."""
     if not output:
         raise ConfigError("output", "--output=path/to/saved_model is required")
     if batch_size < 1:
@@ -118,12 +122,12 @@ def export(
 ) -> dict[str, Any]:
     """Writes the SavedModel of the checkpoint at `path` (module docstring) to `output`;
     returns the facts recorded in it (`assets.extra/cairn_export.json`)."""
+    check_args(output, batch_size, input_length, list(platforms), overwrite)
+    _check_decode(spec)
+    vocabulary = graph_vocabulary(spec)
     import jax
     from jax.experimental import jax2tf
 
-    _check_args(output, batch_size, input_length, list(platforms), overwrite)
-    _check_decode(spec)
-    vocabulary = graph_vocabulary(spec)
     family = model_family(spec.keys.model.kind)
     lengths = spec.reader.sequence_length
     width = input_length or int(lengths["targets"] if family.continues_prompt else lengths[family.input_feature])

@@ -64,17 +64,23 @@ class ServingModule(tf.Module):
         shape: ServingShape,
     ):
         super().__init__(name="cairn_serving")
-        self._decode_fn = decode_fn
         self.params = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), params)
         self.tokenizer = SentencePieceGraph(vocabulary.sp_model)
         self.vocabulary_asset = tf.saved_model.Asset(vocabulary_file)
         self._clean = vocabulary.clean_ids_tf
         self._shape = shape
         strings = tf.TensorSpec([None], tf.string, name="inputs")
-        self.serving_default = tf.function(
-            lambda inputs: self._run(inputs, tf.constant(shape.seed, tf.int32)), input_signature=[strings]
+        seed = tf.TensorSpec([], tf.int32, name="seed")
+        # Each traced once (the model converted once), shared by both signatures.
+        self._decode = tf.function(
+            lambda prompts, seed: decode_fn(self.params, prompts, seed),
+            input_signature=[tf.TensorSpec([shape.batch_size, shape.input_length], tf.int32), seed],
+            autograph=False,
         )
-        self.generate = tf.function(self._run, input_signature=[strings, tf.TensorSpec([], tf.int32, name="seed")])
+        self.generate = tf.function(self._run, input_signature=[strings, seed])
+        self.serving_default = tf.function(
+            lambda inputs: self.generate(inputs, tf.constant(shape.seed, tf.int32)), input_signature=[strings]
+        )
 
     def signatures(self) -> dict[str, Any]:
         """The concrete functions to save as signatures."""
@@ -101,7 +107,7 @@ class ServingModule(tf.Module):
         padded = tf.pad(prompts, [[0, chunks * s.batch_size - n], [0, 0]])
         batches = tf.reshape(padded, [chunks, s.batch_size, s.input_length])
         tokens, scores = tf.map_fn(
-            lambda x: self._decode_fn(self.params, x, seed),
+            lambda x: self._decode(x, seed),
             batches,
             fn_output_signature=(
                 tf.TensorSpec([s.batch_size, s.output_length], tf.int32),

@@ -323,6 +323,7 @@ class SentencePieceGraph(tf.Module):
         prev_unk = tf.concat([[False], tf.equal(path[:-1], self.spec.unk_id)], 0)
         return tf.boolean_mask(path, tf.logical_not(tf.logical_and(prev_unk, tf.equal(path, self.spec.unk_id))))
 
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def encode(self, texts: Any) -> Any:
         """A 1-D string tensor to a `tf.RaggedTensor` of int32 ids (no EOS)."""
         return tf.map_fn(
@@ -331,6 +332,7 @@ class SentencePieceGraph(tf.Module):
             fn_output_signature=tf.RaggedTensorSpec(shape=[None], dtype=tf.int32),
         )
 
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
     def decode(self, ids: Any) -> Any:
         """Dense int32 ids `[b, n]` (already cleaned: nothing after EOS, ids in range) to
         strings `[b]`."""
