@@ -227,6 +227,8 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
         export.check_args(str(existing), 8, 0, ["cpu"], False)
     export.check_args(str(existing), 8, 0, ["cpu"], True)
     # The program: one line, exit 2, before JAX is imported.
-    proc = launch_util.run("cairn.launchers.export", [f"--config={launch_util.T5_CONFIG}", "--batch_size=0", f"--output={out}"])
+    proc = launch_util.run(
+        "cairn.launchers.export", [f"--config={launch_util.T5_CONFIG}", "--batch_size=0", f"--output={out}"]
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "batch_size" in lines[0], launch_util.tail(proc)

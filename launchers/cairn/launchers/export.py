@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from absl import flags
 
 from cairn import storage
@@ -45,6 +46,7 @@ from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
+from cairn.tokenizers import SentencePieceVocabulary, VocabularyError
 
 # `allow_override`: flags infer_main (or another program) defines too, so that one process (a test)
 # imports both modules; a program imports only its own.
@@ -94,8 +96,7 @@ def _check_decode(spec: RunSpec) -> None:
 
 def graph_vocabulary(spec: RunSpec) -> Any:
     """The spec's vocabulary in TensorFlow ops, or a `ConfigError` naming `vocabulary.*`."""
-    from cairn.tokenizers import SentencePieceVocabulary, VocabularyError
-    from cairn.tokenizers.sentencepiece_graph import ModelSpec
+    from cairn.tokenizers.sentencepiece_graph import ModelSpec  # imports TensorFlow
 
     vocabulary = spec.vocabulary
     if not isinstance(vocabulary, SentencePieceVocabulary):
@@ -125,8 +126,7 @@ def export(
     check_args(output, batch_size, input_length, list(platforms), overwrite)
     _check_decode(spec)
     vocabulary = graph_vocabulary(spec)
-    import jax
-    from jax.experimental import jax2tf
+    from jax.experimental import jax2tf  # imports TensorFlow
 
     family = model_family(spec.keys.model.kind)
     lengths = spec.reader.sequence_length
@@ -140,7 +140,7 @@ def export(
     add_eos = not family.continues_prompt and infer_rows.adds_eos(spec)
     eos = vocabulary.eos_id if vocabulary.eos_id is not None else 1
 
-    from cairn.launchers import serving
+    from cairn.launchers import serving  # imports TensorFlow
 
     shape = serving.ServingShape(batch_size, width, new, family.continues_prompt, add_eos, eos, spec.keys.seed)
     options = predict_fns.decode_options(spec, shape.output_length)
@@ -165,7 +165,8 @@ def export(
         "signatures": ["serving_default", "generate"],
     }
     _save(serving, decode_fn, params, vocabulary, shape, output, overwrite, facts)
-    out(f"exported step {step} of {storage.absolute(path)} to {output} ({spec.keys.model.kind}, {facts['decode']['method']})")
+    kind, method = spec.keys.model.kind, options.method
+    out(f"exported step {step} of {storage.absolute(path)} to {output} ({kind}, {method})")
     return facts
 
 

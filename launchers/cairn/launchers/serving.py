@@ -84,7 +84,10 @@ class ServingModule(tf.Module):
 
     def signatures(self) -> dict[str, Any]:
         """The concrete functions to save as signatures."""
-        return {"serving_default": self.serving_default.get_concrete_function(), "generate": self.generate.get_concrete_function()}
+        return {
+            "serving_default": self.serving_default.get_concrete_function(),
+            "generate": self.generate.get_concrete_function(),
+        }
 
     def prompts(self, inputs: tf.Tensor) -> tf.Tensor:
         """`[n, input_length]` int32 prompts of `inputs` (module docstring), right-padded with 0."""

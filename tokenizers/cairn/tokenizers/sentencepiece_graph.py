@@ -9,9 +9,9 @@ text). What it reimplements, following SentencePiece's normalizer and unigram en
 
 - normalization: at each position the longest user-defined piece is copied as it is, else the
   longest key of the model's precompiled character map (`normalizer_spec.precompiled_charsmap`,
-  a darts-clone double array, enumerated once here into a table) is replaced by its value, else
-  one UTF-8 character is copied (an invalid byte becomes U+FFFD); leading, trailing and repeated
-  spaces are dropped (`remove_extra_whitespaces`), a space goes in front (`add_dummy_prefix`),
+  a darts-clone double array, walked in the graph as SentencePiece walks it) is replaced by its
+  value, else one UTF-8 character is copied (an invalid byte becomes U+FFFD); leading, trailing
+  and repeated spaces are dropped (`remove_extra_whitespaces`), a space goes in front (`add_dummy_prefix`),
   and spaces become U+2581 (`escape_whitespaces`);
 - segmentation: the Viterbi path over the normalized bytes as `EncodeOptimized` computes it (the
   first best candidate wins a tie; a user-defined piece scores `bytes * max_score - 0.1` in
@@ -20,10 +20,11 @@ text). What it reimplements, following SentencePiece's normalizer and unigram en
 - decoding: control pieces render as nothing, UNK as " \u2047 ", U+2581 as a space, and each
   piece before the first that renders as something loses its leading U+2581.
 
-Importing this module imports TensorFlow. Supported: unigram models without byte fallback, whitespace as a prefix, no denormalizer (T5's,
-mT5's and Cairn's trained models). Others raise `VocabularyError` naming what is not supported.
-The loops run once per byte of each string (`tf.while_loop`): fine for serving requests, not
-meant for bulk preprocessing (`SentencePieceVocabulary.encode_tf` is faster there).
+Importing this module imports TensorFlow. Supported: unigram models without byte fallback,
+whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models). Others raise
+`VocabularyError` naming what is not supported. The loops run once per byte of each string
+(`tf.while_loop`): fine for serving requests, not meant for bulk preprocessing
+(`SentencePieceVocabulary.encode_tf` is faster there).
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ UNK_SURFACE = " \u2047 "
 def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
     """A protobuf message's `(field, wire type, value)` in order (varint ints, fixed32 as bytes,
     length-delimited as bytes)."""
-    out, i = [], 0
+    out: list[tuple[int, int, Any]] = []
+    i = 0
     while i < len(buf):
+        value: Any
         key, i = _read_varint(buf, i)
         field, wire = key >> 3, key & 7
         if wire == 0:
@@ -211,7 +214,9 @@ class SentencePieceGraph(tf.Module):
             user_len = tf.constant(0)
             if self._user is not None:
                 lens = tf.range(1, self.max_user + 1)
-                hits = self._user.lookup(tf.strings.substr(tf.fill([self.max_user], rest), tf.zeros_like(lens), lens)) >= 0
+                hits = (
+                    self._user.lookup(tf.strings.substr(tf.fill([self.max_user], rest), tf.zeros_like(lens), lens)) >= 0
+                )
                 hits = tf.logical_and(hits, lens <= n - pos)
                 found_user = tf.reduce_any(hits)
                 user_len = tf.reduce_max(tf.where(hits, lens, 0))
@@ -283,7 +288,9 @@ class SentencePieceGraph(tf.Module):
         def body(s, best, starts, ids):
             reached = starts[s] >= 0
             here = best[s]
-            piece_ids = tf.cast(self._piece_ids.lookup(tf.strings.substr(tf.fill([length], norm), tf.fill([length], s), lens)), tf.int32)
+            piece_ids = tf.cast(
+                self._piece_ids.lookup(tf.strings.substr(tf.fill([length], norm), tf.fill([length], s), lens)), tf.int32
+            )
             ok = tf.logical_and(tf.logical_and(piece_ids >= 0, lens <= n - s), reached)
             safe = tf.maximum(piece_ids, 0)
             user = tf.gather(self._user_defined, safe)
@@ -292,7 +299,9 @@ class SentencePieceGraph(tf.Module):
             candidate = score + tf.cast(here, tf.float64)
             ends = tf.minimum(s + lens, n)
             old = tf.gather(best, ends)
-            better = tf.logical_and(ok, tf.logical_or(tf.gather(starts, ends) < 0, candidate > tf.cast(old, tf.float64)))
+            better = tf.logical_and(
+                ok, tf.logical_or(tf.gather(starts, ends) < 0, candidate > tf.cast(old, tf.float64))
+            )
             idx = tf.boolean_mask(ends, better)[:, None]
             best = tf.tensor_scatter_nd_update(best, idx, tf.cast(tf.boolean_mask(candidate, better), tf.float32))
             starts = tf.tensor_scatter_nd_update(starts, idx, tf.fill([tf.shape(idx)[0]], s))
@@ -315,9 +324,7 @@ class SentencePieceGraph(tf.Module):
         def back(e, out):
             return starts[e], out.write(out.size(), ids[e])
 
-        _, path = tf.while_loop(
-            lambda e, out: e > 0, back, [n, tf.TensorArray(tf.int32, size=0, dynamic_size=True)]
-        )
+        _, path = tf.while_loop(lambda e, out: e > 0, back, [n, tf.TensorArray(tf.int32, size=0, dynamic_size=True)])
         path = tf.reverse(path.stack(), [0])
         # consecutive UNKs are one UNK
         prev_unk = tf.concat([[False], tf.equal(path[:-1], self.spec.unk_id)], 0)
