@@ -34,9 +34,18 @@ def vocab(t5_model):
     return SentencePieceVocabulary(t5_model, extra_ids=10)
 
 
+class Graph:
+    """`SentencePieceGraph`'s encode and decode as `tf.function`s (as a SavedModel traces them)."""
+
+    def __init__(self, model):
+        g = SentencePieceGraph(model)
+        self.encode = tf.function(g.encode, input_signature=[tf.TensorSpec([None], tf.string)])
+        self.decode = tf.function(g.decode, input_signature=[tf.TensorSpec([None, None], tf.int32)])
+
+
 @pytest.fixture(scope="module")
 def graph(vocab):
-    return SentencePieceGraph(vocab.sp_model)
+    return Graph(vocab.sp_model)
 
 
 def test_encode_equals_sentencepiece_on_shakespeare(vocab, graph, lines):

@@ -41,12 +41,23 @@ from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, predict_fns, run_setup
+from cairn.launchers import (
+    builder,
+    checkpoint_params,
+    cli,
+    config_io,
+    entry,
+    infer_rows,
+    predict_fns,
+    run_setup,
+    serving,
+)
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 from cairn.tokenizers import SentencePieceVocabulary, VocabularyError
+from cairn.tokenizers.sentencepiece_graph import ModelSpec
 
 # `allow_override`: flags infer_main (or another program) defines too, so that one process (a test)
 # imports both modules; a program imports only its own.
@@ -96,7 +107,6 @@ def _check_decode(spec: RunSpec) -> None:
 
 def graph_vocabulary(spec: RunSpec) -> Any:
     """The spec's vocabulary in TensorFlow ops, or a `ConfigError` naming `vocabulary.*`."""
-    from cairn.tokenizers.sentencepiece_graph import ModelSpec  # imports TensorFlow
 
     vocabulary = spec.vocabulary
     if not isinstance(vocabulary, SentencePieceVocabulary):
@@ -140,8 +150,6 @@ def export(
     add_eos = not family.continues_prompt and infer_rows.adds_eos(spec)
     eos = vocabulary.eos_id if vocabulary.eos_id is not None else 1
 
-    from cairn.launchers import serving  # imports TensorFlow
-
     shape = serving.ServingShape(batch_size, width, new, family.continues_prompt, add_eos, eos, spec.keys.seed)
     options = predict_fns.decode_options(spec, shape.output_length)
 
@@ -164,14 +172,13 @@ def export(
         "platforms": list(platforms),
         "signatures": ["serving_default", "generate"],
     }
-    _save(serving, decode_fn, params, vocabulary, shape, output, overwrite, facts)
+    _save(decode_fn, params, vocabulary, shape, output, overwrite, facts)
     kind, method = spec.keys.model.kind, options.method
     out(f"exported step {step} of {storage.absolute(path)} to {output} ({kind}, {method})")
     return facts
 
 
 def _save(
-    serving: Any,
     decode_fn: Callable,
     params: Any,
     vocabulary: Any,
@@ -186,9 +193,9 @@ def _save(
         model_file = os.path.join(tmp, "vocabulary.model")
         with open(model_file, "wb") as f:
             f.write(vocabulary.sp_model)
-        module = serving.ServingModule(decode_fn, params, vocabulary, model_file, shape)
+        module, signatures = serving.serving_module(decode_fn, params, vocabulary, model_file, shape)
         staged = os.path.join(tmp, "saved_model")
-        tf.saved_model.save(module, staged, signatures=module.signatures())
+        tf.saved_model.save(module, staged, signatures=signatures)
         os.makedirs(os.path.join(staged, "assets.extra"), exist_ok=True)
         with open(os.path.join(staged, "assets.extra", FACTS_FILE), "w") as f:
             json.dump(facts, f, indent=1, sort_keys=True)

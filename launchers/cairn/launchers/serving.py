@@ -2,7 +2,7 @@
 with the model (jax2tf, native serialization) and the vocabulary (`cairn.tokenizers`'
 `SentencePieceGraph`: plain TensorFlow ops) inside, so that TensorFlow alone serves it.
 
-Signatures (`ServingModule`):
+Signatures (`serving_module`):
 
 - `serving_default(inputs: string[n]) -> {outputs: string[n], scores: float32[n],
   output_ids: int32[n, new_tokens]}`: decoded with the exported `post_training.*` options and the
@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import Any
-
-import tensorflow as tf
 
 from cairn.tokenizers.sentencepiece_graph import SentencePieceGraph
 
@@ -48,80 +46,77 @@ class ServingShape:
         return self.new_tokens + (self.input_length if self.continues_prompt else 0)
 
 
-class ServingModule(tf.Module):
-    """The saved module (module docstring). `decode_fn(params, prompts [B, W] int32, seed int32)
-    -> (tokens [B, output_length] int32, scores [B] float32)` is the jax2tf-converted
-    `predict_batch`; `params` its parameters (numpy arrays, kept as variables); `vocabulary` the
-    task's `cairn.tokenizers` vocabulary (its `clean_ids_tf` is plain TensorFlow);
-    `vocabulary_file`, the serialized SentencePiece model, is kept as an asset."""
+def serving_module(
+    decode_fn: Callable,
+    params: Any,
+    vocabulary: Any,
+    vocabulary_file: str,
+    shape: ServingShape,
+) -> tuple[Any, dict[str, Any]]:
+    """`(the tf.Module to save, its signatures)` (module docstring; the concrete functions by
+    signature name). `decode_fn(params, prompts [B, W] int32, seed int32) -> (tokens [B,
+    output_length] int32, scores [B] float32)` is the jax2tf-converted `predict_batch`; `params`
+    its parameters (numpy arrays, kept as variables); `vocabulary` the task's `cairn.tokenizers`
+    vocabulary (its `clean_ids_tf` is plain TensorFlow); `vocabulary_file`, the serialized
+    SentencePiece model, is kept as an asset."""
+    import tensorflow as tf
 
-    def __init__(
-        self,
-        decode_fn: Callable,
-        params: Any,
-        vocabulary: Any,
-        vocabulary_file: str,
-        shape: ServingShape,
-    ):
-        super().__init__(name="cairn_serving")
-        self.params = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), params)
-        self.tokenizer = SentencePieceGraph(vocabulary.sp_model)
-        self.vocabulary_asset = tf.saved_model.Asset(vocabulary_file)
-        self._clean = vocabulary.clean_ids_tf
-        self._shape = shape
-        strings = tf.TensorSpec([None], tf.string, name="inputs")
-        seed = tf.TensorSpec([], tf.int32, name="seed")
-        # Each traced once (the model converted once), shared by both signatures.
-        self._decode = tf.function(
-            lambda prompts, seed: decode_fn(self.params, prompts, seed),
-            input_signature=[tf.TensorSpec([shape.batch_size, shape.input_length], tf.int32), seed],
-            autograph=False,
-        )
-        self.generate = tf.function(self._run, input_signature=[strings, seed])
-        self.serving_default = tf.function(
-            lambda inputs: self.generate(inputs, tf.constant(shape.seed, tf.int32)), input_signature=[strings]
-        )
+    module = tf.Module(name="cairn_serving")
+    module.params = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), params)
+    tokenizer = SentencePieceGraph(vocabulary.sp_model)
+    module.tokenizer_tables = tokenizer.tables  # tracked, so that the functions' tables are saved
+    module.vocabulary_asset = tf.saved_model.Asset(vocabulary_file)
+    strings = tf.TensorSpec([None], tf.string, name="inputs")
+    seed_spec = tf.TensorSpec([], tf.int32, name="seed")
+    # Traced once (the model converted once) and shared by both signatures.
+    module.decode = tf.function(
+        lambda prompts, seed: decode_fn(module.params, prompts, seed),
+        input_signature=[tf.TensorSpec([shape.batch_size, shape.input_length], tf.int32), seed_spec],
+        autograph=False,
+    )
 
-    def signatures(self) -> dict[str, Any]:
-        """The concrete functions to save as signatures."""
-        return {
-            "serving_default": self.serving_default.get_concrete_function(),
-            "generate": self.generate.get_concrete_function(),
-        }
-
-    def prompts(self, inputs: tf.Tensor) -> tf.Tensor:
-        """`[n, input_length]` int32 prompts of `inputs` (module docstring), right-padded with 0."""
-        s = self._shape
-        ids = self.tokenizer.encode(inputs)
-        n = tf.shape(inputs)[0]
-        if s.continues_prompt:
-            ids = ids[:, -s.input_length :] if s.input_length else ids[:, :0]
-        elif s.add_eos:
-            ids = tf.concat([ids[:, : s.input_length - 1], tf.fill([n, 1], s.eos_id)], axis=1)
-        else:
-            ids = ids[:, : s.input_length]
-        return ids.to_tensor(default_value=0, shape=[None, s.input_length])
-
-    def _run(self, inputs: tf.Tensor, seed: tf.Tensor) -> dict[str, tf.Tensor]:
-        s = self._shape
-        prompts = self.prompts(inputs)
+    def run(inputs: Any, seed: Any) -> dict[str, Any]:
+        prompts = _prompts(tf, tokenizer, inputs, shape)
         n = tf.shape(prompts)[0]
-        chunks = (n + s.batch_size - 1) // s.batch_size
-        padded = tf.pad(prompts, [[0, chunks * s.batch_size - n], [0, 0]])
-        batches = tf.reshape(padded, [chunks, s.batch_size, s.input_length])
+        chunks = (n + shape.batch_size - 1) // shape.batch_size
+        padded = tf.pad(prompts, [[0, chunks * shape.batch_size - n], [0, 0]])
+        batches = tf.reshape(padded, [chunks, shape.batch_size, shape.input_length])
         tokens, scores = tf.map_fn(
-            lambda x: self._decode(x, seed),
+            lambda x: module.decode(x, seed),
             batches,
             fn_output_signature=(
-                tf.TensorSpec([s.batch_size, s.output_length], tf.int32),
-                tf.TensorSpec([s.batch_size], tf.float32),
+                tf.TensorSpec([shape.batch_size, shape.output_length], tf.int32),
+                tf.TensorSpec([shape.batch_size], tf.float32),
             ),
         )
-        tokens = tf.reshape(tokens, [-1, s.output_length])[:n]
+        tokens = tf.reshape(tokens, [-1, shape.output_length])[:n]
         scores = tf.reshape(scores, [-1])[:n]
-        if s.continues_prompt:  # the prompt (its leading non-zero tokens) removed
+        if shape.continues_prompt:  # the prompt (its leading non-zero tokens) removed
             starts = tf.reduce_sum(tf.math.cumprod(tf.cast(prompts != 0, tf.int32), axis=1), axis=1)
-            tokens = tf.gather(tokens, starts[:, None] + tf.range(s.new_tokens)[None, :], batch_dims=1)
+            tokens = tf.gather(tokens, starts[:, None] + tf.range(shape.new_tokens)[None, :], batch_dims=1)
         tokens = tokens * tf.math.cumprod(tf.cast(tokens != 0, tf.int32), axis=1)  # nothing after a 0
-        texts = self.tokenizer.decode(self._clean(tokens))
+        texts = tokenizer.decode(vocabulary.clean_ids_tf(tokens))
         return {"outputs": texts, "scores": scores, "output_ids": tokens}
+
+    module.generate = tf.function(run, input_signature=[strings, seed_spec])
+    module.serving_default = tf.function(
+        lambda inputs: module.generate(inputs, tf.constant(shape.seed, tf.int32)), input_signature=[strings]
+    )
+    signatures = {
+        "serving_default": module.serving_default.get_concrete_function(),
+        "generate": module.generate.get_concrete_function(),
+    }
+    return module, signatures
+
+
+def _prompts(tf: Any, tokenizer: SentencePieceGraph, inputs: Any, shape: ServingShape) -> Any:
+    """`[n, input_length]` int32 prompts of `inputs` (module docstring), right-padded with 0."""
+    ids = tokenizer.encode(inputs)
+    n = tf.shape(inputs)[0]
+    if shape.continues_prompt:
+        ids = ids[:, -shape.input_length :]
+    elif shape.add_eos:
+        ids = tf.concat([ids[:, : shape.input_length - 1], tf.fill([n, 1], shape.eos_id)], axis=1)
+    else:
+        ids = ids[:, : shape.input_length]
+    return ids.to_tensor(default_value=0, shape=[None, shape.input_length])

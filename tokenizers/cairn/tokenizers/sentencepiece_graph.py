@@ -20,7 +20,7 @@ text). What it reimplements, following SentencePiece's normalizer and unigram en
 - decoding: control pieces render as nothing, UNK as " \u2047 ", U+2581 as a space, and each
   piece before the first that renders as something loses its leading U+2581.
 
-Importing this module imports TensorFlow. Supported: unigram models without byte fallback,
+TensorFlow is imported when a `SentencePieceGraph` is built. Supported: unigram models without byte fallback,
 whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models). Others raise
 `VocabularyError` naming what is not supported. The loops run once per byte of each string
 (`tf.while_loop`): fine for serving requests, not meant for bulk preprocessing
@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import struct
 from typing import Any
-
-import tensorflow as tf
 
 from cairn.tokenizers.vocabulary import VocabularyError
 
@@ -133,12 +131,14 @@ class ModelSpec:
         return np.frombuffer(blob[4 : 4 + size], "<u4").astype(np.int64), blob[4 + size :]
 
 
-class SentencePieceGraph(tf.Module):
-    """`encode` and `decode` of one SentencePiece model in TensorFlow ops (module docstring); a
-    `tf.Module`, so that a module saving it saves its lookup tables."""
+class SentencePieceGraph:
+    """`encode` and `decode` of one SentencePiece model in TensorFlow ops (module docstring). A
+    `tf.Module` that saves functions calling them must track `tables` (its lookup tables), e.g.
+    as an attribute."""
 
     def __init__(self, model: bytes):
-        super().__init__(name="sentencepiece")
+        import tensorflow as tf
+
         spec = ModelSpec(model)
         self.spec = spec
         texts = [p for p, _, _ in spec.pieces]
@@ -167,11 +167,14 @@ class SentencePieceGraph(tf.Module):
         self._surfaces = tf.constant(surfaces)
         self._strip_first = spec.add_dummy_prefix or spec.remove_extra_whitespaces
         self.vocab_size = len(texts)
+        self.tables = [t for t in (self._piece_ids, self._user) if t is not None]
 
     # -- normalization ----------------------------------------------------------------
     def _longest_key(self, text: Any, pos: Any, n: Any) -> tuple[Any, Any]:
         """`(length, replacement offset)` of the longest key of the charsmap trie at `pos`
         (darts-clone's common prefix search); length 0 for none."""
+        import tensorflow as tf
+
         if self._units is None:
             return tf.constant(0), tf.constant(0, tf.int64)
         units = self._units
@@ -203,6 +206,8 @@ class SentencePieceGraph(tf.Module):
 
     def normalize(self, text: Any) -> Any:
         """One string (scalar) normalized as SentencePiece does (module docstring)."""
+        import tensorflow as tf
+
         spec = self.spec
         n = tf.strings.length(text)
         space = _SPACE if spec.escape_whitespaces else b" "
@@ -275,6 +280,8 @@ class SentencePieceGraph(tf.Module):
     # -- segmentation -----------------------------------------------------------------
     def encode_one(self, text: Any) -> Any:
         """One string to its int32 ids (1-D)."""
+        import tensorflow as tf
+
         norm = self.normalize(text)
         n = tf.strings.length(norm)
         length = self.max_piece
@@ -330,19 +337,21 @@ class SentencePieceGraph(tf.Module):
         prev_unk = tf.concat([[False], tf.equal(path[:-1], self.spec.unk_id)], 0)
         return tf.boolean_mask(path, tf.logical_not(tf.logical_and(prev_unk, tf.equal(path, self.spec.unk_id))))
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def encode(self, texts: Any) -> Any:
         """A 1-D string tensor to a `tf.RaggedTensor` of int32 ids (no EOS)."""
+        import tensorflow as tf
+
         return tf.map_fn(
             self.encode_one,
             texts,
             fn_output_signature=tf.RaggedTensorSpec(shape=[None], dtype=tf.int32),
         )
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
     def decode(self, ids: Any) -> Any:
         """Dense int32 ids `[b, n]` (already cleaned: nothing after EOS, ids in range) to
         strings `[b]`."""
+        import tensorflow as tf
+
         ids = tf.convert_to_tensor(ids, tf.int32)
         surfaces = tf.gather(self._surfaces, ids)
         if self._strip_first:
@@ -361,12 +370,15 @@ def _escape(s: str) -> str:
 
 def _char_length(lead: Any) -> Any:
     """The UTF-8 length of a character from its first byte (1 for a stray byte)."""
+    import tensorflow as tf
 
     byte = tf.cast(tf.io.decode_raw(tf.strings.join([lead, b"\0"]), tf.uint8)[0], tf.int32)
     return tf.where(byte >= 0xF0, 4, tf.where(byte >= 0xE0, 3, tf.where(byte >= 0xC0, 2, 1)))
 
 
 def _table(keys: list[bytes], values: list[int], default: int) -> Any:
+    import tensorflow as tf
+
     return tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.constant(values, tf.int64)), default
     )
