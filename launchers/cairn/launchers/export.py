@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
+import contextlib
 import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -178,6 +179,25 @@ def export(
     return facts
 
 
+@contextlib.contextmanager
+def _older_stablehlo() -> Iterator[None]:
+    """jax's StableHLO serialization aimed at consumers 12 weeks old instead of 4 (jax 0.10.2:
+    StableHLO 1.13.7 instead of 1.15.0): TensorFlow 2.21's XlaCallModule reads 1.13.7, and jax's
+    default writes ops it cannot read (`vhlo.composite_v2`, from `lax.top_k` when sampling)."""
+    from jax._src.lib.mlir.dialects import hlo
+
+    original = hlo.get_version_from_compatibility_requirement
+
+    def older(requirement: Any) -> Any:
+        return original(hlo.StablehloCompatibilityRequirement.WEEK_12)
+
+    hlo.get_version_from_compatibility_requirement = older
+    try:
+        yield
+    finally:
+        hlo.get_version_from_compatibility_requirement = original
+
+
 def _save(
     decode_fn: Callable,
     params: Any,
@@ -193,9 +213,10 @@ def _save(
         model_file = os.path.join(tmp, "vocabulary.model")
         with open(model_file, "wb") as f:
             f.write(vocabulary.sp_model)
-        module, signatures = serving.serving_module(decode_fn, params, vocabulary, model_file, shape)
-        staged = os.path.join(tmp, "saved_model")
-        tf.saved_model.save(module, staged, signatures=signatures)
+        with _older_stablehlo():  # jax2tf serializes while the functions are traced
+            module, signatures = serving.serving_module(decode_fn, params, vocabulary, model_file, shape)
+            staged = os.path.join(tmp, "saved_model")
+            tf.saved_model.save(module, staged, signatures=signatures)
         os.makedirs(os.path.join(staged, "assets.extra"), exist_ok=True)
         with open(os.path.join(staged, "assets.extra", FACTS_FILE), "w") as f:
             json.dump(facts, f, indent=1, sort_keys=True)
