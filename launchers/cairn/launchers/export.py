@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 from absl import flags
+from jax._src.lib.mlir.dialects import hlo  # the StableHLO version jax serializes for (_older_stablehlo)
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
@@ -184,8 +185,6 @@ def _older_stablehlo() -> Iterator[None]:
     """jax's StableHLO serialization aimed at consumers 12 weeks old instead of 4 (jax 0.10.2:
     StableHLO 1.13.7 instead of 1.15.0): TensorFlow 2.21's XlaCallModule reads 1.13.7, and jax's
     default writes ops it cannot read (`vhlo.composite_v2`, from `lax.top_k` when sampling)."""
-    from jax._src.lib.mlir.dialects import hlo
-
     original = hlo.get_version_from_compatibility_requirement
 
     def older(requirement: Any) -> Any:
