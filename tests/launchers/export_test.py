@@ -6,7 +6,8 @@ flags are parsed) with greedy decoding and predicted by `infer` from the same `-
 lines: the standard runs' checkpointed T5 run (tests/fixtures, trained 6 steps), and a
 decoder-only model (shakespeare_lm_tiny's network) whose checkpoint holds a LoRA run's adapters
 (rank 2, given non-zero values) over a random-init base, so the export merges them as infer
-does. One child process, with `jax`, `jaxlib` and `cairn` made unimportable before TensorFlow
+does; that model is exported again with the config's top-k sampling, whose strings equal
+infer's for the same seed. One child process, with `jax`, `jaxlib` and `cairn` made unimportable before TensorFlow
 is imported (`serve_saved_model.py`), loads both SavedModels and calls their signatures: the
 strings equal infer's predictions, the scores its `aux.scores`. The program refuses bad flags
 with one line and exit status 2 (a child process, before JAX is imported).
@@ -88,11 +89,11 @@ def _lora_checkpoint(tmp: pathlib.Path):
     from cairn.launchers import builder, checkpoint_params, config_io, run_setup
     from cairn.trainer import Checkpointer
 
-    def spec_of(model_dir, **lora):
+    def spec_of(model_dir, method="greedy", **lora):
         config = config_io.resolve_paths(config_io.load_config_file(launch_util.LM_CONFIG))
         config.model_dir = str(model_dir)
         config.data.cache_dir = str(tmp / "cache")
-        config.post_training.decode_method = "greedy"
+        config.post_training.decode_method = method  # the config's sampling: temperature 0.8, top-k 40
         config.post_training.max_decode_length = 12
         for key, value in lora.items():
             if key == "checkpoint":
@@ -126,7 +127,8 @@ def _lora_checkpoint(tmp: pathlib.Path):
         return jax.tree.map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params)
 
     save(spec, nonzero)
-    return spec, tmp / "lora"
+    sampled = spec_of(tmp / "lora", "sample", rank=2, alpha=4.0, checkpoint=str(base / "checkpoints" / "1"))
+    return spec, sampled, tmp / "lora"
 
 
 @pytest.fixture(scope="module")
@@ -134,16 +136,17 @@ def lm(tmp_path_factory, inputs):
     """A decoder-only LoRA checkpoint, greedy: `(facts, printed, infer rows, SavedModel)`."""
     tmp = tmp_path_factory.mktemp("export_lm")
     os.environ["CAIRN_SHAKESPEARE_DIR"] = launch_util.small_texts(tmp)
-    spec, model_dir = _lora_checkpoint(tmp)
-    rows = _infer(spec, model_dir, tmp / "preds.jsonl", inputs)
+    spec, sampled, model_dir = _lora_checkpoint(tmp)
     prompt = max(len(spec.vocabulary.encode(line)) for line in LINES)
     from cairn.launchers import export
 
-    printed = []
-    facts = export.export(
-        spec, str(tmp / "saved_model"), str(model_dir), batch_size=BATCH, input_length=prompt, out=printed.append
-    )
-    return facts, printed, rows, tmp / "saved_model"
+    out = {}
+    for name, s in (("greedy", spec), ("sample", sampled)):
+        rows = _infer(s, model_dir, tmp / f"{name}.jsonl", inputs)
+        saved = tmp / f"saved_{name}"
+        facts = export.export(s, str(saved), str(model_dir), batch_size=BATCH, input_length=prompt, out=lambda _: None)
+        out[name] = (facts, rows, saved)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +156,12 @@ def served(t5, lm, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     requests = [
         {"path": str(t5[3]), "signature": "serving_default", "inputs": LINES},
-        {"path": str(lm[3]), "signature": "serving_default", "inputs": LINES},
-        {"path": str(lm[3]), "signature": "generate", "inputs": LINES[:2], "seed": 7},
+        {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(lm["greedy"][2]), "signature": "generate", "inputs": LINES[:2], "seed": 7},
         {"path": str(t5[3]), "signature": "serving_default", "inputs": []},
+        {"path": str(lm["sample"][2]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(lm["sample"][2]), "signature": "generate", "inputs": LINES, "seed": 0},
+        {"path": str(lm["sample"][2]), "signature": "generate", "inputs": LINES, "seed": 5},
     ]
     (tmp / "requests.json").write_text(json.dumps(requests))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
@@ -168,8 +174,8 @@ def served(t5, lm, tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    t5_answer, lm_answer, lm_seeded, empty = answer["answers"]
-    return {"t5": t5_answer, "lm": lm_answer, "lm_seeded": lm_seeded, "empty": empty}, answer["blocked"]
+    names = ("t5", "lm", "lm_seeded", "empty", "sampled", "sampled_seed_0", "sampled_seed_5")
+    return dict(zip(names, answer["answers"], strict=True)), answer["blocked"]
 
 
 def _same_as_infer(rows, answer):
@@ -198,12 +204,23 @@ def test_t5_saved_model_equals_infer(t5, served):
 
 
 def test_decoder_only_lora_saved_model_equals_infer(lm, served):
-    facts, _, rows, _ = lm
+    facts, rows, _ = lm["greedy"]
     answers, _ = served
     _same_as_infer(rows, answers["lm"])
     assert facts["model_kind"] == "decoder_only" and facts["add_eos"] is False
     # `generate` with another seed: greedy ignores it.
     assert answers["lm_seeded"]["outputs"] == answers["lm"]["outputs"][:2]
+
+
+def test_sampling_seeded_as_infer(lm, served):
+    """Top-k sampling (whose `lax.top_k` TensorFlow 2.21 reads only in the older StableHLO the
+    export writes): the config's seed gives infer's strings; `generate` takes another seed."""
+    facts, rows, _ = lm["sample"]
+    answers, _ = served
+    assert (facts["decode"]["method"], facts["decode"]["top_k"], facts["seed"]) == ("sample", 40, 0)
+    _same_as_infer(rows, answers["sampled"])
+    assert answers["sampled_seed_0"] == answers["sampled"]
+    assert answers["sampled_seed_5"]["outputs"] != answers["sampled"]["outputs"]
 
 
 def test_bad_flags_exit_2_with_one_line(tmp_path):

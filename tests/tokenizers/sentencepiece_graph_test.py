@@ -49,7 +49,7 @@ def graph(vocab):
 
 
 def test_encode_equals_sentencepiece_on_shakespeare(vocab, graph, lines):
-    sample = lines[::37][:60]
+    sample = lines[::97][:20]
     got = graph.encode(tf.constant(sample)).to_list()
     assert got == [vocab.encode(s) for s in sample]
 
