@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 from absl import flags
+from absl import logging as absl_logging
 from jax._src.lib.mlir.dialects import hlo  # the StableHLO version jax serializes for (_older_stablehlo)
 
 from cairn import storage
@@ -246,7 +247,10 @@ def run() -> None:
     """The program; bad data, a missing checkpoint or unusable storage exit 2 (one line)."""
     from cairn.trainer import NoCheckpointError
 
-    cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError))
+    def quiet_logs() -> None:  # TensorFlow's SavedModel writer logs through absl at INFO
+        absl_logging.set_verbosity(absl_logging.INFO if entry.VERBOSE.value else absl_logging.WARNING)
+
+    cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError), logs=quiet_logs)
 
 
 if __name__ == "__main__":
