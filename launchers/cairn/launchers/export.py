@@ -22,7 +22,7 @@ them with `--config.post_training.*`), the tokens an output may have
 for a decoder-only one) and the rows per model call (`--batch_size`). Inputs: the strings (any
 number, decoded `--batch_size` at a time) and, with `generate`, the seed (`serving_default` uses
 `seed`, as `infer` does). Greedy outputs equal `infer`'s on the same text.
-Exit status 0 written; 2 bad input (one line on stderr).
+One process (not `multihost.*`). Exit status 0 written; 2 bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -146,6 +146,8 @@ def export(
     width = input_length or int(lengths["targets"] if family.continues_prompt else lengths[family.input_feature])
     new = predict_fns.new_tokens(spec)
     ready = run_setup.prepare(spec, train=False, padded=(("batch_size", batch_size),), eval_task=True)
+    if jax.process_count() > 1:
+        raise ConfigError("multihost.num_processes", "the export runs on one process (the SavedModel is one file set)")
     model = builder.load_model(spec)
     layout = checkpoint_params.params_layout(spec, model, ready.partitioner)
     step, params = checkpoint_params.load_params(layout, path, step)
