@@ -85,6 +85,13 @@ def task_rows(spec: RunSpec, num_examples: int | None, input_file: str) -> dict[
     return out
 
 
+def adds_eos(spec: RunSpec) -> bool:
+    """Whether the evaluation task's (each task of a mixture's) `inputs` feature ends with EOS."""
+    tasks = data_lib.get_tasks(spec.keys, "eval.task")
+    features = [t.output_features.get("inputs") for _, t in sorted(tasks.items())]
+    return any(f is not None and f.add_eos for f in features)
+
+
 def output_paths(output: str, tasks: list[str]) -> dict[str, str]:
     """`{task: file}`: `output` itself for one task; `<output without .jsonl>-<task>.jsonl` each
     (`/` and `:` in the name made `_`) for several."""

@@ -1,0 +1,251 @@
+"""`//launchers:export`: a checkpoint as a TensorFlow SavedModel served without JAX or Cairn,
+compared with `infer` on the same text.
+
+Two models, each exported in this process (`export.export`, what the program runs once its
+flags are parsed) with greedy decoding and predicted by `infer` from the same `--input_file`
+lines: the standard runs' checkpointed T5 run (tests/fixtures, trained 6 steps), and a
+decoder-only model (shakespeare_lm_tiny's network) whose checkpoint holds a LoRA run's adapters
+(rank 2, given non-zero values) over a random-init base, so the export merges them as infer
+does; that model is exported again with the config's top-k sampling, whose strings equal
+infer's for the same seed. One child process, with `jax`, `jaxlib` and `cairn` made unimportable before TensorFlow
+is imported (`serve_saved_model.py`), loads both SavedModels and calls their signatures: the
+strings equal infer's predictions, the scores its `aux.scores`. The program refuses bad flags
+with one line and exit status 2 (a child process, before JAX is imported).
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import launch_util
+import numpy as np
+import pytest
+import standard_runs
+
+HERE = pathlib.Path(__file__).absolute().parent
+LINES = [
+    "To be, or not to be, <extra_id_0> is the question:",
+    "ROMEO. O, she doth teach the torches to burn bright!",
+    "  Who's  there?",
+    "Nay, answer me: stand, and unfold <extra_id_0>",
+    "Long live the king!",
+    "\uff26ull width letters and an \u00e9",
+    "Well, good night. If you do meet Horatio and Marcellus, The rivals of my watch, bid them make haste.",
+]
+BATCH = 4  # rows per model call: 7 lines are two calls, the second padded
+
+
+def _infer(spec, model_dir, out, input_file):
+    from cairn.launchers import infer_main
+
+    infer_main.infer(
+        spec, str(out), str(model_dir), chunk_size=BATCH, input_file=str(input_file), mode="predict_with_aux"
+    )
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _export(spec, model_dir, out):
+    from cairn.launchers import export
+
+    printed = []
+    facts = export.export(spec, str(out), str(model_dir), batch_size=BATCH, out=printed.append)
+    return facts, printed
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inputs") / "lines.txt"
+    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory, inputs):
+    """The standard checkpointed T5 run, greedy: `(facts, printed, infer rows, SavedModel)`."""
+    from cairn.launchers import config_io
+
+    tmp = tmp_path_factory.mktemp("export_t5")
+    std = standard_runs.unpack(tmp, checkpoints=True)
+    model_dir = std.run(standard_runs.CHECKPOINTED)
+    os.environ["CAIRN_SHAKESPEARE_DIR"] = std.texts
+    config = config_io.resolve_paths(config_io.load_saved_config(str(model_dir / "config.json")))
+    config.data.cache_dir = str(std.cache)
+    config.post_training.decode_method = "greedy"
+    spec = launch_util.spec(config)
+    rows = _infer(spec, model_dir, tmp / "preds.jsonl", inputs)
+    facts, printed = _export(spec, model_dir, tmp / "saved_model")
+    return facts, printed, rows, tmp / "saved_model"
+
+
+def _lora_checkpoint(tmp: pathlib.Path):
+    """A LoRA run's checkpoint over a random-init base (both saved here, no training): the spec of
+    the LoRA run and its model_dir. The adapters' B kernels are made non-zero, so that the merged
+    weights differ from the base."""
+    import jax
+
+    from cairn.launchers import builder, checkpoint_params, config_io, run_setup
+    from cairn.trainer import Checkpointer
+
+    def spec_of(model_dir, method="greedy", **lora):
+        config = config_io.resolve_paths(config_io.load_config_file(launch_util.LM_CONFIG))
+        config.model_dir = str(model_dir)
+        config.data.cache_dir = str(tmp / "cache")
+        config.post_training.decode_method = method  # the config's sampling: temperature 0.8, top-k 40
+        config.post_training.max_decode_length = 12
+        for key, value in lora.items():
+            if key == "checkpoint":
+                config.init.checkpoint = value
+            else:
+                config.model.lora[key] = value
+        return launch_util.spec(config)
+
+    def save(spec, change=lambda params: params):
+        ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", BATCH),))
+        model = builder.load_model(spec)
+        trainer = builder.make_trainer(spec, builder.trainable_model(spec, model), ready.partitioner)
+        rows = ready.partitioner.batch_parts() // ready.partitioner.data_layout().num_shards
+        batch = checkpoint_params.zero_batch(spec, rows)
+        trainer.setup(batch)
+        state = trainer.initial_state(frozen=builder.base_params(spec, trainer, batch))
+        state = state.replace(params=change(state.params))
+        checkpointer = Checkpointer(spec.keys.model_dir, spec.checkpoint)
+        try:
+            checkpointer.save(1, state)
+            checkpointer.wait()
+        finally:
+            checkpointer.close()
+
+    base = tmp / "base"
+    save(spec_of(base))
+    spec = spec_of(tmp / "lora", rank=2, alpha=4.0, checkpoint=str(base / "checkpoints" / "1"))
+    keys = iter(jax.random.split(jax.random.PRNGKey(1), 1000))
+
+    def nonzero(params):
+        return jax.tree.map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params)
+
+    save(spec, nonzero)
+    sampled = spec_of(tmp / "lora", "sample", rank=2, alpha=4.0, checkpoint=str(base / "checkpoints" / "1"))
+    return spec, sampled, tmp / "lora"
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory, inputs):
+    """A decoder-only LoRA checkpoint, greedy: `(facts, printed, infer rows, SavedModel)`."""
+    tmp = tmp_path_factory.mktemp("export_lm")
+    os.environ["CAIRN_SHAKESPEARE_DIR"] = launch_util.small_texts(tmp)
+    spec, sampled, model_dir = _lora_checkpoint(tmp)
+    prompt = max(len(spec.vocabulary.encode(line)) for line in LINES)
+    from cairn.launchers import export
+
+    out = {}
+    for name, s in (("greedy", spec), ("sample", sampled)):
+        rows = _infer(s, model_dir, tmp / f"{name}.jsonl", inputs)
+        saved = tmp / f"saved_{name}"
+        facts = export.export(s, str(saved), str(model_dir), batch_size=BATCH, input_length=prompt, out=lambda _: None)
+        out[name] = (facts, rows, saved)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(t5, lm, tmp_path_factory):
+    """Both SavedModels called in one TensorFlow-only child process: `{name: answer}` and the
+    modules it kept out."""
+    tmp = tmp_path_factory.mktemp("serve")
+    requests = [
+        {"path": str(t5[3]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(lm["greedy"][2]), "signature": "generate", "inputs": LINES[:2], "seed": 7},
+        {"path": str(t5[3]), "signature": "serving_default", "inputs": []},
+        {"path": str(lm["sample"][2]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(lm["sample"][2]), "signature": "generate", "inputs": LINES, "seed": 0},
+        {"path": str(lm["sample"][2]), "signature": "generate", "inputs": LINES, "seed": 5},
+    ]
+    (tmp / "requests.json").write_text(json.dumps(requests))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "serve_saved_model.py"), str(tmp / "requests.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = ("t5", "lm", "lm_seeded", "empty", "sampled", "sampled_seed_0", "sampled_seed_5")
+    return dict(zip(names, answer["answers"], strict=True)), answer["blocked"]
+
+
+def _same_as_infer(rows, answer):
+    # infer skips blank lines; none here, so rows are the lines in order.
+    assert [r["input"] for r in rows] == LINES
+    assert answer["outputs"] == [r["prediction"] for r in rows]
+    for ids, row in zip(answer["output_ids"], rows):
+        assert [t for t in ids if t] == row["prediction_ids"]
+    np.testing.assert_allclose(answer["scores"], [r["aux"]["scores"] for r in rows], rtol=1e-4, atol=1e-4)
+
+
+def test_t5_saved_model_equals_infer(t5, served):
+    facts, printed, rows, path = t5
+    answers, blocked = served
+    assert blocked == ["cairn", "jax", "jaxlib"]  # the server never imported them
+    _same_as_infer(rows, answers["t5"])
+    assert any(r["prediction"] for r in rows)
+    assert facts["step"] == 6 and facts["decode"]["method"] == "greedy" and facts["add_eos"] is True
+    assert (facts["batch_size"], facts["input_length"], facts["max_decode_length"]) == (BATCH, 64, 16)
+    assert json.loads((path / "assets.extra" / "cairn_export.json").read_text()) == facts
+    assets = sorted(p.name for p in (path / "assets").iterdir())
+    model = (path / "assets" / "vocabulary.model").read_bytes()
+    assert assets == ["vocabulary.model"] and hashlib.sha256(model).hexdigest() == facts["vocabulary_sha256"]
+    assert printed == [f"exported step 6 of {facts['checkpoint']} to {path} (encoder_decoder, greedy)"]
+    assert answers["empty"] == {"outputs": [], "scores": [], "output_ids": []}
+
+
+def test_decoder_only_lora_saved_model_equals_infer(lm, served):
+    facts, rows, _ = lm["greedy"]
+    answers, _ = served
+    _same_as_infer(rows, answers["lm"])
+    assert facts["model_kind"] == "decoder_only" and facts["add_eos"] is False
+    # `generate` with another seed: greedy ignores it.
+    assert answers["lm_seeded"]["outputs"] == answers["lm"]["outputs"][:2]
+
+
+def test_sampling_seeded_as_infer(lm, served):
+    """Top-k sampling (whose `lax.top_k` TensorFlow 2.21 reads only in the older StableHLO the
+    export writes): the config's seed gives infer's strings; `generate` takes another seed."""
+    facts, rows, _ = lm["sample"]
+    answers, _ = served
+    assert (facts["decode"]["method"], facts["decode"]["top_k"], facts["seed"]) == ("sample", 40, 0)
+    _same_as_infer(rows, answers["sampled"])
+    assert answers["sampled_seed_0"] == answers["sampled"]
+    assert answers["sampled_seed_5"]["outputs"] != answers["sampled"]["outputs"]
+
+
+def test_bad_flags_exit_2_with_one_line(tmp_path):
+    from cairn.launchers import export
+    from cairn.launchers.validation import ConfigError
+
+    existing = tmp_path / "taken"
+    existing.mkdir()
+    out = str(tmp_path / "x")
+    cases = {
+        "output": ("", 8, 0, ["cpu"], False),
+        "batch_size": (out, 0, 0, ["cpu"], False),
+        "input_length": (out, 8, -1, ["cpu"], False),
+        "platforms": (out, 8, 0, ["cpu", "gpu"], False),
+    }
+    for key, args in cases.items():
+        with pytest.raises(ConfigError) as refused:
+            export.check_args(*args)
+        assert refused.value.key == key, (key, refused.value)
+    with pytest.raises(ConfigError, match="exists; use --overwrite"):
+        export.check_args(str(existing), 8, 0, ["cpu"], False)
+    export.check_args(str(existing), 8, 0, ["cpu"], True)
+    # The program: one line, exit 2, before JAX is imported.
+    proc = launch_util.run(
+        "cairn.launchers.export", [f"--config={launch_util.T5_CONFIG}", "--batch_size=0", f"--output={out}"]
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "batch_size" in lines[0], launch_util.tail(proc)
