@@ -24,7 +24,7 @@ def test_in_process_and_beam_caches_agree(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("CAIRN_SHAKESPEARE_DIR", texts)
     env = {"CAIRN_SHAKESPEARE_DIR": texts}
     args = [f"--config={launch_util.LM_CONFIG}", f"--config.data.cache_dir={tmp_path / 'a'}"]
-    preload = ("cairn.launchers.startup", "tensorflow", "cairn.datatasks.deterministic", "cairn.launchers.data")
+    preload = ("cairn.launchers.quiet_startup", "tensorflow", "cairn.datatasks.deterministic", "cairn.launchers.data")
     with launch_util.Spawner(preload=preload) as programs:
         proc = programs.call("cairn.launchers.cache_main", args, env=env)
         assert proc.returncode == 0, launch_util.tail(proc)
@@ -103,7 +103,7 @@ def test_registered_tasks_without_a_config(tmp_path):
     env = {"BUILD_WORKING_DIRECTORY": str(tmp_path)}  # where `bazel run` was typed: --module_import's root
     out = tmp_path / "cache"
     tasks = ["--tasks=lines_.*", "--module_import=cli_tasks"]
-    preload = ("cairn.launchers.startup", "tensorflow", "cairn.datatasks.deterministic", "cairn.launchers.data")
+    preload = ("cairn.launchers.quiet_startup", "tensorflow", "cairn.datatasks.deterministic", "cairn.launchers.data")
     with launch_util.Spawner(preload=preload) as programs:
         proc = programs.call("cairn.launchers.cache_main", [*tasks, f"--output_dir={out}"], env=env)
         assert proc.returncode == 0, launch_util.tail(proc)

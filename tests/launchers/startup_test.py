@@ -8,9 +8,9 @@ import sys
 import launch_util
 import pytest
 
-from cairn.launchers.startup import wants_verbose
+from cairn.launchers.quiet_startup import wants_verbose
 
-IMPORT_TF = "import cairn.launchers.startup, os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL')); import tensorflow"
+IMPORT_TF = "import cairn.launchers.quiet_startup, os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL')); import tensorflow"
 
 
 @pytest.mark.parametrize(

@@ -25,9 +25,7 @@ from cairn.datatasks.feature_converters import (
     PrePackedLMFeatureConverter,
     PrePackedPrefixLMFeatureConverter,
 )
-from cairn.datatasks.grain_data_source import GrainDataSource
-from cairn.datatasks.grain_source import DeterministicGrainSource, as_grain_dataset, as_grain_source
-from cairn.datatasks.inline import map_inline, pipeline_options
+from cairn.datatasks.from_grain import GrainDataSource
 from cairn.datatasks.json_source import JsonLinesDataSource
 from cairn.datatasks.mixture import Mixture
 from cairn.datatasks.preprocessors import map_over_dataset
@@ -43,7 +41,9 @@ from cairn.datatasks.sources import (
 )
 from cairn.datatasks.stats import BadDataPolicy, DataStats
 from cairn.datatasks.task import Task
+from cairn.datatasks.tf_data import map_inline, pipeline_options
 from cairn.datatasks.tfds_source import TfdsDataSource
+from cairn.datatasks.to_grain import DeterministicGrainSource, as_grain_dataset, as_grain_source
 
 __all__ = [
     "BadDataPolicy",

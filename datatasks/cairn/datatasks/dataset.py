@@ -7,13 +7,13 @@ from typing import Any
 
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import EncDecFeatureConverter, FeatureConverter
-from cairn.datatasks.inline import pipeline_options
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.mixture import Mixture
 from cairn.datatasks.registry import Registry, get_mixture_or_task
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
 from cairn.datatasks.task import Task
+from cairn.datatasks.tf_data import pipeline_options
 
 
 def get_dataset(

@@ -10,10 +10,10 @@ import numpy as np
 
 from cairn.datatasks import url_sources
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.sources import FileDataSource, ShardInfo, records_dataset
 from cairn.datatasks.stats import DataStats, counted_filter
+from cairn.datatasks.tf_data import map_inline
 
 
 def _json_spec(value: Any) -> tf.TensorSpec:

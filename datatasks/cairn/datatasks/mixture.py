@@ -6,12 +6,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.registry import DEFAULT_REGISTRY, Registry
 from cairn.datatasks.sources import ShardInfo
 from cairn.datatasks.stats import DataStats
 from cairn.datatasks.task import Task
+from cairn.datatasks.tf_data import map_inline, pipeline_options
 
 Rate = float | int | Callable[[Task], float]
 

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.ragged import Ragged
+from cairn.datatasks.tf_data import map_inline, no_autograph
 
 _PAD_BATCH = 256
 

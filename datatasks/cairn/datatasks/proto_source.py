@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.sources import TFRecordFileSource
+from cairn.datatasks.tf_data import map_inline
 
 
 class ProtoDataSource(TFRecordFileSource):

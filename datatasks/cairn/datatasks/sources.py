@@ -24,9 +24,9 @@ import numpy as np
 from cairn import storage
 from cairn.datatasks import url_sources
 from cairn.datatasks.errors import DataTasksError, unknown
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.stats import DataStats
+from cairn.datatasks.tf_data import map_inline, no_autograph
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,11 +8,11 @@ from typing import Any
 
 from cairn.datatasks.errors import DataTasksError, FeatureTypeError
 from cairn.datatasks.feature import Feature
-from cairn.datatasks.inline import pipeline_options
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors.base import cacheable_prefix, call_preprocessor
 from cairn.datatasks.sources import DataSource, ShardInfo
 from cairn.datatasks.stats import BadDataPolicy, DataStats
+from cairn.datatasks.tf_data import pipeline_options
 from cairn.datatasks.validation import finalize, validate_spec
 
 _NAME = re.compile(r"^[\w:/\.\-]+$")

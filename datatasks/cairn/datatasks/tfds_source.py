@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from cairn import storage
 from cairn.datatasks import split_slicing, url_sources
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.sources import SourceFile, TFExampleDataSource, glob_files
+from cairn.datatasks.tf_data import map_inline
 
 
 def _resolve(name: str, data_dir: str) -> tuple[str, str]:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.tf_data import map_inline, no_autograph
 
 
 def validate_spec(task_name: str, ds: tf.data.Dataset, output_features: Mapping[str, Any]) -> None:

@@ -19,7 +19,7 @@ config or flag, a missing or empty task source (`data.SourceError`) or unusable 
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import shlex
 import sys

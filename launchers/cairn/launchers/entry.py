@@ -25,7 +25,7 @@ No JAX, TensorFlow or ml-collections import here: `verify` and `plot_loss` stay 
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import atexit
 import os

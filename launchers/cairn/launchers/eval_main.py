@@ -26,7 +26,7 @@ to evaluate. `data.batch_size` is not checked.
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import logging
 import time

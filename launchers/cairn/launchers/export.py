@@ -27,7 +27,7 @@ One process (not `multihost.*`). Exit status 0 written; 2 bad input (one line on
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import contextlib
 import dataclasses

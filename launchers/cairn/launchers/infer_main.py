@@ -38,7 +38,7 @@ processes decode those) and alone writes the parts, `meta.json` and the files.
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import logging
 import os

@@ -21,7 +21,7 @@ one line naming the key. The other way, `import_peft` reads an adapter saved by 
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import dataclasses
 from collections.abc import Callable

@@ -24,7 +24,7 @@ start-up, before training.
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 import contextlib
 import dataclasses

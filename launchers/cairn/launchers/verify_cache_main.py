@@ -17,7 +17,7 @@ when everything matches, 2 otherwise (also on a bad config or flag; a traceback 
 
 from __future__ import annotations
 
-import cairn.launchers.startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
+import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silences TF/CUDA/absl start-up noise)
 
 from absl import flags
 

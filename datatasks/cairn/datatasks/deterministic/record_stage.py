@@ -56,10 +56,10 @@ import numpy as np
 from cairn.datatasks import stateless_numpy
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters import FeatureConverter
-from cairn.datatasks.inline import map_inline, pipeline_options
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors import as_preprocessor, is_deterministic
 from cairn.datatasks.ragged import Ragged
+from cairn.datatasks.tf_data import map_inline, pipeline_options
 
 # -- the format: FeatureSpec, and the TensorFlow protobuf forms (the cache writer's) -------------
 _FLOATS = frozenset({"bfloat16", "float16", "float32", "float64", "half", "float", "double"})

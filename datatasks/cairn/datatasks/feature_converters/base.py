@@ -16,9 +16,9 @@ import numpy as np
 
 from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.ragged import Ragged
+from cairn.datatasks.tf_data import map_inline, no_autograph
 
 
 class FeatureConverter(metaclass=abc.ABCMeta):

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from cairn.datatasks.feature_converters.base import FeatureConverter
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.tf_data import map_inline
 
 
 class EncoderFeatureConverter(FeatureConverter):

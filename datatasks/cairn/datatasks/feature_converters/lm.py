@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding, non_padding_numpy
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.packing import autoregressive_inputs, make_autoregressive_inputs
 from cairn.datatasks.ragged import Ragged, concat
+from cairn.datatasks.tf_data import map_inline
 
 
 class LMFeatureConverter(FeatureConverter):

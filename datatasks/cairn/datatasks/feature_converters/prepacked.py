@@ -9,9 +9,9 @@ from cairn.datatasks import packing
 from cairn.datatasks.errors import DataTasksError
 from cairn.datatasks.feature_converters.base import FeatureConverter, non_padding, non_padding_numpy
 from cairn.datatasks.feature_converters.encdec import EncDecFeatureConverter
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.packing import autoregressive_inputs, make_autoregressive_inputs
+from cairn.datatasks.tf_data import map_inline
 
 _PACKED = ("inputs_positions", "inputs_segment_ids", "targets_positions", "targets_segment_ids")
 

@@ -30,8 +30,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
+from cairn.datatasks.tf_data import map_inline, no_autograph
 
 INJECTED = ("output_features", "sequence_length", "seed", "bad_data_policy", "stats")
 

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.errors import FeatureTypeError
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors import seeded_numpy
 from cairn.datatasks.preprocessors.base import preprocessor
 from cairn.datatasks.ragged import Ragged
 from cairn.datatasks.stats import BadDataPolicy, DataStats
+from cairn.datatasks.tf_data import map_inline, no_autograph
 from cairn.tokenizers import ByteVocabulary, PassThroughVocabulary, SentencePieceVocabulary
 
 _TOKENIZE_BATCH = 256

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cairn.datatasks.inline import map_inline, no_autograph
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.preprocessors import seeded_numpy
 from cairn.datatasks.preprocessors.base import LengthRule, map_over_dataset, preprocessor
 from cairn.datatasks.preprocessors.seeded_numpy import span_corruption_lengths
+from cairn.datatasks.tf_data import map_inline, no_autograph
 
 
 @no_autograph

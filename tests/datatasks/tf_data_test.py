@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import cairn.datatasks as dt
-from cairn.datatasks import inline
 from cairn.datatasks import preprocessors as pp
+from cairn.datatasks import tf_data
 from cairn.tokenizers import ByteVocabulary
 
 
@@ -31,7 +31,7 @@ def add_one(x):
 
 
 def test_same_elements_as_map_and_runs_inline():
-    ds = inline.map_inline(ragged_source(), add_one)
+    ds = tf_data.map_inline(ragged_source(), add_one)
     assert is_inline(ds)
     assert elements(ds) == elements(ragged_source().map(add_one))
 
@@ -56,7 +56,7 @@ def test_same_elements_as_map_and_runs_inline():
     ],
 )
 def test_control_flow_falls_back_to_a_parallel_map(name, fn):
-    ds = inline.map_inline(ragged_source(), fn)
+    ds = tf_data.map_inline(ragged_source(), fn)
     assert not is_inline(ds), name
     assert elements(ds) == elements(ragged_source().map(fn)), name  # and it runs
 
@@ -66,7 +66,7 @@ def test_numpy_function_runs_inline():
         doubled = tf.numpy_function(lambda v: (v * 2).astype(np.int32), [x["ids"]], tf.int32, stateful=False)
         return {"ids": tf.ensure_shape(doubled, [None]), "n": x["n"]}
 
-    ds = inline.map_inline(ragged_source(), fn)
+    ds = tf_data.map_inline(ragged_source(), fn)
     assert is_inline(ds)
     assert [e["ids"] for e in elements(ds)] == [[2 * v for v in range(i % 7)] for i in range(40)]
 
@@ -78,8 +78,8 @@ def test_inline_map_then_filter_then_batch_under_pipeline_options():
     opt = dt.pipeline_options().experimental_optimization
     assert opt.map_and_filter_fusion is False and opt.map_and_batch_fusion is False
     assert opt.map_parallelization is False
-    ds = inline.map_inline(ragged_source(), add_one).filter(lambda x: tf.size(x["ids"]) > 0)
-    ds = inline.map_inline(ds, lambda x: {"ids": x["ids"][:3], "n": x["n"]})
+    ds = tf_data.map_inline(ragged_source(), add_one).filter(lambda x: tf.size(x["ids"]) > 0)
+    ds = tf_data.map_inline(ds, lambda x: {"ids": x["ids"][:3], "n": x["n"]})
     ds = ds.padded_batch(4)
     got = elements(ds)
     expected = [[i * 2 for i in range(40) if i % 7][j : j + 4] for j in range(0, 34, 4)]
@@ -87,8 +87,9 @@ def test_inline_map_then_filter_then_batch_under_pipeline_options():
 
 
 def test_iterator_checkpoint_restores_through_inline_maps(tmp_path):
-    ds = inline.map_inline(
-        inline.map_inline(ragged_source(200), add_one).shuffle(16, seed=3), lambda x: {"ids": x["ids"], "n": x["n"] + 1}
+    ds = tf_data.map_inline(
+        tf_data.map_inline(ragged_source(200), add_one).shuffle(16, seed=3),
+        lambda x: {"ids": x["ids"], "n": x["n"] + 1},
     ).padded_batch(5)
     ds = ds.with_options(dt.pipeline_options())
     it = iter(ds)
@@ -142,7 +143,7 @@ def test_no_autograph_traces_the_function_as_written():
     ds = ragged_source(8)
     converted = elements(ds.map(python_if_on_a_tensor))
     assert [x["n"] for x in converted] == [0, 1, 2, 3, 1, 2, 3, 4]
-    marked = inline.no_autograph(lambda x: python_if_on_a_tensor(x))
+    marked = tf_data.no_autograph(lambda x: python_if_on_a_tensor(x))
     with pytest.raises(TypeError, match="tf.Tensor.*bool"):
         ds.map(marked)  # not converted: Python's `if` sees the symbolic tensor
     # Library functions marked in the pipeline still give the same elements.
@@ -154,7 +155,7 @@ def test_no_autograph_traces_the_function_as_written():
 
 
 def test_maps_built_inside_a_marked_function_still_convert():
-    @inline.no_autograph
+    @tf_data.no_autograph
     def build(ds):
         return ds.map(python_if_on_a_tensor)
 

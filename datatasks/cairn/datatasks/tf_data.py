@@ -39,7 +39,7 @@ def no_autograph(fn: _F) -> _F:
     AutoGraph. Unlike `tf.autograph.experimental.do_not_convert`, the mark neither imports
     TensorFlow nor switches AutoGraph off for maps built inside `fn`. The mark is
     TensorFlow's own (`autograph_info__`, what its `autograph_artifact` sets);
-    `tests/datatasks/inline_test.py` checks that it still works.
+    `tests/datatasks/tf_data_test.py` checks that it still works.
     """
     fn.autograph_info__ = None  # type: ignore[attr-defined]
     return fn
@@ -102,7 +102,7 @@ def pipeline_options() -> tf.data.Options:
     elements, same order), keeps inline maps inline (`map_parallelization` off) and the
     order fixed. `map_and_filter_fusion` stays off: in TensorFlow 2.21 it mis-builds the
     filter of an inline map followed by a filter ("Filter predicate `f` must return a
-    scalar bool"; `tests/datatasks/inline_test.py`).
+    scalar bool"; `tests/datatasks/tf_data_test.py`).
     """
     options = tf.data.Options()
     opt = options.experimental_optimization

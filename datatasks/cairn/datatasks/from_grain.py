@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from cairn.datatasks.errors import DataTasksError
-from cairn.datatasks.inline import map_inline
 from cairn.datatasks.lazy_tf import tf
 from cairn.datatasks.sources import DataSource, ShardInfo, _seeded_order, pseudo_shards
 from cairn.datatasks.stats import DataStats
+from cairn.datatasks.tf_data import map_inline
 
 # Left out of the stages' descriptions: memory addresses, and the file:line Grain adds to a
 # transform's name (the last parts of an absolute path: another clone would not match).
