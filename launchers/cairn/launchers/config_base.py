@@ -16,6 +16,7 @@ from typing import Any
 import ml_collections
 
 from cairn.launchers import config_io, schema
+from cairn.models import UnknownFamilyError, get_family
 
 FREE_FORM = schema.FREE_FORM
 
@@ -30,7 +31,6 @@ def model_family(kind: str) -> Any:
     """The `cairn.models.ModelFamily` of a `model.kind` value (`ConfigError` naming `model.kind`
     and the known kinds when there is none)."""
     from cairn.launchers.validation import ConfigError
-    from cairn.models import UnknownFamilyError, get_family
 
     try:
         return get_family(kind)
@@ -99,7 +99,7 @@ def adapt_default_experiment(
     `steps` at `learning_rate`, the final evaluation and four samples."""
     config.experiment = experiment
     shakespeare(config, config_file, "shakespeare_line_completion")
-    config.model.kind = "encoder_decoder"
+    # model.kind: the schema's default (the encoder-decoder family, as the default experiment)
     config.model.preset = "t5_1_1_tiny"
     config.init.checkpoint = DEFAULT_EXPERIMENT_DIR
     config.data.sequence_length = {"inputs": 32, "targets": 32}

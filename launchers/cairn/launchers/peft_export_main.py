@@ -26,10 +26,11 @@ import cairn.launchers.quiet_startup  # noqa: F401  # isort: skip  (first: silen
 import dataclasses
 from collections.abc import Callable
 
+import jax
 from absl import flags
 
 from cairn import storage
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, run_setup
+from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, run_setup, run_spec
 from cairn.launchers.config_base import model_family
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
@@ -51,9 +52,6 @@ def export(
 ) -> tuple[str, str]:
     """Writes `output/base` and `output/adapter` (module docstring) from the checkpoint at `path`
     (`step`, or the latest complete one); returns both folders."""
-    import jax
-
-    from cairn.launchers import run_spec
     from cairn.models.peft_interchange import PeftInterchangeError, export_peft
 
     if spec.lora is None:

@@ -30,6 +30,7 @@ from cairn.launchers import builder, predict_fns, schema
 from cairn.launchers.config_base import model_family
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
+from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
@@ -156,8 +157,6 @@ def run(
     """The spec's post-training actions on the run's `partitioner`; returns what they produced.
     `record`: where the final evaluation's metrics are written (see `final_evaluation`). The
     samples are printed first, the final evaluation last (next to the summary)."""
-    from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
-
     result: dict = {}
     held: list[str] = []
     if spec.keys.post_training.final_eval and evaluator is not None:

@@ -16,6 +16,8 @@ one or the other.
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -49,8 +51,6 @@ def modules() -> list[str]:
 def import_task_modules() -> list[str]:
     """Imports `--module_import`'s modules, with the directory the command ran in on the import
     path (and on `PYTHONPATH`, for Beam's worker processes); returns the module names."""
-    import importlib
-
     cwd = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -83,8 +83,6 @@ def run(
     combination of the two, a config error or an `expected` error is one line, exit status 2."""
 
     def main() -> int | None:
-        import logging
-
         logging.getLogger().setLevel(logging.INFO)
         if registered():
             if cli.CONFIG.value is not None:

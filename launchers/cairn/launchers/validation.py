@@ -18,7 +18,7 @@ from typing import Any
 from cairn import storage
 from cairn.datatasks.preprocessors import as_preprocessor
 from cairn.launchers import config_base, schema
-from cairn.models import TransformerConfig
+from cairn.models import PRESETS, TransformerConfig, families
 from cairn.models.moe_config import MoeConfig
 
 
@@ -163,8 +163,6 @@ def check_model(config: schema.Config) -> Any:
     """The preset exists, fits `model.kind`, and `model.overrides` names its fields. Returns
     the preset's config with the overrides applied (vocab size not yet set). `config`: the
     typed keys (`schema.typed`), as every check below."""
-    from cairn.models import PRESETS
-
     preset = config.model.preset
     if preset not in PRESETS:
         raise ConfigError("model.preset", f"unknown preset {preset!r}; {_suggest(preset, list(PRESETS))}")
@@ -305,8 +303,6 @@ def check_paths(config: schema.Config) -> None:
     if config.init.upcycle_from and not config.model.overrides.get("moe"):
         raise ConfigError("init.upcycle_from", "upcycles into a mixture of experts: set model.overrides.moe")
     if config.init.hf_checkpoint and config_base.model_family(config.model.kind).hf is None:
-        from cairn.models import families
-
         with_hf = [f.name for f in families.families() if f.hf is not None]
         raise ConfigError(
             "init.hf_checkpoint",
