@@ -233,6 +233,8 @@ ENTRY_POINTS = (
     "cairn.launchers.infer_main",
     "cairn.launchers.cache_main",
     "cairn.launchers.verify_cache_main",
+    "cairn.launchers.export",
+    "cairn.launchers.peft_export_main",
     "cairn.launchers.verify",
     "cairn.launchers.jobset",
     "cairn.launchers.plot_loss",

@@ -10,6 +10,8 @@ Each script runs the same `run()` as its Bazel target and `python -m cairn.launc
 | `cairn-cache-tasks` | `//launchers:cache_tasks` | `cache_main` |
 | `cairn-verify` | `//launchers:verify` | `verify` |
 | `cairn-verify-cache` | `//launchers:verify_cache` | `verify_cache_main` |
+| `cairn-export` | `//launchers:export` | `export` |
+| `cairn-export-peft` | `//launchers:export_peft` | `peft_export_main` |
 | `cairn-jobset` | `//launchers:jobset` | `jobset` |
 | `cairn-plot-loss` | `//launchers:plot_loss` | `plot_loss` |
 
@@ -66,6 +68,16 @@ def verify() -> None:
 def verify_cache() -> None:
     """`cairn-verify-cache`: `cairn.launchers.verify_cache_main.run()`."""
     _run("verify_cache_main")
+
+
+def export() -> None:
+    """`cairn-export`: `cairn.launchers.export.run()`."""
+    _run("export")
+
+
+def export_peft() -> None:
+    """`cairn-export-peft`: `cairn.launchers.peft_export_main.run()`."""
+    _run("peft_export_main")
 
 
 def jobset() -> None:
