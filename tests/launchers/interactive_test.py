@@ -157,9 +157,17 @@ def test_bad_input_is_a_clear_error(t5, tmp_path):
 
 def test_t5_train_step_lowers_the_loss_and_predict_sees_it(t5):
     """The same examples three times on the run's handle (last in this file: it trains the
-    module's handle): the params change, the loss falls, and their score rises."""
+    module's handle), which holds the run's optimizer state: the params change, the loss falls,
+    and their score rises."""
     _, model = t5
     examples = [{"inputs": i, "targets": t} for i, t in zip(INPUTS, TARGETS)]
+    # The run's optimizer state is restored with its params, not started afresh (t5x's handle).
+    from cairn.trainer import restore_opt_state
+
+    stored = restore_opt_state(model.checkpoint, model.trainer.abstract_state.opt_state)
+    restored = _leaves(model.state.opt_state)
+    assert [a.tolist() for a in restored] == [a.tolist() for a in _leaves(stored)]
+    assert any(a.dtype.kind == "f" and np.any(a != 0) for a in restored)  # trained moments
     before, score_before = _leaves(model.state.params), model.score(INPUTS, TARGETS)
     losses = [model.train_step(examples)["loss"] for _ in range(3)]
     assert model.step == standard_runs.CHECKPOINTED_STEPS + 3 == int(model.state.step)

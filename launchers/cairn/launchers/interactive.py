@@ -24,9 +24,10 @@ optimizer, schedule, microbatches and loss) on a batch made by the run's feature
   `predict` and `score` use the adapters folded in, and `train_step` trains the adapters only.
 * The mesh is the config's `partitioning.mesh` on `devices` (default: every local device); one
   process.
-* `train_step` starts a fresh optimizer state at the checkpoint's step (the schedule continues
-  from there; Adam moments start at zero). `save(dir)` writes a checkpoint and `config.json`
-  that `from_run`, infer and eval read.
+* `train_step` continues the checkpoint's training: its step (the schedule goes on from there)
+  and its optimizer state (moments, counts), as t5x's handle restores them; with another
+  optimizer than the checkpoint's (an override), that state starts afresh (logged). `save(dir)`
+  writes a checkpoint and `config.json` that `from_run`, infer and eval read.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from cairn.datatasks.ragged import Ragged
 from cairn.launchers import builder, checkpoint_params, config_io, example_rows, predict_fns, run_spec
 from cairn.launchers import data as data_lib
 from cairn.launchers.validation import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def _texts(name: str, values: Any) -> list[str]:
@@ -99,12 +102,24 @@ class InteractiveModel:
             self.step = 0
             stored = builder.pretrained_params(spec, self.trainer, checkpoint_params.zero_batch(spec, rows))
         state = self.trainer.initial_state(stored, layout.frozen)
+        if checkpoint:
+            state = state.replace(opt_state=self._stored_opt_state(checkpoint, state.opt_state))
         self.state = state.replace(step=jax.device_put(np.int32(self.step), self.trainer.state_shardings.step))
         self.checkpoint = checkpoint
         self._params: Any = None
         self.predictor = example_rows.RowPredictor(spec, self.model, self.partitioner, self.batch_size, logging.DEBUG)
         self.encoding = example_rows.TextEncoding.of(spec)
         self.continues_prompt = self.encoding.continues_prompt
+
+    def _stored_opt_state(self, checkpoint: str, fresh: Any) -> Any:
+        """The checkpoint's optimizer state, else (another optimizer's state) `fresh`."""
+        from cairn.trainer import restore_opt_state
+
+        try:
+            return restore_opt_state(checkpoint, self.trainer.abstract_state.opt_state)
+        except (KeyError, TypeError, ValueError) as e:
+            log.info("the optimizer state of %s is not this optimizer's (%s): it starts afresh", checkpoint, e)
+            return fresh
 
     # -- constructors ----------------------------------------------------------------------
     @classmethod

@@ -14,6 +14,7 @@ from cairn.trainer.checkpoints import (
     CorruptCheckpointError,
     NoCheckpointError,
     abstract_like,
+    restore_opt_state,
     restore_params,
     stored_params,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "peak_flops",
     "plan_memory",
     "published_peak_flops",
+    "restore_opt_state",
     "restore_params",
     "stored_params",
     "state_shardings",

@@ -414,6 +414,21 @@ def restore_params(path: str | os.PathLike, abstract_params: Any, step: int | No
     return out["params"]
 
 
+def restore_opt_state(path: str | os.PathLike, abstract_opt_state: Any, step: int | None = None) -> Any:
+    """Only the optimizer state of a checkpoint (located as by `restore_params`), sharded as
+    `abstract_opt_state` (the `Trainer`'s `abstract_state.opt_state`) says: a run's moments and
+    counts, for a program that continues its training (`cairn.launchers.interactive`). Raises
+    when the checkpoint's optimizer state has another structure (another optimizer)."""
+    root = _step_dir(path, step)
+    item = {"opt_state": abstract_opt_state}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        out = ckptr.restore(
+            root / "state", args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+        )
+    return out["opt_state"]
+
+
 def stored_params(path: str | os.PathLike, step: int | None = None) -> Any:
     """The params a checkpoint holds (located as by `restore_params`) as `jax.ShapeDtypeStruct`s,
     read from its metadata (nothing loaded)."""
