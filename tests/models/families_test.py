@@ -22,10 +22,12 @@ from cairn.models import (
     export_hf,
     families,
     family_of,
+    flops_per_token,
     get_family,
     get_preset,
     import_hf,
 )
+from cairn.models.flops import decoder_flops
 from cairn.models.gpt import Decoder
 from cairn.models.llama import hf as llama_hf
 from cairn.models.t5.hf import config_from_hf_dir
@@ -159,8 +161,17 @@ def test_a_new_family_is_one_registration_and_leaves_when_unregistered(tiny):
         model = toy.make_model(TOY_TINY, z_loss=0.0)  # params.network_for knows the new config class
         assert isinstance(model, DecoderOnlyModel) and isinstance(model.module, Decoder)
         assert toy.count_params(TOY_TINY) == count_params(tiny.decoder_only)
+        with pytest.raises(TypeError, match="model family 'toy' declares no training FLOPs"):
+            flops_per_token(TOY_TINY, {"targets": 16})  # no MFU for it, not a wrong one
     finally:
         assert families.unregister_family("toy") is toy
+    # Its own FLOP formula is the one MFU uses (here the GPT-style decoder's, doubled).
+    toy = families.register_family(_toy(training_flops=lambda c, lengths: 2 * decoder_flops(c, lengths)))
+    try:
+        lengths = {"targets": 16}
+        assert flops_per_token(TOY_TINY, lengths) == 2 * flops_per_token(tiny.decoder_only, lengths) > 0
+    finally:
+        families.unregister_family("toy")
     assert families.names() == BUILTIN
     assert "toy_tiny" not in PRESETS and len(PRESETS) == len(list(PRESETS))
     with pytest.raises(TypeError, match="ToyConfig is not the config of a model family"):

@@ -64,7 +64,9 @@ class ModelFamily:
     * `decode_batch(prompts)`: the `predict_batch` argument for `[b, length]` prompt tokens;
     * `samples`: `SAMPLES_EVAL_PREDICTIONS` or `SAMPLES_PROMPT_CONTINUATIONS`;
     * `pretrain_optimizer`: `optimizer.*` settings of a pretraining run at scale (t5x's for T5);
-    * `preset_configs`: the family's named configurations (`presets` lists their names).
+    * `preset_configs`: the family's named configurations (`presets` lists their names);
+    * `training_flops(config, lengths)`: training FLOPs of one example (`cairn.models.flops`;
+      None: the family declares none, and MFU is not reported for it).
     """
 
     name: str
@@ -81,6 +83,7 @@ class ModelFamily:
     count_params: Callable[[Any], int]
     pretrain_optimizer: tuple[tuple[str, Any], ...] = ()
     preset_configs: Mapping[str, ModelConfig] = dataclasses.field(default_factory=dict, hash=False)
+    training_flops: Callable[[Any, Mapping[str, int]], float] | None = None
 
     @property
     def continues_prompt(self) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from cairn.models.families import family_of
 from cairn.models.gpt.config import DecoderOnlyConfig
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.t5.config import T5Config
@@ -68,29 +69,45 @@ def llama_layer_params(c: LlamaConfig, layer: int = 0) -> float:
     return attention + mlp_params(c, layer)
 
 
-def training_flops_per_example(config: Config, lengths: Mapping[str, int]) -> float:
-    """Training FLOPs (forward + backward) for one example; `lengths` has `inputs` and `targets`
-    (decoder-only and Llama: `targets` only). Active FLOPs for a mixture of experts."""
-    c = config
-    if not isinstance(c, (T5Config, DecoderOnlyConfig, LlamaConfig)):
-        raise TypeError(f"expected a T5Config, DecoderOnlyConfig or LlamaConfig, got {type(c).__name__}")
+def llama_flops(c: LlamaConfig, lengths: Mapping[str, int]) -> float:
+    """Training FLOPs of one example of a Llama (module docstring): `targets` tokens."""
     lt = int(lengths["targets"])
-    hd = c.num_heads * c.head_dim
-    logits = 6.0 * c.emb_dim * c.vocab_size * lt
-    if isinstance(c, LlamaConfig):
-        dense = _sum_layers(c.num_layers, lambda i: llama_layer_params(c, i)) * lt
-        return 6.0 * dense + logits + 12.0 * hd * c.num_layers * lt * lt
+    dense = _sum_layers(c.num_layers, lambda i: llama_layer_params(c, i)) * lt
+    return 6.0 * dense + _logits(c, lt) + 12.0 * c.num_heads * c.head_dim * c.num_layers * lt * lt
+
+
+def decoder_flops(c: DecoderOnlyConfig, lengths: Mapping[str, int]) -> float:
+    """Training FLOPs of one example of the GPT-style decoder: `targets` tokens."""
+    lt = int(lengths["targets"])
+    dense = _sum_layers(c.num_layers, lambda i: _attention_params(c) + mlp_params(c, i)) * lt
+    return 6.0 * dense + _logits(c, lt) + 12.0 * c.num_heads * c.head_dim * c.num_layers * lt * lt
+
+
+def encoder_decoder_flops(c: T5Config, lengths: Mapping[str, int]) -> float:
+    """Training FLOPs of one example of a T5 encoder-decoder: `inputs` and `targets` tokens."""
+    lt, li = int(lengths["targets"]), int(lengths["inputs"])
     attn = _attention_params(c)
-    if isinstance(c, DecoderOnlyConfig):
-        dense = _sum_layers(c.num_layers, lambda i: attn + mlp_params(c, i)) * lt
-        attention = 12.0 * hd * c.num_layers * lt * lt
-        return 6.0 * dense + logits + attention
-    li = int(lengths["inputs"])
     enc = _sum_layers(c.num_encoder_layers, lambda i: attn + mlp_params(c, i)) * li
     half_attn = attn // 2
     dec = _sum_layers(c.num_decoder_layers, lambda i: (attn + half_attn + mlp_params(c, i)) * lt + half_attn * li)
+    hd = c.num_heads * c.head_dim
     attention = 12.0 * hd * (c.num_encoder_layers * li * li + c.num_decoder_layers * (lt * lt + lt * li))
-    return 6.0 * (enc + dec) + logits + attention
+    return 6.0 * (enc + dec) + _logits(c, lt) + attention
+
+
+def _logits(c: Config, lt: int) -> float:
+    return 6.0 * c.emb_dim * c.vocab_size * lt
+
+
+def training_flops_per_example(config: Config, lengths: Mapping[str, int]) -> float:
+    """Training FLOPs (forward + backward) for one example; `lengths` has `inputs` and `targets`
+    (decoder-only and Llama: `targets` only). Active FLOPs for a mixture of experts. The
+    formula is the config's family's (`ModelFamily.training_flops`); TypeError for a config of
+    no registered family, or of one that declares none."""
+    family = family_of(config)  # TypeError for a config of no registered family
+    if family.training_flops is None:
+        raise TypeError(f"model family {family.name!r} declares no training FLOPs")
+    return family.training_flops(config, lengths)
 
 
 def training_flops_per_step(config, batch_size: int, lengths: Mapping[str, int]) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cairn.models import params
+from cairn.models import flops, params
 from cairn.models.decoder_only_model import DecoderOnlyModel
 from cairn.models.families import (
     LM_PRETRAIN_OPTIMIZER,
@@ -31,5 +31,6 @@ FAMILY = register_family(
         count_params=params.count_params,
         pretrain_optimizer=LM_PRETRAIN_OPTIMIZER,
         preset_configs=PRESETS,
+        training_flops=flops.decoder_flops,
     )
 )

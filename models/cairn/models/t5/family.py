@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cairn.models import params
+from cairn.models import flops, params
 from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, HFConverter, ModelFamily, register_family
 from cairn.models.t5 import hf
 from cairn.models.t5.config import T5Config
@@ -39,5 +39,6 @@ FAMILY = register_family(
             ("warmup_steps", 10000),
         ),
         preset_configs=PRESETS,
+        training_flops=flops.encoder_decoder_flops,
     )
 )
