@@ -37,21 +37,12 @@ from absl import flags
 from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.evaluation import JsonLinesLogger, TensorBoardLogger
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, run_setup
+from cairn.launchers import builder, checkpoint_flags, checkpoint_params, cli, config_io, entry, run_setup
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
-# `--checkpoint` and `--step` are also infer_main's: `allow_override` lets one process import both
-# modules (a test calling `evaluate` and `infer`); a program imports only its own.
-CHECKPOINT = flags.DEFINE_string(
-    "checkpoint",
-    "",
-    "model_dir, checkpoints folder or step folder (default: config.model_dir)",
-    allow_override=True,
-)
-STEP = flags.DEFINE_integer("step", None, "evaluate this step (default: the latest complete one)", allow_override=True)
 WATCH = flags.DEFINE_bool("watch", False, "evaluate every new checkpoint as it appears")
 DECODE = flags.DEFINE_bool("decode", False, "also decode predictions (prediction metrics)")
 POLL = flags.DEFINE_float("poll_seconds", 10.0, "--watch: seconds between looks for new checkpoints")
@@ -176,11 +167,11 @@ def evaluate(
 
 
 def _main(spec: RunSpec) -> None:
-    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else spec.keys.model_dir
+    path = checkpoint_flags.checkpoint_path(spec)
     evaluate(
         spec,
         path,
-        STEP.value,
+        checkpoint_flags.STEP.value,
         WATCH.value,
         DECODE.value,
         config_io.resolve_path(EVAL_DIR.value),

@@ -46,6 +46,7 @@ from cairn import storage
 from cairn.datatasks import DataTasksError
 from cairn.launchers import (
     builder,
+    checkpoint_flags,
     checkpoint_params,
     cli,
     config_io,
@@ -65,15 +66,6 @@ from cairn.tokenizers.sentencepiece_graph import ModelSpec
 # `allow_override`: flags infer_main (or another program) defines too, so that one process (a test)
 # imports both modules; a program imports only its own.
 OUTPUT = flags.DEFINE_string("output", "", "the SavedModel folder to write (required)", allow_override=True)
-CHECKPOINT = flags.DEFINE_string(
-    "checkpoint",
-    "",
-    "model_dir, checkpoints folder or step folder (default: config.model_dir)",
-    allow_override=True,
-)
-STEP = flags.DEFINE_integer(
-    "step", None, "this step's checkpoint (default: the latest complete one)", allow_override=True
-)
 BATCH = flags.DEFINE_integer("batch_size", 8, "rows per model call inside the SavedModel", allow_override=True)
 INPUT_LENGTH = flags.DEFINE_integer(
     "input_length", 0, "prompt tokens (default: sequence_length.inputs; decoder-only: .targets)"
@@ -231,12 +223,12 @@ def _save(
 
 
 def _main(spec: RunSpec) -> None:
-    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else spec.keys.model_dir
+    path = checkpoint_flags.checkpoint_path(spec)
     export(
         spec,
         config_io.resolve_path(OUTPUT.value),
         path,
-        STEP.value,
+        checkpoint_flags.STEP.value,
         BATCH.value,
         INPUT_LENGTH.value,
         PLATFORMS.value,

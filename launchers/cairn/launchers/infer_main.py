@@ -49,7 +49,7 @@ from absl import flags
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, infer_rows, run_setup
+from cairn.launchers import builder, checkpoint_flags, checkpoint_params, cli, config_io, entry, infer_rows, run_setup
 from cairn.launchers.fingerprint import config_hash
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
@@ -57,17 +57,6 @@ from cairn.launchers.validation import ConfigError
 log = logging.getLogger(__name__)
 
 OUTPUT = flags.DEFINE_string("output", "", "the JSON-lines file to write (required)")
-# `--checkpoint` and `--step` are also eval_main's: `allow_override` lets one process import both
-# modules (a test calling `evaluate` and `infer`); a program imports only its own.
-CHECKPOINT = flags.DEFINE_string(
-    "checkpoint",
-    "",
-    "model_dir, checkpoints folder or step folder (default: config.model_dir)",
-    allow_override=True,
-)
-STEP = flags.DEFINE_integer(
-    "step", None, "this step's checkpoint (default: the latest complete one)", allow_override=True
-)
 CHUNK = flags.DEFINE_integer("chunk_size", 64, "examples per written chunk")
 NUM = flags.DEFINE_integer("num_examples", None, "examples to predict (default eval.num_examples; 0: all)")
 INPUT_FILE = flags.DEFINE_string(
@@ -178,12 +167,12 @@ def _write_file(
 
 
 def _main(spec: RunSpec) -> None:
-    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else spec.keys.model_dir
+    path = checkpoint_flags.checkpoint_path(spec)
     infer(
         spec,
         config_io.resolve_path(OUTPUT.value),
         path,
-        STEP.value,
+        checkpoint_flags.STEP.value,
         CHUNK.value,
         NUM.value,
         config_io.resolve_path(INPUT_FILE.value),

@@ -30,21 +30,12 @@ import jax
 from absl import flags
 
 from cairn import storage
-from cairn.launchers import builder, checkpoint_params, cli, config_io, entry, run_setup, run_spec
+from cairn.launchers import builder, checkpoint_flags, checkpoint_params, cli, config_io, entry, run_setup, run_spec
 from cairn.launchers.config_base import model_family
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
 OUTPUT = flags.DEFINE_string("output_dir", "", "the folder to write base/ and adapter/ into (required)")
-CHECKPOINT = flags.DEFINE_string(
-    "checkpoint",
-    "",
-    "model_dir, checkpoints folder or step folder (default: config.model_dir)",
-    allow_override=True,
-)
-STEP = flags.DEFINE_integer(
-    "step", None, "this step's checkpoint (default: the latest complete one)", allow_override=True
-)
 
 
 def export(
@@ -78,8 +69,10 @@ def export(
 
 
 def _main(spec: RunSpec) -> None:
-    path = config_io.resolve_path(CHECKPOINT.value) if CHECKPOINT.value else spec.keys.model_dir
-    export(spec, config_io.resolve_path(OUTPUT.value), path, STEP.value, out=run_setup.print_on_process_0)
+    path = checkpoint_flags.checkpoint_path(spec)
+    export(
+        spec, config_io.resolve_path(OUTPUT.value), path, checkpoint_flags.STEP.value, out=run_setup.print_on_process_0
+    )
 
 
 def run() -> None:
