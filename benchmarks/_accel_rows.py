@@ -57,7 +57,7 @@ from cairn.models import (  # noqa: E402
     training_flops_per_step,
 )
 from cairn.models.llama import attention as llama_attention  # noqa: E402
-from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules  # noqa: E402
+from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules, topology  # noqa: E402
 from cairn.trainer import (  # noqa: E402
     CheckpointConfig,
     OptimizerConfig,
@@ -94,6 +94,7 @@ class Options:
     compile_threads: int = 6
     verbose: bool = True
     profile: bool = False  # trace extra steps (decode: one more call) and report device time per op class
+    topology: str | None = None  # compile only, for this described TPU slice (cairn.partitioning.topology)
 
 
 def log(row: str, message: str) -> None:
@@ -117,9 +118,14 @@ def cpu_copy_bandwidth(megabytes: int = 64, repeats: int = 5) -> float:
     return 2 * x.nbytes / best
 
 
+def run_devices(opts: Options) -> list[Any]:
+    """The devices the rows run on: this host's, or the described TPU slice of `--topology`."""
+    return topology.topology_devices(opts.topology) if opts.topology else jax.devices()
+
+
 def environment(opts: Options) -> dict[str, Any]:
     """The devices, their peak FLOP/s and HBM bandwidth (per device), the memory limit, versions."""
-    devices = jax.devices()
+    devices = run_devices(opts)
     first = devices[0]
     kind, platform = first.device_kind, first.platform
     if opts.peak_flops:
@@ -134,7 +140,7 @@ def environment(opts: Options) -> dict[str, Any]:
         hbm, hbm_source = cpu_copy_bandwidth(), "copy probe"
     else:
         hbm, hbm_source = published_hbm_bandwidth(kind), "published"
-    stats = first.memory_stats() or {}
+    stats = {"bytes_limit": topology.hbm_bytes(first)} if opts.topology else (first.memory_stats() or {})
     versions = {"jax": jax.__version__, "jaxlib": getattr(jax.lib, "__version__", None)}
     for name in ("flax", "optax", "orbax.checkpoint"):
         module = sys.modules.get(name)
@@ -159,7 +165,7 @@ def memory_limit(env: Mapping[str, Any], opts: Options) -> float | None:
         return opts.memory_limit
     if not env.get("bytes_limit"):
         return None
-    in_use = (jax.devices()[0].memory_stats() or {}).get("bytes_in_use", 0)
+    in_use = 0 if opts.topology else (jax.devices()[0].memory_stats() or {}).get("bytes_in_use", 0)
     return env["bytes_limit"] * (1 - opts.memory_margin) - in_use
 
 
@@ -299,12 +305,18 @@ class _TrainRowRunner:
     def __init__(self, row: TrainRow, env: Mapping[str, Any], opts: Options):
         self.row, self.env, self.opts = row, env, opts
         self.steps = opts.steps or row.steps
-        self.partitioner = Partitioner(create_mesh({"data": -1, "model": 1}), standard_logical_axis_rules())
+        devices = run_devices(opts)
+        self.partitioner = Partitioner(
+            create_mesh({"data": -1, "model": 1}, devices=devices), standard_logical_axis_rules()
+        )
         self.model_root = tempfile.mkdtemp(prefix=f"accel_bench_{row.name}_")
         fields = {f.name for f in dataclasses.fields(TrainerConfig)}
-        self.trainer_applied, self.trainer_ignored = split_overrides(fields, row.trainer_overrides)
+        overrides = dict(row.trainer_overrides)
+        if devices[0].platform != "tpu":  # the rows' compiler options are XLA:TPU flags
+            overrides.pop("compiler_options", None)
+        self.trainer_applied, self.trainer_ignored = split_overrides(fields, overrides)
         # the batch moves in whole microbatches on every device
-        self.unit = len(jax.devices()) * int(self.trainer_applied.get("num_microbatches", 1))
+        self.unit = len(devices) * int(self.trainer_applied.get("num_microbatches", 1))
         self.peak = env["peak_flops_per_device"] * env["devices"] if env.get("peak_flops_per_device") else None
         self.made = 0
 
@@ -419,7 +431,17 @@ class _TrainRowRunner:
         chosen = self.choose(configs, limit, fixed, result)
         result["search_s"] = time.perf_counter() - search_start
         v, config, applied, ignored, cand = chosen
-        result.update(self.train(cand, config))
+        if opts.topology:  # compile only: the plan, nothing timed
+            cand.compiled = None
+            result.update(
+                status="planned",
+                batch=cand.batch,
+                lengths=dict(row.lengths),
+                target=row.target_mfu,
+                planned=opts.topology,
+            )
+        else:
+            result.update(self.train(cand, config))
         result.update(
             variant=v,
             config_overrides=applied,
@@ -789,6 +811,9 @@ def run_row(row: TrainRow | DecodeRow, env: Mapping[str, Any], opts: Options) ->
     does not fit or a bad option)."""
     head = {"row": row.name, "kind": row.kind, "title": row.title, "preset": row.preset}
     start = time.perf_counter()
+    if opts.topology and isinstance(row, DecodeRow):
+        note = f"--topology={opts.topology} compiles only; decoding is timed on the chip"
+        return {**head, "status": "skipped", "note": note, "target": row.target_roofline}
     try:
         runner = run_train_row if isinstance(row, TrainRow) else run_decode_row
         out = {**head, "status": "ok", **runner(row, env, opts)}

@@ -126,6 +126,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="trace 2 more steps per training row (one more call per decode row) and report device time per op class",
     )
+    p.add_argument(
+        "--topology",
+        help="compile only, for a described TPU slice (e.g. v5e:1x1) on this host (libtpu, no TPU): each training "
+        "row's batch search against the chip's memory, and nothing timed (decoding rows are skipped)",
+    )
     p.add_argument("--in_process", action="store_true", help="run the rows in this process (no worker, no restarts)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker_results", help=argparse.SUPPRESS)
@@ -205,6 +210,7 @@ def options(args: argparse.Namespace):
         memory_margin=args.memory_margin,
         compile_threads=args.compile_threads,
         profile=args.profile,
+        topology=args.topology,
     )
 
 

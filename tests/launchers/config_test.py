@@ -208,6 +208,17 @@ def test_schema_checks_in_process():
         validation.check_model(launch_util.typed(config))
 
 
+def test_compiler_options_reach_the_trainer_and_may_change_on_resume():
+    from cairn.launchers import resume_check
+
+    config = config_base.base_config()
+    config.trainer.compiler_options = {"xla_tpu_scheduler_percent_shared_memory_limit": 50, "xla_a_flag": False}
+    trainer, _ = run_spec.trainer_config(launch_util.typed(config))
+    assert trainer.compiler_options == {"xla_a_flag": False, "xla_tpu_scheduler_percent_shared_memory_limit": 50}
+    assert list(trainer.compiler_options) == sorted(trainer.compiler_options)
+    assert "trainer.compiler_options" in resume_check.ALLOWED_ON_RESUME
+
+
 def test_mesh_shapes():
     assert validation.resolve_mesh({"data": -1, "model": 2}, 8) == {"data": 4, "fsdp": 1, "model": 2}
     with pytest.raises(

@@ -108,6 +108,7 @@ HAND_WRITTEN = {
         "tensorboard": True,
         "offload_optimizer_state": False,
         "offload_params": False,
+        "compiler_options": {},
     },
     "eval": {"task": "", "split": "validation", "num_examples": 64, "batch_size": 16, "decode_metrics": False},
     "post_training": {
@@ -162,6 +163,7 @@ def test_generated_base_config_has_the_hand_written_keys_and_defaults():
         "data.sequence_length",
         "partitioning.mesh",
         "optimizer.factor_rules",
+        "trainer.compiler_options",
     )
     assert isinstance(config.data.task_modules, tuple)
     # Two calls give independent configs (mutable defaults are copied).

@@ -44,17 +44,19 @@ PINNED = {"argument_bytes": 214928, "temp_bytes": 1030800}
 TOLERANCE = 0.02
 
 
-def test_a_small_llama_steps_memory_is_pinned():
+def small_llama_step(partitioner: Partitioner, length: int):
+    """The small Llama's trainer and its abstract batch of 3 rows of `length` tokens."""
     import cairn.models as models
 
     model = models.DecoderOnlyModel(models.get_preset("llama_tiny", **LLAMA))
-    trainer = Trainer(model, OptimizerConfig(), 0.01, one_device(), config())
-    tokens = jax.ShapeDtypeStruct((3, 32), np.int32)
-    batch = {
-        "decoder_input_tokens": tokens,
-        "decoder_target_tokens": tokens,
-        "decoder_loss_weights": jax.ShapeDtypeStruct((3, 32), np.float32),
-    }
+    trainer = Trainer(model, OptimizerConfig(), 0.01, partitioner, config())
+    tokens = jax.ShapeDtypeStruct((3, length), np.int32)
+    weights = jax.ShapeDtypeStruct((3, length), np.float32)
+    return trainer, {"decoder_input_tokens": tokens, "decoder_target_tokens": tokens, "decoder_loss_weights": weights}
+
+
+def test_a_small_llama_steps_memory_is_pinned():
+    trainer, batch = small_llama_step(one_device(), 32)
     plan = plan_memory(trainer, batch)
     got = {name: getattr(plan.step, name) for name in PINNED}
     for name, want in PINNED.items():
@@ -63,6 +65,26 @@ def test_a_small_llama_steps_memory_is_pinned():
     assert s.peak_bytes == s.argument_bytes + s.output_bytes + s.temp_bytes - s.alias_bytes + s.generated_code_bytes
     assert plan.batch_size == 3 and plan.limit_bytes is None and plan.fits is None  # CPU: no device limit
     assert "no device limit known" in plan.summary() and plan.error() == ""
+
+
+# The same step compiled by XLA:TPU for a described TPU v5e chip (libtpu on this CPU host), at 3
+# rows of 256 tokens (the splash kernel's lengths): the figures the chip itself would report.
+TPU_PINNED = {"argument_bytes": 279040, "temp_bytes": 3663360}
+
+
+def test_the_small_llama_step_planned_for_a_described_tpu_chip():
+    from cairn.partitioning import topology
+
+    devices = topology.topology_devices("v5e:1x1")
+    partitioner = Partitioner(create_mesh({"data": 1, "model": 1}, devices=devices), standard_logical_axis_rules())
+    trainer, batch = small_llama_step(partitioner, 256)
+    plan = plan_memory(trainer, batch)
+    assert plan.device == "TPU v5 lite (tpu)" and plan.limit_bytes == int(15.75 * 2**30) and plan.fits is True
+    got = {name: getattr(plan.step, name) for name in TPU_PINNED}
+    for name, want in TPU_PINNED.items():
+        assert abs(got[name] - want) <= TOLERANCE * want, f"the step's TPU memory moved: {got} (pinned {TPU_PINNED})"
+    assert "tpu_custom_call" in trainer.lower_step().compile().as_text()  # the splash kernel, by Mosaic
+    assert plan_memory(trainer, limit_bytes=2**20, search=False).fits is False  # against 1 MiB: not
 
 
 # -- a step that does not fit ---------------------------------------------------------------------
@@ -171,3 +193,12 @@ def test_an_out_of_memory_compile_reads_as_does_not_fit_with_xlas_figure():
     assert plan.fits is False and plan.error().startswith("the train step at batch 24 needs 20.25 GiB of 15.00 GiB")
     with pytest.raises(RuntimeError, match="something else"):
         memory_plan._step_memory(_StubTrainer("something else broke"), {}, 24)
+
+
+def test_compiler_options_reach_the_steps_compile():
+    """`TrainerConfig.compiler_options` are the step's XLA flags: a flag XLA does not know fails its compile."""
+    cfg = config(compiler_options={"xla_no_such_flag_here": 1})
+    trainer = Trainer(TinyModel(), OptimizerConfig(), 0.01, one_device(), cfg)
+    trainer.setup(abstract(make_batch(0, 0, 4)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="No such compile option: 'xla_no_such_flag_here'"):
+        trainer.lower_step().compile()

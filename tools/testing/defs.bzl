@@ -5,14 +5,15 @@ Each test target runs pytest on its own file (`<name>.py`) through one shared ma
 `pytest tests/<library>` works outside Bazel too. `size` is required, so every test
 has a timeout.
 
-Every test also reads `//:requirements.lock` and `//:requirements-test.lock`: the pip
-packages live in `.venv` (outside Bazel's view), and `./bazelw` rebuilds `.venv` whenever
-either lock changes, so making both locks inputs of each test is what lets Bazel cache test
-results and rerun them when the pinned packages change.
+Every test also reads `//:requirements.lock`, `//:requirements-test.lock` and
+`//:requirements-tpu-compiler.lock`: the pip packages live in `.venv` (outside Bazel's view),
+and `./bazelw` rebuilds `.venv` whenever a lock changes, so making the locks inputs of each test
+is what lets Bazel cache test results and rerun them when the pinned packages change.
 """
 
-# The pins of .venv: the runtime lock and the test-only lock (./bazelw installs both).
-LOCKS = ["//:requirements.lock", "//:requirements-test.lock"]
+# The pins of .venv: the runtime lock, the test-only lock and XLA:TPU's compiler (./bazelw
+# installs all three; libtpu into .venv/tpu-compiler).
+LOCKS = ["//:requirements.lock", "//:requirements-test.lock", "//:requirements-tpu-compiler.lock"]
 
 # The eight libraries, bottom rung first (docs/design.md §1).
 LIBRARIES = ["storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer", "launchers"]

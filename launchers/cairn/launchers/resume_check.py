@@ -39,6 +39,7 @@ ALLOWED_ON_RESUME: dict[str, str] = {
     "trainer.tensorboard": "an output format",
     "trainer.offload_optimizer_state": "where the optimizer state lives, not what it is",
     "trainer.offload_params": "where the parameters live between steps, not what they are",
+    "trainer.compiler_options": "how XLA compiles the step (scheduling, memory), not what it computes",
     "fingerprint_every": "run-fingerprint cadence",
     "eval": "evaluation reads the params, it does not change them",
     "post_training": "runs after training",

@@ -33,13 +33,20 @@ class RunSetup:
 
 
 def prepare(
-    spec: RunSpec, *, train: bool = True, padded: Sequence[tuple[str, int]] = (), eval_task: bool = False
+    spec: RunSpec,
+    *,
+    train: bool = True,
+    padded: Sequence[tuple[str, int]] = (),
+    eval_task: bool = False,
+    devices: Sequence[Any] | None = None,
 ) -> RunSetup:
     """Joins the job and checks what the spec could not check alone, before anything is compiled
     or written: the processes' configs, `model_dir`, the tasks against the sequence lengths, and
     the spec bound to the devices (`run_spec.bind`: the training batch with `train`, eval's and
     infer's `padded` batches, `(name, rows)`). The evaluation task is looked up and checked when
-    the training config evaluates, or with `eval_task`."""
+    the training config evaluates, or with `eval_task`. `devices`: another set than
+    `jax.devices()` (a TPU slice described for an ahead-of-time compile), over as many hosts as
+    their process indices."""
     import jax
 
     keys = spec.keys
@@ -51,7 +58,11 @@ def prepare(
     evaluates = eval_task or keys.post_training.final_eval or keys.trainer.eval_every
     eval_tasks = data_lib.get_tasks(keys, "eval.task") if evaluates else {}
     validation.check_data(keys, {**tasks, **eval_tasks})
-    bound = run_spec.bind(spec, jax.devices(), jax.process_count(), train=train, padded=padded)
+    if devices is None:
+        devices, hosts = jax.devices(), jax.process_count()
+    else:
+        hosts = len({d.process_index for d in devices})
+    bound = run_spec.bind(spec, devices, hosts, train=train, padded=padded)
     return RunSetup(tasks, eval_tasks, bound.mesh, bound.partitioner)
 
 

@@ -225,6 +225,12 @@ class Trainer:
     offload_params: bool = knob(
         False, "the float32 masters of the kernels in host memory, their compute-dtype copy on the device"
     )
+    compiler_options: dict[str, Any] = knob(
+        {},
+        "XLA flags for the train step's compile, e.g. xla_tpu_scheduler_percent_shared_memory_limit=50 (with "
+        "offloaded state on TPU: the scheduler otherwise fills the chip with early host transfers)",
+        free_form=True,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

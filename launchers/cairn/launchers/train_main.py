@@ -19,7 +19,9 @@ the train step is compiled on abstract shapes (nothing allocated, nothing writte
 and its memory plan printed (`cairn.trainer.plan_memory`); exit 0, or 2 with one line (the batch
 that would fit, the knobs that would help) when it does not fit the device's memory
 (`--memory_limit_gib` plans against another size). On an accelerator every run prints the plan at
-start-up, before training.
+start-up, before training. `--dry_run --topology=v5e:2x4` plans for a TPU slice this host does
+not have: the step is compiled by XLA:TPU ahead of time for the described chips (the `libtpu`
+package, no TPU needed; `cairn.partitioning.topology`) and planned against their memory.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import flags
@@ -101,14 +103,19 @@ def train(
     restart_if_corrupt: bool = False,
     dry_run: bool = False,
     memory_limit_bytes: int | None = None,
+    devices: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Runs the experiment of `spec` (`cli.loaded_config`'s). Returns `{"result", "post"}`; raises `ConfigError`.
     `restart_if_corrupt`: when every checkpoint is corrupt, move them aside and start from step
     0 (else `AllCheckpointsCorruptError`). `dry_run`: only the memory plan (`{"plan"}`; raises
     `StepDoesNotFitError` when the step does not fit), nothing written to model_dir.
-    `memory_limit_bytes`: the device memory to plan against (default: the device's own)."""
+    `memory_limit_bytes`: the device memory to plan against (default: the device's own).
+    `devices`: with `dry_run`, plan for these instead of `jax.devices()` (a TPU slice's
+    `topology_devices`: compiled for them ahead of time)."""
+    if devices is not None and not dry_run:
+        raise ValueError("train: devices other than this host's are for dry_run (a plan compiled ahead of time)")
     with contextlib.ExitStack() as held:
-        return _train(spec, out, held, restart_if_corrupt, dry_run, memory_limit_bytes)
+        return _train(spec, out, held, restart_if_corrupt, dry_run, memory_limit_bytes, devices)
 
 
 def plan(trainer: Any, first_batch: Any, out: Callable[[str], None], limit_bytes: int | None, strict: bool) -> Any:
@@ -133,17 +140,21 @@ def _train(
     restart_if_corrupt: bool,
     dry_run: bool = False,
     memory_limit_bytes: int | None = None,
+    devices: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     import jax
 
     from cairn.launchers import builder, post_training
+    from cairn.partitioning import platform
 
     keys = spec.keys
     start = time.perf_counter()
     with data_lib.source_errors_as_data_errors(keys.data.task, keys.data.split):
-        ready = run_setup.prepare(spec)
+        ready = run_setup.prepare(spec, devices=devices)
         tasks, partitioner = ready.tasks, ready.partitioner
         out(f"model_dir: {keys.model_dir}")
+        if devices is not None:  # programs from here on are built for the described devices
+            held.enter_context(platform.for_devices(devices))
         error = None
         if jax.process_index() == 0:
             try:
@@ -249,12 +260,14 @@ def _main(spec: RunSpec) -> None:
         limit = flags.FLAGS.memory_limit_gib
         if limit is not None and limit <= 0:
             raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
+        devices = described_devices(flags.FLAGS.topology, flags.FLAGS.dry_run, run_setup.print_on_process_0)
         train(
             spec,
             out=run_setup.print_on_process_0,
             restart_if_corrupt=flags.FLAGS.restart_if_corrupt,
             dry_run=flags.FLAGS.dry_run,
             memory_limit_bytes=None if limit is None else int(limit * 2**30),
+            devices=devices,
         )
     except OSError as e:  # a write refused outside a checkpoint save (metrics, config.json)
         code = None if isinstance(e, StorageWriteError) else write_failure_code(e)
@@ -263,6 +276,28 @@ def _main(spec: RunSpec) -> None:
             raise
         what = e.filename or "the run files"
         raise write_failure(model_dir, f"{what}", last_good_step(model_dir), code) from e
+
+
+def described_devices(name: str | None, dry_run: bool, out: Callable[[str], None]) -> list[Any] | None:
+    """The devices of `--topology` (None without it), described by libtpu for an ahead-of-time
+    compile; `entry.UsageError` (one line) without `--dry_run`, for a name that does not parse,
+    or without libtpu."""
+    if name is None:
+        return None
+    from cairn.partitioning import topology
+
+    if not dry_run:
+        raise entry.UsageError(f"--topology={name} plans for a TPU slice this host does not have: add --dry_run")
+    try:
+        devices = topology.topology_devices(name)
+    except topology.TopologyError as e:
+        raise entry.UsageError(f"--topology: {e}") from None
+    hosts = topology.process_count(devices)
+    out(
+        f"planning for TPU {name}: {len(devices)} x {devices[0].device_kind} on {hosts} host"
+        f"{'s' if hosts > 1 else ''}, compiled ahead of time by XLA:TPU on this host (nothing runs)"
+    )
+    return devices
 
 
 def _in_model_dir(filename: Any, model_dir: str, code: int) -> bool:
@@ -292,6 +327,12 @@ def run() -> None:
         False,
         "Compile the train step on abstract shapes, print its memory plan and exit (0; 2 with one line "
         "when it does not fit the device's memory), without training or writing to model_dir.",
+    )
+    flags.DEFINE_string(
+        "topology",
+        None,
+        "With --dry_run: plan for this TPU slice instead of this host's devices (e.g. v5e:1x1, v5e:2x4, "
+        "v4:2x2x1), compiled ahead of time by XLA:TPU (needs the libtpu package, not a TPU).",
     )
     flags.DEFINE_float(
         "memory_limit_gib",

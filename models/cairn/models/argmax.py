@@ -13,8 +13,9 @@ on a v5e chip, where the plain reduction is fast. Elsewhere `argmax_last` is `jn
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
+
+from cairn.partitioning import platform
 
 MIN_CHUNK, MAX_CHUNK = 128, 2048
 
@@ -31,7 +32,7 @@ def argmax_last(x: jnp.ndarray) -> jnp.ndarray:
     """`jnp.argmax(x, axis=-1)` (int32; the first index among equal maxima). With NaNs in `x`
     the index is some position of the row, not necessarily `jnp.argmax`'s."""
     n = x.shape[-1]
-    c = chunk_size(n) if jax.default_backend() == "cpu" else None
+    c = chunk_size(n) if platform.backend() == "cpu" else None
     if c is None:  # not on CPU, or no divisor in range (a prime vocabulary): the plain reduction
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
     chunks = x.reshape(*x.shape[:-1], n // c, c)

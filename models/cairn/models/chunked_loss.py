@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from cairn.models.argmax import argmax_last
 from cairn.models.layers import constrain
 from cairn.models.losses import smoothing_constants
+from cairn.partitioning import platform
 
 CHUNK_ACT = ("batch", "length", "embed")
 CHUNK_LOGITS = ("batch", "length", "vocab")
@@ -103,7 +104,7 @@ def chunk_layout(batch: int, length: int, chunk_size: int, align: int = 1) -> tu
 
 
 def _align() -> int:
-    return TPU_POSITION_ALIGN if jax.default_backend() == "tpu" else 1
+    return TPU_POSITION_ALIGN if platform.backend() == "tpu" else 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,7 +122,7 @@ def attend_table(x, table, preferred_element_type=None):
 
 # Which backward `dense` uses, read each time a function calling `dense` is traced (set it before
 # tracing; a jitted function keeps the variant it was traced with): "auto" (the CPU layout below
-# when `jax.default_backend()` is "cpu", autodiff's plain VJP on GPU and TPU), "cpu" or "standard"
+# when `platform.backend()` is "cpu", autodiff's plain VJP on GPU and TPU), "cpu" or "standard"
 # (either one on any platform: tests compare them).
 DENSE_VJP = "auto"
 DENSE_VJP_CHOICES = ("auto", "cpu", "standard")
@@ -130,7 +130,7 @@ DENSE_VJP_CHOICES = ("auto", "cpu", "standard")
 
 def dense_vjp_variant(variant: str | None = None) -> str:
     """ "cpu" or "standard": `variant`, else the module's `DENSE_VJP`, with "auto" decided by
-    `jax.default_backend()` (deterministic for a process: its default platform)."""
+    `platform.backend()` (deterministic for a process: its default platform or compile target)."""
     return platform_variant(
         DENSE_VJP if variant is None else variant, DENSE_VJP_CHOICES, "dense VJP variant", "standard"
     )

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from cairn.models.layers import ATTENTION_KERNEL
+from cairn.partitioning import platform
 from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.rules import logical_to_mesh_spec
 
@@ -81,8 +82,8 @@ __all__ = [
 
 
 def on_tpu() -> bool:
-    """Whether the process's default backend is a TPU (where the kernels compile)."""
-    return jax.default_backend() == "tpu"
+    """Whether programs are built for a TPU (where the kernels compile): `platform.backend()`."""
+    return platform.backend() == "tpu"
 
 
 def validate_implementation(value: str | None, what: str, extra: tuple[str, ...] = ()) -> None:

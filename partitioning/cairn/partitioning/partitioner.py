@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from cairn.partitioning import platform
 from cairn.partitioning.data_layout import DataLayout, data_layout
 from cairn.partitioning.opt_state import opt_state_shardings
 from cairn.partitioning.rules import LogicalAxisRules, LogicalSpec, logical_to_mesh_spec
@@ -41,12 +42,13 @@ class PartitionedFunction:
         return self.partitioner.activated() if self.partitioner is not None else contextlib.nullcontext()
 
     def __call__(self, *args, **kw):
-        with jax.set_mesh(self.mesh), self._context():
+        with jax.set_mesh(self.mesh), self._context(), platform.for_devices(self.mesh.devices.flat):
             return self.jitted(*args, **kw)
 
     def lower(self, *args, **kw):
-        """`jax.jit(...).lower` with the mesh set."""
-        with jax.set_mesh(self.mesh), self._context():
+        """`jax.jit(...).lower` with the mesh set (traced for the mesh's platform: a described
+        TPU slice's programs are built for TPU, `platform.for_devices`)."""
+        with jax.set_mesh(self.mesh), self._context(), platform.for_devices(self.mesh.devices.flat):
             return self.jitted.lower(*args, **kw)
 
 
@@ -122,10 +124,15 @@ class Partitioner:
         out_shardings: Any = None,
         donate_argnums: Sequence[int] = (),
         static_argnums: Sequence[int] = (),
+        compiler_options: Mapping[str, Any] | None = None,
     ) -> PartitionedFunction:
         """`jax.jit(fn)` with these shardings (trees of `NamedSharding`, mesh `PartitionSpec`s,
-        or None to let GSPMD choose). Calls and `.lower` run with this mesh set."""
+        or None to let GSPMD choose). Calls and `.lower` run with this mesh set.
+        `compiler_options`: XLA flags for this program's compile (`jax.jit`'s), e.g.
+        `{"xla_tpu_scheduler_percent_shared_memory_limit": 50}`."""
         kwargs: dict[str, Any] = {"donate_argnums": tuple(donate_argnums), "static_argnums": tuple(static_argnums)}
+        if compiler_options:
+            kwargs["compiler_options"] = dict(compiler_options)
         if in_shardings is not None:
             kwargs["in_shardings"] = self._to_sharding(in_shardings)
         if out_shardings is not None:

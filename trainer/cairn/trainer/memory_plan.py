@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from cairn.partitioning import topology
 from cairn.trainer.model_protocol import leaf_dtype
 
 if TYPE_CHECKING:  # the trainer module imports this one's users, not this one
@@ -204,13 +205,15 @@ def plan_memory(
 
 
 def device_memory_limit(device: Any) -> int | None:
-    """The device's memory in bytes (`memory_stats()["bytes_limit"]`), None where it has none (CPU)."""
+    """The device's memory in bytes (`memory_stats()["bytes_limit"]`); for a device described
+    for an ahead-of-time compile (`cairn.partitioning.topology`), its kind's; None where there is
+    none (CPU)."""
     try:
         stats = device.memory_stats()
-    except Exception:  # a backend without memory statistics
-        return None
+    except Exception:  # a backend without memory statistics, or a described device
+        stats = None
     if not stats or "bytes_limit" not in stats:
-        return None
+        return topology.hbm_bytes(device) if device.platform == "tpu" else None
     return int(stats["bytes_limit"])
 
 

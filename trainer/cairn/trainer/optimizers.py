@@ -98,7 +98,7 @@ def _mean(x, axis: int):
 
 
 # Which factored-RMS code Adafactor runs, when not given: "auto" (the CPU variant when
-# `jax.default_backend()` is "cpu" as the optimizer is built, `optax.scale_by_factored_rms` on GPU
+# `platform.backend()` is "cpu" as the optimizer is built, `optax.scale_by_factored_rms` on GPU
 # and TPU), "cpu" or "optax" (either one on any platform: tests compare them).
 FACTORED_RMS = "auto"
 FACTORED_RMS_CHOICES = ("auto", "cpu", "optax")
@@ -106,7 +106,7 @@ FACTORED_RMS_CHOICES = ("auto", "cpu", "optax")
 
 def factored_rms_variant(variant: str | None = None) -> str:
     """ "cpu" or "optax": `variant`, else the module's `FACTORED_RMS`, with "auto" decided by
-    `jax.default_backend()` (deterministic for a process: its default platform)."""
+    `platform.backend()` (deterministic for a process: its default platform or compile target)."""
     setting = FACTORED_RMS if variant is None else variant
     return platform_variant(setting, FACTORED_RMS_CHOICES, "factored RMS variant", "optax")
 

@@ -201,13 +201,20 @@ def batch_shardings(partitioner: Partitioner, batch: Batch) -> Any:
 
 
 def partitioned_train_step(
-    step_fn: Callable, partitioner: Partitioner, state_sh: TrainState, batch_sh: Any, donate: bool = False
+    step_fn: Callable,
+    partitioner: Partitioner,
+    state_sh: TrainState,
+    batch_sh: Any,
+    donate: bool = False,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> Callable:
-    """The step jitted with the state's and batch's shardings (metrics replicated)."""
+    """The step jitted with the state's and batch's shardings (metrics replicated), compiled
+    with `compiler_options` (XLA flags for this program)."""
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
     return partitioner.partition(
         step_fn,
         in_shardings=(state_sh, batch_sh),
         out_shardings=(state_sh, replicated),
         donate_argnums=(0,) if donate else (),
+        compiler_options=compiler_options,
     )

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import optax
 
-from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory
+from cairn.partitioning import GatheredDigests, Partitioner, estimate_memory, platform
 from cairn.partitioning.peer_watchdog import await_lost_peer
 from cairn.trainer import history
 from cairn.trainer.callbacks import EvalFn, takes_metrics
@@ -69,7 +69,11 @@ class TrainerConfig:
     (`param_offload`: the kernels a bfloat16 model casts arrive as bfloat16, a group at a time),
     with gradients bit-identical to the stored parameters' and accumulated in float32 over
     microbatches, so that one chip trains a model whose float32 parameters, gradients and
-    moments would not fit (with `num_microbatches`, the transfers are paid once per step)."""
+    moments would not fit (with `num_microbatches`, the transfers are paid once per step).
+    `compiler_options`: XLA flags for the train step's compile (`jax.jit`'s `compiler_options`;
+    e.g. `{"xla_tpu_scheduler_percent_shared_memory_limit": 50}`: XLA:TPU's scheduler counts
+    temporaries against the whole chip, not the chip less the arguments, and with offloaded
+    state it fills that memory with early host transfers); a copy, sorted by name."""
 
     model_dir: str
     num_train_steps: int
@@ -91,8 +95,12 @@ class TrainerConfig:
     offload_optimizer_state: bool = False
     offload_group_bytes: int = 0
     offload_params: bool = False
+    compiler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        object.__setattr__(
+            self, "compiler_options", {str(k): v for k, v in sorted(dict(self.compiler_options).items())}
+        )
         for name in ("num_train_steps", "num_microbatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -212,7 +220,8 @@ class Trainer:
         signature = batch_signature(batch)
         if signature == self.batch_signature:
             return self.abstract_state
-        built = self._build(batch)
+        with platform.for_devices(self.partitioner.mesh.devices.flat):
+            built = self._build(batch)
         self.param_specs, self.state_shardings = built.param_specs, built.state_shardings
         self.abstract_state, self.abstract_batch = built.abstract_state, built.abstract_batch
         self.train_step, self._create, self._attach = built.train_step, built.create, built.attach
@@ -223,12 +232,13 @@ class Trainer:
         """The partitioned train step lowered for a host-local `batch` (arrays or `jax.ShapeDtypeStruct`s;
         default: the batch `setup` was given) on abstract state: nothing is allocated or run.
         `.compile().memory_analysis()` is what `plan_memory` reads. Other shapes leave the set-up as it is."""
-        if batch is None or batch_signature(batch) == self.batch_signature:
-            if self.batch_signature is None:
-                raise ValueError("Trainer.lower_step needs a batch before the trainer is set up (Trainer.setup)")
-            return self.train_step.lower(self.abstract_state, self.abstract_batch)
-        built = self._build(batch)
-        return built.train_step.lower(built.abstract_state, built.abstract_batch)
+        with platform.for_devices(self.partitioner.mesh.devices.flat):  # a described TPU slice: built for it
+            if batch is None or batch_signature(batch) == self.batch_signature:
+                if self.batch_signature is None:
+                    raise ValueError("Trainer.lower_step needs a batch before the trainer is set up (Trainer.setup)")
+                return self.train_step.lower(self.abstract_state, self.abstract_batch)
+            built = self._build(batch)
+            return built.train_step.lower(built.abstract_state, built.abstract_batch)
 
     def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
         """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
@@ -290,7 +300,9 @@ class Trainer:
             offload_group_bytes=self.config.offload_group_bytes if self.optimizer_config is not None else None,
             param_offload=param_offload,
         )
-        train_step = partitioned_train_step(step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state)
+        train_step = partitioned_train_step(
+            step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state, dict(self.config.compiler_options)
+        )
 
         def create(frozen=None):
             init_key, dropout_seed = self._keys()

@@ -33,6 +33,7 @@ from cairn.models import pallas_attention
 from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named, project_heads
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
+from cairn.partitioning import platform
 from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.rules import logical_to_mesh_spec
 
@@ -68,7 +69,7 @@ def write_cache(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Arr
     batch 32 on a v5e; pinned, the step takes 4.5 ms (benchmarks/RESULTS.md, `accel_bench.py`).
     """
     out = jax.lax.dynamic_update_slice(cache, chunk.astype(cache.dtype), (0, start, 0, 0))
-    if jax.default_backend() == "tpu":
+    if platform.backend() == "tpu":
         out = with_layout_constraint(out, Layout(major_to_minor=TPU_CACHE_LAYOUT))
     return out
 
@@ -77,7 +78,7 @@ def cache_buckets(max_len: int, smallest: int | None = None) -> tuple[int, ...]:
     """The prefix lengths a cached call may attend: `smallest`, twice that, ... below `max_len`,
     then `max_len` itself. `smallest` defaults to 128 on TPU (its lane width) and 32 elsewhere."""
     if smallest is None:
-        smallest = 128 if jax.default_backend() == "tpu" else 32
+        smallest = 128 if platform.backend() == "tpu" else 32
     sizes, size = [], smallest
     while size < max_len:
         sizes.append(size)
@@ -144,7 +145,7 @@ def attention_implementation(config: LlamaConfig) -> str | None:
     """What `jax.nn.dot_product_attention` is asked for when the Pallas kernel does not run:
     "xla" on CPU (cuDNN cannot run there) and for "pallas", else the config's
     `attention_implementation`."""
-    if jax.default_backend() == "cpu" or config.attention_implementation == "pallas":
+    if platform.backend() == "cpu" or config.attention_implementation == "pallas":
         return "xla"
     return config.attention_implementation
 
@@ -205,7 +206,7 @@ class LlamaAttention(nn.Module):
         # XLA's attention of a (differentiable) call without the cache: see `key_value_axes`.
         kv_axes = HEAD_ACT if written is not None or kernel else key_value_axes(q.shape, k.shape)
         q, k, v = constrain(q, HEAD_ACT), constrain(k, kv_axes), constrain(v, kv_axes)
-        if written is not None and jax.default_backend() != "tpu":  # a cached call: the written prefix
+        if written is not None and platform.backend() != "tpu":  # a cached call: the written prefix
             out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation=attention_implementation(cfg))
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
         if kernel:

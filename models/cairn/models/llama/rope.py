@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cairn.partitioning import platform
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, float] | None = None) -> np.ndarray:
     """`[head_dim // 2]` float32: `theta ** (-2i / head_dim)`, llama3-scaled when `scaling` is given."""
@@ -86,7 +88,7 @@ def rotate(x: jnp.ndarray, tables: RopeTables, via_matmul: bool | None = None) -
     apart (within one bfloat16 rounding of the sliced form's), and the MXU's cost is small."""
     cos, sin = tables
     if via_matmul is None:
-        via_matmul = jax.default_backend() == "tpu"
+        via_matmul = platform.backend() == "tpu"
     x32 = x.astype(jnp.float32)
     if via_matmul:
         # In `x`'s dtype with float32 accumulation: exact (float32 at full precision, so that a
