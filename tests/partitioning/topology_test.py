@@ -86,3 +86,26 @@ def test_the_compiler_is_found_beside_site_packages_and_not_imported():
     path = topology.compiler_path()
     assert path is not None and os.path.isfile(path) and path.endswith("libtpu.so")
     assert importlib.util.find_spec("libtpu") is None  # not importable: JAX does not open a TPU at start-up
+
+
+def test_a_multi_host_slices_mesh_keeps_each_hosts_rows_one_block():
+    """On v5e 4x4 (4 hosts of 2x2 chips) JAX's physical ring order interleaves hosts along a
+    16-device data axis; the mesh falls back to host order, so each host feeds one block of rows
+    (else `data_layout` refuses: a pod run would stop at start-up). One host's slice keeps the
+    physical order."""
+    from jax.experimental import mesh_utils
+
+    from cairn.partitioning import data_layout
+
+    pod = topology.topology_devices("v5e:4x4")
+    physical = mesh_utils.create_device_mesh((16,), pod, allow_split_physical_axes=True)
+    assert [d.process_index for d in physical.flat] != sorted(d.process_index for d in pod)  # interleaved
+    mesh = create_mesh({"data": -1}, devices=pod)
+    layouts = [data_layout(mesh, ("data",), host) for host in range(4)]
+    assert sorted(x.shard_id for x in layouts) == [0, 1, 2, 3] and {x.num_shards for x in layouts} == {4}
+    model_parallel = create_mesh({"data": 4, "model": 4}, devices=pod)
+    for row in model_parallel.devices:  # each model group is one host's four chips
+        assert len({d.process_index for d in row}) == 1
+    one_host = topology.topology_devices("v5e:2x4")
+    kept = create_mesh({"data": -1}, devices=one_host)
+    assert list(kept.devices.flat) == list(mesh_utils.create_device_mesh((8,), one_host).flat)

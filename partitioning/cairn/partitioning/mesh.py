@@ -62,14 +62,27 @@ def _slices(devices: Sequence, num_slices: int) -> list:
 
 
 def _slice_array(shape: Sequence[int], devices: Sequence) -> np.ndarray:
-    """Devices of one slice laid out in `shape`, topology-aware on TPU."""
+    """Devices of one slice laid out in `shape`: topology-aware on TPU (JAX's physical layout)
+    where that keeps each host's devices one contiguous block in mesh order (the batch rows a
+    host feeds must be one block: `data_layout`), else in host order."""
     if devices and devices[0].platform == "tpu":
         try:
-            return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+            physical = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
         except (ValueError, NotImplementedError, AssertionError):
-            pass
+            physical = None
+        if physical is not None and _hosts_contiguous(physical):
+            return physical
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
     return np.asarray(ordered, dtype=object).reshape(shape)
+
+
+def _hosts_contiguous(array: np.ndarray) -> bool:
+    """Whether each process's devices are one run of the array in row-major order (a multi-host
+    TPU slice's physical ring order can interleave hosts: v5e 4x4 puts host 0's chips at
+    positions 0, 1, 6 and 15 of a 16-device data axis)."""
+    hosts = [d.process_index for d in array.flat]
+    runs = [h for i, h in enumerate(hosts) if i == 0 or h != hosts[i - 1]]
+    return len(runs) == len(set(runs))
 
 
 def create_mesh(
