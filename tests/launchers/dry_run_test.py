@@ -65,6 +65,9 @@ def test_topology_needs_dry_run_and_a_name_that_parses():
         train_main.described_devices("v5e:1x1", False, lines.append)
     with pytest.raises(entry.UsageError, match=r"--topology: topology 'v5e:3x3': a slice larger than one host"):
         train_main.described_devices("v5e:3x3", True, lines.append)
+    two = train_main.described_devices("v5e:2x2", True, lines.append, num_slices=2)  # partitioning.num_slices
+    assert len(two) == 8 and sorted({d.slice_index for d in two}) == [0, 1]
+    assert lines.pop().startswith("planning for TPU v5e:2x2 x 2 slices: 8 x TPU v5 lite on 2 hosts, ")
     devices = train_main.described_devices("v5e:2x4", True, lines.append)
     assert len(devices) == 8 and lines == [
         "planning for TPU v5e:2x4: 8 x TPU v5 lite on 1 host, "

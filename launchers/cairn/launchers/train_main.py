@@ -260,7 +260,9 @@ def _main(spec: RunSpec) -> None:
         limit = flags.FLAGS.memory_limit_gib
         if limit is not None and limit <= 0:
             raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
-        devices = described_devices(flags.FLAGS.topology, flags.FLAGS.dry_run, run_setup.print_on_process_0)
+        devices = described_devices(
+            flags.FLAGS.topology, flags.FLAGS.dry_run, run_setup.print_on_process_0, spec.mesh.num_slices
+        )
         train(
             spec,
             out=run_setup.print_on_process_0,
@@ -278,10 +280,13 @@ def _main(spec: RunSpec) -> None:
         raise write_failure(model_dir, f"{what}", last_good_step(model_dir), code) from e
 
 
-def described_devices(name: str | None, dry_run: bool, out: Callable[[str], None]) -> list[Any] | None:
-    """The devices of `--topology` (None without it), described by libtpu for an ahead-of-time
-    compile; `entry.UsageError` (one line) without `--dry_run`, for a name that does not parse,
-    or without libtpu."""
+def described_devices(
+    name: str | None, dry_run: bool, out: Callable[[str], None], num_slices: int = 1
+) -> list[Any] | None:
+    """The devices of `--topology` (None without it): `num_slices` of that slice (the config's
+    `partitioning.num_slices`), described by libtpu for an ahead-of-time compile;
+    `entry.UsageError` (one line) without `--dry_run`, for a name that does not parse, or
+    without libtpu."""
     if name is None:
         return None
     from cairn.partitioning import topology
@@ -289,12 +294,13 @@ def described_devices(name: str | None, dry_run: bool, out: Callable[[str], None
     if not dry_run:
         raise entry.UsageError(f"--topology={name} plans for a TPU slice this host does not have: add --dry_run")
     try:
-        devices = topology.topology_devices(name)
+        devices = topology.topology_devices(name, num_slices=num_slices)
     except topology.TopologyError as e:
         raise entry.UsageError(f"--topology: {e}") from None
     hosts = topology.process_count(devices)
+    slices = f" x {num_slices} slices" if num_slices > 1 else ""
     out(
-        f"planning for TPU {name}: {len(devices)} x {devices[0].device_kind} on {hosts} host"
+        f"planning for TPU {name}{slices}: {len(devices)} x {devices[0].device_kind} on {hosts} host"
         f"{'s' if hosts > 1 else ''}, compiled ahead of time by XLA:TPU on this host (nothing runs)"
     )
     return devices
