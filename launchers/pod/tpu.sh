@@ -6,23 +6,27 @@
 # usage (from the repository root):
 #   launchers/pod/tpu.sh --name=NAME --zone=ZONE --accelerator_type=v4-32 \
 #       --config=launchers/configs/EXPERIMENT.py [--version=tpu-ubuntu2204-base] [--project=P] \
-#       [--remote_dir=cairn] [--setup_command=CMD | --skip_setup] [--dry_run] [-- --config.x.y=v ...]
+#       [--remote_dir=cairn] [--setup_command=CMD | --skip_setup] [--plan] [--dry_run] [-- --config.x.y=v ...]
 #
+# --plan first plans the train step's memory for the slice here, before any TPU is created:
+# XLA:TPU compiles the step for the described chips (train --dry_run --topology=ACCELERATOR_TYPE,
+# libtpu, no TPU needed), and a step that does not fit stops the script (exit 2, one line).
 # --dry_run prints every command it would run, one per line prefixed with "+ ", and runs none
 # (gcloud is not needed). Arguments after "--" (and any --config.* argument) go to the trainer.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "tpu.sh: $*" >&2; exit 2; }
 
 name="" zone="" accelerator_type="" version="tpu-ubuntu2204-base" config="" project="" setup_command=""
-dry_run=0 skip_setup=0 remote_dir="cairn"
+dry_run=0 skip_setup=0 plan=0 remote_dir="cairn"
 overrides=()
 while [[ $# -gt 0 ]]; do
   arg="$1"
   case "$arg" in
     --) shift; overrides+=("$@"); break ;;
     --dry_run) dry_run=1 ;;
+    --plan) plan=1 ;;
     --skip_setup) skip_setup=1 ;;
     -h|--help) usage; exit 0 ;;
     --config.*) overrides+=("$arg") ;;
@@ -58,6 +62,12 @@ run() {
   echo "+ $(quote "$@")"
   if [[ $dry_run == 0 ]]; then "$@"; fi
 }
+
+# 0. The plan (--plan): the step compiled here for the slice; a step that does not fit ends the
+#    script here (set -e), before anything is created or paid for.
+if [[ $plan == 1 ]]; then
+  run ./bazelw run //launchers:train -- --config="$config" "${overrides[@]}" --dry_run --topology="$accelerator_type"
+fi
 
 # 1. The TPU VM: reuse it when it exists, else create it.
 if [[ $dry_run == 1 ]]; then

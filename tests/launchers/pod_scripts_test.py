@@ -71,6 +71,27 @@ def test_tpu_dry_run_prints_every_command_and_runs_none(fake_path, tmp_path):
     assert trainer_args == [f"--config={CONFIG}", "--config.train.num_train_steps=100", "--config.name=it's mine"]
 
 
+def test_tpu_plan_comes_first_for_the_accelerator_type(fake_path):
+    """--plan: the step planned here for the slice (`train --dry_run --topology=ACCELERATOR_TYPE`)
+    before the TPU VM is looked up or created."""
+    path, marker = fake_path
+    args = ["--name=p", "--zone=z", "--accelerator_type=v5litepod-16", f"--config={CONFIG}", "--plan", "--dry_run"]
+    result = _run(TPU, [*args, "--", "--config.data.batch_size=64"], path)
+    assert result.returncode == 0, result.stderr
+    commands = _commands(result.stdout)
+    assert shlex.split(commands[0]) == [
+        "./bazelw",
+        "run",
+        "//launchers:train",
+        "--",
+        f"--config={CONFIG}",
+        "--config.data.batch_size=64",
+        "--dry_run",
+        "--topology=v5litepod-16",
+    ]
+    assert " tpu-vm describe " in commands[1] and not marker.exists()
+
+
 def test_tpu_skip_setup_and_missing_flags(fake_path):
     path, marker = fake_path
     base = ["--name=p", "--zone=z", "--accelerator_type=v5litepod-16", f"--config={CONFIG}", "--dry_run"]

@@ -27,6 +27,22 @@ def test_topology_names_parse_and_bad_ones_name_the_forms():
             topology.parse_topology(bad)
 
 
+def test_cloud_accelerator_types_name_their_default_slices():
+    """The `--accelerator_type` of `gcloud` (and launchers/pod/tpu.sh): v4 and v5p count two
+    TensorCores per chip, v5e and v6e count chips."""
+    assert topology.accelerator_topology("v5litepod-16") == "v5e:4x4"
+    assert topology.accelerator_topology("v5litepod-8") == "v5e:2x4"
+    assert topology.accelerator_topology("v6e-64") == "v6e:8x8"
+    assert topology.accelerator_topology("v4-32") == "v4:2x2x4"
+    assert topology.accelerator_topology("v5p-8") == "v5p:2x2x1"
+    assert topology.accelerator_topology("v5e:2x4") is None  # already a topology
+    assert topology.parse_topology("v4-8").name == "v4:2x2x1"
+    with pytest.raises(topology.TopologyError, match=r"accelerator type 'v4-6' is not a slice this knows: v4-8, "):
+        topology.parse_topology("v4-6")
+    pod = topology.topology_devices("v5litepod-16")
+    assert len(pod) == 16 and topology.process_count(pod) == 4
+
+
 def test_described_devices_have_their_kind_hosts_and_memory():
     one = topology.topology_devices("v5e:1x1")
     assert len(one) == 1 and one[0].platform == "tpu" and one[0].device_kind == "TPU v5 lite"

@@ -77,12 +77,55 @@ class TopologySpec:
         return _GENERATIONS[self.generation][1]
 
 
+#: Cloud TPU accelerator types (`gcloud ... --accelerator-type`): the generation, whether the
+#: number counts TensorCores (two per v4 / v5p chip) rather than chips, and each size's slice.
+_ACCELERATOR_TYPES = {
+    "v4": ("v4", 2),
+    "v5p": ("v5p", 2),
+    "v5litepod": ("v5e", 1),
+    "v5e": ("v5e", 1),
+    "v6e": ("v6e", 1),
+}
+_SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+_SHAPES_3D = {
+    4: (2, 2, 1),
+    8: (2, 2, 2),
+    16: (2, 2, 4),
+    32: (2, 4, 4),
+    64: (4, 4, 4),
+    128: (4, 4, 8),
+    256: (4, 8, 8),
+    512: (8, 8, 8),
+}
+
+
+def accelerator_topology(accelerator_type: str) -> str | None:
+    """The topology name of a Cloud TPU accelerator type ("v5litepod-16" -> "v5e:4x4", "v4-32" ->
+    "v4:2x2x4": its default slice shape), None when `accelerator_type` is not one of that form;
+    `TopologyError` for a size that kind does not come in."""
+    m = re.fullmatch(r"(v4|v5p|v5litepod|v5e|v6e)-(\d+)", accelerator_type.strip())
+    if not m:
+        return None
+    generation, per_chip = _ACCELERATOR_TYPES[m.group(1)]
+    chips, rest = divmod(int(m.group(2)), per_chip)
+    shapes = _SHAPES_3D if _GENERATIONS[generation][0] == 3 else _SHAPES_2D
+    if rest or chips not in shapes:
+        sizes = ", ".join(f"{m.group(1)}-{c * per_chip}" for c in shapes)
+        raise TopologyError(f"accelerator type {accelerator_type!r} is not a slice this knows: {sizes}")
+    return f"{generation}:{'x'.join(map(str, shapes[chips]))}"
+
+
 def parse_topology(name: str) -> TopologySpec:
-    """`TopologySpec` of "v5e:2x4" and the like; `TopologyError` naming the forms it takes."""
+    """`TopologySpec` of "v5e:2x4" and the like, or of a Cloud TPU accelerator type
+    ("v5litepod-8", "v4-32": `accelerator_topology`); `TopologyError` naming the forms it takes."""
+    name = accelerator_topology(name) or name
     m = re.fullmatch(r"(v\d+[ep]?):(\d+(?:x\d+)*)", name.strip())
     if not m or m.group(1) not in _GENERATIONS:
         known = ", ".join(sorted(_GENERATIONS))
-        raise TopologyError(f"topology {name!r} is not GENERATION:AxB[xC] with GENERATION one of {known}")
+        raise TopologyError(
+            f"topology {name!r} is not GENERATION:AxB[xC] with GENERATION one of {known}, "
+            "nor an accelerator type such as v5litepod-16 or v4-32"
+        )
     generation, shape = m.group(1), tuple(int(x) for x in m.group(2).split("x"))
     axes = _GENERATIONS[generation][0]
     if len(shape) != axes or min(shape) < 1:
