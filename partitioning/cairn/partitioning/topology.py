@@ -11,8 +11,9 @@ compiles for a described slice without a TPU or a network. Install it beside the
 packages, not among them (`pip install --no-deps --target <venv>/tpu-compiler libtpu==0.0.42.1`,
 what ./bazelw does): an importable libtpu makes JAX try to open a TPU in every process. Nothing
 can run on these devices. A name is `GENERATION:TOPOLOGY`: `v5e:1x1`, `v5e:2x4`, `v6e:4x4`,
-`v4:2x2x1`, `v5p:2x2x2` (chips along each axis). Slices larger than one host's chips describe
-every host's chips; the compile is the same single program each host would run.
+`v4:2x2x1`, `v5p:2x2x2` (chips along each axis), or a Cloud accelerator type, which names its
+default slice (`v5litepod-16` is `v5e:4x4`, `v4-32` is `v4:2x2x4`). Slices larger than one host's
+chips describe every host's chips; the compile is the same single program each host would run.
 """
 
 from __future__ import annotations
