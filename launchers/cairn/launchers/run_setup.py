@@ -49,6 +49,8 @@ def prepare(
     their process indices."""
     import jax
 
+    from cairn.partitioning import topology
+
     keys = spec.keys
     multihost.initialize(keys)
     multihost.check_same_config(spec.plain)
@@ -61,7 +63,7 @@ def prepare(
     if devices is None:
         devices, hosts = jax.devices(), jax.process_count()
     else:
-        hosts = len({d.process_index for d in devices})
+        hosts = topology.process_count(devices)
     bound = run_spec.bind(spec, devices, hosts, train=train, padded=padded)
     return RunSetup(tasks, eval_tasks, bound.mesh, bound.partitioner)
 

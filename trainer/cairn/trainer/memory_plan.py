@@ -213,7 +213,7 @@ def device_memory_limit(device: Any) -> int | None:
     except Exception:  # a backend without memory statistics, or a described device
         stats = None
     if not stats or "bytes_limit" not in stats:
-        return topology.hbm_bytes(device) if device.platform == "tpu" else None
+        return topology.hbm_bytes(device)  # None for a kind it does not know (CPU)
     return int(stats["bytes_limit"])
 
 

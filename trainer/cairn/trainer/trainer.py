@@ -187,7 +187,8 @@ class Trainer:
         self.optimizer: Any = optimizer
         if self.optimizer_config is not None:  # factored by logical axes: built in `setup` (specs)
             needs_axes = self.optimizer_config.needs_param_axes
-            self.optimizer = None if needs_axes else make_optimizer(self.optimizer_config, learning_rate)
+            with platform.for_devices(partitioner.mesh.devices.flat):  # its code follows the mesh's platform
+                self.optimizer = None if needs_axes else make_optimizer(self.optimizer_config, learning_rate)
         self.partitioner = partitioner
         self.config = config
         self.eval_fn = eval_fn
@@ -220,8 +221,7 @@ class Trainer:
         signature = batch_signature(batch)
         if signature == self.batch_signature:
             return self.abstract_state
-        with platform.for_devices(self.partitioner.mesh.devices.flat):
-            built = self._build(batch)
+        built = self._build(batch)
         self.param_specs, self.state_shardings = built.param_specs, built.state_shardings
         self.abstract_state, self.abstract_batch = built.abstract_state, built.abstract_batch
         self.train_step, self._create, self._attach = built.train_step, built.create, built.attach
@@ -232,16 +232,21 @@ class Trainer:
         """The partitioned train step lowered for a host-local `batch` (arrays or `jax.ShapeDtypeStruct`s;
         default: the batch `setup` was given) on abstract state: nothing is allocated or run.
         `.compile().memory_analysis()` is what `plan_memory` reads. Other shapes leave the set-up as it is."""
-        with platform.for_devices(self.partitioner.mesh.devices.flat):  # a described TPU slice: built for it
-            if batch is None or batch_signature(batch) == self.batch_signature:
-                if self.batch_signature is None:
-                    raise ValueError("Trainer.lower_step needs a batch before the trainer is set up (Trainer.setup)")
-                return self.train_step.lower(self.abstract_state, self.abstract_batch)
-            built = self._build(batch)
-            return built.train_step.lower(built.abstract_state, built.abstract_batch)
+        if batch is None or batch_signature(batch) == self.batch_signature:
+            if self.batch_signature is None:
+                raise ValueError("Trainer.lower_step needs a batch before the trainer is set up (Trainer.setup)")
+            return self.train_step.lower(self.abstract_state, self.abstract_batch)
+        built = self._build(batch)
+        return built.train_step.lower(built.abstract_state, built.abstract_batch)
 
     def _build(self, batch: Mapping[str, Any]) -> _StepSetup:
-        """Everything `setup` keeps, for `batch`'s shapes, without keeping it."""
+        """Everything `setup` keeps, for `batch`'s shapes, without keeping it; traced for the
+        mesh's platform (a described TPU slice's: `platform.for_devices`), as the partitioned
+        step traces itself."""
+        with platform.for_devices(self.partitioner.mesh.devices.flat):
+            return self._build_for(batch)
+
+    def _build_for(self, batch: Mapping[str, Any]) -> _StepSetup:
         init_key = jax.eval_shape(lambda: self._keys()[0])  # abstract: traced, nothing run
         # The model's init on host zeros (token ids: small), traced once with the mesh and partitioner
         # active as `create` runs: param shapes and specs now, replayed (not retraced) by `create`.
@@ -301,7 +306,7 @@ class Trainer:
             param_offload=param_offload,
         )
         train_step = partitioned_train_step(
-            step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state, dict(self.config.compiler_options)
+            step_fn, self.partitioner, state_sh, batch_sh, self.config.donate_state, self.config.compiler_options
         )
 
         def create(frozen=None):
