@@ -123,12 +123,26 @@ def _remat_policies() -> tuple[str, ...]:
 
 #: `--remat` policies (`cairn.models` remat_policy values).
 REMAT_POLICIES = _remat_policies()
-#: Ways a decode step can write the key-value cache (`_accel_rows.DECODE_WRITERS`): the model's
-#: own ("model": on TPU, the slice with the cache pinned head-major), `dynamic_update_slice` alone
-#: ("slice"), a select over the whole cache ("select"), and the slice with the cache's layout
-#: pinned for XLA: row-major ("row_major": b, position, head, dim), head-major ("head_major": b,
-#: head, position, dim) or position-major ("position_major": position, b, head, dim).
-DECODE_VARIANTS = ("model", "slice", "select", "row_major", "head_major", "position_major")
+#: Ways a decode step can keep its key-value cache (`_accel_rows.DECODE_SETTINGS`): the model's
+#: own ("model": on TPU the flat one), a flat cache `[b, len, kv_heads * head_dim]` on every
+#: platform ("flat"; on TPU row-major), the four-dimensional cache ("model_4d": on TPU pinned
+#: head-major, its 64-wide heads padded to 128 lanes), the flat cache attended only up to its
+#: written prefix ("flat_written"), and on the
+#: four-dimensional cache: `dynamic_update_slice` alone ("slice"), a select over the whole cache
+#: ("select"), and the slice with the cache's layout pinned for XLA: row-major ("row_major": b,
+#: position, head, dim), head-major ("head_major": b, head, position, dim) or position-major
+#: ("position_major": position, b, head, dim).
+DECODE_VARIANTS = (
+    "model",
+    "flat",
+    "model_4d",
+    "flat_written",
+    "slice",
+    "select",
+    "row_major",
+    "head_major",
+    "position_major",
+)
 
 #: The rows of issue 39 on one TPU v5e chip, in the order they run.
 ROWS: tuple[Row, ...] = (

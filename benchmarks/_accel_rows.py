@@ -85,7 +85,7 @@ class Options:
     attention: str | None = None  # "auto" (None in the config), "xla", "pallas", "cudnn"
     loss_chunk_size: int | None = None
     remat: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # row (or "*") -> policies to try
-    decode_variants: tuple[str, ...] = ("slice",)  # decode-cache writes compared (DECODE_WRITERS)
+    decode_variants: tuple[str, ...] = ("model",)  # decode caches compared (DECODE_SETTINGS)
     batch: int = 0
     batches: dict[str, int] = dataclasses.field(default_factory=dict)  # row name -> fixed batch
     steps: int = 0
@@ -653,31 +653,40 @@ def _write_slice(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Ar
     return jax.lax.dynamic_update_slice(cache, chunk.astype(cache.dtype), (0, start, 0, 0))
 
 
-_MODEL_WRITE = llama_attention.write_cache
-#: `--decode_variants`: how a decode step writes its key-value cache `[b, len, kv_heads, head_dim]`
-#: ("model": the model's own, `cairn.models.llama.attention.write_cache`).
-DECODE_WRITERS: dict[str, Callable] = {
-    "model": _MODEL_WRITE,
-    "slice": _write_slice,
-    "select": _write_select,
-    "row_major": _write_pinned((0, 1, 2, 3)),
-    "head_major": _write_pinned((0, 2, 1, 3)),
-    "position_major": _write_pinned((1, 0, 2, 3)),
+_FOUR_D = {"FLAT_CACHE_PLATFORMS": ()}
+_FLAT = {"FLAT_CACHE_PLATFORMS": ("cpu", "gpu", "tpu")}
+#: `--decode_variants`: `cairn.models.llama.attention`'s module settings while a decode row's
+#: program is traced ("model": the model's own; `write_cache` writes the cache
+#: `[b, len, kv_heads, head_dim]` of the four-dimensional variants).
+DECODE_SETTINGS: dict[str, dict[str, Any]] = {
+    "model": {},
+    "model_4d": _FOUR_D,
+    "flat": _FLAT,
+    "flat_written": {**_FLAT, "FLAT_WRITTEN_PREFIX": True},
+    "slice": {**_FOUR_D, "write_cache": _write_slice},
+    "select": {**_FOUR_D, "write_cache": _write_select},
+    "row_major": {**_FOUR_D, "write_cache": _write_pinned((0, 1, 2, 3))},
+    "head_major": {**_FOUR_D, "write_cache": _write_pinned((0, 2, 1, 3))},
+    "position_major": {**_FOUR_D, "write_cache": _write_pinned((1, 0, 2, 3))},
 }
 
 
-def _compile_decode(model: DecoderOnlyModel, params: Any, prompts: Any, row: DecodeRow, writer: Callable, opts):
-    """`({"full": executable, "prefill": executable}, compile seconds)` with `writer` writing the cache."""
+def _compile_decode(model: DecoderOnlyModel, params: Any, prompts: Any, row: DecodeRow, settings, opts):
+    """`({"full": executable, "prefill": executable}, compile seconds)`, traced with
+    `cairn.models.llama.attention`'s `settings` (module attributes, restored after)."""
     lengths = {"full": row.prompt + row.new, "prefill": row.prompt + 1}
     lowered = {}
-    llama_attention.write_cache = writer  # read when the model is traced, i.e. while lowering
+    saved = {name: getattr(llama_attention, name) for name in settings}
+    for name, value in settings.items():  # read when the model is traced, i.e. while lowering
+        setattr(llama_attention, name, value)
     try:
         for name, length in lengths.items():
             options = DecodeOptions(max_decode_length=length, eos_id=-1)
             fn = jax.jit(lambda p, x, o=options: model.predict_batch(p, x, o)[0])
             lowered[name] = fn.lower(params, prompts)
     finally:
-        llama_attention.write_cache = _MODEL_WRITE
+        for name, value in saved.items():
+            setattr(llama_attention, name, value)
     compile_start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max(1, min(2, opts.compile_threads))) as pool:
         compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
@@ -714,12 +723,12 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
     reference = None
     for variant in opts.decode_variants:
         try:
-            compiled, compile_s = _compile_decode(model, params, prompts, row, DECODE_WRITERS[variant], opts)
+            compiled, compile_s = _compile_decode(model, params, prompts, row, DECODE_SETTINGS[variant], opts)
         except Exception as e:  # a variant XLA or the layout pass refuses is a result too
             measured[variant] = {"error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]}
-            log(row.name, f"cache write {variant}: {measured[variant]['error']}")
+            log(row.name, f"decode cache {variant}: {measured[variant]['error']}")
             continue
-        log(row.name, f"cache write {variant}: compiled prefill and decode in {compile_s:.1f} s")
+        log(row.name, f"decode cache {variant}: compiled prefill and decode in {compile_s:.1f} s")
         outputs: dict[str, Any] = {}
 
         def call(name, compiled=compiled, outputs=outputs):
@@ -766,13 +775,13 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
     peak = (env.get("peak_flops_per_device") or 0) * env["devices"]
     note = f"prefill {1e3 * prefill_s:.1f} ms"
     if len(opts.decode_variants) > 1:
-        note += f"; cache write {best}"
+        note += f"; decode cache {best}"
     if ignored:
         note += "; ignored: " + ", ".join(sorted(ignored))
     if not chosen["first_tokens_agree"]:
         note += "; first new tokens differ between the two calls"
     if not all(m.get("tokens_equal_first_variant", True) for m in measured.values()):
-        note += "; the cache writes decoded different tokens"
+        note += "; the decode caches decoded different tokens"
     return {
         "batch": row.batch,
         "prompt": row.prompt,

@@ -247,6 +247,38 @@ def test_decoding_in_chunks_equals_the_full_forward_pass(scan):
         assert layer["cached_key"].shape[-3:] == (12, 2, 16) and layer["cached_key_mask"].shape[-2:] == (2, 12)
 
 
+def test_a_flat_decode_cache_decodes_as_the_four_dimensional_one(monkeypatch):
+    """The flat cache `[b, max_len, kv_heads * head_dim]` (TPU's: `flat_cache`; forced here on
+    the CPU) gives the full forward's logits for a prefill and single steps, and
+    `attend_flat_step` equals `jax.nn.dot_product_attention` over the unflattened cache."""
+    import jax.numpy as jnp
+
+    from cairn.models.llama import attention
+
+    monkeypatch.setattr(attention, "FLAT_CACHE_PLATFORMS", ("cpu",))
+    model, params = _model()
+    tokens = np.random.default_rng(3).integers(2, 97, (2, 10)).astype(np.int32)
+    want = np.asarray(_apply(model)(params, {"decoder_input_tokens": tokens}))
+    step = jax.jit(_step_fn(model).__wrapped__)  # traced afresh with the flat cache
+    cache, got, i = _empty_cache(model, params, 2, 12), [], 0
+    assert cache["layers_0"]["attention"]["cached_key"].shape == (2, 12, 2 * 16)
+    for n in (6, 1, 1, 1, 1):
+        logits, cache = step(params, cache, tokens[:, i : i + n], None, None)
+        got.append(np.asarray(logits))
+        i += n
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, atol=1e-5)
+
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(3, 1, 8, 16), (3, 7, 2, 16), (3, 7, 2, 16)])
+    mask = jnp.asarray(rng.random((3, 1, 1, 7)) < 0.6).at[..., 0].set(True)
+    flat = attention.attend_flat_step(q, k.reshape(3, 7, 32), v.reshape(3, 7, 32), mask, scale=0.25)
+    np.testing.assert_allclose(
+        flat, jax.nn.dot_product_attention(q, k, v, mask=mask, scale=0.25, implementation="xla"), atol=1e-6
+    )
+    with pytest.raises(ValueError, match="is not one step of the flat cache"):
+        attention.attend_flat_step(jnp.zeros((3, 2, 8, 16)), k.reshape(3, 7, 32), v.reshape(3, 7, 32), mask, scale=1.0)
+
+
 def test_a_left_padded_prompt_decodes_like_the_unpadded_one():
     """Padding keys (segment id 0) are never attended; positions given explicitly."""
     model, params = _model()

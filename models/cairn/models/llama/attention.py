@@ -12,8 +12,9 @@ attention gets them with their heads whole (`key_value_axes`).
 `q . k` is scaled by `head_dim ** -0.5`; logits and softmax are float32.
 
 Decode cache (`decode=True`): the first call only sizes `cached_key` / `cached_value`
-`[b, max_len, kv_heads, head_dim]`, `cached_key_mask` `[b, max_len]` (int32, 1 = a real key)
-and `cache_index` (scalar int32). Each later call takes a chunk `[b, n]`: its tokens go to
+`[b, max_len, kv_heads, head_dim]` (flat, `[b, max_len, kv_heads * head_dim]`, on the
+`FLAT_CACHE_PLATFORMS`: see `flat_cache`), `cached_key_mask` `[b, max_len]` (int32, 1 = a real
+key) and `cache_index` (scalar int32). Each later call takes a chunk `[b, n]`: its tokens go to
 cache positions `[i, i + n)` with `i = cache_index` (RoPE positions `i..i+n-1` unless given);
 query `j` sees cached keys at positions `<= i + j` whose mask is 1 (the chunk's segment ids > 0
 when given, else 1), and with `decoder_causal_attention` the chunk's prompt positions see each
@@ -38,6 +39,7 @@ from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.rules import logical_to_mesh_spec
 
 HEAD_ACT = ("batch", "length", "heads", "kv")
+FLAT_CACHE_ACT = ("batch", "length", "heads")  # a flat decode cache's (`flat_cache`)
 #: Keys' and values' logical axes before XLA's attention where the query's heads take a mesh
 #: axis that the key/value heads do not divide (`key_value_axes`): `head_dim` kept whole.
 GROUPED_KV_ACT = ("batch", "length", "heads", None)
@@ -46,32 +48,79 @@ __all__ = [
     "HEAD_ACT",
     "Kernel",
     "LlamaAttention",
+    "FLAT_CACHE_PLATFORMS",
+    "attend_flat_step",
     "attend_written",
     "attention_implementation",
     "cache_buckets",
+    "flat_cache",
     "key_value_axes",
     "write_cache",
 ]
 
 
-#: The decode cache's layout on TPU, major to minor: batch, head, position, head_dim.
+#: The decode cache's layout on TPU, major to minor: batch, head, position, head_dim (a flat
+#: cache `[b, max_len, kv_heads * head_dim]`: row-major).
 TPU_CACHE_LAYOUT = (0, 2, 1, 3)
+TPU_FLAT_CACHE_LAYOUT = (0, 1, 2)
+#: Platforms whose decode cache is flat (`flat_cache`).
+FLAT_CACHE_PLATFORMS: tuple[str, ...] = ("tpu",)
+#: Whether a decode step over a flat cache attends only its written prefix (`attend_written`).
+FLAT_WRITTEN_PREFIX = False
+
+
+def flat_cache() -> bool:
+    """Whether the decode cache being traced is flat, `[b, max_len, kv_heads * head_dim]`: on the
+    `FLAT_CACHE_PLATFORMS` (`platform.backend()`). A TPU tiles an array's two minor dimensions
+    by 128 lanes, so a `[.., position, head_dim]` cache of 64-wide heads takes (and every decode
+    step reads) twice its bytes; flat, its minor dimension is `kv_heads * head_dim` (512 for
+    llama_1b) and nothing is padded. A decode step then attends it with `attend_flat_step`."""
+    return platform.backend() in FLAT_CACHE_PLATFORMS
 
 
 def write_cache(cache: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
-    """`cache` `[b, max_len, kv_heads, head_dim]` with `chunk` `[b, n, kv_heads, head_dim]`
-    written at positions `[start, start + n)`: the one place a decode step writes the cache
-    (module-level, so that an accelerator benchmark can compare other ways of writing it).
+    """`cache` `[b, max_len, kv_heads, head_dim]` (or flat, `[b, max_len, kv_heads * head_dim]`)
+    with `chunk` `[b, n, kv_heads, head_dim]` written at positions `[start, start + n)`: the one
+    place a decode step writes the cache (module-level, so that an accelerator benchmark can
+    compare other ways of writing it).
 
-    On TPU the cache's layout is pinned head-major (`TPU_CACHE_LAYOUT`). Left to itself, XLA
-    lays the cache out with positions minor (what the `q . k` product prefers), and then each
-    step's one-position write rewrites the whole cache: 1.7 ms of a 5.1 ms llama_1b step at
-    batch 32 on a v5e; pinned, the step takes 4.5 ms (benchmarks/RESULTS.md, `accel_bench.py`).
+    On TPU the cache's layout is pinned (`TPU_CACHE_LAYOUT`: head-major; a flat one row-major).
+    Left to itself, XLA lays the cache out with positions minor (what the `q . k` product
+    prefers), and then each step's one-position write rewrites the whole cache: 1.7 ms of a
+    5.1 ms llama_1b step at batch 32 on a v5e; pinned, the step takes 4.5 ms
+    (benchmarks/RESULTS.md, `accel_bench.py`).
     """
-    out = jax.lax.dynamic_update_slice(cache, chunk.astype(cache.dtype), (0, start, 0, 0))
+    chunk = chunk.reshape(*chunk.shape[:2], *cache.shape[2:]).astype(cache.dtype)
+    out = jax.lax.dynamic_update_slice(cache, chunk, (0, start) + (0,) * (cache.ndim - 2))
     if platform.backend() == "tpu":
-        out = with_layout_constraint(out, Layout(major_to_minor=TPU_CACHE_LAYOUT))
+        layout = TPU_CACHE_LAYOUT if cache.ndim == 4 else TPU_FLAT_CACHE_LAYOUT
+        out = with_layout_constraint(out, Layout(major_to_minor=layout))
     return out
+
+
+def attend_flat_step(q, k, v, mask, *, scale: float):
+    """`jax.nn.dot_product_attention` (XLA's numerics) of one decode step's queries `q`
+    `[b, 1, heads, d]` over a flat cache `k`, `v` `[b, max_len, kv_heads * d]` (`mask`
+    `[b, 1, 1, max_len]`), without unflattening the cache.
+
+    Each query head is spread over its key/value head's `d` columns of a zero `[kv_heads * d]`
+    row (a block-diagonal query), so `q . k` is one product that reads the cache in its own
+    layout; the values' product gives every head's output for every key/value head, and the
+    diagonal blocks are kept. The products do `kv_heads` times the attention's FLOPs, which a
+    decode step (bound by reading the weights and the cache) does not notice; the zeros add
+    nothing to a sum."""
+    b, n, h, d = q.shape
+    kvh = k.shape[-1] // d
+    if n != 1 or kvh * d != k.shape[-1] or h % kvh:
+        raise ValueError(f"attend_flat_step: q {q.shape} is not one step of the flat cache {k.shape}")
+    eye = jnp.eye(kvh, dtype=q.dtype)
+    blocks = jnp.einsum("bkgd,kj->bkgjd", q.reshape(b, kvh, h // kvh, d), eye).reshape(b, h, kvh * d)
+    logits = jnp.einsum("bhe,bte->bht", blocks, k, preferred_element_type=jnp.float32) * jnp.float32(scale)
+    big_negative = jnp.float32(-0.7 * jnp.finfo(jnp.float32).max)
+    logits = jnp.where(mask[:, 0], logits, big_negative)  # mask [b, 1, 1, t] -> [b, 1, t]
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    every = jnp.einsum("bht,bte->bhe", probs, v).reshape(b, kvh, h // kvh, kvh, d)
+    return jnp.einsum("bkgjd,kj->bkgd", every, eye.astype(every.dtype)).reshape(b, 1, h, d)
 
 
 def cache_buckets(max_len: int, smallest: int | None = None) -> tuple[int, ...]:
@@ -88,18 +137,21 @@ def cache_buckets(max_len: int, smallest: int | None = None) -> tuple[int, ...]:
 
 def attend_written(q, k, v, mask, written, *, scale: float, implementation: str | None, smallest: int | None = None):
     """`jax.nn.dot_product_attention` of `q` `[b, n, heads, d]` over the cache `k`, `v`
-    `[b, max_len, kv_heads, d]` (`mask` `[b, 1, n, max_len]`), reading only its first `size`
-    positions: the smallest of `cache_buckets` holding the `written` (traced) ones. Keys past
-    `written` are masked, so the result is the whole cache's; a step reads at most twice the
-    written positions (or the smallest bucket) instead of the whole cache (llama_1b decoding
-    128 tokens after a 128-token prompt holds 383 positions and writes at most 256).
+    `[b, max_len, kv_heads, d]` (`mask` `[b, 1, n, max_len]`; a flat cache: `attend_flat_step`),
+    reading only its first `size` positions: the smallest of `cache_buckets` holding the
+    `written` (traced) ones. Keys past `written` are masked, so the result is the whole cache's;
+    a step reads at most twice the written positions (or the smallest bucket) instead of the
+    whole cache (llama_1b decoding 128 tokens after a 128-token prompt holds 383 positions and
+    writes at most 256).
 
-    Not on TPU: there the conditional made XLA copy each layer's cache into another layout on
-    every step (llama_1b at batch 32 on a v5e: 4.52 -> 4.66 ms a step)."""
+    Not on TPU's four-dimensional cache: there the conditional made XLA copy each layer's cache
+    into another layout on every step (llama_1b at batch 32 on a v5e: 4.52 -> 4.66 ms a step)."""
     sizes = cache_buckets(k.shape[1], smallest)
 
     def attend(size):
         def fn(q, k, v, mask):
+            if k.ndim == 3:  # a flat cache (`flat_cache`)
+                return attend_flat_step(q, k[:, :size], v[:, :size], mask[..., :size], scale=scale)
             return jax.nn.dot_product_attention(
                 q, k[:, :size], v[:, :size], mask=mask[..., :size], scale=scale, implementation=implementation
             )
@@ -197,8 +249,9 @@ class LlamaAttention(nn.Module):
             tables = self._tables(positions)
             q, k = rotate(q, tables), rotate(k, tables)
             if self.decode:  # the sizing call: an empty cache of this call's shape
-                self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-                self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+                shape = (b, n, kvh * d) if flat_cache() else k.shape
+                self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+                self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
                 self.variable("cache", "cached_key_mask", jnp.zeros, (b, n), jnp.int32)
                 self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
                 mask = None  # decode mode's `mask` is a prefix `[b, n]`, not an attention mask
@@ -206,6 +259,15 @@ class LlamaAttention(nn.Module):
         # XLA's attention of a (differentiable) call without the cache: see `key_value_axes`.
         kv_axes = HEAD_ACT if written is not None or kernel else key_value_axes(q.shape, k.shape)
         q, k, v = constrain(q, HEAD_ACT), constrain(k, kv_axes), constrain(v, kv_axes)
+        if written is not None and k.ndim == 3:  # a flat cache (`flat_cache`)
+            if n == 1 and FLAT_WRITTEN_PREFIX:
+                out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation="xla")
+            elif n == 1:
+                out = attend_flat_step(q, k, v, mask, scale=d**-0.5)
+            else:  # a prefill chunk: the cache unflattened (on TPU a copy, once per chunk)
+                k, v = (constrain(x.reshape(b, x.shape[1], kvh, d), HEAD_ACT) for x in (k, v))
+                out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d**-0.5, implementation="xla")
+            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
         if written is not None and platform.backend() != "tpu":  # a cached call: the written prefix
             out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation=attention_implementation(cfg))
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
@@ -264,4 +326,5 @@ class LlamaAttention(nn.Module):
             key_prefix = jax.lax.dynamic_update_slice(jnp.zeros((b, max_len), jnp.int32), in_prefix, (0, start))
             visible = visible | ((in_prefix[:, :, None] > 0) & (key_prefix[:, None, :] > 0))
         mask = (visible & (keys > 0)[:, None, :])[:, None]  # [b, 1, n, max_len]
-        return constrain(k, HEAD_ACT), constrain(v, HEAD_ACT), mask
+        axes = HEAD_ACT if k.ndim == 4 else FLAT_CACHE_ACT
+        return constrain(k, axes), constrain(v, axes), mask
