@@ -124,10 +124,10 @@ def _remat_policies() -> tuple[str, ...]:
 #: `--remat` policies (`cairn.models` remat_policy values).
 REMAT_POLICIES = _remat_policies()
 #: Ways a decode step can keep its key-value cache (`_accel_rows.DECODE_SETTINGS`): the model's
-#: own ("model": on TPU the flat one), a flat cache `[b, len, kv_heads * head_dim]` on every
-#: platform ("flat"; on TPU row-major), the four-dimensional cache ("model_4d": on TPU pinned
-#: head-major, its 64-wide heads padded to 128 lanes), the flat cache attended only up to its
-#: written prefix ("flat_written"), and on the
+#: own ("model": on TPU the flat one, attended up to its written prefix), a flat cache
+#: `[b, len, kv_heads * head_dim]` on every platform, attended whole ("flat"; on TPU row-major)
+#: or only up to its written prefix ("flat_written"), the four-dimensional cache ("model_4d": on
+#: TPU pinned head-major, its 64-wide heads padded to 128 lanes), and on the
 #: four-dimensional cache: `dynamic_update_slice` alone ("slice"), a select over the whole cache
 #: ("select"), and the slice with the cache's layout pinned for XLA: row-major ("row_major": b,
 #: position, head, dim), head-major ("head_major": b, head, position, dim) or position-major

@@ -661,7 +661,7 @@ _FLAT = {"FLAT_CACHE_PLATFORMS": ("cpu", "gpu", "tpu")}
 DECODE_SETTINGS: dict[str, dict[str, Any]] = {
     "model": {},
     "model_4d": _FOUR_D,
-    "flat": _FLAT,
+    "flat": {**_FLAT, "FLAT_WRITTEN_PREFIX": False},
     "flat_written": {**_FLAT, "FLAT_WRITTEN_PREFIX": True},
     "slice": {**_FOUR_D, "write_cache": _write_slice},
     "select": {**_FOUR_D, "write_cache": _write_select},
