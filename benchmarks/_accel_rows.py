@@ -28,6 +28,9 @@ REPO = os.path.dirname(HERE)
 for _lib in ("storage", "tokenizers", "datatasks", "partitioning", "models", "evaluation", "trainer"):
     if os.path.join(REPO, _lib) not in sys.path:
         sys.path.insert(0, os.path.join(REPO, _lib))
+from cairn.partitioning import gpu_flags  # noqa: E402
+
+gpu_flags.set_gpu_xla_flags()  # on a GPU: XLA's training flags, before a backend starts
 
 import _op_profile  # noqa: E402
 import jax  # noqa: E402

@@ -112,3 +112,27 @@ def test_the_tpu_compiler_is_jaxs_pin_installed_beside_site_packages(repo_root, 
     ]
     assert installed == [pinned]
     assert importlib.util.find_spec("libtpu") is None
+
+
+def test_the_cuda_lock_is_jax_cuda12_at_the_runtime_locks_jax(repo_root, split_lock, locks):
+    """requirements-cuda.lock (`./bazelw --cuda`): JAX's CUDA 12 plugin and PJRT runtime at
+    requirements.lock's jaxlib (the version `jax[cuda12]` of the pinned jax asks for), NVIDIA's
+    CUDA 12 wheels, and nothing the other locks pin."""
+    from packaging.requirements import Requirement
+
+    runtime, test = locks
+    cuda = split_lock.read_lock(repo_root / "requirements-cuda.lock")
+    version = {name: line.split("==", 1)[1] for name, line in cuda.items()}
+    jax, jaxlib = (runtime[n].split("==", 1)[1] for n in ("jax", "jaxlib"))
+    assert version["jax-cuda12-plugin"] == version["jax-cuda12-pjrt"] == jaxlib == jax
+    wanted = [
+        Requirement(r)
+        for r in importlib.metadata.requires("jax") or []
+        if r.startswith("jax-cuda12-plugin") and 'extra == "cuda12"' in r
+    ]
+    assert wanted and all(r.specifier.contains(version["jax-cuda12-plugin"]) for r in wanted), wanted
+    others = set(cuda) - {"jax-cuda12-plugin", "jax-cuda12-pjrt"}
+    assert others and all(n.startswith("nvidia-") and n.endswith("-cu12") for n in others), sorted(others)
+    assert not set(cuda) & (set(runtime) | set(test))
+    for line in cuda.values():
+        assert line.count("==") == 1 and " " not in line, f"requirements-cuda.lock: {line!r} is not name==version"

@@ -8,6 +8,7 @@ import pytest
 
 from cairn.launchers import config_base, config_io, run_setup, run_spec, validation
 from cairn.launchers.validation import ConfigError
+from cairn.models.transformer_config import PRESET_LOSS_CHUNK_SIZE
 
 SIZED = {
     "t5_1_1_pretrain.py": ("tiny", "small", "base", "large", "xl", "xxl", "xl_bf16", "xxl_bf16"),
@@ -48,6 +49,11 @@ def test_sized_configs_validate(name, size):
     spec = launch_util.spec(config)
     net = spec.model
     assert config.model.preset.endswith(size.removesuffix("_bf16"))
+    # The preset's loss and attention: chunked for the full-size large vocabularies, the kernel
+    # where the accelerator has one (None); no experiment forces whole logits or XLA attention.
+    whole_logits = size == "tiny" or name == "byt5_pretrain.py"
+    assert net.loss_chunk_size == (0 if whole_logits else PRESET_LOSS_CHUNK_SIZE), net.loss_chunk_size
+    assert net.attention_implementation is None
     mesh = spec.mesh.resolve(64)
     assert mesh["data"] * mesh["fsdp"] * mesh["model"] == 64
     if size in ("tiny", "small", "125m"):
@@ -62,6 +68,12 @@ def test_published_sizes_are_what_the_configs_build():
     config.vocabulary.path = SHAKESPEARE_SPM
     config.model.vocab_size = 32128
     assert abs(count_params(launch_util.spec(config).model) - 77.0e6) / 77.0e6 < 0.01
+
+
+@pytest.mark.parametrize("name", ["llama_1b_pretrain.py", "moe_1b_pretrain.py"])
+def test_pod_llama_configs_take_the_presets_chunked_loss_and_attention(name):
+    net = validation.check_model(launch_util.typed(load(name)))
+    assert net.loss_chunk_size == PRESET_LOSS_CHUNK_SIZE and net.attention_implementation is None
 
 
 def test_a_size_that_does_not_exist_is_named():
@@ -80,6 +92,7 @@ def test_shakespeare_configs_validate_fully(name, tmp_path):
     assert spec.vocabulary.vocab_size == 2100
     assert ready.mesh == {"data": 8, "fsdp": 1, "model": 1}
     assert spec.model.vocab_size == 2176  # 2100 rounded up to 128
+    assert spec.model.loss_chunk_size == 0 and spec.model.attention_implementation is None  # toy presets
     assert not (tmp_path / "run").exists()
 
 

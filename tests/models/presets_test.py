@@ -62,6 +62,20 @@ def test_every_preset_is_a_config():
     assert get_preset("t5_1_1_base", scan_layers=True).scan_layers
 
 
+def test_full_size_presets_of_large_vocabularies_default_to_the_chunked_loss():
+    """Every preset of 32,000 words or more trains with the chunked loss, but the toy `*_tiny` ones
+    (their CPU runs swap in a small vocabulary); ByT5's 384 ids and the toys keep whole logits."""
+    from cairn.models.transformer_config import CHUNKED_LOSS_MIN_VOCAB, PRESET_LOSS_CHUNK_SIZE
+
+    for name, config in PRESETS.items():
+        large = config.vocab_size >= CHUNKED_LOSS_MIN_VOCAB and not name.endswith("_tiny")
+        assert config.loss_chunk_size == (PRESET_LOSS_CHUNK_SIZE if large else 0), name
+    chunked = {n for n, c in PRESETS.items() if c.loss_chunk_size}
+    assert {"llama_1b", "llama_7b", "mixtral_8x7b", "t5_1_1_base", "mt5_xl", "decoder_only_1b"} <= chunked
+    assert not chunked & {"t5_1_1_tiny", "decoder_only_tiny", "llama_tiny", "byt5_small"}
+    assert get_preset("llama_1b", loss_chunk_size=0).loss_chunk_size == 0  # a run may still choose whole logits
+
+
 def test_unknown_preset_names_the_known_ones():
     with pytest.raises(KeyError, match="t5_1_1_base"):
         get_preset("t5_1_1_medium")

@@ -202,3 +202,25 @@ def test_compiler_options_reach_the_steps_compile():
     trainer.setup(abstract(make_batch(0, 0, 4)))
     with pytest.raises(jax.errors.JaxRuntimeError, match="No such compile option: 'xla_no_such_flag_here'"):
         trainer.lower_step().compile()
+
+
+class _Device:
+    """A device as `plan_memory` reads one: its platform, kind and memory statistics."""
+
+    def __init__(self, platform, kind, stats):
+        self.platform, self.device_kind, self._stats = platform, kind, stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_a_gpu_is_planned_against_its_memory_stats_like_any_accelerator():
+    """Nothing in the plan is TPU- or CPU-only: a GPU's limit is its `memory_stats()["bytes_limit"]`
+    (what XLA_PYTHON_CLIENT_MEM_FRACTION leaves), its peak the compiled memory analysis."""
+    gpu = _Device("gpu", "NVIDIA H100 80GB HBM3", {"bytes_limit": 60 * 2**30, "bytes_in_use": 0})
+    assert memory_plan.device_memory_limit(gpu) == 60 * 2**30
+    assert memory_plan._device_name(gpu) == "NVIDIA H100 80GB HBM3 (gpu)"
+    assert memory_plan.device_memory_limit(_Device("cpu", "cpu", None)) is None
+    step = StepMemory(8, 61 * 2**30)
+    plan = memory_plan.MemoryPlan(step, memory_plan.device_memory_limit(gpu), memory_plan._device_name(gpu), 8)
+    assert plan.fits is False and "on NVIDIA H100 80GB HBM3 (gpu)" in plan.error()

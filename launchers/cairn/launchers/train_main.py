@@ -250,6 +250,10 @@ def quiet_logs() -> None:
 
 
 def _main(spec: RunSpec) -> None:
+    from cairn.partitioning import gpu_flags
+
+    gpu_flags.set_gpu_xla_flags()  # on a GPU, before JAX starts a backend (XLA reads XLA_FLAGS once)
+
     from cairn.trainer.faults import StorageWriteError, write_failure, write_failure_code
     from cairn.trainer.manifests import last_good_step
     from cairn.trainer.save_failures import quiet_failed_save_logs

@@ -33,6 +33,19 @@ POSITIVE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim")
 
 C = TypeVar("C", bound="ModelConfig")
 
+# The presets' loss: every preset of a real size (not the toy `*_tiny` ones, whose runs swap in
+# a small vocabulary) with `CHUNKED_LOSS_MIN_VOCAB` words or more computes its training loss in
+# chunks of `PRESET_LOSS_CHUNK_SIZE` tokens (`loss_chunk_size`; llama_1b's TPU runs used 4096:
+# a chunk's float32 logits are 2.1 GB at 128,256 words, 0.5 GB at 32,128).
+PRESET_LOSS_CHUNK_SIZE = 4096
+CHUNKED_LOSS_MIN_VOCAB = 32000
+
+
+def preset_loss_chunk_size(vocab_size: int) -> int:
+    """A full-size preset's `loss_chunk_size`: `PRESET_LOSS_CHUNK_SIZE` for a vocabulary of
+    `CHUNKED_LOSS_MIN_VOCAB` words or more, else 0 (whole logits)."""
+    return PRESET_LOSS_CHUNK_SIZE if vocab_size >= CHUNKED_LOSS_MIN_VOCAB else 0
+
 
 def check_prompt_start_id(config: Any) -> None:
     """Validates a decoder-only config's `prompt_start_id`: the token `predict_batch` puts in
@@ -59,7 +72,8 @@ class ModelConfig:
     `loss_chunk_size`: 0 computes the training loss from the whole float32 logits `[b, l,
     vocab]`; a positive value computes it from the final hidden states in chunks of about that
     many tokens (`cairn.models.chunked_loss`: the same loss, metrics and gradients, one chunk's
-    logits in memory at a time).
+    logits in memory at a time); the full-size presets of large vocabularies take
+    `preset_loss_chunk_size`.
     `moe`: None (dense MLPs) or a `MoeConfig` (or a mapping of its fields) making every
     `moe.every`-th MLP a routed mixture of experts; `moe.every > 1` needs `scan_layers` off
     (scanned layers must be identical). `attention_implementation`: one of

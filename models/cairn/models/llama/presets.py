@@ -17,12 +17,16 @@
   theta 1e6, RMS eps 1e-5, 8 experts, top 2, every layer routed), published as 46.7B in all
   and 12.9B active (`PUBLISHED_ACTIVE_PARAMS`, `count_params(..., active=True)`). Dropless, as
   transformers runs it (no token is dropped for capacity).
+
+The presets of 32,000 words or more (all but the two toys) train with the chunked loss
+(`loss_chunk_size=transformer_config.PRESET_LOSS_CHUNK_SIZE`).
 """
 
 from __future__ import annotations
 
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.moe_config import MoeConfig
+from cairn.models.transformer_config import PRESET_LOSS_CHUNK_SIZE
 
 LLAMA_3_2_ROPE_SCALING = {
     "factor": 32.0,
@@ -36,7 +40,14 @@ PRESETS: dict[str, LlamaConfig] = {
         vocab_size=256, emb_dim=64, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128, num_layers=2
     ),
     "llama_150m": LlamaConfig(
-        vocab_size=49152, emb_dim=576, num_heads=9, num_kv_heads=3, head_dim=64, mlp_dim=1536, num_layers=30
+        vocab_size=49152,
+        emb_dim=576,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        mlp_dim=1536,
+        num_layers=30,
+        loss_chunk_size=PRESET_LOSS_CHUNK_SIZE,
     ),
     "llama_1b": LlamaConfig(
         vocab_size=128256,
@@ -49,6 +60,7 @@ PRESETS: dict[str, LlamaConfig] = {
         rope_theta=500000.0,
         rope_scaling=LLAMA_3_2_ROPE_SCALING,
         tie_word_embeddings=True,
+        loss_chunk_size=PRESET_LOSS_CHUNK_SIZE,
     ),
     "llama_7b": LlamaConfig(
         vocab_size=32000,
@@ -59,6 +71,7 @@ PRESETS: dict[str, LlamaConfig] = {
         mlp_dim=11008,
         num_layers=32,
         tie_word_embeddings=False,
+        loss_chunk_size=PRESET_LOSS_CHUNK_SIZE,
     ),
     "mixtral_tiny": LlamaConfig(
         vocab_size=256,
@@ -85,6 +98,7 @@ PRESETS: dict[str, LlamaConfig] = {
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         moe=MoeConfig(num_experts=8, top_k=2, dropless=True),
+        loss_chunk_size=PRESET_LOSS_CHUNK_SIZE,
     ),
 }
 
