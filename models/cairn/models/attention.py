@@ -188,13 +188,11 @@ class MultiHeadAttention(nn.Module):
         if self.decode or self.is_initializing():
             return None
         why, bias_shape = self._unsupported(bias), None
-        if why is None:
-            b, q_len = q.shape[0], q.shape[1]
-            if bias.kernel_bias is not None:  # the mask broadcasts it to the batch
-                bias_shape = (b if bias.q_segment_ids is not None else bias.kernel_bias.shape[0],)
-                bias_shape += tuple(bias.kernel_bias.shape[1:])
-            elif bias.q_segment_ids is not None:
-                bias_shape = (b, 1, q_len, kv_len)
+        if why is None:  # the bias cuDNN gets: the position bias plus the mask (`fused_attention`)
+            parts = [] if bias.kernel_bias is None else [bias.kernel_bias.shape]
+            if bias.q_segment_ids is not None:
+                parts.append((q.shape[0], 1, q.shape[1], kv_len))
+            bias_shape = jnp.broadcast_shapes(*parts) if parts else None
         kv_shape = (q.shape[0], kv_len, *q.shape[2:])
         return gpu_attention.fused_implementation(self.implementation, q.shape, kv_shape, q.dtype, bias_shape, why)
 
