@@ -1,7 +1,8 @@
 """The Llama model under cairn.partitioning's Partitioner on 8 devices equals one device: an
 AdamW train step with data x model sharding (2 x 4) and with FSDP (data 2 x fsdp 2 x model 2),
-the loss's gradients with key/value heads that do and do not divide the model axis, and greedy
-decoding with the cache. Key/value heads (the `heads` logical axis) shard over `model`."""
+the loss's gradients with key/value heads that do and do not divide the model axis, greedy
+decoding with the cache, and the shardings cuDNN's attention refuses. Key/value heads (the
+`heads` logical axis) shard over `model`."""
 
 import functools
 
@@ -12,9 +13,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from cairn.models import DecodeOptions, DecoderOnlyModel, LlamaConfig
+from cairn.models import DecodeOptions, DecoderOnlyModel, LlamaConfig, gpu_attention
 from cairn.models.llama.attention import GROUPED_KV_ACT, HEAD_ACT, key_value_axes
-from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules
+from cairn.partitioning import Partitioner, create_mesh, platform, standard_logical_axis_rules
 
 CONFIG = LlamaConfig(
     vocab_size=64, emb_dim=32, num_heads=8, num_kv_heads=4, head_dim=8, mlp_dim=64, num_layers=2, scan_layers=True
@@ -131,6 +132,20 @@ def test_key_value_axes_keep_kv_heads_whole_only_where_the_query_heads_take_the_
         assert key_value_axes(q8, (4, 12, 2, 8)) == GROUPED_KV_ACT
         assert key_value_axes(q8, (4, 12, 1, 8)) == GROUPED_KV_ACT
         assert key_value_axes(q6, (4, 12, 2, 8)) == HEAD_ACT
+
+
+def test_cudnn_refuses_shardings_its_own_partitioning_cannot_take():
+    """`gpu_attention.unsupported_reason` compiling for a GPU under a data 2 x model 4 mesh:
+    key/value heads that take the query heads' axis are fine (cuDNN's call partitions itself
+    over batch and heads); 2 key/value heads fall back to sharding `head_dim`, which it refuses."""
+    bf16 = "bfloat16"
+    partitioner = Partitioner(create_mesh({"data": 2, "fsdp": 1, "model": 4}), standard_logical_axis_rules())
+    q = (4, 12, 8, 8)
+    with platform.compile_target("gpu"):
+        assert gpu_attention.unsupported_reason(q, (4, 12, 2, 8), bf16) is None  # no mesh
+        with partitioner.activated():
+            assert gpu_attention.unsupported_reason(q, (4, 12, 4, 8), bf16) is None
+            assert "head_dim" in gpu_attention.unsupported_reason(q, (4, 12, 2, 8), bf16)
 
 
 def test_greedy_decoding_matches_one_device(setup):

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # Public name -> the module (below cairn.models) that defines it; the submodules of `__all__`
 # are imported as themselves.
 _SUBMODULES = frozenset(
-    "chunked_loss decoding families gpt llama lora losses moe pallas_attention prompt_tuning t5".split()
+    "chunked_loss decoding families gpt gpu_attention llama lora losses moe pallas_attention prompt_tuning t5".split()
 )
 _DEFINED_IN = {
     "DecodeOptions": "model_base",
@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
         decoding,
         families,
         gpt,
+        gpu_attention,
         llama,
         lora,
         losses,
@@ -123,6 +124,7 @@ __all__ = [
     "get_family",
     "get_preset",
     "gpt",
+    "gpu_attention",
     "import_hf",
     "llama",
     "logical_axes",

@@ -3,8 +3,9 @@
 T5 does not scale `q . k` by `1/sqrt(head_dim)`: the query initializer folds it in.
 Masks and position biases arrive as one additive `bias` `[batch|1, heads|1, q, k]`, or as an
 `AttentionBias` that also keeps their parts apart for the Pallas kernel
-(`cairn.models.pallas_attention`; `implementation` chooses, as the configs'
-`attention_implementation`).
+(`cairn.models.pallas_attention`) and cuDNN's fused attention (`cairn.models.gpu_attention`,
+through `fused_attention`); `implementation` chooses, as the configs'
+`attention_implementation`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from cairn.models import pallas_attention
+from cairn.models import gpu_attention, pallas_attention
 from cairn.models.layers import ATTENTION_PROJECTIONS, constrain, dense, kernel, named, project_heads
 
 NEG_INF = -1e10
@@ -78,6 +79,20 @@ def parts_bias(bias: AttentionBias) -> tuple[jax.Array, ...]:
     return tuple(parts)
 
 
+def fused_attention(q, k, v, bias: AttentionBias, implementation: str = gpu_attention.KERNEL) -> jax.Array:
+    """`gpu_attention.attention` of `q` `[b, q, heads, d]`, `k`, `v` `[b, k, heads, d]` with
+    `bias`'s parts: `kernel_bias` as the bias, the segment ids' `segment_mask` as the mask (it
+    also masks padding) and `causal` as `is_causal`; no scaling (T5's). The same as `bias.dense`
+    at every real query. `implementation` is `jax.nn.dot_product_attention`'s ("cudnn"; "xla"
+    runs the same call anywhere)."""
+    mask = None
+    if bias.q_segment_ids is not None:
+        mask = segment_mask(bias.q_segment_ids, bias.kv_segment_ids)
+    return gpu_attention.attention(
+        q, k, v, bias.kernel_bias, mask, is_causal=bias.causal, scale=1.0, implementation=implementation
+    )
+
+
 class MultiHeadAttention(nn.Module):
     """Attention from `x_q` to `x_kv`, with kernels q/k/v `[embed, heads, kv]`, o `[heads, kv, embed]`.
 
@@ -87,9 +102,10 @@ class MultiHeadAttention(nn.Module):
     in that first call and stores them: later calls only read them. So the first call must
     really run (under `jit` everything else in it is dead code), not only be shape-evaluated.
 
-    `implementation` (None, "xla", "pallas"; `cairn.models.pallas_attention`): the flash kernel
-    needs `bias` as an `AttentionBias`, no decode cache (decode steps always take XLA's path)
-    and no attention dropout in effect. `float32_logits` (XLA's path): the logits, bias and
+    `implementation` (None, "xla", "pallas", "cudnn"; `cairn.models.pallas_attention`,
+    `cairn.models.gpu_attention`): the flash kernel and cuDNN's fused attention (where the
+    kernel does not run) need `bias` as an `AttentionBias`, no decode cache (decode steps
+    always take XLA's path) and no attention dropout in effect. `float32_logits` (XLA's path): the logits, bias and
     softmax in float32 (default), or in the compute `dtype` as t5x computes them by default
     (`float32_attention_logits=False`: half the memory traffic of the `[b, heads, q, k]`
     tensors in bfloat16; the kernel computes in float32 either way).
@@ -124,6 +140,10 @@ class MultiHeadAttention(nn.Module):
             )
             out = constrain(out, ("batch", "length", "heads", "kv"))
             return named(dense(out, wo, 2), out_name)
+        fused = self._fused(q, x_kv.shape[1], bias)
+        if fused is not None:
+            k, v = project_heads(x_kv, wk, k_name), project_heads(x_kv, wv, v_name)
+            return named(dense(fused_attention(q, k, v, bias, fused), wo, 2), out_name)
         if isinstance(bias, AttentionBias):
             bias = parts_bias(bias)
         if self.decode:
@@ -154,14 +174,35 @@ class MultiHeadAttention(nn.Module):
         # Decode steps keep XLA's path; initialising makes parameters only (any shape).
         if self.decode or self.is_initializing() or self.implementation == "xla":
             return False
-        why = None
-        if not isinstance(bias, AttentionBias):
-            why = "the mask is a plain additive bias, not an AttentionBias"
-        elif self.dropout_rate > 0 and not self.deterministic:
-            why = "attention dropout is in effect (the kernel has none)"
         return pallas_attention.use_kernel(
-            self.implementation, q_len, kv_len, self.head_dim, why, pallas_attention.FLASH_AUTO_MIN_LENGTH
+            self.implementation,
+            q_len,
+            kv_len,
+            self.head_dim,
+            self._unsupported(bias),
+            pallas_attention.FLASH_AUTO_MIN_LENGTH,
         )
+
+    def _fused(self, q, kv_len: int, bias) -> str | None:
+        """`gpu_attention.fused_implementation` of this call (decode mode and initialising: None)."""
+        if self.decode or self.is_initializing():
+            return None
+        why, bias_shape = self._unsupported(bias), None
+        if why is None:  # the bias cuDNN gets: the position bias plus the mask (`fused_attention`)
+            parts = [] if bias.kernel_bias is None else [bias.kernel_bias.shape]
+            if bias.q_segment_ids is not None:
+                parts.append((q.shape[0], 1, q.shape[1], kv_len))
+            bias_shape = jnp.broadcast_shapes(*parts) if parts else None
+        kv_shape = (q.shape[0], kv_len, *q.shape[2:])
+        return gpu_attention.fused_implementation(self.implementation, q.shape, kv_shape, q.dtype, bias_shape, why)
+
+    def _unsupported(self, bias) -> str | None:
+        """Why neither kernel can take this call whatever its shapes (None: the shapes decide)."""
+        if not isinstance(bias, AttentionBias):
+            return "the mask is a plain additive bias, not an AttentionBias"
+        if self.dropout_rate > 0 and not self.deterministic:
+            return "attention dropout is in effect (the kernel has none)"
+        return None
 
     def _cached_kv(self, x_kv, wk, wv):
         """Keys and values `[b, heads, len, kv]` from the cache, after writing this chunk's."""

@@ -344,8 +344,8 @@ class MlpBlock(nn.Module):
 
 
 # Names (`jax.ad_checkpoint.checkpoint_name`) of the activations a remat policy may save: the
-# attention's four projections, the Pallas attention kernel's residuals (its output and
-# log-sum-exp), and the MLP's input kernels' and output kernel's products.
+# attention's four projections, the Pallas or cuDNN attention kernel's residuals (its output
+# and log-sum-exp), and the MLP's input kernels' and output kernel's products.
 ATTENTION_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj")
 ATTENTION_KERNEL = "attention_kernel"
 MLP_WI, MLP_WO = "mlp_wi", "mlp_wo"
@@ -397,7 +397,7 @@ def remat_policy(name: str):
     * "kv_projections": only the key and value projections (`full` otherwise: under grouped-query
       attention they are the smallest products, a fraction of a layer's input each, and spare
       their matmuls' recompute where `full` leaves a little memory free);
-    * "attention_kernel": only the Pallas attention kernel's residuals (its output and
+    * "attention_kernel": only the Pallas or cuDNN attention kernel's residuals (its output and
       log-sum-exp; `full` otherwise): the backward recomputes the layer's matmuls but not the
       kernel's forward. Under XLA's attention nothing is named so, and it is `full`;
     * "<policy>_offloaded" ("dots", "dots_except_mlp_wi", "minimal"): the same activations, but

@@ -6,7 +6,9 @@
   supports (`unsupported_reason` is None), XLA's einsum attention otherwise;
 * "xla": XLA's einsum attention;
 * "pallas": the kernel, on TPU compiled by Mosaic, elsewhere run by Pallas's interpreter
-  (slow: for tests); a call it does not support is a `ValueError` naming why.
+  (slow: for tests); a call it does not support is a `ValueError` naming why;
+* "cudnn": never the kernel (cuDNN's fused attention on GPU: `cairn.models.gpu_attention`,
+  which the families ask when the kernel does not run; with None it runs on GPU).
 
 Decode-mode (cached) steps always take the XLA path. Two kernels of
 `jax.experimental.pallas.ops.tpu` are used:
@@ -46,7 +48,7 @@ from cairn.partitioning import platform
 from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.rules import logical_to_mesh_spec
 
-IMPLEMENTATIONS = (None, "xla", "pallas")
+IMPLEMENTATIONS = (None, "xla", "pallas", "cudnn")
 MIN_BLOCK = 128  # the kernels' lane width: lengths and blocks are multiples of it
 BLOCK_Q = 512  # preferred query block (forward)
 BLOCK_KV = 512  # preferred key/value block (forward; splash computes it in one step)
@@ -125,7 +127,7 @@ def use_kernel(
     """Whether an attention call takes the Pallas kernel: "pallas" always (a `ValueError` naming
     why when the shapes, or the caller's own `unsupported` reason, rule it out); None only on
     TPU, when supported and when the longer length is at least `auto_min_length` (where the
-    kernel was measured to beat XLA); anything else ("xla", Llama's "cudnn") never."""
+    kernel was measured to beat XLA); anything else ("xla", "cudnn") never."""
     if implementation not in (None, "pallas"):
         return False
     why = unsupported or unsupported_reason(q_len, kv_len, head_dim)

@@ -77,16 +77,17 @@ class ModelConfig:
     `moe`: None (dense MLPs) or a `MoeConfig` (or a mapping of its fields) making every
     `moe.every`-th MLP a routed mixture of experts; `moe.every > 1` needs `scan_layers` off
     (scanned layers must be identical). `attention_implementation`: one of
-    `ATTENTION_IMPLEMENTATIONS` (`cairn.models.pallas_attention`: None = the Pallas TPU
-    kernel on TPU for every attention it supports, XLA's einsum otherwise; "xla"; "pallas" =
-    always the kernel, interpreted off the TPU, a `ValueError` where unsupported).
+    `ATTENTION_IMPLEMENTATIONS` (`cairn.models.pallas_attention`, `cairn.models.gpu_attention`:
+    None = the Pallas kernel on TPU and cuDNN's fused attention on GPU for every attention they
+    support, XLA's einsum otherwise; "xla"; "pallas" = always the kernel, interpreted off the
+    TPU; "cudnn" = always cuDNN's; a `ValueError` where the forced one cannot run).
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ()
     # Fields (besides `POSITIVE_FIELDS` and `LAYER_FIELDS`) that must be positive ints.
     EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ()
     # The values `attention_implementation` may take (a family may add its own).
-    ATTENTION_IMPLEMENTATIONS: ClassVar[tuple[str | None, ...]] = (None, "xla", "pallas")
+    ATTENTION_IMPLEMENTATIONS: ClassVar[tuple[str | None, ...]] = (None, "xla", "pallas", "cudnn")
 
     vocab_size: int = 32128
     emb_dim: int = 512

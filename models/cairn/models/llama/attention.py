@@ -1,6 +1,6 @@
-"""Llama's attention: grouped-query heads, RoPE, `jax.nn.dot_product_attention` or the Pallas
-splash kernel (`cairn.models.pallas_attention`), and the decode cache contract shared with
-`gpt.Decoder`.
+"""Llama's attention: grouped-query heads, RoPE, `jax.nn.dot_product_attention` (XLA's, or
+cuDNN's fused attention on GPU: `cairn.models.gpu_attention`) or the Pallas splash kernel
+(`cairn.models.pallas_attention`), and the decode cache contract shared with `gpt.Decoder`.
 
 Kernels: `query/kernel [embed, heads, head_dim]`, `key/kernel` and `value/kernel
 [embed, kv_heads, head_dim]`, `out/kernel [heads, head_dim, embed]`. The key/value head axis is
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.layout import Layout, with_layout_constraint
 
-from cairn.models import pallas_attention
+from cairn.models import gpu_attention, pallas_attention
 from cairn.models.layers import ATTENTION_PROJECTIONS, Kernel, constrain, dense, named, project_heads
 from cairn.models.llama.config import LlamaConfig
 from cairn.models.llama.rope import config_rope_tables, rotate
@@ -51,7 +51,6 @@ __all__ = [
     "FLAT_CACHE_PLATFORMS",
     "attend_flat_step",
     "attend_written",
-    "attention_implementation",
     "cache_buckets",
     "flat_cache",
     "key_value_axes",
@@ -196,15 +195,6 @@ def key_value_axes(q_shape, kv_shape) -> tuple[str | None, ...]:
     return GROUPED_KV_ACT if q_heads is not None and heads(kv_shape) != q_heads else HEAD_ACT
 
 
-def attention_implementation(config: LlamaConfig) -> str | None:
-    """What `jax.nn.dot_product_attention` is asked for when the Pallas kernel does not run:
-    "xla" on CPU (cuDNN cannot run there) and for "pallas", else the config's
-    `attention_implementation`."""
-    if platform.backend() == "cpu" or config.attention_implementation == "pallas":
-        return "xla"
-    return config.attention_implementation
-
-
 class LlamaAttention(nn.Module):
     """Self-attention from `x` `[b, l, embed]`; see the module docstring for the decode cache.
 
@@ -217,7 +207,9 @@ class LlamaAttention(nn.Module):
 
     Without a decode cache, the splash kernel runs (`pallas_attention.use_kernel`) for a causal
     attention whose `mask` is None or the segment mask of `segment_ids`, or a full attention
-    without `mask`; a prefix LM's mask (differing per row) takes XLA's path.
+    without `mask`; a prefix LM's mask (differing per row) takes XLA's path. Where the kernel
+    does not run, cuDNN's fused attention may (`gpu_attention.fused_implementation`: the same
+    `mask`, as a bias, and `is_causal`); decode steps take XLA's.
     """
 
     config: LlamaConfig
@@ -259,8 +251,9 @@ class LlamaAttention(nn.Module):
                 self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
                 mask = None  # decode mode's `mask` is a prefix `[b, n]`, not an attention mask
         kernel = written is None and self._use_kernel(n, mask, segment_ids, causal)
+        fused = None if written is not None or kernel else self._fused(q, k, mask)
         # XLA's attention of a (differentiable) call without the cache: see `key_value_axes`.
-        kv_axes = HEAD_ACT if written is not None or kernel else key_value_axes(q.shape, k.shape)
+        kv_axes = HEAD_ACT if written is not None or kernel or fused else key_value_axes(q.shape, k.shape)
         q, k, v = constrain(q, HEAD_ACT), constrain(k, kv_axes), constrain(v, kv_axes)
         if written is not None and k.ndim == 3:  # a flat cache (`flat_cache`)
             if n == 1 and FLAT_WRITTEN_PREFIX:
@@ -272,21 +265,16 @@ class LlamaAttention(nn.Module):
                 out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d**-0.5, implementation="xla")
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
         if written is not None and platform.backend() != "tpu":  # a cached call: the written prefix
-            out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation=attention_implementation(cfg))
+            out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation="xla")
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
         if kernel:
             segments = segment_ids if mask is not None else None
             out = pallas_attention.splash_attention(q, k, v, segments, causal=causal, scale=d**-0.5)
             return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
-        out = jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            scale=d**-0.5,
-            is_causal=causal,
-            implementation=attention_implementation(cfg),
-        )
+        if fused is not None:
+            out = gpu_attention.attention(q, k, v, None, mask, is_causal=causal, scale=d**-0.5, implementation=fused)
+            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d**-0.5, is_causal=causal, implementation="xla")
         out = constrain(out, HEAD_ACT)
         return named(dense(out, wo, 2), ATTENTION_PROJECTIONS[3])
 
@@ -300,6 +288,15 @@ class LlamaAttention(nn.Module):
             why = "the mask is not a causal packed-segment mask (a prefix LM's differs per row)"
         return pallas_attention.use_kernel(
             self.config.attention_implementation, length, length, self.config.head_dim, why
+        )
+
+    def _fused(self, q, k, mask) -> str | None:
+        """`gpu_attention.fused_implementation` of this call (decode mode and initialising: None)."""
+        if self.decode or self.is_initializing():
+            return None
+        bias_shape = None if mask is None else (mask.shape[0], 1, q.shape[1], k.shape[1])
+        return gpu_attention.fused_implementation(
+            self.config.attention_implementation, q.shape, k.shape, q.dtype, bias_shape
         )
 
     def _tables(self, positions):

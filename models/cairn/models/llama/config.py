@@ -11,7 +11,6 @@ from cairn.models.transformer_config import DTYPES, ModelConfig, check_prompt_st
 
 # The keys of `rope_scaling` (transformers' "llama3" rope type), in the order they are stored.
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-ATTENTION_IMPLEMENTATIONS = (None, "xla", "pallas", "cudnn")
 
 
 def _rope_scaling(name: str, value: Any) -> tuple[tuple[str, float], ...] | None:
@@ -47,10 +46,10 @@ class LlamaConfig(ModelConfig):
       separate `logits` kernel; `init_std`: the normal initializer of every kernel and the embedding;
     * `param_dtype`: the dtype parameters are stored in (`dtype` is the compute dtype; softmax,
       norms and logits are float32 either way);
-    * `attention_implementation`: None (the Pallas splash kernel on TPU wherever it applies,
-      else `jax.nn.dot_product_attention`'s own choice, XLA in jax 0.10.2), "xla", "pallas"
-      (always the kernel: `cairn.models.pallas_attention`) or "cudnn" (`dot_product_attention`'s
-      flash attention on NVIDIA GPUs, bf16/fp16 only);
+    * `attention_implementation`: None (the Pallas splash kernel on TPU, cuDNN's fused
+      attention on GPU, wherever they apply; XLA's otherwise), "xla", "pallas" (always the
+      kernel: `cairn.models.pallas_attention`) or "cudnn" (always `dot_product_attention`'s
+      cuDNN attention, NVIDIA GPUs, bf16/fp16 only: `cairn.models.gpu_attention`);
     * `prompt_start_id`: what `predict_batch` puts in front of every prompt: 0 (T5's decoder
       start, Cairn's default), an imported checkpoint's `bos_token_id` (what `llama.hf` sets), or
       None (nothing: the prompt already begins with its BOS); see `check_prompt_start_id`.
@@ -58,7 +57,6 @@ class LlamaConfig(ModelConfig):
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("num_layers",)
     EXTRA_POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("num_kv_heads",)
-    ATTENTION_IMPLEMENTATIONS: ClassVar[tuple[str | None, ...]] = ATTENTION_IMPLEMENTATIONS
 
     vocab_size: int = 49152
     emb_dim: int = 576
