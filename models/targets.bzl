@@ -21,6 +21,7 @@ MODELS_TARGETS = {
             "attention.py",
             "chunked_loss.py",
             "decode_cache.py",
+            "fp8.py",
             "layers.py",
             "losses.py",
             "mlp.py",
