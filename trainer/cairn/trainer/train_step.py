@@ -187,14 +187,8 @@ def state_shardings(
     frozen = None if state_shapes.frozen is None else partitioner.shardings_for(frozen_specs, state_shapes.frozen)
     model_state = jax.tree.map(lambda _: replicated, state_shapes.model_state)  # small: amax histories
     # A TrainState whose leaves are shardings, not arrays.
-    return TrainState(  # type: ignore[arg-type]
-        params=param_shardings,
-        opt_state=opt_shardings,
-        step=replicated,
-        rng=replicated,
-        frozen=frozen,
-        model_state=model_state,
-    )
+    shardings: Any = dict(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)
+    return TrainState(**shardings, frozen=frozen, model_state=model_state)
 
 
 def offload_opt_state_shardings(state_sh: TrainState) -> tuple[TrainState, tuple[Any, Any]]:
