@@ -22,6 +22,7 @@ MODELS_TARGETS = {
             "chunked_loss.py",
             "decode_cache.py",
             "gpu_attention.py",
+            "fp8.py",
             "layers.py",
             "losses.py",
             "mlp.py",

@@ -1,9 +1,9 @@
 """`model.kind = "llama"` through the launchers: the `model.*` keys map onto `LlamaConfig`,
-`model.dtype` / `model.param_dtype` for every family (bad values: one line, exit 2), the
-shakespeare_llama_tiny experiment trained, continued, evaluated with `--decode` and inferred
-from prompts, and the bf16 pod configs (llama_1b_pretrain, t5_1_1_pretrain:xl_bf16 / xxl_bf16)
-checked by the JobSet renderer's and tpu.sh's dry runs; the dtype keys on a Hugging Face
-Llama directory's config.
+`model.dtype` / `model.param_dtype` / `model.matmul_precision` for every family (bad values: one
+line, exit 2), the shakespeare_llama_tiny experiment trained, continued, evaluated with
+`--decode` and inferred from prompts, and the bf16 pod configs (llama_1b_pretrain,
+t5_1_1_pretrain:xl_bf16 / xxl_bf16) checked by the JobSet renderer's and tpu.sh's dry runs; the
+dtype keys on a Hugging Face Llama directory's config.
 
 The child processes, and this one, run on 2 CPU devices (`launch_util.devices`): training,
 `eval --decode` and infer of the tiny Llama need no mesh of 8, and cost about half the CPU on 2.
@@ -64,6 +64,21 @@ def test_model_dtype_and_param_dtype_set_every_family(kind, preset):
         ConfigError,
         match=r"'model.dtype': unknown value 'bf16'; did you mean 'bfloat16'.*"
         r"allowed: bfloat16, float16, float32, preset",
+    ):
+        launch_util.typed(config)
+
+
+@pytest.mark.parametrize(
+    "kind,preset", [("encoder_decoder", "t5_1_1_tiny"), ("decoder_only", "decoder_only_tiny"), ("llama", "llama_tiny")]
+)
+def test_model_matmul_precision_sets_every_family(kind, preset):
+    config = _config(kind, preset)
+    assert _checked(config).matmul_precision == "default"  # "preset": the preset's
+    config.model.matmul_precision = "fp8"
+    assert _checked(config).matmul_precision == "fp8"
+    config.model.matmul_precision = "fp4"
+    with pytest.raises(
+        ConfigError, match=r"'model.matmul_precision': unknown value 'fp4'.*allowed: default, fp8, preset"
     ):
         launch_util.typed(config)
 

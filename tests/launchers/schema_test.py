@@ -28,6 +28,7 @@ HAND_WRITTEN = {
         "vocab_size": 0,
         "dtype": "preset",
         "param_dtype": "preset",
+        "matmul_precision": "preset",
         "label_smoothing": 0.0,
         "z_loss": 1e-4,
         "loss_normalizing_factor": "NUM_REAL_TARGET_TOKENS",

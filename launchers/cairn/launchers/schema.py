@@ -34,6 +34,7 @@ from cairn.launchers.schema_fields import Choices, knob, library, section
 MODEL_KINDS = library("cairn.models.families", "names")
 MESH_AXES = library("cairn.partitioning.mesh", "DEFAULT_AXES")
 DTYPES = library("cairn.models.transformer_config", "DTYPES", extra=("preset",))
+MATMUL_PRECISIONS = library("cairn.models.transformer_config", "MATMUL_PRECISIONS", extra=("preset",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,12 @@ class Model:
     vocab_size: int = knob(0, "0: the vocabulary's size rounded up to a multiple of 128", min=0)
     dtype: str = knob("preset", "compute dtype, any family (preset: the preset's or checkpoint's)", choices=DTYPES)
     param_dtype: str = knob("preset", "parameter dtype, any family (preset: the preset's)", choices=DTYPES)
+    matmul_precision: str = knob(
+        "preset",
+        "the attention projections' and dense MLPs' matmuls, any family: default (in dtype) or fp8 (e4m3, "
+        "e5m2 gradients, delayed scaling; fp8 GEMMs on Hopper GPUs, emulated elsewhere; preset: the preset's)",
+        choices=MATMUL_PRECISIONS,
+    )
     label_smoothing: float = knob(0.0, "label smoothing of the cross-entropy loss")
     z_loss: float = knob(1e-4, "auxiliary z-loss coefficient (log of the softmax normalizer squared)")
     loss_normalizing_factor: str = knob(

@@ -191,7 +191,7 @@ def check_model(config: schema.Config) -> Any:
 
 
 # model.<key> -> the network config field of the same name it sets ("preset": left as it is).
-MODEL_FIELD_KEYS = ("dtype", "param_dtype")
+MODEL_FIELD_KEYS = ("dtype", "param_dtype", "matmul_precision")
 
 
 def apply_model_keys(config: schema.Config, net: Any) -> Any:

@@ -126,10 +126,10 @@ class MultiHeadAttention(nn.Module):
         emb = x_q.shape[-1]
         h, d = self.num_heads, self.head_dim
         qk_axes = ("embed", "heads", "kv")
-        wq = kernel(self, "query", (emb, h, d), qk_axes, (emb * d) ** -0.5, self.dtype)
-        wk = kernel(self, "key", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
-        wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype)
-        wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype)
+        wq = kernel(self, "query", (emb, h, d), qk_axes, (emb * d) ** -0.5, self.dtype, fp8=True)
+        wk = kernel(self, "key", (emb, h, d), qk_axes, emb**-0.5, self.dtype, fp8=True)
+        wv = kernel(self, "value", (emb, h, d), qk_axes, emb**-0.5, self.dtype, fp8=True)
+        wo = kernel(self, "out", (h, d, emb), ("heads", "kv", "embed"), (h * d) ** -0.5, self.dtype, fp8=True)
         q_name, k_name, v_name, out_name = ATTENTION_PROJECTIONS
         q = project_heads(x_q, wq, q_name)
         if self._use_kernel(x_q.shape[1], x_kv.shape[1], bias):

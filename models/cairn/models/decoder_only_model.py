@@ -39,8 +39,8 @@ class DecoderOnlyModel(ModelBase):
         module = network if network is not None else network_for(config)
         super().__init__(config, module, label_smoothing, z_loss, loss_normalizing_factor)
 
-    def init_boxed(self, rng: jax.Array, length: int = 8) -> Any:
-        return jax.jit(self.module.init)(rng, jnp.ones((1, length), jnp.int32))["params"]
+    def init_variables(self, rng: jax.Array, length: int = 8) -> Any:
+        return jax.jit(self.module.init)(rng, jnp.ones((1, length), jnp.int32))
 
     def init(self, rng: jax.Array, length: int = 8) -> Params:
         """Random parameters (deterministic given `rng`)."""

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from cairn.models.fp8 import Fp8Kernel, fp8_dense, fp8_kernel
 from cairn.partitioning.partitioner import current_partitioner
 from cairn.partitioning.platform import platform_variant
 
@@ -186,8 +187,11 @@ def dense(x, w, n: int = 1, *, vjp: str | None = None):
     The forward is the plain contraction either way. The backward (`vjp`, default `DENSE_VJP`)
     is autodiff's on GPU and TPU ("standard"); on CPU ("cpu") the same two products (equal up
     to float32 rounding) in the layout XLA:CPU multiplies fastest. A `LoraKernel` adds its
-    low-rank product through the rank: `x w + (x a) b`.
+    low-rank product through the rank: `x w + (x a) b`. An `Fp8Kernel` multiplies in fp8
+    (`cairn.models.fp8.fp8_dense`, its own backward on every platform).
     """
+    if isinstance(w, Fp8Kernel):
+        return fp8_dense(x, w, n)
     if isinstance(w, LoraKernel):
         return dense(x, w.w, n, vjp=vjp) + dense(dense(x, w.a, n, vjp=vjp), w.b, 1, vjp=vjp)
     if dense_vjp_variant(vjp) == "cpu":
@@ -267,17 +271,32 @@ def _expert_dense_cpu_bwd(res, g):
 _expert_dense_cpu.defvjp(_expert_dense_cpu_fwd, _expert_dense_cpu_bwd)
 
 
-def enclosing_param_dtype(module: nn.Module) -> jnp.dtype:
-    """The `param_dtype` of the nearest module, `module` itself or one it is nested in, whose
-    `config` has one (a family config: T5Config, DecoderOnlyConfig, LlamaConfig); float32 when
-    none has. What `kernel` stores a parameter in when not told."""
+def _enclosing_config_field(module: nn.Module, field: str) -> str | None:
+    """The string `field` of the `config` of the nearest module, `module` itself or one it is
+    nested in, that has one (a family config: T5Config, DecoderOnlyConfig, LlamaConfig); None
+    when none has."""
     m: object = module
     while isinstance(m, nn.Module):
-        name = getattr(getattr(m, "config", None), "param_dtype", None)
-        if isinstance(name, str):
-            return jnp.dtype(name)
+        value = getattr(getattr(m, "config", None), field, None)
+        if isinstance(value, str):
+            return value
         m = m.parent
-    return jnp.dtype(jnp.float32)
+    return None
+
+
+def enclosing_param_dtype(module: nn.Module) -> jnp.dtype:
+    """The enclosing config's `param_dtype` (`_enclosing_config_field`); float32 when none has
+    one. What `kernel` stores a parameter in when not told."""
+    return jnp.dtype(_enclosing_config_field(module, "param_dtype") or jnp.float32)
+
+
+def _quantizable(module: nn.Module, name: str, w: jnp.ndarray, dtype, fp8: bool) -> Any:
+    """A kernel's value for `dense`: a `LoraKernel` when it has an adapter (never quantized), else
+    with `fp8` and the enclosing config's `matmul_precision` "fp8" an `Fp8Kernel` (its scaling
+    state the module's `cairn.models.fp8.FP8_STATE` variable `name`), else `w`."""
+    if fp8 and not module.has_variable(LORA, name) and _enclosing_config_field(module, "matmul_precision") == "fp8":
+        return fp8_kernel(module, name, w)
+    return _with_adapter(module, name, w, dtype)
 
 
 def kernel(
@@ -288,35 +307,40 @@ def kernel(
     stddev: float,
     dtype,
     param_dtype=None,
+    fp8: bool = False,
 ) -> Any:
     """Declares a bias-free kernel with logical axes, stored as `param_dtype` (default: the
     enclosing config's, `enclosing_param_dtype`), and returns it cast to `dtype` (a `LoraKernel`
-    when a LoRA adapter of it is given: `LORA`)."""
+    when a LoRA adapter of it is given: `LORA`). `fp8`: a projection that the config's
+    `matmul_precision="fp8"` multiplies in fp8 (an `Fp8Kernel`: `_quantizable`)."""
     pdt = enclosing_param_dtype(module) if param_dtype is None else jnp.dtype(param_dtype)
     value = module.param(name, nn.with_logical_partitioning(normal(stddev), axes), tuple(shape), pdt)
-    return _with_adapter(module, name, jnp.asarray(value, dtype), dtype)
+    return _quantizable(module, name, jnp.asarray(value, dtype), dtype, fp8)
 
 
 class Kernel(nn.Module):
     """A bias-free kernel as its own submodule (parameter `<name>/kernel`), stored as
-    `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`."""
+    `param_dtype` with logical axis names; `__call__` returns it cast to `dtype`. `fp8`: as
+    `kernel`'s (its scaling state the variable `<name>/kernel` of `FP8_STATE`)."""
 
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
     stddev: float
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    fp8: bool = False
 
     @nn.compact
-    def __call__(self) -> Any:  # an array, or a LoraKernel (`_with_adapter`)
+    def __call__(self) -> Any:  # an array, a LoraKernel or an Fp8Kernel (`_quantizable`)
         init = nn.with_logical_partitioning(nn.initializers.normal(self.stddev), self.axes)
         w = jnp.asarray(self.param("kernel", init, self.shape, self.param_dtype), self.dtype)
-        return _with_adapter(self, "kernel", w, self.dtype)
+        return _quantizable(self, "kernel", w, self.dtype, self.fp8)
 
 
 class MlpBlock(nn.Module):
     """The position-wise MLP: `act(x Wi) Wo`, or gated `act0(x Wi0) * act1(x Wi1) Wo` (kernels
-    stored as `param_dtype`, computed in `dtype`)."""
+    stored as `param_dtype`, computed in `dtype`, or in fp8 under a config's
+    `matmul_precision="fp8"`)."""
 
     mlp_dim: int
     activations: tuple[str, ...] = ("relu",)
@@ -332,14 +356,14 @@ class MlpBlock(nn.Module):
             names = ["wi"]
         else:
             names = [f"wi_{i}" for i in range(len(self.activations))]
-        h = None
+        h, dt, pdt = None, self.dtype, self.param_dtype
         for name, act in zip(names, self.activations):
-            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb**-0.5, self.dtype, self.param_dtype)
+            w = kernel(self, name, (emb, self.mlp_dim), ("embed", "mlp"), emb**-0.5, dt, pdt, fp8=True)
             y = ACTIVATION_FNS[act](named(dense(x, w), MLP_WI))
             h = y if h is None else h * y
         h = constrain(h, ("batch", "length", "mlp"))
         h = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)
-        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim**-0.5, self.dtype, self.param_dtype)
+        wo = kernel(self, "wo", (self.mlp_dim, emb), ("mlp", "embed"), self.mlp_dim**-0.5, dt, pdt, fp8=True)
         return named(dense(h, wo), MLP_WO)
 
 
@@ -366,7 +390,7 @@ def project_heads(x, w, name: str):
     e, h, d = w.shape
     if isinstance(w, LoraKernel):  # b [rank, heads, head_dim] flattened with the kernel
         w = LoraKernel(w.w.reshape(e, h * d), w.a, w.b.reshape(w.b.shape[0], h * d))
-    else:
+    else:  # an array, or an Fp8Kernel (its per-tensor scale does not depend on the shape)
         w = w.reshape(e, h * d)
     y = named(dense(x, w), name)
     return y.reshape(*y.shape[:-1], h, d)

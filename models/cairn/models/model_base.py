@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from cairn.models import decoding, prompt_tuning
 from cairn.models.argmax import argmax_last
 from cairn.models.chunked_loss import Unembedding, chunked_cross_entropy, chunked_token_log_probs
+from cairn.models.fp8 import FP8_STATE, initial_amax_history
 from cairn.models.losses import LossNormalizingFactor, normalizing_weights, weighted_cross_entropy
 from cairn.models.moe_metrics import COLLECTION as MOE_COLLECTION
 from cairn.models.moe_metrics import moe_losses
@@ -216,7 +217,7 @@ def run_decoding(
 class ModelBase:
     """The parts of a model wrapper that depend only on `apply` and the loss options.
 
-    Subclasses set `config` and `module` and define `init_boxed` and `apply`.
+    Subclasses set `config` and `module` and define `init_variables` and `call_args`.
     """
 
     module: nn.Module
@@ -236,9 +237,23 @@ class ModelBase:
         self.z_loss = z_loss
         self.loss_normalizing_factor = loss_normalizing_factor
 
-    def init_boxed(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
-        """Variables with logical axis metadata for inputs of the given lengths (per model)."""
+    def init_variables(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
+        """The network's variables, every collection, for inputs of the given lengths (per model)."""
         raise NotImplementedError
+
+    def init_boxed(self, rng: jax.Array, *args: Any, **kwargs: Any) -> Any:
+        """Params with logical axis metadata (`nn.LogicallyPartitioned` boxes) for inputs of the
+        given lengths (`init_variables`' "params")."""
+        return self.init_variables(rng, *args, **kwargs)["params"]
+
+    def init_model_state(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """What a train step carries beside the params and replaces with its gradient, for inputs
+        of the given lengths: `{FP8_STATE: empty amax histories}` under `matmul_precision="fp8"`
+        (`cairn.models.fp8`; give it to `loss_fn(collections=...)`), else None."""
+        if getattr(self.config, "matmul_precision", "default") != "fp8":
+            return None
+        shapes = jax.eval_shape(lambda: self.init_variables(jax.random.PRNGKey(0), *args, **kwargs))
+        return {FP8_STATE: jax.tree.map(lambda s: jnp.broadcast_to(initial_amax_history(), s.shape), shapes[FP8_STATE])}
 
     def call_args(self, batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The network's positional and keyword arguments for a teacher-forced pass over `batch`."""

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from cairn.models.fp8 import FP8_STATE
 from cairn.models.layers import remat_policy as _policy
 
 
@@ -36,7 +37,7 @@ def apply_layers(
     if scan:
         stack = nn.scan(
             layer_cls,
-            variable_axes={"params": 0, "cache": 0, "moe": 0, "lora": 0},
+            variable_axes={"params": 0, "cache": 0, "moe": 0, "lora": 0, FP8_STATE: 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(args),
             length=num_layers,

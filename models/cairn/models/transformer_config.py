@@ -28,6 +28,8 @@ REMAT_POLICIES = (
 )
 ACTIVATIONS = ("relu", "gelu", "silu", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
+# "default": the projections multiply in `dtype`; "fp8": in fp8 with delayed scaling (`cairn.models.fp8`).
+MATMUL_PRECISIONS = ("default", "fp8")
 # Shared fields that must be positive ints (a family adds its `LAYER_FIELDS`).
 POSITIVE_FIELDS = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim")
 
@@ -81,6 +83,10 @@ class ModelConfig:
     None = the Pallas kernel on TPU and cuDNN's fused attention on GPU for every attention they
     support, XLA's einsum otherwise; "xla"; "pallas" = always the kernel, interpreted off the
     TPU; "cudnn" = always cuDNN's; a `ValueError` where the forced one cannot run).
+    `matmul_precision`: one of `MATMUL_PRECISIONS`; "fp8" multiplies the attention's query, key,
+    value and output projections and the dense MLPs' kernels in fp8 (e4m3 inputs and kernels,
+    e5m2 output gradients, delayed per-tensor scaling: `cairn.models.fp8`); the embedding, the
+    logits, attention's own einsums and routed experts stay in `dtype`.
     """
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]] = ()
@@ -102,6 +108,7 @@ class ModelConfig:
     attention_implementation: str | None = None
     param_dtype: str = "float32"
     loss_chunk_size: int = 0
+    matmul_precision: str = "default"
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -126,6 +133,10 @@ class ModelConfig:
             )
         if self.param_dtype not in DTYPES:
             raise ValueError(f"{name}.param_dtype must be float32, bfloat16 or float16, got {self.param_dtype!r}")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"{name}.matmul_precision must be one of {MATMUL_PRECISIONS}, got {self.matmul_precision!r}"
+            )
         chunk = self.loss_chunk_size
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
             raise ValueError(f"{name}.loss_chunk_size must be an int >= 0 (0: whole logits), got {chunk!r}")

@@ -94,7 +94,11 @@ class CheckpointConfig:
 
 
 def _state_dict(state: Any) -> dict:
-    return {"params": state.params, "opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+    """What a checkpoint holds of a TrainState (its `model_state` only when it has one)."""
+    tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+    if getattr(state, "model_state", None) is not None:
+        tree["model_state"] = state.model_state
+    return tree
 
 
 def _cast(tree: Any, dtype: str | None) -> Any:
@@ -310,8 +314,9 @@ class Checkpointer:
             ),
         )
         tree = out["state"]
+        carried = {"model_state": tree["model_state"]} if "model_state" in tree else {}
         state = type(abstract_state)(
-            params=tree["params"], opt_state=tree["opt_state"], step=tree["step"], rng=tree["rng"]
+            params=tree["params"], opt_state=tree["opt_state"], step=tree["step"], rng=tree["rng"], **carried
         )
         return step, state, dict(out["data"] or {}), dict(out["config"] or {})
 

@@ -22,7 +22,9 @@ class TrainableModel(Protocol):
     has `init_boxed(rng, input_length, target_length)` (cairn.models) is called with the batch's
     lengths. `loss_fn(params, batch, dropout_rng)` returns `(scalar loss, dict of scalar metrics)`.
     Optional: `flops_per_token` (a number, or a callable taking no arguments) - training FLOPs
-    (forward + backward) per target token.
+    (forward + backward) per target token; `init_model_state` (`init_model_state` below) - state
+    the step carries beside the params and replaces with its gradient, given to
+    `loss_fn(..., collections=model_state)`.
     """
 
     def loss_fn(self, params: Any, batch: Mapping[str, Any], dropout_rng: Any) -> tuple[Any, Mapping[str, Any]]: ...
@@ -32,15 +34,28 @@ def _is_box(x: Any) -> bool:
     return isinstance(x, nn.meta.AxisMetadata)
 
 
+def _init_args(model: Any, batch: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the model's init takes after the rng: the batch's lengths for a model with `init_boxed`
+    (cairn.models.EncoderDecoderModel / DecoderOnlyModel: encoder and decoder, or decoder), else the batch."""
+    if not hasattr(model, "init_boxed"):
+        return (batch,)
+    if "encoder_input_tokens" in batch:
+        return np.shape(batch["encoder_input_tokens"])[1], np.shape(batch["decoder_target_tokens"])[1]
+    key = "decoder_target_tokens" if "decoder_target_tokens" in batch else next(iter(batch))
+    return (np.shape(batch[key])[1],)
+
+
 def _call_init(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> Any:
-    if hasattr(model, "init_boxed"):  # cairn.models.EncoderDecoderModel / DecoderOnlyModel
-        if "encoder_input_tokens" in batch:
-            return model.init_boxed(
-                rng, np.shape(batch["encoder_input_tokens"])[1], np.shape(batch["decoder_target_tokens"])[1]
-            )
-        key = "decoder_target_tokens" if "decoder_target_tokens" in batch else next(iter(batch))
-        return model.init_boxed(rng, np.shape(batch[key])[1])
-    return model.init(rng, batch)
+    init = model.init_boxed if hasattr(model, "init_boxed") else model.init
+    return init(rng, *_init_args(model, batch))
+
+
+def init_model_state(model: Any, batch: Mapping[str, Any]) -> Any:
+    """The model's `init_model_state` for this batch (called with what its init takes after the
+    rng): variables the train step carries beside the params and overwrites with their gradient
+    (cairn.models' fp8 amax histories, `{collection: tree}`); None for a model without it."""
+    fn = getattr(model, "init_model_state", None)
+    return None if fn is None else fn(*_init_args(model, batch))
 
 
 def init_params(model: Any, rng: jax.Array, batch: Mapping[str, Any]) -> tuple[Any, Any]:

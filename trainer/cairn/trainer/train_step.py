@@ -58,6 +58,9 @@ def make_train_step(
     from `fold_in(fold_in(seed, step), i)`. Metrics: the model's, plus `loss`, `grad_norm`
     (before clipping) and `learning_rate` (the rate this update used). A state with a `frozen` tree
     calls `loss_fn(params, batch, key, frozen)` (gradients of `params` only) and passes it on.
+    A state with a `model_state` calls `loss_fn(..., collections=model_state)` and replaces it with
+    its gradient (its next value: overwrite-with-gradient, e.g. fp8 amax histories), past the
+    optimizer and the gradient norm; microbatch i reads the state microbatch i - 1 left.
 
     `offload_shardings`: `(device, host)` shardings of the optimizer state (see
     `offload_opt_state_shardings`) when it lives in host memory: it is moved to the device just
@@ -75,37 +78,49 @@ def make_train_step(
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
-    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         key = dropout_key(state.rng, state.step)
         frozen = state.frozen
 
-        def grad_fn(params, batch, key):  # a frozen tree is the loss's fourth argument, never differentiated
-            return value_and_grad(params, batch, key) if frozen is None else value_and_grad(params, batch, key, frozen)
+        def grad_fn(params, model_state, batch, key):
+            """`((loss, aux), grads of params, next model state)`. A frozen tree is the loss's fourth
+            argument, never differentiated; the model state's gradient is its next value."""
+            args = (params, batch, key) if frozen is None else (params, batch, key, frozen)
+            if model_state is None:
+                return (*jax.value_and_grad(loss_fn, has_aux=True)(*args), None)
+
+            def loss(p, s):
+                return loss_fn(p, *args[1:], collections=s)
+
+            value, (grads, next_state) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, model_state)
+            return value, grads, next_state
 
         work = state.params
         if param_offload is not None:
             work = param_offload.working(state.params, state.compute)
         if num_microbatches == 1:
-            (loss, aux), grads = grad_fn(work, batch, key)
+            (loss, aux), grads, model_state = grad_fn(work, state.model_state, batch, key)
             grads = upcast_like(grads, state.params)
         else:
             micro = _split_microbatches(batch, num_microbatches)
 
             def body(carry, xs):
                 i, mb = xs
-                (l, a), g = grad_fn(work, mb, jax.random.fold_in(key, i))
-                acc = jax.tree.map(lambda c, v: c + v.astype(jnp.float32), carry, (l, dict(a), g))
-                return acc, None
+                acc, ms = carry
+                (l, a), g, ms = grad_fn(work, ms, mb, jax.random.fold_in(key, i))
+                acc = jax.tree.map(lambda c, v: c + v.astype(jnp.float32), acc, (l, dict(a), g))
+                return (acc, ms), None
 
-            zeros_aux = jax.eval_shape(lambda: grad_fn(work, jax.tree.map(lambda x: x[0], micro), key)[0][1])
+            first = jax.tree.map(lambda x: x[0], micro)
+            zeros_aux = jax.eval_shape(lambda: grad_fn(work, state.model_state, first, key)[0][1])
             init = (
                 jnp.zeros((), jnp.float32),
                 jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), dict(zeros_aux)),
                 jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params),
             )
-            (loss, aux, grads), _ = jax.lax.scan(body, init, (jnp.arange(num_microbatches), micro))
+            carry = (init, state.model_state)
+            ((loss, aux, grads), model_state), _ = jax.lax.scan(body, carry, (jnp.arange(num_microbatches), micro))
             scale = 1.0 / num_microbatches if reduction == "mean" else 1.0
             loss, aux = loss * scale, jax.tree.map(lambda v: v / num_microbatches, aux)
             grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
@@ -135,7 +150,9 @@ def make_train_step(
             grad_norm=grad_norm,
             learning_rate=jnp.asarray(learning_rate_fn(state.step), jnp.float32),
         )
-        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, compute=compute)
+        new_state = state.replace(
+            params=params, opt_state=opt_state, step=state.step + 1, compute=compute, model_state=model_state
+        )
         return new_state, metrics
 
     return step
@@ -162,14 +179,16 @@ def state_shardings(
     by their logical specs, the optimizer state by `Partitioner.opt_state_shardings` (factored
     statistics sharded along the dimensions they keep where divisible, else replicated). The
     trainer restores checkpoints onto these shardings too. The `frozen` tree (if any) by
-    `frozen_specs`, its own logical specs."""
+    `frozen_specs`, its own logical specs; the `model_state` (if any) replicated."""
     del optimizer  # the state's structure is enough
     param_shardings = partitioner.shardings_for(param_specs, state_shapes.params)
     opt_shardings = partitioner.opt_state_shardings(state_shapes.params, param_specs, state_shapes.opt_state)
     replicated = NamedSharding(partitioner.mesh, PartitionSpec())
     frozen = None if state_shapes.frozen is None else partitioner.shardings_for(frozen_specs, state_shapes.frozen)
+    model_state = jax.tree.map(lambda _: replicated, state_shapes.model_state)  # small: amax histories
     # A TrainState whose leaves are shardings, not arrays.
-    return TrainState(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated, frozen=frozen)  # type: ignore[arg-type]
+    shardings: Any = dict(params=param_shardings, opt_state=opt_shardings, step=replicated, rng=replicated)
+    return TrainState(**shardings, frozen=frozen, model_state=model_state)
 
 
 def offload_opt_state_shardings(state_sh: TrainState) -> tuple[TrainState, tuple[Any, Any]]:

@@ -21,7 +21,14 @@ from cairn.trainer.data_state import TfDataIterator, is_tf_iterator
 from cairn.trainer.faults import SigtermFlag
 from cairn.trainer.lock import ModelDirLock
 from cairn.trainer.loop import StepProgram, TrainLoop, TrainResult
-from cairn.trainer.model_protocol import BatchSignature, batch_signature, leaf_dtype, model_flops_per_token, trace_init
+from cairn.trainer.model_protocol import (
+    BatchSignature,
+    batch_signature,
+    init_model_state,
+    leaf_dtype,
+    model_flops_per_token,
+    trace_init,
+)
 from cairn.trainer.offload_update import DEFAULT_GROUP_BYTES
 from cairn.trainer.optimizers import OptimizerConfig, as_schedule, make_optimizer
 from cairn.trainer.param_offload import (
@@ -125,6 +132,7 @@ class _StepSetup:
     create: Any
     attach: Any  # state -> state with `compute` made from its params (offloaded params)
     frozen_specs: Any = None  # the frozen tree's logical specs (a model with a `frozen_model`)
+    model_state: Any = None  # () -> the state a fresh run's step carries beside the params, or None
 
 
 def _is_abstract(x: Any) -> bool:
@@ -225,6 +233,7 @@ class Trainer:
         self.param_specs, self.state_shardings = built.param_specs, built.state_shardings
         self.abstract_state, self.abstract_batch = built.abstract_state, built.abstract_batch
         self.train_step, self._create, self._attach = built.train_step, built.create, built.attach
+        self._model_state = built.model_state
         self.batch_signature = signature
         return self.abstract_state
 
@@ -268,8 +277,12 @@ class Trainer:
             assert self.optimizer_config is not None
             self.optimizer = make_optimizer(self.optimizer_config, self._learning_rate, param_axes=specs)
         optimizer = self.optimizer
+
+        def model_state():  # what the step carries beside the params (fp8 amax histories): constants
+            return init_model_state(self.model, dict(host))
+
         state_shapes = jax.eval_shape(
-            lambda p, f: TrainState.create(p, optimizer, self._keys()[1], f), param_shapes, frozen_shapes
+            lambda p, f: TrainState.create(p, optimizer, self._keys()[1], f, model_state()), param_shapes, frozen_shapes
         )
         state_sh = state_shardings(self.partitioner, state_shapes, specs, optimizer, frozen_specs)
         offload = None
@@ -311,7 +324,7 @@ class Trainer:
 
         def create(frozen=None):
             init_key, dropout_seed = self._keys()
-            state = TrainState.create(traced(init_key), optimizer, dropout_seed, frozen)
+            state = TrainState.create(traced(init_key), optimizer, dropout_seed, frozen, model_state())
             return state if param_offload is None else state.replace(compute=param_offload.copy_of(state.params))
 
         def attach(state: TrainState) -> TrainState:  # offloaded params: their device copy
@@ -332,6 +345,7 @@ class Trainer:
                 attach, in_shardings=(state_sh.replace(compute=None),), out_shardings=state_sh
             ),
             frozen_specs=frozen_specs,
+            model_state=model_state,
         )
 
     def _frozen(self, frozen: Any) -> Any:
@@ -352,7 +366,8 @@ class Trainer:
         params = jax.device_put(params, self.state_shardings.params)
         no_copy = self.state_shardings.replace(compute=None)
         state = self.partitioner.partition(
-            lambda p, f: TrainState.create(p, self.optimizer, self._keys()[1], f), out_shardings=no_copy
+            lambda p, f: TrainState.create(p, self.optimizer, self._keys()[1], f, self._model_state()),
+            out_shardings=no_copy,
         )(params, frozen)
         return self._attach(state) if self.config.offload_params else state
 

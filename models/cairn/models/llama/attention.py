@@ -222,10 +222,10 @@ class LlamaAttention(nn.Module):
         dt, pdt = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         e, h, kvh, d = cfg.emb_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         std = cfg.init_std
-        wq = Kernel((e, h, d), ("embed", "heads", "kv"), std, dt, pdt, name="query")()
-        wk = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="key")()
-        wv = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, name="value")()
-        wo = Kernel((h, d, e), ("heads", "kv", "embed"), std, dt, pdt, name="out")()
+        wq = Kernel((e, h, d), ("embed", "heads", "kv"), std, dt, pdt, fp8=True, name="query")()
+        wk = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, fp8=True, name="key")()
+        wv = Kernel((e, kvh, d), ("embed", "heads", "kv"), std, dt, pdt, fp8=True, name="value")()
+        wo = Kernel((h, d, e), ("heads", "kv", "embed"), std, dt, pdt, fp8=True, name="out")()
         q, k, v = (project_heads(x, w, name) for w, name in zip((wq, wk, wv), ATTENTION_PROJECTIONS))
         b, n = x.shape[0], x.shape[1]
         causal, written = self.causal, None

@@ -42,9 +42,9 @@ class SwiGLU(nn.Module):
         cfg = self.config
         dt, pdt = _dtypes(cfg)
         e, m, std = cfg.emb_dim, cfg.mlp_dim, cfg.init_std
-        gate = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, name="wi_0")()
-        up = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, name="wi_1")()
-        down = Kernel((m, e), ("mlp", "embed"), std, dt, pdt, name="wo")()
+        gate = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, fp8=True, name="wi_0")()
+        up = Kernel((e, m), ("embed", "mlp"), std, dt, pdt, fp8=True, name="wi_1")()
+        down = Kernel((m, e), ("mlp", "embed"), std, dt, pdt, fp8=True, name="wo")()
         h = jax.nn.silu(named(dense(x, gate), MLP_WI)) * named(dense(x, up), MLP_WI)
         h = constrain(h, ("batch", "length", "mlp"))
         h = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(h, deterministic=self.deterministic)

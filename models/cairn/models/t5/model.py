@@ -33,11 +33,11 @@ class EncoderDecoderModel(ModelBase):
     ):
         super().__init__(config, EncoderDecoder(config), label_smoothing, z_loss, loss_normalizing_factor)
 
-    def init_boxed(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Any:
+    def init_variables(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Any:
         """Variables with logical axis metadata (`nn.LogicallyPartitioned` boxes)."""
         enc = jnp.ones((1, input_length), jnp.int32)
         dec = jnp.ones((1, target_length), jnp.int32)
-        return jax.jit(self.module.init)(rng, enc, dec)["params"]
+        return jax.jit(self.module.init)(rng, enc, dec)
 
     def init(self, rng: jax.Array, input_length: int = 8, target_length: int = 8) -> Params:
         """Random parameters (deterministic given `rng`)."""
