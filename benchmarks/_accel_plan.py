@@ -55,6 +55,11 @@ class TrainRow:
     whose largest fitting batch reaches `min_batch` winning (`choose_variant`).
     `trainer_overrides` apply to `TrainerConfig` the same way. `batch` > 0 fixes the batch
     (no search); otherwise the search starts from `probes` and stops at `max_batch`.
+    `batch_from`: a row whose batch this one takes when that row ran in the same invocation
+    (`inherited_batches`; else its own search). `speedup_over` with `target_speedup`: the
+    row's score is how many times faster its step is than that row's (`with_speedup`), not MFU.
+    `period` > 0: each sequence repeats a random motif of that many tokens (a copy task a model
+    learns, `LossRow`); 0: uniform random tokens.
     """
 
     name: str
@@ -74,6 +79,10 @@ class TrainRow:
     steps: int = 6
     target_mfu: float | None = None
     target_note: str = ""
+    batch_from: str = ""
+    speedup_over: str = ""
+    target_speedup: float | None = None
+    period: int = 0
 
     kind = "train"
 
@@ -97,7 +106,53 @@ class DecodeRow:
     kind = "decode"
 
 
-Row = TrainRow | DecodeRow
+@dataclasses.dataclass(frozen=True)
+class LossRow:
+    """A loss comparison: `preset` (with `overrides`) trained twice from the same initialisation
+    (the trainer's seed) on the same seeded batches of `batch` x `lengths` for `steps` steps,
+    once as it is and once with `compare` on top; each run's loss is the mean of its last
+    `last` steps, and the score is the relative gap (`relative_gap`), to stay <= `target_gap`.
+    The batches repeat a random motif of `period` tokens (a copy task the model learns, so the
+    loss falls and the comparison is not of two flat curves at log(vocab))."""
+
+    name: str
+    title: str
+    preset: str
+    lengths: Mapping[str, int]
+    batch: int
+    steps: int = 200
+    last: int = 10
+    period: int = 128
+    optimizer: str = "adafactor"
+    learning_rate: float = 1e-3
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    compare: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    variants: tuple[Mapping[str, Any], ...] = ({},)
+    target_gap: float | None = None
+
+    kind = "loss"
+
+    def legs(self) -> tuple[TrainRow, TrainRow]:
+        """The two training runs: `(reference, compared)`, fixed batch, this row's steps."""
+        base = TrainRow(
+            f"{self.name}:reference",
+            self.title,
+            self.preset,
+            self.lengths,
+            optimizer=self.optimizer,
+            learning_rate=self.learning_rate,
+            overrides=self.overrides,
+            variants=self.variants,
+            batch=self.batch,
+            steps=self.steps,
+            period=self.period,
+        )
+        return base, dataclasses.replace(
+            base, name=f"{self.name}:compared", overrides={**self.overrides, **self.compare}
+        )
+
+
+Row = TrainRow | DecodeRow | LossRow
 
 _LLAMA = {"dtype": "bfloat16", "scan_layers": True, "loss_chunk_size": 4096}  # chunked loss: 128k vocabulary
 # T5: t5x's default attention numerics (`float32_attention_logits=False`: bf16 logits and softmax)
@@ -221,42 +276,159 @@ ROWS: tuple[Row, ...] = (
 )
 
 
+# -- the GPU rows (issue 58): one NVIDIA H200 (989 TFLOP/s dense bf16, 4.8 TB/s, 141 GB) --------
+
+# The flags of the bf16 rows: bf16 params, scanned layers, the chunked loss; attention left to the
+# config (None: cuDNN's fused attention on a GPU, `cairn.models.gpu_attention`).
+_LLAMA_GPU = {**_LLAMA, "param_dtype": "bfloat16"}
+_FP8 = {"matmul_precision": "fp8"}
+# T5.1.1-XL as t5x trains it: float32 params (2.85B: 23 GB with their gradients, room to spare
+# on 141 GB), bf16 activations and logits.
+_T5_GPU = {**_T5, "param_dtype": "float32"}
+# The fp8 loss comparison at llama_7b, one sequence of 4096 tokens a step (the llama7b rows'
+# length): 4096 x ~4.7e10 FLOP a token (6 x 6.74e9 params + attention) = 1.9e14 FLOP a step,
+# ~0.4 s at 50 % of 989 TFLOP/s (fp8 less), so 200 steps of each run take ~80 + ~60 s, two
+# compiles ~1 min more: ~2.5 of the 6 minutes. A larger batch would not change what is compared.
+_LOSS_BATCH = 1
+
+#: The rows of issue 58 on one H200, in the order they run (the fp8 rows after the bf16 row
+#: whose batch and step they use; the loss comparison, the longest, last).
+GPU_ROWS: tuple[Row, ...] = (
+    TrainRow(
+        "llama7b_bf16",
+        "llama_7b (Llama 2 7B), bf16 params, Adafactor, 4096 tokens, largest batch",
+        "llama_7b",
+        {"targets": 4096},
+        overrides=_LLAMA_GPU,
+        variants=_LLAMA_REMATS,
+        # 8 x 4096 tokens make every matmul [32768, 4096] or larger: a larger batch adds step time,
+        # not MFU, so the search stops at 16 (and the budget's steps stay ~3-6 s)
+        probes=(8, 16),
+        min_batch=4,
+        max_batch=16,
+        steps=4,
+        target_mfu=0.55,
+        target_note="MaxText: ~50-54 % on H100",
+    ),
+    TrainRow(
+        "llama7b_fp8",
+        "llama7b_bf16 with fp8 matmuls (delayed scaling), at its batch",
+        "llama_7b",
+        {"targets": 4096},
+        overrides={**_LLAMA_GPU, **_FP8},
+        variants=_LLAMA_REMATS,
+        probes=(8, 16),
+        min_batch=4,
+        max_batch=16,
+        steps=4,
+        batch_from="llama7b_bf16",
+        speedup_over="llama7b_bf16",
+        target_speedup=1.4,
+    ),
+    TrainRow(
+        "llama1b_bf16",
+        "llama_1b, bf16 params, Adafactor, 2048 tokens, largest batch",
+        "llama_1b",
+        {"targets": 2048},
+        overrides=_LLAMA_GPU,
+        variants=_LLAMA_REMATS,
+        probes=(16, 32),
+        min_batch=8,
+        max_batch=32,  # 64k tokens a step: as for llama7b, more batch adds no MFU
+        target_mfu=0.55,
+    ),
+    TrainRow(
+        "t5_xl_gpu",
+        "T5.1.1-XL, float32 params, Adafactor, inputs 512 / targets 114",
+        "t5_1_1_xl",
+        {"inputs": 512, "targets": 114},
+        overrides=_T5_GPU,
+        variants=_LLAMA_REMATS,  # the cuDNN kernel's residuals kept, else `full`
+        probes=(64, 128),
+        min_batch=32,
+        max_batch=256,
+        target_mfu=0.50,
+    ),
+    DecodeRow("decode7b_b1", "llama_7b decode, batch 1", "llama_7b", 1, overrides=_DECODE, target_roofline=0.85),
+    DecodeRow("decode7b_b32", "llama_7b decode, batch 32", "llama_7b", 32, overrides=_DECODE, target_roofline=0.75),
+    LossRow(
+        "fp8_loss",
+        f"llama_7b bf16 vs fp8 matmuls: loss after 200 steps, {_LOSS_BATCH} x 4096, same init and data",
+        "llama_7b",
+        {"targets": 4096},
+        batch=_LOSS_BATCH,
+        overrides=_LLAMA_GPU,
+        compare=_FP8,
+        variants=_LLAMA_REMATS[:1],
+        target_gap=0.01,
+    ),
+)
+
+#: `--suite`: the rows of each accelerator.
+SUITES: dict[str, tuple[Row, ...]] = {"tpu": ROWS, "gpu": GPU_ROWS}
+
+
+def resolve_suite(requested: str, on_gpu: bool, topology: str | None = None) -> str:
+    """The suite to run: `requested` unless "auto", then "gpu" when the worker will run on a GPU
+    (and no TPU `topology` is described), else "tpu"."""
+    if requested != "auto":
+        if requested not in SUITES:
+            raise ValueError(f"--suite: expected auto or one of {', '.join(SUITES)}, got {requested!r}")
+        return requested
+    return "gpu" if on_gpu and not topology else "tpu"
+
+
+#: `--tiny`: each row's preset -> the tiny one of its family.
+TINY_PRESETS = {
+    "llama_1b": "llama_tiny",
+    "llama_7b": "llama_tiny",
+    "t5_1_1_large": "t5_1_1_tiny",
+    "t5_1_1_xl": "t5_1_1_tiny",
+}
+
+
 def tiny_rows(rows: Sequence[Row] = ROWS) -> tuple[Row, ...]:
     """The same rows on tiny presets and shapes (the CPU smoke run, `--tiny`): fixed batches,
-    three training steps, short prompts, float32 activations (XLA:CPU compiles and runs bf16
-    slowly), a 512-token vocabulary for training; the variants, other overrides and targets
-    unchanged."""
-    presets = {"llama_1b": "llama_tiny", "t5_1_1_large": "t5_1_1_tiny", "t5_1_1_xl": "t5_1_1_tiny"}
+    three training steps (20 for a loss comparison), short prompts, float32 activations
+    (XLA:CPU compiles and runs bf16 slowly), a 512-token vocabulary for training; the
+    variants, other overrides and targets unchanged."""
     out: list[Row] = []
     for row in rows:
-        preset = presets.get(row.preset, row.preset)
-        if isinstance(row, TrainRow):
-            lengths = {k: 32 if k == "inputs" else 16 for k in row.lengths}
-            overrides = {**row.overrides, "dtype": "float32", "vocab_size": 512}
-            if "loss_chunk_size" in overrides:
-                overrides["loss_chunk_size"] = 16  # several chunks of the tiny batch
-            trainer = dict(row.trainer_overrides)
-            if "num_microbatches" in trainer:
-                trainer["num_microbatches"] = 2  # two microbatches of one row
-            out.append(
-                dataclasses.replace(
-                    row,
-                    preset=preset,
-                    lengths=lengths,
-                    overrides=overrides,
-                    trainer_overrides=trainer,
-                    batch=2,
-                    steps=3,
-                    max_batch=16,
-                )
-            )
-        else:
+        preset = TINY_PRESETS.get(row.preset, row.preset)
+        if isinstance(row, DecodeRow):
             overrides = {**row.overrides, "dtype": "float32"}
             out.append(
                 dataclasses.replace(
                     row, preset=preset, overrides=overrides, batch=min(row.batch, 4), prompt=8, new=8, repeats=2
                 )
             )
+            continue
+        lengths = {k: 32 if k == "inputs" else 16 for k in row.lengths}
+        overrides = {**row.overrides, "dtype": "float32", "vocab_size": 512}
+        if "loss_chunk_size" in overrides:
+            overrides["loss_chunk_size"] = 16  # several chunks of the tiny batch
+        if isinstance(row, LossRow):
+            out.append(
+                dataclasses.replace(
+                    row, preset=preset, lengths=lengths, overrides=overrides, batch=2, steps=20, period=4
+                )
+            )
+            continue
+        trainer = dict(row.trainer_overrides)
+        if "num_microbatches" in trainer:
+            trainer["num_microbatches"] = 2  # two microbatches of one row
+        out.append(
+            dataclasses.replace(
+                row,
+                preset=preset,
+                lengths=lengths,
+                overrides=overrides,
+                trainer_overrides=trainer,
+                batch=2,
+                steps=3,
+                max_batch=16,
+            )
+        )
     return tuple(out)
 
 
@@ -314,6 +486,60 @@ def median(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("median of no values")
     return statistics.median(values)
+
+
+def speedup(step_s: float | None, base_step_s: float | None) -> float | None:
+    """How many times faster a step of `step_s` is than one of `base_step_s` (None when either
+    is missing)."""
+    if step_s is None or base_step_s is None:
+        return None
+    if step_s <= 0 or base_step_s <= 0:
+        raise ValueError(f"speedup needs positive step times, got {step_s} and {base_step_s}")
+    return base_step_s / step_s
+
+
+def with_speedup(result: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`result` with its `speedup` over the row named by its `speedup_over`, from that row's
+    result in `results` (row name -> result, the same invocation's): None, with a note, when that
+    row did not run or failed. A result without `speedup_over` is returned as it is."""
+    out = dict(result)
+    base_name = out.get("speedup_over")
+    if not base_name:
+        return out
+    base = results.get(base_name, {})
+    base_ok = base.get("status") == "ok" and base.get("step_s")
+    out["speedup"] = speedup(out.get("step_s"), base["step_s"]) if base_ok and out.get("step_s") else None
+    if not base_ok:
+        why = f"no {base_name} step in this run to compare with"
+        out["note"] = "; ".join(x for x in (out.get("note"), why) if x)
+    elif base.get("batch") != out.get("batch"):
+        why = f"batch {out.get('batch')} vs {base_name}'s {base.get('batch')}"
+        out["note"] = "; ".join(x for x in (out.get("note"), why) if x)
+    return out
+
+
+def inherited_batches(rows: Sequence[Row], results: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """`{row: batch}` for the training rows whose `batch_from` row finished ok in `results`."""
+    out = {}
+    for row in rows:
+        source = results.get(getattr(row, "batch_from", ""), {})
+        if source.get("status") == "ok" and source.get("batch"):
+            out[row.name] = int(source["batch"])
+    return out
+
+
+def tail_mean(values: Sequence[float], last: int) -> float:
+    """The mean of the last `last` values (all of them when there are fewer)."""
+    if not values or last < 1:
+        raise ValueError(f"tail_mean needs values and last >= 1, got {len(values)} values, last {last}")
+    return statistics.fmean(values[-last:])
+
+
+def relative_gap(value: float, reference: float) -> float:
+    """`|value - reference| / |reference|`: how far a loss is from the reference's."""
+    if reference == 0:
+        raise ValueError("relative_gap of a zero reference")
+    return abs(value - reference) / abs(reference)
 
 
 # -- the largest batch that fits ---------------------------------------------------------------
@@ -406,15 +632,107 @@ def choose_variant(best_batches: Sequence[int], min_batch: int) -> int | None:
     return best_batches.index(top) if top > 0 else None
 
 
+# -- the attention check (the GPU suite) -----------------------------------------------------
+
+#: The check's bf16 tolerance: max |candidate - reference| over max |reference|, per tensor (the
+#: forward output; the gradients of q, k, v and of T5's position bias). bf16 keeps 8 significant
+#: bits (2**-8: 0.4 % of a value): the output may differ by a few such steps at its largest
+#: values; the gradients, sums over thousands of positions with cuDNN's backward recomputing
+#: the probabilities in its own order, by more.
+ATTENTION_TOLERANCE = {"out": 2e-2, "grad": 5e-2}
+ATTENTION_CHECK_BATCH = 2  # small: the reference materialises [b, heads, q, k] float32 logits
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    """One attention call of a row's model, compared before any row is timed: `q_len` queries
+    over `kv_len` keys of `preset`'s heads (grouped-query as its config says), causal or not,
+    with a T5 position bias `[1, heads, q, kv]` or none, and with padding (the batch's last
+    row's last quarter of queries and keys) or none."""
+
+    name: str
+    preset: str
+    q_len: int
+    kv_len: int
+    causal: bool
+    bias: bool = False
+    padding: bool = False
+    batch: int = ATTENTION_CHECK_BATCH
+
+
+def attention_cases(rows: Sequence[Row]) -> tuple[AttentionCase, ...]:
+    """The attention calls of the training rows' models, once per distinct shape: a decoder-only
+    row's causal self-attention; a T5 row's encoder self-attention (bias, padding), decoder
+    self-attention (bias, causal, padding) and cross-attention (padding). Decoding rows attend
+    through XLA (their steps read the cache), so they add none."""
+    out: dict[str, AttentionCase] = {}
+    for row in rows:
+        if isinstance(row, DecodeRow):
+            continue
+        p, lengths = row.preset, row.lengths
+        if "inputs" in lengths:
+            li, lt = lengths["inputs"], lengths["targets"]
+            cases = [
+                AttentionCase(f"{p} encoder {li}", p, li, li, causal=False, bias=True, padding=True),
+                AttentionCase(f"{p} decoder {lt}", p, lt, lt, causal=True, bias=True, padding=True),
+                AttentionCase(f"{p} cross {lt}x{li}", p, lt, li, causal=False, padding=True),
+            ]
+        else:
+            n = lengths["targets"]
+            cases = [AttentionCase(f"{p} causal {n}", p, n, n, causal=True)]
+        for case in cases:
+            out.setdefault(case.name, case)
+    return tuple(out.values())
+
+
+def judge_errors(errors: Mapping[str, tuple[float, float]]) -> dict[str, dict[str, Any]]:
+    """`{tensor: {"max_abs", "ref_max", "rel", "tolerance", "ok"}}` from `{tensor: (max |candidate
+    - reference|, max |reference|)}`; "out" is held to the forward tolerance, the rest to the
+    gradients' (`ATTENTION_TOLERANCE`). A non-finite error fails."""
+    out = {}
+    for name, (max_abs, ref_max) in errors.items():
+        rel = max_abs / ref_max if ref_max > 0 else (0.0 if max_abs == 0 else math.inf)
+        tol = ATTENTION_TOLERANCE["out" if name == "out" else "grad"]
+        ok = math.isfinite(max_abs) and rel <= tol
+        out[name] = {"max_abs": max_abs, "ref_max": ref_max, "rel": rel, "tolerance": tol, "ok": ok}
+    return out
+
+
+ATTENTION_TENSORS = ("out", "dq", "dk", "dv", "dbias")
+
+
+def format_attention_check(check: Mapping[str, Any]) -> str:
+    """The check as a Markdown table: per case, each tensor's max abs error and its share of the
+    reference's largest value, and the verdict."""
+    lines = [f"attention check: {check.get('comparison', '?')}"]
+    if check.get("error"):
+        lines.append(f"FAILED: {check['error']}")
+    header = ["case", "q x kv", *ATTENTION_TENSORS, "verdict"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for case in check.get("cases", []):
+        errors = case.get("errors", {})
+        cells = [case["case"], f"{case.get('q_len', '?')} x {case.get('kv_len', '?')}"]
+        for name in ATTENTION_TENSORS:
+            e = errors.get(name)
+            cells.append("-" if e is None else f"{e['max_abs']:.2e} ({100 * e['rel']:.2f} %)")
+        verdict = "pass" if case.get("ok") else "FAIL" + (f": {case['error']}" if case.get("error") else "")
+        cells.append(verdict.replace("|", "/").replace("\n", " ")[:160])
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(f"attention check {'passed' if check.get('ok') else 'FAILED'}")
+    return "\n".join(lines)
+
+
 # -- the table and the JSON --------------------------------------------------------------------
 
 
-def verdict(value: float | None, target: float | None) -> str:
+def verdict(value: float | None, target: float | None, lower_is_better: bool = False) -> str:
+    """`holds` when `value` reaches `target` (at most it, with `lower_is_better`), `MISSED` when
+    not or when there is no value, `-` without a target."""
     if target is None:
         return "-"
     if value is None:
         return "MISSED"
-    return "holds" if value >= target else "MISSED"
+    return "holds" if (value <= target if lower_is_better else value >= target) else "MISSED"
 
 
 def _pct(x: float | None) -> str:
@@ -425,16 +743,31 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _score(r: Mapping[str, Any]) -> tuple[str, str, str]:
+    """`(score shown, target shown, verdict)` of a finished result of any kind."""
+    kind, target = r.get("kind"), r.get("target")
+    if kind == "loss":
+        gap = r.get("relative_gap")
+        shown = "gap " + ("-" if gap is None else f"{100 * gap:.2f} %")
+        return shown, "-" if target is None else f"<= {100 * target:.1f} %", verdict(gap, target, lower_is_better=True)
+    if r.get("speedup_over"):
+        x, target = r.get("speedup"), r.get("target_speedup")
+        shown = f"speedup {_num(x, '.2f')}x"
+        return shown, "-" if target is None else f">= {target:.2f}x", verdict(x, target)
+    score = r.get("roofline_fraction") if kind == "decode" else r.get("mfu")
+    shown = ("roofline " if kind == "decode" else "MFU ") + _pct(score)
+    return shown, "-" if target is None else f">= {100 * target:.0f} %", verdict(score, target)
+
+
 def table_rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """One list of cells per result (`TABLE_HEADER`'s columns)."""
     out = []
     for r in results:
-        decode = r.get("kind") == "decode"
-        score, target = (r.get("roofline_fraction"), r.get("target")) if decode else (r.get("mfu"), r.get("target"))
         status = r.get("status", "?")
         note = r.get("error") if status == "error" else r.get("note", "")
-        shown = ("roofline " if decode else "MFU ") + _pct(score)
-        judged = "ERROR" if status == "error" else verdict(score, target)
+        shown, target, judged = _score(r)
+        if status == "error":
+            judged = "ERROR"
         if status in ("planned", "skipped"):  # --topology: compiled for a described chip, nothing timed
             gib = r.get("program_bytes")
             shown = "-" if gib is None else f"peak {gib / 2**30:.2f} GiB"
@@ -448,7 +781,7 @@ def table_rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 _num(None if r.get("step_s") is None else 1e3 * r["step_s"], ".2f"),
                 _num(r.get("tokens_per_s"), ",.0f"),
                 shown,
-                "-" if target is None else f">= {100 * target:.0f} %",
+                target,
                 judged,
                 (note or "").replace("|", "/").replace("\n", " ")[:160],
             ]
@@ -482,9 +815,14 @@ def format_profile(result: Mapping[str, Any], top: int = 8) -> str:
 
 
 def write_json(
-    path: str, env: Mapping[str, Any], args: Mapping[str, Any], results: Sequence[Mapping[str, Any]]
+    path: str,
+    env: Mapping[str, Any],
+    args: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """`{"env", "args", "rows"}` to `path` (every value JSON-able; others as strings)."""
+    """`{"env", "args", "rows", **extra}` to `path` (every value JSON-able; others as strings)."""
+    data = {"env": dict(env), "args": dict(args), "rows": list(results), **dict(extra or {})}
     with open(path, "w") as f:
-        json.dump({"env": dict(env), "args": dict(args), "rows": list(results)}, f, indent=1, default=str)
+        json.dump(data, f, indent=1, default=str)
         f.write("\n")
