@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,22 +31,32 @@ for _lib in ("storage", "tokenizers", "datatasks", "partitioning", "models", "ev
 from cairn.partitioning import gpu_flags  # noqa: E402
 
 gpu_flags.set_gpu_xla_flags()  # on a GPU: XLA's training flags, before a backend starts
+if gpu_flags.runs_on_gpu():
+    # JAX takes 75 % of a GPU's memory by default: the batch search measures against what it took
+    # (`bytes_limit`), so take 90 % (the rest for cuDNN's and cuBLAS's workspaces), unless set.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.90")
 
 import _op_profile  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _accel_plan import (  # noqa: E402
+    AttentionCase,
     DecodeRow,
+    LossRow,
     TrainRow,
+    attention_cases,
     bytes_from_oom_message,
     choose_variant,
     decode_bytes_per_step,
+    judge_errors,
     mfu,
     published_hbm_bandwidth,
+    relative_gap,
     roofline_fraction,
     search_batch,
     split_overrides,
+    tail_mean,
 )
 from jax.experimental.layout import Layout, with_layout_constraint  # noqa: E402
 
@@ -57,8 +67,10 @@ from cairn.models import (  # noqa: E402
     T5Config,
     count_params,
     get_preset,
+    gpu_attention,
     training_flops_per_step,
 )
+from cairn.models import attention as t5_attention  # noqa: E402
 from cairn.models.llama import attention as llama_attention  # noqa: E402
 from cairn.partitioning import Partitioner, create_mesh, standard_logical_axis_rules, topology  # noqa: E402
 from cairn.trainer import (  # noqa: E402
@@ -213,10 +225,12 @@ def cli_model_overrides(opts: Options, train: bool) -> dict[str, Any]:
 
 class SyntheticBatches:
     """Seeded random token batches: decoder-only (`{"targets": L}`) or encoder-decoder
-    (`{"inputs": Li, "targets": Lt}`), every position a real token."""
+    (`{"inputs": Li, "targets": Lt}`), every position a real token. `period` > 0 (decoder-only):
+    each sequence repeats a random motif of that many tokens (a copy task a model learns)."""
 
-    def __init__(self, vocab: int, batch: int, lengths: Mapping[str, int], seed: int = 7):
+    def __init__(self, vocab: int, batch: int, lengths: Mapping[str, int], seed: int = 7, period: int = 0):
         self.vocab, self.batch, self.lengths, self.seed, self.position = vocab, batch, dict(lengths), seed, 0
+        self.period = period
 
     def __iter__(self):
         return self
@@ -227,7 +241,8 @@ class SyntheticBatches:
         b, lt = self.batch, self.lengths["targets"]
         weights = np.ones((b, lt), np.float32)
         if "inputs" not in self.lengths:
-            rows = rng.integers(2, self.vocab, size=(b, lt + 1), dtype=np.int32)
+            rows = rng.integers(2, self.vocab, size=(b, self.period or lt + 1), dtype=np.int32)
+            rows = np.tile(rows, (1, -(-(lt + 1) // rows.shape[1])))[:, : lt + 1]
             return {
                 "decoder_input_tokens": rows[:, :-1],
                 "decoder_target_tokens": rows[:, 1:],
@@ -350,7 +365,7 @@ class _TrainRowRunner:
         return _Candidate(trainer, hook, batch)
 
     def batches(self, config: Any, batch: int) -> SyntheticBatches:
-        return SyntheticBatches(config.vocab_size, batch, self.row.lengths)
+        return SyntheticBatches(config.vocab_size, batch, self.row.lengths, period=self.row.period)
 
     def lower(self, cand: _Candidate, config: Any) -> Any:
         sample = self.batches(config, cand.batch).__next__()
@@ -453,6 +468,8 @@ class _TrainRowRunner:
             params=count_params(config),
             wall_s=time.perf_counter() - start,
         )
+        if row.speedup_over:  # scored by `_accel_plan.with_speedup` against that row's step
+            result.update(speedup_over=row.speedup_over, target_speedup=row.target_speedup)
         notes = [", ".join(f"{k}={v[k]}" for k in sorted(v))] if v else []
         if result["ignored_overrides"]:
             notes.append("ignored: " + ", ".join(result["ignored_overrides"]))
@@ -554,6 +571,7 @@ class _TrainRowRunner:
             "train_wall_s": wall,
             "first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
+            "losses": losses,
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
             **_profile_result(cand.hook.trace_file, cand.hook.profile_steps, _tags(config, row.lengths)),
         }
@@ -596,6 +614,161 @@ def run_train_row(row: TrainRow, env: Mapping[str, Any], opts: Options) -> dict[
     _PARAMS.clear()  # a decode row's weights would hold device memory the search counts as taken
     free_device_memory()
     return _TrainRowRunner(row, env, opts).run()
+
+
+# -- the loss comparison ---------------------------------------------------------------------
+
+
+def run_loss_row(row: LossRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+    """Trains `row`'s two legs one after the other (the reference, then with `row.compare`):
+    the same trainer seed (the same initial params) and the same seeded batches, `row.steps`
+    steps each at `row.batch`; the score is the relative gap of their last-`row.last`-step mean
+    losses. The command line's batch, steps and profile options do not apply."""
+    leg_opts = dataclasses.replace(opts, batch=0, batches={}, steps=0, memory_limit=None, profile=False, remat={})
+    legs = {}
+    for leg, name in zip(row.legs(), ("reference", "compared")):
+        log(row.name, f"{name}: {leg.steps} steps at batch {leg.batch} ({_label(dict(leg.overrides))})")
+        legs[name] = run_train_row(leg, env, leg_opts)
+    ref, cmp = legs["reference"], legs["compared"]
+    if len(ref["losses"]) < row.steps or len(cmp["losses"]) < row.steps:
+        raise RuntimeError(f"losses of {len(ref['losses'])} and {len(cmp['losses'])} steps, not {row.steps}")
+    ref_loss, cmp_loss = tail_mean(ref["losses"], row.last), tail_mean(cmp["losses"], row.last)
+    gap = relative_gap(cmp_loss, ref_loss)
+    keep = ("step_s", "mfu", "compile_s", "first_loss", "last_loss", "train_wall_s", "config_overrides", "variant")
+    compared = ", ".join(f"{k}={v}" for k, v in sorted(row.compare.items()))
+    return {
+        "batch": row.batch,
+        "lengths": dict(row.lengths),
+        "steps": row.steps,
+        "compile_s": ref["compile_s"] + cmp["compile_s"],
+        "step_s": cmp["step_s"],
+        "reference_loss": ref_loss,
+        "compared_loss": cmp_loss,
+        "relative_gap": gap,
+        "target": row.target_gap,
+        "reference": {k: ref.get(k) for k in keep} | {"losses": ref["losses"]},
+        "compared": {k: cmp.get(k) for k in keep} | {"losses": cmp["losses"]},
+        "note": (
+            f"loss (mean of last {row.last}) {ref_loss:.4f} -> {compared} {cmp_loss:.4f}; "
+            f"step {1e3 * ref['step_s']:.1f} -> {1e3 * cmp['step_s']:.1f} ms"
+        ),
+    }
+
+
+# -- the attention check ----------------------------------------------------------------------
+
+
+def _case_inputs(case: AttentionCase, dtype) -> dict[str, Any]:
+    """Seeded q, k, v `[b, len, heads, d]` of the case's preset (its kv heads for k and v), the
+    T5 position bias `[1, heads, q, kv]`, the segment ids (the last row's last quarter padded)
+    and the output's cotangent (zero at padded queries, as the loss weights make it)."""
+    cfg = get_preset(case.preset)
+    heads, d = cfg.num_heads, cfg.head_dim
+    kv_heads = getattr(cfg, "num_kv_heads", heads)
+    b, lq, lk = case.batch, case.q_len, case.kv_len
+    keys = jax.random.split(jax.random.PRNGKey(len(case.name)), 5)
+    out = {
+        "q": jax.random.normal(keys[0], (b, lq, heads, d), jnp.float32).astype(dtype),
+        "k": jax.random.normal(keys[1], (b, lk, kv_heads, d), jnp.float32).astype(dtype),
+        "v": jax.random.normal(keys[2], (b, lk, kv_heads, d), jnp.float32).astype(dtype),
+        "bias": jax.random.normal(keys[3], (1, heads, lq, lk), jnp.float32).astype(dtype) if case.bias else None,
+    }
+    q_seg, k_seg = np.ones((b, lq), np.int32), np.ones((b, lk), np.int32)
+    if case.padding:
+        q_seg[-1, lq - lq // 4 :], k_seg[-1, lk - lk // 4 :] = 0, 0
+    out["segments"] = (jnp.asarray(q_seg), jnp.asarray(k_seg)) if case.padding else None
+    out["real_queries"] = jnp.asarray(q_seg)[:, :, None, None]  # where the output is compared
+    ct = jax.random.normal(keys[4], (b, lq, heads, d), jnp.float32) * out["real_queries"]
+    out["cotangent"] = ct.astype(dtype)
+    out["scale"] = 1.0 if isinstance(cfg, T5Config) else d**-0.5  # T5 folds the scale into its queries
+    return out
+
+
+def _case_attention(case: AttentionCase, x: Mapping[str, Any], implementation: str | None) -> Callable:
+    """`f(q, k, v, bias) -> out` of the case: the cuDNN branch as the models call it
+    (`gpu_attention.attention`, through T5's `fused_attention`) with `implementation`, or with
+    None the models' plain XLA attention (`jax.nn.dot_product_attention`, "xla"; T5's mask and
+    bias as the parts its XLA path adds, `attention.parts_bias`)."""
+    segments, scale = x["segments"], x["scale"]
+
+    def t5_bias(bias):
+        dense = jnp.zeros((1, 1, case.q_len, case.kv_len), jnp.float32)
+        q_seg, k_seg = segments if segments is not None else (None, None)
+        return t5_attention.AttentionBias(dense, bias, q_seg, k_seg, case.causal)
+
+    def f(q, k, v, bias):
+        is_t5 = scale == 1.0
+        if implementation is not None and is_t5:
+            return t5_attention.fused_attention(q, k, v, t5_bias(bias), implementation)
+        if implementation is not None:
+            return gpu_attention.attention(q, k, v, is_causal=case.causal, scale=scale, implementation=implementation)
+        if is_t5:
+            added = sum(p.astype(jnp.float32) for p in t5_attention.parts_bias(t5_bias(bias)))
+            added = None if isinstance(added, int) else added.astype(q.dtype)
+            return jax.nn.dot_product_attention(q, k, v, bias=added, scale=1.0, implementation="xla")
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=case.causal, implementation="xla")
+
+    return f
+
+
+def _forward_and_grads(case: AttentionCase, x: Mapping[str, Any], implementation: str | None) -> dict[str, Any]:
+    """`{"out", "dq", "dk", "dv"[, "dbias"]}` of the case's attention, as float32 arrays; the
+    output at real queries only (a padded query attends no key: what each path averages there
+    differs, and no loss reads it)."""
+    f = _case_attention(case, x, implementation)
+
+    @jax.jit
+    def run(q, k, v, bias, ct):
+        if bias is None:
+            out, pull = jax.vjp(lambda q, k, v: f(q, k, v, None), q, k, v)
+            grads = pull(ct)
+        else:
+            out, pull = jax.vjp(f, q, k, v, bias)
+            grads = pull(ct)
+        return (out * x["real_queries"].astype(out.dtype), *grads)
+
+    values = run(x["q"], x["k"], x["v"], x["bias"], x["cotangent"])
+    names = ("out", "dq", "dk", "dv", "dbias")[: len(values)]
+    return {n: np.asarray(jax.device_get(v), np.float32) for n, v in zip(names, values)}
+
+
+def attention_check(rows: Sequence[TrainRow | DecodeRow | LossRow]) -> dict[str, Any]:
+    """cuDNN's attention against XLA's on the rows' attention shapes (`attention_cases`), in
+    bfloat16, forward and gradients: on a GPU `gpu_attention.attention(implementation="cudnn")`,
+    elsewhere the same branch with "xla" (the smoke run: the code path, not the kernel), each
+    against the models' plain XLA attention; per tensor the max abs error and its share of the
+    reference's largest value, judged by `_accel_plan.judge_errors`. A case that raises fails
+    with its error; nothing here stops the rows."""
+    platform = jax.devices()[0].platform
+    implementation = gpu_attention.KERNEL if platform == "gpu" else "xla"
+    comparison = (
+        f'gpu_attention.attention(implementation="{implementation}") vs XLA\'s attention '
+        f'(jax.nn.dot_product_attention, "xla"), bfloat16, on {platform}'
+        + ("" if platform == "gpu" else ": the cuDNN branch's code path with XLA underneath, not cuDNN")
+    )
+    start = time.perf_counter()
+    cases = []
+    for case in attention_cases(rows):
+        entry: dict[str, Any] = {**dataclasses.asdict(case), "case": case.name}
+        try:
+            x = _case_inputs(case, jnp.bfloat16)
+            got, want = _forward_and_grads(case, x, implementation), _forward_and_grads(case, x, None)
+            errors = {n: (float(np.max(np.abs(got[n] - want[n]))), float(np.max(np.abs(want[n])))) for n in want}
+            entry["errors"] = judge_errors(errors)
+            entry["ok"] = all(e["ok"] for e in entry["errors"].values())
+        except Exception as e:  # a refusal (shapes cuDNN does not take) or a crash is a failed case
+            entry.update(ok=False, error=f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300])
+        log("attention", f"{case.name}: {'pass' if entry['ok'] else 'FAIL'}")
+        cases.append(entry)
+        free_device_memory()
+    return {
+        "comparison": comparison,
+        "implementation": implementation,
+        "platform": platform,
+        "cases": cases,
+        "ok": all(c["ok"] for c in cases),
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 # -- decoding rows ---------------------------------------------------------------------------
@@ -816,7 +989,7 @@ def run_decode_row(row: DecodeRow, env: Mapping[str, Any], opts: Options) -> dic
     }
 
 
-def run_row(row: TrainRow | DecodeRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
+def run_row(row: TrainRow | DecodeRow | LossRow, env: Mapping[str, Any], opts: Options) -> dict[str, Any]:
     """The row's result: `{"row", "kind", "title", "preset", "status": "ok", ...}`, or status
     "error" with `error` (the exception's type and first line) when it failed; `restart` says
     whether the failure may have left the device in a bad state (any failure but a row that
@@ -827,7 +1000,7 @@ def run_row(row: TrainRow | DecodeRow, env: Mapping[str, Any], opts: Options) ->
         note = f"--topology={opts.topology} compiles only; decoding is timed on the chip"
         return {**head, "status": "skipped", "note": note, "target": row.target_roofline}
     try:
-        runner = run_train_row if isinstance(row, TrainRow) else run_decode_row
+        runner = {"train": run_train_row, "decode": run_decode_row, "loss": run_loss_row}[row.kind]
         out = {**head, "status": "ok", **runner(row, env, opts)}
     except Exception as e:  # one row's failure is recorded, never the end of the run
         import traceback
@@ -846,6 +1019,10 @@ def run_row(row: TrainRow | DecodeRow, env: Mapping[str, Any], opts: Options) ->
         }
         if isinstance(row, TrainRow):
             out["target"] = row.target_mfu
+            if row.speedup_over:
+                out.update(speedup_over=row.speedup_over, target_speedup=row.target_speedup)
+        elif isinstance(row, LossRow):
+            out["target"] = row.target_gap
         else:
             out["target"] = row.target_roofline
     finally:

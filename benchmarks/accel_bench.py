@@ -36,6 +36,7 @@ killed at `--budget_s` (the table shows what finished).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,22 +51,50 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _accel_plan, _
 from _accel_plan import (
     DECODE_VARIANTS,
     REMAT_POLICIES,
-    ROWS,
+    SUITES,
+    format_attention_check,
     format_profile,
     format_table,
+    inherited_batches,
+    resolve_suite,
     select_rows,
     tiny_rows,
+    with_speedup,
     write_json,
 )
 from _machine import machine_line
 
 WORKER_EXIT_RESTART = 3  # the worker stopped after a failed row: start a fresh one for the rest
+HEAVY_MODULES = ("tensorflow", "ml_collections")  # nothing on the rows' import path may pull these in
+
+
+def runs_on_gpu() -> bool:
+    """`cairn.partitioning.gpu_flags.runs_on_gpu()`, the module loaded from its file: it is
+    standard library only, but its package's `__init__` imports JAX, which this process must not."""
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "partitioning/cairn/partitioning/gpu_flags.py"
+    )
+    spec = importlib.util.spec_from_file_location("_accel_bench_gpu_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.runs_on_gpu()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    names = ", ".join(r.name for r in ROWS)
-    p.add_argument("--rows", default="all", help=f"comma-separated rows to run (default all: {names})")
+    names = "; ".join(f"{k}: {', '.join(r.name for r in rows)}" for k, rows in SUITES.items())
+    p.add_argument("--rows", default="all", help=f"comma-separated rows of the suite (default all; {names})")
+    p.add_argument(
+        "--suite",
+        default="auto",
+        choices=("auto", *SUITES),
+        help="the rows of one accelerator (default auto: gpu when JAX will start on an NVIDIA GPU, else tpu)",
+    )
+    p.add_argument(
+        "--no_attention_check",
+        action="store_true",
+        help="skip the gpu suite's check of cuDNN's attention against XLA's before the rows",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny presets and shapes: the CPU smoke run")
     p.add_argument("--json", help="write the environment, the options and every row's result here")
     p.add_argument(
@@ -141,18 +170,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 0:
             p.error(f"--{name} must be >= 0, got {value}")
+    args.suite_name = resolve_suite(args.suite, args.suite == "auto" and runs_on_gpu(), args.topology)
+    suite = SUITES[args.suite_name]
     try:
-        args.batch_of = parse_batches(args.batches, [r.name for r in ROWS])
-        args.remat_of = parse_remat(args.remat, [r.name for r in ROWS])
+        args.batch_of = parse_batches(args.batches, [r.name for r in suite])
+        args.remat_of = parse_remat(args.remat, [r.name for r in suite])
         args.decode_variant_list = parse_decode_variants(args.decode_variants)
     except ValueError as e:
         p.error(str(e))
     if args.steps == 1:
         p.error("--steps must be >= 2: the first step compiles and is not timed")
     try:
-        args.selected = select_rows(args.rows, tiny_rows() if args.tiny else ROWS)
+        args.selected = select_rows(args.rows, tiny_rows(suite) if args.tiny else suite)
     except ValueError as e:
-        p.error(str(e))
+        p.error(f"{e} (suite {args.suite_name}: --suite chooses)")
+    # the gpu suite compares cuDNN's attention with XLA's first (not when compiling for a described TPU)
+    args.attention_check = args.suite_name == "gpu" and not args.topology and not args.no_attention_check
     return args
 
 
@@ -224,22 +257,45 @@ def _set_compile_cache(path: str | None) -> None:
 
 
 def run_rows(args: argparse.Namespace, emit, restart_after_failure: bool = False) -> None:
-    """Runs the selected rows here; `emit(event)` gets `env`, then `start` and `done` per row.
-    With `restart_after_failure` (the worker), exits with WORKER_EXIT_RESTART after a row whose
-    failure may have left the device unusable, so that a fresh process runs the rest."""
+    """Runs the selected rows here; `emit(event)` gets `env`, the `attention_check` (the gpu
+    suite), then `start` and `done` per row. With `restart_after_failure` (the worker), exits
+    with WORKER_EXIT_RESTART after a row whose failure may have left the device unusable, so
+    that a fresh process runs the rest."""
     _set_compile_cache(args.compile_cache)
-    from _accel_rows import environment, run_row
+    from _accel_rows import attention_check, environment, run_row
 
     opts = options(args)
     env = environment(opts)
+    env["suite"] = args.suite_name
+    env["heavy_modules_imported"] = [m for m in HEAVY_MODULES if m in sys.modules]
     emit({"event": "env", "env": env})
+    mismatch = suite_mismatch(args, env.get("platform"))
+    if mismatch:
+        for row in args.selected:
+            emit({"event": "done", "row": row.name, "result": {"row": row.name, "status": "error", "error": mismatch}})
+        return
+    if args.attention_check:
+        emit({"event": "attention_check", "check": attention_check(args.selected)})
+    done: dict[str, dict] = {}
     for row in args.selected:
+        for name, batch in inherited_batches([row], done).items():  # the batch its source row found
+            opts.batches.setdefault(name, batch)
         emit({"event": "start", "row": row.name})
         result = run_row(row, env, opts)
-        result["tensorflow_imported"] = "tensorflow" in sys.modules
+        for module in HEAVY_MODULES:
+            result[f"{module}_imported"] = module in sys.modules
+        done[row.name] = result
         emit({"event": "done", "row": row.name, "result": result})
         if restart_after_failure and result.get("restart") and row is not args.selected[-1]:
             raise SystemExit(WORKER_EXIT_RESTART)
+
+
+def suite_mismatch(args: argparse.Namespace, platform: str | None) -> str | None:
+    """Why the rows cannot run: `--suite auto` chose before JAX started (a CUDA plugin installed:
+    gpu) and JAX's devices are of another kind; None when they match or the suite was given."""
+    if args.suite != "auto" or args.topology or (platform == "gpu") == (args.suite_name == "gpu"):
+        return None
+    return f"--suite auto chose {args.suite_name} before JAX started, but its devices are {platform}: pass --suite"
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -254,36 +310,59 @@ def worker(args: argparse.Namespace) -> None:
 
 
 class Collector:
-    """The supervisor's view of the results: the environment, each row's result (printed as it
-    arrives and written to `--json` at once, so a run cut short keeps what finished)."""
+    """The supervisor's view of the results: the environment, the attention check, each row's
+    result (printed as it arrives and written to `--json` at once, so a run cut short keeps what
+    finished; a row compared with another gets its `speedup` here)."""
 
     def __init__(self, args: argparse.Namespace):
         self.args, self.env, self.results, self.started = args, {}, {}, None
+        self.check: dict | None = None
+        self.checking = False  # the worker is comparing attention (no row started yet)
 
     def event(self, e: Mapping[str, Any]) -> None:
         if e["event"] == "env":
             self.env = e["env"]
+            self.checking = self.args.attention_check and self.check is None
             print(env_line(self.env), flush=True)
+        elif e["event"] == "attention_check":
+            self.checking = False
+            self.check = dict(e["check"])
+            print(format_attention_check(self.check), flush=True)
+            self.save()
         elif e["event"] == "start":
+            self.checking = False
             self.started = e["row"]
         elif e["event"] == "done":
             self.started = None
             self.add(e["result"])
 
     def add(self, result: Mapping[str, Any]) -> None:
-        self.results[result["row"]] = dict(result)
-        print("row done: " + format_table([result]).splitlines()[-1], flush=True)
+        self.results[result["row"]] = with_speedup(result, self.results)
+        print("row done: " + format_table([self.results[result["row"]]]).splitlines()[-1], flush=True)
         self.save()
 
     def fail(self, row: str, error: str) -> None:
         self.add({"row": row, "kind": "-", "status": "error", "error": error})
 
+    def fail_check(self, error: str) -> None:
+        self.checking = False
+        self.check = {"comparison": "-", "cases": [], "ok": False, "error": error}
+        print(format_attention_check(self.check), flush=True)
+        self.save()
+
     def ordered(self) -> list[dict]:
         return [self.results[r.name] for r in self.args.selected if r.name in self.results]
 
+    def ok(self) -> bool:
+        """Every selected row finished ok and the attention check (where it ran) passed."""
+        results = self.ordered()
+        rows_ok = bool(results) and all(r.get("status") == "ok" for r in results)
+        return rows_ok and (self.check is None or bool(self.check.get("ok")))
+
     def save(self) -> None:
         if self.args.json:
-            write_json(self.args.json, self.env, _json_args(self.args), self.ordered())
+            extra = {"attention_check": self.check} if self.check is not None else None
+            write_json(self.args.json, self.env, _json_args(self.args), self.ordered(), extra)
 
 
 def _json_args(args: argparse.Namespace) -> dict:
@@ -298,8 +377,9 @@ def env_line(env: Mapping[str, Any]) -> str:
         f"device: {env.get('device_kind')} x{env.get('devices')} ({env.get('platform')}); "
         f"peak {'-' if not peak else f'{peak / 1e12:.3g}'} TFLOP/s ({env.get('peak_source')}); "
         f"HBM {'-' if not hbm else f'{hbm / 1e9:.0f}'} GB/s ({env.get('hbm_source')}); "
-        f"bytes_limit {'-' if not limit else f'{limit / 2**30:.2f} GiB'}; "
+        f"bytes_limit {'-' if not limit else f'{limit / 2**30:.2f} GiB'}; suite {env.get('suite')}; "
         + " ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v)
+        + "".join(f"; IMPORTED {m}" for m in env.get("heavy_modules_imported", []))
     )
 
 
@@ -332,16 +412,13 @@ def supervise(args: argparse.Namespace, argv: Sequence[str]) -> Collector:
         workers += 1
         fd, path = tempfile.mkstemp(prefix="accel_bench_", suffix=".jsonl")
         os.close(fd)
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            *argv,
-            "--worker",
-            "--worker_results",
-            path,
-            "--rows",
-            ",".join(remaining),
-        ]
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", "--worker_results", path]
+        cmd += ["--rows", ",".join(remaining)]
+        if col.check is not None:  # compared once, by the first worker
+            cmd.append("--no_attention_check")
+        batches = {**inherited_batches(args.selected, col.results), **args.batch_of}
+        if batches:  # the last --batches wins: the user's and those a finished row passes on
+            cmd += ["--batches", ",".join(f"{k}={v}" for k, v in batches.items())]
         proc = subprocess.Popen(cmd)
         offset, killed = 0, False
         while True:
@@ -363,6 +440,8 @@ def supervise(args: argparse.Namespace, argv: Sequence[str]) -> Collector:
         for e in events:
             col.event(e)
         os.unlink(path)
+        if col.checking:
+            col.fail_check(f"the worker process died (exit code {rc}) during the check")
         if col.started is not None:
             why = (
                 "killed at the --budget_s deadline"
@@ -415,9 +494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         if r.get("profile", {}).get("classes_ms_per_step"):
             print(format_profile(r))
+    if col.check is not None:
+        print(format_attention_check(col.check) + "\n")
     print(format_table(results))
     print(f"{len(results)} rows in {time.perf_counter() - start:.0f} s" + (f"; JSON: {args.json}" if args.json else ""))
-    return 0 if results and all(r.get("status") == "ok" for r in results) else 1
+    return 0 if col.ok() else 1
 
 
 if __name__ == "__main__":
