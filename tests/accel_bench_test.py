@@ -1,7 +1,9 @@
 """benchmarks/accel_bench.py's pure parts (benchmarks/_accel_plan.py): MFU and decode-roofline
 arithmetic, the search for the largest batch that fits (against a fake memory function), the
-choice among variants, the overrides a config accepts, the table and the JSON; and that the
-supervising process imports no JAX. The device runs themselves are measured by hand
+choice among variants, the overrides a config accepts, the table and the JSON; the GPU suite
+(issue 58: its rows and targets, the suite's choice, the fp8 speedup and loss-gap verdicts, the
+tiny presets, the attention check's cases and tolerance); and that the supervising process
+imports no JAX. The device runs themselves are measured by hand
 (benchmarks/README.md, `accel_bench.py`); `--tiny` is their CPU smoke run."""
 
 import dataclasses
@@ -216,13 +218,20 @@ def test_table_and_json(tmp_path):
 
 
 def test_the_supervisor_imports_no_jax():
-    code = (
-        "import sys; sys.argv = ['accel_bench.py', '--rows', 'llama_bf16,decode_b1', '--tiny']; "
-        "import accel_bench; args = accel_bench.parse_args(sys.argv[1:]); "
-        "print([r.name for r in args.selected], 'jax' in sys.modules, 'tensorflow' in sys.modules)"
-    )
+    for suite, rows in (("tpu", "llama_bf16,decode_b1"), ("gpu", "llama7b_bf16,fp8_loss")):
+        code = (
+            f"import sys; sys.argv = ['accel_bench.py', '--rows', '{rows}', '--tiny', '--suite', 'auto']; "
+            "import accel_bench; accel_bench.runs_on_gpu = lambda: " + str(suite == "gpu") + "; "
+            "args = accel_bench.parse_args(sys.argv[1:]); "
+            "print([r.name for r in args.selected], 'jax' in sys.modules, 'tensorflow' in sys.modules)"
+        )
+        out = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True, check=True)
+        first, second = rows.split(",")
+        assert out.stdout.split() == [f"['{first}',", f"'{second}']", "False", "False"]
+    # the real look-up (a CUDA plugin installed?) imports no JAX either
+    code = "import accel_bench, sys; accel_bench.runs_on_gpu(); print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["['llama_bf16',", "'decode_b1']", "False", "False"]
+    assert out.stdout.split() == ["False"]
     bad = subprocess.run(
         [sys.executable, os.path.join(BENCH, "accel_bench.py"), "--rows", "nope"], capture_output=True, text=True
     )
@@ -249,3 +258,154 @@ def test_remat_and_decode_variant_options():
     for bad in ("", "slice,nope"):
         with pytest.raises(ValueError, match="--decode_variants"):
             accel_bench.parse_decode_variants(bad)
+
+
+# -- the GPU suite (issue 58) -------------------------------------------------------------------
+
+
+def test_gpu_rows_and_targets():
+    rows = {r.name: r for r in plan.GPU_ROWS}
+    assert list(rows) == [
+        "llama7b_bf16",
+        "llama7b_fp8",
+        "llama1b_bf16",
+        "t5_xl_gpu",
+        "decode7b_b1",
+        "decode7b_b32",
+        "fp8_loss",
+    ]
+    bf16, fp8 = rows["llama7b_bf16"], rows["llama7b_fp8"]
+    assert (bf16.preset, bf16.lengths, bf16.optimizer, bf16.target_mfu) == (
+        "llama_7b",
+        {"targets": 4096},
+        "adafactor",
+        0.55,
+    )
+    assert bf16.overrides["param_dtype"] == "bfloat16" and bf16.overrides["loss_chunk_size"] > 0
+    assert [v["remat_policy"] for v in bf16.variants] == ["attention_kernel", "full"]
+    assert bf16.batch == 0  # the largest batch that fits: searched
+    assert fp8.overrides == {**bf16.overrides, "matmul_precision": "fp8"}
+    assert (fp8.batch_from, fp8.speedup_over, fp8.target_speedup) == ("llama7b_bf16", "llama7b_bf16", 1.4)
+    assert (rows["llama1b_bf16"].preset, rows["llama1b_bf16"].lengths["targets"]) == ("llama_1b", 2048)
+    assert rows["llama1b_bf16"].target_mfu == 0.55
+    t5 = rows["t5_xl_gpu"]
+    assert (t5.preset, t5.lengths, t5.target_mfu) == ("t5_1_1_xl", {"inputs": 512, "targets": 114}, 0.50)
+    b1, b32 = rows["decode7b_b1"], rows["decode7b_b32"]
+    assert (b1.preset, b1.batch, b1.prompt, b1.new, b1.target_roofline) == ("llama_7b", 1, 128, 128, 0.85)
+    assert (b32.batch, b32.target_roofline) == (32, 0.75)
+    loss = rows["fp8_loss"]
+    assert (loss.kind, loss.preset, loss.steps, loss.last, loss.target_gap) == ("loss", "llama_7b", 200, 10, 0.01)
+    assert loss.batch * loss.lengths["targets"] == 4096  # one sequence of 4096 a step (the budget)
+    reference, compared = loss.legs()
+    assert reference.overrides == bf16.overrides and compared.overrides == fp8.overrides
+    assert reference.batch == compared.batch == loss.batch and reference.steps == 200 and reference.period > 0
+    # the same TPU v5e-calibrated helpers: the HBM figure of the H200
+    assert plan.published_hbm_bandwidth("NVIDIA H200") == 4800e9
+
+
+def test_suite_selection(monkeypatch):
+    assert plan.resolve_suite("auto", on_gpu=True) == "gpu"
+    assert plan.resolve_suite("auto", on_gpu=False) == "tpu"
+    assert plan.resolve_suite("auto", on_gpu=True, topology="v5e:1x1") == "tpu"  # compiling for a TPU
+    assert plan.resolve_suite("gpu", on_gpu=False) == "gpu"
+    with pytest.raises(ValueError, match="--suite"):
+        plan.resolve_suite("cuda", on_gpu=True)
+    import accel_bench
+
+    monkeypatch.setattr(accel_bench, "runs_on_gpu", lambda: True)
+    args = accel_bench.parse_args(["--tiny"])
+    assert args.suite_name == "gpu" and [r.name for r in args.selected] == [r.name for r in plan.GPU_ROWS]
+    assert args.attention_check
+    args = accel_bench.parse_args(["--suite", "tpu", "--rows", "llama_bf16"])
+    assert args.suite_name == "tpu" and not args.attention_check
+    args = accel_bench.parse_args(["--suite", "gpu", "--no_attention_check", "--batches", "llama7b_fp8=8"])
+    assert not args.attention_check and args.batch_of == {"llama7b_fp8": 8}
+    with pytest.raises(SystemExit):  # a TPU row is not in the gpu suite
+        accel_bench.parse_args(["--suite", "gpu", "--rows", "llama_bf16"])
+    monkeypatch.setattr(accel_bench, "runs_on_gpu", lambda: False)
+    assert accel_bench.parse_args([]).suite_name == "tpu"
+    # auto chose gpu before JAX started, but JAX found no GPU: the rows do not run
+    args = accel_bench.parse_args(["--suite", "gpu"])
+    args.suite = "auto"
+    assert "pass --suite" in accel_bench.suite_mismatch(args, "cpu")
+    assert accel_bench.suite_mismatch(args, "gpu") is None
+
+
+def test_fp8_speedup_verdict():
+    assert plan.speedup(2.0, 3.0) == pytest.approx(1.5)
+    assert plan.speedup(None, 3.0) is None
+    with pytest.raises(ValueError, match="positive"):
+        plan.speedup(0.0, 1.0)
+    bf16 = {"row": "llama7b_bf16", "kind": "train", "status": "ok", "batch": 8, "step_s": 3.0, "mfu": 0.5}
+    fp8 = {"row": "llama7b_fp8", "kind": "train", "status": "ok", "batch": 8, "step_s": 2.0, "mfu": 0.5}
+    fp8.update(speedup_over="llama7b_bf16", target_speedup=1.4, target=None)
+    scored = plan.with_speedup(fp8, {"llama7b_bf16": bf16})
+    assert scored["speedup"] == pytest.approx(1.5)
+    assert plan.format_table([scored]).splitlines()[-1].endswith("| speedup 1.50x | >= 1.40x | holds |  |")
+    slow = plan.with_speedup({**fp8, "step_s": 2.5}, {"llama7b_bf16": bf16})
+    assert "| speedup 1.20x | >= 1.40x | MISSED |" in plan.format_table([slow])
+    # no bf16 row in this run (or it failed): no ratio, and the note says why
+    alone = plan.with_speedup(fp8, {"llama7b_bf16": {**bf16, "status": "error"}})
+    assert alone["speedup"] is None and "no llama7b_bf16 step" in alone["note"]
+    assert "| speedup -x | >= 1.40x | MISSED |" in plan.format_table([alone])
+    other_batch = plan.with_speedup({**fp8, "batch": 4}, {"llama7b_bf16": bf16})
+    assert "batch 4 vs llama7b_bf16's 8" in other_batch["note"]
+    assert plan.with_speedup(bf16, {}) == bf16  # a row compared with none is unchanged
+    # the fp8 row takes the batch the bf16 row found, when it ran
+    assert plan.inherited_batches(plan.GPU_ROWS, {"llama7b_bf16": bf16}) == {"llama7b_fp8": 8}
+    assert plan.inherited_batches(plan.GPU_ROWS, {"llama7b_bf16": {**bf16, "status": "error"}}) == {}
+
+
+def test_loss_gap_and_its_verdict():
+    assert plan.tail_mean([9.0, 1.0, 2.0, 3.0], 3) == pytest.approx(2.0)
+    assert plan.tail_mean([4.0], 10) == 4.0
+    assert plan.relative_gap(2.02, 2.0) == pytest.approx(0.01)
+    assert plan.relative_gap(1.98, 2.0) == pytest.approx(0.01)
+    with pytest.raises(ValueError):
+        plan.tail_mean([], 10)
+    result = {"row": "fp8_loss", "kind": "loss", "status": "ok", "batch": 1, "relative_gap": 0.004, "target": 0.01}
+    assert "| gap 0.40 % | <= 1.0 % | holds |" in plan.format_table([result])
+    assert "| gap 1.50 % | <= 1.0 % | MISSED |" in plan.format_table([{**result, "relative_gap": 0.015}])
+    assert plan.verdict(0.02, 0.01, lower_is_better=True) == "MISSED"
+
+
+def test_tiny_gpu_rows():
+    tiny = {r.name: r for r in plan.tiny_rows(plan.GPU_ROWS)}
+    assert list(tiny) == [r.name for r in plan.GPU_ROWS]
+    assert {r.preset for r in tiny.values()} == {"llama_tiny", "t5_1_1_tiny"}
+    assert plan.TINY_PRESETS["llama_7b"] == "llama_tiny"
+    assert all(r.batch > 0 for r in tiny.values())
+    assert tiny["fp8_loss"].steps == 20 and tiny["fp8_loss"].steps >= tiny["fp8_loss"].last
+    assert tiny["llama7b_fp8"].overrides["matmul_precision"] == "fp8"
+    assert tiny["decode7b_b32"].batch == 4 and tiny["decode7b_b32"].target_roofline == 0.75
+
+
+def test_attention_cases_and_errors():
+    cases = plan.attention_cases(plan.GPU_ROWS)
+    assert [c.name for c in cases] == [
+        "llama_7b causal 4096",
+        "llama_1b causal 2048",
+        "t5_1_1_xl encoder 512",
+        "t5_1_1_xl decoder 114",
+        "t5_1_1_xl cross 114x512",
+    ]
+    assert all(c.batch == plan.ATTENTION_CHECK_BATCH for c in cases)
+    encoder, decoder, cross = cases[2:]
+    assert (encoder.bias, encoder.padding, encoder.causal) == (True, True, False)
+    assert (decoder.bias, decoder.causal) == (True, True) and (cross.bias, cross.kv_len) == (False, 512)
+    judged = plan.judge_errors({"out": (0.01, 1.0), "dq": (0.04, 1.0), "dk": (0.1, 1.0), "dv": (float("nan"), 1.0)})
+    assert [judged[k]["ok"] for k in ("out", "dq", "dk", "dv")] == [True, True, False, False]
+    assert judged["out"]["tolerance"] == 0.02 and judged["dq"]["rel"] == pytest.approx(0.04)
+    assert plan.judge_errors({"dbias": (0.0, 0.0)})["dbias"]["ok"]
+    check = {
+        "comparison": "cudnn vs xla",
+        "ok": False,
+        "cases": [
+            {"case": "llama_7b causal 4096", "q_len": 4096, "kv_len": 4096, "errors": judged, "ok": False},
+            {"case": "t5 cross", "q_len": 114, "kv_len": 512, "ok": False, "error": "ValueError: no | cuDNN"},
+        ],
+    }
+    text = plan.format_attention_check(check).splitlines()
+    assert text[0] == "attention check: cudnn vs xla" and text[-1] == "attention check FAILED"
+    assert "| 1.00e-02 (1.00 %) |" in text[3] and text[3].endswith("| - | FAIL |")
+    assert text[4].endswith("| FAIL: ValueError: no / cuDNN |")
