@@ -22,6 +22,12 @@ key-value cache, no EOS) with the 128 new tokens and with one (the prefill alone
 steps' time is the difference, and the roofline is every weight plus the KV cache written so
 far, read once per step, at the HBM bandwidth.
 
+On an NVIDIA GPU the `gpu` suite runs instead (`--suite` forces one; benchmarks/README.md, "GPU
+rows"): llama_7b and llama_1b bf16 (MFU >= 55 %), llama_7b with fp8 matmuls (a step >= 1.4x
+faster than bf16's), T5.1.1-XL (MFU >= 50 %), llama_7b decoding at batch 1 and 32 (>= 85 % and
+75 % of the roofline) and the fp8-vs-bf16 loss after 200 steps (within 1 %), after a check of
+cuDNN's attention against XLA's on the rows' shapes.
+
 Config fields this main may not have yet (`attention_implementation`, `param_dtype`,
 `loss_chunk_size`, `TrainerConfig.offload_optimizer_state`) are applied where the dataclass has
 them and listed as ignored otherwise. Each row's failure is recorded in its row; the rows run in
@@ -31,6 +37,7 @@ killed at `--budget_s` (the table shows what finished).
     python3 benchmarks/accel_bench.py --json /tmp/accel.json            # every row, on the chip
     python3 benchmarks/accel_bench.py --rows llama_bf16,decode_b32      # some rows
     .venv/bin/python benchmarks/accel_bench.py --tiny                   # the CPU smoke run (< 60 s)
+    .venv/bin/python benchmarks/accel_bench.py --tiny --suite gpu       # the GPU rows' CPU smoke run
 """
 
 from __future__ import annotations
