@@ -59,6 +59,8 @@ def test_named_policies_save_less_of_the_mlp(tiny):
     kv = _saved("kv_projections", params)
     assert _mlp_products(kv) == 0 and not any("named 'query_proj'" in line for line in kv)
     assert sum("named 'key_proj'" in line or "named 'value_proj'" in line for line in kv) == 2 * LLAMA.num_layers
+    wi = _saved("mlp_wi", params)  # the MLP's input products, no projection
+    assert _mlp_products(wi) == 2 * LLAMA.num_layers and not any("_proj'" in line for line in wi)
     with pytest.raises(ValueError, match="remat_policy"):
         LLAMA.replace(remat_policy="some")
 

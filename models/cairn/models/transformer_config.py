@@ -22,6 +22,7 @@ REMAT_POLICIES = (
     "minimal",
     "kv_projections",
     "attention_kernel",
+    "mlp_wi",
     "dots_offloaded",
     "dots_except_mlp_wi_offloaded",
     "minimal_offloaded",
