@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from cairn.models import DecodeOptions, DecoderOnlyModel, LlamaConfig, gpu_attention
+from cairn.models.llama import attention as llama_attention
 from cairn.models.llama.attention import GROUPED_KV_ACT, HEAD_ACT, key_value_axes
 from cairn.partitioning import Partitioner, create_mesh, platform, standard_logical_axis_rules
 
@@ -148,7 +149,11 @@ def test_cudnn_refuses_shardings_its_own_partitioning_cannot_take():
             assert "head_dim" in gpu_attention.unsupported_reason(q, (4, 12, 2, 8), bf16)
 
 
-def test_greedy_decoding_matches_one_device(setup):
+@pytest.mark.parametrize("flat", [False, True])
+def test_greedy_decoding_matches_one_device(setup, flat, monkeypatch):
+    """Also with TPU's flat decode cache (`llama.attention.flat_cache`, forced on the CPU)."""
+    if flat:
+        monkeypatch.setattr(llama_attention, "FLAT_CACHE_PLATFORMS", ("cpu",))
     model, params, batch = setup
     rules = standard_logical_axis_rules()
     partitioner = Partitioner(create_mesh({"data": 2, "fsdp": 1, "model": 4}), rules, on_indivisible="error")

@@ -49,6 +49,7 @@ __all__ = [
     "Kernel",
     "LlamaAttention",
     "FLAT_CACHE_PLATFORMS",
+    "attend_cache",
     "attend_flat_step",
     "attend_written",
     "cache_buckets",
@@ -166,6 +167,23 @@ def attend_written(q, k, v, mask, written, *, scale: float, implementation: str 
     return jax.lax.switch(which, [attend(size) for size in sizes], q, k, v, mask)
 
 
+def attend_cache(q, k, v, mask, written, *, scale: float):
+    """XLA's attention of a cached call's queries `q` `[b, n, heads, d]` over the cache `k`, `v`
+    (`[b, max_len, kv_heads, d]`, or flat: `flat_cache`) with `written` positions written.
+
+    A flat cache: one decode step attends it in its own layout (`attend_flat_step`), up to the
+    written prefix with `FLAT_WRITTEN_PREFIX`; a longer chunk (a prefill) attends it
+    unflattened (on TPU a copy, once per chunk). A four-dimensional cache: up to the written
+    prefix (`attend_written`) except on TPU (see there), where the whole cache is attended."""
+    if k.ndim == 3 and q.shape[1] > 1:
+        k, v = (constrain(x.reshape(*x.shape[:2], -1, q.shape[-1]), HEAD_ACT) for x in (k, v))
+    if k.ndim == 3 and not FLAT_WRITTEN_PREFIX:
+        return attend_flat_step(q, k, v, mask, scale=scale)
+    if k.ndim == 3 or platform.backend() != "tpu":
+        return attend_written(q, k, v, mask, written, scale=scale, implementation="xla")
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
+
+
 def key_value_axes(q_shape, kv_shape) -> tuple[str | None, ...]:
     """The logical axes that keys and values `[b, l, kv_heads, head_dim]` are constrained to
     before XLA's attention of queries `[b, l, heads, head_dim]` (`q_shape`): `HEAD_ACT`, unless
@@ -237,7 +255,7 @@ class LlamaAttention(nn.Module):
             tables = self._tables(positions)
             q, k = rotate(q, tables), rotate(k, tables)
             k, v, mask = self._update_cache(k, v, segment_ids, index, mask)
-            causal, written = False, index.value
+            written = index.value
         else:
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
@@ -250,33 +268,23 @@ class LlamaAttention(nn.Module):
                 self.variable("cache", "cached_key_mask", jnp.zeros, (b, n), jnp.int32)
                 self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
                 mask = None  # decode mode's `mask` is a prefix `[b, n]`, not an attention mask
-        kernel = written is None and self._use_kernel(n, mask, segment_ids, causal)
-        fused = None if written is not None or kernel else self._fused(q, k, mask)
-        # XLA's attention of a (differentiable) call without the cache: see `key_value_axes`.
-        kv_axes = HEAD_ACT if written is not None or kernel or fused else key_value_axes(q.shape, k.shape)
+        scale = d**-0.5
+        if written is not None:  # a cached call: k, v are the cache, constrained by `_update_cache`
+            out = attend_cache(constrain(q, HEAD_ACT), k, v, mask, written, scale=scale)
+            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
+        kernel = self._use_kernel(n, mask, segment_ids, causal)
+        fused = None if kernel else self._fused(q, k, mask)
+        # XLA's attention of a (differentiable) call: see `key_value_axes`.
+        kv_axes = HEAD_ACT if kernel or fused else key_value_axes(q.shape, k.shape)
         q, k, v = constrain(q, HEAD_ACT), constrain(k, kv_axes), constrain(v, kv_axes)
-        if written is not None and k.ndim == 3:  # a flat cache (`flat_cache`)
-            if n == 1 and FLAT_WRITTEN_PREFIX:
-                out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation="xla")
-            elif n == 1:
-                out = attend_flat_step(q, k, v, mask, scale=d**-0.5)
-            else:  # a prefill chunk: the cache unflattened (on TPU a copy, once per chunk)
-                k, v = (constrain(x.reshape(b, x.shape[1], kvh, d), HEAD_ACT) for x in (k, v))
-                out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d**-0.5, implementation="xla")
-            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
-        if written is not None and platform.backend() != "tpu":  # a cached call: the written prefix
-            out = attend_written(q, k, v, mask, written, scale=d**-0.5, implementation="xla")
-            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
         if kernel:
             segments = segment_ids if mask is not None else None
-            out = pallas_attention.splash_attention(q, k, v, segments, causal=causal, scale=d**-0.5)
-            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
-        if fused is not None:
-            out = gpu_attention.attention(q, k, v, None, mask, is_causal=causal, scale=d**-0.5, implementation=fused)
-            return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d**-0.5, is_causal=causal, implementation="xla")
-        out = constrain(out, HEAD_ACT)
-        return named(dense(out, wo, 2), ATTENTION_PROJECTIONS[3])
+            out = pallas_attention.splash_attention(q, k, v, segments, causal=causal, scale=scale)
+        elif fused is not None:
+            out = gpu_attention.attention(q, k, v, None, mask, is_causal=causal, scale=scale, implementation=fused)
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal, implementation="xla")
+        return named(dense(constrain(out, HEAD_ACT), wo, 2), ATTENTION_PROJECTIONS[3])
 
     def _use_kernel(self, length: int, mask, segment_ids, causal: bool) -> bool:
         """Whether this call runs the splash kernel (`pallas_attention.use_kernel`)."""
