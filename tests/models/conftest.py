@@ -36,6 +36,46 @@ def random_like(shapes, seed: int = 0, std: float = 0.2):
     return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
+def projection(model, params, inputs, real):
+    """A fixed random projection (seed 7) of `model`'s logits on `inputs`, zero off the `real`
+    positions `[b, l]`: the loss of `projected_run`."""
+    import jax
+    import jax.numpy as jnp
+
+    shape = jax.eval_shape(lambda p: model.module.apply({"params": p}, *inputs), params).shape
+    return jnp.asarray(np.random.default_rng(7).standard_normal(shape), jnp.float32) * real[:, :, None]
+
+
+def projected_run(model, params, inputs, proj):
+    """`((loss, logits), grads)` of `model`'s network on `inputs` with the loss
+    `sum(logits * proj)` (`projection`): two networks that compute the same function give the
+    same loss and gradients."""
+    import jax
+    import jax.numpy as jnp
+
+    def fn(p):
+        logits = model.module.apply({"params": p}, *inputs)
+        return jnp.sum(logits * proj), logits
+
+    return jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
+
+
+def assert_runs_agree(got, want, real):
+    """Two `projected_run` results: equal logits at real positions, losses, and gradients
+    (float32 sums in another order: compared by norm, every reference gradient non-zero)."""
+    import jax
+
+    (loss_g, logits_g), grads_g = got
+    (loss_w, logits_w), grads_w = want
+    sel = np.asarray(real, bool)
+    np.testing.assert_allclose(np.asarray(logits_g)[sel], np.asarray(logits_w)[sel], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(float(loss_g), float(loss_w), rtol=1e-5)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads_g), jax.tree_util.tree_leaves(grads_w)):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert np.linalg.norm(w) > 0, jax.tree_util.keystr(path)
+        assert np.linalg.norm(g - w) <= 1e-4 * np.linalg.norm(w), jax.tree_util.keystr(path)
+
+
 def _tiny_configs():
     """The tiny T5.1.1, T5.1.0 and decoder-only configs (imported here, not at the top: a test of
     one module, e.g. //tests/models:argmax_test, depends on that module's target only)."""
@@ -67,4 +107,7 @@ def tiny():
         random_tokens=random_tokens,
         random_params=random_params,
         random_like=random_like,
+        projection=projection,
+        projected_run=projected_run,
+        assert_runs_agree=assert_runs_agree,
     )

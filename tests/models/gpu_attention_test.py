@@ -133,27 +133,12 @@ def _assert_fused_equals_xla(make, config, tiny, inputs, real, monkeypatch, atte
     choose = ga.fused_implementation
     monkeypatch.setattr(ga, "fused_implementation", lambda impl, *a: "xla" if impl == "cudnn" else choose(impl, *a))
 
-    shape = jax.eval_shape(lambda p: xla.module.apply({"params": p}, *inputs), params).shape
-    proj = jnp.asarray(np.random.default_rng(7).standard_normal(shape), jnp.float32) * real[:, :, None]
-
-    def run(model):
-        def fn(p):
-            logits = model.module.apply({"params": p}, *inputs)
-            return jnp.sum(logits * proj), logits
-
-        return jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
-
-    (loss_x, logits_x), grads_x = run(xla)
+    proj = tiny.projection(xla, params, inputs, real)
+    want = tiny.projected_run(xla, params, inputs, proj)
     assert calls == []
-    (loss_f, logits_f), grads_f = run(fused)
+    got = tiny.projected_run(fused, params, inputs, proj)
     assert calls == ["xla"] * attentions
-    sel = np.asarray(real, bool)
-    np.testing.assert_allclose(np.asarray(logits_f)[sel], np.asarray(logits_x)[sel], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(float(loss_f), float(loss_x), rtol=1e-5)
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads_f), jax.tree_util.tree_leaves(grads_x)):
-        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        assert np.linalg.norm(w) > 0, jax.tree_util.keystr(path)
-        assert np.linalg.norm(g - w) <= 1e-4 * np.linalg.norm(w), jax.tree_util.keystr(path)
+    tiny.assert_runs_agree(got, want, real)
 
 
 LLAMA_KW = dict(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48, num_layers=1)

@@ -200,26 +200,9 @@ def _assert_models_equal(make, config, tiny, inputs, real):
     xla = make(config.replace(attention_implementation="xla"))
     pallas = make(config.replace(attention_implementation="pallas"))
     params = tiny.random_params(xla, std=0.3)
-
-    shape = jax.eval_shape(lambda p: xla.module.apply({"params": p}, *inputs), params).shape
-    proj = jnp.asarray(np.random.default_rng(7).standard_normal(shape), jnp.float32) * real[:, :, None]
-
-    def run(model):
-        def fn(p):
-            logits = model.module.apply({"params": p}, *inputs)
-            return jnp.sum(logits * proj), logits
-
-        return jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
-
-    (loss_x, logits_x), grads_x = run(xla)
-    (loss_p, logits_p), grads_p = run(pallas)
-    sel = np.asarray(real, bool)
-    np.testing.assert_allclose(np.asarray(logits_p)[sel], np.asarray(logits_x)[sel], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(float(loss_p), float(loss_x), rtol=1e-5)
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads_p), jax.tree_util.tree_leaves(grads_x)):
-        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        assert np.linalg.norm(w) > 0, jax.tree_util.keystr(path)
-        assert np.linalg.norm(g - w) <= 1e-4 * np.linalg.norm(w), jax.tree_util.keystr(path)
+    proj = tiny.projection(xla, params, inputs, real)
+    want = tiny.projected_run(xla, params, inputs, proj)
+    tiny.assert_runs_agree(tiny.projected_run(pallas, params, inputs, proj), want, real)
 
 
 def test_tiny_llama_with_pallas_equals_xla(tiny):
