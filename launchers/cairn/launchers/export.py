@@ -148,7 +148,7 @@ def export(
     eos = vocabulary.eos_id if vocabulary.eos_id is not None else 1
 
     shape = serving.ServingShape(batch_size, width, new, family.continues_prompt, add_eos, eos, spec.keys.seed)
-    options = predict_fns.decode_options(spec, shape.output_length)
+    options = predict_fns.decode_options(spec, new, width if family.continues_prompt else 0)
 
     def decode(params, prompts, seed):
         return model.predict_batch(params, family.decode_batch(prompts), options, rng=jax.random.PRNGKey(seed))

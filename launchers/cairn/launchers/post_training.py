@@ -74,10 +74,13 @@ def final_evaluation(
     return result.metrics
 
 
-def _decode(spec: RunSpec, model: Any, params: Any, partitioner: Any, rows: np.ndarray, length: int) -> np.ndarray:
-    """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), one
-    sharded batch on the partitioner's mesh."""
-    options = predict_fns.decode_options(spec, length)
+def _decode(
+    spec: RunSpec, model: Any, params: Any, partitioner: Any, rows: np.ndarray, new: int, width: int = 0
+) -> np.ndarray:
+    """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), at
+    most `new` each (`width`: a decoder-only model's prompt columns, `predict_fns.decode_options`),
+    one sharded batch on the partitioner's mesh."""
+    options = predict_fns.decode_options(spec, new, width)
     decode_batch = model_family(spec.keys.model.kind).decode_batch
 
     def fn(p, x):
@@ -135,7 +138,8 @@ def generate_text(
     encoded = [vocabulary.encode(p) for p in prompts]
     longest = max(len(e) for e in encoded)
     new = spec.keys.post_training.max_decode_length or spec.reader.sequence_length["targets"]
-    tokens = _decode(spec, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new)
+    width = max(longest, 1)
+    tokens = _decode(spec, model, params, partitioner, pad_rows(encoded, width), new, width)
     texts = []
     for i, (_prompt, row) in enumerate(zip(prompts, tokens)):
         text = vocabulary.decode([int(t) for t in row])

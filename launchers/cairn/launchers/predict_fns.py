@@ -6,8 +6,9 @@ spec's `DecodeOptions` (`post_training.*`) through `predict_batch(params, family
 options, rng)`: for an encoder-decoder model `prompts` are the encoder inputs and the output is
 the prediction; for a decoder-only model (`continues_prompt`) each row of the output is its
 prompt (the row's leading non-zero tokens) followed by the continuation, and the prompt is removed here.
-Either way a row's prediction has at most `new_tokens` tokens, next to `predict_batch`'s score
-(the log-probability the decoding gives it).
+Either way a row's prediction has at most `new_tokens` tokens, whatever the other prompts of its
+batch (`decode_options`: a per-row budget), next to `predict_batch`'s score (the log-probability
+of exactly those tokens).
 
 `score_features(family, prompts, targets)` builds the batch whose `score_batch` is the
 log-likelihood of each target given its prompt: the encoder's inputs and decoder targets, or,
@@ -31,9 +32,12 @@ from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 
 
-def decode_options(spec: RunSpec, length: int) -> Any:
-    """The spec's `DecodeOptions` (`post_training.*`) with `max_decode_length=length`."""
-    return dataclasses.replace(spec.decode, max_decode_length=length)
+def decode_options(spec: RunSpec, new: int, width: int = 0) -> Any:
+    """The spec's `DecodeOptions` (`post_training.*`) for predictions of at most `new` tokens
+    each: `max_new_tokens=new`, and `max_decode_length=width + new` where a decoder-only
+    model's prompts are padded to `width` (its output holds the prompt), so that every row's
+    budget is `new` whatever the other rows' prompts and the padding width."""
+    return dataclasses.replace(spec.decode, max_decode_length=width + new, max_new_tokens=new)
 
 
 def new_tokens(spec: RunSpec, default: int | None = None) -> int:
@@ -60,8 +64,7 @@ class Decoder:
 
     def _sharded(self, width: int, new: int) -> ShardedBatches:
         if (width, new) not in self._batches:
-            length = new + (width if self.family.continues_prompt else 0)
-            options = decode_options(self.spec, length)
+            options = decode_options(self.spec, new, width if self.family.continues_prompt else 0)
             seed, decode_batch = self.spec.keys.seed, self.family.decode_batch
 
             def fn(p, x):
