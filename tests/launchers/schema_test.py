@@ -120,6 +120,12 @@ HAND_WRITTEN = {
         "max_decode_length": 0,
         "temperature": 1.0,
         "top_k": 0,
+        "top_p": 1.0,
+        "num_beams": 4,
+        "alpha": 0.6,
+        "num_decodes": 1,
+        "max_input_length": 0,
+        "long_inputs": "truncate",
     },
     "logging": {"wandb": ""},
     "init": {"checkpoint": "", "checkpoint_step": None, "hf_checkpoint": "", "t5x_checkpoint": "", "upcycle_from": ""},
@@ -371,3 +377,4 @@ def test_a_value_its_library_dataclass_refuses_names_the_key():
     config.model.lora.alpha = 8.0
     lora = validation.check_lora(run_spec.checked_keys(config)[1])
     assert (lora.rank, lora.alpha, lora.targets) == (4, 8.0, tuple(config.model.lora.targets))
+

@@ -15,8 +15,9 @@ asset, its tokenization and decoding as plain TensorFlow ops (`cairn.tokenizers`
 `scores` (the decoding's log-probability of each output) and `output_ids`.
 
 Fixed at export (the SavedModel's `assets.extra/cairn_export.json` records them): the decoding
-(`post_training.decode_method`, `temperature`, `top_k`, `top_p`, `num_beams`, `alpha`; override
-them with `--config.post_training.*`), the tokens an output may have
+(`post_training.decode_method`, `temperature`, `top_k`, `top_p`, `num_beams`, `alpha`,
+`num_decodes`: the best decode is the output, as infer's; override them with
+`--config.post_training.*`), the tokens an output may have
 (`post_training.max_decode_length`, default the targets length, as `infer`), the prompt length
 (`--input_length`, default `data.sequence_length.inputs` for an encoder-decoder model, `targets`
 for a decoder-only one) and the rows per model call (`--batch_size`). Inputs: the strings (any
@@ -93,13 +94,6 @@ def check_args(output: str, batch_size: int, input_length: int, platforms: list[
         raise ConfigError("output", f"{output} exists; use --overwrite to replace it")
 
 
-def _check_decode(spec: RunSpec) -> None:
-    if spec.decode.num_decodes != 1:
-        raise ConfigError(
-            "post_training.num_decodes", f"the export writes one output per input; got {spec.decode.num_decodes}"
-        )
-
-
 def graph_vocabulary(spec: RunSpec) -> Any:
     """The spec's vocabulary in TensorFlow ops, or a `ConfigError` naming `vocabulary.*`."""
 
@@ -129,7 +123,6 @@ def export(
     """Writes the SavedModel of the checkpoint at `path` (module docstring) to `output`;
     returns the facts recorded in it (`assets.extra/cairn_export.json`)."""
     check_args(output, batch_size, input_length, list(platforms), overwrite)
-    _check_decode(spec)
     vocabulary = graph_vocabulary(spec)
     from jax.experimental import jax2tf  # imports TensorFlow
 
@@ -151,7 +144,8 @@ def export(
     options = predict_fns.decode_options(spec, new, width if family.continues_prompt else 0)
 
     def decode(params, prompts, seed):
-        return model.predict_batch(params, family.decode_batch(prompts), options, rng=jax.random.PRNGKey(seed))
+        out = model.predict_batch(params, family.decode_batch(prompts), options, rng=jax.random.PRNGKey(seed))
+        return predict_fns.best_decodes(*out, options)
 
     decode_fn = jax2tf.convert(decode, with_gradient=False, native_serialization_platforms=tuple(platforms))
     facts = {

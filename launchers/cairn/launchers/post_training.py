@@ -85,7 +85,8 @@ def _decode(
 
     def fn(p, x):
         batch = decode_batch(x)
-        return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(spec.keys.seed))[0]
+        out = model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(spec.keys.seed))
+        return predict_fns.best_decodes(*out, options)[0]
 
     return ShardedBatches(partitioner, fn, len(rows), "decodes", logging.DEBUG)(params, rows)
 

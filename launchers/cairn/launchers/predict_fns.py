@@ -40,6 +40,22 @@ def decode_options(spec: RunSpec, new: int, width: int = 0) -> Any:
     return dataclasses.replace(spec.decode, max_decode_length=width + new, max_new_tokens=new)
 
 
+def best_decodes(tokens: Any, scores: Any, options: Any) -> tuple[Any, Any]:
+    """`(tokens [b, len], scores [b])`: one prediction per example of `predict_batch`'s
+    `b * num_decodes` rows (each example's adjacent): with beam search its best beam (the first:
+    ranked by the length-penalized score), when sampling the sample of highest log-probability
+    (t5x's `predict_batch` without `return_all_decodes`). Traceable (jit, jax2tf)."""
+    import jax.numpy as jnp
+
+    k = options.num_decodes
+    if k == 1:
+        return tokens, scores
+    tokens, scores = tokens.reshape(-1, k, tokens.shape[-1]), scores.reshape(-1, k)
+    pick = jnp.zeros(scores.shape[:1], jnp.int32) if options.method == "beam" else jnp.argmax(scores, axis=1)
+    best = jnp.take_along_axis(tokens, pick[:, None, None], axis=1)[:, 0]
+    return best, jnp.take_along_axis(scores, pick[:, None], axis=1)[:, 0]
+
+
 def new_tokens(spec: RunSpec, default: int | None = None) -> int:
     """How many tokens a prediction may have: `post_training.max_decode_length`, else `default`,
     else `data.sequence_length.targets`."""
@@ -68,7 +84,8 @@ class Decoder:
             seed, decode_batch = self.spec.keys.seed, self.family.decode_batch
 
             def fn(p, x):
-                return self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
+                out = self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
+                return best_decodes(*out, options)
 
             self._batches[width, new] = ShardedBatches(self.partitioner, fn, self.batch_size, "decodes", self.log_level)
         return self._batches[width, new]
