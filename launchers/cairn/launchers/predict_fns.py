@@ -28,6 +28,7 @@ import numpy as np
 
 from cairn.launchers.config_base import model_family
 from cairn.launchers.decode_views import PROMPT
+from cairn.launchers.prompt_limit import PromptLimit
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 
@@ -76,6 +77,7 @@ class Decoder:
         self.spec, self.model, self.partitioner = spec, model, partitioner
         self.batch_size, self.log_level = batch_size, log_level
         self.family = model_family(spec.keys.model.kind)
+        self.limit = PromptLimit.of(spec)
         self._batches: dict[tuple[int, int], ShardedBatches] = {}
 
     def _sharded(self, width: int, new: int) -> ShardedBatches:
@@ -93,14 +95,27 @@ class Decoder:
     def __call__(
         self, params: Any, prompts: np.ndarray, new: int, first_index: int = 0, total: int | None = None
     ) -> tuple[list[list[int]], np.ndarray]:
-        """`(predictions, scores)` of `prompts` `[n, width]` (int32, right-padded with 0)."""
-        prompts = np.asarray(prompts, np.int32)
+        """`(predictions, scores)` of `prompts` `[n, width]` (int32, right-padded with 0), each
+        within `post_training.max_input_length` first (`prompt_limit`: cut with a warning, or
+        refused)."""
+        prompts = self._within_limit(np.asarray(prompts, np.int32), first_index)
         tokens, scores = self._sharded(prompts.shape[1], new)(params, prompts, first_index, total)
         starts = (
             np.cumprod(prompts != 0, axis=1).sum(1) if self.family.continues_prompt else np.zeros(len(prompts), int)
         )
         preds = [[int(t) for t in row[s : s + new]] for row, s in zip(np.asarray(tokens), starts)]
         return preds, np.asarray(scores, np.float32)
+
+
+    def _within_limit(self, prompts: np.ndarray, first_index: int) -> np.ndarray:
+        lengths = np.cumprod(prompts != 0, axis=1).sum(1)
+        if not np.any(lengths > self.limit.max_tokens):
+            return prompts
+        rows = self.limit.fit([p[:n] for p, n in zip(prompts, lengths)], first_index)
+        out = np.zeros((len(rows), self.limit.max_tokens), np.int32)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = r
+        return out
 
 
 def score_features(

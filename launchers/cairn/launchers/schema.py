@@ -276,7 +276,7 @@ class PostTraining:
         1, "sample: samples drawn per prompt, the highest-scoring returned; beam: <= num_beams (the best returned)", min=1
     )
     max_input_length: int = knob(
-        0, "prompt tokens at most (0: data.sequence_length.inputs; decoder-only: .targets)", min=0
+        0, "prompt tokens at most (0: data.sequence_length.inputs, else .targets)", min=0
     )
     long_inputs: str = knob(
         "truncate",
