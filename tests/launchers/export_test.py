@@ -158,7 +158,13 @@ def lm(tmp_path_factory, inputs):
         saved = tmp / f"saved_{name}"
         chars = CHARS if name == "greedy" else 0
         facts = export.export(
-            s, str(saved), str(model_dir), batch_size=BATCH, input_length=width, out=lambda _: None, max_input_chars=chars
+            s,
+            str(saved),
+            str(model_dir),
+            batch_size=BATCH,
+            input_length=width,
+            out=lambda _: None,
+            max_input_chars=chars,
         )
         out[name] = (facts, rows, saved)
     return out
@@ -269,7 +275,9 @@ def test_the_served_model_refuses_long_or_malformed_inputs(lm, served):
     assert answers["too_long"]["error"].startswith("InvalidArgumentError")
     assert re.search(rf"input.*1.*has.*tokens.*more than {width}", answers["too_long"]["error"])
     assert re.search(rf"input.*0.*has.*{CHARS + 1}.*characters.*more than {CHARS}", answers["too_many_chars"]["error"])
-    assert re.search(r"inputs must be a vector of strings \(rank 1, shape \[n\]\); got rank\W+2", answers["rank_2"]["error"])
+    assert re.search(
+        r"inputs must be a vector of strings \(rank 1, shape \[n\]\); got rank\W+2", answers["rank_2"]["error"]
+    )
     assert "expected to be a string tensor but is a int32 tensor" in answers["int32"]["error"]
 
 

@@ -6,7 +6,6 @@ import re
 
 from cairn.launchers import schema
 
-
 README = pathlib.Path(__file__).absolute().parents[2] / "launchers" / "README.md"
 # post_training keys that are not decoding keys (the README's decoding table lists the others).
 _NOT_DECODING = {"final_eval", "num_samples", "prompts"}

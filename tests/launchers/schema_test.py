@@ -377,4 +377,3 @@ def test_a_value_its_library_dataclass_refuses_names_the_key():
     config.model.lora.alpha = 8.0
     lora = validation.check_lora(run_spec.checked_keys(config)[1])
     assert (lora.rank, lora.alpha, lora.targets) == (4, 8.0, tuple(config.model.lora.targets))
-

@@ -141,7 +141,6 @@ def export(
     from jax.experimental import jax2tf  # imports TensorFlow
 
     family = model_family(spec.keys.model.kind)
-    lengths = spec.reader.sequence_length
     limit = PromptLimit.of(spec)
     width = input_length or limit.max_tokens
     new = predict_fns.new_tokens(spec)

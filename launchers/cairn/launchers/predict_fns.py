@@ -106,7 +106,6 @@ class Decoder:
         preds = [[int(t) for t in row[s : s + new]] for row, s in zip(np.asarray(tokens), starts)]
         return preds, np.asarray(scores, np.float32)
 
-
     def _within_limit(self, prompts: np.ndarray, first_index: int) -> np.ndarray:
         lengths = np.cumprod(prompts != 0, axis=1).sum(1)
         if not np.any(lengths > self.limit.max_tokens):

@@ -266,18 +266,22 @@ class PostTraining:
         choices=library("cairn.models.model_base", "DECODE_METHODS"),
         owner=_DECODE + "method",
     )
-    max_decode_length: int = knob(0, "tokens each prediction may have, after its own prompt (0: the targets length)", min=0)
+    max_decode_length: int = knob(
+        0, "tokens each prediction may have, after its own prompt (0: the targets length)", min=0
+    )
     temperature: float = knob(1.0, "sampling temperature (0: greedy)", min=0)
     top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)", min=0)
-    top_p: float = knob(1.0, "sampling: keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: all)")
+    top_p: float = knob(
+        1.0, "sampling: keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: all)"
+    )
     num_beams: int = knob(4, "beam: the beam width", min=1)
     alpha: float = knob(0.6, "beam: t5x's brevity penalty ((5 + length) / 6) ** alpha divides a beam's log-prob", min=0)
     num_decodes: int = knob(
-        1, "sample: samples drawn per prompt, the highest-scoring returned; beam: <= num_beams (the best returned)", min=1
+        1,
+        "sample: samples drawn per prompt, the highest-scoring returned; beam: <= num_beams (the best returned)",
+        min=1,
     )
-    max_input_length: int = knob(
-        0, "prompt tokens at most (0: data.sequence_length.inputs, else .targets)", min=0
-    )
+    max_input_length: int = knob(0, "prompt tokens at most (0: data.sequence_length.inputs, else .targets)", min=0)
     long_inputs: str = knob(
         "truncate",
         "a longer prompt: truncate (decoder-only: keep its end; encoder input: its start, then EOS) or refuse",

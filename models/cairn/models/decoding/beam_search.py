@@ -75,8 +75,9 @@ def beam_search(
     row `r` then extends them by at most `max_decode_len - prompt_lengths[r]` tokens, and by
     at most `max_new` when it is > 0 (a row's budget then does not depend on the other rows'
     prompts; neither do its length penalties, which count the row's generated tokens).
-    A hypothesis never holds the padding id 0 (`without_padding`). Stops once no live beam of any row can beat that row's finished ones (a row that cannot
-    improve keeps its finished beams while others go on).
+    A hypothesis never holds the padding id 0 (`without_padding`). A row stops once no live
+    beam can beat its finished ones (it keeps its beams while other rows go on); the loop stops
+    when every row has.
     """
     b, k, L = batch_size, num_beams, max_decode_len
     if k < 1:

@@ -79,8 +79,9 @@ def decode_loop(
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Decodes up to `max_decode_len` tokens; returns `(tokens [b, len], log_probs [b])`.
 
-    `choose(logits, positions)` picks the next tokens (never the padding id 0: `without_padding`). `prompt` `[b, len]` (0 = free) forces
-    the tokens of its non-zero prefix (token by token). `prompt_lengths` `[b]` says instead
+    `choose(logits, positions)` picks the next tokens (never the padding id 0:
+    `without_padding`). `prompt` `[b, len]` (0 = free) forces the tokens of its non-zero
+    prefix (token by token). `prompt_lengths` `[b]` says instead
     that the cache already holds each row's prompt of that length (a prefill): row `r` then
     generates at most `max_decode_len - prompt_lengths[r]` tokens, returned from column 0,
     and `choose` sees the output positions `prompt_lengths + step`. `max_new` > 0: each row
