@@ -19,7 +19,9 @@ optimizer, schedule, microbatches and loss) on a batch made by the run's feature
 
 * Encoder-decoder models are given inputs; decoder-only models continue prompts, and the
   prediction excludes the prompt (infer's convention). The model's `prompt_start_id` and the
-  config's decoding options (`post_training.decode_method`, `max_decode_length`, ...) apply.
+  config's decoding options (`post_training.decode_method`, `max_decode_length`, ...) apply,
+  and its prompt-length policy (`post_training.max_input_length`, `long_inputs`: a longer
+  prompt is cut, with one warning naming its rows, or refused; `cairn.launchers.prompt_limit`).
 * A LoRA run (`model.lora.*`) loads its adapters over the frozen base of its `init.*` source;
   `predict` and `score` use the adapters folded in, and `train_step` trains the adapters only.
 * The mesh is the config's `partitioning.mesh` on `devices` (default: every local device); one
