@@ -131,3 +131,18 @@ def test_a_prompt_decodes_alone_as_in_a_batch_and_scores_its_prediction(kind, pr
     rows = [p for p in prompts for _ in range(n)]
     feats = predict_fns.score_features(family, rows, preds, prompt_width=9, target_width=NEW)
     np.testing.assert_allclose(np.asarray(model.score_batch(params, feats)), scores, rtol=1e-4, atol=1e-4)
+
+
+def test_num_decodes_returns_the_best_decode_of_each_prompt():
+    """`best_decodes`: sampling returns each prompt's sample of highest log-probability (so more
+    samples never lower a prediction's score), beam search its first (best) beam."""
+    tokens = np.arange(4 * 3).reshape(4, 3)  # 2 prompts x 2 decodes
+    scores = np.array([-3.0, -1.0, -2.0, -5.0], np.float32)
+    sample = DecodeOptions(method="sample", num_decodes=2)
+    best, best_scores = predict_fns.best_decodes(tokens, scores, sample)
+    assert np.asarray(best).tolist() == [[3, 4, 5], [6, 7, 8]] and np.asarray(best_scores).tolist() == [-1.0, -2.0]
+    beam = DecodeOptions(method="beam", num_beams=2, num_decodes=2)
+    best, best_scores = predict_fns.best_decodes(tokens, scores, beam)
+    assert np.asarray(best).tolist() == [[0, 1, 2], [6, 7, 8]] and np.asarray(best_scores).tolist() == [-3.0, -2.0]
+    one = DecodeOptions(method="sample")
+    assert predict_fns.best_decodes(tokens, scores, one)[0] is tokens
