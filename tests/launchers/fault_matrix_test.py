@@ -11,11 +11,17 @@ metric), and for a refusal every byte of model_dir as it was.
   not allowed, an injected ENOSPC;
 - a file too large: the child's `RLIMIT_FSIZE` (`ulimit -f`) at 2 MiB;
 - a fallback: step 6 corrupt, the run resumes from 4 (one history: the rows of steps 5-6 aside);
+- a SIGKILL after a checkpoint commits and before the next log step (step 8 committed, killed at
+  step 9, `log_every` 5): resumed, the run has one row per (step, metric) for every step and
+  `verify` (which fails on a missing step) finds it bit-exact with an uninterrupted run;
 - refusals: every checkpoint corrupt, a held lock, a changed config, a mesh that does not fit;
 - 2 processes x 2 devices: process 0 (the coordinator) killed, process 1 under
   `cairn.launchers.supervise` (exit 3, one line naming process 0 and its address); process 1 (a
   peer) killed, process 0 stops within `multihost.heartbeat_timeout_seconds` (exit 3, one line),
-  releasing the model_dir lock.
+  releasing the model_dir lock; in both, every step up to the last checkpoint has its rows.
+
+The settings are the users': `trainer.log_every` the experiment's 5, `trainer.checkpoint_every` the
+checkpointed run's 2 (its config.json), `multihost.heartbeat_timeout_seconds` the default.
 
 Every run is forked from one interpreter that imported the train program, except the
 supervised one (a fresh interpreter under the supervisor, as on a pod)."""
@@ -38,9 +44,12 @@ import pytest
 import standard_runs as sr
 from forks import Spawner
 
+from cairn.launchers.schema import Multihost
+
 DEVICES = 2
 TRAIN = "cairn.launchers.train_main"
-BOUND_S = 4  # multihost.heartbeat_timeout_seconds of the killed-peer row
+BOUND_S = Multihost().heartbeat_timeout_seconds  # the default, as users get it
+SPARE = 4 << 20  # free bytes on the disk-full row's tmpfs beyond what model_dir holds
 # Lines of a normal run on stderr: cairn's INFO logs, the progress line (on a pipe); and the
 # warning that the run continues with another config (the matrix's runs train past the fixture's
 # last step, so its `num_train_steps` changes).
@@ -114,6 +123,11 @@ def invariants(model_dir: pathlib.Path, last_good: int) -> list[str]:
     twice = [k for k, n in counts.items() if n > 1]
     if twice:
         broken.append(f"two histories: {twice[:3]}")
+    lost = sorted(
+        set(range(1, last_good + 1)) - {r["step"] for r in rows if (r["task"], r["metric"]) == ("train", "loss")}
+    )
+    if lost:
+        broken.append(f"rows lost: no loss at steps {lost}")
     return broken
 
 
@@ -164,6 +178,24 @@ TMPFS = textwrap.dedent(
         f.write("tmpfs" if why is None else f"injected ENOSPC ({{why}})")
     """
 )
+# Run in the child before the train program: SIGKILL once step 9 is trained, after step 8's
+# checkpoint has committed (waited for, with its manifest) and before the log step (10).
+KILL_AT_STEP_9 = textwrap.dedent(
+    """
+    import os, signal
+    from cairn.trainer import loop
+
+    real_log_if_due = loop.TrainLoop.log_if_due
+
+    def log_if_due(self):
+        if self.step == 9:
+            self.ckpt.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_log_if_due(self)
+
+    loop.TrainLoop.log_if_due = log_if_due
+    """
+)
 FILE_SIZE_LIMIT = textwrap.dedent(
     """
     import resource
@@ -186,13 +218,21 @@ def single(spawner, standard, tmp_path_factory):
 
     full = copy_run(standard, tmp, "full")
     out, report = tmp / "full_after", tmp / "full_how"
-    prelude = TMPFS.format(model_dir=str(full), spare=4 << 20, out=str(out), report=str(report))
-    run("disk full", argv(full, 10, "--config.trainer.checkpoint_every=2"), prelude, full, out, report)
+    prelude = TMPFS.format(model_dir=str(full), spare=SPARE, out=str(out), report=str(report))
+    run("disk full", argv(full, 10), prelude, full, out, report)
     big = copy_run(standard, tmp, "big")
-    run("file too large", argv(big, 10, "--config.trainer.checkpoint_every=2"), FILE_SIZE_LIMIT, big)
+    run("file too large", argv(big, 10), FILE_SIZE_LIMIT, big)
     fallback = copy_run(standard, tmp, "fallback")
     flip_a_byte(fallback, 6)
-    run("fallback", argv(fallback, 8, "--config.trainer.checkpoint_every=2"), "", fallback)
+    run("fallback", argv(fallback, 8), "", fallback)
+    # Killed after step 8's checkpoint committed, before the log step 10; then resumed. And the
+    # same steps uninterrupted.
+    cut = copy_run(standard, tmp, "kill_after_commit")
+    run("kill after commit", argv(cut, 10), KILL_AT_STEP_9, cut)
+    rows["kill after commit"] += ((cut / "summaries" / "metrics.jsonl").read_text(),)  # as the kill left it
+    run("kill after commit: resumed", argv(cut, 10), "", cut)
+    clean = copy_run(standard, tmp, "uninterrupted")
+    run("uninterrupted", argv(clean, 10), "", clean)
 
     refusals = {
         "every checkpoint corrupt": (),
@@ -239,6 +279,12 @@ def test_a_full_disk_and_a_file_too_large_are_one_line_and_keep_the_last_checkpo
         assert len(lines) == 1 and lines[0].startswith(f"error: {words} writing checkpoint step 8 in "), lines
         assert lines[0].endswith("the last good checkpoint (step 6) is intact"), lines
         assert broken == [], broken
+        if row == "disk full" and how == "tmpfs":  # the free space when the write failed, not after
+            # the failed step's folder gave its space back (about SPARE then)
+            free = re.search(r"\(([0-9.]+) (bytes|KiB|MiB) free\)", lines[0])
+            assert free, lines
+            scale = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20}[free.group(2)]
+            assert float(free.group(1)) * scale < SPARE / 2, lines
 
 
 def test_a_fallback_keeps_one_history(single):
@@ -252,6 +298,23 @@ def test_a_fallback_keeps_one_history(single):
     aside = [json.loads(line) for line in (model_dir / "superseded/summaries/metrics.jsonl").read_text().splitlines()]
     assert {r["step"] for r in aside} == {5, 6} and {r["superseded_after_step"] for r in aside} == {4}
     assert sorted(os.listdir(model_dir / "corrupt_checkpoints")) == ["6"]
+
+
+def test_a_kill_between_a_commit_and_the_next_log_step_loses_no_row(single):
+    proc, seconds, model_dir, metrics = single["kill after commit"]
+    assert proc.returncode == -signal.SIGKILL, launch_util.tail(proc)
+    rows = [json.loads(line) for line in metrics.splitlines()]
+    steps = sorted({r["step"] for r in rows if r["metric"] == "loss"})
+    assert steps == list(range(1, 9)), steps  # rows 7-8 written with checkpoint 8, before the log step
+    proc, seconds, model_dir = single["kill after commit: resumed"]
+    lines = extra_lines(proc.stderr)
+    broken = invariants(model_dir, 10)
+    record("SIGKILL after commit 8, before log step 10; resumed", proc.returncode, lines, broken, proc.stderr)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert broken == [], broken
+    clean = single["uninterrupted"][2]
+    check = sr.verify(clean, model_dir)  # fails on a step one run lacks
+    assert check.returncode == 0 and "identical through step 10" in check.stdout, check.stdout + check.stderr
 
 
 @pytest.mark.parametrize("row", ["every checkpoint corrupt", "lock held", "changed config", "mesh does not fit"])
@@ -286,8 +349,6 @@ def killed(spawner, standard, tmp_path_factory):
         args = argv(
             model_dir,
             40,
-            "--config.trainer.checkpoint_every=2",
-            f"--config.multihost.heartbeat_timeout_seconds={BOUND_S}",
         )
         job = []
         for i in range(2):

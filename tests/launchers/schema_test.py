@@ -107,6 +107,7 @@ HAND_WRITTEN = {
         "eval_every": 0,
         "log_every": 100,
         "tensorboard": True,
+        "peak_flops": None,
         "offload_optimizer_state": False,
         "offload_params": False,
         "compiler_options": {},
@@ -135,7 +136,7 @@ HAND_WRITTEN = {
         "num_processes": None,
         "process_id": None,
         "initialization_timeout_seconds": 300,
-        "heartbeat_timeout_seconds": 100,
+        "heartbeat_timeout_seconds": 20,
     },
 }
 PLACEHOLDERS = {

@@ -223,9 +223,14 @@ def test_synthetic_runs_last_row_wins_checksums_tolerance_and_headers(tmp_path):
     report = compare_runs(tmp_path / "a", tmp_path / "b")
     d = report.first_divergence
     assert (d.step, d.quantity, d.value_a, d.value_b) == (4, "param_sha256", "y", "z")
-    assert ("losses", (5,)) in report.only_in_a and "only in run A: losses at steps 5" in report.text()
+    assert ("losses", (5,)) in report.only_in_a and "only in run A: losses at steps 5 (run B lacks" in report.text()
+    # A step one run lacks (a row lost on a kill) fails, unless only the common steps are asked for.
     tolerant = compare_runs(tmp_path / "a", tmp_path / "b", rtol=1e-6)
+    assert tolerant.first_divergence is None and not tolerant.identical and tolerant.exit_code == 1
+    assert "FAILED: steps are missing from one run" in tolerant.text()
+    tolerant = compare_runs(tmp_path / "a", tmp_path / "b", rtol=1e-6, common_steps_only=True)
     assert tolerant.identical and tolerant.checksums_compared == 2 and tolerant.last_step == 4
+    assert tolerant.exit_code == 0 and "identical in the steps both runs have, through step 4" in tolerant.text()
     tight = compare_runs(tmp_path / "a", tmp_path / "b", atol=1e-12)
     assert tight.first_divergence.quantity == "param_sum"
     # A config difference fails unless allowed; a data difference is reported.
@@ -234,7 +239,7 @@ def test_synthetic_runs_last_row_wins_checksums_tolerance_and_headers(tmp_path):
     assert report.first_divergence is None and report.exit_code == 1
     assert "config hash: DIFFERS: run A c, run B other" in report.text()
     assert "data fingerprint: DIFFERS" in report.text()
-    assert compare_runs(tmp_path / "a", tmp_path / "c", allow_config_diff=True).exit_code == 0
+    assert compare_runs(tmp_path / "a", tmp_path / "c", allow_config_diff=True, common_steps_only=True).exit_code == 0
     # Bitwise: one ulp is a divergence.
     _write_run(tmp_path / "d", [(1, 2.0), (2, np.nextafter(1.5, 2.0))], [])
     d = compare_runs(tmp_path / "a", tmp_path / "d").first_divergence

@@ -1,6 +1,7 @@
 """Metrics are never lost: every trained step's row reaches metrics.jsonl whichever way the loop
-ends (SIGTERM between logs, an error in a hook; a NaN loss: faults_test), and step hooks may
-take the step's metrics."""
+ends (SIGTERM between logs, an error in a hook, a peer watchdog ending the process; a NaN loss:
+faults_test), every row up to a checkpoint is written before the checkpoint is saved, and step
+hooks may take the step's metrics."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import pytest
 from mesh_util import make_partitioner
 from tiny_model import CountingIterator, TinyModel
 
+from cairn.partitioning import peer_watchdog
 from cairn.trainer import OptimizerConfig, Trainer, TrainerConfig
 
 
@@ -19,9 +21,13 @@ def losses(model_dir):
     return {r["step"]: r["value"] for r in rows if r["task"] == "train" and r["metric"] == "loss"}
 
 
-def trainer(tmp_path, hooks=()):
+def trainer(tmp_path, hooks=(), checkpoint_every=0):
     cfg = TrainerConfig(
-        model_dir=str(tmp_path), num_train_steps=20, log_every=100, checkpoint_every=0, tensorboard=False
+        model_dir=str(tmp_path),
+        num_train_steps=20,
+        log_every=100,
+        checkpoint_every=checkpoint_every,
+        tensorboard=False,
     )
     # The 4 x 2 set-up of the group's other modules: its programs come from the compilation cache.
     return Trainer(TinyModel(), OptimizerConfig(), 0.01, make_partitioner(4, 2), cfg, step_hooks=hooks)
@@ -58,3 +64,26 @@ def test_step_hooks_taking_three_arguments_get_the_steps_metrics(tmp_path):
     logged = losses(tmp_path)
     assert {step: loss for step, (loss, _) in seen.items()} == logged
     assert {"grad_norm", "learning_rate", "loss"} <= set(seen[1][1])
+
+
+def test_rows_are_written_with_each_checkpoint_and_by_a_watchdog_ending_the_process(tmp_path):
+    """With no log step before 20, the rows up to each checkpoint (every 3 steps) are in the file
+    before the checkpoint is saved: a kill after it commits loses no row its resume won't retrain.
+    At step 11 the peer watchdog's stop hooks run (as when it ends the process for a lost peer):
+    the steps whose metrics are computed are written."""
+    seen = {}
+
+    def hook(step, state):
+        seen[step] = sorted(losses(tmp_path)) if (tmp_path / "summaries" / "metrics.jsonl").exists() else []
+        if step == 11:
+            peer_watchdog.run_stop_hooks()
+            seen["stopped"] = sorted(losses(tmp_path))
+
+    result = trainer(tmp_path, (hook,), checkpoint_every=3).train(CountingIterator())
+    assert result.step == 20
+    assert seen[4] == [1, 2, 3] and seen[7] == list(range(1, 7)) and seen[10] == list(range(1, 10))
+    # steps 1-10 at least (step 11's too if its computation has finished: never waited for)
+    assert seen["stopped"] in (list(range(1, 11)), list(range(1, 12))), str(seen["stopped"])
+    assert sorted(losses(tmp_path)) == list(range(1, 21))  # each once (losses() keeps the last)
+    rows = (tmp_path / "summaries" / "metrics.jsonl").read_text().splitlines()
+    assert sum('"metric": "loss"' in r for r in rows) == 20

@@ -41,6 +41,7 @@ def test_train_writes_summaries_evaluates_and_checkpoints(tmp_path, caplog):
         eval_every=3,
         checkpoint=CheckpointConfig(keep=5),
         tensorboard=True,
+        peak_flops=1e12,  # on CPU no peak is known: MFU only with one given
     )
     trainer = Trainer(
         TinyModel(), ADAMW, 1e-3, make_partitioner(2, 4), cfg, eval_fn=eval_fn, experiment_config={"name": "toy"}

@@ -228,6 +228,9 @@ class Trainer:
     eval_every: int = knob(0, "steps between evaluations (0: only the final evaluation)", min=0)
     log_every: int = knob(100, "steps between metric logs", min=0)
     tensorboard: bool = knob(True, "write TensorBoard event files")
+    peak_flops: float | None = knob(
+        None, "the devices' total peak FLOP/s for MFU (default: the published peak of TPUs and GPUs; none on CPU)"
+    )
     offload_optimizer_state: bool = knob(False, "the optimizer state in host memory between steps")
     offload_params: bool = knob(
         False, "the float32 masters of the kernels in host memory, their compute-dtype copy on the device"
@@ -315,7 +318,7 @@ class Multihost:
     process_id: int | None = knob(None, "this process (or $CAIRN_PROCESS_ID / SLURM_PROCID)")
     initialization_timeout_seconds: int = knob(300, "exit 2 if the job is not joined by then", min=1)
     heartbeat_timeout_seconds: int = knob(
-        100, "a peer silent this long stops the others, exit 3 (0: JAX's default, SIGABRT)", min=0
+        20, "a peer silent this long stops the others, exit 3 (0: JAX's default, SIGABRT)", min=0
     )
 
 

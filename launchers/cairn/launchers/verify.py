@@ -1,6 +1,7 @@
 """`//launchers:verify`: compares two runs step by step and names the first divergent step.
 
     bazel run //launchers:verify -- --run_a=DIR --run_b=DIR [--rtol=0] [--atol=0] [--allow_config_diff]
+        [--common_steps_only]
 
 Both runs must have been trained with the fingerprint (`cairn.launchers.fingerprint`). Headers
 are compared first (config hash, data fingerprint; seed, layout and versions are shown when
@@ -10,8 +11,13 @@ in both runs, and the parameter checksum of each step checksummed in both. With 
 losses must be bitwise equal and checksums' sha256 equal; otherwise losses and the checksums'
 `param_sum`/`param_abs_sum` must satisfy `|a - b| <= atol + rtol * |b|`.
 
-Exit status: 0 identical, 1 divergent (or configs differ without `--allow_config_diff`),
-2 unusable input (a missing directory, no fingerprint, nothing to compare).
+A step that one run has and the other lacks (a loss, a checksum or a batch fingerprint: a metric
+row lost on a kill, a run cut short) fails the comparison, with the steps named, unless
+`--common_steps_only` asks to compare only the steps both runs have (a shorter run against a
+longer one).
+
+Exit status: 0 identical, 1 divergent or missing steps (or configs differ without
+`--allow_config_diff`), 2 unusable input (a missing directory, no fingerprint, nothing to compare).
 """
 
 from __future__ import annotations
@@ -71,11 +77,20 @@ class Report:
     only_in_b: tuple
     allow_config_diff: bool = False
     batches_compared: int = 0
+    common_steps_only: bool = False
+
+    @property
+    def missing_steps(self) -> bool:
+        """One run lacks steps the other has, and that fails the comparison (not `common_steps_only`)."""
+        return not self.common_steps_only and bool(self.only_in_a or self.only_in_b)
 
     @property
     def identical(self) -> bool:
         return (
-            self.first_divergence is None and (self.allow_config_diff or not self.config_differs) and self.compared > 0
+            self.first_divergence is None
+            and (self.allow_config_diff or not self.config_differs)
+            and not self.missing_steps
+            and self.compared > 0
         )
 
     @property
@@ -84,7 +99,11 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        if self.first_divergence is not None or (self.config_differs and not self.allow_config_diff):
+        if (
+            self.first_divergence is not None
+            or (self.config_differs and not self.allow_config_diff)
+            or (self.missing_steps and self.compared)
+        ):
             return EXIT_DIVERGENT
         return EXIT_IDENTICAL if self.compared else EXIT_UNUSABLE
 
@@ -103,12 +122,17 @@ class Report:
         elif not self.compared:
             lines.append("NOTHING TO COMPARE: the runs have no step in common with a loss or a checksum")
         else:
-            lines.append(f"identical through step {self.last_step} ({counts})")
+            scope = "in the steps both runs have, " if self.only_in_a or self.only_in_b else ""
+            lines.append(f"identical {scope}through step {self.last_step} ({counts})")
             if self.config_differs and not self.allow_config_diff:
                 lines.append("FAILED: the configs differ (pass --allow_config_diff to accept that)")
-        for name, only in (("A", self.only_in_a), ("B", self.only_in_b)):
+        for name, other, only in (("A", "B", self.only_in_a), ("B", "A", self.only_in_b)):
             for what, steps in only:
-                lines.append(f"only in run {name}: {what} at steps {_ranges(steps)}")
+                lines.append(f"only in run {name}: {what} at steps {_ranges(steps)} (run {other} lacks them)")
+        if self.missing_steps and self.compared:
+            lines.append(
+                "FAILED: steps are missing from one run (pass --common_steps_only to compare only the steps both have)"
+            )
         return "\n".join(lines)
 
 
@@ -174,8 +198,10 @@ def compare_runs(
     rtol: float = 0.0,
     atol: float = 0.0,
     allow_config_diff: bool = False,
+    common_steps_only: bool = False,
 ) -> Report:
     """Compares run `a` with run `b` (Runs or model_dirs; a missing one raises `FingerprintError`).
+    Steps only one run has fail the comparison unless `common_steps_only`.
 
     Steps are walked in order; at each step the loss (computed from the previous step's params)
     is compared before the checksum (the params after the step). The walk stops at the first
@@ -233,6 +259,7 @@ def compare_runs(
         only(b, a),
         allow_config_diff,
         n_batches,
+        common_steps_only,
     )
 
 
@@ -241,6 +268,9 @@ RUN_B = flags.DEFINE_string("run_b", None, "model_dir of the second run")
 RTOL = flags.DEFINE_float("rtol", 0.0, "relative tolerance (0 with atol 0: bitwise)")
 ATOL = flags.DEFINE_float("atol", 0.0, "absolute tolerance")
 ALLOW_CONFIG_DIFF = flags.DEFINE_bool("allow_config_diff", False, "a different config hash is not a failure")
+COMMON_STEPS_ONLY = flags.DEFINE_bool(
+    "common_steps_only", False, "compare only the steps both runs have (steps one run lacks are not a failure)"
+)
 
 
 def verify_runs(
@@ -250,6 +280,7 @@ def verify_runs(
     atol: float = 0.0,
     allow_config_diff: bool = False,
     out: Callable[[str], None] = print,
+    common_steps_only: bool = False,
 ) -> int:
     """Compares the runs at `run_a` and `run_b` (paths resolved as a user typed them), prints
     the report, and returns the exit status. Raises `UsageError` for a negative tolerance and
@@ -257,7 +288,7 @@ def verify_runs(
     if rtol < 0 or atol < 0:
         raise UsageError(f"--rtol and --atol must be >= 0 (got {rtol}, {atol})")
     a, b = load_run(entry.user_path(run_a)), load_run(entry.user_path(run_b))
-    report = compare_runs(a, b, rtol, atol, allow_config_diff)
+    report = compare_runs(a, b, rtol, atol, allow_config_diff, common_steps_only)
     for name, run in (("A", a), ("B", b)):
         out(
             f"run {name} header: {header_summary(run)}; {len(run.losses)} losses, {len(run.checksums)} checksums, "
@@ -268,10 +299,17 @@ def verify_runs(
 
 
 def run() -> None:
-    """The program (exit status 0 identical, 1 divergent, 2 unusable input)."""
+    """The program (exit status 0 identical, 1 divergent or missing steps, 2 unusable input)."""
     flags.mark_flags_as_required(["run_a", "run_b"])
     entry.run(
-        lambda: verify_runs(str(RUN_A.value), str(RUN_B.value), RTOL.value, ATOL.value, ALLOW_CONFIG_DIFF.value),
+        lambda: verify_runs(
+            str(RUN_A.value),
+            str(RUN_B.value),
+            RTOL.value,
+            ATOL.value,
+            ALLOW_CONFIG_DIFF.value,
+            common_steps_only=COMMON_STEPS_ONLY.value,
+        ),
         expected=(FingerprintError,),
         prefix="verify",
     )

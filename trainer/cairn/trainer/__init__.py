@@ -25,7 +25,6 @@ from cairn.trainer.memory_plan import MemoryPlan, StepDoesNotFitError, StepMemor
 from cairn.trainer.mfu import (
     PEAK_BF16_TFLOPS,
     cpu_matmul_peak_flops,
-    host_peak_flops,
     mfu,
     peak_flops,
     published_peak_flops,
@@ -73,7 +72,6 @@ __all__ = [
     "dropout_key",
     "evaluator_callback",
     "factor_schedule",
-    "host_peak_flops",
     "init_params",
     "linear_schedule",
     "linear_warmup",

@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 
 from cairn import storage
 from cairn.trainer import manifests
-from cairn.trainer.faults import write_failure, write_failure_code
+from cairn.trainer.faults import free_space, write_failure, write_failure_code
 from cairn.trainer.manifests import MANIFEST_DIR, last_good_step
 from cairn.trainer.replica_writes import configure_array_writes
 from cairn.trainer.save_failures import drain_failed_saves
@@ -218,12 +218,13 @@ class Checkpointer:
         if code is None:
             return
         self._pending.clear()
+        free = free_space(self.model_dir)  # at the failure: before the partial step gives its space back
         if jax.process_index() == 0 and step is not None and not storage.is_url(self.directory):
             for name in os.listdir(self.directory) if self.directory.is_dir() else ():
                 if name.startswith(f"{step}.") and "tmp" in name:  # orbax's uncommitted step
                     storage.remove_tree(self.directory / name)
         raise write_failure(
-            str(self.model_dir), f"checkpoint step {step}", last_good_step(self.model_dir, step), code
+            str(self.model_dir), f"checkpoint step {step}", last_good_step(self.model_dir, step), code, free
         ) from error
 
     def raise_if_failed(self) -> None:

@@ -51,9 +51,17 @@ _OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'")  # tensorstore's "[os_erro
 class StorageWriteError(storage.StorageError):
     """A write the storage refused (no space, a quota, the file size limit, a read-only or
     forbidden path): one line naming the path, what was written, why and the last good
-    checkpoint (which is left intact). `errno` is the failure's."""
+    checkpoint (which is left intact). `errno` is the failure's; `free_bytes` the free space
+    measured when the write failed (for a full disk; None: measured now)."""
 
-    def __init__(self, path: str, what: str, last_checkpoint: int | None, code: int = errno.ENOSPC):
+    def __init__(
+        self,
+        path: str,
+        what: str,
+        last_checkpoint: int | None,
+        code: int = errno.ENOSPC,
+        free_bytes: int | None = None,
+    ):
         self.path, self.last_checkpoint = path, last_checkpoint
         kept = (
             f"the last good checkpoint (step {last_checkpoint}) is intact"
@@ -61,7 +69,7 @@ class StorageWriteError(storage.StorageError):
             else "no checkpoint was written"
         )
         why = WRITE_FAILURES.get(code, os.strerror(code).lower())
-        super().__init__(code, f"{why} writing {what} in {path}{_detail(path, code)}; {kept}")
+        super().__init__(code, f"{why} writing {what} in {path}{_detail(path, code, free_bytes)}; {kept}")
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -71,15 +79,19 @@ class DiskFullError(StorageWriteError):
     """No space left (or a quota reached) where the run writes: the line names the free space."""
 
 
-def write_failure(path: str, what: str, last_checkpoint: int | None, code: int) -> StorageWriteError:
-    """The `StorageWriteError` for `code` (a `DiskFullError` for ENOSPC and EDQUOT)."""
+def write_failure(
+    path: str, what: str, last_checkpoint: int | None, code: int, free_bytes: int | None = None
+) -> StorageWriteError:
+    """The `StorageWriteError` for `code` (a `DiskFullError` for ENOSPC and EDQUOT). `free_bytes`:
+    the free space measured when the write failed, before anything was cleaned up (the line must
+    not report the space a removed partial write gave back)."""
     cls = DiskFullError if code in (errno.ENOSPC, errno.EDQUOT) else StorageWriteError
-    return cls(path, what, last_checkpoint, code)
+    return cls(path, what, last_checkpoint, code, free_bytes)
 
 
-def _detail(path: str, code: int) -> str:
+def _detail(path: str, code: int, free_bytes: int | None = None) -> str:
     if code in (errno.ENOSPC, errno.EDQUOT):
-        free = free_space(path)
+        free = free_bytes if free_bytes is not None else free_space(path)
         return f" ({_human(free)} free)" if free is not None else " (free space unknown)"
     if code == errno.EFBIG:
         limit = file_size_limit()

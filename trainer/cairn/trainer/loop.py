@@ -8,8 +8,11 @@ module: the dependency runs one way). The loop's running figures live in `loop_m
 `Rates` (train time, tokens and sequences, for the rates and MFU).
 
 Metrics are never lost: every step's row reaches the JSON lines, whichever way the loop ends
-(the last step, the data running out, SIGTERM, a NaN/Inf loss, an error), and the writers are
-flushed then. The console (`cairn.trainer.console`) shows the progress on a time interval.
+(the last step, the data running out, SIGTERM, a NaN/Inf loss, an error, a peer watchdog ending
+the process for a lost peer), and the writers are flushed then. Each checkpoint save first makes
+every row up to its step durable (recorded and flushed before the save can commit), so a process
+killed at any moment after a commit has lost no row its resume will not retrain. The console
+(`cairn.trainer.console`) shows the progress on a time interval.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from cairn.partitioning import gather_row_digests
+from cairn.partitioning import gather_row_digests, peer_watchdog
 from cairn.trainer.checkpoints import Checkpointer
 from cairn.trainer.console import PROGRESS_METRICS, Console
 from cairn.trainer.faults import SigtermFlag, stop_reason
@@ -107,6 +111,7 @@ class TrainLoop:
         )
         self.last_saved = ckpt.latest_step()
         self.pending = PendingMetrics(ckpt, cfg.model_dir, self.record)
+        self.writing = threading.Lock()  # rows are written by this loop, or by a watchdog ending the process
         self.rates = Rates(flops, peak)  # since the last log
         self.overall = Rates(flops, peak)  # since the first step: the console's rates and ETA
         self.last_metrics: dict = {}
@@ -118,7 +123,9 @@ class TrainLoop:
 
     def run(self) -> TrainResult:
         """Each step: get the batch, train, log, show progress, evaluate, step hooks, stop or
-        save. On an error the pending steps' metrics are recorded before it propagates."""
+        save. On an error the pending steps' metrics are recorded before it propagates; a peer
+        watchdog that ends the process records the steps whose metrics are computed."""
+        unhook = peer_watchdog.on_stop(self.record_on_stop)
         try:
             while self.step < self.cfg.num_train_steps:
                 self.ckpt.raise_if_failed()  # a failed background save (a full disk) stops the run now
@@ -139,6 +146,7 @@ class TrainLoop:
             self.pending.salvage()
             raise
         finally:
+            unhook()
             self.console.close()
             self.summaries.flush()
 
@@ -216,11 +224,28 @@ class TrainLoop:
 
     def record(self, fetched: list[tuple[int, Mapping[str, Any]]], logged_step: int | None = None) -> None:
         """Keeps the latest metrics; JSON rows (quiet) for every step but `logged_step`."""
+        with self.writing:
+            self._write_rows(fetched, logged_step)
+
+    def _write_rows(self, fetched: list[tuple[int, Mapping[str, Any]]], logged_step: int | None) -> None:
         for step, metrics in fetched:
             self.last_metrics = {k: float(v) for k, v in metrics.items()}
             self.last_step = step
             if step != logged_step:
                 self.summaries.scalars("train", step, self.last_metrics, quiet=True)
+
+    def record_on_stop(self) -> None:
+        """A peer watchdog is ending this process (a lost peer; this runs on its thread while the
+        loop may be blocked in a collective): records and flushes the pending steps whose metrics
+        are computed, those before the first NaN/Inf. Waits at most a few seconds for a write in
+        progress on the loop's thread."""
+        if not self.writing.acquire(timeout=10):
+            return
+        try:
+            self._write_rows(self.pending.take_ready(), None)
+            self.summaries.flush()
+        finally:
+            self.writing.release()
 
     def evaluate_if_due(self) -> None:
         """`eval_fn` every `eval_every` steps and at the last step (not train time)."""
@@ -259,9 +284,11 @@ class TrainLoop:
             self.save()
 
     def save(self) -> None:
-        """Saves this step with the data's position (every pending loss is checked first: nothing
-        non-finite gets saved)."""
-        self.pending.check_all()
+        """Saves this step with the data's position. Every pending step's metrics are checked
+        first (nothing non-finite gets saved) and their rows written and flushed: when the
+        checkpoint commits, every row up to its step is durable."""
+        self.record(self.pending.take())
+        self.summaries.flush()
         data_state = self.data.get_state() if self.stateful else {}
         state = jax.tree.map(lambda x: x.copy(), self.state) if self.cfg.donate_state else self.state
         blocked = self.ckpt.save(

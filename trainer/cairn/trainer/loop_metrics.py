@@ -31,6 +31,7 @@ class PendingMetrics:
         self.ckpt, self.model_dir, self.record = ckpt, model_dir, record
         self.items: list[tuple[int, Any]] = []  # (step, metrics on the device)
         self.latest: Mapping[str, Any] = {}  # the last checked step's metrics, on the host
+        self.fetched_through = 0  # the last step whose metrics were fetched (so computed)
 
     def add(self, step: int, metrics: Any) -> None:
         self.items.append((step, metrics))
@@ -41,9 +42,13 @@ class PendingMetrics:
         self._check(fetched)
         if fetched:
             self.latest = fetched[-1][1]
+            self.fetched_through = fetched[-1][0]
 
     def check_all(self) -> None:
-        self._check(_fetch(self.items))
+        fetched = _fetch(self.items)
+        self._check(fetched)
+        if fetched:
+            self.fetched_through = fetched[-1][0]
 
     def take(self) -> list[tuple[int, Mapping[str, Any]]]:
         """Fetches, checks and forgets every pending step's metrics; returns them."""
@@ -53,16 +58,30 @@ class PendingMetrics:
         return fetched
 
     def salvage(self) -> None:
-        """On the way out after an error: hands the finite steps still pending to `record`
-        (best effort: a failed fetch leaves them)."""
-        try:
-            fetched = _fetch(self.items)
-        except Exception as e:  # the device or a collective failed: nothing more to save
-            log.debug("pending metrics lost after an error: %s", e)
-            return
+        """On the way out after an error: hands the finite steps still pending to `record`, in
+        order up to the first whose fetch fails (the step a collective failed in)."""
+        fetched = []
+        for item in self.items:
+            try:
+                fetched.extend(_fetch([item]))
+            except Exception as e:  # the device or a collective failed: nothing later to save
+                log.debug("pending metrics of step %d and later lost after an error: %s", item[0], e)
+                break
         self.items.clear()
-        bad = next((i for i, (_, m) in enumerate(fetched) if _non_finite(m)), len(fetched))
-        self.record(fetched[:bad])
+        self.record(_finite_prefix(fetched))
+
+    def take_ready(self) -> list[tuple[int, Mapping[str, Any]]]:
+        """Fetches and forgets the pending steps, in order, whose metrics are computed (fetched
+        once already, or ready: never blocks on the device), up to the first NaN/Inf; for a
+        thread other than the loop's."""
+        ready = []
+        for step, metrics in list(self.items):
+            if step > self.fetched_through and not all(_ready(x) for x in jax.tree.leaves(metrics)):
+                break
+            ready.append((step, metrics))
+        fetched = _finite_prefix(_fetch(ready))
+        del self.items[: len(fetched)]
+        return fetched
 
     def _check(self, fetched: list[tuple[int, Mapping[str, Any]]]) -> None:
         for step, metrics in fetched:
@@ -74,6 +93,17 @@ class PendingMetrics:
                 self.record(good)  # the rows before the NaN, kept
                 self.ckpt.wait()  # a save in flight holds an earlier, good state
                 raise NonFiniteLossError(step, value, name, self.ckpt.latest_step(), self.model_dir)
+
+
+def _ready(leaf: Any) -> bool:
+    """A device array whose computation has finished (a host value always is)."""
+    return bool(leaf.is_ready()) if isinstance(leaf, jax.Array) else True  # type: ignore[attr-defined]
+
+
+def _finite_prefix(fetched: list[tuple[int, Mapping[str, Any]]]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The steps before the first with a NaN/Inf loss or gradient norm."""
+    bad = next((i for i, (_, m) in enumerate(fetched) if _non_finite(m)), len(fetched))
+    return fetched[:bad]
 
 
 def _non_finite(metrics: Mapping[str, Any]) -> str | None:

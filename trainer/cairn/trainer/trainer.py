@@ -59,7 +59,8 @@ BatchHook = Callable[[int, GatheredDigests], None]
 class TrainerConfig:
     """The loop's settings. `checkpoint_every`/`eval_every`/`log_every` are in steps (0: never;
     a final checkpoint is always written). `flops_per_token` overrides the model's;
-    `peak_flops` overrides the device table / CPU probe. `microbatch_reduction`: 'mean' for a
+    `peak_flops` overrides the device table (on CPU, where no
+    peak is known, it is the only way to get MFU). `microbatch_reduction`: 'mean' for a
     loss that is a mean over its (micro)batch, 'sum' for one that is a sum or divided by a
     constant (t5x's loss_normalizing_factor); either way accumulation matches one full batch.
     `wandb`: a Weights & Biases project to log to as well (offline, under model_dir; '' off).
