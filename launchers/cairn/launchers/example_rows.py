@@ -62,7 +62,7 @@ class TextEncoding:
             return [int(t) for t in self.vocabulary.encode(text)]
         return self._with_eos(text, "inputs")
 
-    def decode_prompt(self, text: str) -> list[int]:
+    def full_prompt(self, text: str) -> list[int]:
         """The ids of an input to decode, before `prompt_limit` cuts it: an encoder's (with EOS,
         untrimmed) or a prompt to continue (as is)."""
         ids = [int(t) for t in self.vocabulary.encode(text)]
@@ -83,7 +83,7 @@ def text_rows(spec: RunSpec, inputs: Sequence[str], targets: Sequence[str] | Non
     rows, or refused)."""
     encoding = TextEncoding.of(spec)
     targets = targets if targets is not None else [""] * len(inputs)
-    prompts = PromptLimit.of(spec).fit([encoding.decode_prompt(i) for i in inputs])
+    prompts = PromptLimit.of(spec).fit([encoding.full_prompt(i) for i in inputs])
     return [
         {
             "ids": ids,

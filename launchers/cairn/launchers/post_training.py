@@ -28,6 +28,7 @@ import numpy as np
 from cairn import storage
 from cairn.launchers import builder, predict_fns, schema
 from cairn.launchers.config_base import model_family
+from cairn.launchers.prompt_limit import PromptLimit
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
@@ -131,12 +132,12 @@ def generate_text(
     partitioner: Any,
     out: Printer = print,
 ) -> list[str]:
-    """Continues each of `post_training.prompts` (decoder-only models); prints and returns
-    prompt + continuation."""
+    """Continues each of `post_training.prompts` (decoder-only models; each within
+    `post_training.max_input_length`, `prompt_limit`); prints and returns prompt + continuation."""
     prompts, vocabulary = list(spec.keys.post_training.prompts), spec.vocabulary
     if not prompts:
         return []
-    encoded = [vocabulary.encode(p) for p in prompts]
+    encoded = PromptLimit.of(spec).fit([vocabulary.encode(p) for p in prompts])
     longest = max(len(e) for e in encoded)
     new = spec.keys.post_training.max_decode_length or spec.reader.sequence_length["targets"]
     width = max(longest, 1)
