@@ -293,6 +293,7 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
         "batch_size": (out, 0, 0, ["cpu"], False),
         "input_length": (out, 8, -1, ["cpu"], False),
         "platforms": (out, 8, 0, ["cpu", "gpu"], False),
+        "max_input_chars": (out, 8, 0, ["cpu"], False, -1),
     }
     for key, args in cases.items():
         with pytest.raises(ConfigError) as refused:
