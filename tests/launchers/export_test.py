@@ -251,6 +251,11 @@ def test_sampling_seeded_as_infer(lm, served):
     assert (decode["method"], decode["top_k"], decode["top_p"], decode["num_decodes"]) == ("sample", 40, 0.9, 2)
     assert facts["seed"] == 0 and facts["input_length"] == lm["greedy"][0]["input_length"] + 6
     _same_as_infer(rows, answers["sampled"])
+    for row in rows:  # infer's aux lists both samples; the prediction is the likelier
+        decodes = row["aux"]["decodes"]
+        assert len(decodes) == 2 and row["aux"]["scores"] == max(d["score"] for d in decodes)
+        assert row["prediction_ids"] in [d["prediction_ids"] for d in decodes]
+    assert any(row["aux"]["decodes"][0] != row["aux"]["decodes"][1] for row in rows)
     assert answers["sampled_seed_0"] == answers["sampled"]
     assert answers["sampled_seed_5"]["outputs"] != answers["sampled"]["outputs"]
 

@@ -149,14 +149,22 @@ class RowPredictor:
     ) -> list[dict]:
         """`[{"prediction", "prediction_ids", "score"}]` of `rows`, their prompts padded to
         `width`, at most `new` tokens each; `score` is the log-probability the decoding gave the
-        prediction. `first_index` and `total` number the rows in the log line."""
+        prediction. With `post_training.num_decodes` > 1 the prediction is the best decode
+        (`predict_fns.best_decodes`) and `"decodes"` lists every one (`{"prediction",
+        "prediction_ids", "score"}`: samples in drawing order, beams best first). `first_index`
+        and `total` number the rows in the log line."""
         prompts = pad_rows([r["ids"] for r in rows], width)
-        preds, scores = self.decoder(params, prompts, new, first_index, total)
+        preds, scores = self.decoder.decode_all(params, prompts, new, first_index, total)
+        picks = predict_fns.best_index(scores, self.decoder.spec.decode)
         out = []
-        for pred, s in zip(preds, scores):
-            ids = pred[: pred.index(0)] if 0 in pred else pred
-            out.append({"prediction": self.vocabulary.decode(ids), "prediction_ids": ids, "score": float(s)})
+        for decodes, row_scores, pick in zip(preds, scores, picks):
+            each = [self._prediction(p, s) for p, s in zip(decodes, row_scores)]
+            out.append({**each[pick], "decodes": each} if len(each) > 1 else each[0])
         return out
+
+    def _prediction(self, pred: list[int], score: float) -> dict:
+        ids = pred[: pred.index(0)] if 0 in pred else pred
+        return {"prediction": self.vocabulary.decode(ids), "prediction_ids": ids, "score": float(score)}
 
     def score(
         self,

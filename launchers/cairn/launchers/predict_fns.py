@@ -52,9 +52,17 @@ def best_decodes(tokens: Any, scores: Any, options: Any) -> tuple[Any, Any]:
     if k == 1:
         return tokens, scores
     tokens, scores = tokens.reshape(-1, k, tokens.shape[-1]), scores.reshape(-1, k)
-    pick = jnp.zeros(scores.shape[:1], jnp.int32) if options.method == "beam" else jnp.argmax(scores, axis=1)
+    pick = best_index(scores, options, jnp)
     best = jnp.take_along_axis(tokens, pick[:, None, None], axis=1)[:, 0]
     return best, jnp.take_along_axis(scores, pick[:, None], axis=1)[:, 0]
+
+
+def best_index(scores: Any, options: Any, xp: Any = np) -> Any:
+    """`[b]`: which of each example's decodes `scores` `[b, num_decodes]` is its prediction
+    (`best_decodes`), in `xp` (numpy, or jax.numpy when traced)."""
+    if options.method == "beam":
+        return xp.zeros(scores.shape[:1], xp.int32)
+    return xp.argmax(scores, axis=1).astype(xp.int32)
 
 
 def new_tokens(spec: RunSpec, default: int | None = None) -> int:
@@ -85,9 +93,10 @@ class Decoder:
             options = decode_options(self.spec, new, width if self.family.continues_prompt else 0)
             seed, decode_batch = self.spec.keys.seed, self.family.decode_batch
 
-            def fn(p, x):
-                out = self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
-                return best_decodes(*out, options)
+            def fn(p, x):  # `[b, num_decodes, len]` tokens and `[b, num_decodes]` scores: a row per prompt
+                tokens, scores = self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
+                k = options.num_decodes
+                return tokens.reshape(-1, k, tokens.shape[-1]), scores.reshape(-1, k)
 
             self._batches[width, new] = ShardedBatches(self.partitioner, fn, self.batch_size, "decodes", self.log_level)
         return self._batches[width, new]
@@ -97,13 +106,22 @@ class Decoder:
     ) -> tuple[list[list[int]], np.ndarray]:
         """`(predictions, scores)` of `prompts` `[n, width]` (int32, right-padded with 0), each
         within `post_training.max_input_length` first (`prompt_limit`: cut with a warning, or
-        refused)."""
+        refused): each prompt's best decode (`best_decodes`; `decode_all` has every one)."""
+        preds, scores = self.decode_all(params, prompts, new, first_index, total)
+        pick = best_index(scores, self.spec.decode)
+        return [p[i] for p, i in zip(preds, pick)], scores[np.arange(len(preds)), pick]
+
+    def decode_all(
+        self, params: Any, prompts: np.ndarray, new: int, first_index: int = 0, total: int | None = None
+    ) -> tuple[list[list[list[int]]], np.ndarray]:
+        """`(predictions [n][num_decodes], scores [n, num_decodes])`: every decode of each prompt
+        (`post_training.num_decodes`: samples in drawing order, beams best first)."""
         prompts = self._within_limit(np.asarray(prompts, np.int32), first_index)
         tokens, scores = self._sharded(prompts.shape[1], new)(params, prompts, first_index, total)
         starts = (
             np.cumprod(prompts != 0, axis=1).sum(1) if self.family.continues_prompt else np.zeros(len(prompts), int)
         )
-        preds = [[int(t) for t in row[s : s + new]] for row, s in zip(np.asarray(tokens), starts)]
+        preds = [[[int(t) for t in row[s : s + new]] for row in rows] for rows, s in zip(np.asarray(tokens), starts)]
         return preds, np.asarray(scores, np.float32)
 
     def _within_limit(self, prompts: np.ndarray, first_index: int) -> np.ndarray:
