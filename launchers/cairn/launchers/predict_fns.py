@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cairn.launchers.config_base import model_family
@@ -46,8 +47,6 @@ def best_decodes(tokens: Any, scores: Any, options: Any) -> tuple[Any, Any]:
     `b * num_decodes` rows (each example's adjacent): with beam search its best beam (the first:
     ranked by the length-penalized score), when sampling the sample of highest log-probability
     (t5x's `predict_batch` without `return_all_decodes`). Traceable (jit, jax2tf)."""
-    import jax.numpy as jnp
-
     k = options.num_decodes
     if k == 1:
         return tokens, scores
