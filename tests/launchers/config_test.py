@@ -36,6 +36,7 @@ def test_every_experiment_file_is_listed_here():
         "moe_1b_pretrain.py",  # tests/launchers/moe_launch_test.py
         "shakespeare_t5_lora.py",  # below
         "shakespeare_t5_prompt_tuning.py",  # below
+        "parquet_qa_tiny.py",  # tests/launchers/train_test.py
     }
 
 

@@ -139,6 +139,19 @@ def glob_files(pattern: str) -> list[str]:
     return url_sources.glob(pattern)
 
 
+def list_files(split: str, patterns: Sequence[str]) -> list[SourceFile]:
+    """The files of `split` matching `patterns`: sorted matches, pattern by pattern, each named
+    relative to its pattern's root (`pattern_root`); a pattern matching nothing is an error."""
+    files: list[SourceFile] = []
+    for i, pattern in enumerate(patterns):
+        matched = sorted(glob_files(pattern))
+        if not matched:
+            raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
+        root = pattern_root(pattern)
+        files += [SourceFile(i, path, relative_name(path, root)) for path in matched]
+    return files
+
+
 def records_dataset(path: tf.Tensor, file_format: str) -> tf.data.Dataset:
     """The records of one file (`path`, a string tensor) read through `cairn.storage`:
     `url_sources.FORMATS` `"lines"` (as `tf.data.TextLineDataset`) or `"tfrecord"` (as
@@ -176,14 +189,7 @@ class FileDataSource(DataSource):
         """The files of `split` in shard order, each with its name relative to the root of
         the pattern that matched it (`pattern_root`): sorted matches, pattern by pattern."""
         self._check_split(split)
-        files: list[SourceFile] = []
-        for i, pattern in enumerate(self._patterns[split]):
-            matched = sorted(glob_files(pattern))
-            if not matched:
-                raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
-            root = pattern_root(pattern)
-            files += [SourceFile(i, path, relative_name(path, root)) for path in matched]
-        return files
+        return list_files(split, self._patterns[split])
 
     @abc.abstractmethod
     def _read_file(self, path: tf.Tensor) -> tf.data.Dataset: ...

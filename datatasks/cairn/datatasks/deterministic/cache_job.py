@@ -95,12 +95,17 @@ def cache_tasks(
         count = cache_writer.num_source_shards(task, split)
         items += [(task.name, split, i, count, path) for i in range(count)]
         pending.append((task, path, count))
-    if items:
-        options = PipelineOptions(list(pipeline_options if pipeline_options else DEFAULT_PIPELINE_OPTIONS))
-        fn = _WriteShard(module_import, {t.name: t for t, _, _ in pending})
-        with beam.Pipeline(options=options) as p:
-            _ = p | "Shards" >> beam.Create(items) | "Spread" >> beam.Reshuffle() | "WriteShard" >> beam.Map(fn)
-    for task, path, count in pending:
-        cache_writer.finalize(task, split, path, count)
-        result[task.name] = "cached"
+    try:
+        if items:
+            options = PipelineOptions(list(pipeline_options if pipeline_options else DEFAULT_PIPELINE_OPTIONS))
+            fn = _WriteShard(module_import, {t.name: t for t, _, _ in pending})
+            with beam.Pipeline(options=options) as p:
+                _ = p | "Shards" >> beam.Create(items) | "Spread" >> beam.Reshuffle() | "WriteShard" >> beam.Map(fn)
+        for task, path, count in pending:
+            cache_writer.finalize(task, split, path, count)
+            result[task.name] = "cached"
+    except BaseException:
+        for _, path, _ in pending:  # no unfinished cache is left behind (complete ones stay)
+            cache_writer.discard(path)
+        raise
     return result
