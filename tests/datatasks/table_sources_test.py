@@ -138,6 +138,9 @@ def _broken(tmp_path, lines):
     pq.write_table(other, tmp_path / "schema" / "b.parquet", row_group_size=4)
     (tmp_path / "fields.csv").write_bytes(b"question,answer\nq0,a0\nq1,a1\nq2,a2,extra\nq3,a3\n")
     (tmp_path / "latin1.csv").write_bytes(b"question,answer\nq0,a0\nq1,caf\xe9\n")
+    raw = pa.table({"question": ["q0", "q1", "q2"], "answer": pa.array([b"a0", b"a1", b"caf\xe9"], pa.binary())})
+    pq.write_table(raw, tmp_path / "latin1.parquet", row_group_size=2)
+    pq.write_table(pa.table({"question": ["q0", None], "answer": ["a0", "a1"]}), tmp_path / "null.parquet")
     table = lambda name, fmt="parquet", cols=QA: dt.TableDataSource({"train": str(tmp_path / name)}, fmt, cols)
     return {
         "footer": (table("truncated.parquet"), r"truncated.parquet: cannot read its footer \(truncated"),
@@ -149,6 +152,11 @@ def _broken(tmp_path, lines):
         "schema": (table("schema/*.parquet"), r"b.parquet row group 0: column 'answer' is int64, .* has string"),
         "fields": (table("fields.csv", "csv"), r"fields.csv line 4: 3 fields, the header has 2$"),
         "utf8": (table("latin1.csv", "csv"), r"latin1.csv row 1: column 'answer' is not UTF-8 text"),
+        "utf8_parquet": (
+            table("latin1.parquet"),
+            r"latin1.parquet row group 1 row 2: column 'answer' is not UTF-8 text \(unexpected end of data at byte 3\)$",
+        ),
+        "null": (table("null.parquet"), r"null.parquet row group 0 row 1: column 'question' is null$"),
     }
 
 

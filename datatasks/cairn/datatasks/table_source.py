@@ -18,6 +18,7 @@ file, before anything is cached.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -118,8 +119,8 @@ class TableDataSource(FileDataSource):
     ) -> TableDataSource:
         """`datasets.load_dataset(name, config, **load_kwargs)` (an optional dependency: it may
         download), read from the Arrow cache files it leaves."""
-        try:
-            import datasets
+        try:  # not a declared dependency: found at run time only
+            datasets = importlib.import_module("datasets")
         except ImportError:
             raise DataTasksError(
                 f"TableDataSource.from_hub({name!r}) needs the `datasets` package (pip install datasets); "

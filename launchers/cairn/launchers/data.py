@@ -20,6 +20,7 @@ from cairn.datatasks.deterministic.cache_writer import upgrade_in_place
 from cairn.datatasks.deterministic.store import INFO, is_completed, read_json, recache_notice
 from cairn.launchers import schema
 from cairn.launchers.multihost import stop_together
+from cairn.launchers.tasks import from_config
 from cairn.launchers.validation import ConfigError, close_names
 from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary, TokenizerJsonVocabulary
 
@@ -59,8 +60,6 @@ def register_source_task(keys: schema.Config, vocabulary: Any) -> None:
     name, after checking every file's schema against the columns (no row read, nothing written):
     a `ConfigError` naming the key, or a `DataTasksError` naming the file, the column and the
     columns it has."""
-    from cairn.launchers.tasks import from_config
-
     source = keys.data.source
     if not keys.data.task:
         raise ConfigError("data.task", f"name the task data.source ({source.format} files) defines")
