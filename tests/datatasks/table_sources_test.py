@@ -104,15 +104,20 @@ def test_every_format_reads_the_same_rows_without_pyarrow_at_import(tables):
     assert out.split() == ["False", "False"]
 
 
-def test_split_slicing_and_fingerprint(tables, tmp_path):
+def test_split_slicing_and_fingerprint(tables, tmp_path, monkeypatch):
     root, rows = tables
     src = dt.TableDataSource({"train": str(root / "qa-*.parquet")}, "parquet", QA, splits=SPLITS)
     assert src.splits == ("train", "validation")
     assert src.num_input_examples("train") == 270 and src.num_input_examples("validation") == 30
     [window] = src.source_files("validation")  # only the second file, its last 30 rows
     assert (window.name, window.skip, window.take) == ("qa-1.parquet", 70, 30)
-    got = _pairs(src.get_dataset("train", shuffle=False)) + _pairs(src.get_dataset("validation", shuffle=False))
-    assert got == rows
+    read_row_group, groups = pq.ParquetFile.read_row_group, []
+    monkeypatch.setattr(
+        pq.ParquetFile, "read_row_group", lambda f, g, **kw: groups.append(g) or read_row_group(f, g, **kw)
+    )
+    validation = _pairs(src.get_dataset("validation", shuffle=False))
+    assert groups == [1]  # rows 64-99 of the file; its row group 0 (rows 0-63) is not read
+    assert _pairs(src.get_dataset("train", shuffle=False)) + validation == rows
     hf = dt.TableDataSource.from_hf_folder(str(root / "hf"), QA, splits=SPLITS)
     assert _pairs(hf.get_dataset("validation", shuffle=False)) == rows[270:]
     # The fingerprint: each file's name, size and SHA-256, with the format and columns read.

@@ -201,6 +201,12 @@ class FileDataSource(DataSource):
     def _postprocess(self, ds: tf.data.Dataset, stats: DataStats | None) -> tf.data.Dataset:
         return ds
 
+    def _read_window(
+        self, read_file: Callable[..., tf.data.Dataset], path: tf.Tensor, skip: tf.Tensor, take: tf.Tensor
+    ) -> tf.data.Dataset:
+        """Examples `[skip, skip + take)` of one file (`take` -1: to its end), of `read_file(path)`."""
+        return read_file(path).skip(skip).take(take)
+
     def get_dataset(
         self,
         split: str = "train",
@@ -230,7 +236,7 @@ class FileDataSource(DataSource):
                     np.array([-1 if f.take is None else f.take for f in files], np.int64),
                 )
             )
-            read = lambda path, skip, take: read_file(path).skip(skip).take(take)
+            read = lambda path, skip, take: self._read_window(read_file, path, skip, take)
         else:
             ds = tf.data.Dataset.from_tensor_slices(paths)
         if len(files) == 1 or not shuffle:

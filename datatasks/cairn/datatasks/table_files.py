@@ -215,31 +215,46 @@ def _check_types(table_columns: Any, wanted: Sequence[Column], where: str, path:
             )
 
 
-def batches(path: str, file_format: str, wanted: Sequence[Column]) -> Iterator[dict[str, np.ndarray]]:
-    """The rows of the file at `path`, `{column: values}` a batch at a time (a Parquet row group,
-    an Arrow record batch, a CSV block), only the `wanted` columns, each checked against its
-    `Column` (a file or row group of another schema is an error naming it)."""
-    pa = _pa()
+def batches(path: str, file_format: str, wanted: Sequence[Column], skip: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of the file at `path` from row `skip` on, `{column: values}` a batch at a time (a
+    Parquet row group, an Arrow record batch, a CSV block), only the `wanted` columns, each
+    checked against its `Column` (a file or row group of another schema is an error naming it).
+    Parquet row groups before `skip` are not read."""
     names = [c.name for c in wanted]
-    if file_format in ("csv", "tsv"):
-        yield from _csv_batches(path, file_format, wanted)
-        return
     select(path, file_format, names)  # a missing column, named with the file's columns
-    with _open(path, "Parquet" if file_format == "parquet" else "Arrow") as f:
-        if file_format == "parquet":
-            pf = _parquet(f, path)
-            first = 0
-            for g in range(pf.metadata.num_row_groups):
+    tables = {"parquet": _parquet_tables, "arrow": _arrow_tables}.get(file_format, _csv_tables)
+    for where, first, table in tables(path, file_format, names, skip):
+        if first + table.num_rows <= skip:
+            continue
+        if first < skip:
+            table, first = table.slice(skip - first), skip
+        columns_ = [table.column(n).combine_chunks() for n in names]
+        _check_types(columns_, wanted, where, path)
+        yield {c.name: _values(a, c, where, first) for c, a in zip(wanted, columns_)}
+
+
+# Each yields `(where, index of its first row in the file, pyarrow.Table)` per batch of the file.
+
+
+def _parquet_tables(path: str, file_format: str, names: list[str], skip: int) -> Iterator[tuple[str, int, Any]]:
+    pa = _pa()
+    with _open(path, "Parquet") as f:
+        pf = _parquet(f, path)
+        first = 0
+        for g in range(pf.metadata.num_row_groups):
+            rows = pf.metadata.row_group(g).num_rows
+            if first + rows > skip:  # a row group wholly before the window is not read
                 where = f"Parquet file {path} row group {g}"
                 try:
-                    table = pf.read_row_group(g, columns=names)
+                    yield where, first, pf.read_row_group(g, columns=names)
                 except pa.ArrowException as e:
                     raise CorruptSourceError(f"{where}: cannot be read: {e}") from None
-                columns_ = [table.column(n).combine_chunks() for n in names]
-                _check_types(columns_, wanted, where, path)
-                yield {c.name: _values(a, c, where, first) for c, a in zip(wanted, columns_)}
-                first += table.num_rows
-            return
+            first += rows
+
+
+def _arrow_tables(path: str, file_format: str, names: list[str], skip: int) -> Iterator[tuple[str, int, Any]]:
+    pa = _pa()
+    with _open(path, "Arrow") as f:
         reader = _arrow_reader(f, path)
         count = reader.num_record_batches if hasattr(reader, "num_record_batches") else None
         b = first = 0
@@ -251,18 +266,14 @@ def batches(path: str, file_format: str, wanted: Sequence[Column]) -> Iterator[d
                 return
             except pa.ArrowException as e:
                 raise CorruptSourceError(f"{where}: cannot be read (truncated?): {e}") from None
-            columns_ = [batch.column(batch.schema.get_field_index(n)) for n in names]
-            _check_types(columns_, wanted, where, path)
-            yield {c.name: _values(a, c, where, first) for c, a in zip(wanted, columns_)}
+            yield where, first, pa.Table.from_batches([batch]).select(names)
             b, first = b + 1, first + batch.num_rows
 
 
-def _csv_batches(path: str, file_format: str, wanted: Sequence[Column]) -> Iterator[dict[str, np.ndarray]]:
+def _csv_tables(path: str, file_format: str, names: list[str], skip: int) -> Iterator[tuple[str, int, Any]]:
     import pyarrow.csv as pcsv
 
     pa = _pa()
-    names = [c.name for c in wanted]
-    select(path, file_format, names)
     what = file_format.upper()
     invalid: list = []
     first = 0
@@ -287,6 +298,5 @@ def _csv_batches(path: str, file_format: str, wanted: Sequence[Column]) -> Itera
                 )
             if batch is None:
                 return
-            where = f"{what} file {path}"
-            yield {c.name: _values(batch.column(batch.schema.get_field_index(c.name)), c, where, first) for c in wanted}
+            yield f"{what} file {path}", first, pa.Table.from_batches([batch]).select(names)
             first += batch.num_rows

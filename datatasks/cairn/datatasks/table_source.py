@@ -200,16 +200,23 @@ class TableDataSource(FileDataSource):
         return super().get_dataset(split, shuffle, seed, shard_info, stats)
 
     @no_autograph
-    def _read_file(self, path):
+    def _read_file(self, path, skip=0):
         features, fmt = self._features, self._format
         signature = {k: tf.TensorSpec([None], tf.dtypes.as_dtype(_DTYPES[c.kind])) for k, c in features.items()}
         rows = functools.partial(_feature_batches, file_format=fmt, features=features)
-        return tf.data.Dataset.from_generator(rows, output_signature=signature, args=(path,)).unbatch()
+        return tf.data.Dataset.from_generator(rows, output_signature=signature, args=(path, skip)).unbatch()
+
+    @no_autograph
+    def _read_window(self, read_file, path, skip, take):
+        """The window's rows only: Parquet row groups before it are not read."""
+        return self._read_file(path, skip).take(take)
 
 
 def _feature_batches(
-    path: bytes, file_format: str, features: Mapping[str, table_files.Column]
+    path: bytes, skip: int, file_format: str, features: Mapping[str, table_files.Column]
 ) -> Iterator[dict[str, Any]]:
-    """`{feature: values}` of the file at `path` a batch at a time (what tf.data unbatches)."""
-    for batch in url_sources.reporting(table_files.batches(path.decode(), file_format, list(features.values()))):
+    """`{feature: values}` of the file at `path` from row `skip` on, a batch at a time (what
+    tf.data unbatches)."""
+    wanted = list(features.values())
+    for batch in url_sources.reporting(table_files.batches(path.decode(), file_format, wanted, int(skip))):
         yield {k: batch[c.name] for k, c in features.items()}
