@@ -73,6 +73,7 @@ def _sources(root):
     return {
         "parquet": dt.TableDataSource({"train": str(root / "qa-*.parquet")}, "parquet", QA),
         "hf": dt.TableDataSource.from_hf_folder(str(root / "hf"), QA),
+        "hf_dataset": dt.TableDataSource.from_hf_folder(str(root / "hf" / "train"), QA),  # one Dataset
         "arrow": dt.TableDataSource({"train": str(root / "qa.arrow")}, "arrow", QA),
         "csv": dt.TableDataSource({"train": str(root / "qa-*.csv")}, "csv", QA),
         "tsv": dt.TableDataSource({"train": str(root / "qa-*.tsv")}, "tsv", QA),

@@ -34,32 +34,29 @@ from cairn.datatasks.tf_data import no_autograph
 _DTYPES = {"text": "string", "int": "int64", "float": "float32"}
 
 
+def _hf_state(folder: str) -> tuple[str, list[str]]:
+    """`(split, Arrow files)` of one `datasets` `Dataset` folder, from its `state.json`."""
+    state_path = storage.join(folder, "state.json")
+    if not url_sources.exists(state_path):
+        raise DataTasksError(f"{folder} is not a Hugging Face datasets folder (no state.json or dataset_dict.json)")
+    state = json.loads(storage.read_text(state_path))
+    names = [f["filename"] for f in state.get("_data_files", [])]
+    if not names:
+        raise DataTasksError(f"{state_path} lists no data file")
+    return state.get("_split") or "train", [storage.join(folder, n) for n in names]
+
+
 def hf_split_files(path: str) -> dict[str, list[str]]:
     """`{split: Arrow files}` of a Hugging Face `datasets` folder written by `save_to_disk`: a
     `DatasetDict` (`dataset_dict.json` naming the splits, one folder each) or one `Dataset`
     (its `state.json`'s split, else `train`). Each folder's `state.json` lists its files."""
     path = path.rstrip("/")
-
-    def files(folder: str) -> list[str]:
-        state_path = storage.join(folder, "state.json")
-        if not url_sources.exists(state_path):
-            raise DataTasksError(f"{folder} is not a Hugging Face datasets folder (no state.json or dataset_dict.json)")
-        state = json.loads(storage.read_text(state_path))
-        names = [f["filename"] for f in state.get("_data_files", [])]
-        if not names:
-            raise DataTasksError(f"{state_path} lists no data file")
-        return [storage.join(folder, n) for n in names]
-
     listing = storage.join(path, "dataset_dict.json")
     if url_sources.exists(listing):
         splits = json.loads(storage.read_text(listing)).get("splits", [])
-        return {s: files(storage.join(path, s)) for s in splits}
-    state = (
-        json.loads(storage.read_text(storage.join(path, "state.json")))
-        if url_sources.exists(storage.join(path, "state.json"))
-        else {}
-    )
-    return {state.get("_split") or "train": files(path)}
+        return {s: _hf_state(storage.join(path, s))[1] for s in splits}
+    split, files = _hf_state(path)
+    return {split: files}
 
 
 class TableDataSource(FileDataSource):
@@ -89,7 +86,7 @@ class TableDataSource(FileDataSource):
             for part in split_slicing.parse(spec):  # a bad spec is named before any file is read
                 if part.name not in patterns:
                     raise DataTasksError(f"split {spec!r}: no split {part.name!r} (known: {sorted(patterns)})")
-        super().__init__({s: [] for s in self._specs}, num_input_examples)
+        super().__init__({s: [] for s in self._specs}, num_input_examples)  # files: `source_files`
         self._file_patterns = patterns
         if columns is None or isinstance(columns, Mapping):
             self._columns = None if columns is None else dict(columns)
