@@ -309,6 +309,10 @@ def test_a_task_from_data_source_alone(tmp_path):
         assert task.source.num_input_examples("validation") == 2 and list(task.output_features) == ["targets"]
         task = register(format="tsv", files={"train": str(tmp_path / "qa.tsv")})
         assert task.source.splits == ("train",) and task.source.read_options["format"] == "tsv"
+        task = register(format="tsv", files={"train": str(tmp_path / "qa.tsv")}, columns={"targets": "question"},
+                        recipe="prefix_lm")  # fmt: skip
+        assert sorted(task.output_features) == ["inputs", "targets"]
+        assert task.source.read_options["columns"] == {"targets": "question"}
         with pytest.raises(ConfigError, match=r"data.source.columns.*recipe lm maps targets to columns"):
             register(format="tsv", files={"train": str(tmp_path / "qa.tsv")}, recipe="lm")
         with pytest.raises(DataTasksError, match=r"qa.tsv has no column 'question'; its columns: text$"):

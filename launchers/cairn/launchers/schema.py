@@ -152,11 +152,14 @@ class Source:
         free_form=True,
     )  # fmt: skip
     columns: dict[str, str] = knob(
-        {}, "feature -> column: inputs and targets (text_to_text), targets (lm, span_corruption)", free_form=True
+        {},
+        "feature -> column: inputs and targets (text_to_text), targets (lm, span_corruption, prefix_lm)",
+        free_form=True,
     )
     recipe: str = knob(
         "text_to_text",
-        "text_to_text (inputs -> targets), lm (running text), span_corruption (T5 denoising of a text column)",
+        "text_to_text (inputs -> targets), lm (running text), span_corruption (T5 denoising of a text column), "
+        "prefix_lm (a text column's prefix -> the rest)",
         choices=library("cairn.launchers.tasks.from_config", "RECIPES"),
     )
 

@@ -10,6 +10,9 @@ Recipes (what runs on the rows; the cached part first, then what runs after the 
   a seeded crop to the targets length (no EOS: a window of running text).
 * `span_corruption`: a `targets` column -> the same chunks (cached) -> T5's span corruption
   (a seeded crop, noise density 0.15, mean span 3) and EOS.
+* `prefix_lm`: a `targets` column -> the same chunks (cached) -> a seeded window of the inputs
+  and targets lengths, its first part the inputs, the rest the targets, and EOS (T5's prefix LM
+  objective with a fixed split point, `prefix_lm_one_to_one`; an encoder-decoder model).
 
 Each task has the perplexity metric, so the final evaluation and `//launchers:eval` score it.
 """
@@ -29,6 +32,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "text_to_text": ("inputs", "targets"),
     "lm": ("targets",),
     "span_corruption": ("targets",),
+    "prefix_lm": ("targets",),
 }
 
 
@@ -51,6 +55,9 @@ def recipe_task(name: str, source: dt.DataSource, recipe: str, vocabulary: Any) 
     elif recipe == "span_corruption":
         features = {"inputs": dt.Feature(vocabulary), "targets": dt.Feature(vocabulary)}
         steps = _chunks() + [pp.span_corruption_one_to_one, pp.append_eos_after_trim]
+    elif recipe == "prefix_lm":
+        features = {"inputs": dt.Feature(vocabulary), "targets": dt.Feature(vocabulary)}
+        steps = _chunks() + [pp.prefix_lm_one_to_one, pp.append_eos_after_trim]
     else:
         raise dt.DataTasksError(f"unknown recipe {recipe!r}; expected one of {', '.join(RECIPES)}")
     return dt.Task(name, source, features, steps, metric_fns=[metrics.perplexity])
