@@ -16,7 +16,7 @@ import cairn.datatasks as dt
 from cairn import storage
 from cairn.datatasks import preprocessors as pp
 from cairn.datatasks.deterministic import CachedTask, cache_task_in_process
-from cairn.datatasks.deterministic.cache_job import cache_tasks
+from cairn.datatasks.deterministic.cache_job import cache_tasks, worker_error
 from cairn.datatasks.deterministic.fingerprint import source_description, task_fingerprint
 from cairn.datatasks.deterministic.store import CacheMismatchError, is_completed
 from cairn.datatasks.url_sources import CorruptSourceError
@@ -223,3 +223,15 @@ def test_sources_in_a_bucket_read_and_cache_on_beam_as_local_copies(tables, buck
     a = CachedTask(str(tmp_path / "beam" / "t" / "train"), _task("t", remote["parquet"]))
     b = CachedTask(str(tmp_path / "local" / "t" / "train"), _task("t", local))
     assert a.num_records == b.num_records == 270 and a.read(list(range(270))) == b.read(list(range(270)))
+    # A bad row in the bucket, met by a Beam worker: the worker's one line, no cache left behind.
+    storage.write_bytes(f"{bucket}/bad.csv", b"question,answer\nq0,a0\nq1,a1,x\n")
+    bad = dt.TableDataSource({"train": f"{bucket}/bad.csv"}, "csv", QA)
+    with pytest.raises(CorruptSourceError) as e:
+        cache_tasks([_task("bad", bad)], str(tmp_path / "beam"), pipeline_options=["--runner=DirectRunner"])
+    assert str(e.value) == f"CSV file {bucket}/bad.csv line 3: 3 fields, the header has 2"
+    assert not os.path.exists(tmp_path / "beam" / "bad" / "train")
+    # Beam's multi-process runners raise a RuntimeError holding the worker's traceback.
+    beam_says = RuntimeError(
+        f"Traceback ...\ncairn.datatasks.url_sources.CorruptSourceError: {e.value} [while running 'W']"
+    )
+    assert type(worker_error(beam_says)) is CorruptSourceError and str(worker_error(beam_says)) == str(e.value)
