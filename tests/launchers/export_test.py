@@ -6,17 +6,22 @@ flags are parsed) with greedy decoding and predicted by `infer` from the same `-
 lines: the standard runs' checkpointed T5 run (tests/fixtures, trained 6 steps), and a
 decoder-only model (shakespeare_lm_tiny's network) whose checkpoint holds a LoRA run's adapters
 (rank 2, given non-zero values) over a random-init base, so the export merges them as infer
-does; that model is exported again with the config's top-k sampling, whose strings equal
-infer's for the same seed. One child process, with `jax`, `jaxlib` and `cairn` made unimportable before TensorFlow
-is imported (`serve_saved_model.py`), loads both SavedModels and calls their signatures: the
-strings equal infer's predictions, the scores its `aux.scores`. The program refuses bad flags
-with one line and exit status 2 (a child process, before JAX is imported).
+does (with `long_inputs=refuse` and `--max_input_chars`); that model is exported again with
+top-k and top-p sampling (the best of 2 samples) and with beam search, each with an
+`--input_length` wider than infer's longest prompt, and their strings equal infer's for the same
+seed (every row's budget and samples are its own). One child process, with `jax`, `jaxlib` and
+`cairn` made unimportable before TensorFlow is imported (`serve_saved_model.py`), loads the
+SavedModels and calls their signatures: the strings equal infer's predictions, the scores its
+`aux.scores`; a too-long prompt, a too-long string, another rank and another dtype are refused.
+The program refuses bad flags with one line and exit status 2 (a child process, before JAX is
+imported).
 """
 
 import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -36,6 +41,7 @@ LINES = [
     "Well, good night. If you do meet Horatio and Marcellus, The rivals of my watch, bid them make haste.",
 ]
 BATCH = 4  # rows per model call: 7 lines are two calls, the second padded
+CHARS = 200  # the greedy decoder-only export's --max_input_chars
 
 
 def _infer(spec, model_dir, out, input_file):
@@ -89,12 +95,14 @@ def _lora_checkpoint(tmp: pathlib.Path):
     from cairn.launchers import builder, checkpoint_params, config_io, run_setup
     from cairn.trainer import Checkpointer
 
-    def spec_of(model_dir, method="greedy", **lora):
+    def spec_of(model_dir, method="greedy", post=(), **lora):
         config = config_io.resolve_paths(config_io.load_config_file(launch_util.LM_CONFIG))
         config.model_dir = str(model_dir)
         config.data.cache_dir = str(tmp / "cache")
         config.post_training.decode_method = method  # the config's sampling: temperature 0.8, top-k 40
         config.post_training.max_decode_length = 12
+        for key, value in post:
+            config.post_training[key] = value
         for key, value in lora.items():
             if key == "checkpoint":
                 config.init.checkpoint = value
@@ -120,15 +128,17 @@ def _lora_checkpoint(tmp: pathlib.Path):
 
     base = tmp / "base"
     save(spec_of(base))
-    spec = spec_of(tmp / "lora", rank=2, alpha=4.0, checkpoint=str(base / "checkpoints" / "1"))
+    lora = {"rank": 2, "alpha": 4.0, "checkpoint": str(base / "checkpoints" / "1")}
+    spec = spec_of(tmp / "lora", post=[("long_inputs", "refuse")], **lora)
     keys = iter(jax.random.split(jax.random.PRNGKey(1), 1000))
 
     def nonzero(params):
         return jax.tree.map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params)
 
     save(spec, nonzero)
-    sampled = spec_of(tmp / "lora", "sample", rank=2, alpha=4.0, checkpoint=str(base / "checkpoints" / "1"))
-    return spec, sampled, tmp / "lora"
+    sampled = spec_of(tmp / "lora", "sample", [("top_p", 0.9), ("num_decodes", 2)], **lora)
+    beam = spec_of(tmp / "lora", "beam", [("num_beams", 3), ("alpha", 0.6), ("num_decodes", 2)], **lora)
+    return {"greedy": spec, "sample": sampled, "beam": beam}, tmp / "lora"
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +146,26 @@ def lm(tmp_path_factory, inputs):
     """A decoder-only LoRA checkpoint, greedy: `(facts, printed, infer rows, SavedModel)`."""
     tmp = tmp_path_factory.mktemp("export_lm")
     os.environ["CAIRN_SHAKESPEARE_DIR"] = launch_util.small_texts(tmp)
-    spec, sampled, model_dir = _lora_checkpoint(tmp)
-    prompt = max(len(spec.vocabulary.encode(line)) for line in LINES)
+    specs, model_dir = _lora_checkpoint(tmp)
+    prompt = max(len(specs["greedy"].vocabulary.encode(line)) for line in LINES)
     from cairn.launchers import export
 
     out = {}
-    for name, s in (("greedy", spec), ("sample", sampled)):
+    # Sampling and beam search exported wider than the longest prompt: the same outputs.
+    for name, width in (("greedy", prompt), ("sample", prompt + 6), ("beam", prompt + 3)):
+        s = specs[name]
         rows = _infer(s, model_dir, tmp / f"{name}.jsonl", inputs)
         saved = tmp / f"saved_{name}"
-        facts = export.export(s, str(saved), str(model_dir), batch_size=BATCH, input_length=prompt, out=lambda _: None)
+        chars = CHARS if name == "greedy" else 0
+        facts = export.export(
+            s,
+            str(saved),
+            str(model_dir),
+            batch_size=BATCH,
+            input_length=width,
+            out=lambda _: None,
+            max_input_chars=chars,
+        )
         out[name] = (facts, rows, saved)
     return out
 
@@ -162,6 +183,13 @@ def served(t5, lm, tmp_path_factory):
         {"path": str(lm["sample"][2]), "signature": "serving_default", "inputs": LINES},
         {"path": str(lm["sample"][2]), "signature": "generate", "inputs": LINES, "seed": 0},
         {"path": str(lm["sample"][2]), "signature": "generate", "inputs": LINES, "seed": 5},
+        {"path": str(lm["beam"][2]), "signature": "serving_default", "inputs": LINES},
+        # Refused: a prompt longer than --input_length (long_inputs=refuse), a string over
+        # --max_input_chars, another rank, another dtype.
+        {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [LINES[0], LINES[-1] + " O" * 30]},
+        {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": ["x" * (CHARS + 1)]},
+        {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [LINES[:2]]},
+        {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [1, 2], "dtype": "int32"},
     ]
     (tmp / "requests.json").write_text(json.dumps(requests))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
@@ -174,7 +202,8 @@ def served(t5, lm, tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    names = ("t5", "lm", "lm_seeded", "empty", "sampled", "sampled_seed_0", "sampled_seed_5")
+    names = ("t5", "lm", "lm_seeded", "empty", "sampled", "sampled_seed_0", "sampled_seed_5", "beam")
+    names += ("too_long", "too_many_chars", "rank_2", "int32")
     return dict(zip(names, answer["answers"], strict=True)), answer["blocked"]
 
 
@@ -213,14 +242,48 @@ def test_decoder_only_lora_saved_model_equals_infer(lm, served):
 
 
 def test_sampling_seeded_as_infer(lm, served):
-    """Top-k sampling (whose `lax.top_k` TensorFlow 2.21 reads only in the older StableHLO the
-    export writes): the config's seed gives infer's strings; `generate` takes another seed."""
+    """Top-k and top-p sampling, the best of 2 samples (whose `lax.top_k` TensorFlow 2.21 reads
+    only in the older StableHLO the export writes), exported 6 tokens wider than infer's longest
+    prompt: the config's seed gives infer's strings; `generate` takes another seed."""
     facts, rows, _ = lm["sample"]
     answers, _ = served
-    assert (facts["decode"]["method"], facts["decode"]["top_k"], facts["seed"]) == ("sample", 40, 0)
+    decode = facts["decode"]
+    assert (decode["method"], decode["top_k"], decode["top_p"], decode["num_decodes"]) == ("sample", 40, 0.9, 2)
+    assert facts["seed"] == 0 and facts["input_length"] == lm["greedy"][0]["input_length"] + 6
     _same_as_infer(rows, answers["sampled"])
+    for row in rows:  # infer's aux lists both samples; the prediction is the likelier
+        decodes = row["aux"]["decodes"]
+        assert len(decodes) == 2 and row["aux"]["scores"] == max(d["score"] for d in decodes)
+        assert row["prediction_ids"] in [d["prediction_ids"] for d in decodes]
+    assert any(row["aux"]["decodes"][0] != row["aux"]["decodes"][1] for row in rows)
     assert answers["sampled_seed_0"] == answers["sampled"]
     assert answers["sampled_seed_5"]["outputs"] != answers["sampled"]["outputs"]
+
+
+def test_beam_search_exported_wider_equals_infer(lm, served):
+    """Beam search (3 beams, alpha 0.6, the best of 2 returned) exported 3 tokens wider than
+    infer's longest prompt: infer's strings and scores (each row's budget is its own)."""
+    facts, rows, _ = lm["beam"]
+    answers, _ = served
+    assert (facts["decode"]["num_beams"], facts["decode"]["alpha"], facts["decode"]["num_decodes"]) == (3, 0.6, 2)
+    _same_as_infer(rows, answers["beam"])
+
+
+def test_the_served_model_refuses_long_or_malformed_inputs(lm, served):
+    """`long_inputs=refuse`: a prompt over `--input_length` tokens fails naming its index; a string
+    over `--max_input_chars` fails before it is tokenized; another rank fails saying what the
+    input must be; another dtype is refused by TensorFlow before the graph runs."""
+    facts = lm["greedy"][0]
+    answers, _ = served
+    assert (facts["long_inputs"], facts["max_input_chars"]) == ("refuse", CHARS)
+    width = facts["input_length"]
+    assert answers["too_long"]["error"].startswith("InvalidArgumentError")
+    assert re.search(rf"input.*1.*has.*tokens.*more than {width}", answers["too_long"]["error"])
+    assert re.search(rf"input.*0.*has.*{CHARS + 1}.*characters.*more than {CHARS}", answers["too_many_chars"]["error"])
+    assert re.search(
+        r"inputs must be a vector of strings \(rank 1, shape \[n\]\); got rank\W+2", answers["rank_2"]["error"]
+    )
+    assert "expected to be a string tensor but is a int32 tensor" in answers["int32"]["error"]
 
 
 def test_bad_flags_exit_2_with_one_line(tmp_path):
@@ -235,6 +298,7 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
         "batch_size": (out, 0, 0, ["cpu"], False),
         "input_length": (out, 8, -1, ["cpu"], False),
         "platforms": (out, 8, 0, ["cpu", "gpu"], False),
+        "max_input_chars": (out, 8, 0, ["cpu"], False, -1),
     }
     for key, args in cases.items():
         with pytest.raises(ConfigError) as refused:

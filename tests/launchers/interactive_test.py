@@ -9,6 +9,7 @@ base's predictions. Bad input (an empty list, wrong types, a missing checkpoint,
 no run) is a clear error. `evaluate` (eval's code) gives the run's own final evaluation."""
 
 import json
+import logging
 import os
 from unittest import mock
 
@@ -88,10 +89,12 @@ def _leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_decoder_only_trained_saved_and_read_by_infer(std, tmp_path):
+def test_decoder_only_trained_saved_and_read_by_infer(std, tmp_path, caplog):
     """A fresh decoder-only model (`from_config` of the LM experiment, no checkpoint) trained on
     strings and saved, then infer reads the saved run: the same sampled predictions (the config's
-    `post_training` sampling) and scores as the handle's. (`from_run` is the T5 run's.)"""
+    `post_training` sampling) and scores as the handle's. (`from_run` is the T5 run's.) A prompt
+    longer than `post_training.max_input_length` (the targets length, 64) keeps its last 64
+    tokens, with one warning naming its row, and is decoded as those tokens are."""
     overrides = {
         "model_dir": str(tmp_path / "unused"),
         "data.cache_dir": str(std.cache),
@@ -105,6 +108,13 @@ def test_decoder_only_trained_saved_and_read_by_infer(std, tmp_path):
     assert losses[-1] < losses[0], losses
     (preds, aux), scores = model.predict_with_aux(INPUTS), model.score(INPUTS, TARGETS)
     assert all(0 < len(ids) <= 6 for ids in aux["prediction_ids"]), aux
+    long = " ".join(lines * 30)
+    with caplog.at_level(logging.WARNING, logger="cairn.launchers.prompt_limit"):
+        cut = model.predict([INPUTS[0], long])
+    warned = [r.getMessage() for r in caplog.records if r.name == "cairn.launchers.prompt_limit"]
+    assert len(warned) == 1 and "row 1 (" in warned[0] and "last tokens" in warned[0], warned
+    tail = model.spec.vocabulary.decode(model.spec.vocabulary.encode(long)[-64:])
+    assert cut == [preds[0], model.predict([INPUTS[0], tail])[1]]
     run = model.save(tmp_path / "run")
     assert [r["prediction"] for r in _infer(run, tmp_path, "predict")] == preds
     np.testing.assert_allclose([r["score"] for r in _infer(run, tmp_path, "score")], scores, rtol=1e-6)

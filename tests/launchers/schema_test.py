@@ -5,6 +5,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -122,6 +123,12 @@ HAND_WRITTEN = {
         "max_decode_length": 0,
         "temperature": 1.0,
         "top_k": 0,
+        "top_p": 1.0,
+        "num_beams": 4,
+        "alpha": 0.6,
+        "num_decodes": 1,
+        "max_input_length": 0,
+        "long_inputs": "truncate",
     },
     "logging": {"wandb": ""},
     "init": {"checkpoint": "", "checkpoint_step": None, "hf_checkpoint": "", "t5x_checkpoint": "", "upcycle_from": ""},
@@ -376,3 +383,26 @@ def test_a_value_its_library_dataclass_refuses_names_the_key():
     config.model.lora.alpha = 8.0
     lora = validation.check_lora(run_spec.checked_keys(config)[1])
     assert (lora.rank, lora.alpha, lora.targets) == (4, 8.0, tuple(config.model.lora.targets))
+
+
+def test_a_decoding_value_out_of_range_names_its_key():
+    """The decoding keys feed `DecodeOptions` (`run_spec.decode_options`, run when the spec
+    loads), which checks them: a `ConfigError` naming the key."""
+    from types import SimpleNamespace
+
+    from cairn.launchers import run_spec
+
+    reader = SimpleNamespace(sequence_length={"targets": 8})
+    for key, value, message in [
+        ("top_p", 0.0, "top_p must be in (0, 1]"),
+        ("num_decodes", 2, "num_decodes > 1 needs method 'sample' or 'beam'"),
+    ]:
+        config = config_base.base_config()
+        config.post_training[key] = value
+        keys = run_spec.checked_keys(config)[1]
+        with pytest.raises(ConfigError, match=rf"'post_training.{key}': .*{re.escape(message)}"):
+            run_spec.decode_options(keys, reader)
+    config = config_base.base_config()
+    config.post_training.temperature = -1.0
+    with pytest.raises(ConfigError, match="'post_training.temperature': must be >= 0"):
+        run_spec.checked_keys(config)

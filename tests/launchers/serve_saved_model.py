@@ -1,8 +1,9 @@
 """A server's process, for export_test: TensorFlow alone (JAX, jaxlib and Cairn cannot be
 imported: their modules are set to None first), loading SavedModels and calling their
 signatures. `python serve_saved_model.py REQUESTS.json` reads `[{"path", "signature",
-"inputs", "seed"?}]` and prints one JSON line: `[{"outputs", "scores", "output_ids"}]` per
-request, with `"blocked"`, the names of the blocked modules still not imported."""
+"inputs", "seed"?, "dtype"?}]` and prints one JSON line: `[{"outputs", "scores", "output_ids"}]`
+per request (`{"error": "Type: message"}` for a refused one, its whitespace collapsed), with `"blocked"`, the names of
+the blocked modules still not imported."""
 
 import json
 import sys
@@ -21,10 +22,14 @@ def main(path: str) -> None:
         if request["path"] not in loaded:
             loaded[request["path"]] = tf.saved_model.load(request["path"])
         fn = loaded[request["path"]].signatures[request["signature"]]
-        args = {"inputs": tf.constant(request["inputs"], tf.string)}
+        args = {"inputs": tf.constant(request["inputs"], getattr(tf, request.get("dtype", "string")))}
         if "seed" in request:
             args["seed"] = tf.constant(request["seed"], tf.int32)
-        out = fn(**args)
+        try:
+            out = fn(**args)
+        except Exception as e:  # a refused request: its error's type and first line
+            answers.append({"error": f"{type(e).__name__}: {' '.join(str(e).split())[:3000]}"})
+            continue
         answers.append(
             {
                 "outputs": [o.decode("utf-8") for o in out["outputs"].numpy()],

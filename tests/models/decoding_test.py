@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cairn.models import DecodeOptions, EncoderDecoderModel
-from cairn.models.decoding import filter_logits, gather_beams, length_penalty
+from cairn.models.decoding import beam_search, filter_logits, gather_beams, length_penalty, sample_decode
 
 MAX_LEN = 8
 
@@ -137,3 +137,52 @@ def test_unscanned_tied_model_cache_equals_no_cache(tiny):
         plain, s2 = _predict(setup, use_cache=False, **options)
         np.testing.assert_array_equal(cached, plain)
         np.testing.assert_allclose(s1, s2, rtol=1e-5)
+
+
+# --- each decoding option changes what it should (a model-free `tokens_to_logits`: cheap) -------
+
+_PROBS = np.array([0.0, 0.02, 0.4, 0.25, 0.15, 0.1, 0.05, 0.03])  # token 0 (padding) never drawn
+
+
+def _fixed(tokens, cache, step):
+    """The same next-token distribution at every step, for every row."""
+    logits = jnp.log(jnp.maximum(jnp.asarray(_PROBS, jnp.float32), 1e-30))
+    return jnp.broadcast_to(logits, (tokens.shape[0], len(_PROBS))), cache
+
+
+def _draws(**options):
+    rows = 256
+    tokens, _ = sample_decode(_fixed, jnp.zeros((rows, 1)), rows, 6, jax.random.PRNGKey(3), eos_id=-1, **options)
+    return np.asarray(tokens).ravel()
+
+
+def test_temperature_top_k_and_top_p_change_the_samples_as_they_should():
+    plain = _draws()
+    assert set(plain) == {1, 2, 3, 4, 5, 6, 7}  # every token but padding, at temperature 1
+    cold, hot = _draws(temperature=0.3), _draws(temperature=3.0)
+    assert np.mean(cold == 2) > np.mean(plain == 2) > np.mean(hot == 2)
+    assert set(_draws(top_k=2)) == {2, 3}
+    assert set(_draws(top_p=0.6)) == {2, 3}  # 0.4 + 0.25 reaches 0.6
+    assert set(_draws(top_p=0.66)) == {2, 3, 4}
+    assert set(_draws(temperature=0.0)) == {2}
+
+
+def test_alpha_trades_log_probability_for_length():
+    """Two hypotheses: `[EOS]` (p 0.6) and `[2, EOS]` (p 0.4 * 0.9). Without a length penalty the
+    short one wins; with alpha 5 the long one (its log-probability / ((5 + 2) / 6) ** 5 > the
+    short one's)."""
+
+    def logits(tokens, cache, step):
+        first = jnp.log(jnp.array([1e-9, 0.6, 0.4, 1e-9]))
+        later = jnp.log(jnp.array([1e-9, 0.9, 0.05, 0.05]))
+        return jnp.broadcast_to(jnp.where(step == 0, first, later), (tokens.shape[0], 4)), cache
+
+    def best(alpha):
+        seqs, _, log_probs = beam_search(logits, jnp.zeros((2, 1)), 1, 2, 4, alpha=alpha, eos_id=1)
+        return np.asarray(seqs)[0, 0].tolist(), float(log_probs[0, 0])
+
+    short, long = best(0.0), best(5.0)
+    assert short[0] == [1, 0, 0, 0] and long[0] == [2, 1, 0, 0]
+    np.testing.assert_allclose([short[1], long[1]], [np.log(0.6), np.log(0.4 * 0.9)], rtol=1e-5)
+    with pytest.raises(ValueError, match="alpha"):
+        DecodeOptions(method="beam", alpha=-1.0)

@@ -308,3 +308,6 @@ def test_decode_options_are_checked():
         DecodeOptions(prefix_lm=True, prefill=False)
     with pytest.raises(ValueError, match="num_decodes"):
         DecodeOptions(method="sample", num_decodes=0)
+    for bad in ({"temperature": -1.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            DecodeOptions(method="sample", **bad)

@@ -11,7 +11,9 @@ Text is tokenized as the shipped tasks tokenize (`TextEncoding`): an encoder-dec
 and targets are trimmed to `data.sequence_length` less one and end with EOS (t5x's and seqio's
 `append_eos_after_trim`); a decoder-only prompt is the vocabulary's ids of the text, nothing
 added (it is continued), and its target too (a continuation; for training, trimmed to the
-targets length).
+targets length). A prompt to decode follows `prompt_limit` instead of the inputs length:
+at most `post_training.max_input_length` tokens, a longer one cut (a decoder-only prompt keeps
+its end) with a warning naming its row, or refused.
 
 `RowPredictor` decodes rows (`predict_fns.Decoder`, the spec's `post_training.*` options: the
 prediction at most `new` tokens, cut at the first padding id, and for a decoder-only model
@@ -31,6 +33,7 @@ from cairn import storage
 from cairn.launchers import predict_fns
 from cairn.launchers.config_base import model_family
 from cairn.launchers.post_training import pad_rows
+from cairn.launchers.prompt_limit import PromptLimit
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 
@@ -59,6 +62,12 @@ class TextEncoding:
             return [int(t) for t in self.vocabulary.encode(text)]
         return self._with_eos(text, "inputs")
 
+    def full_prompt(self, text: str) -> list[int]:
+        """The ids of an input to decode, before `prompt_limit` cuts it: an encoder's (with EOS,
+        untrimmed) or a prompt to continue (as is)."""
+        ids = [int(t) for t in self.vocabulary.encode(text)]
+        return ids if self.continues_prompt else ids + [int(self.vocabulary.eos_id)]
+
     def target(self, text: str, train: bool = False) -> list[int]:
         """The ids of a target: an encoder-decoder's (trimmed, EOS); a decoder-only model's as
         is (with `train`, cut to the targets length)."""
@@ -69,17 +78,20 @@ class TextEncoding:
 
 
 def text_rows(spec: RunSpec, inputs: Sequence[str], targets: Sequence[str] | None = None) -> list[dict]:
-    """Rows of texts (and their targets, None: none), tokenized by `TextEncoding`."""
+    """Rows of texts (and their targets, None: none), tokenized by `TextEncoding`, each prompt
+    within `post_training.max_input_length` (`prompt_limit`: cut with one warning naming the
+    rows, or refused)."""
     encoding = TextEncoding.of(spec)
     targets = targets if targets is not None else [""] * len(inputs)
+    prompts = PromptLimit.of(spec).fit([encoding.full_prompt(i) for i in inputs])
     return [
         {
-            "ids": encoding.prompt(i),
+            "ids": ids,
             "target_ids": encoding.target(t) if t else [],
             "input": i,
             "target": t,
         }
-        for i, t in zip(inputs, targets)
+        for ids, i, t in zip(prompts, inputs, targets)
     ]
 
 
@@ -108,12 +120,13 @@ def file_rows(spec: RunSpec, path: str) -> list[dict]:
 
 
 def prompt_width(spec: RunSpec, rows: Sequence[dict]) -> int:
-    """The width prompts are padded to: an encoder-decoder's `data.sequence_length.inputs`, a
-    decoder-only model's longest prompt among `rows` (chunks of one file share it)."""
+    """The width prompts are padded to: an encoder-decoder's input length (`prompt_limit`'s:
+    `post_training.max_input_length`, default `data.sequence_length.inputs`), a decoder-only
+    model's longest prompt among `rows` (chunks of one file share it)."""
     family = model_family(spec.keys.model.kind)
     if family.continues_prompt:
         return max([len(r["ids"]) for r in rows] + [1])
-    return int(spec.reader.sequence_length[family.input_feature])
+    return PromptLimit.of(spec).max_tokens
 
 
 def target_width(rows: Sequence[dict]) -> int:
@@ -136,14 +149,22 @@ class RowPredictor:
     ) -> list[dict]:
         """`[{"prediction", "prediction_ids", "score"}]` of `rows`, their prompts padded to
         `width`, at most `new` tokens each; `score` is the log-probability the decoding gave the
-        prediction. `first_index` and `total` number the rows in the log line."""
+        prediction. With `post_training.num_decodes` > 1 the prediction is the best decode
+        (`predict_fns.best_decodes`) and `"decodes"` lists every one (`{"prediction",
+        "prediction_ids", "score"}`: samples in drawing order, beams best first). `first_index`
+        and `total` number the rows in the log line."""
         prompts = pad_rows([r["ids"] for r in rows], width)
-        preds, scores = self.decoder(params, prompts, new, first_index, total)
+        preds, scores = self.decoder.decode_all(params, prompts, new, first_index, total)
+        picks = predict_fns.best_index(scores, self.decoder.spec.decode)
         out = []
-        for pred, s in zip(preds, scores):
-            ids = pred[: pred.index(0)] if 0 in pred else pred
-            out.append({"prediction": self.vocabulary.decode(ids), "prediction_ids": ids, "score": float(s)})
+        for decodes, row_scores, pick in zip(preds, scores, picks):
+            each = [self._prediction(p, s) for p, s in zip(decodes, row_scores)]
+            out.append({**each[pick], "decodes": each} if len(each) > 1 else each[0])
         return out
+
+    def _prediction(self, pred: list[int], score: float) -> dict:
+        ids = pred[: pred.index(0)] if 0 in pred else pred
+        return {"prediction": self.vocabulary.decode(ids), "prediction_ids": ids, "score": float(score)}
 
     def score(
         self,

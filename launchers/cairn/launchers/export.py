@@ -15,11 +15,14 @@ asset, its tokenization and decoding as plain TensorFlow ops (`cairn.tokenizers`
 `scores` (the decoding's log-probability of each output) and `output_ids`.
 
 Fixed at export (the SavedModel's `assets.extra/cairn_export.json` records them): the decoding
-(`post_training.decode_method`, `temperature`, `top_k`, `top_p`, `num_beams`, `alpha`; override
-them with `--config.post_training.*`), the tokens an output may have
+(`post_training.decode_method`, `temperature`, `top_k`, `top_p`, `num_beams`, `alpha`,
+`num_decodes`: the best decode is the output, as infer's; override them with
+`--config.post_training.*`), the tokens an output may have
 (`post_training.max_decode_length`, default the targets length, as `infer`), the prompt length
-(`--input_length`, default `data.sequence_length.inputs` for an encoder-decoder model, `targets`
-for a decoder-only one) and the rows per model call (`--batch_size`). Inputs: the strings (any
+(`--input_length`, default `post_training.max_input_length`'s, as infer's limit; a longer prompt
+follows `post_training.long_inputs`: truncated as infer truncates it, or refused), the characters
+an input may have (`--max_input_chars`, default 16 per prompt token: a longer string is refused
+before it is tokenized) and the rows per model call (`--batch_size`). Inputs: the strings (any
 number, decoded `--batch_size` at a time) and, with `generate`, the seed (`serving_default` uses
 `seed`, as `infer` does). Greedy outputs equal `infer`'s on the same text.
 One process (not `multihost.*`). Exit status 0 written; 2 bad input (one line on stderr).
@@ -58,6 +61,7 @@ from cairn.launchers import (
 )
 from cairn.launchers.config_base import model_family
 from cairn.launchers.fingerprint import config_hash
+from cairn.launchers.prompt_limit import PromptLimit
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
 from cairn.tokenizers import SentencePieceVocabulary, VocabularyError
@@ -68,7 +72,13 @@ from cairn.tokenizers.sentencepiece_graph import ModelSpec
 OUTPUT = flags.DEFINE_string("output", "", "the SavedModel folder to write (required)", allow_override=True)
 BATCH = flags.DEFINE_integer("batch_size", 8, "rows per model call inside the SavedModel", allow_override=True)
 INPUT_LENGTH = flags.DEFINE_integer(
-    "input_length", 0, "prompt tokens (default: sequence_length.inputs; decoder-only: .targets)"
+    "input_length", 0, "prompt tokens at most (default: post_training.max_input_length's)"
+)
+CHARS_PER_TOKEN = 16  # the default --max_input_chars per prompt token
+MAX_CHARS = flags.DEFINE_integer(
+    "max_input_chars",
+    0,
+    f"characters an input may have, a longer one refused (default: {CHARS_PER_TOKEN} x the prompt tokens)",
 )
 PLATFORMS = flags.DEFINE_list("platforms", ["cpu"], "platforms the SavedModel runs on: cpu, cuda, rocm, tpu")
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace an existing --output", allow_override=True)
@@ -77,27 +87,24 @@ PLATFORM_NAMES = ("cpu", "cuda", "rocm", "tpu")
 FACTS_FILE = "cairn_export.json"  # under the SavedModel's assets.extra/
 
 
-def check_args(output: str, batch_size: int, input_length: int, platforms: list[str], overwrite: bool) -> None:
-    """`ConfigError` naming the flag for an unusable `--output`, `--batch_size`, `--input_length`
-    or `--platforms` (checked before JAX is imported)."""
+def check_args(
+    output: str, batch_size: int, input_length: int, platforms: list[str], overwrite: bool, max_input_chars: int = 0
+) -> None:
+    """`ConfigError` naming the flag for an unusable `--output`, `--batch_size`, `--input_length`,
+    `--max_input_chars` or `--platforms` (checked before JAX is imported)."""
     if not output:
         raise ConfigError("output", "--output=path/to/saved_model is required")
     if batch_size < 1:
         raise ConfigError("batch_size", f"must be >= 1, got {batch_size}")
     if input_length < 0:
         raise ConfigError("input_length", f"must be >= 0 (0: the default), got {input_length}")
+    if max_input_chars < 0:
+        raise ConfigError("max_input_chars", f"must be >= 0 (0: the default), got {max_input_chars}")
     unknown = [p for p in platforms if p not in PLATFORM_NAMES]
     if unknown or not platforms:
         raise ConfigError("platforms", f"unknown {unknown or 'empty list'}; allowed: {', '.join(PLATFORM_NAMES)}")
     if storage.path(output).exists() and not overwrite:
         raise ConfigError("output", f"{output} exists; use --overwrite to replace it")
-
-
-def _check_decode(spec: RunSpec) -> None:
-    if spec.decode.num_decodes != 1:
-        raise ConfigError(
-            "post_training.num_decodes", f"the export writes one output per input; got {spec.decode.num_decodes}"
-        )
 
 
 def graph_vocabulary(spec: RunSpec) -> Any:
@@ -125,17 +132,17 @@ def export(
     platforms: tuple[str, ...] | list[str] = ("cpu",),
     overwrite: bool = False,
     out: Callable[[str], None] = print,
+    max_input_chars: int = 0,
 ) -> dict[str, Any]:
     """Writes the SavedModel of the checkpoint at `path` (module docstring) to `output`;
     returns the facts recorded in it (`assets.extra/cairn_export.json`)."""
-    check_args(output, batch_size, input_length, list(platforms), overwrite)
-    _check_decode(spec)
+    check_args(output, batch_size, input_length, list(platforms), overwrite, max_input_chars)
     vocabulary = graph_vocabulary(spec)
     from jax.experimental import jax2tf  # imports TensorFlow
 
     family = model_family(spec.keys.model.kind)
-    lengths = spec.reader.sequence_length
-    width = input_length or int(lengths["targets"] if family.continues_prompt else lengths[family.input_feature])
+    limit = PromptLimit.of(spec)
+    width = input_length or limit.max_tokens
     new = predict_fns.new_tokens(spec)
     ready = run_setup.prepare(spec, train=False, padded=(("batch_size", batch_size),), eval_task=True)
     if jax.process_count() > 1:
@@ -147,11 +154,15 @@ def export(
     add_eos = not family.continues_prompt and infer_rows.adds_eos(spec)
     eos = vocabulary.eos_id if vocabulary.eos_id is not None else 1
 
-    shape = serving.ServingShape(batch_size, width, new, family.continues_prompt, add_eos, eos, spec.keys.seed)
-    options = predict_fns.decode_options(spec, shape.output_length)
+    chars = max_input_chars or CHARS_PER_TOKEN * width
+    shape = serving.ServingShape(
+        batch_size, width, new, family.continues_prompt, add_eos, eos, spec.keys.seed, limit.refuse, chars
+    )
+    options = predict_fns.decode_options(spec, new, width if family.continues_prompt else 0)
 
     def decode(params, prompts, seed):
-        return model.predict_batch(params, family.decode_batch(prompts), options, rng=jax.random.PRNGKey(seed))
+        out = model.predict_batch(params, family.decode_batch(prompts), options, rng=jax.random.PRNGKey(seed))
+        return predict_fns.best_decodes(*out, options)
 
     decode_fn = jax2tf.convert(decode, with_gradient=False, native_serialization_platforms=tuple(platforms))
     facts = {
@@ -162,6 +173,8 @@ def export(
         "vocabulary_sha256": vocabulary.fingerprint,
         "batch_size": batch_size,
         "input_length": width,
+        "max_input_chars": chars,
+        "long_inputs": spec.keys.post_training.long_inputs,
         "max_decode_length": new,
         "add_eos": add_eos,
         "seed": spec.keys.seed,
@@ -234,6 +247,7 @@ def _main(spec: RunSpec) -> None:
         PLATFORMS.value,
         OVERWRITE.value,
         out=run_setup.print_on_process_0,
+        max_input_chars=MAX_CHARS.value,
     )
 
 

@@ -19,8 +19,10 @@ with EOS; a decoder-only prompt is continued as given). `--mode` (t5x's infer mo
 score}`: the target's log-likelihood given the input, summed over its tokens) or
 `predict_with_aux` (`predict`'s rows with `aux: {scores}`, the decoding's log-probability of
 the prediction). Decoding follows `post_training.decode_method` etc.; a prediction has at most
-`post_training.max_decode_length` tokens (default: the targets length; a decoder-only model's
-second half: its length).
+`post_training.max_decode_length` tokens after its own prompt, whatever the other rows of its
+chunk (default: the targets length; a decoder-only model's second half: its length), and a
+prompt at most `post_training.max_input_length` (`prompt_limit`: a longer one is cut, with one
+warning naming its rows, or refused: exit 2).
 
 Chunk `k` of a file (its examples `[k * chunk_size, (k + 1) * chunk_size)`) is written
 atomically to `<file>.parts/part-<k>.jsonl`; a rerun skips the chunks on disk, so an

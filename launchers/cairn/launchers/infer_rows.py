@@ -5,7 +5,8 @@ JSON lines of one chunk in each mode (t5x's infer modes).
 * `score`: rows `{index, input, target, score}`, the log-likelihood of the target given the
   input (the sum of the target tokens' log-probabilities);
 * `predict_with_aux`: `predict`'s rows with `aux: {scores}`, the log-probability the decoding
-  gave the prediction.
+  gave the prediction, and with `post_training.num_decodes` > 1 `aux.decodes`: every decode
+  (`{prediction, prediction_ids, score}`; the prediction is the best of them).
 
 The rows of a task: an encoder-decoder model's are its examples' `inputs` and `targets`; a
 decoder-only model's are the prompts and targets of the task's decode view (`decode_views`:
@@ -143,6 +144,8 @@ class ChunkWriter:
                 row = {**b, "prediction": p["prediction"], "prediction_ids": p["prediction_ids"]}
                 if self.mode == "predict_with_aux":
                     row["aux"] = {"scores": p["score"]}
+                    if "decodes" in p:  # post_training.num_decodes > 1: every decode, the prediction one of them
+                        row["aux"]["decodes"] = p["decodes"]
                 out.append(row)
         return [json.dumps(r, ensure_ascii=False) for r in out]
 

@@ -19,7 +19,9 @@ optimizer, schedule, microbatches and loss) on a batch made by the run's feature
 
 * Encoder-decoder models are given inputs; decoder-only models continue prompts, and the
   prediction excludes the prompt (infer's convention). The model's `prompt_start_id` and the
-  config's decoding options (`post_training.decode_method`, `max_decode_length`, ...) apply.
+  config's decoding options (`post_training.decode_method`, `max_decode_length`, ...) apply,
+  and its prompt-length policy (`post_training.max_input_length`, `long_inputs`: a longer
+  prompt is cut, with one warning naming its rows, or refused; `cairn.launchers.prompt_limit`).
 * A LoRA run (`model.lora.*`) loads its adapters over the frozen base of its `init.*` source;
   `predict` and `score` use the adapters folded in, and `train_step` trains the adapters only.
 * The mesh is the config's `partitioning.mesh` on `devices` (default: every local device); one
@@ -177,11 +179,14 @@ class InteractiveModel:
     ) -> tuple[list[str], dict[str, list]]:
         """`(predictions, {"scores", "prediction_ids"})`: `predict`'s strings, the
         log-probability the decoding gave each (infer's `predict_with_aux` `aux.scores`) and
-        their token ids."""
+        their token ids; with `post_training.num_decodes` > 1 also `"decodes"`, every decode of
+        each input (infer's `aux.decodes`)."""
         rows = example_rows.text_rows(self.spec, _texts("inputs", inputs))
         new = int(max_decode_length) if max_decode_length else predict_fns.new_tokens(self.spec)
         out = self.predictor.predict(self.params, rows, example_rows.prompt_width(self.spec, rows), new)
         aux = {"scores": [p["score"] for p in out], "prediction_ids": [p["prediction_ids"] for p in out]}
+        if out and "decodes" in out[0]:  # post_training.num_decodes > 1: every decode of each input
+            aux["decodes"] = [p["decodes"] for p in out]
         return [p["prediction"] for p in out], aux
 
     def score(self, inputs: Sequence[str], targets: Sequence[str]) -> list[float]:

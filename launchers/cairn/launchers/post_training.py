@@ -28,6 +28,7 @@ import numpy as np
 from cairn import storage
 from cairn.launchers import builder, predict_fns, schema
 from cairn.launchers.config_base import model_family
+from cairn.launchers.prompt_limit import PromptLimit
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 from cairn.models.families import SAMPLES_EVAL_PREDICTIONS, SAMPLES_PROMPT_CONTINUATIONS
@@ -74,15 +75,19 @@ def final_evaluation(
     return result.metrics
 
 
-def _decode(spec: RunSpec, model: Any, params: Any, partitioner: Any, rows: np.ndarray, length: int) -> np.ndarray:
-    """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), one
-    sharded batch on the partitioner's mesh."""
-    options = predict_fns.decode_options(spec, length)
+def _decode(
+    spec: RunSpec, model: Any, params: Any, partitioner: Any, rows: np.ndarray, new: int, width: int = 0
+) -> np.ndarray:
+    """Decoded tokens of every row of `rows` (the model family's `decode_batch` of them), at
+    most `new` each (`width`: a decoder-only model's prompt columns, `predict_fns.decode_options`),
+    one sharded batch on the partitioner's mesh."""
+    options = predict_fns.decode_options(spec, new, width)
     decode_batch = model_family(spec.keys.model.kind).decode_batch
 
     def fn(p, x):
         batch = decode_batch(x)
-        return model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(spec.keys.seed))[0]
+        out = model.predict_batch(p, batch, options, rng=jax.random.PRNGKey(spec.keys.seed))
+        return predict_fns.best_decodes(*out, options)[0]
 
     return ShardedBatches(partitioner, fn, len(rows), "decodes", logging.DEBUG)(params, rows)
 
@@ -127,15 +132,16 @@ def generate_text(
     partitioner: Any,
     out: Printer = print,
 ) -> list[str]:
-    """Continues each of `post_training.prompts` (decoder-only models); prints and returns
-    prompt + continuation."""
+    """Continues each of `post_training.prompts` (decoder-only models; each within
+    `post_training.max_input_length`, `prompt_limit`); prints and returns prompt + continuation."""
     prompts, vocabulary = list(spec.keys.post_training.prompts), spec.vocabulary
     if not prompts:
         return []
-    encoded = [vocabulary.encode(p) for p in prompts]
+    encoded = PromptLimit.of(spec).fit([vocabulary.encode(p) for p in prompts])
     longest = max(len(e) for e in encoded)
     new = spec.keys.post_training.max_decode_length or spec.reader.sequence_length["targets"]
-    tokens = _decode(spec, model, params, partitioner, pad_rows(encoded, max(longest, 1)), longest + new)
+    width = max(longest, 1)
+    tokens = _decode(spec, model, params, partitioner, pad_rows(encoded, width), new, width)
     texts = []
     for i, (_prompt, row) in enumerate(zip(prompts, tokens)):
         text = vocabulary.decode([int(t) for t in row])

@@ -6,8 +6,9 @@ spec's `DecodeOptions` (`post_training.*`) through `predict_batch(params, family
 options, rng)`: for an encoder-decoder model `prompts` are the encoder inputs and the output is
 the prediction; for a decoder-only model (`continues_prompt`) each row of the output is its
 prompt (the row's leading non-zero tokens) followed by the continuation, and the prompt is removed here.
-Either way a row's prediction has at most `new_tokens` tokens, next to `predict_batch`'s score
-(the log-probability the decoding gives it).
+Either way a row's prediction has at most `new_tokens` tokens, whatever the other prompts of its
+batch (`decode_options`: a per-row budget), next to `predict_batch`'s score (the log-probability
+of exactly those tokens).
 
 `score_features(family, prompts, targets)` builds the batch whose `score_batch` is the
 log-likelihood of each target given its prompt: the encoder's inputs and decoder targets, or,
@@ -27,13 +28,41 @@ import numpy as np
 
 from cairn.launchers.config_base import model_family
 from cairn.launchers.decode_views import PROMPT
+from cairn.launchers.prompt_limit import PromptLimit
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.sharded_batches import ShardedBatches
 
 
-def decode_options(spec: RunSpec, length: int) -> Any:
-    """The spec's `DecodeOptions` (`post_training.*`) with `max_decode_length=length`."""
-    return dataclasses.replace(spec.decode, max_decode_length=length)
+def decode_options(spec: RunSpec, new: int, width: int = 0) -> Any:
+    """The spec's `DecodeOptions` (`post_training.*`) for predictions of at most `new` tokens
+    each: `max_new_tokens=new`, and `max_decode_length=width + new` where a decoder-only
+    model's prompts are padded to `width` (its output holds the prompt), so that every row's
+    budget is `new` whatever the other rows' prompts and the padding width."""
+    return dataclasses.replace(spec.decode, max_decode_length=width + new, max_new_tokens=new)
+
+
+def best_decodes(tokens: Any, scores: Any, options: Any) -> tuple[Any, Any]:
+    """`(tokens [b, len], scores [b])`: one prediction per example of `predict_batch`'s
+    `b * num_decodes` rows (each example's adjacent): with beam search its best beam (the first:
+    ranked by the length-penalized score), when sampling the sample of highest log-probability
+    (t5x's `predict_batch` without `return_all_decodes`). Traceable (jit, jax2tf)."""
+    import jax.numpy as jnp
+
+    k = options.num_decodes
+    if k == 1:
+        return tokens, scores
+    tokens, scores = tokens.reshape(-1, k, tokens.shape[-1]), scores.reshape(-1, k)
+    pick = best_index(scores, options, jnp)
+    best = jnp.take_along_axis(tokens, pick[:, None, None], axis=1)[:, 0]
+    return best, jnp.take_along_axis(scores, pick[:, None], axis=1)[:, 0]
+
+
+def best_index(scores: Any, options: Any, xp: Any = np) -> Any:
+    """`[b]`: which of each example's decodes `scores` `[b, num_decodes]` is its prediction
+    (`best_decodes`), in `xp` (numpy, or jax.numpy when traced)."""
+    if options.method == "beam":
+        return xp.zeros(scores.shape[:1], xp.int32)
+    return xp.argmax(scores, axis=1).astype(xp.int32)
 
 
 def new_tokens(spec: RunSpec, default: int | None = None) -> int:
@@ -56,16 +85,18 @@ class Decoder:
         self.spec, self.model, self.partitioner = spec, model, partitioner
         self.batch_size, self.log_level = batch_size, log_level
         self.family = model_family(spec.keys.model.kind)
+        self.limit = PromptLimit.of(spec)
         self._batches: dict[tuple[int, int], ShardedBatches] = {}
 
     def _sharded(self, width: int, new: int) -> ShardedBatches:
         if (width, new) not in self._batches:
-            length = new + (width if self.family.continues_prompt else 0)
-            options = decode_options(self.spec, length)
+            options = decode_options(self.spec, new, width if self.family.continues_prompt else 0)
             seed, decode_batch = self.spec.keys.seed, self.family.decode_batch
 
-            def fn(p, x):
-                return self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
+            def fn(p, x):  # `[b, num_decodes, len]` tokens and `[b, num_decodes]` scores: a row per prompt
+                tokens, scores = self.model.predict_batch(p, decode_batch(x), options, rng=jax.random.PRNGKey(seed))
+                k = options.num_decodes
+                return tokens.reshape(-1, k, tokens.shape[-1]), scores.reshape(-1, k)
 
             self._batches[width, new] = ShardedBatches(self.partitioner, fn, self.batch_size, "decodes", self.log_level)
         return self._batches[width, new]
@@ -73,14 +104,35 @@ class Decoder:
     def __call__(
         self, params: Any, prompts: np.ndarray, new: int, first_index: int = 0, total: int | None = None
     ) -> tuple[list[list[int]], np.ndarray]:
-        """`(predictions, scores)` of `prompts` `[n, width]` (int32, right-padded with 0)."""
-        prompts = np.asarray(prompts, np.int32)
+        """`(predictions, scores)` of `prompts` `[n, width]` (int32, right-padded with 0), each
+        within `post_training.max_input_length` first (`prompt_limit`: cut with a warning, or
+        refused): each prompt's best decode (`best_decodes`; `decode_all` has every one)."""
+        preds, scores = self.decode_all(params, prompts, new, first_index, total)
+        pick = best_index(scores, self.spec.decode)
+        return [p[i] for p, i in zip(preds, pick)], scores[np.arange(len(preds)), pick]
+
+    def decode_all(
+        self, params: Any, prompts: np.ndarray, new: int, first_index: int = 0, total: int | None = None
+    ) -> tuple[list[list[list[int]]], np.ndarray]:
+        """`(predictions [n][num_decodes], scores [n, num_decodes])`: every decode of each prompt
+        (`post_training.num_decodes`: samples in drawing order, beams best first)."""
+        prompts = self._within_limit(np.asarray(prompts, np.int32), first_index)
         tokens, scores = self._sharded(prompts.shape[1], new)(params, prompts, first_index, total)
         starts = (
             np.cumprod(prompts != 0, axis=1).sum(1) if self.family.continues_prompt else np.zeros(len(prompts), int)
         )
-        preds = [[int(t) for t in row[s : s + new]] for row, s in zip(np.asarray(tokens), starts)]
+        preds = [[[int(t) for t in row[s : s + new]] for row in rows] for rows, s in zip(np.asarray(tokens), starts)]
         return preds, np.asarray(scores, np.float32)
+
+    def _within_limit(self, prompts: np.ndarray, first_index: int) -> np.ndarray:
+        lengths = np.cumprod(prompts != 0, axis=1).sum(1)
+        if not np.any(lengths > self.limit.max_tokens):
+            return prompts
+        rows = self.limit.fit([p[:n] for p, n in zip(prompts, lengths)], first_index)
+        out = np.zeros((len(rows), self.limit.max_tokens), np.int32)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = r
+        return out
 
 
 def score_features(

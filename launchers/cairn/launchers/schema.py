@@ -282,6 +282,7 @@ class Eval:
 
 
 _DECODE = "cairn.models.model_base:DecodeOptions."
+LONG_INPUTS = ("truncate", "refuse")  # post_training.long_inputs (`cairn.launchers.prompt_limit`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,9 +296,27 @@ class PostTraining:
         choices=library("cairn.models.model_base", "DECODE_METHODS"),
         owner=_DECODE + "method",
     )
-    max_decode_length: int = knob(0, "0: the targets length", min=0)
-    temperature: float = knob(1.0, "sampling temperature")
-    top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)")
+    max_decode_length: int = knob(
+        0, "tokens each prediction may have, after its own prompt (0: the targets length)", min=0
+    )
+    temperature: float = knob(1.0, "sampling temperature (0: greedy)", min=0)
+    top_k: int = knob(0, "sampling: keep the k most likely tokens (0: all)", min=0)
+    top_p: float = knob(
+        1.0, "sampling: keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: all)"
+    )
+    num_beams: int = knob(4, "beam: the beam width", min=1)
+    alpha: float = knob(0.6, "beam: t5x's brevity penalty ((5 + length) / 6) ** alpha divides a beam's log-prob", min=0)
+    num_decodes: int = knob(
+        1,
+        "sample: samples drawn per prompt, the highest-scoring returned; beam: <= num_beams (the best returned)",
+        min=1,
+    )
+    max_input_length: int = knob(0, "prompt tokens at most (0: data.sequence_length.inputs, else .targets)", min=0)
+    long_inputs: str = knob(
+        "truncate",
+        "a longer prompt: truncate (decoder-only: keep its end; encoder input: its start, then EOS) or refuse",
+        choices=LONG_INPUTS,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

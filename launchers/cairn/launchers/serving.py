@@ -12,7 +12,14 @@ Signatures (`serving_module`):
 `n` is any size: the rows go through the model `batch_size` at a time (the last batch padded
 with empty rows). An input is tokenized as the task does: an encoder-decoder model's is cut to
 `input_length - 1` tokens and gets EOS when the task's `inputs` feature adds it (else cut to
-`input_length`); a decoder-only model's prompt (no EOS) keeps its last `input_length` tokens.
+`input_length`); a decoder-only model's prompt (no EOS) keeps its last `input_length` tokens
+(`prompt_limit`'s truncation, as infer's). With `refuse_long` (`post_training.long_inputs=refuse`)
+a longer prompt fails the call instead, and an input of more than `max_input_chars` characters
+always does, before it is tokenized: `InvalidArgumentError` naming the input's index, its
+length and the limit. The signatures take a vector of strings: another rank fails the call
+(`InvalidArgumentError`: "inputs must be a vector of strings"), another dtype is refused by
+TensorFlow before the graph runs ("input #0 ... was expected to be a string tensor but is a
+int32 tensor").
 An output is the prediction up to its first EOS or padding, without the prompt, decoded as
 `infer` decodes it.
 """
@@ -30,7 +37,9 @@ from cairn.tokenizers.sentencepiece_graph import SentencePieceGraph
 class ServingShape:
     """What is fixed at export: `batch_size` rows per model call, prompts of `input_length`
     tokens, predictions of at most `new_tokens`; `continues_prompt` (decoder-only), `add_eos`
-    (encoder inputs end with EOS), `eos_id`, and `seed`, `serving_default`'s seed."""
+    (encoder inputs end with EOS), `eos_id`, `seed`, `serving_default`'s seed; `refuse_long`: a
+    prompt longer than `input_length` fails (else it is truncated); `max_input_chars`: longer
+    inputs fail (0: no limit)."""
 
     batch_size: int
     input_length: int
@@ -39,6 +48,8 @@ class ServingShape:
     add_eos: bool
     eos_id: int
     seed: int
+    refuse_long: bool = False
+    max_input_chars: int = 0
 
     @property
     def output_length(self) -> int:
@@ -66,7 +77,7 @@ def serving_module(
     tokenizer = SentencePieceGraph(vocabulary.sp_model)
     module.tokenizer_tables = tokenizer.tables  # tracked, so that the functions' tables are saved
     module.vocabulary_asset = tf.saved_model.Asset(vocabulary_file)
-    strings = tf.TensorSpec([None], tf.string, name="inputs")
+    strings = tf.TensorSpec(None, tf.string, name="inputs")  # any rank: `_vector` checks it
     seed_spec = tf.TensorSpec([], tf.int32, name="seed")
     # Traced once (the model converted once) and shared by both signatures.
     module.decode = tf.function(
@@ -76,6 +87,7 @@ def serving_module(
     )
 
     def run(inputs: Any, seed: Any) -> dict[str, Any]:
+        inputs = _vector(tf, inputs)
         prompts = _prompts(tf, tokenizer, inputs, shape)
         n = tf.shape(prompts)[0]
         chunks = (n + shape.batch_size - 1) // shape.batch_size
@@ -109,14 +121,45 @@ def serving_module(
     return module, signatures
 
 
+def _vector(tf: Any, inputs: Any) -> Any:
+    """`inputs` as a vector `[n]`, or an `InvalidArgumentError` saying that it must be one (the
+    signature takes any rank, so that the message is this one, not a failure inside the graph)."""
+    rank = tf.rank(inputs)
+    check = tf.debugging.Assert(
+        tf.equal(rank, 1), ["inputs must be a vector of strings (rank 1, shape [n]); got rank", rank]
+    )
+    with tf.control_dependencies([check]):
+        return tf.reshape(inputs, [-1])
+
+
+def _refuse_over(tf: Any, lengths: Any, limit: int, what: str) -> Any:
+    """An assertion that every entry of `lengths` `[n]` is at most `limit`, its message naming the
+    first that is not (its index and length)."""
+    over = lengths > limit
+    first = tf.argmax(tf.concat([tf.cast(over, tf.int32), [1]], 0), output_type=tf.int32)
+    longest = tf.gather(tf.concat([tf.cast(lengths, tf.int64), [0]], 0), first)
+    return tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(over)), ["input", first, "has", longest, f"{what}, more than {limit}"]
+    )
+
+
 def _prompts(tf: Any, tokenizer: SentencePieceGraph, inputs: Any, shape: ServingShape) -> Any:
     """`[n, input_length]` int32 prompts of `inputs` (module docstring), right-padded with 0."""
+    if shape.max_input_chars:
+        chars = tf.strings.length(inputs, unit="UTF8_CHAR")
+        with tf.control_dependencies([_refuse_over(tf, chars, shape.max_input_chars, "characters (max_input_chars)")]):
+            inputs = tf.identity(inputs)
     ids = tokenizer.encode(inputs)
     n = tf.shape(inputs)[0]
+    checks = []
+    if shape.refuse_long:
+        tokens = ids.row_lengths() + (1 if shape.add_eos and not shape.continues_prompt else 0)
+        checks.append(_refuse_over(tf, tokens, shape.input_length, "tokens (post_training.long_inputs='refuse')"))
     if shape.continues_prompt:
         ids = ids[:, -shape.input_length :]
     elif shape.add_eos:
         ids = tf.concat([ids[:, : shape.input_length - 1], tf.fill([n, 1], shape.eos_id)], axis=1)
     else:
         ids = ids[:, : shape.input_length]
-    return ids.to_tensor(default_value=0, shape=[None, shape.input_length])
+    with tf.control_dependencies(checks):
+        return tf.identity(ids.to_tensor(default_value=0, shape=[None, shape.input_length]))

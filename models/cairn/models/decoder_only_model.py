@@ -61,8 +61,9 @@ class DecoderOnlyModel(ModelBase):
         """Continues each row of `prompts` `[b, p]` (right-padded with 0; may be all 0).
 
         Returns `(tokens [b * num_decodes, max_decode_length], scores [b * num_decodes])`:
-        each row is its prompt (cut at `max_decode_length`) followed by the generated tokens,
-        then 0; scores are the log-probabilities of the generated tokens. With
+        each row is its prompt (cut at `max_decode_length`) followed by the generated tokens
+        (at most `options.max_new_tokens` when > 0: a row's budget is its own, whatever the
+        other prompts), then 0; scores are the log-probabilities of the generated tokens. With
         `options.prefill` (the default) one forward pass over the left-aligned prompts fills
         the cache (bidirectionally over each prompt if `options.prefix_lm`), then the loop
         decodes step by step; otherwise the prompt is forced token by token (causally).
@@ -90,12 +91,13 @@ class DecoderOnlyModel(ModelBase):
             tokens, segments = prompt_tuning.prepend_to_aligned(tokens, segments, self.config.vocab_size, n_prompt)
         b, n = prompts.shape[0], options.rows_per_example
         prefix = segments if options.prefix_lm else None
-        total = tokens.shape[1] + options.max_decode_length - 1  # the prefill and at most L - 1 fed tokens
+        fed = min(options.max_decode_length, options.max_new_tokens or options.max_decode_length)
+        total = tokens.shape[1] + fed - 1  # the prefill and the fed tokens (each row's budget, less 1)
         if options.use_cache:
             tokens_to_logits, cache = self._prefilled_steps(params, tokens, segments, prefix, total, n)
         else:
             tokens_to_logits, cache = self._recomputed_steps(params, tokens, segments, prefix, total, n)
-        out, scores = run_decoding(options, tokens_to_logits, cache, b, rng, prompt_lengths=lengths)
+        out, scores = run_decoding(options, tokens_to_logits, cache, b, rng, prompt_lengths=lengths, content=prompts)
         rows = jnp.repeat(jnp.arange(b), options.num_decodes)
         return prepend_prompts(prompts[rows], lengths[rows], out), scores
 
@@ -162,7 +164,7 @@ class DecoderOnlyModel(ModelBase):
         if options.method == "beam":
             raise NotImplementedError("beam search with a forced prompt is not supported: use prefill=True")
         n = options.rows_per_example
-        prompts = jnp.repeat(prompts, n, axis=0)
+        content, prompts = prompts, jnp.repeat(prompts, n, axis=0)
         rows, length = prompts.shape[0], options.max_decode_length
         variables = {"params": params}
         if options.use_cache:
@@ -194,4 +196,4 @@ class DecoderOnlyModel(ModelBase):
             def tokens_to_logits(tokens, state, step):
                 return inner(jnp.where(step == 0, start, tokens), state, step)
 
-        return run_decoding(options, tokens_to_logits, cache, rows // n, rng, prompt=prompts)
+        return run_decoding(options, tokens_to_logits, cache, rows // n, rng, prompt=prompts, content=content)

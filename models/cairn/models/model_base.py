@@ -26,10 +26,18 @@ DECODE_METHODS = ("greedy", "sample", "beam")
 class DecodeOptions:
     """How `predict_batch` decodes.
 
-    `method`: greedy, sample (temperature, top_k, top_p, from the stateless `rng` given to
-    `predict_batch`) or beam (`num_beams`, length penalty `alpha`). `num_decodes`: outputs
-    per example (sample: independent samples; beam: the best `num_decodes` beams, at most
-    `num_beams`), returned as `b * num_decodes` rows, each example's adjacent. Decoder-only
+    `method`: greedy, sample (`temperature`, `top_k`: the k most likely tokens, 0 all;
+    `top_p`: the smallest set of tokens whose probability reaches p, 1 all; from the stateless
+    `rng` given to `predict_batch`, each row's key folded with an id of its prompt, so that a
+    row's sample does not depend on its batch) or beam (`num_beams`, t5x's brevity penalty
+    `((5 + length) / 6) ** alpha` dividing a finished beam's log-probability, `alpha` >= 0,
+    0: none). `num_decodes`: outputs per example (sample: independent samples; beam: the best
+    `num_decodes` beams, at most `num_beams`), returned as `b * num_decodes` rows, each
+    example's adjacent. `max_decode_length`: the columns returned (a decoder-only model's
+    prompt and continuation); `max_new_tokens` > 0: each row generates at most that many tokens
+    after its own prompt (0: as many as the columns leave), whatever the other rows' prompts, so
+    callers that pad prompts to a width `w` ask for `max_decode_length = w + new` and
+    `max_new_tokens = new`. Decoder-only
     prompts: `prefill` runs one forward pass over the prompts to fill the cache (False:
     force them token by token through the loop, causally; no beam search then);
     `prefix_lm` lets the prompt attend bidirectionally within itself during the prefill,
@@ -48,18 +56,29 @@ class DecodeOptions:
     num_decodes: int = 1
     prefill: bool = True
     prefix_lm: bool = False
+    max_new_tokens: int = 0
 
     def __post_init__(self):
         if self.method not in DECODE_METHODS:
             raise ValueError(f"DecodeOptions.method must be one of {DECODE_METHODS}, got {self.method!r}")
         if self.max_decode_length < 1:
             raise ValueError(f"DecodeOptions.max_decode_length must be >= 1, got {self.max_decode_length}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"DecodeOptions.max_new_tokens must be >= 0 (0: no cap), got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"DecodeOptions.temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"DecodeOptions.top_k must be >= 0 (0: all tokens), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"DecodeOptions.top_p must be in (0, 1] (1: all tokens), got {self.top_p}")
+        if self.alpha < 0:
+            raise ValueError(f"DecodeOptions.alpha (the length penalty's exponent) must be >= 0, got {self.alpha}")
+        if self.num_beams < 1:
+            raise ValueError(f"DecodeOptions.num_beams must be >= 1, got {self.num_beams}")
         if self.num_decodes < 1:
             raise ValueError(f"DecodeOptions.num_decodes must be >= 1, got {self.num_decodes}")
         if self.method == "greedy" and self.num_decodes > 1:
             raise ValueError("DecodeOptions.num_decodes > 1 needs method 'sample' or 'beam' (greedy decodes agree)")
-        if self.method == "beam" and self.num_beams < 1:
-            raise ValueError(f"DecodeOptions.num_beams must be >= 1, got {self.num_beams}")
         if self.method == "beam" and self.num_decodes > self.num_beams:
             raise ValueError(
                 f"DecodeOptions.num_decodes ({self.num_decodes}) must be <= num_beams ({self.num_beams}) for beam"
@@ -167,6 +186,7 @@ def run_decoding(
     rng: jax.Array | None,
     prompt=None,
     prompt_lengths=None,
+    content=None,
 ):
     """Dispatches to the decoding algorithm; returns `(tokens [b * n, len], scores [b * n])`.
 
@@ -174,13 +194,17 @@ def run_decoding(
     Scores: the summed log-probability of each row's generated tokens (beams are ranked by
     it divided by the length penalty). `prompt` `[b * n, p]` is forced token by token;
     `prompt_lengths` `[batch_size]` says the cache already holds prompts of these lengths:
-    the tokens are then the continuations only (see `decoding.decode_loop`).
+    the tokens are then the continuations only (see `decoding.decode_loop`). Each row
+    generates at most `options.max_new_tokens` tokens (when > 0). `content` `[batch_size, w]`:
+    the tokens each example's sampling keys derive from (`decoding.content_ids`; default the
+    row index).
     """
-    rows = batch_size * options.rows_per_example
-    row_lengths = None if prompt_lengths is None else jnp.repeat(prompt_lengths, options.rows_per_example)
+    n_rows = options.rows_per_example
+    rows, new = batch_size * n_rows, options.max_new_tokens
+    row_lengths = None if prompt_lengths is None else jnp.repeat(prompt_lengths, n_rows)
     if options.method == "greedy":
         return decoding.greedy_decode(
-            tokens_to_logits, cache, rows, options.max_decode_length, options.eos_id, prompt, row_lengths
+            tokens_to_logits, cache, rows, options.max_decode_length, options.eos_id, prompt, row_lengths, new
         )
     if options.method == "sample":
         if rng is None:
@@ -197,6 +221,8 @@ def run_decoding(
             options.eos_id,
             prompt,
             row_lengths,
+            new,
+            None if content is None else decoding.content_ids(content, n_rows),
         )
     if prompt is not None:
         raise NotImplementedError("beam search with a forced prompt is not supported (use prefill)")
@@ -209,6 +235,7 @@ def run_decoding(
         options.alpha,
         options.eos_id,
         prompt_lengths=prompt_lengths,
+        max_new=new,
     )
     n = options.num_decodes
     return seqs[:, :n].reshape(batch_size * n, -1), log_probs[:, :n].reshape(batch_size * n)

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cairn.models.decoding.loop import TokensToLogits
+from cairn.models.decoding.loop import TokensToLogits, row_budgets, without_padding
 
 NEG_INF = -1.0e7
 
@@ -63,6 +63,7 @@ def beam_search(
     eos_id: int = 1,
     bos_id: int = 0,
     prompt_lengths: jnp.ndarray | None = None,
+    max_new: int = 0,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """`(sequences [b, beams, len], scores [b, beams], log_probs [b, beams])`, best first.
 
@@ -71,32 +72,40 @@ def beam_search(
     its length (EOS included); an EOS candidate finishes a hypothesis only if it ranks among
     the top `num_beams` candidates of its step (as in transformers), so one beam is greedy
     decoding. `prompt_lengths` `[b]`: the cache holds prompts of these lengths (a prefill);
-    row `r` then extends them by at most `max_decode_len - prompt_lengths[r]` tokens.
-    Stops once no live beam can beat the finished ones.
+    row `r` then extends them by at most `max_decode_len - prompt_lengths[r]` tokens, and by
+    at most `max_new` when it is > 0 (a row's budget then does not depend on the other rows'
+    prompts; neither do its length penalties, which count the row's generated tokens).
+    A hypothesis never holds the padding id 0 (`without_padding`). A row stops once no live
+    beam can beat its finished ones (it keeps its beams while other rows go on); the loop stops
+    when every row has.
     """
     b, k, L = batch_size, num_beams, max_decode_len
     if k < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if alpha < 0:
+        raise ValueError(f"alpha (the length penalty's exponent) must be >= 0, got {alpha}")
     offsets = (jnp.arange(b) * k)[:, None]
-    if prompt_lengths is None:
-        budget = jnp.full((b,), L, jnp.int32)
-    else:
-        budget = jnp.maximum(L - prompt_lengths.astype(jnp.int32), 0)
+    start = jnp.zeros((b,), jnp.int32) if prompt_lengths is None else prompt_lengths
+    budget = jnp.maximum(row_budgets(L, start, max_new), 0)
     budget_f = budget.astype(jnp.float32)
+
+    def running(step, live_logp, fin_scores, fin_flags):
+        """`[b]`: the rows still searching: within their budget, and either not `num_beams`
+        finished yet or with a live beam that could still beat the worst finished one."""
+        best_live = live_logp[:, 0] / length_penalty(budget_f, alpha)
+        worst_fin = jnp.min(jnp.where(fin_flags, fin_scores, NEG_INF), axis=1)
+        all_fin = jnp.all(fin_flags, axis=1)
+        return (~all_fin | (best_live > worst_fin)) & (step < budget)
 
     def cond(state):
         step, _, live_logp, _, fin_scores, fin_flags, _, _ = state
-        best_live = live_logp[:, 0] / length_penalty(budget_f, alpha) if alpha >= 0 else live_logp[:, 0]
-        worst_fin = jnp.min(jnp.where(fin_flags, fin_scores, NEG_INF), axis=1)
-        all_fin = jnp.all(fin_flags, axis=1)
-        can_improve = ~all_fin | (best_live > worst_fin)
-        return (step < L) & jnp.any(can_improve & (step < budget))
+        return (step < L) & jnp.any(running(step, live_logp, fin_scores, fin_flags))
 
     def body(state):
         step, live_seqs, live_logp, fin_seqs, fin_scores, fin_flags, fin_logp, cache = state
         tokens = state_tokens(live_seqs, step)
         logits, cache = tokens_to_logits(tokens.reshape(b * k), cache, step)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+        logp = without_padding(jax.nn.log_softmax(logits.astype(jnp.float32))).reshape(b, k, -1)
         vocab = logp.shape[-1]
         cand = (live_logp[:, :, None] + logp).reshape(b, k * vocab)
         vals, idx = jax.lax.top_k(cand, 2 * k)
@@ -117,8 +126,9 @@ def beam_search(
         all_seqs = jnp.concatenate([fin_seqs, seqs], axis=1)
         all_logp = jnp.concatenate([fin_logp, jnp.where(ends, vals, NEG_INF)], axis=1)
         new_fin_scores, fin_sel = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
-        # Rows past their budget keep their beams (and their cache rows) as they are.
-        active = step < budget
+        # Rows that stopped (budget reached, or nothing left to gain) keep their beams and cache
+        # rows as they are: what a row returns does not depend on how long the others search.
+        active = running(step, live_logp, fin_scores, fin_flags)
         keep = lambda new, old: jnp.where(active.reshape((b,) + (1,) * (new.ndim - 1)), new, old)
         src_beam = keep(src_beam, jnp.broadcast_to(jnp.arange(k), (b, k)))
         cache = gather_beams(cache, (offsets + src_beam).reshape(b * k))

@@ -17,9 +17,10 @@ def greedy_decode(
     eos_id: int = 1,
     prompt: jnp.ndarray | None = None,
     prompt_lengths: jnp.ndarray | None = None,
+    max_new: int = 0,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """`(tokens [b, max_decode_len], log_probs [b])` by argmax at every step (`prompt`,
-    `prompt_lengths`: as in `decode_loop`)."""
+    `prompt_lengths`, `max_new`: as in `decode_loop`)."""
     return decode_loop(
         tokens_to_logits,
         cache,
@@ -29,4 +30,5 @@ def greedy_decode(
         eos_id=eos_id,
         prompt=prompt,
         prompt_lengths=prompt_lengths,
+        max_new=max_new,
     )

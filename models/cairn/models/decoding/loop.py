@@ -52,6 +52,19 @@ def _as_float32(result):
     return logits.astype(jnp.float32), cache
 
 
+def without_padding(logits: jnp.ndarray) -> jnp.ndarray:
+    """`logits` with the padding id 0 made impossible: decoding never emits it (a 0 in an output
+    marks its end, so a prediction cut there would not hold every scored token)."""
+    return logits.at[..., 0].set(-1.0e9)
+
+
+def row_budgets(max_decode_len: int, start: jnp.ndarray, max_new: int = 0) -> jnp.ndarray:
+    """`[b]`: the tokens each row may generate after `start` (its prefilled prompt's length):
+    the room left in `max_decode_len`, at most `max_new` when it is > 0."""
+    room = max_decode_len - start.astype(jnp.int32)
+    return room if max_new <= 0 else jnp.minimum(room, max_new)
+
+
 def decode_loop(
     tokens_to_logits: TokensToLogits,
     cache: Any,
@@ -62,16 +75,20 @@ def decode_loop(
     bos_id: int = 0,
     prompt: jnp.ndarray | None = None,
     prompt_lengths: jnp.ndarray | None = None,
+    max_new: int = 0,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Decodes up to `max_decode_len` tokens; returns `(tokens [b, len], log_probs [b])`.
 
-    `choose(logits, positions)` picks the next tokens. `prompt` `[b, len]` (0 = free) forces
-    the tokens of its non-zero prefix (token by token). `prompt_lengths` `[b]` says instead
+    `choose(logits, positions)` picks the next tokens (never the padding id 0:
+    `without_padding`). `prompt` `[b, len]` (0 = free) forces the tokens of its non-zero
+    prefix (token by token). `prompt_lengths` `[b]` says instead
     that the cache already holds each row's prompt of that length (a prefill): row `r` then
     generates at most `max_decode_len - prompt_lengths[r]` tokens, returned from column 0,
-    and `choose` sees the output positions `prompt_lengths + step`. After EOS a row emits 0
-    (padding). `log_probs` sum the generated (not forced) tokens. Stops early when every
-    row has ended.
+    and `choose` sees the output positions `prompt_lengths + step`. `max_new` > 0: each row
+    generates at most that many tokens after its own prompt (forced or prefilled), so that a
+    row's budget does not depend on the other rows' prompts. After EOS or its budget a row
+    emits 0 (padding). `log_probs` sum the generated (not forced) tokens: exactly the tokens
+    returned. Stops early when every row has ended.
     """
     if prompt is not None and prompt_lengths is not None:
         raise ValueError("decode_loop takes a forced prompt or prefilled prompt_lengths, not both")
@@ -79,7 +96,9 @@ def decode_loop(
         prompt = jnp.pad(prompt, ((0, 0), (0, max(0, max_decode_len - prompt.shape[1]))))[:, :max_decode_len]
         prompt_len = jnp.sum(jnp.cumprod(prompt > 0, axis=1), axis=1)
     start = jnp.zeros((batch_size,), jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
-    budget = max_decode_len - start  # tokens each row may still emit
+    budget = row_budgets(max_decode_len, start, max_new)  # loop steps each row may run
+    if prompt is not None and max_new > 0:  # forced prompt tokens, then at most `max_new` generated
+        budget = jnp.minimum(max_decode_len, prompt_len + max_new)
 
     def cond(state):
         step, _, _, _, done, _ = state
@@ -88,7 +107,7 @@ def decode_loop(
     def advance(state, logits, cache):
         step, _, _, out, done, logp = state
         logits = logits.astype(jnp.float32)
-        nxt = choose(logits, start + step).astype(jnp.int32)
+        nxt = choose(without_padding(logits), start + step).astype(jnp.int32)
         forced = jnp.zeros_like(done)
         if prompt is not None:
             forced = step < prompt_len

@@ -17,6 +17,26 @@ def prompt_lengths(prompts: jnp.ndarray) -> jnp.ndarray:
     return jnp.sum(jnp.cumprod(prompts > 0, axis=1), axis=1).astype(jnp.int32)
 
 
+_GOLDEN = 0x9E3779B1  # 2**32 / golden ratio: position weights of `content_ids`
+
+
+def content_ids(tokens: jnp.ndarray, copies: int = 1) -> jnp.ndarray:
+    """`[b * copies]` uint32: an id of each row's tokens, the same at any padding width and batch
+    position (what sampling folds each row's key with: `sample_decode(row_ids=...)`), each row's
+    `copies` (its several decodes) numbered 0..copies-1 into it.
+
+    The id is a murmur3-finalized sum of `token_i * (i + 1) * 0x9E3779B1` (mod 2**32): padding
+    (token 0) adds nothing, so a row padded wider has the same id. Two rows with the same tokens
+    share it (and so their samples)."""
+    t = tokens.astype(jnp.uint32)
+    weights = (jnp.arange(1, t.shape[1] + 1, dtype=jnp.uint32) * jnp.uint32(_GOLDEN))[None, :]
+    h = jnp.sum(t * weights, axis=1, dtype=jnp.uint32)
+    h = jnp.repeat(h, copies) + jnp.tile(jnp.arange(copies, dtype=jnp.uint32), t.shape[0]) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
 def left_align(prompts: jnp.ndarray, bos_id: int | None = 0) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """`(tokens [b, w], segment_ids [b, w], lengths [b])` for prompts `[b, p]`.
 

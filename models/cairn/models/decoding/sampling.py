@@ -1,8 +1,11 @@
 """Temperature sampling with top-k and top-p (nucleus) filtering, from a stateless key.
 
-Row `r`'s token at output position `s` is drawn with the key `fold_in(fold_in(rng, r), s)`:
-the same `rng` gives the same tokens, rows repeated for several decodes differ, and a prompt
-prefilled or forced token by token meets the same keys.
+Row `r`'s token at output position `s` is drawn with the key `fold_in(fold_in(rng, row_ids[r]), s)`.
+`row_ids` default to the row indices; `predict_batch` passes an id of each row's own content
+(`prompts.row_ids`: a hash of its prompt and its decode index), so that a row's sample is the
+same alone and in any batch, at any position and padding width. The same `rng` gives the same
+tokens, rows repeated for several decodes differ, and a prompt prefilled or forced token by
+token meets the same keys.
 """
 
 from __future__ import annotations
@@ -46,11 +49,14 @@ def sample_decode(
     eos_id: int = 1,
     prompt: jnp.ndarray | None = None,
     prompt_lengths: jnp.ndarray | None = None,
+    max_new: int = 0,
+    row_ids: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """`(tokens, log_probs)` sampled from `softmax(filtered logits / temperature)`.
 
     `temperature=0` is greedy decoding. `log_probs` are under the unfiltered model.
-    `prompt`, `prompt_lengths`: as in `decode_loop`.
+    `prompt`, `prompt_lengths`, `max_new`: as in `decode_loop`; `row_ids` `[b]` (uint32 or
+    int32): what each row's key is folded with (module docstring; default the row index).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -59,7 +65,8 @@ def sample_decode(
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
 
-    row_keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(jnp.arange(batch_size))
+    ids = jnp.arange(batch_size, dtype=jnp.uint32) if row_ids is None else jnp.asarray(row_ids).astype(jnp.uint32)
+    row_keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(ids)
 
     def draw(key, position, row_logits):
         return jax.random.categorical(jax.random.fold_in(key, position), row_logits)
@@ -79,4 +86,5 @@ def sample_decode(
         eos_id=eos_id,
         prompt=prompt,
         prompt_lengths=prompt_lengths,
+        max_new=max_new,
     )

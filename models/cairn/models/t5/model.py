@@ -109,4 +109,5 @@ class EncoderDecoderModel(ModelBase):
                 logits = self.module.apply(variables, encoded, enc_tokens, buffer, method=decode)
                 return jnp.take(logits, step, axis=1), buffer
 
-        return run_decoding(options, tokens_to_logits, cache, batch["encoder_input_tokens"].shape[0], rng)
+        b = batch["encoder_input_tokens"].shape[0]
+        return run_decoding(options, tokens_to_logits, cache, b, rng, content=batch["encoder_input_tokens"])
