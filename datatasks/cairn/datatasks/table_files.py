@@ -9,8 +9,8 @@
 * CSV / TSV: a header line names the columns; every value is text. Parsed in one thread, block by
   block, so a bad row is named by its line.
 
-Text is UTF-8: a text value that is not is an error. A value that is null (a Parquet null, a
-missing CSV value has none: it is empty text) is an error too. Every error is a
+Text is UTF-8: a text value that is not is an error, and so is a null (Parquet, Arrow; a CSV
+has none: an empty field is empty text). Every error is a
 `url_sources.CorruptSourceError`, one line naming the file and, where one applies, the row
 group, the batch or the line.
 """
