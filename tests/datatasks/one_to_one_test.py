@@ -72,6 +72,7 @@ def test_span_corruption_one_to_one_is_seeded():
         (pp.span_corruption_one_to_one, {"inputs": 64, "targets": 16}),
         (pp.span_corruption_one_to_one, {"inputs": 20, "targets": 8}),
         (pp.random_crop, {"targets": 33}),
+        (pp.prefix_lm_one_to_one, {"inputs": 20, "targets": 8}),
     ],
 )
 def test_length_functions_match_the_outputs(fn, lengths):

@@ -83,6 +83,7 @@ CASES = {
     "random_crop": (pp.random_crop, {"targets": 37}, features("targets", add_eos=False)),
     "random_crop_eos": (pp.random_crop, {"targets": 64}, features("targets")),
     "random_crop_extra": (functools.partial(pp.random_crop, feature_key="extra"), {"extra": 3}, features("extra")),
+    "prefix_lm": (pp.prefix_lm_one_to_one, {"inputs": 24, "targets": 16}, features("inputs", "targets")),
     # The default experiment's lengths (inputs 64: 70 tokens per example).
     "span_corruption_64": (pp.span_corruption_one_to_one, {"inputs": 64, "targets": 16}, features("inputs", "targets")),
     "span_corruption_512": (

@@ -36,6 +36,7 @@ def test_every_experiment_file_is_listed_here():
         "moe_1b_pretrain.py",  # tests/launchers/moe_launch_test.py
         "shakespeare_t5_lora.py",  # below
         "shakespeare_t5_prompt_tuning.py",  # below
+        "parquet_qa_tiny.py",  # tests/launchers/train_test.py
     }
 
 
@@ -274,3 +275,48 @@ def test_multihost_from_config_and_environment(monkeypatch):
         "num_processes": None,
         "process_id": None,
     }
+
+
+def test_a_task_from_data_source_alone(tmp_path):
+    """`data.source` registers `data.task` with no module (a `datasets` folder, sliced; a TSV
+    file), after checking every file's schema; a config that cannot define it names its key."""
+    import pyarrow as pa
+
+    from cairn.datatasks import DEFAULT_REGISTRY, DataTasksError
+    from cairn.launchers import data as data_lib
+    from cairn.tokenizers import ByteVocabulary
+
+    (tmp_path / "hf" / "train").mkdir(parents=True)
+    (tmp_path / "hf" / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    (tmp_path / "hf" / "train" / "state.json").write_text('{"_data_files": [{"filename": "data.arrow"}]}')
+    table = pa.table({"text": [f"line {i}" for i in range(10)], "label": list(range(10))})
+    with pa.ipc.new_stream(str(tmp_path / "hf" / "train" / "data.arrow"), table.schema) as w:
+        w.write_table(table)
+    (tmp_path / "qa.tsv").write_text("question\tanswer\nq0\ta0\nq1\ta1\n")
+
+    def register(**source):
+        config = load("parquet_qa_tiny.py", str(tmp_path / "qa.parquet"))
+        config.data.source.splits = {}
+        for key, value in source.items():
+            config.data.source[key] = value
+        data_lib.register_tasks(launch_util.typed(config), ByteVocabulary())
+        return DEFAULT_REGISTRY.get_task(config.data.task)
+
+    try:
+        splits = {"train": "train[:80%]", "validation": "train[80%:]"}
+        task = register(format="hf", files={"train": str(tmp_path / "hf")}, splits=splits, columns={"targets": "text"},
+                        recipe="lm")  # fmt: skip
+        assert task.source.num_input_examples("validation") == 2 and list(task.output_features) == ["targets"]
+        task = register(format="tsv", files={"train": str(tmp_path / "qa.tsv")})
+        assert task.source.splits == ("train",) and task.source.read_options["format"] == "tsv"
+        task = register(format="tsv", files={"train": str(tmp_path / "qa.tsv")}, columns={"targets": "question"},
+                        recipe="prefix_lm")  # fmt: skip
+        assert sorted(task.output_features) == ["inputs", "targets"]
+        assert task.source.read_options["columns"] == {"targets": "question"}
+        with pytest.raises(ConfigError, match=r"data.source.columns.*recipe lm maps targets to columns"):
+            register(format="tsv", files={"train": str(tmp_path / "qa.tsv")}, recipe="lm")
+        with pytest.raises(DataTasksError, match=r"qa.tsv has no column 'question'; its columns: text$"):
+            (tmp_path / "qa.tsv").write_text("text\nq0\n")
+            register(format="tsv", files={"train": str(tmp_path / "qa.tsv")})
+    finally:
+        DEFAULT_REGISTRY.remove("parquet_qa")

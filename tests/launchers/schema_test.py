@@ -72,6 +72,7 @@ HAND_WRITTEN = {
         "cache_dir": "",
         "check_source_files": True,
         "cache_with_beam": False,
+        "source": {"format": "", "files": {}, "splits": {}, "columns": {}, "recipe": "text_to_text"},
     },
     "partitioning": {
         "mesh": {"data": -1, "fsdp": 1, "expert": 1, "model": 1},
@@ -170,6 +171,9 @@ def test_generated_base_config_has_the_hand_written_keys_and_defaults():
     assert config_base.FREE_FORM == (
         "model.overrides",
         "data.sequence_length",
+        "data.source.files",
+        "data.source.splits",
+        "data.source.columns",
         "partitioning.mesh",
         "optimizer.factor_rules",
         "trainer.compiler_options",

@@ -153,3 +153,33 @@ def test_lm_twin_generates_text(train, tmp_path, texts, cache_dir):
     assert len(line) > len("generated 0: ROMEO. O, she doth teach") + 3  # something was generated
     assert "final evaluation at step 4: shakespeare_lm (validation)" in proc.stdout
     assert sorted(losses(model_dir)) == [1, 2, 3, 4]
+
+
+def test_a_parquet_task_from_the_config_alone(train, tmp_path, cache_dir):
+    """launchers/configs/parquet_qa_tiny.py over a Parquet file written here, with no task module:
+    a column the file lacks is one line (exit 2) before anything is written; then 2 steps trained
+    (the task cached, evaluated at the end) and the validation split inferred."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "qa.parquet"
+    pairs = {"question": [f"what is {i} plus {i}?" for i in range(80)], "answer": [str(2 * i) for i in range(80)]}
+    pq.write_table(pa.table(pairs), path, row_group_size=16)
+    config = f"{launch_util.CONFIGS / 'parquet_qa_tiny.py'}:{path}"
+    model_dir = tmp_path / "qa"
+    proc = train.run(small(config, model_dir, cache_dir, 2, "--config.data.source.columns.targets=answr"))
+    assert proc.returncode == 2, launch_util.tail(proc)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: table file {path} has no column 'answr'; its columns: question, answer"
+    )
+    assert not model_dir.exists() and not os.path.exists(os.path.join(cache_dir, "parquet_qa"))
+    proc = train.run(small(config, model_dir, cache_dir, 2, "--config.post_training.num_samples=0"))
+    assert proc.returncode == 0, launch_util.tail(proc)
+    assert "caching task parquet_qa (train)" in proc.stdout
+    assert "final evaluation at step 2: parquet_qa (validation): " in proc.stdout
+    predictions = tmp_path / "predictions.jsonl"
+    args = [f"--config={config}", f"--config.model_dir={model_dir}", f"--output={predictions}", "--num_examples=4"]
+    proc = train.call("cairn.launchers.infer_main", args)
+    assert proc.returncode == 0, launch_util.tail(proc)
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert [(r["input"], r["target"]) for r in rows] == [(f"what is {i} plus {i}?", str(2 * i)) for i in range(72, 76)]

@@ -40,6 +40,7 @@ from cairn.datatasks.sources import (
     TFExampleDataSource,
 )
 from cairn.datatasks.stats import BadDataPolicy, DataStats
+from cairn.datatasks.table_source import TableDataSource
 from cairn.datatasks.task import Task
 from cairn.datatasks.tf_data import map_inline, pipeline_options
 from cairn.datatasks.tfds_source import TfdsDataSource
@@ -73,6 +74,7 @@ __all__ = [
     "Registry",
     "ShardInfo",
     "TFExampleDataSource",
+    "TableDataSource",
     "Task",
     "TaskRegistry",
     "TextLineDataSource",

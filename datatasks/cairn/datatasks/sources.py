@@ -139,6 +139,19 @@ def glob_files(pattern: str) -> list[str]:
     return url_sources.glob(pattern)
 
 
+def list_files(split: str, patterns: Sequence[str]) -> list[SourceFile]:
+    """The files of `split` matching `patterns`: sorted matches, pattern by pattern, each named
+    relative to its pattern's root (`pattern_root`); a pattern matching nothing is an error."""
+    files: list[SourceFile] = []
+    for i, pattern in enumerate(patterns):
+        matched = sorted(glob_files(pattern))
+        if not matched:
+            raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
+        root = pattern_root(pattern)
+        files += [SourceFile(i, path, relative_name(path, root)) for path in matched]
+    return files
+
+
 def records_dataset(path: tf.Tensor, file_format: str) -> tf.data.Dataset:
     """The records of one file (`path`, a string tensor) read through `cairn.storage`:
     `url_sources.FORMATS` `"lines"` (as `tf.data.TextLineDataset`) or `"tfrecord"` (as
@@ -176,14 +189,7 @@ class FileDataSource(DataSource):
         """The files of `split` in shard order, each with its name relative to the root of
         the pattern that matched it (`pattern_root`): sorted matches, pattern by pattern."""
         self._check_split(split)
-        files: list[SourceFile] = []
-        for i, pattern in enumerate(self._patterns[split]):
-            matched = sorted(glob_files(pattern))
-            if not matched:
-                raise DataTasksError(f"split {split!r}: no file matches {pattern!r}")
-            root = pattern_root(pattern)
-            files += [SourceFile(i, path, relative_name(path, root)) for path in matched]
-        return files
+        return list_files(split, self._patterns[split])
 
     @abc.abstractmethod
     def _read_file(self, path: tf.Tensor) -> tf.data.Dataset: ...
@@ -194,6 +200,12 @@ class FileDataSource(DataSource):
 
     def _postprocess(self, ds: tf.data.Dataset, stats: DataStats | None) -> tf.data.Dataset:
         return ds
+
+    def _read_window(
+        self, read_file: Callable[..., tf.data.Dataset], path: tf.Tensor, skip: tf.Tensor, take: tf.Tensor
+    ) -> tf.data.Dataset:
+        """Examples `[skip, skip + take)` of one file (`take` -1: to its end), of `read_file(path)`."""
+        return read_file(path).skip(skip).take(take)
 
     def get_dataset(
         self,
@@ -224,7 +236,7 @@ class FileDataSource(DataSource):
                     np.array([-1 if f.take is None else f.take for f in files], np.int64),
                 )
             )
-            read = lambda path, skip, take: read_file(path).skip(skip).take(take)
+            read = lambda path, skip, take: self._read_window(read_file, path, skip, take)
         else:
             ds = tf.data.Dataset.from_tensor_slices(paths)
         if len(files) == 1 or not shuffle:

@@ -19,7 +19,7 @@ import itertools
 import os
 import struct
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Any
 
 from cairn import storage
 from cairn.datatasks.errors import DataTasksError
@@ -30,6 +30,28 @@ BATCH = 1024  # records handed to tf.data per call (one Python call per batch, n
 
 class CorruptSourceError(DataTasksError):
     """A source file whose bytes do not frame into records (a bad CRC, a truncated record)."""
+
+
+# The `CorruptSourceError`s raised in this process by readers that tf.data ran (`reporting`):
+# tf.data hands an exception raised in a generator on as an `InvalidArgumentError` holding its
+# traceback; the cache writer raises the error itself instead (`pop_raised`).
+_RAISED: list[CorruptSourceError] = []
+
+
+def reporting(records: Iterator[Any]) -> Iterator[Any]:
+    """`records`, a `CorruptSourceError` they raise also kept for `pop_raised`."""
+    try:
+        yield from records
+    except CorruptSourceError as e:
+        _RAISED.append(e)
+        raise
+
+
+def pop_raised() -> CorruptSourceError | None:
+    """The first `CorruptSourceError` a reader raised since the last call (None: none); forgets them."""
+    first = _RAISED[0] if _RAISED else None
+    _RAISED.clear()
+    return first
 
 
 def glob(pattern: str) -> list[str]:
@@ -162,6 +184,6 @@ FORMATS: dict[str, Callable[[IO[bytes], str], Iterator[bytes]]] = {
 def batches(path: str, file_format: str, size: int = BATCH) -> Iterator[list[bytes]]:
     """The records of the file at `path` in `file_format` (`FORMATS`), `size` at a time."""
     with open_binary(path) as f:
-        records = FORMATS[file_format](f, path)
+        records = reporting(FORMATS[file_format](f, path))
         while batch := list(itertools.islice(records, size)):
             yield batch

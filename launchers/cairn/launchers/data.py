@@ -20,6 +20,7 @@ from cairn.datatasks.deterministic.cache_writer import upgrade_in_place
 from cairn.datatasks.deterministic.store import INFO, is_completed, read_json, recache_notice
 from cairn.launchers import schema
 from cairn.launchers.multihost import stop_together
+from cairn.launchers.tasks import from_config
 from cairn.launchers.validation import ConfigError, close_names
 from cairn.tokenizers import ByteVocabulary, SentencePieceVocabulary, TokenizerJsonVocabulary
 
@@ -50,6 +51,36 @@ def register_tasks(keys: schema.Config, vocabulary: Any) -> None:
         register = getattr(module, "register_tasks", None)
         if callable(register):
             register(vocabulary)
+    if keys.data.source.format:
+        register_source_task(keys, vocabulary)
+
+
+def register_source_task(keys: schema.Config, vocabulary: Any) -> None:
+    """Registers `data.task` from `data.source` (`tasks/from_config.py`), replacing a task of that
+    name, after checking every file's schema against the columns (no row read, nothing written):
+    a `ConfigError` naming the key, or a `DataTasksError` naming the file, the column and the
+    columns it has."""
+    source = keys.data.source
+    if not keys.data.task:
+        raise ConfigError("data.task", f"name the task data.source ({source.format} files) defines")
+    if not source.files:
+        raise ConfigError("data.source.files", "no file pattern: give split -> pattern, e.g. {'train': 'qa.parquet'}")
+    if source.format == "hf" and len(set(source.files.values())) != 1:
+        raise ConfigError(
+            "data.source.files", f"hf reads one datasets folder, got {sorted(set(source.files.values()))}"
+        )
+    needed = from_config.RECIPES[source.recipe]
+    if sorted(source.columns) != sorted(needed):
+        raise ConfigError(
+            "data.source.columns",
+            f"recipe {source.recipe} maps {', '.join(needed)} to columns, got {dict(source.columns) or 'none'}",
+        )
+    table = from_config.make_source(source)
+    for split in table.splits:
+        table.check(split)
+    if keys.data.task in DEFAULT_REGISTRY:
+        DEFAULT_REGISTRY.remove(keys.data.task)
+    DEFAULT_REGISTRY.add_task(from_config.recipe_task(keys.data.task, table, source.recipe, vocabulary))
 
 
 def get_tasks(keys: schema.Config, key: str = "data.task") -> dict[str, Any]:

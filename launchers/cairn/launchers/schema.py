@@ -138,6 +138,32 @@ class Vocabulary:
     extra_ids: int = knob(100, "T5 sentinels <extra_id_0>... at the top of the ids", min=0)
 
 
+# The `data.source` section: a task from table files, no Python (tasks/from_config.py).
+@dataclasses.dataclass(frozen=True)
+class Source:
+    format: str = knob(
+        "", "a task from files, no Python: parquet, arrow, hf (a datasets save_to_disk folder), csv or tsv; "
+        "data.task names it ('': data.task_modules register data.task)",
+        choices=("", "parquet", "arrow", "hf", "csv", "tsv"),
+    )  # fmt: skip
+    files: dict[str, str] = knob({}, "split -> file pattern, local or gs:// (hf: the folder)", free_form=True)
+    splits: dict[str, str] = knob(
+        {}, "the task's split -> a split of files, maybe sliced, e.g. validation: train[90%:] ({}: as files)",
+        free_form=True,
+    )  # fmt: skip
+    columns: dict[str, str] = knob(
+        {},
+        "feature -> column: inputs and targets (text_to_text), targets (lm, span_corruption, prefix_lm)",
+        free_form=True,
+    )
+    recipe: str = knob(
+        "text_to_text",
+        "text_to_text (inputs -> targets), lm (running text), span_corruption (T5 denoising of a text column), "
+        "prefix_lm (a text column's prefix -> the rest)",
+        choices=library("cairn.launchers.tasks.from_config", "RECIPES"),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Data:
     task: str = knob("", "a registered task or mixture")
@@ -153,6 +179,7 @@ class Data:
         True, "compare the source files' names and sizes with the cache's record (//launchers:verify_cache hashes them)"
     )
     cache_with_beam: bool = knob(False, "cache_tasks: Apache Beam instead of in-process")
+    source: Source = section(Source, "a task from table files and a recipe, named data.task (no task module)")
 
 
 @dataclasses.dataclass(frozen=True)

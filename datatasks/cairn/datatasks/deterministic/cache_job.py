@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from cairn.datatasks import url_sources
 from cairn.datatasks.deterministic import cache_writer
 from cairn.datatasks.deterministic.store import task_dir
 from cairn.datatasks.errors import DataTasksError
@@ -95,12 +96,43 @@ def cache_tasks(
         count = cache_writer.num_source_shards(task, split)
         items += [(task.name, split, i, count, path) for i in range(count)]
         pending.append((task, path, count))
-    if items:
-        options = PipelineOptions(list(pipeline_options if pipeline_options else DEFAULT_PIPELINE_OPTIONS))
-        fn = _WriteShard(module_import, {t.name: t for t, _, _ in pending})
-        with beam.Pipeline(options=options) as p:
-            _ = p | "Shards" >> beam.Create(items) | "Spread" >> beam.Reshuffle() | "WriteShard" >> beam.Map(fn)
-    for task, path, count in pending:
-        cache_writer.finalize(task, split, path, count)
-        result[task.name] = "cached"
+    try:
+        if items:
+            options = PipelineOptions(list(pipeline_options if pipeline_options else DEFAULT_PIPELINE_OPTIONS))
+            fn = _WriteShard(module_import, {t.name: t for t, _, _ in pending})
+            with beam.Pipeline(options=options) as p:
+                _ = p | "Shards" >> beam.Create(items) | "Spread" >> beam.Reshuffle() | "WriteShard" >> beam.Map(fn)
+        for task, path, count in pending:
+            cache_writer.finalize(task, split, path, count)
+            result[task.name] = "cached"
+    except BaseException as e:
+        for _, path, _ in pending:  # no unfinished cache is left behind (complete ones stay)
+            cache_writer.discard(path)
+        worker = worker_error(e)
+        if worker is not None:
+            raise worker from None
+        raise
     return result
+
+
+# The last line of a worker's traceback that Beam's runners put in their own error's message:
+# `cairn.datatasks.<module>.<Name>Error: <message>[ while running '<step>']`.
+_WORKER_ERROR = re.compile(r"^cairn\.datatasks\.[\w.]+\.(\w+Error): (.*?)(?: \[while running '[^']*'\])?$", re.M)
+
+
+_STEP = re.compile(r" \[while running '[^']*'\]$")
+
+
+def worker_error(error: BaseException) -> DataTasksError | None:
+    """The `DataTasksError` a Beam worker raised (a bad source file, a changed source), rebuilt
+    from the error Beam raises for it in the driver (its message holds the worker's traceback),
+    so that it reads as one line as in-process; None when `error` holds none. (An in-memory
+    runner raises the worker's own error, its message followed by the step: that is cut.)"""
+    if isinstance(error, DataTasksError):
+        message = _STEP.sub("", str(error))
+        return type(error)(message) if message != str(error) else None
+    found = _WORKER_ERROR.findall(str(error))
+    if not found:
+        return None
+    name, message = found[-1]
+    return url_sources.CorruptSourceError(message) if name == "CorruptSourceError" else DataTasksError(message)

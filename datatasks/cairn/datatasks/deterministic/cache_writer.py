@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from cairn import storage
+from cairn.datatasks import url_sources
 from cairn.datatasks.deterministic import record_stage
 from cairn.datatasks.deterministic.chunk_index import chunk_ranges
 from cairn.datatasks.deterministic.fingerprint import (
@@ -46,6 +47,7 @@ from cairn.datatasks.deterministic.store import (
     clear_hint,
     completed_marker,
     format_version,
+    is_completed,
     outdated_error,
     read_json,
     shard_name,
@@ -220,19 +222,26 @@ def write_shard(task: Any, split: str, index: int, count: int, path: str, group_
             lengths.append([int(np.size(ex[k])) for k in keys])
             yield record_stage.serialize(ex, specs)
 
-    return write_shard_files(
-        path,
-        index,
-        count,
-        serialized(),
-        lengths,
-        {k: {"dtype": s.dtype, "rank": s.rank} for k, s in specs.items()},
-        keys,
-        stats.as_dict(),
-        source_file,
-        group_size=group_size,
-        shuffle=shuffle_key(task, split),
-    )
+    url_sources.pop_raised()
+    try:
+        return write_shard_files(
+            path,
+            index,
+            count,
+            serialized(),
+            lengths,
+            {k: {"dtype": s.dtype, "rank": s.rank} for k, s in specs.items()},
+            keys,
+            stats.as_dict(),
+            source_file,
+            group_size=group_size,
+            shuffle=shuffle_key(task, split),
+        )
+    except Exception:
+        error = url_sources.pop_raised()  # a source file's own error, not tf.data's wrapping of it
+        if error is not None:
+            raise error from None
+        raise
 
 
 def _source(task: Any, split: str, path: str, shards: list[dict]) -> dict:
@@ -396,8 +405,18 @@ def cache_task_in_process(
     """Caches `task` without Beam (small data, tests). False when already complete."""
     if not prepare(path, overwrite):
         return False
-    count = num_source_shards(task, split)
-    for i in range(count):
-        write_shard(task, split, i, count, path, group_size)
-    finalize(task, split, path, count)
+    try:
+        count = num_source_shards(task, split)
+        for i in range(count):
+            write_shard(task, split, i, count, path, group_size)
+        finalize(task, split, path, count)
+    except BaseException:
+        discard(path)
+        raise
     return True
+
+
+def discard(path: str) -> None:
+    """Removes the unfinished cache at `path` (a failed job's shards; never a complete cache)."""
+    if not is_completed(path):
+        storage.remove_tree(path)

@@ -134,6 +134,9 @@ def source_description(task: Any, split: str, files: list[dict] | None = None) -
         desc["files"] = list(files) if files is not None else [file_fingerprint(f) for f in source.source_files(split)]
         if getattr(source, "decode_fn", None) is not None:  # a proto source's decoder shapes the examples
             desc["code"] = _code(source.decode_fn)
+        read = getattr(source, "read_options", None)  # a table source's format and columns
+        if read is not None:
+            desc["read"] = _value(read)
     else:
         desc["shards"] = source.list_shards(split)
         fn = getattr(source, "_fn", None)

@@ -24,7 +24,7 @@ from cairn.datatasks.preprocessors.basic import (
     trim,
     trim_lengths,
 )
-from cairn.datatasks.preprocessors.prefix_lm import prefix_lm, random_prefix_noise_mask
+from cairn.datatasks.preprocessors.prefix_lm import prefix_lm, prefix_lm_one_to_one, random_prefix_noise_mask
 from cairn.datatasks.preprocessors.span_corruption import (
     denoise,
     noise_span_to_unique_sentinel,
@@ -55,6 +55,7 @@ __all__ = [
     "noise_span_to_unique_sentinel",
     "nonnoise_span_to_unique_sentinel",
     "prefix_lm",
+    "prefix_lm_one_to_one",
     "preprocessor",
     "random_crop",
     "random_prefix_noise_mask",

@@ -84,6 +84,17 @@ def random_crop(
     return out
 
 
+# -- prefix LM ---------------------------------------------------------------------------------
+def prefix_lm(features: Mapping[str, Ragged], prefix: int, suffix: int, seed: Any = None) -> dict[str, Ragged]:
+    """`prefix_lm.prefix_lm_one_to_one` on a batch: each example's seeded window of `prefix +
+    suffix` `targets` tokens, its first `prefix` the inputs, the rest the targets."""
+    window = _crop(features["targets"], example_seeds(seed, 1)[:, 0], prefix + suffix)
+    out = dict(features)
+    out["inputs"] = _window(window, np.zeros(window.lengths.size, np.int64), prefix)
+    out["targets"] = _window(window, np.full(window.lengths.size, prefix, np.int64), suffix)
+    return out
+
+
 # -- span corruption ---------------------------------------------------------------------------
 def span_counts(length: Any, noise_density: float, mean_noise_span_length: float) -> tuple[np.ndarray, np.ndarray]:
     """(num_noise, num_spans) of `random_spans_noise_mask` for lengths >= 2 (float32
