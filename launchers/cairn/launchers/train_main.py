@@ -261,6 +261,10 @@ def _main(spec: RunSpec) -> None:
     if not entry.VERBOSE.value:  # orbax's tracebacks of a write the storage refused: our one line says it
         quiet_failed_save_logs()
     try:
+        storage.retry_budget()  # CAIRN_STORAGE_RETRY_S checked before anything starts
+    except ValueError as e:
+        raise entry.UsageError(str(e)) from None
+    try:
         limit = flags.FLAGS.memory_limit_gib
         if limit is not None and limit <= 0:
             raise entry.UsageError(f"--memory_limit_gib must be > 0, got {limit}")
@@ -275,6 +279,13 @@ def _main(spec: RunSpec) -> None:
             memory_limit_bytes=None if limit is None else int(limit * 2**30),
             devices=devices,
         )
+    except storage.StorageUnavailableError as e:  # the bucket stayed down past the retry budget
+        from cairn.storage import retries
+        from cairn.trainer.checkpoints import last_committed
+        from cairn.trainer.faults import StorageOutageError
+
+        model_dir = spec.keys.model_dir
+        raise StorageOutageError(retries.declared_outage() or e, model_dir, last_committed(model_dir)) from e
     except OSError as e:  # a write refused outside a checkpoint save (metrics, config.json)
         code = None if isinstance(e, StorageWriteError) else write_failure_code(e)
         model_dir = spec.keys.model_dir

@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from cairn.storage import environment
+from cairn.storage import environment, retries
 
 PathLike = str | os.PathLike
 Path = epath.Path
@@ -35,6 +35,7 @@ def is_url(p: PathLike) -> bool:
 
 def _configure_fsspec() -> None:
     environment.configure_environment()
+    retries.install_gcsfs()  # gcsfs's requests retried under the one retry budget
     import fsspec.config
 
     options = environment.gcsfs_options()

@@ -9,8 +9,9 @@ On `gs://` each range is one GET on gcsfs's own pooled aiohttp session, with gcs
 credentials (refreshed as gcsfs refreshes them), without gcsfs's per-request layers (its
 retry wrapper, debug formatting, header and parameter building): about half the client CPU
 per request (benchmarks/README.md, `reader_scale_bench.py`). A response other than
-206 Partial Content, or a connection error, is retried through gcsfs's own `_cat_file`, so
-retries, backoff and errors stay gcsfs's. Other schemes, and gcsfs with `requester_pays`
+206 Partial Content that is transient (408, 429, 5xx), a dropped connection or a body cut short
+is retried under the retry budget (`cairn.storage.retries`), the same as gcsfs's own requests;
+any other answer goes through gcsfs's `_cat_file`, so its errors stay gcsfs's. Other schemes, and gcsfs with `requester_pays`
 (whose `userProject` gcsfs adds), use fsspec's `cat_ranges`.
 """
 
@@ -21,8 +22,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from cairn.storage import retries
 from cairn.storage.environment import EMULATOR_VARIABLE
-from cairn.storage.errors import StorageError
+from cairn.storage.errors import StorageError, StorageUnavailableError
 from cairn.storage.paths import PathLike, filesystem, is_url, scheme
 
 # (id of the gcsfs instance, its emulator endpoint if any, path) -> the object's download URL
@@ -51,18 +53,32 @@ def _object_url(fs: Any, inner: str) -> str:
 
 
 async def _gcs_get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes:
-    """`[start, end)` of one object: a ranged GET on gcsfs's session; anything but a 206
-    (or a dropped connection) goes through gcsfs's `_cat_file` (its retries, its errors)."""
+    """`[start, end)` of one object: a ranged GET on gcsfs's session. A transient failure (408,
+    429, 5xx, a dropped connection, a body cut short) is retried under the retry budget
+    (`retries.Attempts`: `StorageUnavailableError` once it is spent); any other answer but a
+    206 goes through gcsfs's `_cat_file` (its errors: a missing object, a bad range)."""
     import aiohttp
 
-    try:
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        fs.credentials.apply(headers)  # an auth token, refreshed when stale (none against an emulator)
-        async with fs.session.get(url, headers=headers, timeout=fs.requests_timeout) as r:
-            if r.status == 206:
-                return await r.read()
-    except (aiohttp.ClientError, OSError):  # OSError includes TimeoutError
-        pass
+    attempts: retries.Attempts | None = None
+    while True:
+        try:
+            headers = {"Range": f"bytes={start}-{end - 1}"}
+            fs.credentials.apply(headers)  # an auth token, refreshed when stale (none against an emulator)
+            async with fs.session.get(url, headers=headers, timeout=fs.requests_timeout) as r:
+                if r.status == 206:
+                    data = await r.read()
+                    if len(data) == end - start:
+                        return data
+                    cause: BaseException | str = f"{len(data)} of {end - start} bytes received"
+                elif r.status in retries.RETRIABLE_STATUS:
+                    cause = f"HTTP {r.status}"
+                else:
+                    break
+        except (aiohttp.ClientError, OSError) as e:  # OSError includes TimeoutError
+            cause = e
+        if attempts is None:
+            attempts = retries.Attempts(retries.bucket_of(inner), f"reading bytes [{start}, {end}) of gs://{inner}")
+        await asyncio.sleep(attempts.wait(cause))
     return await fs._cat_file(inner, start=start, end=end)
 
 
@@ -114,6 +130,8 @@ def read_ranges(requests: Sequence[tuple[PathLike, int, int]]) -> list[bytes]:
         inner = [fs._strip_protocol(os.fspath(requests[i][0])) for i in which]
         got = _read_remote(fs, inner, [int(requests[i][1]) for i in which], [int(requests[i][2]) for i in which])
         for i, data in zip(which, got):
+            if isinstance(data, StorageUnavailableError):
+                raise data  # names the bucket and the operation already
             if isinstance(data, BaseException):
                 raise StorageError(
                     f"{os.fspath(requests[i][0])}: reading bytes [{requests[i][1]}, {requests[i][2]}) "

@@ -28,16 +28,31 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from cairn import storage
+from cairn.storage import retries
 from cairn.trainer import manifests
 from cairn.trainer.faults import free_space, write_failure, write_failure_code
 from cairn.trainer.manifests import MANIFEST_DIR, last_good_step
 from cairn.trainer.replica_writes import configure_array_writes
 from cairn.trainer.save_failures import drain_failed_saves
+from cairn.trainer.storage_retries import apply_retry_budget
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
+# model_dir -> the last checkpoint this process restored or finished (its manifest written):
+# what an error during a storage outage names, without reading the bucket
+_COMMITTED: dict[str, int] = {}
+
+
+def last_committed(model_dir: str | os.PathLike) -> int | None:
+    """The last checkpoint of `model_dir` this process restored or finished saving (None: none)."""
+    return _COMMITTED.get(os.fspath(model_dir).rstrip("/"))
+
+
+def _committed(model_dir: Any, step: int) -> None:
+    key = os.fspath(model_dir).rstrip("/")
+    _COMMITTED[key] = max(step, _COMMITTED.get(key, step))
 
 
 class NoCheckpointError(FileNotFoundError):
@@ -141,6 +156,7 @@ class Checkpointer:
         self._pending: list[int] = []  # saved steps whose manifests are not written yet
         configure_array_writes()  # one process: arrays written whole (no per-shape slicing)
         drain_failed_saves()  # a failed save lets its other writes finish (no closed-loop tracebacks)
+        apply_retry_budget()  # tensorstore retries a stuttering bucket as long as gcsfs does
         self._manager = self._make_manager()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cairn-checkpoint")
         self._future: Future | None = None
@@ -207,7 +223,18 @@ class Checkpointer:
                 self._finish_pending()
         except Exception as e:
             self._raise_write_failure(e, step)
+            self._raise_outage(e, step)
             raise
+
+    def _raise_outage(self, error: Exception, step: int | None) -> None:
+        """A bucket that stayed unavailable past the retry budget (gcsfs's, or tensorstore's
+        error when its retries ran out) becomes one `StorageUnavailableError` naming the bucket
+        and the checkpoint being written; any other error is left to the caller."""
+        what = f"writing checkpoint step {step}" if step is not None else "finishing a checkpoint"
+        outage = retries.as_outage(error, retries.bucket_of(os.fspath(self.model_dir)), what)
+        if outage is not None:
+            self._pending.clear()
+            raise outage from error
 
     def _raise_write_failure(self, error: Exception, step: int | None) -> None:
         """A write the storage refused (a full disk, a quota, the file size limit, a read-only
@@ -240,7 +267,9 @@ class Checkpointer:
             self._manager.wait_until_finished()
             self._finish_pending()
         except Exception as e:
-            self._raise_write_failure(e, self._pending[-1] if self._pending else None)
+            step = self._pending[-1] if self._pending else None
+            self._raise_write_failure(e, step)
+            self._raise_outage(e, step)
             raise
 
     def _finish_pending(self) -> None:
@@ -254,10 +283,14 @@ class Checkpointer:
             for step in self._pending:
                 if step in kept:
                     storage.write_json(self._manifest(step), manifests.manifest(self.directory / str(step)))
+                    _committed(self.model_dir, step)
             for name in storage.sizes(self.model_dir / MANIFEST_DIR):
                 stem = name[: -len(".json")] if name.endswith(".json") else ""
                 if stem.isdigit() and int(stem) not in kept:
                     storage.remove(self.model_dir / MANIFEST_DIR / name)
+        else:
+            for step in self._pending:
+                _committed(self.model_dir, step)
         self._pending.clear()
 
     def _manifest(self, step: int) -> storage.Path:
@@ -339,6 +372,9 @@ class Checkpointer:
             try:
                 found = self._restore_step(s, abstract_state)
             except Exception as e:
+                outage = retries.as_outage(e, retries.bucket_of(os.fspath(self.model_dir)), f"restoring step {s}")
+                if outage is not None:  # the bucket is down, not the checkpoint corrupt: nothing moved
+                    raise outage from e
                 why = (str(e).splitlines() or [type(e).__name__])[0][:300]
                 failed.append((s, why))
                 continue
@@ -352,6 +388,7 @@ class Checkpointer:
                     self.model_dir / CORRUPT_DIR,
                 )
                 self._quarantine([f for f, _ in failed])
+            _committed(self.model_dir, s)
             return found
         if failed:
             raise AllCheckpointsCorruptError(self.directory, failed)

@@ -29,6 +29,24 @@ class NonFiniteLossError(FloatingPointError):
         super().__init__(f"{name} is {value} at step {step}; training stopped and {kept}")
 
 
+class StorageOutageError(storage.StorageError):
+    """The run's bucket stayed unavailable past the retry budget (`outage`, the first operation
+    that gave up, names the bucket and the operation): training stopped; the line names the last
+    good checkpoint, which is kept (resuming starts from it)."""
+
+    def __init__(self, outage: storage.StorageUnavailableError, model_dir: str, last_checkpoint: int | None):
+        self.outage, self.last_checkpoint = outage, last_checkpoint
+        kept = (
+            f"the last good checkpoint (step {last_checkpoint}) is kept in {model_dir}"
+            if last_checkpoint is not None
+            else f"no checkpoint of {model_dir} was restored or written before it"
+        )
+        super().__init__(f"{outage}; training stopped and {kept}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 # errno -> what the one line says (a write refused by the storage, not by a bug)
 WRITE_FAILURES = {
     errno.ENOSPC: "no space left on device",

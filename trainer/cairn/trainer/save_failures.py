@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from cairn.storage import retries
 from cairn.trainer.faults import write_failure_code
 
 DRAIN_TIMEOUT_S = 120.0  # how long the writes still in flight may take to finish after a failure
@@ -61,11 +62,12 @@ async def _draining(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 class _DropWriteFailures(logging.Filter):
-    """Drops log records carrying an exception that is a write the storage refused."""
+    """Drops log records carrying an exception that is a write the storage refused, or a bucket
+    that stayed unavailable past the retry budget."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return error is None or write_failure_code(error) is None
+        return error is None or (write_failure_code(error) is None and not retries.gave_up(error))
 
 
 _FILTER = _DropWriteFailures()
@@ -73,7 +75,8 @@ _FILTER = _DropWriteFailures()
 
 def quiet_failed_save_logs(loggers: tuple[str, ...] = ("absl",)) -> Callable[[], None]:
     """Drops the records of `loggers` (orbax logs through absl's) whose exception is a write
-    the storage refused (`faults.write_failure_code`): the caller reports it in one line.
+    the storage refused (`faults.write_failure_code`) or a bucket operation that ran out of
+    retries (`retries.gave_up`): the caller reports it in one line.
     Returns a function that undoes it."""
     targets = [logging.getLogger(name) for name in loggers]
     for logger in targets:
