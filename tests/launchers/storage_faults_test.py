@@ -30,28 +30,21 @@ TRAIN = "cairn.launchers.train_main"
 BUDGET_S = 5.0  # the retry budget of every process here (CAIRN_STORAGE_RETRY_S)
 RATE = 0.05
 TASK = "shakespeare_span_corruption"
-# what this process needs to reach the bucket through the proxy
-_CLIENT_VARIABLES = (
-    "STORAGE_EMULATOR_HOST",
-    "TENSORSTORE_GCS_HTTP_URL",
-    "CLOUD_STORAGE_EMULATOR_ENDPOINT",
-    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
-    retries.RETRY_VARIABLE,
-)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The emulator, the proxy in front of it (no faults while the archive's task cache is copied
-    into the bucket, then 5 %), this process pointed at the proxy, and the children's env."""
+    into the bucket, then 5 %), this process pointed at the proxy with the budget, and the
+    children's env."""
     tmp = tmp_path_factory.mktemp("stutter")
     standard = standard_runs.unpack(tmp)
-    saved = {k: os.environ.get(k) for k in _CLIENT_VARIABLES}
+    budget = os.environ.get(retries.RETRY_VARIABLE)
     with GcsEmulator() as emu, FaultProxy(emu.url, rate=0.0, seed=56, delay_s=1.0) as proxy:
-        env = proxy.environ({"CAIRN_SHAKESPEARE_DIR": standard.texts, retries.RETRY_VARIABLE: f"{BUDGET_S:g}"})
-        os.environ.update({k: env[k] for k in _CLIENT_VARIABLES})
+        proxy.activate()
+        retries.set_retry_budget(BUDGET_S)
         try:
+            env = proxy.environ({"CAIRN_SHAKESPEARE_DIR": standard.texts, retries.RETRY_VARIABLE: f"{BUDGET_S:g}"})
             bucket = emu.create_bucket("cairn-stutter")
             for path in sorted(pathlib.Path(standard.cache).rglob("*")):
                 if path.is_file():
@@ -59,11 +52,10 @@ def world(tmp_path_factory):
             proxy.set_rate(RATE)
             yield {"tmp": tmp, "standard": standard, "proxy": proxy, "bucket": bucket, "env": env}
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            if budget is None:
+                os.environ.pop(retries.RETRY_VARIABLE, None)
+            else:
+                os.environ[retries.RETRY_VARIABLE] = budget
             retries.reset_outage()
 
 

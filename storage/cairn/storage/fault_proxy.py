@@ -3,6 +3,7 @@
 
     with GcsEmulator() as emu, FaultProxy(emu.url, rate=0.05, seed=0) as proxy:
         env = proxy.environ()        # child processes reach the bucket through the proxy
+        proxy.activate()             # ... and so does this one
         ...
         proxy.outage(30.0)           # every request answered 503 for the next 30 s
         proxy.outage(60.0, after=r"checkpoints/8")  # ... from the first request naming that
@@ -41,11 +42,10 @@ import time
 import urllib.parse
 from collections import Counter
 
-from cairn.storage.environment import EMULATOR_VARIABLE, configure_environment
+from cairn.storage.testing import Endpoint
 
 FAULT_KINDS = ("429", "503", "reset", "delay")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
-_CLIENT_VARIABLES = ("TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT")
 
 
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
@@ -57,8 +57,9 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         pass
 
 
-class FaultProxy:
-    """A fault-injecting HTTP proxy to `upstream` on a free port of 127.0.0.1 (`url`)."""
+class FaultProxy(Endpoint):
+    """A fault-injecting HTTP proxy to `upstream` on a free port of 127.0.0.1 (`url`);
+    `environ()` and `activate()` point processes at it (as `GcsEmulator`'s do at the emulator)."""
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self.deactivate()
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
@@ -136,17 +138,6 @@ class FaultProxy:
         """Requests received, and how many got each fault (`"outage"`: refused by an outage)."""
         with self._lock:
             return {"requests": 0, **{k: 0 for k in self.kinds}, "outage": 0, **self._counts}
-
-    def environ(self, base: dict | None = None) -> dict:
-        """A copy of `base` (default `os.environ`) pointing every storage client at the proxy."""
-        import os
-
-        env = dict(os.environ if base is None else base)
-        for key in _CLIENT_VARIABLES:
-            env.pop(key, None)
-        env[EMULATOR_VARIABLE] = self.url
-        configure_environment(env)
-        return env
 
     # -- one request -----------------------------------------------------------------------
     def _draw(self, method: str, target: str) -> str | None:

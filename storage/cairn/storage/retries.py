@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import random
 import re
@@ -168,15 +169,35 @@ def _describe(method_name: str, args: tuple, kwargs: dict) -> tuple[str, str]:
             text = text.format(*rest)
         except (IndexError, KeyError, ValueError):
             pass
-    m = _OBJECT.search(text.split("?", 1)[0])
+    where, _, query = text.partition("?")
+    m = _OBJECT.search(where)
     if m is None:
-        return bucket_of(text), f"{method} {text.split('?', 1)[0]}"
+        return bucket_of(text), f"{method} {where}"
     bucket, name = urllib.parse.unquote(m.group(1)), m.group(2)
-    name = urllib.parse.unquote(name) if name else kwargs.get("name") or kwargs.get("prefix") or ""
+    name = urllib.parse.unquote(name) if name else _upload_name(query, kwargs) or kwargs.get("prefix") or ""
     verb = _VERBS.get(method, method)
     if method == "GET" and not m.group(2):
         verb = "listing"
     return bucket, f"{verb} gs://{bucket}/{name}"
+
+
+_NAME_IN_METADATA = re.compile(rb'"name": ("(?:[^"\\]|\\.)*")')
+
+
+def _upload_name(query: str, kwargs: dict) -> str | None:
+    """The object an upload names: `?name=`, its JSON metadata, or a multipart body's."""
+    name = urllib.parse.parse_qs(query).get("name", [None])[0] or kwargs.get("name")
+    if name is None and isinstance(kwargs.get("json"), dict):
+        name = kwargs["json"].get("name")
+    data = kwargs.get("data")
+    if name is None and isinstance(data, (bytes, bytearray, memoryview)):
+        m = _NAME_IN_METADATA.search(bytes(data[:4096]))
+        if m:
+            try:
+                name = json.loads(m.group(1))
+            except ValueError:
+                name = None
+    return name
 
 
 def _budgeted(inner: Any, method_name: str) -> Any:

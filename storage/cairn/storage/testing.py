@@ -58,7 +58,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class GcsEmulator:
+# the variables `configure_environment` derives from the endpoint, and the endpoint's own
+_CLIENT_VARIABLES = (
+    EMULATOR_VARIABLE,
+    "TENSORSTORE_GCS_HTTP_URL",
+    "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+)
+
+
+class Endpoint:
+    """A GCS endpoint at `url` that processes are pointed at (the emulator, or a proxy to it)."""
+
+    url: str
+    _saved_env: dict | None = None
+
+    def environ(self, base: dict | None = None) -> dict:
+        """A copy of `base` (default `os.environ`) pointing every storage client at `url`."""
+        env = dict(os.environ if base is None else base)
+        for key in _CLIENT_VARIABLES[1:3]:
+            env.pop(key, None)
+        env[EMULATOR_VARIABLE] = self.url
+        configure_environment(env)
+        return env
+
+    def activate(self) -> None:
+        """Points this process at `url` (before its first gs:// access); `deactivate` (and
+        `stop`) restores the variables."""
+        if self._saved_env is None:
+            self._saved_env = {k: os.environ.get(k) for k in _CLIENT_VARIABLES}
+        os.environ.update({k: v for k, v in self.environ().items() if k in _CLIENT_VARIABLES})
+
+    def deactivate(self) -> None:
+        if self._saved_env is not None:
+            for k, v in self._saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            self._saved_env = None
+
+
+class GcsEmulator(Endpoint):
     """One fake-gcs-server process; `url` is its endpoint (`http://127.0.0.1:PORT`)."""
 
     def __init__(self, start_timeout: float = 60.0, root: str | os.PathLike | None = None):
@@ -67,7 +109,6 @@ class GcsEmulator:
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen | None = None
         self._start_timeout = start_timeout
-        self._saved_env: dict | None = None
 
     @property
     def pid(self) -> int | None:
@@ -127,29 +168,6 @@ class GcsEmulator:
                 raise
         return f"gs://{name}"
 
-    def environ(self, base: dict | None = None) -> dict:
-        """A copy of `base` (default `os.environ`) pointing every storage client at the emulator."""
-        env = dict(os.environ if base is None else base)
-        for key in ("TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT"):
-            env.pop(key, None)
-        env[EMULATOR_VARIABLE] = self.url
-        configure_environment(env)
-        return env
-
-    def activate(self) -> None:
-        """Points this process at the emulator (before its first gs:// access)."""
-        self._saved_env = {
-            k: os.environ.get(k)
-            for k in (
-                EMULATOR_VARIABLE,
-                "TENSORSTORE_GCS_HTTP_URL",
-                "CLOUD_STORAGE_EMULATOR_ENDPOINT",
-                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-                "GOOGLE_AUTH_TOKEN_FOR_TESTING",
-            )
-        }
-        os.environ.update({k: v for k, v in self.environ().items() if k in self._saved_env})
-
     def stop(self) -> None:
         p, self._process = self._process, None
         if p is not None and p.poll() is None:
@@ -158,13 +176,7 @@ class GcsEmulator:
             except ProcessLookupError:
                 pass
             p.wait()
-        if self._saved_env is not None:
-            for k, v in self._saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            self._saved_env = None
+        self.deactivate()
 
     def __enter__(self) -> GcsEmulator:
         return self.start()
