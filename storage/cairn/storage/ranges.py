@@ -54,7 +54,7 @@ def _object_url(fs: Any, inner: str) -> str:
 
 async def _gcs_get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes:
     """`[start, end)` of one object: a ranged GET on gcsfs's session. A transient failure (408,
-    429, 5xx, a dropped connection, a body cut short) is retried under the retry budget
+    429, 5xx, a dropped connection, a body cut short of its Content-Length) is retried under the retry budget
     (`retries.Attempts`: `StorageUnavailableError` once it is spent); any other answer but a
     206 goes through gcsfs's `_cat_file` (its errors: a missing object, a bad range)."""
     import aiohttp
@@ -65,13 +65,10 @@ async def _gcs_get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes
             headers = {"Range": f"bytes={start}-{end - 1}"}
             fs.credentials.apply(headers)  # an auth token, refreshed when stale (none against an emulator)
             async with fs.session.get(url, headers=headers, timeout=fs.requests_timeout) as r:
-                if r.status == 206:
-                    data = await r.read()
-                    if len(data) == end - start:
-                        return data
-                    cause: BaseException | str = f"{len(data)} of {end - start} bytes received"
-                elif r.status in retries.RETRIABLE_STATUS:
-                    cause = f"HTTP {r.status}"
+                if r.status == 206:  # a body cut short of its Content-Length raises (retried below)
+                    return await r.read()  # shorter than asked: the object is (read_ranges says so)
+                if r.status in retries.RETRIABLE_STATUS:
+                    cause: BaseException | str = f"HTTP {r.status}"
                 else:
                     break
         except (aiohttp.ClientError, OSError) as e:  # OSError includes TimeoutError
