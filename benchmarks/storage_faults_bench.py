@@ -168,16 +168,23 @@ def main(argv: list[str] | None = None) -> None:
                 before = proxy.counts()
                 rows = read_rate(f"{bucket}/cache", args.window, args.repeats)
                 clean = clean or rows
-                print(f"| {rate:.0%} | {rows:,.0f} | {rows / clean:.2f} | {served(proxy.counts(), before)} |", flush=True)
+                print(
+                    f"| {rate:.0%} | {rows:,.0f} | {rows / clean:.2f} | {served(proxy.counts(), before)} |", flush=True
+                )
             print()
-            print("| faults | step time s (median) | / clean | run wall s | / clean | faults served (429 / 503 / reset / delay) |")
+            print(
+                "| faults | step time s (median) | / clean | run wall s | / clean "
+                "| faults served (429 / 503 / reset / delay) |"
+            )
             print("|---|---|---|---|---|---|")
             clean_step = clean_wall = None
             for i, rate in enumerate(rates):
                 proxy.set_rate(rate)
                 before = proxy.counts()
                 run = f"{bucket}/runs/{i}"
-                wall = train(train_args(run, f"{bucket}/cache", args.steps, args.checkpoint_every), child, tmp / f"{i}.log")
+                wall = train(
+                    train_args(run, f"{bucket}/cache", args.steps, args.checkpoint_every), child, tmp / f"{i}.log"
+                )
                 proxy.set_rate(0.0)
                 after = proxy.counts()
                 step = statistics.median(step_times(run, args.warmup))

@@ -29,7 +29,8 @@ def test_every_operation_comes_through_faults_whole(proxy, monkeypatch):
     blobs = {f"gs://stutter/x/{i}": bytes([i]) * (5000 + i) for i in range(30)}
     for path, data in blobs.items():
         storage.write_bytes(path, data)
-    assert storage.create_exclusive("gs://stutter/lock", b"me") and not storage.create_exclusive("gs://stutter/lock", b"2")
+    assert storage.create_exclusive("gs://stutter/lock", b"me")
+    assert not storage.create_exclusive("gs://stutter/lock", b"2")
     assert storage.read_bytes("gs://stutter/lock") == b"me"
     assert storage.sizes("gs://stutter/x") == {p.rsplit("/", 1)[1]: len(d) for p, d in blobs.items()}
     assert [storage.read_bytes(p) for p in blobs] == list(blobs.values())

@@ -11,8 +11,8 @@ retry wrapper, debug formatting, header and parameter building): about half the 
 per request (benchmarks/README.md, `reader_scale_bench.py`). A response other than
 206 Partial Content that is transient (408, 429, 5xx), a dropped connection or a body cut short
 is retried under the retry budget (`cairn.storage.retries`), the same as gcsfs's own requests;
-any other answer goes through gcsfs's `_cat_file`, so its errors stay gcsfs's. Other schemes, and gcsfs with `requester_pays`
-(whose `userProject` gcsfs adds), use fsspec's `cat_ranges`.
+any other answer goes through gcsfs's `_cat_file`, so its errors stay gcsfs's. Other schemes,
+and gcsfs with `requester_pays` (whose `userProject` gcsfs adds), use fsspec's `cat_ranges`.
 """
 
 from __future__ import annotations

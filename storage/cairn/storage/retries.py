@@ -138,7 +138,14 @@ class Attempts:
 # -- gcsfs ---------------------------------------------------------------------------------
 
 _OBJECT = re.compile(r"(?:^|/)b/([^/?#]+)(?:/o(?:/([^?#]+))?)?")
-_VERBS = {"GET": "reading", "HEAD": "reading", "POST": "writing", "PUT": "writing", "PATCH": "updating", "DELETE": "deleting"}
+_VERBS = {
+    "GET": "reading",
+    "HEAD": "reading",
+    "POST": "writing",
+    "PUT": "writing",
+    "PATCH": "updating",
+    "DELETE": "deleting",
+}
 _GCSFS_METHODS = ("_request", "_get_file_request")
 _gcsfs_installed = False
 
