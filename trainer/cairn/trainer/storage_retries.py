@@ -22,9 +22,10 @@ def apply_retry_budget(budget: float | None = None) -> bool:
     except ImportError:
         return False
     specs = [getattr(tensorstore_utils, name, None) for name in _SPECS]
-    if not all(isinstance(spec, dict) for spec in specs):
+    dicts = [spec for spec in specs if isinstance(spec, dict)]
+    if len(dicts) != len(specs):
         return False
     extra = retries.tensorstore_context(budget)
-    for spec in specs:
+    for spec in dicts:
         spec.update(extra)
     return True
