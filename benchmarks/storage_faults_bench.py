@@ -8,14 +8,14 @@ of `--delay` seconds; which requests fault follows a seeded RNG (`--seed`). Ever
 under the one retry budget (`CAIRN_STORAGE_RETRY_S`, default 300 s: nothing here gives up).
 
 Rows:
-  * reading: the default experiment's cached train split read whole from the bucket by a fresh
-    `CachedTask` (chunks by ranged GETs on the direct path, metadata by gcsfs), in windows of
-    `--window` records; rows/s, the median of `--repeats` reads;
+  * reading: `--records` records of the default experiment's cached train split, in a seeded
+    random order, `--window` a call, by a fresh `CachedTask` keeping no decoded chunk (every call
+    is ranged GETs on the direct path; its metadata by gcsfs); rows/s, the median of `--repeats`;
   * training: the default experiment (tiny T5, 1 process x 8 CPU devices) for `--steps` steps,
     a checkpoint every `--checkpoint_every` (orbax through tensorstore), model_dir and cache in
-    the bucket; the median `step_time_s` of the logged steps after `--warmup` (read from the
-    run's metrics.jsonl) and the run's wall time (start-up and compilation included: a warm JAX
-    compilation cache shared by the runs);
+    the bucket; the medians of `sequences_per_second` (rows/s) and `step_time_s` over the logged
+    steps after `--warmup` (read from the run's metrics.jsonl) and the run's wall time (start-up
+    and compilation included: a warm JAX compilation cache shared by the runs);
 each with its ratio to the row without faults, and the faults the proxy served during it.
 
     .venv/bin/python benchmarks/storage_faults_bench.py                      # 0,1,2,5,10 %; ~6 min
@@ -87,32 +87,38 @@ def train(args: list[str], env: dict, log: pathlib.Path) -> float:
     return time.perf_counter() - start
 
 
-def step_times(model_dir: str, warmup: int) -> list[float]:
-    """`step_time_s` of the logged train steps after `warmup` (metrics.jsonl, in the bucket)."""
+def train_metric(model_dir: str, metric: str, warmup: int) -> list[float]:
+    """`metric` (`step_time_s`, `sequences_per_second`) of the logged train steps after `warmup`
+    (metrics.jsonl, in the bucket)."""
     from cairn import storage
 
     rows, _ = storage.read_json_lines(storage.join(model_dir, "summaries", "metrics.jsonl"))
     return [
         float(r["value"])
         for r in rows
-        if r.get("task") == "train" and r.get("metric") == "step_time_s" and int(r["step"]) > warmup
+        if r.get("task") == "train" and r.get("metric") == metric and int(r["step"]) > warmup
     ]
 
 
-def read_rate(cache_dir: str, window: int, repeats: int) -> float:
-    """Rows/s of reading the cached train split whole from `cache_dir` (a fresh reader each time)."""
+def read_rate(cache_dir: str, window: int, records: int, repeats: int, seed: int) -> tuple[float, int]:
+    """(rows/s, rows) of reading `records` records of the cached train split from `cache_dir` in a
+    seeded random order, `window` records a call, by a fresh reader keeping no decoded chunk (so
+    every call is ranged GETs: the access pattern of a shuffled reader)."""
+    import numpy as np
+
     from cairn.datatasks.deterministic import task_dir
     from cairn.datatasks.deterministic.cached_task import CachedTask
 
     times, count = [], 0
     for _ in range(repeats):
         start = time.perf_counter()
-        task = CachedTask(task_dir(cache_dir, TASK, "train"))
-        count = task.num_records
+        task = CachedTask(task_dir(cache_dir, TASK, "train"), chunk_cache_bytes=0)
+        order = np.random.default_rng(seed).permutation(task.num_records)[:records]
+        count = len(order)
         for first in range(0, count, window):
-            task.read(range(first, min(first + window, count)))
+            task.read(sorted(int(i) for i in order[first : first + window]))
         times.append(time.perf_counter() - start)
-    return count / statistics.median(times)
+    return count / statistics.median(times), count
 
 
 def served(after: dict, before: dict) -> str:
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3, help="logged steps left out of the step-time median")
     p.add_argument("--checkpoint_every", type=int, default=10)
-    p.add_argument("--window", type=int, default=64, help="records per read call")
+    p.add_argument("--window", type=int, default=16, help="records per read call")
+    p.add_argument("--records", type=int, default=2000, help="records read (in a seeded random order)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--delay", type=float, default=1.0, help="seconds a delayed response waits")
     p.add_argument("--seed", type=int, default=0)
@@ -156,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             child = proxy.environ(env)
             print(
                 f"faults: 429 / 503 / reset mid-body / {args.delay:g} s delay, uniformly, seed {args.seed}; "
-                f"reads: median of {args.repeats}, {args.window} records a call; training: {args.steps} steps, "
+                f"reads: median of {args.repeats}, {args.records} records in random order, {args.window} a call; "
+                f"training: {args.steps} steps, "
                 f"a checkpoint every {args.checkpoint_every}, median step time after step {args.warmup}",
                 flush=True,
             )
@@ -166,17 +174,17 @@ def main(argv: list[str] | None = None) -> None:
             for rate in rates:
                 proxy.set_rate(rate)
                 before = proxy.counts()
-                rows = read_rate(f"{bucket}/cache", args.window, args.repeats)
+                rows, _ = read_rate(f"{bucket}/cache", args.window, args.records, args.repeats, args.seed)
                 clean = clean or rows
                 print(
                     f"| {rate:.0%} | {rows:,.0f} | {rows / clean:.2f} | {served(proxy.counts(), before)} |", flush=True
                 )
             print()
             print(
-                "| faults | step time s (median) | / clean | run wall s | / clean "
+                "| faults | rows/s | step time s | / clean | run wall s | / clean "
                 "| faults served (429 / 503 / reset / delay) |"
             )
-            print("|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|")
             clean_step = clean_wall = None
             for i, rate in enumerate(rates):
                 proxy.set_rate(rate)
@@ -187,10 +195,12 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 proxy.set_rate(0.0)
                 after = proxy.counts()
-                step = statistics.median(step_times(run, args.warmup))
+                step = statistics.median(train_metric(run, "step_time_s", args.warmup))
+                seqs = statistics.median(train_metric(run, "sequences_per_second", args.warmup))
                 clean_step, clean_wall = clean_step or step, clean_wall or wall
                 print(
-                    f"| {rate:.0%} | {step:.3f} | {step / clean_step:.2f} | {wall:.1f} | {wall / clean_wall:.2f} | "
+                    f"| {rate:.0%} | {seqs:.1f} | {step:.3f} | {step / clean_step:.2f} | {wall:.1f} | "
+                    f"{wall / clean_wall:.2f} | "
                     f"{served(after, before)} |",
                     flush=True,
                 )
