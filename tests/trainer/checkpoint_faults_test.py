@@ -1,5 +1,5 @@
 """Checkpoint faults: SHA-256 manifests catch a same-size corruption; every checkpoint corrupt is
-refused (or, asked, moved aside for a restart); a full disk is one `DiskFullError` soon after
+refused (or, asked, moved aside for a restart), a bucket down at restore is not; a full disk is one `DiskFullError` soon after
 the failed save, the last good checkpoint intact; the lock names its holder and age."""
 
 import errno
@@ -118,6 +118,32 @@ def test_every_checkpoint_corrupt_is_refused_and_nothing_is_moved(saved, tmp_pat
         assert caught.value.steps == [4, 2]
         assert sorted(os.listdir(d / "checkpoints")) == ["2", "4"] and not (d / "corrupt_checkpoints").exists()
     assert not (d / "cairn.lock").exists()
+
+
+def test_a_bucket_down_at_restore_is_no_corrupt_checkpoint(saved, tmp_path, monkeypatch):
+    """A restore whose reads ran out of retries (tensorstore's words for it) raises
+    `StorageUnavailableError` naming the bucket and the step: nothing is taken for corrupt or
+    moved aside, and the outage is recorded for the process."""
+    from cairn.storage import retries
+
+    d = _copy(saved, tmp_path)
+    t = _trainer(d, 4)
+    ckpt = Checkpointer(d)
+
+    def down(step, abstract_state):
+        raise ValueError("ABORTED: All 13 retry attempts failed: service unavailable [http_response_code='503']")
+
+    monkeypatch.setattr(ckpt, "_restore_step", down)
+    try:
+        t.setup(next(CountingIterator()))
+        with pytest.raises(storage.StorageUnavailableError) as caught:
+            ckpt.restore(t.abstract_state)
+        assert caught.value.operation == "restoring step 4" and "All 13 retry attempts failed" in str(caught.value)
+        assert retries.declared_outage() is caught.value
+    finally:
+        retries.reset_outage()
+        ckpt.close()
+    assert sorted(os.listdir(d / "checkpoints")) == ["2", "4"] and not (d / "corrupt_checkpoints").exists()
 
 
 def test_restart_if_corrupt_moves_them_aside_and_starts_from_step_0(saved, tmp_path, caplog):
