@@ -1,6 +1,7 @@
 """Checkpoint faults: SHA-256 manifests catch a same-size corruption; every checkpoint corrupt is
-refused (or, asked, moved aside for a restart), a bucket down at restore is not; a full disk is one `DiskFullError` soon after
-the failed save, the last good checkpoint intact; the lock names its holder and age."""
+refused (or, asked, moved aside for a restart), a bucket down at restore is not taken for one; a
+full disk is one `DiskFullError` soon after the failed save, the last good checkpoint intact; the
+lock names its holder and age."""
 
 import errno
 import hashlib
