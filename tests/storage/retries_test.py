@@ -2,7 +2,7 @@
 proxy (`cairn.storage.fault_proxy`): gcsfs's writes, reads, listings and create-if-absent and
 the direct GET path come through 10 % of faults whole; an outage past the budget is one
 `StorageUnavailableError` naming the bucket and the operation, and later failures do not wait
-again; the budget's setting and what tensorstore is given for it."""
+again until a request succeeds; the budget's setting and what tensorstore is given for it."""
 
 import time
 
@@ -59,8 +59,9 @@ def test_an_outage_past_the_budget_names_the_bucket_and_the_operation(proxy, mon
         assert time.monotonic() - start < 0.5
     finally:
         proxy.end_outage()
-        retries.reset_outage()
-    assert storage.read_bytes("gs://stutter/x/1") == bytes([1]) * 5001  # back
+    proxy.set_rate(0.0)  # (the first failure would fail at once while the outage is recorded)
+    assert storage.read_bytes("gs://stutter/x/1") == bytes([1]) * 5001  # back: the outage is over
+    assert retries.declared_outage() is None
 
 
 def test_the_budget_setting_and_tensorstore_s_share_of_it(monkeypatch):

@@ -66,7 +66,9 @@ async def _gcs_get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes
             fs.credentials.apply(headers)  # an auth token, refreshed when stale (none against an emulator)
             async with fs.session.get(url, headers=headers, timeout=fs.requests_timeout) as r:
                 if r.status == 206:  # a body cut short of its Content-Length raises (retried below)
-                    return await r.read()  # shorter than asked: the object is (read_ranges says so)
+                    data = await r.read()  # shorter than asked: the object is (read_ranges says so)
+                    retries.succeeded()
+                    return data
                 if r.status in retries.RETRIABLE_STATUS:
                     cause: BaseException | str = f"HTTP {r.status}"
                 else:

@@ -6,9 +6,9 @@ body cut short) is retried with exponential backoff: the first wait is `min(1 s,
 each next one doubles, at most `MAX_WAIT_S`, each shortened by up to a quarter at random (so a
 pod's hosts do not retry in step). Once `budget` seconds have passed since the operation's first
 failure (the next wait would end past it), the operation fails with `StorageUnavailableError`
-naming the bucket and the operation, and the process records an outage: from then on a failing
-request in this process is not retried (a run that is stopping does not wait a budget again for
-each file it closes). A request that succeeds never waits.
+naming the bucket and the operation, and the process records an outage: until a request
+succeeds again, a failing request in this process is not retried (a run that is stopping does
+not wait a budget again for each file it closes). A request that succeeds never waits.
 
 The budget is `CAIRN_STORAGE_RETRY_S` (seconds, default `DEFAULT_RETRY_S` = 300), read when an
 operation first fails, so child processes inherit it; `set_retry_budget` sets it. It applies to
@@ -90,6 +90,12 @@ def declare(error: StorageUnavailableError) -> StorageUnavailableError:
         if _outage is None:
             _outage = error
     return error
+
+
+def succeeded() -> None:
+    """A request succeeded: a recorded outage is over (later failures are retried again)."""
+    if _outage is not None:
+        reset_outage()
 
 
 def reset_outage() -> None:
@@ -213,7 +219,7 @@ def _budgeted(inner: Any, method_name: str) -> Any:
         attempts: Attempts | None = None
         while True:
             try:
-                return await inner(self, *args, **kwargs)
+                result = await inner(self, *args, **kwargs)
             except Exception as e:
                 if not _gcsfs_retriable(e):
                     raise
@@ -223,7 +229,10 @@ def _budgeted(inner: Any, method_name: str) -> Any:
                     wait = attempts.wait(e)
                 except StorageUnavailableError as unavailable:
                     raise unavailable from e
-            await asyncio.sleep(wait)
+                await asyncio.sleep(wait)
+                continue
+            succeeded()
+            return result
 
     call.cairn_retry_budget = True  # type: ignore[attr-defined]
     return call
