@@ -11,8 +11,9 @@ partitioner, fingerprint header, trainer (resuming from model_dir's checkpoints)
 post-training actions. So a run refused for its config, a changed config, its data or a held
 lock leaves model_dir as it was. Exit status 0 on success, on SIGTERM (the checkpoint is
 saved) and when model_dir is already at `num_train_steps`; 2 with one line on a bad or
-changed config or data, a held lock, an unusable or full model_dir, a NaN/Inf loss, or
-checkpoints that are all corrupt.
+changed config or data, a held lock, an unusable or full model_dir, a NaN/Inf loss,
+checkpoints that are all corrupt, or a bucket unavailable for longer than the storage retry
+budget (`CAIRN_STORAGE_RETRY_S`: the bucket, the operation and the last good checkpoint named).
 
 `--dry_run` stops after the model and the batch's shapes (from the data spec: no batch is read):
 the train step is compiled on abstract shapes (nothing allocated, nothing written to model_dir)
@@ -334,8 +335,8 @@ def _in_model_dir(filename: Any, model_dir: str, code: int) -> bool:
 
 
 def run() -> None:
-    """The program: `train(config)`; bad data, a locked model_dir, unusable or full storage, a
-    NaN/Inf loss or checkpoints that are all corrupt exit 2 with one line."""
+    """The program: `train(config)`; bad data, a locked model_dir, unusable, full or unavailable
+    storage, a NaN/Inf loss or checkpoints that are all corrupt exit 2 with one line."""
     # The program's own flags, defined when it runs: importing this module defines none.
     flags.DEFINE_bool(
         "restart_if_corrupt",
