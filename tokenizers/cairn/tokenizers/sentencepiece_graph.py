@@ -15,7 +15,7 @@ text). What it reimplements, following SentencePiece's normalizer and unigram en
   and spaces become U+2581 (`escape_whitespaces`);
 - segmentation: the Viterbi path over the normalized bytes as `EncodeOptimized` computes it (the
   first best candidate wins a tie; a user-defined piece scores `bytes * max_score - 0.1` in
-  double precision; a character no piece covers is UNK at `min_score - 10`), and consecutive
+  double precision, `max_score` being at least FLT_MIN; a character no piece covers is UNK at `min_score - 10`), and consecutive
   UNKs merged into one;
 - decoding: control pieces render as nothing, UNK as " \u2047 ", U+2581 as a space, and each
   piece before the first that renders as something loses its leading U+2581.
@@ -41,6 +41,7 @@ _UNK_PENALTY = 10.0
 _SPACE = "\u2581".encode()
 _REPLACEMENT = "\ufffd".encode()
 UNK_SURFACE = " \u2047 "
+_FLT_MAX, _FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38
 
 
 def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
@@ -114,7 +115,9 @@ class ModelSpec:
         self.remove_extra_whitespaces = bool(self.normalizer.get(4, 1))
         self.escape_whitespaces = bool(self.normalizer.get(5, 1))
         normal = [s for _, s, t in self.pieces if t == _NORMAL]
-        self.min_score, self.max_score = (min(normal), max(normal)) if normal else (0.0, 0.0)
+        # as SentencePiece starts them: FLT_MAX and FLT_MIN (the smallest positive float, so that
+        # with negative scores a user-defined piece scores about -0.1)
+        self.min_score, self.max_score = min([_FLT_MAX, *normal]), max([_FLT_MIN, *normal])
         unk = [i for i, (_, _, t) in enumerate(self.pieces) if t == _UNKNOWN]
         if not unk:
             raise VocabularyError("SentencePiece model without an UNK piece")
@@ -427,8 +430,9 @@ class _Lattice:
 
     def viterbi(self, offsets: Any) -> tuple[Any, Any]:
         """Each character's best candidate `(length, id)` as `EncodeOptimized` picks it, the words
-        starting at `offsets` (the best path's score at their start): the first of the best scores
-        in float32, a user-defined piece's score added in double precision."""
+        starting at `offsets` (the best path's score at their start). Scores add in float32, a
+        user-defined piece's in double precision compared with the float32 best so far (what
+        matches the `sentencepiece` library); the first best wins a tie."""
         import tensorflow as tf
 
         g = self.graph
