@@ -104,8 +104,13 @@ def main() -> None:
     print(machine_line())
     print(f"pinned to CPU {cpu}; TensorFlow {tf.__version__}, 1 intra-op and 1 inter-op thread; model {model_path}")
     new = measure(SentencePieceGraph, vocab.sp_model, texts, args.repeats, want)
-    old = None if args.no_old else measure(old_module(args.old_rev).SentencePieceGraph, vocab.sp_model, texts, args.old_repeats, want)
-    print(f"\n| characters | bytes | ids | {args.old_rev} (median) | today (median) | speedup | same ids as SentencePiece (old / today) |")
+    old = (
+        None
+        if args.no_old
+        else measure(old_module(args.old_rev).SentencePieceGraph, vocab.sp_model, texts, args.old_repeats, want)
+    )
+    head = f"| characters | bytes | ids | {args.old_rev} (median) | today (median) | speedup"
+    print(f"\n{head} | same ids as SentencePiece (old / today) |")
     print("|---|---|---|---|---|---|---|")
     for n, text in texts.items():
         o = old[n] if old else None

@@ -100,7 +100,9 @@ def corpus(lines):
 
 
 def encode_all(graph, texts, chunk=6000):
-    return [ids for i in range(0, len(texts), chunk) for ids in graph.encode(tf.constant(texts[i : i + chunk])).to_list()]
+    return [
+        ids for i in range(0, len(texts), chunk) for ids in graph.encode(tf.constant(texts[i : i + chunk])).to_list()
+    ]
 
 
 def test_encode_equals_sentencepiece_on_corpus(vocab, graph, corpus):
@@ -111,7 +113,9 @@ def test_encode_equals_sentencepiece_on_corpus(vocab, graph, corpus):
 def test_encode_under_other_normalizer_settings(t5_model, corpus):
     """No whitespace folding and no U+2581 escaping: the branches the default model skips."""
     vocab = SentencePieceVocabulary(
-        t5_model, extra_ids=10, normalizer_spec_overrides={"remove_extra_whitespaces": False, "escape_whitespaces": False}
+        t5_model,
+        extra_ids=10,
+        normalizer_spec_overrides={"remove_extra_whitespaces": False, "escape_whitespaces": False},
     )
     sample = corpus[::6]
     assert encode_all(Graph(vocab.sp_model), sample) == vocab.encode_batch(sample)

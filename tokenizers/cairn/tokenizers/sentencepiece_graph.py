@@ -4,27 +4,39 @@ that a server loads (no `tf.numpy_function`, no tensorflow-text, no custom op).
 `SentencePieceGraph(model_bytes)` reads a serialized unigram model (`SentencePieceVocabulary.sp_model`:
 its sentinels included) and builds lookup tables; `encode(strings)` gives a `tf.RaggedTensor` of
 int32 ids and `decode(ids)` strings, both equal to the `sentencepiece` library's on the same model
-(tests/tokenizers/sentencepiece_graph_test.py compares them over Shakespeare's lines and unusual
-text). What it reimplements, following SentencePiece's normalizer and unigram encoder:
+(tests/tokenizers/sentencepiece_graph_test.py compares them over 12,000 lines: Shakespeare's and
+unusual Unicode). What it reimplements, following SentencePiece's normalizer and unigram encoder:
 
 - normalization: at each position the longest user-defined piece is copied as it is, else the
   longest key of the model's precompiled character map (`normalizer_spec.precompiled_charsmap`,
   a darts-clone double array, walked in the graph as SentencePiece walks it) is replaced by its
-  value, else one UTF-8 character is copied (an invalid byte becomes U+FFFD); leading, trailing
-  and repeated spaces are dropped (`remove_extra_whitespaces`), a space goes in front (`add_dummy_prefix`),
-  and spaces become U+2581 (`escape_whitespaces`);
+  value, else one UTF-8 character is copied (an invalid byte, and U+FFFD itself, becomes U+FFFD
+  for one byte); leading, trailing and repeated spaces are dropped (`remove_extra_whitespaces`),
+  a space goes in front (`add_dummy_prefix`), and spaces become U+2581 (`escape_whitespaces`);
 - segmentation: the Viterbi path over the normalized bytes as `EncodeOptimized` computes it (the
-  first best candidate wins a tie; a user-defined piece scores `bytes * max_score - 0.1` in
-  double precision, `max_score` being at least FLT_MIN; a character no piece covers is UNK at `min_score - 10`), and consecutive
-  UNKs merged into one;
+  first best candidate wins a tie; scores add in float32, a user-defined piece's `bytes *
+  max_score - 0.1` in double precision, `max_score` starting at FLT_MIN; a character no piece
+  covers is UNK at `min_score - 10`), and consecutive UNKs merged into one;
 - decoding: control pieces render as nothing, UNK as " \u2047 ", U+2581 as a space, and each
   piece before the first that renders as something loses its leading U+2581.
 
-TensorFlow is imported when a `SentencePieceGraph` is built. Supported: unigram models without byte fallback,
-whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models). Others raise
-`VocabularyError` naming what is not supported. The loops run once per byte of each string
-(`tf.while_loop`): fine for serving requests, not meant for bulk preprocessing
-(`SentencePieceVocabulary.encode_tf` is faster there).
+How, without a loop per byte (issue 57): the normalizer's choice is computed at every byte of
+every string at once (the trie walked for all positions together, as deep as the longest match),
+and the positions SentencePiece visits (0, then each step's end) are the chain from 0, found by
+pointer doubling in log2(length) rounds. The Viterbi runs over words: no piece has U+2581 past
+its first byte (else a string is one word), so no piece crosses a word start and each word's
+best path is found on its own, all words of all strings stepped together one character a step
+(a loop as long as the longest word). A word starts from the best path's score before it; the
+first pass starts every word at 0, the path found gives the words' starting scores (added up as
+SentencePiece adds them), and the pass is repeated until the path stops changing (usually
+once), so that scores round as SentencePiece's do. The backtracking is pointer doubling again.
+
+TensorFlow is imported when a `SentencePieceGraph` is built. Supported: unigram models without
+byte fallback, whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models).
+Others raise `VocabularyError` naming what is not supported. Known difference: in a model whose
+user-defined pieces compete with normal pieces over runs of U+2581 (e.g. a user-defined
+"\u2581\u2581" with `remove_extra_whitespaces` off), `sentencepiece` 0.2.3 sometimes segments
+leading spaces otherwise than `EncodeOptimized`'s source says; T5-style sentinels are unaffected.
 """
 
 from __future__ import annotations
@@ -305,9 +317,13 @@ class SentencePieceGraph:
             before = tf.gather(tf.concat([[0], non_space], 0), starts)
             leading = tf.equal(non_space, tf.gather(before, piece))
             nonempty = length > 0
-            ends_space = nonempty & tf.equal(tf.gather(tf.concat([out, [0]], 0), tf.maximum(starts + length - 1, 0)), 32)
+            ends_space = nonempty & tf.equal(
+                tf.gather(tf.concat([out, [0]], 0), tf.maximum(starts + length - 1, 0)), 32
+            )
             earlier = tf.cumsum(tf.cast(nonempty, tf.int32), exclusive=True)
-            last = tf.gather(tf.concat([tf.cast(tf.where(nonempty)[:, 0], tf.int32), [0]], 0), tf.maximum(earlier - 1, 0))
+            last = tf.gather(
+                tf.concat([tf.cast(tf.where(nonempty)[:, 0], tf.int32), [0]], 0), tf.maximum(earlier - 1, 0)
+            )
             follows = (earlier > 0) & tf.equal(tf.gather(tf.concat([row, [0]], 0), last), row)
             after_space = tf.where(follows, tf.gather(tf.concat([ends_space, [False]], 0), last), True)
             keep = ~(leading & tf.gather(after_space, piece))
@@ -557,7 +573,9 @@ def _on_chain(step: Any, source: Any) -> Any:
 
     levels = tf.TensorArray(tf.int32, size=0, dynamic_size=True, clear_after_read=False, element_shape=[None])
     k, jump, depth, levels = tf.while_loop(
-        lambda k, jump, depth, levels: tf.reduce_any(tf.gather(depth, jump) > 0), double, [tf.constant(0), step, depth, levels]
+        lambda k, jump, depth, levels: tf.reduce_any(tf.gather(depth, jump) > 0),
+        double,
+        [tf.constant(0), step, depth, levels],
     )
     levels = levels.write(k, jump)
     ahead = tf.gather(depth, source) - depth  # steps from the source to each node, if on its walk
