@@ -13,10 +13,10 @@ unusual Unicode). What it reimplements, following SentencePiece's normalizer and
   value, else one UTF-8 character is copied (an invalid byte, and U+FFFD itself, becomes U+FFFD
   for one byte); leading, trailing and repeated spaces are dropped (`remove_extra_whitespaces`),
   a space goes in front (`add_dummy_prefix`), and spaces become U+2581 (`escape_whitespaces`);
-- segmentation: the Viterbi path over the normalized bytes as `EncodeOptimized` computes it (the
-  first best candidate wins a tie; scores add in float32, a user-defined piece's `bytes *
-  max_score - 0.1` in double precision, `max_score` starting at FLT_MIN; a character no piece
-  covers is UNK at `min_score - 10`), and consecutive UNKs merged into one;
+- segmentation: the Viterbi path over the normalized bytes as `EncodeOptimized` (sentencepiece
+  0.2.3) computes it: scores add in float32, the first best candidate wins a tie, a
+  user-defined piece of L bytes scores `0.1 * (L - 1)`, a character no piece covers is UNK at
+  `min_score - 10`; consecutive UNKs merged into one;
 - decoding: control pieces render as nothing, UNK as " \u2047 ", U+2581 as a space, and each
   piece before the first that renders as something loses its leading U+2581.
 
@@ -33,10 +33,11 @@ once), so that scores round as SentencePiece's do. The backtracking is pointer d
 
 TensorFlow is imported when a `SentencePieceGraph` is built. Supported: unigram models without
 byte fallback, whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models).
-Others raise `VocabularyError` naming what is not supported. Known difference: in a model whose
-user-defined pieces compete with normal pieces over runs of U+2581 (e.g. a user-defined
-"\u2581\u2581" with `remove_extra_whitespaces` off), `sentencepiece` 0.2.3 sometimes segments
-leading spaces otherwise than `EncodeOptimized`'s source says; T5-style sentinels are unaffected.
+Others raise `VocabularyError` naming what is not supported. Known difference: sentencepiece
+0.2.3 rebases its scores to 0 when the best path's score passes +-100,000 (about 40,000
+characters of English text), which changes how later sums round; this does not, so beyond that
+point a near tie can be broken otherwise (the first difference seen: after 27,000 pieces of a
+200,000-character input). Shorter inputs are unaffected.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ _UNK_PENALTY = 10.0
 _SPACE = "\u2581".encode()
 _REPLACEMENT = "\ufffd".encode()
 UNK_SURFACE = " \u2047 "
-_FLT_MAX, _FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38
+_FLT_MAX = 3.4028234663852886e38
 
 
 def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
@@ -126,10 +127,7 @@ class ModelSpec:
         self.add_dummy_prefix = bool(self.normalizer.get(3, 1))
         self.remove_extra_whitespaces = bool(self.normalizer.get(4, 1))
         self.escape_whitespaces = bool(self.normalizer.get(5, 1))
-        normal = [s for _, s, t in self.pieces if t == _NORMAL]
-        # as SentencePiece starts them: FLT_MAX and FLT_MIN (the smallest positive float, so that
-        # with negative scores a user-defined piece scores about -0.1)
-        self.min_score, self.max_score = min([_FLT_MAX, *normal]), max([_FLT_MIN, *normal])
+        self.min_score = min([_FLT_MAX, *(s for _, s, t in self.pieces if t == _NORMAL)])
         unk = [i for i, (_, _, t) in enumerate(self.pieces) if t == _UNKNOWN]
         if not unk:
             raise VocabularyError("SentencePiece model without an UNK piece")
@@ -169,11 +167,8 @@ class SentencePieceGraph:
         self._piece_ids = _table([texts[i] for i in in_lattice], in_lattice, -1)
         self._scores = tf.constant(scores)
         self._user_defined = tf.constant([t == _USER_DEFINED for t in types])
-        self._has_user = any(t == _USER_DEFINED for t in types)
-        # a user-defined piece of L bytes scores `L * max_score - 0.1` in double precision
-        lengths = np.arange(1, self._width + 1, dtype=np.float32)
-        user_scores = (lengths * np.float32(spec.max_score)).astype(np.float64) - 0.1
-        self._user_scores = tf.constant(user_scores, tf.float64)
+        # a user-defined piece of L bytes scores 0.1 * (L - 1), as a float
+        self._user_scores = tf.constant([np.float32(0.1 * n) for n in range(self._width)], tf.float32)
         self._unk_score = float(np.float32(spec.min_score) - np.float32(_UNK_PENALTY))
         user = sorted({texts[i] for i, t in enumerate(types) if t == _USER_DEFINED})
         self.max_user = max([len(u) for u in user] + [1])
@@ -438,17 +433,17 @@ class _Lattice:
         grid = tf.where(tf.one_hot(ends - starts - 1, width, True, False) & (grid < 0), unk_id, grid)
         self.grid = grid
         safe = tf.maximum(grid, 0)
-        self.score = tf.where(grid == unk_id, graph._unk_score, tf.gather(graph._scores, safe))
-        self.user = (grid >= 0) & tf.gather(graph._user_defined, safe)
+        user = (grid >= 0) & tf.gather(graph._user_defined, safe)
+        score = tf.where(user, graph._user_scores[None, :], tf.gather(graph._scores, safe))
+        self.score = tf.where(grid == unk_id, graph._unk_score, score)
         char_index = tf.cumsum(tf.cast(boundary, tf.int32)) - 1
         # the step (0: the word's start) whose end the candidate starts at
         self.back = tf.gather(tf.concat([char_index, [k]], 0), begin) - tf.gather(first, self.word)[:, None]
 
     def viterbi(self, offsets: Any) -> tuple[Any, Any]:
         """Each character's best candidate `(length, id)` as `EncodeOptimized` picks it, the words
-        starting at `offsets` (the best path's score at their start). Scores add in float32, a
-        user-defined piece's in double precision compared with the float32 best so far (what
-        matches the `sentencepiece` library); the first best wins a tie."""
+        starting at `offsets` (the best path's score at their start): scores add in float32 and
+        the first best wins a tie."""
         import tensorflow as tf
 
         g = self.graph
@@ -466,17 +461,10 @@ class _Lattice:
             grid = tf.gather(self.grid, c)
             here = tf.gather_nd(buf, tf.stack([tf.gather(self.back, c) % ring, word_ids], -1))
             score = here + tf.gather(self.score, c)
-            user = tf.gather(self.user, c)
-            exact = tf.cast(here, tf.float64) + g._user_scores[None, :]
-            rounded = tf.cast(exact, tf.float32)
-            score = tf.where(user, rounded, score)
-            above = user & (exact > tf.cast(rounded, tf.float64))
             valid = grid >= 0
             best = tf.reduce_max(tf.where(valid, score, -math.inf), 1)
             tied = valid & tf.equal(score, best[:, None])
-            first = tf.reduce_max(tf.where(tied, lengths, 0), 1)  # the earliest start
-            later = tied & above & (lengths < first[:, None])  # a double above the float wins
-            win = tf.where(tf.reduce_any(later, 1), tf.reduce_min(tf.where(later, lengths, width + 1), 1), first)
+            win = tf.reduce_max(tf.where(tied, lengths, 0), 1)  # the earliest start of the best
             pick = tf.maximum(win - 1, 0)
             buf = tf.tensor_scatter_nd_update(
                 buf, [[t % ring]], tf.where(active, tf.gather(score, pick, batch_dims=1), 0.0)[None]
@@ -500,31 +488,15 @@ class _Lattice:
 
     def offsets(self, on_path: Any, chosen: Any) -> Any:
         """Each word's offset: the score of the best path at its start, added up along `on_path`
-        in the order SentencePiece adds (a cumulative sum in float32; a user-defined piece's
-        score in double precision)."""
+        in the order SentencePiece adds (a cumulative sum in float32, which adds in order)."""
         import tensorflow as tf
 
-        g = self.graph
         at = tf.cast(tf.where(on_path)[:, 0], tf.int32)
         slot = tf.stack([at, tf.gather(chosen, at) - 1], -1)
         row = tf.gather(self.char_row, at)
         scores = tf.RaggedTensor.from_value_rowids(tf.gather_nd(self.score, slot), row, nrows=self.rows)
         dense = scores.to_tensor()
         total = tf.cumsum(dense, axis=1)
-        if g._has_user:
-            user = tf.RaggedTensor.from_value_rowids(tf.gather_nd(self.user, slot), row, nrows=self.rows).to_tensor()
-            extra = tf.gather(g._user_scores, slot[:, 1])
-            extra = tf.RaggedTensor.from_value_rowids(extra, row, nrows=self.rows).to_tensor()
-
-            def exact():
-                def add(acc, column):
-                    score, is_user, user_score = column
-                    return tf.where(is_user, tf.cast(tf.cast(acc, tf.float64) + user_score, tf.float32), acc + score)
-
-                columns = (tf.transpose(dense), tf.transpose(user), tf.transpose(extra))
-                return tf.transpose(tf.scan(add, columns, initializer=tf.zeros([self.rows])))
-
-            total = tf.cond(tf.reduce_any(user), exact, lambda: total)
         total = tf.RaggedTensor.from_tensor(total, lengths=scores.row_lengths()).flat_values
         position = tf.cumsum(tf.cast(on_path, tf.int32)) - 1
         before = tf.gather(position, tf.maximum(self.first_char - 1, 0))
