@@ -16,7 +16,8 @@ unusual Unicode). What it reimplements, following SentencePiece's normalizer and
 - segmentation: the Viterbi path over the normalized bytes as `EncodeOptimized` (sentencepiece
   0.2.3) computes it: scores add in float32, the first best candidate wins a tie, a
   user-defined piece of L bytes scores `0.1 * (L - 1)`, a character no piece covers is UNK at
-  `min_score - 10`; consecutive UNKs merged into one;
+  `min_score - 10`, and where a best path's score passes +-100,000 (about 40,000 characters of
+  English) the scores are rebased to 0, as `EncodeOptimized` does; consecutive UNKs merged;
 - decoding: control pieces render as nothing, UNK as " \u2047 ", U+2581 as a space, and each
   piece before the first that renders as something loses its leading U+2581.
 
@@ -28,16 +29,13 @@ its first byte (else a string is one word), so no piece crosses a word start and
 best path is found on its own, all words of all strings stepped together one character a step
 (a loop as long as the longest word). A word starts from the best path's score before it; the
 first pass starts every word at 0, the path found gives the words' starting scores (added up as
-SentencePiece adds them), and the pass is repeated until the path stops changing (usually
-once), so that scores round as SentencePiece's do. The backtracking is pointer doubling again.
+SentencePiece adds them, rebases included), and the pass is repeated until they stop changing
+(usually once), so that scores round as SentencePiece's do. The backtracking is pointer
+doubling again.
 
 TensorFlow is imported when a `SentencePieceGraph` is built. Supported: unigram models without
 byte fallback, whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models).
-Others raise `VocabularyError` naming what is not supported. Known difference: sentencepiece
-0.2.3 rebases its scores to 0 when the best path's score passes +-100,000 (about 40,000
-characters of English text), which changes how later sums round; this does not, so beyond that
-point a near tie can be broken otherwise (the first difference seen: after 27,000 pieces of a
-200,000-character input). Shorter inputs are unaffected.
+Others raise `VocabularyError` naming what is not supported.
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ _SPACE = "\u2581".encode()
 _REPLACEMENT = "\ufffd".encode()
 UNK_SURFACE = " \u2047 "
 _FLT_MAX = 3.4028234663852886e38
+_RESET = 100000.0  # EncodeOptimized rebases its scores to 0 past +-this (kScoreResetThreshold)
 
 
 def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
@@ -440,10 +439,13 @@ class _Lattice:
         # the step (0: the word's start) whose end the candidate starts at
         self.back = tf.gather(tf.concat([char_index, [k]], 0), begin) - tf.gather(first, self.word)[:, None]
 
-    def viterbi(self, offsets: Any) -> tuple[Any, Any]:
-        """Each character's best candidate `(length, id)` as `EncodeOptimized` picks it, the words
-        starting at `offsets` (the best path's score at their start): scores add in float32 and
-        the first best wins a tie."""
+    def viterbi(self, offsets: Any) -> tuple[Any, Any, Any, Any]:
+        """Each character's best candidate `(length, id)` as `EncodeOptimized` picks it, the score
+        of the best path to its end and whether SentencePiece rebases there; the words start at
+        `offsets` (the best path's score at their start). Scores add in float32, the first best
+        wins a tie; where a best path's score passes +-`_RESET` (not at a word's end: the next
+        word's offset says it) the scores are rebased to 0 there, and a candidate from before
+        that point is compared after the rebase, as SentencePiece shifts it."""
         import tensorflow as tf
 
         g = self.graph
@@ -455,28 +457,48 @@ class _Lattice:
         ring0 = tf.concat([offsets[None, :], tf.zeros([width, words])], 0)
         steps = tf.reduce_max(tf.concat([self.length, [0]], 0))
 
-        def body(t, buf, chosen, ids):
+        def first_best(score, among):
+            best = tf.reduce_max(tf.where(among, score, -math.inf), 1)
+            tied = among & tf.equal(score, best[:, None])
+            return best, tf.reduce_max(tf.where(tied, lengths, 0), 1)  # the earliest start
+
+        def body(t, buf, rebased_at, shift, chosen, ids, values, resets):
             active = t <= self.length
             c = tf.minimum(self.first_char + t - 1, self.chars - 1)
             grid = tf.gather(self.grid, c)
-            here = tf.gather_nd(buf, tf.stack([tf.gather(self.back, c) % ring, word_ids], -1))
+            back = tf.gather(self.back, c)
+            here = tf.gather_nd(buf, tf.stack([back % ring, word_ids], -1))
             score = here + tf.gather(self.score, c)
             valid = grid >= 0
-            best = tf.reduce_max(tf.where(valid, score, -math.inf), 1)
-            tied = valid & tf.equal(score, best[:, None])
-            win = tf.reduce_max(tf.where(tied, lengths, 0), 1)  # the earliest start of the best
+            before = valid & (back < rebased_at[:, None])  # started before the last rebase
+            best_before, win_before = first_best(score, before)
+            best_before = best_before - shift
+            best_after, win_after = first_best(score, valid & ~before)
+            after = (win_after > 0) & ((win_before == 0) | (best_after > best_before))
+            win = tf.where(after, win_after, win_before)
+            value = tf.where(after, best_after, best_before)
+            rebase = active & (t < self.length) & (tf.abs(value) > _RESET)
+            buf = tf.tensor_scatter_nd_update(buf, [[t % ring]], tf.where(active & ~rebase, value, 0.0)[None])
             pick = tf.maximum(win - 1, 0)
-            buf = tf.tensor_scatter_nd_update(
-                buf, [[t % ring]], tf.where(active, tf.gather(score, pick, batch_dims=1), 0.0)[None]
+            return (
+                t + 1,
+                buf,
+                tf.where(rebase, t, rebased_at),
+                tf.where(rebase, value, shift),
+                chosen.write(t - 1, win),
+                ids.write(t - 1, tf.gather(grid, pick, batch_dims=1)),
+                values.write(t - 1, value),
+                resets.write(t - 1, rebase),
             )
-            return t + 1, buf, chosen.write(t - 1, win), ids.write(t - 1, tf.gather(grid, pick, batch_dims=1))
 
-        def array():
-            return tf.TensorArray(tf.int32, size=steps, element_shape=[None])
+        def array(dtype):
+            return tf.TensorArray(dtype, size=steps, element_shape=[None])
 
-        _, _, chosen, ids = tf.while_loop(lambda t, *_: t <= steps, body, [tf.constant(1), ring0, array(), array()])
+        start = [tf.constant(1), ring0, tf.zeros([words], tf.int32), tf.zeros([words])]
+        start += [array(tf.int32), array(tf.int32), array(tf.float32), array(tf.bool)]
+        out = tf.while_loop(lambda t, *_: t <= steps, body, start)[4:]
         at = tf.stack([self.step - 1, self.word], -1)
-        return tf.gather_nd(chosen.stack(), at), tf.gather_nd(ids.stack(), at)
+        return tuple(tf.gather_nd(a.stack(), at) for a in out)
 
     def path(self, chosen: Any) -> Any:
         """Which characters end a piece of the best path (backtracking from each row's end)."""
@@ -486,17 +508,58 @@ class _Lattice:
         back = tf.tensor_scatter_nd_update(back, self.ends[:, None], self.ends - chosen)
         return tf.gather(_on_chain(back, self.n), self.ends)
 
-    def offsets(self, on_path: Any, chosen: Any) -> Any:
+    def offsets(self, on_path: Any, chosen: Any, values: Any, resets: Any) -> Any:
         """Each word's offset: the score of the best path at its start, added up along `on_path`
-        in the order SentencePiece adds (a cumulative sum in float32, which adds in order)."""
+        in the order SentencePiece adds, with its rebases past +-`_RESET` (`viterbi`'s `values`
+        and `resets`): float32 cumulative sums (they add in order) of the stretches between
+        rebases, one stretch after the other."""
         import tensorflow as tf
 
+        width = self.graph._width
         at = tf.cast(tf.where(on_path)[:, 0], tf.int32)
         slot = tf.stack([at, tf.gather(chosen, at) - 1], -1)
         row = tf.gather(self.char_row, at)
         scores = tf.RaggedTensor.from_value_rowids(tf.gather_nd(self.score, slot), row, nrows=self.rows)
-        dense = scores.to_tensor()
-        total = tf.cumsum(dense, axis=1)
+        step = tf.gather(self.step, at)
+        span = step - tf.gather_nd(self.back, slot)  # the piece starts at the end of character at - span
+        # a rebase inside a piece shifts its end's score; one at its start or at a word's end
+        # (the next word's start) starts the next piece from 0
+        inner = at[:, None] - tf.range(1, width)[None, :]
+        inside = (tf.range(1, width)[None, :] < span[:, None]) & tf.gather(resets, tf.maximum(inner, 0))
+        shift = tf.reduce_sum(tf.where(inside, tf.gather(values, tf.maximum(inner, 0)), 0.0), 1)
+        crosses = tf.reduce_any(inside, 1)
+        begins = (span < step) & tf.gather(resets, tf.maximum(at - span, 0))
+        ends_word = tf.equal(step, tf.gather(self.length, tf.gather(self.word, at)))
+        zero = tf.concat([begins[1:], [False]], 0)
+
+        def dense(x):
+            return tf.RaggedTensor.from_value_rowids(x, row, nrows=self.rows).to_tensor()
+
+        score, zero, crosses, shift, ends_word = (
+            dense(x) for x in (scores.flat_values, zero, crosses, shift, ends_word)
+        )
+        index = tf.range(tf.shape(score)[1])[None, :]
+        size = tf.cast(scores.row_lengths(), tf.int32)
+
+        def stretch(begin, start, total):
+            """From each row's piece `begin` on (its score `start` before it) to the first rebase."""
+            rest = index >= begin[:, None]
+            acc = tf.cumsum(
+                tf.where(index == begin[:, None], start[:, None] + score, tf.where(rest, score, 0.0)), axis=1
+            )
+            acc = tf.where(crosses, acc - shift, acc)
+            stop = rest & (zero | crosses | (ends_word & (tf.abs(acc) > _RESET)))
+            end = tf.reduce_min(tf.where(stop, index, tf.shape(score)[1]), 1)
+            last = tf.equal(index, end[:, None])
+            after = tf.reduce_sum(tf.where(last, acc, 0.0), 1)
+            after = tf.where(tf.reduce_any(last & (zero | (ends_word & (tf.abs(acc) > _RESET))), 1), 0.0, after)
+            total = tf.where(last, after[:, None], tf.where(rest & (index < end[:, None]), acc, total))
+            return end + 1, after, total
+
+        begin = tf.zeros([self.rows], tf.int32)
+        total = tf.while_loop(
+            lambda begin, *_: tf.reduce_any(begin < size), stretch, [begin, tf.zeros([self.rows]), score]
+        )[2]
         total = tf.RaggedTensor.from_tensor(total, lengths=scores.row_lengths()).flat_values
         position = tf.cumsum(tf.cast(on_path, tf.int32)) - 1
         before = tf.gather(position, tf.maximum(self.first_char - 1, 0))
@@ -507,22 +570,16 @@ class _Lattice:
         """The rows' ids (a ragged int32 tensor), consecutive UNKs merged."""
         import tensorflow as tf
 
-        def settle(on_a, len_a, on_b, len_b, ids_b):
-            chosen, ids = self.viterbi(self.offsets(on_b, len_b))
-            return on_b, len_b, self.path(chosen), chosen, ids
-
-        def unsettled(on_a, len_a, on_b, len_b, ids_b):
-            same = tf.reduce_all(tf.equal(on_a, on_b)) & tf.reduce_all(
-                tf.equal(tf.where(on_a, len_a, 0), tf.where(on_b, len_b, 0))
-            )
-            return ~same
+        def settle(_, offsets, *__):
+            chosen, ids, values, resets = self.viterbi(offsets)
+            on = self.path(chosen)
+            return offsets, self.offsets(on, chosen, values, resets), on, ids
 
         # The words' offsets depend on the path before them: start from 0, add up along the path
-        # found and step again until the path no longer changes.
-        chosen, ids = self.viterbi(tf.zeros([self.words]))
-        on = self.path(chosen)
-        state = settle(on, chosen, on, chosen, ids)
-        _, _, on, _, ids = tf.while_loop(unsettled, settle, state)
+        # found and step again until the offsets no longer change.
+        state = settle(None, tf.zeros([self.words]))
+        state = tf.while_loop(lambda a, b, *_: tf.reduce_any(tf.not_equal(a, b)), settle, state)
+        on, ids = state[2], state[3]
         at = tf.where(on)[:, 0]
         ids, row = tf.gather(ids, at), tf.gather(self.char_row, at)
         unk = tf.equal(ids, self.graph.spec.unk_id)
