@@ -4,8 +4,8 @@ of 12,000 lines encoded in a few large calls: Shakespeare's lines, text that exe
 normalizer (NFKC folds and compositions, whitespace runs, control and zero-width characters,
 invalid UTF-8), unknown characters (merged runs), sentinels, and seeded lines of unusual Unicode
 (combining marks, CJK, emoji, right-to-left text, NUL and control characters, invalid bytes,
-long space runs); the same under other normalizer settings and on one 200,000-character input; decoding of random ids (control,
-UNK, sentinels, after EOS); models it cannot reproduce refused."""
+long space runs); the same under other normalizer settings and on one 200,000-character input;
+decoding of random ids (control, UNK, sentinels, after EOS); models it cannot reproduce refused."""
 
 import numpy as np
 import pytest
