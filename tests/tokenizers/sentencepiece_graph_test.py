@@ -122,9 +122,12 @@ def test_encode_under_other_normalizer_settings(t5_model, corpus):
 
 
 def test_one_long_input_equals_sentencepiece(vocab, graph, lines):
-    """200,000 characters: SentencePiece rebases its scores each time they pass -100,000."""
+    """200,000 characters (SentencePiece rebases its scores each time they pass -100,000), then
+    batches without a character."""
     text = " ".join(lines)[:200000].encode("utf-8")
     assert graph.encode(tf.constant([text, b"", text[:7]])).to_list() == vocab.encode_batch([text, b"", text[:7]])
+    assert graph.encode(tf.constant([b"", b"  "])).to_list() == [[], []]  # no word at all
+    assert graph.encode(tf.constant([], tf.string)).to_list() == []
 
 
 def test_decode_equals_decode(vocab, graph, lines):

@@ -278,7 +278,7 @@ class SentencePieceGraph:
         for n in range(1, self.max_user + 1):
             hit = (self._user.lookup(tf.strings.substr(joined, at, tf.fill(tf.shape(at), n))) >= 0) & (n <= left)
             best = tf.where(hit, n, best)
-        return tf.tensor_scatter_nd_update(tf.zeros_like(pos), where[:, None], best)
+        return tf.math.unsorted_segment_sum(best, where, tf.size(pos))  # (a scatter refuses an empty output)
 
     def _normalize(self, texts: Any) -> Any:
         """Strings `[b]` normalized as SentencePiece does (module docstring), as a ragged
@@ -406,7 +406,7 @@ class _Lattice:
         boundary = (z & 0xC0) != 0x80
         starts = tf.cast(tf.where(boundary)[:, 0], tf.int32)  # characters' first bytes
         self.chars = k = tf.size(starts)
-        self.ends = ends = tf.concat([starts[1:], [n]], 0)
+        self.ends = ends = tf.concat([starts[1:], [n]], 0)[:k]
         self.char_row = tf.gather(zrow, starts)
         self.first_in_row = tf.concat([[True], self.char_row[1:] != self.char_row[:-1]], 0)[:k]
         word_start = self.first_in_row
@@ -427,7 +427,10 @@ class _Lattice:
         where = tf.cast(tf.where(inside), tf.int32)
         joined = tf.strings.reduce_join(tf.gather(graph._byte_strings, z))
         found = graph._piece_ids.lookup(tf.strings.substr(joined, tf.gather_nd(begin, where), where[:, 1] + 1))
-        grid = tf.scatter_nd(where, tf.cast(found, tf.int32) + 1, tf.shape(begin)) - 1
+        flat = tf.math.unsorted_segment_sum(
+            tf.cast(found, tf.int32) + 1, where[:, 0] * width + where[:, 1], tf.size(begin)
+        )
+        grid = tf.reshape(flat, tf.shape(begin)) - 1
         unk_id = graph.spec.unk_id
         grid = tf.where(tf.one_hot(ends - starts - 1, width, True, False) & (grid < 0), unk_id, grid)
         self.grid = grid
@@ -478,7 +481,8 @@ class _Lattice:
             win = tf.where(after, win_after, win_before)
             value = tf.where(after, best_after, best_before)
             rebase = active & (t < self.length) & (tf.abs(value) > _RESET)
-            buf = tf.tensor_scatter_nd_update(buf, [[t % ring]], tf.where(active & ~rebase, value, 0.0)[None])
+            row = tf.equal(tf.range(ring), t % ring)[:, None]  # (a scatter refuses an empty buffer)
+            buf = tf.where(row, tf.where(active & ~rebase, value, 0.0)[None, :], buf)
             pick = tf.maximum(win - 1, 0)
             return (
                 t + 1,
@@ -498,7 +502,11 @@ class _Lattice:
         start += [array(tf.int32), array(tf.int32), array(tf.float32), array(tf.bool)]
         out = tf.while_loop(lambda t, *_: t <= steps, body, start)[4:]
         at = tf.stack([self.step - 1, self.word], -1)
-        return tuple(tf.gather_nd(a.stack(), at) for a in out)
+
+        def stacked(a):  # an empty TensorArray of unknown element shape does not stack
+            return tf.cond(steps > 0, a.stack, lambda: tf.zeros([0, words], a.dtype))
+
+        return tuple(tf.gather_nd(stacked(a), at) for a in out)
 
     def path(self, chosen: Any) -> Any:
         """Which characters end a piece of the best path (backtracking from each row's end)."""
@@ -530,7 +538,7 @@ class _Lattice:
         crosses = tf.reduce_any(inside, 1)
         begins = (span < step) & tf.gather(resets, tf.maximum(at - span, 0))
         ends_word = tf.equal(step, tf.gather(self.length, tf.gather(self.word, at)))
-        zero = tf.concat([begins[1:], [False]], 0)
+        zero = tf.concat([begins[1:], [False]], 0)[: tf.size(begins)]
 
         def dense(x):
             return tf.RaggedTensor.from_value_rowids(x, row, nrows=self.rows).to_tensor()
