@@ -4,8 +4,9 @@ of 12,000 lines encoded in a few large calls: Shakespeare's lines, text that exe
 normalizer (NFKC folds and compositions, whitespace runs, control and zero-width characters,
 invalid UTF-8), unknown characters (merged runs), sentinels, and seeded lines of unusual Unicode
 (combining marks, CJK, emoji, right-to-left text, NUL and control characters, invalid bytes,
-long space runs); the same under other normalizer settings and on one 200,000-character input;
-decoding of random ids (control, UNK, sentinels, after EOS); models it cannot reproduce refused."""
+long space runs); the same under other normalizer settings, with user-defined pieces that cross
+words, and on one 200,000-character input; decoding of random ids (control, UNK, sentinels, after
+EOS); models it cannot reproduce refused."""
 
 import numpy as np
 import pytest
@@ -118,6 +119,19 @@ def test_encode_under_other_normalizer_settings(t5_model, corpus):
         normalizer_spec_overrides={"remove_extra_whitespaces": False, "escape_whitespaces": False},
     )
     sample = corpus[::6]
+    assert encode_all(Graph(vocab.sp_model), sample) == vocab.encode_batch(sample)
+
+
+def test_user_defined_pieces_across_words(lines, corpus, tmp_path):
+    """User-defined pieces that compete with normal ones, one with U+2581 inside (so no word
+    split: each string is one word), spaces kept: SentencePiece's user-defined scores."""
+    from cairn.tokenizers import train_sentencepiece
+
+    model = train_sentencepiece(lines, tmp_path / "user.model", 1000, user_defined_symbols=["\u2581\u2581", "a\u2581b"])
+    vocab = SentencePieceVocabulary(model, normalizer_spec_overrides={"remove_extra_whitespaces": False})
+    graph = SentencePieceGraph(vocab.sp_model)
+    assert not graph.split_words
+    sample = corpus[::4]
     assert encode_all(Graph(vocab.sp_model), sample) == vocab.encode_batch(sample)
 
 
