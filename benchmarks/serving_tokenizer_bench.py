@@ -2,15 +2,17 @@
 core: today's implementation beside the one of an earlier commit (the peer), in the same run.
 
   .venv/bin/python benchmarks/serving_tokenizer_bench.py [--chars 10000,20000] [--repeats 5]
-      [--old-rev 47ab122] [--no-old] [--json FILE]
+      [--text shakespeare|nospace|cjk] [--old-rev 47ab122] [--no-old] [--json FILE]
 
 The model is tokenizers_bench.py's (vocab 8000, T5 defaults, trained on the `shakespeare`
 package's lines and cached). Each input is the first N characters of those lines joined by
-spaces, encoded as a batch of one by a `tf.function` with the serving signature (`[None]`
-strings), traced and run once before the timed repeats; the table gives the median. The process
-is pinned to one CPU (`os.sched_setaffinity`) and TensorFlow to one intra-op and one inter-op
-thread. The peer is `tokenizers/cairn/tokenizers/sentencepiece_graph.py` as it was at
-`--old-rev` (read with `git show`, the per-byte `tf.while_loop` implementation before issue 57).
+spaces (`--text nospace`: without spaces, one long word; `--text cjk`: seeded CJK ideographs
+without spaces; the worst cases, as the Viterbi steps once per character of the longest word),
+encoded as a batch of one by a `tf.function` with the serving signature (`[None]` strings),
+traced and run once before the timed repeats; the table gives the median. The process is pinned
+to one CPU (`os.sched_setaffinity`) and TensorFlow to one intra-op and one inter-op thread. The
+peer is `tokenizers/cairn/tokenizers/sentencepiece_graph.py` as it was at `--old-rev` (read
+with `git show`, the per-byte `tf.while_loop` implementation before issue 57).
 Both must give SentencePiece's ids; the table says whether they do.
 """
 
@@ -71,9 +73,19 @@ def measure(graph_class, model: bytes, texts: dict, repeats: int, want: dict) ->
     return out
 
 
+def texts_n(args: argparse.Namespace) -> list[int]:
+    return [int(n) for n in args.chars.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chars", default="10000,20000")
+    parser.add_argument(
+        "--text",
+        choices=["shakespeare", "nospace", "cjk"],
+        default="shakespeare",
+        help="nospace: Shakespeare without spaces (one word); cjk: seeded CJK ideographs, no spaces",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--old-repeats", type=int, default=3)
     parser.add_argument("--old-rev", default="47ab122")
@@ -99,7 +111,13 @@ def main() -> None:
     model_path, _ = tokenizers_bench.trained_model(lines, args.cache_dir, False)
     vocab = SentencePieceVocabulary(model_path)
     joined = " ".join(lines)
-    texts = {int(n): joined[: int(n)].encode("utf-8") for n in args.chars.split(",")}
+    if args.text == "nospace":
+        joined = "".join(joined.split())
+    elif args.text == "cjk":
+        import numpy as np
+
+        joined = "".join(chr(0x4E00 + int(i)) for i in np.random.default_rng(0).integers(0, 2000, max(texts_n(args))))
+    texts = {n: joined[:n].encode("utf-8") for n in texts_n(args)}
     want = {n: vocab.encode(t) for n, t in texts.items()}
     print(machine_line())
     print(f"pinned to CPU {cpu}; TensorFlow {tf.__version__}, 1 intra-op and 1 inter-op thread; model {model_path}")
