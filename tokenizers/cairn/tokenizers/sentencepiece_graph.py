@@ -412,16 +412,13 @@ class _Lattice:
         word_start = self.first_in_row
         if graph.split_words:
             word_start |= tf.gather(_marks(z, zrow), starts)
-        self.word = tf.cumsum(tf.cast(word_start, tf.int32)) - 1
-        self.first_char = first = tf.cast(tf.where(word_start)[:, 0], tf.int32)
-        self.words = tf.size(first)
-        self.length = tf.concat([first[1:], [k]], 0) - first
-        self.step = tf.range(k) - tf.gather(first, self.word) + 1
+        word = tf.cumsum(tf.cast(word_start, tf.int32)) - 1
+        first = tf.cast(tf.where(word_start)[:, 0], tf.int32)
         # every candidate: a character's end, a length 1..width back from it within the word
         width = graph._width
         lengths = tf.range(1, width + 1)
         begin = ends[:, None] - lengths[None, :]
-        inside = begin >= tf.gather(tf.gather(starts, first), self.word)[:, None]
+        inside = begin >= tf.gather(tf.gather(starts, first), word)[:, None]
         begin = tf.maximum(begin, 0)
         inside &= tf.gather(tf.concat([boundary, [True]], 0), begin)
         where = tf.cast(tf.where(inside), tf.int32)
@@ -434,13 +431,28 @@ class _Lattice:
         unk_id = graph.spec.unk_id
         grid = tf.where(tf.one_hot(ends - starts - 1, width, True, False) & (grid < 0), unk_id, grid)
         self.grid = grid
+        char_index = tf.cumsum(tf.cast(boundary, tf.int32)) - 1
+        opens = tf.gather(tf.concat([char_index, [k]], 0), begin)  # the candidate's first character
+        # A character that no candidate spans into starts a word too: all paths pass its start,
+        # so the words either side are independent (unknown characters, mostly).
+        spans = (grid >= 0) & (opens < tf.range(k)[:, None])
+        ramp = tf.math.unsorted_segment_sum(
+            tf.concat([tf.ones_like(opens[spans]), -tf.ones_like(opens[spans])], 0),
+            tf.concat([opens[spans] + 1, tf.broadcast_to(tf.range(k)[:, None] + 1, tf.shape(opens))[spans]], 0),
+            k + 1,
+        )
+        word_start |= tf.equal(tf.cumsum(ramp)[:k], 0)
+        self.word = word = tf.cumsum(tf.cast(word_start, tf.int32)) - 1
+        self.first_char = first = tf.cast(tf.where(word_start)[:, 0], tf.int32)
+        self.words = tf.size(first)
+        self.length = tf.concat([first[1:], [k]], 0) - first
+        self.step = tf.range(k) - tf.gather(first, word) + 1
         safe = tf.maximum(grid, 0)
         user = (grid >= 0) & tf.gather(graph._user_defined, safe)
         score = tf.where(user, graph._user_scores[None, :], tf.gather(graph._scores, safe))
         self.score = tf.where(grid == unk_id, graph._unk_score, score)
-        char_index = tf.cumsum(tf.cast(boundary, tf.int32)) - 1
         # the step (0: the word's start) whose end the candidate starts at
-        self.back = tf.gather(tf.concat([char_index, [k]], 0), begin) - tf.gather(first, self.word)[:, None]
+        self.back = opens - tf.gather(first, word)[:, None]
 
     def viterbi(self, offsets: Any) -> tuple[Any, Any, Any, Any]:
         """Each character's best candidate `(length, id)` as `EncodeOptimized` picks it, the score
