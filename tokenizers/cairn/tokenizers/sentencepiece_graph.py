@@ -25,9 +25,10 @@ How, without a loop per byte (issue 57): the normalizer's choice is computed at 
 every string at once (the trie walked for all positions together, as deep as the longest match),
 and the positions SentencePiece visits (0, then each step's end) are the chain from 0, found by
 pointer doubling in log2(length) rounds. The Viterbi runs over words: no piece has U+2581 past
-its first byte (else a string is one word), so no piece crosses a word start and each word's
-best path is found on its own, all words of all strings stepped together one character a step
-(a loop as long as the longest word). A word starts from the best path's score before it; the
+its first byte (else a string is one word), so no piece crosses a word start; a character that
+no candidate piece spans into starts a word too (every path passes there: unknown characters,
+most punctuation). Each word's best path is found on its own, all words of all strings stepped
+together one character a step (a loop as long as the longest word). A word starts from the best path's score before it; the
 first pass starts every word at 0, the path found gives the words' starting scores (added up as
 SentencePiece adds them, rebases included), and the pass is repeated until they stop changing
 (usually once), so that scores round as SentencePiece's do. The backtracking is pointer
