@@ -28,11 +28,11 @@ pointer doubling in log2(length) rounds. The Viterbi runs over words: no piece h
 its first byte (else a string is one word), so no piece crosses a word start; a character that
 no candidate piece spans into starts a word too (every path passes there: unknown characters,
 most punctuation). Each word's best path is found on its own, all words of all strings stepped
-together one character a step (a loop as long as the longest word). A word starts from the best path's score before it; the
-first pass starts every word at 0, the path found gives the words' starting scores (added up as
-SentencePiece adds them, rebases included), and the pass is repeated until they stop changing
-(usually once), so that scores round as SentencePiece's do. The backtracking is pointer
-doubling again.
+together one character a step (a loop as long as the longest word). A word starts from the
+best path's score before it; the first pass starts every word at 0, the path found gives the
+words' starting scores (added up as SentencePiece adds them, rebases included), and the pass is
+repeated until they stop changing (usually once), so that scores round as SentencePiece's do.
+The backtracking is pointer doubling again.
 
 TensorFlow is imported when a `SentencePieceGraph` is built. Supported: unigram models without
 byte fallback, whitespace as a prefix, no denormalizer (T5's, mT5's and Cairn's trained models).
