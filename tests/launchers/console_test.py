@@ -92,10 +92,13 @@ def test_the_console_in_a_pipe_is_short_quiet_and_says_what_next(tmp_path, texts
     assert nxt[0].startswith("  evaluate:     python -m cairn.launchers.eval_main --config=")
     assert f"--config.model_dir={model_dir}" in nxt[0] and "--config.num_train_steps=6" in nxt[0]
     assert nxt[1].endswith(f"--output={model_dir}/predictions.jsonl")
-    assert nxt[2] == (
+    assert nxt[2].startswith("  export:       python -m cairn.launchers.export --config=")
+    assert nxt[2].endswith(f"--output={model_dir}/saved_model")
+    assert nxt[3].startswith("  notebook:     from cairn.launchers.interactive import InteractiveModel; model = ")
+    assert nxt[4] == (
         f"  loss curve:   python -m cairn.launchers.plot_loss --model_dir={model_dir} --output={model_dir}/loss.png"
     )
-    assert nxt[3] == f"  TensorBoard:  tensorboard --logdir {model_dir}/tensorboard"
+    assert nxt[5] == f"  TensorBoard:  tensorboard --logdir {model_dir}/tensorboard"
 
     # The final evaluation is at the last step in metrics.jsonl and TensorBoard.
     final = {r["metric"]: r["value"] for r in rows(model_dir) if r["task"] == "eval" and r["step"] == 6}

@@ -12,6 +12,8 @@ programs are processes forked from one interpreter (`launch_util.ForkServer`).""
 
 import json
 import os
+import pathlib
+import re
 import shlex
 import subprocess
 import types
@@ -20,6 +22,7 @@ import launch_util
 import pytest
 import yaml
 
+import cairn
 from cairn.launchers import builder, config_base, config_io, run_spec, validation
 from cairn.launchers.validation import ConfigError
 
@@ -215,6 +218,11 @@ def test_eval_decode_and_infer_with_prompts(programs, trained):
     args = [f"--config={tmp / 'run' / 'config.json'}", f"--output={out}", "--mode=predict", f"--input_file={prompts}"]
     proc = programs.call("cairn.launchers.infer_main", args, env=env, timeout=600)
     assert proc.returncode == 0, launch_util.tail(proc)
+    # Quiet without --verbose (issue 57): no absl-format INFO line but cairn's own (orbax logs
+    # each checkpoint file it reads at INFO).
+    ours = {p.name for root in cairn.__path__ for p in pathlib.Path(root).rglob("*.py")}
+    info = [re.match(r"I\d{4} \S+ \d+ (\S+?):\d+\]", l) for l in proc.stderr.splitlines()]
+    assert [m.group(0) for m in info if m and m.group(1) not in ours] == [], launch_util.tail(proc)
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     assert [(r["index"], r["input"]) for r in rows] == [(0, PROMPT), (1, "To be, or not")]
     assert all(0 < len(r["prediction_ids"]) <= 8 and r["prediction"] for r in rows), rows

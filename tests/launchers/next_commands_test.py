@@ -40,16 +40,25 @@ def test_next_commands_without_and_with_bazel(monkeypatch):
         "--config.num_train_steps=50 '--config.model_dir=/runs/a b'"
     )
     assert lines[1].endswith("'--output=/runs/a b/predictions.jsonl'")
+    assert lines[2] == (
+        "export:       python -m cairn.launchers.export --config=launchers/configs/shakespeare_t5_tiny.py "
+        "--config.num_train_steps=50 '--config.model_dir=/runs/a b' '--output=/runs/a b/saved_model'"
+    )
+    assert lines[3] == (
+        "notebook:     from cairn.launchers.interactive import InteractiveModel; "
+        "model = InteractiveModel.from_run('/runs/a b')"
+    )
     assert (
-        lines[2]
+        lines[4]
         == "loss curve:   python -m cairn.launchers.plot_loss '--model_dir=/runs/a b' '--output=/runs/a b/loss.png'"
     )
-    assert lines[3] == "TensorBoard:  tensorboard --logdir '/runs/a b/tensorboard'"
-    assert lines[4] == "W&B upload:   wandb sync '/runs/a b/wandb'/offline-run-*"
+    assert lines[5] == "TensorBoard:  tensorboard --logdir '/runs/a b/tensorboard'"
+    assert lines[6] == "W&B upload:   wandb sync '/runs/a b/wandb'/offline-run-*"
     monkeypatch.setenv("BUILD_WORKSPACE_DIRECTORY", "/src")
     lines = post_training.next_commands(config("/r"), ARGV)
     assert lines[0].startswith("evaluate:     ./bazelw run //launchers:eval -- --config=")
-    assert len(lines) == 4  # no W&B line without logging.wandb
+    assert lines[2].startswith("export:       ./bazelw run //launchers:export -- --config=")
+    assert len(lines) == 6  # no W&B line without logging.wandb
 
 
 def test_the_summary_says_where_everything_is():
@@ -64,4 +73,4 @@ def test_the_summary_says_where_everything_is():
         "  metrics:      /r/summaries/metrics.jsonl",
         "  TensorBoard:  /r/tensorboard",
     ]
-    assert lines[5] == "next:" and len(lines) == 10
+    assert lines[5] == "next:" and len(lines) == 12

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from absl import flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from cairn.launchers import cli_help, config_base, config_io, entry, run_spec
@@ -214,6 +215,16 @@ def raw_config() -> Any:
     """The parsed `--config` (overrides applied) before its paths are resolved, with the
     experiment file's field references; None before the flags are parsed."""
     return CONFIG.value if flags.FLAGS.is_parsed() else None
+
+
+def quiet_logs() -> None:
+    """cairn's own INFO logs; only warnings from the rest (orbax logs every checkpoint file it
+    reads or writes through absl at INFO, TensorFlow's SavedModel writer too). With `--verbose`:
+    INFO from everything, cairn's DEBUG too. The `logs` of the entry points that touch
+    checkpoints."""
+    verbose = entry.VERBOSE.value
+    absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
+    logging.getLogger("cairn").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def run_entry_point(

@@ -188,7 +188,7 @@ def run() -> None:
     """The program; bad data, a missing checkpoint or unusable storage exit 2 (one line)."""
     from cairn.trainer import NoCheckpointError
 
-    cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError))
+    cli.run_entry_point(_main, expected=(DataTasksError, NoCheckpointError, storage.StorageError), logs=cli.quiet_logs)
 
 
 if __name__ == "__main__":

@@ -178,9 +178,9 @@ def run(
 
 
 def _command(program: str, args: Sequence[str]) -> str:
-    """How the user runs `program` (`eval`, `infer`, `plot_loss`): `./bazelw run //launchers:X --`
-    under `bazel run`, else `python -m cairn.launchers.<module>`."""
-    module = {"eval": "eval_main", "infer": "infer_main", "plot_loss": "plot_loss"}[program]
+    """How the user runs `program` (`eval`, `infer`, `export`, `plot_loss`): `./bazelw run
+    //launchers:X --` under `bazel run`, else `python -m cairn.launchers.<module>`."""
+    module = {"eval": "eval_main", "infer": "infer_main", "export": "export", "plot_loss": "plot_loss"}[program]
     head = (
         f"./bazelw run //launchers:{program} --"
         if os.environ.get("BUILD_WORKSPACE_DIRECTORY")
@@ -207,8 +207,9 @@ def config_args(argv: Sequence[str], model_dir: str) -> list[str]:
 
 
 def next_commands(config: schema.Config, argv: Sequence[str] | None = None) -> list[str]:
-    """`name: command` lines of what to run next on this run (evaluate, predict, the loss curve,
-    TensorBoard, W&B sync), with its paths; `argv`: the train command line (default `sys.argv`)."""
+    """`name: command` lines of what to run next on this run (evaluate, predict, export a
+    SavedModel, the notebook handle, the loss curve, TensorBoard, W&B sync), with its paths;
+    `argv`: the train command line (default `sys.argv`)."""
 
     model_dir = config.model_dir
     args = config_args(sys.argv if argv is None else argv, model_dir)
@@ -216,6 +217,9 @@ def next_commands(config: schema.Config, argv: Sequence[str] | None = None) -> l
     lines = [
         f"evaluate:     {_command('eval', args)}",
         f"predict:      {_command('infer', [*args, '--output=' + storage.join(model_dir, 'predictions.jsonl')])}",
+        f"export:       {_command('export', [*args, '--output=' + storage.join(model_dir, 'saved_model')])}",
+        f"notebook:     from cairn.launchers.interactive import InteractiveModel; "
+        f"model = InteractiveModel.from_run({model_dir!r})",
         f"loss curve:   {_command('plot_loss', ['--model_dir=' + model_dir, '--output=' + png])}",
     ]
     if config.trainer.tensorboard:

@@ -39,7 +39,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import flags
-from absl import logging as absl_logging
 
 from cairn import storage
 from cairn.datatasks import DataTasksError
@@ -240,16 +239,6 @@ def _train(
     return {"result": result, "post": post}
 
 
-def quiet_logs() -> None:
-    """cairn's own INFO logs (checkpoints, warnings; the progress line is the console's); only
-    warnings from the rest (orbax logs every file it writes at INFO). With `--verbose`: INFO
-    from everything, cairn's DEBUG too (the memory estimate, every logged step's values)."""
-
-    verbose = entry.VERBOSE.value
-    absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
-    logging.getLogger("cairn").setLevel(logging.DEBUG if verbose else logging.INFO)
-
-
 def _main(spec: RunSpec) -> None:
     from cairn.partitioning import gpu_flags
 
@@ -372,7 +361,7 @@ def run() -> None:
         "cairn.trainer.checkpoints.AllCheckpointsCorruptError",
         "cairn.trainer.memory_plan.StepDoesNotFitError",
     )
-    cli.run_entry_point(_main, expected=expected, logs=quiet_logs)
+    cli.run_entry_point(_main, expected=expected, logs=cli.quiet_logs)
 
 
 if __name__ == "__main__":
