@@ -3,7 +3,8 @@ compared with `infer` on the same text.
 
 Two models, each exported in this process (`export.export`, what the program runs once its
 flags are parsed) with greedy decoding and predicted by `infer` from the same `--input_file`
-lines: the standard runs' checkpointed T5 run (tests/fixtures, trained 6 steps), and a
+lines: the standard runs' checkpointed T5 run (tests/fixtures, trained 6 steps; exported again
+with an `--input_length` wider than the config's, the same outputs), and a
 decoder-only model (shakespeare_lm_tiny's network) whose checkpoint holds a LoRA run's adapters
 (rank 2, given non-zero values) over a random-init base, so the export merges them as infer
 does (with `long_inputs=refuse` and `--max_input_chars`); that model is exported again with
@@ -83,7 +84,11 @@ def t5(tmp_path_factory, inputs):
     spec = launch_util.spec(config)
     rows = _infer(spec, model_dir, tmp / "preds.jsonl", inputs)
     facts, printed = _export(spec, model_dir, tmp / "saved_model")
-    return facts, printed, rows, tmp / "saved_model"
+    from cairn.launchers import export
+
+    # Exported wider than the config's inputs length (64): the encoder's padding changes nothing.
+    export.export(spec, str(tmp / "wide"), str(model_dir), batch_size=BATCH, input_length=96, out=lambda _: None)
+    return facts, printed, rows, tmp / "saved_model", tmp / "wide"
 
 
 def _lora_checkpoint(tmp: pathlib.Path):
@@ -190,6 +195,7 @@ def served(t5, lm, tmp_path_factory):
         {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": ["x" * (CHARS + 1)]},
         {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [LINES[:2]]},
         {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [1, 2], "dtype": "int32"},
+        {"path": str(t5[4]), "signature": "serving_default", "inputs": LINES},
     ]
     (tmp / "requests.json").write_text(json.dumps(requests))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
@@ -203,7 +209,7 @@ def served(t5, lm, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     names = ("t5", "lm", "lm_seeded", "empty", "sampled", "sampled_seed_0", "sampled_seed_5", "beam")
-    names += ("too_long", "too_many_chars", "rank_2", "int32")
+    names += ("too_long", "too_many_chars", "rank_2", "int32", "t5_wide")
     return dict(zip(names, answer["answers"], strict=True)), answer["blocked"]
 
 
@@ -217,10 +223,11 @@ def _same_as_infer(rows, answer):
 
 
 def test_t5_saved_model_equals_infer(t5, served):
-    facts, printed, rows, path = t5
+    facts, printed, rows, path, _ = t5
     answers, blocked = served
     assert blocked == ["cairn", "jax", "jaxlib"]  # the server never imported them
     _same_as_infer(rows, answers["t5"])
+    _same_as_infer(rows, answers["t5_wide"])  # --input_length 96: the same strings and scores
     assert any(r["prediction"] for r in rows)
     assert facts["step"] == 6 and facts["decode"]["method"] == "greedy" and facts["add_eos"] is True
     assert (facts["batch_size"], facts["input_length"], facts["max_decode_length"]) == (BATCH, 64, 16)

@@ -47,6 +47,7 @@ from cairn.launchers import data as data_lib
 from cairn.launchers.fingerprint import RunFingerprint, config_hash
 from cairn.launchers.run_spec import RunSpec
 from cairn.launchers.validation import ConfigError
+from cairn.storage import retries
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,6 @@ def _main(spec: RunSpec) -> None:
             devices=devices,
         )
     except storage.StorageUnavailableError as e:  # the bucket stayed down past the retry budget
-        from cairn.storage import retries
         from cairn.trainer.checkpoints import last_committed
         from cairn.trainer.faults import StorageOutageError
 

@@ -33,9 +33,13 @@ def is_url(p: PathLike) -> bool:
     return scheme(p) is not None
 
 
-def _configure_fsspec() -> None:
+def _configure_fsspec(url: str) -> None:
     environment.configure_environment()
-    retries.install_gcsfs()  # gcsfs's requests retried under the one retry budget
+    if scheme(url) in ("gs", "gcs"):
+        # gcsfs's requests retried under the one retry budget. Only for gs://: gcsfs reads the
+        # emulator's address (`STORAGE_EMULATOR_HOST`) when it is imported, so it must not be
+        # imported by a `file://` access made before a test (or a user) points the process at one.
+        retries.install_gcsfs()
     import fsspec.config
 
     options = environment.gcsfs_options()
@@ -48,7 +52,7 @@ def path(p: PathLike) -> epath.Path:
     if isinstance(p, epath.Path) and not is_url(p):
         return p
     if is_url(p):
-        _configure_fsspec()
+        _configure_fsspec(os.fspath(p))
     return epath.Path(os.fspath(p))
 
 
@@ -75,7 +79,7 @@ def filesystem(p: PathLike) -> tuple[Any, str]:
 
     s = os.fspath(p)
     if is_url(s):
-        _configure_fsspec()
+        _configure_fsspec(s)
         if scheme(s) in ("gs", "gcs"):
             return fsspec.core.url_to_fs(s, **environment.gcsfs_options())
         return fsspec.core.url_to_fs(s)
