@@ -279,12 +279,13 @@ def test_a_full_disk_and_a_file_too_large_are_one_line_and_keep_the_last_checkpo
         assert len(lines) == 1 and lines[0].startswith(f"error: {words} writing checkpoint step 8 in "), lines
         assert lines[0].endswith("the last good checkpoint (step 6) is intact"), lines
         assert broken == [], broken
-        if row == "disk full" and how == "tmpfs":  # the free space when the write failed, not after
-            # the failed step's folder gave its space back (about SPARE then)
+        if row == "disk full" and how == "tmpfs":  # the free space when the write failed (at most
+            # what the tmpfs had to spare; checkpoint_faults_test checks it is measured before the
+            # failed step's folder is removed)
             free = re.search(r"\(([0-9.]+) (bytes|KiB|MiB) free\)", lines[0])
             assert free, lines
             scale = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20}[free.group(2)]
-            assert float(free.group(1)) * scale < SPARE / 2, lines
+            assert float(free.group(1)) * scale < SPARE, lines
 
 
 def test_a_fallback_keeps_one_history(single):
