@@ -10,7 +10,8 @@ decoder-only model (shakespeare_lm_tiny's network) whose checkpoint holds a LoRA
 does (with `long_inputs=refuse` and `--max_input_chars`); that model is exported again with
 top-k and top-p sampling (the best of 2 samples) and with beam search, each with an
 `--input_length` wider than infer's longest prompt, and their strings equal infer's for the same
-seed (every row's budget and samples are its own). One child process, with `jax`, `jaxlib` and
+seed (every row's budget and samples are its own); and a random-init Llama exported greedy,
+sampled and by beam search, also wider, equal to infer. One child process, with `jax`, `jaxlib` and
 `cairn` made unimportable before TensorFlow is imported (`serve_saved_model.py`), loads the
 SavedModels and calls their signatures: the strings equal infer's predictions, the scores its
 `aux.scores`; a too-long prompt, a too-long string, another rank and another dtype are refused.
@@ -91,92 +92,118 @@ def t5(tmp_path_factory, inputs):
     return facts, printed, rows, tmp / "saved_model", tmp / "wide"
 
 
+def _spec_of(tmp, model_dir, method="greedy", post=(), config_file=launch_util.LM_CONFIG, **lora):
+    """A decoder-only config's spec (`config_file`'s) for `model_dir`, decoding 12 tokens by `method`
+    (the config's sampling: temperature 0.8, top-k 40), with `post` post_training keys and LoRA keys."""
+    from cairn.launchers import config_io
+
+    config = config_io.resolve_paths(config_io.load_config_file(config_file))
+    config.model_dir = str(model_dir)
+    config.data.cache_dir = str(tmp / "cache")
+    config.post_training.decode_method = method
+    config.post_training.max_decode_length = 12
+    for key, value in post:
+        config.post_training[key] = value
+    for key, value in lora.items():
+        if key == "checkpoint":
+            config.init.checkpoint = value
+        else:
+            config.model.lora[key] = value
+    return launch_util.spec(config)
+
+
+def _save_init(spec, change=lambda params: params):
+    """A freshly initialized state of `spec` (its params through `change`) saved as step 1."""
+    from cairn.launchers import builder, checkpoint_params, run_setup
+    from cairn.trainer import Checkpointer
+
+    ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", BATCH),))
+    model = builder.load_model(spec)
+    trainer = builder.make_trainer(spec, builder.trainable_model(spec, model), ready.partitioner)
+    rows = ready.partitioner.batch_parts() // ready.partitioner.data_layout().num_shards
+    batch = checkpoint_params.zero_batch(spec, rows)
+    trainer.setup(batch)
+    state = trainer.initial_state(frozen=builder.base_params(spec, trainer, batch))
+    state = state.replace(params=change(state.params))
+    checkpointer = Checkpointer(spec.keys.model_dir, spec.checkpoint)
+    try:
+        checkpointer.save(1, state)
+        checkpointer.wait()
+    finally:
+        checkpointer.close()
+
+
 def _lora_checkpoint(tmp: pathlib.Path):
     """A LoRA run's checkpoint over a random-init base (both saved here, no training): the spec of
     the LoRA run and its model_dir. The adapters' B kernels are made non-zero, so that the merged
     weights differ from the base."""
     import jax
 
-    from cairn.launchers import builder, checkpoint_params, config_io, run_setup
-    from cairn.trainer import Checkpointer
-
-    def spec_of(model_dir, method="greedy", post=(), **lora):
-        config = config_io.resolve_paths(config_io.load_config_file(launch_util.LM_CONFIG))
-        config.model_dir = str(model_dir)
-        config.data.cache_dir = str(tmp / "cache")
-        config.post_training.decode_method = method  # the config's sampling: temperature 0.8, top-k 40
-        config.post_training.max_decode_length = 12
-        for key, value in post:
-            config.post_training[key] = value
-        for key, value in lora.items():
-            if key == "checkpoint":
-                config.init.checkpoint = value
-            else:
-                config.model.lora[key] = value
-        return launch_util.spec(config)
-
-    def save(spec, change=lambda params: params):
-        ready = run_setup.prepare(spec, train=False, padded=(("chunk_size", BATCH),))
-        model = builder.load_model(spec)
-        trainer = builder.make_trainer(spec, builder.trainable_model(spec, model), ready.partitioner)
-        rows = ready.partitioner.batch_parts() // ready.partitioner.data_layout().num_shards
-        batch = checkpoint_params.zero_batch(spec, rows)
-        trainer.setup(batch)
-        state = trainer.initial_state(frozen=builder.base_params(spec, trainer, batch))
-        state = state.replace(params=change(state.params))
-        checkpointer = Checkpointer(spec.keys.model_dir, spec.checkpoint)
-        try:
-            checkpointer.save(1, state)
-            checkpointer.wait()
-        finally:
-            checkpointer.close()
-
     base = tmp / "base"
-    save(spec_of(base))
+    _save_init(_spec_of(tmp, base))
     lora = {"rank": 2, "alpha": 4.0, "checkpoint": str(base / "checkpoints" / "1")}
-    spec = spec_of(tmp / "lora", post=[("long_inputs", "refuse")], **lora)
+    spec = _spec_of(tmp, tmp / "lora", post=[("long_inputs", "refuse")], **lora)
     keys = iter(jax.random.split(jax.random.PRNGKey(1), 1000))
 
     def nonzero(params):
         return jax.tree.map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params)
 
-    save(spec, nonzero)
-    sampled = spec_of(tmp / "lora", "sample", [("top_p", 0.9), ("num_decodes", 2)], **lora)
-    beam = spec_of(tmp / "lora", "beam", [("num_beams", 3), ("alpha", 0.6), ("num_decodes", 2)], **lora)
+    _save_init(spec, nonzero)
+    sampled = _spec_of(tmp, tmp / "lora", "sample", [("top_p", 0.9), ("num_decodes", 2)], **lora)
+    beam = _spec_of(tmp, tmp / "lora", "beam", [("num_beams", 3), ("alpha", 0.6), ("num_decodes", 2)], **lora)
     return {"greedy": spec, "sample": sampled, "beam": beam}, tmp / "lora"
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory, inputs):
-    """A decoder-only LoRA checkpoint, greedy: `(facts, printed, infer rows, SavedModel)`."""
-    tmp = tmp_path_factory.mktemp("export_lm")
-    os.environ["CAIRN_SHAKESPEARE_DIR"] = launch_util.small_texts(tmp)
-    specs, model_dir = _lora_checkpoint(tmp)
-    prompt = max(len(specs["greedy"].vocabulary.encode(line)) for line in LINES)
+def _exported_wider(tmp, specs, model_dir, inputs, widths, chars=lambda name: 0):
+    """Each `{name: spec}` inferred and exported `widths[name]` tokens wider than the longest
+    prompt: `{name: (facts, infer rows, SavedModel)}`."""
     from cairn.launchers import export
 
+    prompt = max(len(next(iter(specs.values())).vocabulary.encode(line)) for line in LINES)
     out = {}
-    # Sampling and beam search exported wider than the longest prompt: the same outputs.
-    for name, width in (("greedy", prompt), ("sample", prompt + 6), ("beam", prompt + 3)):
-        s = specs[name]
+    for name, s in specs.items():
         rows = _infer(s, model_dir, tmp / f"{name}.jsonl", inputs)
         saved = tmp / f"saved_{name}"
-        chars = CHARS if name == "greedy" else 0
         facts = export.export(
             s,
             str(saved),
             str(model_dir),
             batch_size=BATCH,
-            input_length=width,
+            input_length=prompt + widths[name],
             out=lambda _: None,
-            max_input_chars=chars,
+            max_input_chars=chars(name),
         )
         out[name] = (facts, rows, saved)
     return out
 
 
 @pytest.fixture(scope="module")
-def served(t5, lm, tmp_path_factory):
+def lm(tmp_path_factory, inputs):
+    """A decoder-only LoRA checkpoint: `{method: (facts, infer rows, SavedModel)}`; sampling and
+    beam search exported wider than the longest prompt."""
+    tmp = tmp_path_factory.mktemp("export_lm")
+    os.environ["CAIRN_SHAKESPEARE_DIR"] = launch_util.small_texts(tmp)
+    specs, model_dir = _lora_checkpoint(tmp)
+    widths = {"greedy": 0, "sample": 6, "beam": 3}
+    return _exported_wider(tmp, specs, model_dir, inputs, widths, lambda name: CHARS if name == "greedy" else 0)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory, inputs):
+    """A random-init Llama (shakespeare_llama_tiny's network: RoPE, grouped-query heads), greedy,
+    sampled and by beam search, each exported 5 tokens wider than the longest prompt."""
+    tmp = tmp_path_factory.mktemp("export_llama")
+    os.environ["CAIRN_SHAKESPEARE_DIR"] = launch_util.small_texts(tmp)
+    config = str(launch_util.CONFIGS / "shakespeare_llama_tiny.py")
+    model_dir = tmp / "llama"
+    _save_init(_spec_of(tmp, model_dir, config_file=config))
+    specs = {name: _spec_of(tmp, model_dir, name, config_file=config) for name in ("greedy", "sample")}
+    specs["beam"] = _spec_of(tmp, model_dir, "beam", [("num_beams", 3), ("alpha", 0.6)], config_file=config)
+    return _exported_wider(tmp, specs, model_dir, inputs, {"greedy": 5, "sample": 5, "beam": 5})
+
+
+@pytest.fixture(scope="module")
+def served(t5, lm, llama, tmp_path_factory):
     """Both SavedModels called in one TensorFlow-only child process: `{name: answer}` and the
     modules it kept out."""
     tmp = tmp_path_factory.mktemp("serve")
@@ -196,6 +223,9 @@ def served(t5, lm, tmp_path_factory):
         {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [LINES[:2]]},
         {"path": str(lm["greedy"][2]), "signature": "serving_default", "inputs": [1, 2], "dtype": "int32"},
         {"path": str(t5[4]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(llama["greedy"][2]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(llama["sample"][2]), "signature": "serving_default", "inputs": LINES},
+        {"path": str(llama["beam"][2]), "signature": "serving_default", "inputs": LINES},
     ]
     (tmp / "requests.json").write_text(json.dumps(requests))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
@@ -209,7 +239,7 @@ def served(t5, lm, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     names = ("t5", "lm", "lm_seeded", "empty", "sampled", "sampled_seed_0", "sampled_seed_5", "beam")
-    names += ("too_long", "too_many_chars", "rank_2", "int32", "t5_wide")
+    names += ("too_long", "too_many_chars", "rank_2", "int32", "t5_wide", "llama", "llama_sampled", "llama_beam")
     return dict(zip(names, answer["answers"], strict=True)), answer["blocked"]
 
 
@@ -320,3 +350,14 @@ def test_bad_flags_exit_2_with_one_line(tmp_path):
     )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "batch_size" in lines[0], launch_util.tail(proc)
+
+
+def test_llama_exported_wider_equals_infer(llama, served):
+    """Llama greedy, sampled (the config's top-k 40, temperature 0.8) and by beam search (3 beams,
+    alpha 0.6), exported 5 tokens wider than infer's longest prompt: infer's strings and scores."""
+    answers, _ = served
+    for name, answer in (("greedy", "llama"), ("sample", "llama_sampled"), ("beam", "llama_beam")):
+        facts, rows, _ = llama[name]
+        assert facts["model_kind"] == "llama" and facts["decode"]["method"] == name
+        assert any(r["prediction"] for r in rows)
+        _same_as_infer(rows, answers[answer])
